@@ -1,0 +1,78 @@
+# dptrain build.  `make` builds the library, the CLI, the tests and examples
+# into build/; `make test` runs the suite; `make SAN=asan test` builds into
+# build-asan/ with AddressSanitizer + UndefinedBehaviorSanitizer; SAN=tsan
+# builds with ThreadSanitizer.  CC=clang works the same way.
+#
+# Optional libraries are detected: oneDNN (libdnnl-dev) and OpenBLAS
+# (libopenblas-dev) for GEMM.  zlib (zlib1g-dev) is required.
+
+CC ?= cc
+SAN ?=
+BUILD ?= build$(if $(SAN),-$(SAN))$(if $(filter clang%,$(notdir $(CC))),-clang)
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
+OPT ?= -O2 -march=native
+CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) -g -fopenmp $(WARN) -Iinclude -Isrc $(CFLAGS)
+LDLIBS_ALL := -lz -lm -lpthread -fopenmp
+
+HAVE_DNNL := $(if $(wildcard /usr/include/dnnl.h),1,)
+HAVE_BLAS := $(if $(wildcard /usr/include/x86_64-linux-gnu/cblas.h /usr/include/cblas.h /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h),1,)
+ifeq ($(HAVE_DNNL),1)
+  CFLAGS_ALL += -DDP_WITH_DNNL
+  LDLIBS_ALL += -ldnnl
+endif
+ifeq ($(HAVE_BLAS),1)
+  CFLAGS_ALL += -DDP_WITH_BLAS
+  LDLIBS_ALL += -lopenblas
+endif
+
+ifeq ($(SAN),asan)
+  CFLAGS_ALL += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  LDLIBS_ALL += -fsanitize=address,undefined
+endif
+ifeq ($(SAN),tsan)
+  CFLAGS_ALL += -fsanitize=thread -fno-omit-frame-pointer
+  LDLIBS_ALL += -fsanitize=thread
+endif
+
+LIB_SRC := $(sort $(wildcard src/*/*.c))
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_SRC := $(sort $(wildcard tools/dptrain/*.c))
+CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_SRC := $(sort $(wildcard tests/*.c))
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
+EX_SRC := $(sort $(wildcard examples/*.c))
+EX_BIN := $(EX_SRC:examples/%.c=$(BUILD)/examples/%)
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all test clean fuzz
+all: $(BUILD)/dptrain $(BUILD)/dptest $(EX_BIN) $(BENCH_BIN)
+
+$(BUILD)/%.o: %.c $(wildcard include/dp/*.h include/*.h src/*/*.h tests/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/libdptrain.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/dptrain: $(CLI_OBJ) $(BUILD)/libdptrain.a
+	$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/dptest: $(TEST_OBJ) $(BUILD)/libdptrain.a
+	$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/examples/%: examples/%.c $(BUILD)/libdptrain.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libdptrain.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
+
+test: all
+	./$(BUILD)/dptest
+
+clean:
+	rm -rf build build-*

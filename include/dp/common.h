@@ -1,0 +1,104 @@
+/*
+ * dp/common.h — status codes, error messages, the allocation hook and asserts.
+ *
+ * Every fallible library function returns an int: 0 (DP_OK) on success or a
+ * negative DP_E* code.  The function that fails first also records a message
+ * with detail ("idx: train-images: magic 0x00000802, expected 0x00000803"),
+ * which the caller reads with dp_errmsg().  The message buffer is per thread,
+ * so each worker thread of the thread backend keeps its own.  Library code
+ * never prints and never exits; only tools/ may.
+ *
+ *     int rc = dp_idx_load(&ds, path);
+ *     if (rc) fprintf(stderr, "error: %s\n", dp_errmsg());
+ */
+#ifndef DP_COMMON_H
+#define DP_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* X-macro table: name, value, default text.  It also generates dp_strerror(). */
+#define DP_STATUS_MAP(X)                                               \
+    X(DP_OK, 0, "success")                                             \
+    X(DP_EINVAL, -1, "invalid argument")                               \
+    X(DP_ENOMEM, -2, "out of memory")                                  \
+    X(DP_EIO, -3, "input/output error")                                \
+    X(DP_EFORMAT, -4, "bad file format")                               \
+    X(DP_ENOTSUP, -5, "not supported")                                 \
+    X(DP_ENOENT, -6, "no such file")                                   \
+    X(DP_EMISMATCH, -7, "mismatch")                                    \
+    X(DP_ENONFINITE, -8, "non-finite value")                           \
+    X(DP_ECANCELED, -9, "canceled")                                    \
+    X(DP_EINTERNAL, -10, "internal error")
+
+enum dp_status {
+#define DP__ENUM(name, val, text) name = val,
+    DP_STATUS_MAP(DP__ENUM)
+#undef DP__ENUM
+    DP_STATUS_COUNT = 11
+};
+
+/* Default text for a status code (never NULL). */
+const char *dp_strerror(int status);
+
+/* The detailed message of the last failure on this thread ("" if none). */
+const char *dp_errmsg(void);
+
+/* Records a formatted message for this thread and returns `status`, so that
+ * library code can write `return dp_seterr(DP_EINVAL, "bad %s", x);`. */
+int dp_seterr(int status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Prepends context to this thread's message: "ctx: old message". */
+int dp_adderr(int status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+void dp_clearerr(void);
+
+/* ---- allocation hook ---------------------------------------------------- */
+
+/* All library allocations go through these, so tests can count them or make
+ * them fail.  Alignment is at least 64 bytes.  dp_free(NULL) is a no-op. */
+struct dp_allocator {
+    void *(*alloc)(size_t size, void *user); /* returns 64-byte aligned memory or NULL */
+    void (*free)(void *p, void *user);
+    void *user;
+};
+/* Replaces the allocator (NULL restores the default). Not thread-safe: call
+ * before any worker starts. */
+void dp_set_allocator(const struct dp_allocator *a);
+void *dp_malloc(size_t size);
+void *dp_calloc(size_t n, size_t size);
+void dp_free(void *p);
+/* Large buffers (parameter slabs, arenas): asks for transparent huge pages and
+ * touches every page now, so that the first training step does not pay for
+ * page faults (see DESIGN.md §3: a fresh 4 KiB page costs ~12 µs here). */
+void *dp_malloc_big(size_t size);
+char *dp_strdup(const char *s);
+
+/* ---- asserts: programmer errors only ------------------------------------ */
+
+typedef void (*dp_abort_fn)(const char *file, int line, const char *msg);
+void dp_set_abort(dp_abort_fn fn);
+void dp__abort(const char *file, int line, const char *msg);
+#define DP_ASSERT(x)                                  \
+    do {                                              \
+        if (!(x)) dp__abort(__FILE__, __LINE__, #x); \
+    } while (0)
+
+#define DP_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,115 @@
+/*
+ * dp/core.h — arena, counter-based RNG, timers, and the GEMM wrapper.
+ *
+ *     struct dp_arena a;
+ *     dp_arena_init(&a, 1 << 20);
+ *     float *x = dp_arena_alloc(&a, n * sizeof(float));   // NULL + message on failure
+ *     dp_arena_reset(&a);                                 // every step
+ *     dp_arena_free(&a);
+ *
+ *     float u = dp_rng_uniform(seed, DP_RNG_DROPOUT, sample_index, element);
+ */
+#ifndef DP_CORE_H
+#define DP_CORE_H
+
+#include "common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- arena: per-step activations ---------------------------------------- */
+
+/* A bump allocator.  Allocations are 64-byte aligned and live until the next
+ * dp_arena_reset().  When a step needs more than the arena holds, extra blocks
+ * are chained; the next reset replaces them with one block of the high-water
+ * size, so from the second step on no allocation reaches the system. */
+struct dp_arena_block;
+struct dp_arena {
+    struct dp_arena_block *head; /* current block (most recent) */
+    size_t used_total;           /* bytes handed out since the last reset */
+    size_t high_water;           /* max of used_total over all steps */
+    size_t capacity_total;       /* bytes held in all blocks */
+};
+int dp_arena_init(struct dp_arena *a, size_t initial_bytes);
+void *dp_arena_alloc(struct dp_arena *a, size_t bytes);
+/* Like dp_arena_alloc, zero-filled. */
+void *dp_arena_calloc(struct dp_arena *a, size_t bytes);
+void dp_arena_reset(struct dp_arena *a);
+void dp_arena_free(struct dp_arena *a);
+
+/* ---- counter-based RNG --------------------------------------------------- */
+
+/* Philox4x32-10 (Salmon et al., SC'11): a keyed bijection of a 128-bit
+ * counter.  Random numbers are a pure function of (seed, stream, a, b), so
+ * the value used for sample i does not depend on which worker processes it
+ * or in what order.  `stream` separates uses (initialisation, shuffle,
+ * dropout, augmentation). */
+enum dp_rng_stream {
+    DP_RNG_INIT = 1,    /* a = parameter index, b = element */
+    DP_RNG_SHUFFLE = 2, /* a = epoch, b = position */
+    DP_RNG_DROPOUT = 3, /* a = global sample index, b = layer id << 32 | element */
+    DP_RNG_AUGMENT = 4, /* a = global sample index, b = epoch << 8 | what */
+    DP_RNG_USER = 16
+};
+/* Four 32-bit random words for counter (a, b) under key (seed, stream). */
+void dp_rng_philox(uint64_t seed, uint32_t stream, uint64_t a, uint64_t b, uint32_t out[4]);
+uint32_t dp_rng_u32(uint64_t seed, uint32_t stream, uint64_t a, uint64_t b);
+/* Uniform in [0, 1), 24 bits of precision. */
+float dp_rng_uniform(uint64_t seed, uint32_t stream, uint64_t a, uint64_t b);
+/* Standard normal (Box-Muller on two words of one Philox call). */
+float dp_rng_normal(uint64_t seed, uint32_t stream, uint64_t a, uint64_t b);
+/* Fills perm[0..n) with a uniformly random permutation of 0..n-1, a pure
+ * function of (seed, stream, a). */
+void dp_rng_permutation(uint64_t seed, uint32_t stream, uint64_t a, int64_t *perm, int64_t n);
+
+/* ---- timers --------------------------------------------------------------- */
+
+/* Monotonic time in seconds. */
+double dp_time(void);
+
+/* ---- GEMM ----------------------------------------------------------------- */
+
+/* Row-major single-precision GEMM:
+ *     C (M, N) = alpha * op(A) (M, K) · op(B) (K, N) + beta * C
+ * op(X) = X or X^T.  lda/ldb/ldc are row strides of A, B, C as stored.
+ * beta == 0 means C is not read (it may hold NaNs). */
+enum dp_gemm_backend {
+    DP_GEMM_REF = 0,  /* plain C, the reference the tests compare against */
+    DP_GEMM_BLAS,     /* OpenBLAS cblas_sgemm */
+    DP_GEMM_DNNL,     /* oneDNN dnnl_sgemm (AVX-512 here) */
+    DP_GEMM_BACKEND_COUNT
+};
+void dp_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+             const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+             int64_t ldc);
+/* The plain reference, always available. */
+void dp_gemm_ref(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                 int64_t ldc);
+/* Selects the backend for the calling process.  DP_ENOTSUP if not built in. */
+int dp_gemm_set_backend(enum dp_gemm_backend b);
+enum dp_gemm_backend dp_gemm_get_backend(void);
+/* "ref", "blas", "dnnl"; parses the same names (returns -1 if unknown). */
+const char *dp_gemm_backend_name(enum dp_gemm_backend b);
+int dp_gemm_backend_parse(const char *name);
+int dp_gemm_backend_available(enum dp_gemm_backend b);
+
+/* Compute threads used by the calling thread's kernels (OpenMP team size for
+ * its parallel loops and for the GEMM library).  Per calling thread, so each
+ * data-parallel worker thread can set its own. */
+void dp_set_num_threads(int n);
+int dp_get_num_threads(void);
+
+/* ---- small helpers --------------------------------------------------------- */
+
+/* FNV-1a 64 over bytes; the parameter hash that runs are compared by. */
+uint64_t dp_fnv1a64(const void *data, size_t n, uint64_t h);
+#define DP_FNV1A64_INIT 0xcbf29ce484222325ULL
+/* CRC-32 (IEEE, zlib's polynomial) */
+uint32_t dp_crc32(uint32_t crc, const void *data, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,254 @@
+/*
+ * dp/nn.h — layers with explicit forward/backward, and models built from them.
+ *
+ * A model has two parts:
+ *   - struct dp_model: the structure (layers, parameter layout, shapes).  It is
+ *     immutable after dp_model_finalize() and shared by all replicas.
+ *   - struct dp_replica: one worker's state: the flat parameter slab, the flat
+ *     gradient slab with the same layout, the buffer slab (BatchNorm running
+ *     statistics), and the activation arena for one step.
+ *
+ * Parameters are registered in construction order, so each layer's parameters
+ * form one contiguous range [param_off, param_off + param_count) of the slab.
+ * Backward runs the layers in reverse and, after each layer, calls
+ * ctx->grad_ready(offset, count) for that layer's range: the data-parallel
+ * reducer uses it to start a bucket's all-reduce while backward goes on.
+ *
+ * Shapes.  Layers see per-sample shapes (batch dimension B excluded), fixed
+ * when the model is built; B varies per call (last batch, data-parallel shard).
+ * Images are (C, H, W) in NCHW order as in PyTorch; sequences are (T, C).
+ * A model whose input is token ids (a language model) reads them from
+ * ctx->batch->tokens in its first layer (an embedding), which receives x == NULL.
+ *
+ *     struct dp_model *m;
+ *     dp_model_from_spec(&m, "cnn", 1, 28, 28);       // or build: see examples/
+ *     struct dp_replica r;
+ *     dp_replica_init(&r, m, 128);                    // max batch
+ *     dp_model_init_params(m, &r, seed);
+ *     float loss;
+ *     dp_model_forward_backward(m, &r, &batch, &loss, NULL);
+ */
+#ifndef DP_NN_H
+#define DP_NN_H
+
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DP_MAX_DIMS 4
+
+struct dp_shape {
+    int ndim;
+    int64_t d[DP_MAX_DIMS];
+};
+int64_t dp_shape_numel(const struct dp_shape *s);
+
+/* One mini-batch (or one worker's shard of it). */
+struct dp_batch {
+    int64_t B;                  /* samples in this batch */
+    const float *x;             /* (B, in_shape) inputs, or NULL for token models */
+    const int32_t *tokens;      /* (B, T) token ids for token models, else NULL */
+    const int32_t *targets;     /* (B) class labels, or (B, T) next tokens */
+    const int64_t *sample_idx;  /* (B) global index of each sample (keys RNG) */
+    int64_t epoch;
+};
+
+struct dp_ctx;
+/* Called after a layer's backward with the gradient range it finished. */
+typedef void (*dp_grad_ready_fn)(void *arg, int64_t offset, int64_t count);
+/* Called by layers that need statistics over the global batch (BatchNorm in
+ * data-parallel mode): sums buf[0..n) over all workers, in place. */
+typedef int (*dp_stat_sync_fn)(void *arg, double *buf, int64_t n);
+
+/* Everything a layer's forward/backward needs besides its inputs. */
+struct dp_ctx {
+    float *params;            /* the replica's parameter slab */
+    float *grads;             /* gradient slab, same layout; backward accumulates (+=) */
+    float *buffers;           /* non-trainable state (BN running stats) */
+    struct dp_arena *arena;   /* per-step memory, reset by the model every step */
+    void **saved;             /* per-layer slot for state saved by forward for backward */
+    const struct dp_batch *batch;
+    int training;             /* 1: training mode (dropout on, BN batch stats) */
+    uint64_t seed;            /* run seed for dropout / augmentation */
+    float loss_scale;         /* d(loss)/d(per-sample loss): 1/B for a mean */
+    dp_grad_ready_fn grad_ready;
+    void *grad_ready_arg;
+    dp_stat_sync_fn stat_sync; /* NULL on one worker */
+    void *stat_sync_arg;
+    int64_t stat_count_scale;  /* unused by layers; reserved */
+};
+
+struct dp_layer;
+struct dp_model;
+
+/* The interface each layer type implements.  Arguments follow one order:
+ * outputs, inputs, then dimensions.  x is (B, in_shape), y is (B, out_shape).
+ *
+ * forward: computes y from x.  May keep what backward needs in
+ *   ctx->saved[l->id] (memory from ctx->arena).
+ * backward: given x, y (as computed by forward) and dy, writes dx (overwrite,
+ *   not accumulate; dx may be NULL when the input gradient is not needed) and
+ *   accumulates parameter gradients into ctx->grads (+=).
+ * free: frees the layer's private state (optional, may be NULL). */
+struct dp_layer_ops {
+    const char *type;
+    int (*forward)(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x, int64_t B);
+    int (*backward)(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *dy,
+                    const float *x, const float *y, int64_t B);
+    void (*free)(struct dp_layer *l);
+};
+
+struct dp_layer {
+    const struct dp_layer_ops *ops;
+    char name[64];           /* PyTorch-style prefix, e.g. "conv1", "layer1.0" */
+    int id;                  /* index into ctx->saved; unique in the model */
+    struct dp_shape in_shape, out_shape;
+    int64_t param_off, param_count;   /* range in the parameter slab (floats) */
+    int64_t buffer_off, buffer_count; /* range in the buffer slab */
+    int64_t flops_fwd;       /* multiply-adds × 2 per sample, forward */
+    void *priv;              /* the layer type's own state */
+};
+
+/* ---- parameter registration (used by layer constructors) ----------------- */
+
+enum dp_init_kind {
+    DP_INIT_ZERO = 0,
+    DP_INIT_CONST,    /* value = a */
+    DP_INIT_UNIFORM,  /* U(-a, a) */
+    DP_INIT_NORMAL,   /* N(0, a^2) */
+    DP_INIT_KIND_COUNT
+};
+
+struct dp_param_info {
+    char name[96];               /* full PyTorch name, e.g. "layer1.0.conv1.weight" */
+    struct dp_shape shape;       /* PyTorch layout, e.g. Linear weight (out, in) */
+    int64_t offset, count;       /* floats, in the parameter or buffer slab */
+    enum dp_init_kind init;
+    float init_a;
+    int is_buffer;               /* 1: lives in the buffer slab (running stats) */
+    int no_decay;                /* reserved for optimizer parameter groups */
+};
+
+/* Adds a parameter (or, with is_buffer, a buffer) to the model for layer l,
+ * named "<l->name>.<name>", and returns its offset in floats (>= 0) or a
+ * negative DP_E* code.  Extends l->param_off/param_count (or buffer_*). */
+int64_t dp_model_add_param(struct dp_model *m, struct dp_layer *l, const char *name,
+                           const struct dp_shape *shape, enum dp_init_kind init, float a,
+                           int is_buffer);
+
+/* ---- layer constructors ---------------------------------------------------
+ * Each creates a layer whose input has per-sample shape `in`, registers its
+ * parameters with m, appends it to `m` and returns 0; or returns DP_E* with a
+ * message (bad shapes).  `name` is the PyTorch module name of the layer. */
+int dp_linear(struct dp_model *m, const char *name, int64_t out_features, int bias);
+int dp_conv2d(struct dp_model *m, const char *name, int64_t out_channels, int kernel, int stride,
+              int pad, int bias);
+int dp_maxpool2d(struct dp_model *m, const char *name, int kernel, int stride);
+int dp_global_avgpool(struct dp_model *m, const char *name);
+int dp_relu(struct dp_model *m, const char *name);
+int dp_gelu(struct dp_model *m, const char *name);   /* tanh approximation, as GPT-2 */
+int dp_dropout(struct dp_model *m, const char *name, float p);
+int dp_batchnorm2d(struct dp_model *m, const char *name, float eps, float momentum);
+int dp_layernorm(struct dp_model *m, const char *name, float eps);   /* over the last dim */
+int dp_flatten(struct dp_model *m, const char *name);
+/* Residual basic block (He et al.): y = relu(bn2(conv2(relu(bn1(conv1(x))))) + s(x))
+ * with 3x3 convs; s = identity, or 1x1 conv (stride) + BN when the shape changes. */
+int dp_resblock(struct dp_model *m, const char *name, int64_t out_channels, int stride);
+
+/* Creates a layer without appending it (used by composite layers like the
+ * residual block to build their children).  Same arguments as above plus the
+ * input shape.  The caller owns the returned layer; dp_layer_free frees it. */
+int dp_layer_make(struct dp_model *m, struct dp_layer **out, const struct dp_layer_ops *ops,
+                  const char *name, const struct dp_shape *in);
+void dp_layer_free(struct dp_layer *l);
+/* Appends a finished layer to the model's sequence. */
+int dp_model_append(struct dp_model *m, struct dp_layer *l);
+/* The current output shape of the sequence (the next layer's input shape). */
+struct dp_shape dp_model_cur_shape(const struct dp_model *m);
+
+/* ---- loss ----------------------------------------------------------------- */
+
+/* Softmax cross-entropy over rows of logits (R, V) with integer targets (R).
+ *   loss_r = logsumexp(z_r) - z_r[t_r]
+ *   dz_r   = scale * (softmax(z_r) - onehot(t_r))
+ * Returns the SUM of per-row losses in *loss_sum and the number of correct
+ * argmax predictions in *correct (either may be NULL).  dlogits may be NULL.
+ * A target outside [0, V) returns DP_EINVAL. */
+int dp_softmax_xent(float *dlogits, double *loss_sum, int64_t *correct, const float *logits,
+                    const int32_t *targets, int64_t R, int64_t V, float scale);
+
+/* ---- models ---------------------------------------------------------------- */
+
+struct dp_model {
+    char spec[128];             /* e.g. "cnn", "mlp:784,1024,256,10" */
+    struct dp_shape in_shape;   /* per sample */
+    struct dp_layer **layers;   /* the top-level sequence */
+    int nlayers, cap_layers;
+    int nids;                   /* layer ids handed out (including nested layers) */
+    struct dp_param_info *params; /* parameters and buffers, in registration order */
+    int nparams, cap_params;
+    int64_t num_params;         /* floats in the parameter slab */
+    int64_t num_buffers;        /* floats in the buffer slab */
+    int64_t flops_fwd;          /* per sample, forward */
+    int finalized;
+};
+
+/* An empty model with per-sample input shape `in`. */
+int dp_model_init(struct dp_model **m, const char *spec, const struct dp_shape *in);
+/* Checks the model (the last layer's output must be (V) or (T, V) logits). */
+int dp_model_finalize(struct dp_model *m);
+void dp_model_free(struct dp_model *m);
+/* Builds a named model: "mlp", "cnn", "resnet", "mlp:784,512,10" (widths, the
+ * first being the flattened input size), for inputs (C, H, W). */
+int dp_model_from_spec(struct dp_model **m, const char *spec, int64_t C, int64_t H, int64_t W);
+/* Number of classes (last dim of the output). */
+int64_t dp_model_num_classes(const struct dp_model *m);
+/* A parameter or buffer by full name, or NULL. */
+const struct dp_param_info *dp_model_find_param(const struct dp_model *m, const char *name);
+
+/* One worker's state for a model. */
+struct dp_replica {
+    const struct dp_model *model;
+    float *params;     /* (num_params) */
+    float *grads;      /* (num_params) */
+    float *buffers;    /* (num_buffers) */
+    struct dp_arena arena;
+    void **saved;      /* (model->nids) */
+    float **acts;      /* (nlayers + 1) activation pointers of the last forward */
+    int64_t max_batch;
+};
+int dp_replica_init(struct dp_replica *r, const struct dp_model *m, int64_t max_batch);
+void dp_replica_free(struct dp_replica *r);
+/* Initialises parameters and buffers from the seed (PyTorch's default schemes:
+ * Linear/Conv weight and bias U(±1/sqrt(fan_in)), BN weight 1, bias 0). */
+void dp_model_init_params(const struct dp_model *m, struct dp_replica *r, uint64_t seed);
+/* FNV-1a 64 of the raw parameter bytes followed by the buffer bytes. */
+uint64_t dp_replica_hash(const struct dp_replica *r);
+
+/* Options for one forward(/backward) pass. */
+struct dp_pass {
+    int training;               /* 1: train mode */
+    uint64_t seed;
+    float loss_scale;           /* 0 means 1/B */
+    int backward;               /* 1: run backward too (training only) */
+    dp_grad_ready_fn grad_ready;
+    void *grad_ready_arg;
+    dp_stat_sync_fn stat_sync;
+    void *stat_sync_arg;
+    /* outputs */
+    double loss_sum;            /* sum of per-sample losses */
+    int64_t correct;            /* correct predictions */
+    double t_forward, t_backward; /* seconds */
+};
+/* Runs forward (and, if p->backward, backward accumulating into r->grads) on
+ * one batch.  The arena is reset at the start.  Logits of the last forward
+ * stay in r->acts[nlayers] until the next call. */
+int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp_batch *b,
+                 struct dp_pass *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,84 @@
+/*
+ * tests/test.h — a small test harness.
+ *
+ *     TEST(arena_reuses_memory) {
+ *         ASSERT_EQ(1 + 1, 2);
+ *         ASSERT_NEAR(x, 1.0, 1e-6);
+ *         ASSERT_OK(dp_arena_init(&a, 100));
+ *     }
+ *
+ * Tests register themselves (a constructor per TEST), so a new test file
+ * needs no list.  The runner (test_main.c) forks one child per test with a
+ * timeout; `dptest NAME...` runs the tests whose names contain any NAME.  The
+ * exit status is the verdict; the last line reads "N passed, N failed".
+ */
+#ifndef DP_TEST_H
+#define DP_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp/common.h"
+
+typedef void (*dp_test_fn)(void);
+void dp_test_register(const char *name, dp_test_fn fn, int timeout_s);
+void dp_test_fail(const char *file, int line, const char *fmt, ...);
+
+#define TEST_T(name, timeout_s)                                             \
+    static void test_##name(void);                                          \
+    __attribute__((constructor)) static void test_register_##name(void) {   \
+        dp_test_register(#name, test_##name, timeout_s);                    \
+    }                                                                       \
+    static void test_##name(void)
+#define TEST(name) TEST_T(name, 120)
+
+#define ASSERT_TRUE(c)                                                            \
+    do {                                                                          \
+        if (!(c)) dp_test_fail(__FILE__, __LINE__, "expected true: %s", #c);      \
+    } while (0)
+#define ASSERT_EQ(a, b)                                                                     \
+    do {                                                                                    \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                 \
+        if (a_ != b_) dp_test_fail(__FILE__, __LINE__, "%s == %s: %lld != %lld", #a, #b, a_, b_); \
+    } while (0)
+#define ASSERT_NE(a, b)                                                                     \
+    do {                                                                                    \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                 \
+        if (a_ == b_) dp_test_fail(__FILE__, __LINE__, "%s != %s: both %lld", #a, #b, a_);  \
+    } while (0)
+#define ASSERT_NEAR(a, b, tol)                                                            \
+    do {                                                                                  \
+        double a_ = (double)(a), b_ = (double)(b), t_ = (double)(tol);                    \
+        if (!(fabs(a_ - b_) <= t_))                                                       \
+            dp_test_fail(__FILE__, __LINE__, "%s ~ %s: %.9g vs %.9g (|diff| %.3g > %.3g)", \
+                         #a, #b, a_, b_, fabs(a_ - b_), t_);                              \
+    } while (0)
+/* Status 0 expected; prints the library's message otherwise. */
+#define ASSERT_OK(expr)                                                                  \
+    do {                                                                                 \
+        int rc_ = (expr);                                                                \
+        if (rc_ != 0)                                                                    \
+            dp_test_fail(__FILE__, __LINE__, "%s returned %d (%s): %s", #expr, rc_,      \
+                         dp_strerror(rc_), dp_errmsg());                                 \
+    } while (0)
+/* A specific failure code expected, and a message containing `needle`. */
+#define ASSERT_ERR(expr, code, needle)                                                   \
+    do {                                                                                 \
+        dp_clearerr();                                                                   \
+        int rc_ = (expr);                                                                \
+        if (rc_ != (code))                                                               \
+            dp_test_fail(__FILE__, __LINE__, "%s returned %d (%s), expected %d: %s", #expr, \
+                         rc_, dp_strerror(rc_), (code), dp_errmsg());                    \
+        if ((needle) && !strstr(dp_errmsg(), (needle)))                                  \
+            dp_test_fail(__FILE__, __LINE__, "message '%s' lacks '%s'", dp_errmsg(),     \
+                         (const char *)(needle));                                        \
+    } while (0)
+
+/* A scratch directory for this test (created; removed by the runner). */
+const char *dp_test_tmpdir(void);
+/* Directory holding the test fixtures (tests/fixtures). */
+const char *dp_test_fixtures(void);
+
+#endif

@@ -1,0 +1,114 @@
+/* Core: errors, arena, RNG, GEMM backends against the reference. */
+#include "dp/core.h"
+#include "test.h"
+
+TEST(core_error_messages) {
+    ASSERT_EQ(dp_seterr(DP_EINVAL, "bad %d", 7), DP_EINVAL);
+    ASSERT_TRUE(strcmp(dp_errmsg(), "bad 7") == 0);
+    dp_adderr(DP_EINVAL, "ctx");
+    ASSERT_TRUE(strcmp(dp_errmsg(), "ctx: bad 7") == 0);
+    ASSERT_TRUE(strcmp(dp_strerror(DP_ENOMEM), "out of memory") == 0);
+    ASSERT_TRUE(strcmp(dp_strerror(12345), "unknown error") == 0);
+}
+
+TEST(core_arena_grows_then_merges) {
+    struct dp_arena a;
+    ASSERT_OK(dp_arena_init(&a, 4096));
+    char *p = dp_arena_alloc(&a, 100);
+    ASSERT_TRUE(p && ((uintptr_t)p % 64) == 0);
+    char *q = dp_arena_alloc(&a, 10000); /* forces a second block */
+    ASSERT_TRUE(q != NULL);
+    memset(q, 1, 10000);
+    size_t hw = a.high_water;
+    ASSERT_TRUE(hw >= 10100);
+    dp_arena_reset(&a);
+    ASSERT_EQ(a.capacity_total, hw); /* merged into one block */
+    char *r1 = dp_arena_alloc(&a, 100);
+    char *r2 = dp_arena_alloc(&a, 10000);
+    ASSERT_TRUE(r1 && r2 && r2 > r1); /* same block now */
+    dp_arena_free(&a);
+}
+
+TEST(core_rng_is_counter_based) {
+    float u1 = dp_rng_uniform(42, DP_RNG_DROPOUT, 7, 3);
+    float u2 = dp_rng_uniform(42, DP_RNG_DROPOUT, 7, 3);
+    ASSERT_TRUE(u1 == u2);
+    ASSERT_TRUE(u1 >= 0.0f && u1 < 1.0f);
+    ASSERT_TRUE(dp_rng_uniform(43, DP_RNG_DROPOUT, 7, 3) != u1);
+    ASSERT_TRUE(dp_rng_uniform(42, DP_RNG_SHUFFLE, 7, 3) != u1);
+    /* Moments of 100k uniforms and normals. */
+    double s = 0, s2 = 0, ns = 0, ns2 = 0;
+    int n = 100000;
+    for (int i = 0; i < n; i++) {
+        double u = dp_rng_uniform(1, DP_RNG_USER, 0, (uint64_t)i);
+        s += u, s2 += u * u;
+        double z = dp_rng_normal(1, DP_RNG_USER, 1, (uint64_t)i);
+        ns += z, ns2 += z * z;
+    }
+    ASSERT_NEAR(s / n, 0.5, 0.005);
+    ASSERT_NEAR(s2 / n - (s / n) * (s / n), 1.0 / 12, 0.002);
+    ASSERT_NEAR(ns / n, 0.0, 0.02);
+    ASSERT_NEAR(ns2 / n, 1.0, 0.02);
+}
+
+TEST(core_rng_permutation) {
+    int64_t p[1000], q[1000];
+    int seen[1000] = {0};
+    dp_rng_permutation(5, DP_RNG_SHUFFLE, 0, p, 1000);
+    dp_rng_permutation(5, DP_RNG_SHUFFLE, 0, q, 1000);
+    int moved = 0;
+    for (int i = 0; i < 1000; i++) {
+        ASSERT_TRUE(p[i] >= 0 && p[i] < 1000);
+        seen[p[i]]++;
+        ASSERT_EQ(p[i], q[i]);
+        moved += p[i] != i;
+    }
+    for (int i = 0; i < 1000; i++) ASSERT_EQ(seen[i], 1);
+    ASSERT_TRUE(moved > 900);
+    dp_rng_permutation(5, DP_RNG_SHUFFLE, 1, q, 1000); /* another epoch */
+    int same = 0;
+    for (int i = 0; i < 1000; i++) same += p[i] == q[i];
+    ASSERT_TRUE(same < 20);
+}
+
+TEST(core_hashes) {
+    /* FNV-1a 64 of "a" and CRC-32 of "123456789" (standard check values). */
+    ASSERT_TRUE(dp_fnv1a64("a", 1, DP_FNV1A64_INIT) == 0xaf63dc4c8601ec8cULL);
+    ASSERT_EQ(dp_crc32(0, "123456789", 9), 0xCBF43926u);
+}
+
+static void fill(float *x, int64_t n, uint64_t seed) {
+    for (int64_t i = 0; i < n; i++) x[i] = dp_rng_uniform(seed, DP_RNG_USER, 0, (uint64_t)i) - 0.5f;
+}
+
+TEST(core_gemm_backends_match_reference) {
+    const int64_t shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {64, 33, 17}, {128, 256, 100}, {3, 500, 784}};
+    for (int be = 0; be < DP_GEMM_BACKEND_COUNT; be++) {
+        if (!dp_gemm_backend_available(be)) continue;
+        ASSERT_OK(dp_gemm_set_backend(be));
+        for (size_t s = 0; s < DP_ARRAY_LEN(shapes); s++)
+            for (int ta = 0; ta < 2; ta++)
+                for (int tb = 0; tb < 2; tb++) {
+                    int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+                    float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * K * N);
+                    float *C = malloc(sizeof(float) * M * N), *R = malloc(sizeof(float) * M * N);
+                    fill(A, M * K, 1), fill(B, K * N, 2), fill(C, M * N, 3);
+                    memcpy(R, C, sizeof(float) * M * N);
+                    int64_t lda = ta ? M : K, ldb = tb ? K : N;
+                    dp_gemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 0.25f, C, N);
+                    /* double-precision oracle */
+                    for (int64_t i = 0; i < M; i++)
+                        for (int64_t j = 0; j < N; j++) {
+                            double acc = 0;
+                            for (int64_t k = 0; k < K; k++)
+                                acc += (double)(ta ? A[k * lda + i] : A[i * lda + k]) *
+                                       (tb ? B[j * ldb + k] : B[k * ldb + j]);
+                            double ref = 0.5 * acc + 0.25 * R[i * N + j];
+                            ASSERT_NEAR(C[i * N + j], ref, 1e-5 + 1e-5 * K);
+                        }
+                    free(A), free(B), free(C), free(R);
+                }
+    }
+    ASSERT_OK(dp_gemm_set_backend(DP_GEMM_REF));
+    ASSERT_ERR(dp_gemm_set_backend((enum dp_gemm_backend)99), DP_ENOTSUP, "not built");
+}
