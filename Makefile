@@ -49,27 +49,35 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 .PHONY: all test clean fuzz
 all: $(BUILD)/dptrain $(BUILD)/dptest $(EX_BIN) $(BENCH_BIN)
 
+V ?= 0
+Q := $(if $(filter 1,$(V)),,@)
+
 $(BUILD)/%.o: %.c $(wildcard include/dp/*.h include/*.h src/*/*.h tests/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -c $< -o $@
+	@$(if $(Q),echo "  CC $<",true)
+	$(Q)$(CC) $(CFLAGS_ALL) -c $< -o $@
 
 $(BUILD)/libdptrain.a: $(LIB_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(Q)ar rcs $@ $^
 
 $(BUILD)/dptrain: $(CLI_OBJ) $(BUILD)/libdptrain.a
-	$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
+	@$(if $(Q),echo "  LD $@",true)
+	$(Q)$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
 
 $(BUILD)/dptest: $(TEST_OBJ) $(BUILD)/libdptrain.a
-	$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
+	@$(if $(Q),echo "  LD $@",true)
+	$(Q)$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
 
 $(BUILD)/examples/%: examples/%.c $(BUILD)/libdptrain.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
+	@$(if $(Q),echo "  LD $@",true)
+	$(Q)$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
 
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libdptrain.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
+	@$(if $(Q),echo "  LD $@",true)
+	$(Q)$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
 
 test: all
 	./$(BUILD)/dptest

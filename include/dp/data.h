@@ -80,7 +80,7 @@ struct dp_loader_params {
 struct dp_loader_params dp_loader_default_params(void);
 
 struct dp_loader_batch {
-    int64_t B;              /* samples in this part of the batch */
+    int64_t B;              /* samples in this part of the batch (0 when global_B < world) */
     int64_t global_B;       /* samples in the whole global batch */
     float *x;               /* (B, C, H, W) */
     int32_t *y;             /* (B) */

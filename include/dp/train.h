@@ -1,0 +1,142 @@
+/*
+ * dp/train.h — the training loop, checkpoints and metrics.
+ *
+ *     struct dp_train_params tp = dp_train_default_params();
+ *     tp.data_dir = "/usr/share/datasets/fashion-mnist";
+ *     tp.model = "cnn";
+ *     struct dp_trainer *t;
+ *     if (dp_trainer_init(&t, &tp)) { ... dp_errmsg() ... }
+ *     int rc = dp_trainer_run(t);        // progress through tp.on_event
+ *     dp_trainer_free(t);
+ *
+ * Library code never prints: the trainer reports progress through the
+ * on_event callback (the CLI draws a progress bar from it).
+ */
+#ifndef DP_TRAIN_H
+#define DP_TRAIN_H
+
+#include "data.h"
+#include "nn.h"
+#include "optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum dp_event_kind {
+    DP_EVENT_STEP = 0,    /* after each optimizer step */
+    DP_EVENT_EPOCH,       /* after each epoch (train metrics + test accuracy) */
+    DP_EVENT_CHECKPOINT,  /* a checkpoint was written */
+    DP_EVENT_KIND_COUNT
+};
+
+struct dp_event {
+    enum dp_event_kind kind;
+    int64_t step, epoch, step_in_epoch, steps_per_epoch, epochs;
+    float lr;
+    int64_t samples;      /* STEP: samples in this step's batch */
+    double loss;          /* STEP: this batch's mean loss; EPOCH: the epoch's mean */
+    double train_acc;     /* EPOCH */
+    double test_acc, test_loss; /* EPOCH (NaN if no test set) */
+    double samples_per_s; /* EPOCH: training throughput of the epoch */
+    double epoch_time;    /* EPOCH: seconds */
+    double t_data, t_fwd, t_bwd, t_opt; /* EPOCH: seconds spent per phase */
+    const char *path;     /* CHECKPOINT */
+};
+typedef void (*dp_event_fn)(void *arg, const struct dp_event *ev);
+
+struct dp_train_params {
+    const char *data_dir;      /* IDX files (train-*, t10k-*) */
+    const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */
+    int64_t epochs;
+    int64_t batch;
+    int64_t max_steps;         /* stop after this many steps in total (0 = no limit) */
+    struct dp_optim_params optim;
+    struct dp_sched sched;     /* base_lr = learning rate; total_steps filled in if 0 */
+    double clip_norm;          /* 0 = no clipping */
+    uint64_t seed;
+    int threads;               /* compute threads */
+    struct dp_augment aug;
+    int prefetch;              /* batches prepared ahead */
+    float norm_mean, norm_std; /* input normalisation */
+    const char *out_dir;       /* metrics.jsonl, checkpoints (NULL = none) */
+    int ckpt_every;            /* epochs between checkpoints (0 = only at the end) */
+    const char *resume;        /* checkpoint to continue from */
+    const char *init_from;     /* safetensors file with initial weights */
+    int64_t train_limit;       /* use only the first N training samples (0 = all) */
+    int64_t test_limit;        /* evaluate on the first N test samples (0 = all) */
+    dp_event_fn on_event;
+    void *event_arg;
+};
+struct dp_train_params dp_train_default_params(void);
+
+struct dp_trainer;
+int dp_trainer_init(struct dp_trainer **t, const struct dp_train_params *p);
+/* Trains until the epoch count (or max_steps) is reached. */
+int dp_trainer_run(struct dp_trainer *t);
+/* Accuracy and mean loss of the current model on a dataset (eval mode). */
+int dp_trainer_evaluate(struct dp_trainer *t, const struct dp_dataset *ds, int64_t limit,
+                        double *acc, double *loss);
+/* Writes a checkpoint of the current state to path (atomically). */
+int dp_trainer_save(struct dp_trainer *t, const char *path);
+uint64_t dp_trainer_param_hash(const struct dp_trainer *t);
+const struct dp_model *dp_trainer_model(const struct dp_trainer *t);
+struct dp_replica *dp_trainer_replica(struct dp_trainer *t);
+void dp_trainer_free(struct dp_trainer *t);
+
+/* ---- checkpoints ---------------------------------------------------------
+ * Format (little-endian; docs/checkpoint.md):
+ *   struct dp_ckpt_header (fixed size, with its own CRC-32)
+ *   payload: params (num_params f32) | buffers (num_buffers f32) |
+ *            optimizer state (optim_state_len f32)
+ * The header's payload_crc covers the whole payload. */
+#define DP_CKPT_MAGIC "DPTRCKPT"
+#define DP_CKPT_VERSION 1u
+
+struct dp_ckpt_header {
+    char magic[8];             /* "DPTRCKPT" */
+    uint32_t version;          /* DP_CKPT_VERSION */
+    uint32_t header_size;      /* sizeof(struct dp_ckpt_header) */
+    char model_spec[128];      /* NUL-terminated */
+    int64_t in_shape[4];       /* per-sample input shape, unused dims 0 */
+    int64_t num_params, num_buffers;
+    uint64_t seed;
+    int64_t step, epoch, step_in_epoch; /* position to continue from */
+    int64_t batch;             /* global batch size the run used */
+    uint32_t optim_kind, nesterov;
+    float momentum, dampening, weight_decay, beta1, beta2, eps;
+    float lr;                  /* base learning rate */
+    uint32_t sched_kind;
+    int64_t optim_step, optim_state_len;
+    uint64_t param_hash;       /* FNV-1a 64 of params then buffers */
+    uint64_t payload_size;     /* bytes after the header */
+    uint32_t payload_crc;      /* CRC-32 of the payload */
+    uint32_t header_crc;       /* CRC-32 of this header with header_crc = 0 */
+};
+
+/* Writes header + payload to path via a temporary file, fsync and rename, so
+ * that an interrupted write never leaves a broken file at path. */
+int dp_ckpt_write(const char *path, struct dp_ckpt_header *h, const float *params,
+                  const float *buffers, const float *optim_state);
+/* Reads and validates the header (magic, version, sizes, header CRC, file
+ * size). */
+int dp_ckpt_read_header(const char *path, struct dp_ckpt_header *h);
+/* Reads and validates the whole checkpoint; the payload is checked against
+ * payload_crc.  *payload (caller frees with dp_free) holds params, buffers,
+ * optimizer state in that order. */
+int dp_ckpt_read(const char *path, struct dp_ckpt_header *h, float **payload);
+/* Validation of an in-memory image (used by the fuzzer). */
+int dp_ckpt_parse(const uint8_t *buf, size_t len, struct dp_ckpt_header *h, const float **payload);
+
+/* ---- safetensors ----------------------------------------------------------
+ * Tensors named and laid out as in PyTorch's state_dict. */
+int dp_safetensors_save(const char *path, const struct dp_model *m, const struct dp_replica *r);
+/* Loads every parameter and buffer of m from the file; names, dtypes (F32)
+ * and shapes must match.  Extra tensors in the file are an error.  On error
+ * the replica's contents are unspecified (callers discard it). */
+int dp_safetensors_load(const char *path, const struct dp_model *m, struct dp_replica *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,285 @@
+/* Models: the layer sequence, the parameter layout, replicas and one
+ * forward/backward pass.
+ *
+ * The pass, for a sequence of layers f_0 .. f_{L-1}:
+ *     a_0 = x,  a_{i+1} = f_i(a_i),  logits = a_L
+ *     loss = sum_r xent(logits_r, t_r)            (reported as a sum)
+ *     g_L  = loss_scale * dloss/dlogits           (loss_scale = 1/R: a mean)
+ *     g_i  = f_i.backward(g_{i+1})                (accumulates dW into grads)
+ * After layer i's backward its parameter range is final and is reported to
+ * grad_ready, in reverse layer order; this is the hook the data-parallel
+ * reducer starts its bucket all-reduces from. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dp/nn.h"
+
+int64_t dp_shape_numel(const struct dp_shape *s) {
+    int64_t n = 1;
+    for (int i = 0; i < s->ndim; i++) n *= s->d[i];
+    return n;
+}
+
+int dp_model_init(struct dp_model **out, const char *spec, const struct dp_shape *in) {
+    *out = NULL;
+    if (!in || in->ndim < 1 || in->ndim > DP_MAX_DIMS)
+        return dp_seterr(DP_EINVAL, "model: input shape needs 1..%d dims", DP_MAX_DIMS);
+    for (int i = 0; i < in->ndim; i++)
+        if (in->d[i] <= 0) return dp_seterr(DP_EINVAL, "model: input dim %d is %lld", i, (long long)in->d[i]);
+    struct dp_model *m = dp_calloc(1, sizeof *m);
+    if (!m) return dp_seterr(DP_ENOMEM, "model: out of memory");
+    snprintf(m->spec, sizeof m->spec, "%s", spec ? spec : "custom");
+    m->in_shape = *in;
+    *out = m;
+    return DP_OK;
+}
+
+void dp_layer_free(struct dp_layer *l) {
+    if (!l) return;
+    if (l->ops && l->ops->free) l->ops->free(l);
+    dp_free(l);
+}
+
+void dp_model_free(struct dp_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->nlayers; i++) dp_layer_free(m->layers[i]);
+    dp_free(m->layers);
+    dp_free(m->params);
+    dp_free(m);
+}
+
+struct dp_shape dp_model_cur_shape(const struct dp_model *m) {
+    return m->nlayers ? m->layers[m->nlayers - 1]->out_shape : m->in_shape;
+}
+
+int dp_layer_make(struct dp_model *m, struct dp_layer **out, const struct dp_layer_ops *ops,
+                  const char *name, const struct dp_shape *in) {
+    *out = NULL;
+    if (m->finalized) return dp_seterr(DP_EINVAL, "model: cannot add layer '%s' after finalize", name);
+    struct dp_layer *l = dp_calloc(1, sizeof *l);
+    if (!l) return dp_seterr(DP_ENOMEM, "layer %s: out of memory", name);
+    l->ops = ops;
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->id = m->nids++;
+    l->in_shape = *in;
+    l->out_shape = *in;
+    l->param_off = m->num_params;
+    l->buffer_off = m->num_buffers;
+    *out = l;
+    return DP_OK;
+}
+
+int dp_model_append(struct dp_model *m, struct dp_layer *l) {
+    if (m->nlayers == m->cap_layers) {
+        int cap = m->cap_layers ? 2 * m->cap_layers : 16;
+        struct dp_layer **nl = dp_malloc(sizeof *nl * (size_t)cap);
+        if (!nl) return dp_seterr(DP_ENOMEM, "model: out of memory");
+        if (m->nlayers) memcpy(nl, m->layers, sizeof *nl * (size_t)m->nlayers);
+        dp_free(m->layers);
+        m->layers = nl;
+        m->cap_layers = cap;
+    }
+    m->layers[m->nlayers++] = l;
+    m->flops_fwd += l->flops_fwd;
+    return DP_OK;
+}
+
+int64_t dp_model_add_param(struct dp_model *m, struct dp_layer *l, const char *name,
+                           const struct dp_shape *shape, enum dp_init_kind init, float a,
+                           int is_buffer) {
+    if (m->finalized) return dp_seterr(DP_EINVAL, "model: cannot add parameter after finalize");
+    int64_t *total = is_buffer ? &m->num_buffers : &m->num_params;
+    int64_t *loff = is_buffer ? &l->buffer_off : &l->param_off;
+    int64_t *lcnt = is_buffer ? &l->buffer_count : &l->param_count;
+    /* A layer's range must stay contiguous: nothing may have been added by
+     * another layer since this layer's last parameter. */
+    if (*loff + *lcnt != *total)
+        return dp_seterr(DP_EINTERNAL, "layer %s: parameters not contiguous", l->name);
+    if (m->nparams == m->cap_params) {
+        int cap = m->cap_params ? 2 * m->cap_params : 32;
+        struct dp_param_info *np = dp_malloc(sizeof *np * (size_t)cap);
+        if (!np) return dp_seterr(DP_ENOMEM, "model: out of memory");
+        if (m->nparams) memcpy(np, m->params, sizeof *np * (size_t)m->nparams);
+        dp_free(m->params);
+        m->params = np;
+        m->cap_params = cap;
+    }
+    struct dp_param_info *p = &m->params[m->nparams++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s.%s", l->name, name);
+    p->shape = *shape;
+    p->count = dp_shape_numel(shape);
+    p->offset = *total;
+    p->init = init;
+    p->init_a = a;
+    p->is_buffer = is_buffer;
+    *total += p->count;
+    *lcnt += p->count;
+    return p->offset;
+}
+
+int dp_model_finalize(struct dp_model *m) {
+    if (m->nlayers == 0) return dp_seterr(DP_EINVAL, "model %s: no layers", m->spec);
+    struct dp_shape out = dp_model_cur_shape(m);
+    if (out.ndim < 1 || out.ndim > 2)
+        return dp_seterr(DP_EINVAL, "model %s: output must be (V) or (T, V) logits, got %d dims",
+                         m->spec, out.ndim);
+    for (int i = 0; i + 1 < m->nlayers; i++) {
+        struct dp_shape a = m->layers[i]->out_shape, b = m->layers[i + 1]->in_shape;
+        if (dp_shape_numel(&a) != dp_shape_numel(&b))
+            return dp_seterr(DP_EINTERNAL, "model %s: layer %s output does not feed %s", m->spec,
+                             m->layers[i]->name, m->layers[i + 1]->name);
+    }
+    m->finalized = 1;
+    return DP_OK;
+}
+
+int64_t dp_model_num_classes(const struct dp_model *m) {
+    struct dp_shape s = dp_model_cur_shape(m);
+    return s.d[s.ndim - 1];
+}
+
+const struct dp_param_info *dp_model_find_param(const struct dp_model *m, const char *name) {
+    for (int i = 0; i < m->nparams; i++)
+        if (strcmp(m->params[i].name, name) == 0) return &m->params[i];
+    return NULL;
+}
+
+/* ---- replicas ----------------------------------------------------------------- */
+
+int dp_replica_init(struct dp_replica *r, const struct dp_model *m, int64_t max_batch) {
+    memset(r, 0, sizeof *r);
+    if (!m->finalized) return dp_seterr(DP_EINVAL, "replica: model not finalized");
+    r->model = m;
+    r->max_batch = max_batch;
+    size_t np = (size_t)(m->num_params ? m->num_params : 1) * sizeof(float);
+    size_t nb = (size_t)(m->num_buffers ? m->num_buffers : 1) * sizeof(float);
+    r->params = dp_malloc_big(np);
+    r->grads = dp_malloc_big(np);
+    r->buffers = dp_malloc_big(nb);
+    r->saved = dp_calloc((size_t)m->nids + 1, sizeof(void *));
+    r->acts = dp_calloc((size_t)m->nlayers + 1, sizeof(float *));
+    /* Estimate one step's activations (outputs of every layer plus two
+     * gradient buffers) so the arena rarely has to grow. */
+    size_t est = 0;
+    for (int i = 0; i < m->nlayers; i++)
+        est += (size_t)dp_shape_numel(&m->layers[i]->out_shape) * sizeof(float) * 3;
+    est = est * (size_t)(max_batch > 0 ? max_batch : 1);
+    if (!r->params || !r->grads || !r->buffers || !r->saved || !r->acts ||
+        dp_arena_init(&r->arena, est) != DP_OK) {
+        dp_replica_free(r);
+        return dp_seterr(DP_ENOMEM, "replica: cannot allocate %zu bytes of parameters and activations",
+                         2 * np + nb + est);
+    }
+    memset(r->params, 0, np);
+    memset(r->grads, 0, np);
+    memset(r->buffers, 0, nb);
+    return DP_OK;
+}
+
+void dp_replica_free(struct dp_replica *r) {
+    if (!r) return;
+    dp_free(r->params);
+    dp_free(r->grads);
+    dp_free(r->buffers);
+    dp_free(r->saved);
+    dp_free(r->acts);
+    if (r->arena.head) dp_arena_free(&r->arena);
+    memset(r, 0, sizeof *r);
+}
+
+void dp_model_init_params(const struct dp_model *m, struct dp_replica *r, uint64_t seed) {
+    for (int i = 0; i < m->nparams; i++) {
+        const struct dp_param_info *p = &m->params[i];
+        float *dst = (p->is_buffer ? r->buffers : r->params) + p->offset;
+        for (int64_t j = 0; j < p->count; j++) {
+            switch (p->init) {
+            case DP_INIT_CONST: dst[j] = p->init_a; break;
+            case DP_INIT_UNIFORM:
+                dst[j] = p->init_a * (2.0f * dp_rng_uniform(seed, DP_RNG_INIT, (uint64_t)i, (uint64_t)j) - 1.0f);
+                break;
+            case DP_INIT_NORMAL:
+                dst[j] = p->init_a * dp_rng_normal(seed, DP_RNG_INIT, (uint64_t)i, (uint64_t)j);
+                break;
+            default: dst[j] = 0.0f; break;
+            }
+        }
+    }
+}
+
+uint64_t dp_replica_hash(const struct dp_replica *r) {
+    uint64_t h = dp_fnv1a64(r->params, (size_t)r->model->num_params * sizeof(float), DP_FNV1A64_INIT);
+    return dp_fnv1a64(r->buffers, (size_t)r->model->num_buffers * sizeof(float), h);
+}
+
+/* ---- one pass ------------------------------------------------------------------ */
+
+int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp_batch *b,
+                 struct dp_pass *p) {
+    int64_t B = b->B;
+    if (B <= 0 || B > r->max_batch)
+        return dp_seterr(DP_EINVAL, "model: batch of %lld samples (replica holds up to %lld)",
+                         (long long)B, (long long)r->max_batch);
+    if (p->backward && !p->training) return dp_seterr(DP_EINVAL, "model: backward needs training mode");
+    dp_arena_reset(&r->arena);
+    memset(r->saved, 0, sizeof(void *) * (size_t)(m->nids + 1));
+    struct dp_ctx ctx = {
+        .params = r->params, .grads = r->grads, .buffers = r->buffers, .arena = &r->arena,
+        .saved = r->saved, .batch = b, .training = p->training, .seed = p->seed,
+        .grad_ready = p->grad_ready, .grad_ready_arg = p->grad_ready_arg,
+        .stat_sync = p->stat_sync, .stat_sync_arg = p->stat_sync_arg,
+    };
+    struct dp_shape out = dp_model_cur_shape(m);
+    int64_t V = out.d[out.ndim - 1];
+    int64_t R = B * (dp_shape_numel(&out) / V);
+    ctx.loss_scale = p->loss_scale != 0.0f ? p->loss_scale : 1.0f / (float)R;
+
+    /* forward */
+    double t0 = dp_time();
+    r->acts[0] = (float *)b->x;
+    for (int i = 0; i < m->nlayers; i++) {
+        struct dp_layer *l = m->layers[i];
+        float *y = dp_arena_alloc(&r->arena, sizeof(float) * (size_t)(B * dp_shape_numel(&l->out_shape)));
+        if (!y) return dp_adderr(DP_ENOMEM, "forward %s", l->name);
+        int rc = l->ops->forward(l, &ctx, y, r->acts[i], B);
+        if (rc) return dp_adderr(rc, "forward %s", l->name);
+        r->acts[i + 1] = y;
+    }
+    const float *logits = r->acts[m->nlayers];
+    float *dlogits = NULL;
+    if (p->backward) {
+        dlogits = dp_arena_alloc(&r->arena, sizeof(float) * (size_t)(R * V));
+        if (!dlogits) return dp_adderr(DP_ENOMEM, "loss");
+    }
+    int rc = dp_softmax_xent(dlogits, &p->loss_sum, &p->correct, logits, b->targets, R, V, ctx.loss_scale);
+    if (rc) return dp_adderr(rc, "loss");
+    double t1 = dp_time();
+    p->t_forward = t1 - t0;
+    p->t_backward = 0;
+    if (!p->backward) return DP_OK;
+
+    /* backward: two ping-pong buffers for the activation gradients */
+    int64_t maxn = 0;
+    for (int i = 1; i < m->nlayers; i++) {
+        int64_t n = dp_shape_numel(&m->layers[i]->in_shape);
+        if (n > maxn) maxn = n;
+    }
+    float *buf[2] = {NULL, NULL};
+    if (maxn > 0) {
+        buf[0] = dp_arena_alloc(&r->arena, sizeof(float) * (size_t)(B * maxn));
+        buf[1] = dp_arena_alloc(&r->arena, sizeof(float) * (size_t)(B * maxn));
+        if (!buf[0] || !buf[1]) return dp_adderr(DP_ENOMEM, "backward");
+    }
+    const float *dy = dlogits;
+    for (int i = m->nlayers - 1; i >= 0; i--) {
+        struct dp_layer *l = m->layers[i];
+        float *dx = i > 0 ? buf[i & 1] : NULL;
+        rc = l->ops->backward(l, &ctx, dx, dy, r->acts[i], r->acts[i + 1], B);
+        if (rc) return dp_adderr(rc, "backward %s", l->name);
+        if (l->param_count > 0 && p->grad_ready) p->grad_ready(p->grad_ready_arg, l->param_off, l->param_count);
+        dy = dx;
+    }
+    p->t_backward = dp_time() - t1;
+    return DP_OK;
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# End-to-end tests of the dptrain command line on the real Fashion-MNIST files
+# (small subsets so the whole file runs in about a minute).
+#   bash tests/cli.sh [path/to/dptrain]
+# Prints one line per check and closes with "N passed, N failed".
+set -u
+BIN=${1:-build/dptrain}
+DATA=${DP_DATA:-/usr/share/datasets/fashion-mnist}
+T=$(mktemp -d /tmp/dptrain-cli.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+pass=0 fail=0
+ok() { echo "ok   cli $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL cli $1"; shift; for l in "$@"; do echo "    $l"; done; fail=$((fail + 1)); }
+
+# run NAME EXPECT_RC CMD...: EXPECT_RC = 0 or "err" (exit 1 with one clear error line)
+expect_error() {
+  local name=$1 needle=$2; shift 2
+  "$@" >"$T/out" 2>"$T/err"
+  local rc=$?
+  if [[ $rc -ne 1 && $rc -ne 2 ]]; then bad "$name" "exit status $rc (expected 1 or 2)" "$(head -c 400 "$T/err")"; return; fi
+  if ! grep -q "^dptrain: error: .*$needle" "$T/err"; then bad "$name" "no error line with '$needle'" "$(head -c 400 "$T/err")"; return; fi
+  if [[ $(wc -l <"$T/err") -ne 1 ]]; then bad "$name" "expected one error line, got:" "$(cat "$T/err")"; return; fi
+  ok "$name"
+}
+hash_of() { "$BIN" ckpt info "$1" | awk '/^param hash:/ {print $3}'; }
+
+SMALL=(--data "$DATA" --train-limit 1000 --test-limit 500 --batch 50 --lr 0.05 --momentum 0.9 --progress none)
+
+# --- help ----------------------------------------------------------------------
+if "$BIN" --help | grep -q "usage: dptrain" && "$BIN" train --help | grep -q -- "--epochs" &&
+   "$BIN" help ckpt | grep -q "ckpt info"; then ok help; else bad help "help text missing"; fi
+
+# --- a short training run -------------------------------------------------------
+if "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --out "$T/a" >"$T/a.log" 2>&1 &&
+   grep -q "^epoch 2/2 .*test acc" "$T/a.log" && [[ -s "$T/a/checkpoint.bin" ]] &&
+   [[ $(wc -l <"$T/a/metrics.jsonl") -eq 2 ]] && grep -q '"test_acc"' "$T/a/metrics.jsonl"; then
+  ok train_mlp
+else bad train_mlp "$(tail -5 "$T/a.log")"; fi
+acc=$(awk '/^epoch 2\/2/ {for (i=1;i<=NF;i++) if ($i=="acc" && $(i-1)=="test") print $(i+1)}' "$T/a.log" | tr -d '%')
+if awk -v a="${acc:-0}" 'BEGIN {exit !(a > 60)}'; then ok learns; else bad learns "test acc after 2 small epochs: ${acc:-none}"; fi
+
+# --- exact resume: 2 epochs straight == 1 epoch + resume + 1 epoch --------------
+for m in mlp cnn; do
+  "$BIN" train --model $m --epochs 2 "${SMALL[@]}" --out "$T/s$m" >/dev/null 2>&1
+  "$BIN" train --model $m --epochs 1 "${SMALL[@]}" --out "$T/r$m" >/dev/null 2>&1
+  "$BIN" train --model $m --epochs 2 "${SMALL[@]}" --out "$T/r$m" --resume "$T/r$m/checkpoint.bin" >"$T/r$m.log" 2>&1
+  h1=$(hash_of "$T/s$m/checkpoint.bin"); h2=$(hash_of "$T/r$m/checkpoint.bin")
+  if [[ -n "$h1" && "$h1" == "$h2" ]]; then ok "resume_exact_$m"; else bad "resume_exact_$m" "straight $h1 vs resumed $h2" "$(tail -3 "$T/r$m.log")"; fi
+done
+# resume from the middle of an epoch (--max-steps stops mid-epoch and checkpoints)
+"$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --max-steps 7 --out "$T/mid" >/dev/null 2>&1
+"$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --out "$T/mid" --resume "$T/mid/checkpoint.bin" >/dev/null 2>&1
+h3=$(hash_of "$T/mid/checkpoint.bin")
+if [[ -n "$h3" && "$h3" == "$(hash_of "$T/smlp/checkpoint.bin")" ]]; then ok resume_mid_epoch; else bad resume_mid_epoch "$h3"; fi
+
+# --- eval and export -------------------------------------------------------------
+if "$BIN" eval --ckpt "$T/a/checkpoint.bin" --data "$DATA" --test-limit 500 | grep -q "test acc"; then ok eval; else bad eval; fi
+if "$BIN" ckpt export "$T/a/checkpoint.bin" --safetensors "$T/a.safetensors" >/dev/null &&
+   "$BIN" train --model mlp --epochs 0 "${SMALL[@]}" --init-from "$T/a.safetensors" >/dev/null 2>&1; then
+  ok export_import
+else bad export_import; fi
+
+# --- bad input: one clear line, non-zero exit, nothing overwritten -----------------
+expect_error bad_batch "batch" "$BIN" train --batch 0
+expect_error bad_lr "lr" "$BIN" train --lr -1
+expect_error bad_number "epochs" "$BIN" train --epochs abc
+expect_error unknown_option "unknown option" "$BIN" train --frobnicate
+expect_error unknown_model "unknown model" "$BIN" train --model transformer9 "${SMALL[@]}"
+expect_error bad_mlp_widths "first width" "$BIN" train --model mlp:100,10 "${SMALL[@]}"
+expect_error missing_value "needs a value" "$BIN" train --epochs
+expect_error unknown_command "unknown command" "$BIN" frobnicate
+expect_error missing_data "$T/nope" "$BIN" train --data "$T/nope"
+mkdir -p "$T/trunc"
+for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+  zcat "$DATA/$f.gz" >"$T/trunc/$f"
+done
+truncate -s 5000000 "$T/trunc/train-images-idx3-ubyte"
+expect_error truncated_data "truncated" "$BIN" train --data "$T/trunc"
+printf '\x00\x00\x08\x01\x00\x00\x00\x05abcde' >"$T/trunc/train-images-idx3-ubyte"
+expect_error wrong_dims "train-images" "$BIN" train --data "$T/trunc"
+cp "$T/a/checkpoint.bin" "$T/keep.bin"; before=$(hash_of "$T/keep.bin")
+expect_error ckpt_other_model "model 'mlp'" "$BIN" train --model cnn "${SMALL[@]}" --resume "$T/keep.bin" --out "$T/a"
+expect_error ckpt_other_batch "batch" "$BIN" train --model mlp "${SMALL[@]}" --batch 64 --resume "$T/keep.bin" --out "$T/a"
+cp "$T/keep.bin" "$T/corrupt.bin"
+printf '\xff\xff\xff\xff' | dd of="$T/corrupt.bin" bs=1 seek=3000 conv=notrunc 2>/dev/null
+expect_error ckpt_corrupt "checksum" "$BIN" ckpt info "$T/corrupt.bin"
+expect_error ckpt_corrupt_resume "checksum" "$BIN" train --model mlp "${SMALL[@]}" --resume "$T/corrupt.bin"
+head -c 1000 "$T/keep.bin" >"$T/short.bin"
+expect_error ckpt_truncated "truncated" "$BIN" ckpt info "$T/short.bin"
+echo "not a checkpoint at all, just some text padding padding padding padding padding padding" >"$T/text.bin"
+head -c 2000 /dev/zero >>"$T/text.bin"
+expect_error ckpt_not_a_checkpoint "magic" "$BIN" ckpt info "$T/text.bin"
+expect_error ckpt_missing "cannot open" "$BIN" ckpt info "$T/none.bin"
+if [[ "$(hash_of "$T/a/checkpoint.bin")" == "$before" ]]; then ok failed_resume_keeps_checkpoint; else bad failed_resume_keeps_checkpoint; fi
+
+echo "cli: $pass passed, $fail failed"
+[[ $fail -eq 0 ]]

@@ -1,0 +1,430 @@
+/* dptrain — the command-line interface.  The only code that prints or exits. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dp/train.h"
+
+#define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
+
+static const char *prog = "dptrain";
+
+static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static void die(const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "%s: error: ", prog);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+/* A library error: its detailed message, or the code's text. */
+static void die_rc(int rc) { die("%s", dp_errmsg()[0] ? dp_errmsg() : dp_strerror(rc)); }
+
+/* ---- help texts --------------------------------------------------------------- */
+
+static const char *help_main =
+    "usage: dptrain <command> [options]\n"
+    "\n"
+    "Data-parallel neural-network training in C.\n"
+    "\n"
+    "commands:\n"
+    "  train          train a model on an IDX dataset (Fashion-MNIST by default)\n"
+    "  eval           evaluate a checkpoint on the test set\n"
+    "  ckpt info      print a checkpoint's header and parameter hash\n"
+    "  ckpt export    write a checkpoint's weights as safetensors (PyTorch names)\n"
+    "  help CMD       help for one command (same as CMD --help)\n"
+    "\n"
+    "Run 'dptrain train --help' for the training options.\n";
+
+static const char *help_train =
+    "usage: dptrain train [options]\n"
+    "\n"
+    "data and model:\n"
+    "  --data DIR          IDX files train-*/t10k-* (plain or .gz) [" DEFAULT_DATA "]\n"
+    "  --model SPEC        mlp | cnn | resnet | mlp:784,W1,...,10 [mlp]\n"
+    "  --train-limit N     use only the first N training samples [all]\n"
+    "  --test-limit N      evaluate on the first N test samples [all]\n"
+    "  --crop-pad N        augmentation: random crop with N pixels of zero padding [0]\n"
+    "  --hflip             augmentation: random horizontal flip\n"
+    "\n"
+    "optimisation:\n"
+    "  --epochs N          [1]          --batch N        global batch size [128]\n"
+    "  --lr F              [0.05]       --optim NAME     sgd | adamw [sgd]\n"
+    "  --momentum F        SGD [0]      --nesterov       SGD Nesterov momentum\n"
+    "  --weight-decay F    [0]          --beta1 F, --beta2 F, --eps F   AdamW [0.9, 0.999, 1e-8]\n"
+    "  --schedule NAME     constant | step | cosine [constant]\n"
+    "  --warmup N          cosine: linear warmup steps [0]\n"
+    "  --step-size N       step: decay every N steps    --gamma F   step: factor [0.1]\n"
+    "  --min-lr F          cosine: final learning rate [0]\n"
+    "  --clip F            clip the global gradient norm to F [off]\n"
+    "  --max-steps N       stop after N steps in total [off]\n"
+    "\n"
+    "run:\n"
+    "  --seed N            seed for initialisation, shuffling, dropout, augmentation [1]\n"
+    "  --threads N         compute threads [1]\n"
+    "  --prefetch N        batches prepared ahead by the loader thread [2]\n"
+    "  --gemm NAME         dnnl | blas | ref [dnnl when built]\n"
+    "  --out DIR           write metrics.jsonl and checkpoint.bin there\n"
+    "  --ckpt-every N      checkpoint every N epochs [only at the end]\n"
+    "  --resume FILE       continue exactly from a checkpoint (same --batch, --seed)\n"
+    "  --init-from FILE    initial weights from a safetensors file (PyTorch names)\n"
+    "  --progress MODE     auto | bar | lines | none [auto: bar on a terminal]\n";
+
+static const char *help_eval =
+    "usage: dptrain eval --ckpt FILE [--data DIR] [--threads N] [--test-limit N]\n"
+    "\n"
+    "Evaluates the checkpoint's model on the test set and prints accuracy and loss.\n";
+
+static const char *help_ckpt =
+    "usage: dptrain ckpt info FILE\n"
+    "       dptrain ckpt export FILE --safetensors OUT\n"
+    "\n"
+    "info prints the header fields and the FNV-1a 64 hash of the raw parameter and buffer\n"
+    "bytes (the hash runs are compared by).  export writes the weights as safetensors\n"
+    "with PyTorch state_dict names and layouts.\n";
+
+/* ---- option parsing ------------------------------------------------------------- */
+
+struct args {
+    int argc, i;
+    char **argv;
+    const char *cmd;
+};
+
+/* Matches "--name" or "--name=value"; *val gets the value (next argument if
+ * not attached) when want_value. */
+static int opt(struct args *a, const char *name, const char **val) {
+    const char *s = a->argv[a->i];
+    size_t n = strlen(name);
+    if (strncmp(s, name, n) != 0) return 0;
+    if (s[n] == '=') {
+        if (!val) die("option %s takes no value", name);
+        *val = s + n + 1;
+        return 1;
+    }
+    if (s[n] != 0) return 0;
+    if (val) {
+        if (a->i + 1 >= a->argc) die("option %s needs a value (see '%s %s --help')", name, prog, a->cmd);
+        *val = a->argv[++a->i];
+    }
+    return 1;
+}
+
+static int64_t parse_int(const char *name, const char *v, int64_t lo, int64_t hi) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        die("%s: '%s' is not an integer in %lld..%lld", name, v, (long long)lo, (long long)hi);
+    return x;
+}
+
+static double parse_float(const char *name, const char *v, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x) || x < lo || x > hi)
+        die("%s: '%s' is not a number in %g..%g", name, v, lo, hi);
+    return x;
+}
+
+/* ---- progress ------------------------------------------------------------------- */
+
+enum progress_mode { PROG_AUTO, PROG_BAR, PROG_LINES, PROG_NONE };
+struct progress {
+    enum progress_mode mode;
+    double t0, last_draw;
+    double sum_loss;
+    int64_t nloss;
+    double last_test_acc, last_sps;
+    /* steady-state throughput: from the end of the 5th step of this run on */
+    int64_t run_steps, tp_samples;
+    double tp_t0, tp_t1;
+    const struct dp_model *model;
+};
+
+static void on_event(void *arg, const struct dp_event *ev) {
+    struct progress *p = arg;
+    if (ev->kind == DP_EVENT_STEP) {
+        double now_s = dp_time();
+        if (++p->run_steps == 5) p->tp_t0 = now_s;
+        else if (p->run_steps > 5) p->tp_samples += ev->samples, p->tp_t1 = now_s;
+    }
+    if (p->mode == PROG_NONE) return;
+    if (ev->kind == DP_EVENT_STEP) {
+        p->sum_loss += ev->loss;
+        p->nloss++;
+        if (p->mode != PROG_BAR) return;
+        double now = dp_time();
+        if (now - p->last_draw < 0.1 && ev->step_in_epoch != ev->steps_per_epoch) return;
+        p->last_draw = now;
+        int width = 30, done = (int)(width * ev->step_in_epoch / (ev->steps_per_epoch ? ev->steps_per_epoch : 1));
+        char bar[64];
+        for (int i = 0; i < width; i++) bar[i] = i < done ? '#' : '.';
+        bar[width] = 0;
+        fprintf(stderr, "\repoch %lld/%lld [%s] %lld/%lld  loss %.4f  lr %.4g ", (long long)ev->epoch + 1,
+                (long long)ev->epochs, bar, (long long)ev->step_in_epoch, (long long)ev->steps_per_epoch,
+                p->sum_loss / (double)p->nloss, (double)ev->lr);
+        fflush(stderr);
+    } else if (ev->kind == DP_EVENT_EPOCH) {
+        if (p->mode == PROG_BAR) fprintf(stderr, "\r\033[K");
+        p->sum_loss = 0, p->nloss = 0;
+        double other = ev->epoch_time - ev->t_fwd - ev->t_bwd - ev->t_opt - ev->t_data;
+        printf("epoch %lld/%lld  train loss %.4f  train acc %.2f%%  test loss %.4f  test acc %.2f%%  "
+               "%.0f samples/s  %.1fs (data %.2f fwd %.2f bwd %.2f opt %.2f other %.2f)\n",
+               (long long)ev->epoch, (long long)ev->epochs, ev->loss, 100 * ev->train_acc, ev->test_loss,
+               100 * ev->test_acc, ev->samples_per_s, ev->epoch_time, ev->t_data, ev->t_fwd, ev->t_bwd,
+               ev->t_opt, other > 0 ? other : 0);
+        fflush(stdout);
+        p->last_test_acc = ev->test_acc;
+        p->last_sps = ev->samples_per_s;
+    } else if (ev->kind == DP_EVENT_CHECKPOINT) {
+        if (p->mode == PROG_BAR) fprintf(stderr, "\r\033[K");
+        printf("checkpoint %s (step %lld)\n", ev->path, (long long)ev->step);
+        fflush(stdout);
+    }
+}
+
+/* ---- commands ------------------------------------------------------------------- */
+
+static int cmd_train(int argc, char **argv) {
+    struct dp_train_params tp = dp_train_default_params();
+    tp.data_dir = DEFAULT_DATA;
+    tp.model = NULL;
+    struct progress prog_state = {.mode = PROG_AUTO, .last_test_acc = NAN};
+    const char *v;
+    int model_given = 0;
+    struct args a = {argc, 0, argv, "train"};
+    for (a.i = 1; a.i < argc; a.i++) {
+        if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
+            fputs(help_train, stdout);
+            return 0;
+        } else if (opt(&a, "--data", &v)) tp.data_dir = v;
+        else if (opt(&a, "--model", &v)) tp.model = v, model_given = 1;
+        else if (opt(&a, "--epochs", &v)) tp.epochs = parse_int("--epochs", v, 0, 1000000);
+        else if (opt(&a, "--batch", &v)) tp.batch = parse_int("--batch", v, 1, 1 << 20);
+        else if (opt(&a, "--lr", &v)) tp.sched.base_lr = (float)parse_float("--lr", v, 1e-12, 1e6);
+        else if (opt(&a, "--optim", &v)) {
+            int k = dp_optim_kind_parse(v);
+            if (k < 0) die("--optim: unknown optimizer '%s' (expected sgd or adamw)", v);
+            tp.optim.kind = (enum dp_optim_kind)k;
+        } else if (opt(&a, "--momentum", &v)) tp.optim.momentum = (float)parse_float("--momentum", v, 0, 0.999999);
+        else if (opt(&a, "--nesterov", NULL)) tp.optim.nesterov = 1;
+        else if (opt(&a, "--weight-decay", &v)) tp.optim.weight_decay = (float)parse_float("--weight-decay", v, 0, 10);
+        else if (opt(&a, "--beta1", &v)) tp.optim.beta1 = (float)parse_float("--beta1", v, 0, 0.999999);
+        else if (opt(&a, "--beta2", &v)) tp.optim.beta2 = (float)parse_float("--beta2", v, 0, 0.999999999);
+        else if (opt(&a, "--eps", &v)) tp.optim.eps = (float)parse_float("--eps", v, 1e-30, 1);
+        else if (opt(&a, "--schedule", &v)) {
+            int k = dp_sched_kind_parse(v);
+            if (k < 0) die("--schedule: unknown schedule '%s' (expected constant, step or cosine)", v);
+            tp.sched.kind = (enum dp_sched_kind)k;
+        } else if (opt(&a, "--warmup", &v)) tp.sched.warmup_steps = parse_int("--warmup", v, 0, INT64_MAX / 2);
+        else if (opt(&a, "--step-size", &v)) tp.sched.step_size = parse_int("--step-size", v, 1, INT64_MAX / 2);
+        else if (opt(&a, "--gamma", &v)) tp.sched.gamma = (float)parse_float("--gamma", v, 0, 1);
+        else if (opt(&a, "--min-lr", &v)) tp.sched.min_lr = (float)parse_float("--min-lr", v, 0, 1e6);
+        else if (opt(&a, "--clip", &v)) tp.clip_norm = parse_float("--clip", v, 0, 1e12);
+        else if (opt(&a, "--max-steps", &v)) tp.max_steps = parse_int("--max-steps", v, 0, INT64_MAX / 2);
+        else if (opt(&a, "--seed", &v)) tp.seed = (uint64_t)parse_int("--seed", v, 0, INT64_MAX);
+        else if (opt(&a, "--threads", &v)) tp.threads = (int)parse_int("--threads", v, 1, 256);
+        else if (opt(&a, "--prefetch", &v)) tp.prefetch = (int)parse_int("--prefetch", v, 0, 64);
+        else if (opt(&a, "--crop-pad", &v)) tp.aug.crop_pad = (int)parse_int("--crop-pad", v, 0, 64);
+        else if (opt(&a, "--hflip", NULL)) tp.aug.hflip = 1;
+        else if (opt(&a, "--train-limit", &v)) tp.train_limit = parse_int("--train-limit", v, 1, INT64_MAX / 2);
+        else if (opt(&a, "--test-limit", &v)) tp.test_limit = parse_int("--test-limit", v, 1, INT64_MAX / 2);
+        else if (opt(&a, "--out", &v)) tp.out_dir = v;
+        else if (opt(&a, "--ckpt-every", &v)) tp.ckpt_every = (int)parse_int("--ckpt-every", v, 0, 1000000);
+        else if (opt(&a, "--resume", &v)) tp.resume = v;
+        else if (opt(&a, "--init-from", &v)) tp.init_from = v;
+        else if (opt(&a, "--gemm", &v)) {
+            int k = dp_gemm_backend_parse(v);
+            if (k < 0) die("--gemm: unknown backend '%s' (expected dnnl, blas or ref)", v);
+            int rc = dp_gemm_set_backend((enum dp_gemm_backend)k);
+            if (rc) die_rc(rc);
+        } else if (opt(&a, "--progress", &v)) {
+            if (!strcmp(v, "auto")) prog_state.mode = PROG_AUTO;
+            else if (!strcmp(v, "bar")) prog_state.mode = PROG_BAR;
+            else if (!strcmp(v, "lines")) prog_state.mode = PROG_LINES;
+            else if (!strcmp(v, "none")) prog_state.mode = PROG_NONE;
+            else die("--progress: expected auto, bar, lines or none, got '%s'", v);
+        } else
+            die("unknown option '%s' for train (see '%s train --help')", argv[a.i], prog);
+    }
+    if (!model_given && !tp.resume) tp.model = "mlp";
+    if (tp.sched.kind == DP_SCHED_STEP && tp.sched.step_size == 0)
+        die("--schedule step needs --step-size N");
+    if (prog_state.mode == PROG_AUTO) prog_state.mode = isatty(2) ? PROG_BAR : PROG_LINES;
+    tp.on_event = on_event;
+    tp.event_arg = &prog_state;
+
+    struct dp_trainer *t;
+    int rc = dp_trainer_init(&t, &tp);
+    if (rc) die_rc(rc);
+    const struct dp_model *m = dp_trainer_model(t);
+    printf("dptrain: model %s (%lld parameters, %.1f MFLOP/sample forward), batch %lld, %s lr %g, "
+           "%d thread%s, gemm %s\n",
+           m->spec, (long long)m->num_params, (double)m->flops_fwd / 1e6, (long long)tp.batch,
+           dp_optim_kind_name(tp.optim.kind), (double)tp.sched.base_lr, tp.threads, tp.threads > 1 ? "s" : "",
+           dp_gemm_backend_name(dp_gemm_get_backend()));
+    fflush(stdout);
+    double t0 = dp_time();
+    rc = dp_trainer_run(t);
+    if (rc) {
+        if (prog_state.mode == PROG_BAR) fprintf(stderr, "\n");
+        dp_trainer_free(t);
+        die_rc(rc);
+    }
+    double dt = dp_time() - t0;
+    /* Model FLOP utilisation: training ~ 3x forward FLOPs (forward + two
+     * GEMMs in backward), over the measured peak of 220 GFLOP/s per core. */
+    double mfu = prog_state.last_sps * 3.0 * (double)m->flops_fwd / (220e9 * tp.threads);
+    printf("done: %.1fs, test acc %.2f%%, %.0f samples/s (last epoch), MFU %.1f%%, param hash %016" PRIx64 "\n",
+           dt, 100 * prog_state.last_test_acc, prog_state.last_sps, 100 * mfu, dp_trainer_param_hash(t));
+    if (prog_state.tp_samples > 0 && prog_state.tp_t1 > prog_state.tp_t0) {
+        double sps = (double)prog_state.tp_samples / (prog_state.tp_t1 - prog_state.tp_t0);
+        printf("throughput: %.1f samples/s (training steps after the 5th, %lld steps)\n", sps,
+               (long long)prog_state.run_steps - 5);
+    }
+    dp_trainer_free(t);
+    return 0;
+}
+
+static int cmd_eval(int argc, char **argv) {
+    struct dp_train_params tp = dp_train_default_params();
+    tp.data_dir = DEFAULT_DATA;
+    tp.model = NULL;
+    tp.epochs = 0;
+    tp.prefetch = 0;
+    const char *v, *ckpt = NULL;
+    struct args a = {argc, 0, argv, "eval"};
+    for (a.i = 1; a.i < argc; a.i++) {
+        if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
+            fputs(help_eval, stdout);
+            return 0;
+        } else if (opt(&a, "--ckpt", &v)) ckpt = v;
+        else if (opt(&a, "--data", &v)) tp.data_dir = v;
+        else if (opt(&a, "--threads", &v)) tp.threads = (int)parse_int("--threads", v, 1, 256);
+        else if (opt(&a, "--test-limit", &v)) tp.test_limit = parse_int("--test-limit", v, 1, INT64_MAX / 2);
+        else if (a.argv[a.i][0] != '-' && !ckpt) ckpt = a.argv[a.i];
+        else die("unknown option '%s' for eval (see '%s eval --help')", argv[a.i], prog);
+    }
+    if (!ckpt) die("eval needs --ckpt FILE");
+    /* The run's settings come from the checkpoint header. */
+    struct dp_ckpt_header h;
+    int rc = dp_ckpt_read_header(ckpt, &h);
+    if (rc) die_rc(rc);
+    tp.resume = ckpt;
+    tp.batch = h.batch;
+    tp.seed = h.seed;
+    tp.optim.kind = (enum dp_optim_kind)h.optim_kind;
+    tp.optim.momentum = h.momentum;
+    tp.optim.nesterov = (int)h.nesterov;
+    tp.optim.dampening = h.dampening;
+    tp.optim.weight_decay = h.weight_decay;
+    tp.optim.beta1 = h.beta1, tp.optim.beta2 = h.beta2, tp.optim.eps = h.eps;
+    struct dp_trainer *t;
+    if ((rc = dp_trainer_init(&t, &tp))) die_rc(rc);
+    struct dp_dataset train, test;
+    double acc, loss;
+    if ((rc = dp_dataset_load_dir(&train, &test, tp.data_dir))) die_rc(rc);
+    dp_dataset_normalize(&test, tp.norm_mean, tp.norm_std);
+    rc = dp_trainer_evaluate(t, &test, tp.test_limit, &acc, &loss);
+    if (rc) die_rc(rc);
+    printf("model %s  step %lld  test acc %.2f%%  test loss %.4f  (%lld samples)\n", h.model_spec,
+           (long long)h.step, 100 * acc, loss,
+           (long long)(tp.test_limit && tp.test_limit < test.n ? tp.test_limit : test.n));
+    dp_dataset_free(&train);
+    dp_dataset_free(&test);
+    dp_trainer_free(t);
+    return 0;
+}
+
+static int cmd_ckpt(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fputs(help_ckpt, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *sub = argv[1];
+    if (strcmp(sub, "info") && strcmp(sub, "export")) die("unknown ckpt command '%s' (expected info or export)", sub);
+    const char *file = NULL, *out = NULL, *v;
+    struct args a = {argc, 0, argv, "ckpt"};
+    for (a.i = 2; a.i < argc; a.i++) {
+        if (opt(&a, "--help", NULL)) {
+            fputs(help_ckpt, stdout);
+            return 0;
+        } else if (!strcmp(sub, "export") && opt(&a, "--safetensors", &v)) out = v;
+        else if (argv[a.i][0] != '-' && !file) file = argv[a.i];
+        else die("unexpected argument '%s' for ckpt %s", argv[a.i], sub);
+    }
+    if (!file) die("ckpt %s needs a checkpoint FILE", sub);
+    struct dp_ckpt_header h;
+    float *payload;
+    int rc = dp_ckpt_read(file, &h, &payload);
+    if (rc) die_rc(rc);
+    if (!strcmp(sub, "info")) {
+        printf("file:            %s\n", file);
+        printf("format:          %.8s version %u\n", h.magic, h.version);
+        printf("model:           %s\n", h.model_spec);
+        printf("input shape:     (%lld, %lld, %lld)\n", (long long)h.in_shape[0], (long long)h.in_shape[1],
+               (long long)h.in_shape[2]);
+        printf("parameters:      %lld\n", (long long)h.num_params);
+        printf("buffers:         %lld\n", (long long)h.num_buffers);
+        printf("step:            %lld (epoch %lld, step %lld in epoch)\n", (long long)h.step, (long long)h.epoch,
+               (long long)h.step_in_epoch);
+        printf("batch:           %lld\n", (long long)h.batch);
+        printf("seed:            %llu\n", (unsigned long long)h.seed);
+        printf("optimizer:       %s (momentum %g, nesterov %u, weight decay %g, betas %g/%g, eps %g), %lld steps, state %lld floats\n",
+               dp_optim_kind_name((enum dp_optim_kind)h.optim_kind), (double)h.momentum, h.nesterov,
+               (double)h.weight_decay, (double)h.beta1, (double)h.beta2, (double)h.eps, (long long)h.optim_step,
+               (long long)h.optim_state_len);
+        printf("learning rate:   %g (%s)\n", (double)h.lr, dp_sched_kind_name((enum dp_sched_kind)h.sched_kind));
+        printf("payload crc32:   %08x\n", h.payload_crc);
+        printf("param hash:      %016" PRIx64 " (FNV-1a 64 of parameters then buffers)\n", h.param_hash);
+        dp_free(payload);
+        return 0;
+    }
+    if (!out) die("ckpt export needs --safetensors OUT");
+    struct dp_model *m;
+    if ((rc = dp_model_from_spec(&m, h.model_spec, h.in_shape[0], h.in_shape[1], h.in_shape[2]))) die_rc(rc);
+    if (m->num_params != h.num_params || m->num_buffers != h.num_buffers)
+        die("%s: checkpoint sizes do not match model %s", file, h.model_spec);
+    struct dp_replica r;
+    if ((rc = dp_replica_init(&r, m, 1))) die_rc(rc);
+    memcpy(r.params, payload, sizeof(float) * (size_t)h.num_params);
+    memcpy(r.buffers, payload + h.num_params, sizeof(float) * (size_t)h.num_buffers);
+    dp_free(payload);
+    if ((rc = dp_safetensors_save(out, m, &r))) die_rc(rc);
+    printf("wrote %s (%d tensors)\n", out, m->nparams);
+    dp_replica_free(&r);
+    dp_model_free(m);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fputs(help_main, stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        fputs(help_main, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "help")) {
+        const char *what = argc > 2 ? argv[2] : "";
+        fputs(!strcmp(what, "train") ? help_train : !strcmp(what, "eval") ? help_eval
+              : !strcmp(what, "ckpt") ? help_ckpt : help_main, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
+    if (!strcmp(cmd, "ckpt")) return cmd_ckpt(argc - 1, argv + 1);
+    fprintf(stderr, "%s: error: unknown command '%s' (see '%s --help')\n", prog, cmd, prog);
+    return 2;
+}
