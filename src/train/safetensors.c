@@ -187,13 +187,11 @@ int dp_safetensors_load(const char *path, const struct dp_model *m, struct dp_re
             if (!f2 && (rc = expect(&j, ','))) goto out;
             f2 = 0;
             if ((rc = str(&j, key, sizeof key)) || (rc = expect(&j, ':'))) goto out;
-            if (is_meta || strcmp(key, "dtype") == 0) {
+            if (is_meta) {
                 char val[256];
                 if ((rc = str(&j, val, sizeof val))) goto out;
-                if (!is_meta) {
-                    strncpy(dtype, val, sizeof dtype - 1);
-                    dtype[sizeof dtype - 1] = 0;
-                }
+            } else if (strcmp(key, "dtype") == 0) {
+                if ((rc = str(&j, dtype, sizeof dtype))) goto out;
             } else if (strcmp(key, "shape") == 0) {
                 if ((rc = num_array(&j, shape, 8, &ndim))) goto out;
             } else if (strcmp(key, "data_offsets") == 0) {

@@ -1,0 +1,319 @@
+/* The loader: sampler (epoch permutation, global batches, split by rank),
+ * batch assembly (gather + augmentation) and a prefetch thread.
+ *
+ * Vocabulary.  A *position* counts global batches from the start of training:
+ * pos = epoch * steps_per_epoch + step.  Global batch `step` of an epoch
+ * covers permutation entries [step * batch, min((step + 1) * batch, n)); its
+ * size G is `batch` except maybe for the last one.  Rank r of `world` takes a
+ * contiguous part of it:
+ *
+ *     base = G / world, rem = G % world
+ *     size(r)  = base + (r < rem)
+ *     start(r) = r * base + min(r, rem)
+ *
+ *     G = 10, world = 3:   rank 0: [0, 4)   rank 1: [4, 7)   rank 2: [7, 10)
+ *
+ * so the ranks' parts, concatenated in rank order, are exactly the global
+ * batch; a rank may get 0 samples when G < world.  The permutation is
+ * dp_rng_permutation(seed, DP_RNG_SHUFFLE, epoch) (identity without shuffle),
+ * so every rank derives the same global batches without communicating.
+ *
+ * Threading.  Batches are numbered k = 0, 1, ... since the last (re)start at
+ * position start_pos, and batch k lives in ring slot k % nslots.  Three
+ * counters, all guarded by `mu`:
+ *
+ *     produced  batches the producer has finished (slots < produced are ready)
+ *     consumed  batches handed to the consumer by dp_loader_next
+ *     released  batches the consumer is done with (= consumed, or consumed - 1
+ *               while it still holds the last one returned)
+ *
+ * The producer may fill batch k only when k - released < nslots, i.e. when
+ * the slot's previous occupant has been released.  With nslots = prefetch + 1
+ * that keeps `prefetch` batches ready while the consumer works on one.  Slot
+ * contents are written without the lock (only the producer touches an
+ * unpublished slot) and published by incrementing `produced` under it.
+ * Shutdown sets `stop` under the lock and broadcasts; the producer checks it
+ * before every batch, so joining it takes at most one batch assembly.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include "dp/core.h"
+#include "dp/data.h"
+
+struct slot {
+    struct dp_loader_batch b;
+};
+
+struct dp_loader {
+    const struct dp_dataset *ds; /* borrowed; must outlive the loader */
+    struct dp_loader_params p;
+    int64_t n;               /* samples in the dataset */
+    int64_t sample;          /* floats per sample: C * H * W */
+    int64_t steps_per_epoch;
+    int64_t max_B;           /* largest part any rank can get: ceil(batch / world) */
+
+    /* Filler state: touched only by whoever assembles batches (the producer
+     * thread while it runs, otherwise the consumer). */
+    int64_t *perm;           /* (n) permutation of the current epoch */
+    int64_t perm_epoch;      /* epoch perm holds, -1 if none */
+
+    int nslots;
+    struct slot *slots;      /* (nslots) */
+
+    /* Consumer state (the thread calling next/seek/free). */
+    int64_t start_pos;       /* position of batch k = 0 */
+    double wait_s;
+    int async;               /* a producer thread is running */
+
+    pthread_mutex_t mu;
+    pthread_cond_t ready;    /* produced grew, signalled to the consumer */
+    pthread_cond_t space;    /* released grew or stop set, to the producer */
+    int64_t produced, consumed, released; /* guarded by mu */
+    int stop;                             /* guarded by mu */
+    pthread_t thread;
+};
+
+/* ---- parameters ------------------------------------------------------------ */
+
+/* Batch 64, shuffled with seed 0, last batch kept, no augmentation, two
+ * batches prefetched, one worker. */
+struct dp_loader_params dp_loader_default_params(void) {
+    return (struct dp_loader_params){
+        .batch = 64, .shuffle = 1, .seed = 0, .drop_last = 0, .aug = {0, 0},
+        .prefetch = 2, .rank = 0, .world = 1,
+    };
+}
+
+/* ---- batch assembly ---------------------------------------------------------- */
+
+/* Fills slot s with the rank's part of the global batch at position pos.
+ * Cannot fail: every buffer was allocated by dp_loader_init. */
+static void fill_batch(struct dp_loader *l, struct slot *s, int64_t pos) {
+    const struct dp_loader_params *p = &l->p;
+    int64_t epoch = pos / l->steps_per_epoch, step = pos % l->steps_per_epoch;
+    if (p->shuffle && l->perm_epoch != epoch) {
+        dp_rng_permutation(p->seed, DP_RNG_SHUFFLE, (uint64_t)epoch, l->perm, l->n);
+        l->perm_epoch = epoch;
+    }
+    int64_t g0 = step * p->batch;
+    int64_t G = l->n - g0 < p->batch ? l->n - g0 : p->batch;
+    int64_t base = G / p->world, rem = G % p->world;
+    int64_t B = base + (p->rank < rem);
+    int64_t off = g0 + p->rank * base + (p->rank < rem ? p->rank : rem);
+
+    struct dp_loader_batch *b = &s->b;
+    int augment = p->aug.crop_pad > 0 || p->aug.hflip;
+    const struct dp_dataset *ds = l->ds;
+    for (int64_t i = 0; i < B; i++) {
+        int64_t idx = l->perm[off + i];
+        const float *src = ds->x + idx * l->sample;
+        float *dst = b->x + i * l->sample;
+        if (augment)
+            dp_augment_sample(dst, src, ds->C, ds->H, ds->W, &p->aug, p->seed, idx, epoch);
+        else
+            memcpy(dst, src, (size_t)l->sample * sizeof(float));
+        b->y[i] = ds->y[idx];
+        b->idx[i] = idx;
+    }
+    b->B = B;
+    b->global_B = G;
+    b->epoch = epoch;
+    b->step_in_epoch = step;
+}
+
+/* ---- the producer thread ------------------------------------------------------ */
+
+static void *producer_main(void *arg) {
+    struct dp_loader *l = arg;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        while (!l->stop && l->produced - l->released >= l->nslots)
+            pthread_cond_wait(&l->space, &l->mu);
+        if (l->stop) break;
+        int64_t k = l->produced;
+        /* Slot k % nslots is free (its previous batch was released) and the
+         * consumer will not read it before `produced` passes k. */
+        pthread_mutex_unlock(&l->mu);
+        fill_batch(l, &l->slots[k % l->nslots], l->start_pos + k);
+        pthread_mutex_lock(&l->mu);
+        l->produced = k + 1;
+        pthread_cond_signal(&l->ready);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+/* Stops and joins the producer, if any.  Returns promptly: the producer is
+ * either waiting for space (woken by the broadcast) or finishing one batch. */
+static void producer_stop(struct dp_loader *l) {
+    if (!l->async) return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = 1;
+    pthread_cond_broadcast(&l->space);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->thread, NULL);
+    l->async = 0;
+}
+
+/* Resets the counters to start at position pos and, with prefetch > 0,
+ * starts a producer.  The producer must not be running. */
+static int producer_start(struct dp_loader *l, int64_t pos) {
+    l->start_pos = pos;
+    /* No other thread exists here, but take the lock anyway so the counters
+     * are only ever touched under it. */
+    pthread_mutex_lock(&l->mu);
+    l->produced = l->consumed = l->released = 0;
+    l->stop = 0;
+    pthread_mutex_unlock(&l->mu);
+    if (l->p.prefetch == 0) return 0;
+    if (pthread_create(&l->thread, NULL, producer_main, l) != 0)
+        return dp_seterr(DP_EINTERNAL, "loader: cannot start the prefetch thread");
+    l->async = 1;
+    return 0;
+}
+
+/* ---- public API ----------------------------------------------------------- */
+
+static void loader_release(struct dp_loader *l) {
+    if (l->slots) {
+        for (int i = 0; i < l->nslots; i++) {
+            dp_free(l->slots[i].b.x);
+            dp_free(l->slots[i].b.y);
+            dp_free(l->slots[i].b.idx);
+        }
+    }
+    dp_free(l->slots);
+    dp_free(l->perm);
+    pthread_cond_destroy(&l->ready);
+    pthread_cond_destroy(&l->space);
+    pthread_mutex_destroy(&l->mu);
+    dp_free(l);
+}
+
+/* Creates a loader over ds (borrowed: it must stay alive and unchanged until
+ * dp_loader_free) positioned at epoch 0, step 0, and starts prefetching.
+ * Errors: DP_EINVAL for bad parameters (batch < 1, rank not in [0, world),
+ * prefetch < 0, crop_pad < 0, an empty dataset, or drop_last with fewer
+ * samples than one batch), DP_ENOMEM, DP_EINTERNAL if the thread cannot
+ * start.  On failure *out is NULL. */
+int dp_loader_init(struct dp_loader **out, const struct dp_dataset *ds,
+                   const struct dp_loader_params *p) {
+    *out = NULL;
+    if (!ds || !p) return dp_seterr(DP_EINVAL, "loader: NULL dataset or parameters");
+    if (ds->n < 1 || !ds->x || !ds->y)
+        return dp_seterr(DP_EINVAL, "loader: the dataset is empty");
+    if (p->batch < 1) return dp_seterr(DP_EINVAL, "loader: batch %lld < 1", (long long)p->batch);
+    if (p->world < 1 || p->rank < 0 || p->rank >= p->world)
+        return dp_seterr(DP_EINVAL, "loader: rank %d not in [0, world = %d)", p->rank, p->world);
+    if (p->prefetch < 0 || p->prefetch > 1024)
+        return dp_seterr(DP_EINVAL, "loader: prefetch %d not in [0, 1024]", p->prefetch);
+    if (p->aug.crop_pad < 0)
+        return dp_seterr(DP_EINVAL, "loader: crop_pad %d < 0", p->aug.crop_pad);
+    if (p->drop_last && ds->n < p->batch)
+        return dp_seterr(DP_EINVAL, "loader: drop_last with %lld samples and batch %lld leaves no batch",
+                         (long long)ds->n, (long long)p->batch);
+
+    struct dp_loader *l = dp_calloc(1, sizeof *l);
+    if (!l) return dp_seterr(DP_ENOMEM, "loader: out of memory");
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->ready, NULL);
+    pthread_cond_init(&l->space, NULL);
+    l->ds = ds;
+    l->p = *p;
+    l->n = ds->n;
+    l->sample = ds->C * ds->H * ds->W;
+    l->steps_per_epoch = p->drop_last ? ds->n / p->batch : (ds->n + p->batch - 1) / p->batch;
+    int64_t bmax = p->batch < ds->n ? p->batch : ds->n;
+    l->max_B = (bmax + p->world - 1) / p->world;
+    l->perm_epoch = -1;
+    l->nslots = p->prefetch + 1;
+
+    l->perm = dp_malloc((size_t)l->n * sizeof(int64_t));
+    l->slots = dp_calloc((size_t)l->nslots, sizeof(struct slot));
+    if (!l->perm || !l->slots) goto nomem;
+    for (int64_t i = 0; i < l->n; i++) l->perm[i] = i; /* stays so without shuffle */
+    for (int i = 0; i < l->nslots; i++) {
+        struct dp_loader_batch *b = &l->slots[i].b;
+        /* Batch buffers are reused every step: fault them in now (big). */
+        b->x = dp_malloc_big((size_t)(l->max_B * l->sample) * sizeof(float));
+        b->y = dp_malloc((size_t)l->max_B * sizeof(int32_t));
+        b->idx = dp_malloc((size_t)l->max_B * sizeof(int64_t));
+        if (!b->x || !b->y || !b->idx) goto nomem;
+    }
+    int rc = producer_start(l, 0);
+    if (rc) {
+        loader_release(l);
+        return rc;
+    }
+    *out = l;
+    return 0;
+
+nomem:
+    loader_release(l);
+    return dp_seterr(DP_ENOMEM, "loader: cannot allocate batch buffers");
+}
+
+/* Global batches per epoch: ceil(n / batch), or floor(n / batch) with
+ * drop_last.  The same on every rank. */
+int64_t dp_loader_steps_per_epoch(const struct dp_loader *l) { return l->steps_per_epoch; }
+
+/* Positions the loader so that the next dp_loader_next returns step `step`
+ * of epoch `epoch` (a step >= steps_per_epoch carries into later epochs).
+ * Batches prefetched for the old position are discarded; the batch returned
+ * last becomes invalid.  Errors: DP_EINVAL for negative arguments,
+ * DP_EINTERNAL if the prefetch thread cannot restart (the loader then stays
+ * usable and works synchronously). */
+int dp_loader_seek(struct dp_loader *l, int64_t epoch, int64_t step) {
+    if (epoch < 0 || step < 0)
+        return dp_seterr(DP_EINVAL, "loader: cannot seek to epoch %lld, step %lld",
+                         (long long)epoch, (long long)step);
+    producer_stop(l);
+    int rc = producer_start(l, epoch * l->steps_per_epoch + step);
+    if (rc) l->p.prefetch = 0; /* fall back to assembling in dp_loader_next */
+    return rc;
+}
+
+/* Returns in *b the rank's part of the next global batch, in order, epoch
+ * after epoch without end.  The batch and its buffers belong to the loader
+ * and stay valid until the next call to dp_loader_next, dp_loader_seek or
+ * dp_loader_free.  Time spent here waiting for the batch is added to
+ * dp_loader_wait_time.  Never fails once the loader is initialised. */
+int dp_loader_next(struct dp_loader *l, const struct dp_loader_batch **b) {
+    if (!l->async) {
+        /* Synchronous: the whole assembly is time the consumer waits. */
+        double t0 = dp_time();
+        struct slot *s = &l->slots[0];
+        fill_batch(l, s, l->start_pos + l->consumed);
+        l->consumed++; /* no other thread: counters need no lock here */
+        l->released = l->consumed;
+        l->wait_s += dp_time() - t0;
+        *b = &s->b;
+        return 0;
+    }
+    pthread_mutex_lock(&l->mu);
+    /* The batch returned by the previous call is no longer in use. */
+    l->released = l->consumed;
+    pthread_cond_signal(&l->space);
+    if (l->produced <= l->consumed) {
+        double t0 = dp_time();
+        while (l->produced <= l->consumed) pthread_cond_wait(&l->ready, &l->mu);
+        l->wait_s += dp_time() - t0;
+    }
+    int64_t k = l->consumed++;
+    pthread_mutex_unlock(&l->mu);
+    *b = &l->slots[k % l->nslots].b;
+    return 0;
+}
+
+/* Seconds the consumer has spent waiting inside dp_loader_next (including,
+ * with prefetch = 0, the time to assemble each batch). */
+double dp_loader_wait_time(const struct dp_loader *l) { return l->wait_s; }
+
+/* Stops the prefetch thread (at most one batch assembly later) and frees
+ * everything.  NULL is a no-op.  Batches returned earlier become invalid. */
+void dp_loader_free(struct dp_loader *l) {
+    if (!l) return;
+    producer_stop(l);
+    loader_release(l);
+}
