@@ -12,7 +12,7 @@ BUILD ?= build$(if $(SAN),-$(SAN))$(if $(filter clang%,$(notdir $(CC))),-clang)
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
 OPT ?= -O2 -march=native
-CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) -g -fopenmp $(WARN) -Iinclude -Isrc $(CFLAGS)
+CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) -fno-math-errno -g -fopenmp $(WARN) -Iinclude -Isrc $(CFLAGS)
 LDLIBS_ALL := -lz -lm -lpthread -fopenmp
 
 HAVE_DNNL := $(if $(wildcard /usr/include/dnnl.h),1,)
