@@ -70,7 +70,12 @@ static int check_params(const struct dp_train_params *p) {
     if (p->clip_norm < 0) return dp_seterr(DP_EINVAL, "--clip must be >= 0 (got %g)", p->clip_norm);
     if (!(p->norm_std > 0)) return dp_seterr(DP_EINVAL, "normalisation std must be > 0");
     if (p->max_steps < 0) return dp_seterr(DP_EINVAL, "--max-steps must be >= 0");
-    return DP_OK;
+    int rc = dp_optim_check(&p->optim);
+    if (rc) return rc;
+    /* total_steps may still be 0 here: it is filled from the epoch count later. */
+    struct dp_sched s = p->sched;
+    if (s.total_steps <= 0) s.total_steps = s.warmup_steps + 1;
+    return dp_sched_check(&s);
 }
 
 /* Restores the state saved by dp_trainer_save.  Every field that must agree

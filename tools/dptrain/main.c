@@ -281,16 +281,19 @@ static int cmd_train(int argc, char **argv) {
         die_rc(rc);
     }
     double dt = dp_time() - t0;
-    /* Model FLOP utilisation: training ~ 3x forward FLOPs (forward + two
-     * GEMMs in backward), over the measured peak of 220 GFLOP/s per core. */
-    double mfu = prog_state.last_sps * 3.0 * (double)m->flops_fwd / (220e9 * tp.threads);
-    printf("done: %.1fs, test acc %.2f%%, %.0f samples/s (last epoch), MFU %.1f%%, param hash %016" PRIx64 "\n",
-           dt, 100 * prog_state.last_test_acc, prog_state.last_sps, 100 * mfu, dp_trainer_param_hash(t));
-    if (prog_state.tp_samples > 0 && prog_state.tp_t1 > prog_state.tp_t0) {
-        double sps = (double)prog_state.tp_samples / (prog_state.tp_t1 - prog_state.tp_t0);
-        printf("throughput: %.1f samples/s (training steps after the 5th, %lld steps)\n", sps,
-               (long long)prog_state.run_steps - 5);
-    }
+    /* Steady-state throughput (after 5 warm-up steps) and model FLOP
+     * utilisation: a training step costs ~3x the forward FLOPs (forward, and
+     * two GEMMs of the same size per layer in backward), over the measured
+     * fp32 peak of this CPU, 220 GFLOP/s per core (DESIGN.md §3). */
+    double sps = prog_state.tp_t1 > prog_state.tp_t0
+                     ? (double)prog_state.tp_samples / (prog_state.tp_t1 - prog_state.tp_t0) : prog_state.last_sps;
+    double mfu = sps * 3.0 * (double)m->flops_fwd / (220e9 * tp.threads);
+    char acc[32] = "n/a (no epoch finished)";
+    if (!isnan(prog_state.last_test_acc)) snprintf(acc, sizeof acc, "%.2f%%", 100 * prog_state.last_test_acc);
+    printf("done: %.1fs, test acc %s, param hash %016" PRIx64 "\n", dt, acc, dp_trainer_param_hash(t));
+    if (prog_state.run_steps > 5)
+        printf("throughput: %.1f samples/s (training steps after the 5th, %lld steps), MFU %.1f%% of %d x 220 GFLOP/s\n",
+               sps, (long long)prog_state.run_steps - 5, 100 * mfu, tp.threads);
     dp_trainer_free(t);
     return 0;
 }
