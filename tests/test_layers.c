@@ -1,0 +1,1197 @@
+/* Layers: backward of every layer against central finite differences, the
+ * fast convolution against the direct-loop reference, BatchNorm statistics
+ * (running stats, eval mode, synchronised over two workers), dropout masks
+ * keyed by sample, softmax cross-entropy against a double implementation,
+ * gradient accumulation, determinism across thread counts, and constructor
+ * errors.
+ *
+ * Finite differences (STYLE.md §9).  Each layer sits alone in a tiny model
+ * (followed by a flatten when its output has more than 2 dims, so the model
+ * can be finalised), is called directly through l->ops, and is checked on
+ *     L(theta) = sum_i y_i r_i          (r fixed random in [-1, 1], so dy = r),
+ * summed in double.  For every input element and every parameter element
+ *     fd = (L(theta + eps) - L(theta - eps)) / (2 eps),   eps = 1e-2,
+ * and the analytic gradient a must satisfy |a - fd| <= 1e-3 + 2e-3 max(|a|, |fd|).
+ * The forward runs in float, so eps cannot be much smaller; for these smooth
+ * layers the worst point uses about 2% of that tolerance (DP_TEST_VERBOSE=1
+ * prints it), while a wrong or missing term shows as an O(1) error.
+ * Kinks (ReLU, max pooling): ReLU/max-pool inputs are generated away from
+ * kinks (|x| >= 0.05, window values 0.1 apart), so no point is skipped there.
+ * The residual block has ReLUs on internal values (behind BatchNorm, which
+ * couples a whole channel), where kinks cannot be avoided that way: it uses
+ * eps = 1e-3 and |a - fd| <= 2e-3 + 1e-2 max(|a|, |fd|) (the worst point uses
+ * about half of it, and the error shrinks with eps, as kink crossings do), and
+ * a point is skipped when the differences at eps and eps/2 disagree (a kink was
+ * crossed between them); at most 10% of its points may be skipped,
+ * and none for the smooth layers. */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp/nn.h"
+#include "nn/layers_impl.h"
+#include "test.h"
+
+/* defaults for smooth layers; the residual block uses eps 1e-3 and a looser
+ * tolerance (see the top of the file) */
+#define FD_EPS 1e-2
+#define FD_ATOL 1e-3
+#define FD_RTOL 2e-3
+static double fd_worst;
+
+static float urand(uint64_t seed, uint64_t i, float lo, float hi) {
+    return lo + (hi - lo) * dp_rng_uniform(seed, DP_RNG_USER, 7, i);
+}
+
+static void fill(float *x, int64_t n, uint64_t seed, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++)
+        x[i] = urand(seed, (uint64_t)i, lo, hi);
+}
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* ---- a layer under test ------------------------------------------------------- */
+
+struct lt {
+    struct dp_model *m;
+    struct dp_replica r;
+    struct dp_layer *l; /* the layer under test (m->layers[0]) */
+    int64_t B, nin, nout;
+    float *x, *dy, *dx; /* (B, in), (B, out), (B, in) */
+    float *y;           /* output of the last forward (arena) */
+    int64_t sidx[64];
+    struct dp_batch batch;
+    int training;
+    uint64_t seed;
+    dp_stat_sync_fn sync;
+    void *sync_arg;
+    double eps, atol, rtol; /* finite differences */
+};
+
+static void lt_begin(struct lt *t, struct dp_shape in, int64_t B) {
+    memset(t, 0, sizeof *t);
+    t->B = B;
+    t->training = 1;
+    t->seed = 1234;
+    t->eps = FD_EPS, t->atol = FD_ATOL, t->rtol = FD_RTOL;
+    ASSERT_OK(dp_model_init(&t->m, "test", &in));
+}
+
+/* Finishes the model after the layer under test was added, initialises
+ * parameters and moves the "1"/"0"-initialised ones (norm weights and biases,
+ * running stats) to random values, and fills x and dy. */
+static void lt_end(struct lt *t, uint64_t seed) {
+    ASSERT_TRUE(t->m->nlayers == 1);
+    if (dp_model_cur_shape(t->m).ndim > 2) ASSERT_OK(dp_flatten(t->m, "flat"));
+    ASSERT_OK(dp_model_finalize(t->m));
+    t->l = t->m->layers[0];
+    ASSERT_OK(dp_replica_init(&t->r, t->m, t->B));
+    dp_model_init_params(t->m, &t->r, seed);
+    for (int i = 0; i < t->m->nparams; i++) {
+        const struct dp_param_info *p = &t->m->params[i];
+        float *dst = (p->is_buffer ? t->r.buffers : t->r.params) + p->offset;
+        uint64_t s = seed * 131 + (uint64_t)i;
+        if (ends_with(p->name, "running_var"))
+            fill(dst, p->count, s, 0.5f, 2.0f);
+        else if (ends_with(p->name, "running_mean"))
+            fill(dst, p->count, s, -0.5f, 0.5f);
+        else if (ends_with(p->name, "num_batches_tracked"))
+            continue;
+        else if (p->init == DP_INIT_CONST)
+            fill(dst, p->count, s, 0.5f, 1.5f);
+        else if (p->init == DP_INIT_ZERO)
+            fill(dst, p->count, s, -0.5f, 0.5f);
+    }
+    t->nin = t->B * dp_shape_numel(&t->l->in_shape);
+    t->nout = t->B * dp_shape_numel(&t->l->out_shape);
+    t->x = malloc(sizeof(float) * (size_t)t->nin);
+    t->dx = malloc(sizeof(float) * (size_t)t->nin);
+    t->dy = malloc(sizeof(float) * (size_t)t->nout);
+    fill(t->x, t->nin, seed + 1, -1.0f, 1.0f);
+    fill(t->dy, t->nout, seed + 2, -1.0f, 1.0f);
+    for (int64_t b = 0; b < t->B && b < 64; b++)
+        t->sidx[b] = 1000 + 3 * b;
+    t->batch.B = t->B;
+    t->batch.sample_idx = t->sidx;
+}
+
+static void lt_free(struct lt *t) {
+    free(t->x), free(t->dx), free(t->dy);
+    dp_replica_free(&t->r);
+    dp_model_free(t->m);
+}
+
+static struct dp_ctx lt_ctx(struct lt *t) {
+    struct dp_ctx c = {
+        .params = t->r.params,
+        .grads = t->r.grads,
+        .buffers = t->r.buffers,
+        .arena = &t->r.arena,
+        .saved = t->r.saved,
+        .batch = &t->batch,
+        .training = t->training,
+        .seed = t->seed,
+        .loss_scale = 1.0f,
+        .stat_sync = t->sync,
+        .stat_sync_arg = t->sync_arg,
+    };
+    return c;
+}
+
+/* A fresh step: resets the arena and runs forward. */
+static void lt_forward(struct lt *t) {
+    dp_arena_reset(&t->r.arena);
+    memset(t->r.saved, 0, sizeof(void *) * (size_t)(t->m->nids + 1));
+    struct dp_ctx c = lt_ctx(t);
+    t->y = dp_arena_alloc(&t->r.arena, sizeof(float) * (size_t)t->nout);
+    ASSERT_TRUE(t->y != NULL);
+    ASSERT_OK(t->l->ops->forward(t->l, &c, t->y, t->x, t->B));
+}
+
+static void lt_backward(struct lt *t, float *dx) {
+    struct dp_ctx c = lt_ctx(t);
+    ASSERT_OK(t->l->ops->backward(t->l, &c, dx, t->dy, t->x, t->y, t->B));
+}
+
+static double lt_loss(struct lt *t) {
+    lt_forward(t);
+    double s = 0.0;
+    for (int64_t i = 0; i < t->nout; i++)
+        s += (double)t->y[i] * t->dy[i];
+    return s;
+}
+
+/* Compares analytic[0..n) with central differences of L over theta[0..n).
+ * Returns the number of points skipped as kinks. */
+static int fd_check(struct lt *t, const char *what, float *theta, const float *analytic, int64_t n,
+                    int allow_kinks) {
+    int skipped = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float save = theta[i];
+        double f[4];
+        const double eps = t->eps, atol = t->atol, rtol = t->rtol;
+        const double h[4] = {eps, -eps, eps / 2, -eps / 2};
+        for (int k = 0; k < 4; k++) {
+            theta[i] = (float)(save + h[k]);
+            f[k] = lt_loss(t);
+        }
+        theta[i] = save;
+        /* the perturbations actually applied, in float */
+        const double e1 = (double)(float)(save + eps) - (double)(float)(save - eps);
+        const double e2 = (double)(float)(save + eps / 2) - (double)(float)(save - eps / 2);
+        const double fd = (f[0] - f[1]) / e1, fd2 = (f[2] - f[3]) / e2;
+        const double a = analytic[i];
+        if (allow_kinks && fabs(fd - fd2) > atol + rtol * fmax(fabs(fd), fabs(fd2))) {
+            skipped++;
+            continue;
+        }
+        double q = fabs(a - fd) / (atol + rtol * fmax(fabs(a), fabs(fd)));
+        if (q > fd_worst) fd_worst = q;
+        if (!(q <= 1.0))
+            dp_test_fail(__FILE__, __LINE__,
+                         "%s %s[%lld]: analytic %.7g, finite difference %.7g (eps/2: %.7g)",
+                         t->l->name, what, (long long)i, a, fd, fd2);
+    }
+    return skipped;
+}
+
+/* Checks dx and every parameter gradient of the layer under test. */
+static void lt_check_grads(struct lt *t, int allow_kinks) {
+    memset(t->r.grads, 0, sizeof(float) * (size_t)t->m->num_params);
+    lt_forward(t);
+    lt_backward(t, t->dx);
+    float *g = malloc(sizeof(float) * (size_t)(t->m->num_params + 1));
+    memcpy(g, t->r.grads, sizeof(float) * (size_t)t->m->num_params);
+    int64_t points = t->nin, skipped = fd_check(t, "x", t->x, t->dx, t->nin, allow_kinks);
+    for (int i = 0; i < t->m->nparams; i++) {
+        const struct dp_param_info *p = &t->m->params[i];
+        if (p->is_buffer) continue;
+        skipped +=
+            fd_check(t, p->name, t->r.params + p->offset, g + p->offset, p->count, allow_kinks);
+        points += p->count;
+    }
+    free(g);
+    if (getenv("DP_TEST_VERBOSE")) /* how close to the tolerance the worst point came */
+        fprintf(stderr, "    %s: worst |a - fd| / tol = %.3f, %lld of %lld points skipped\n",
+                t->l->name, fd_worst, (long long)skipped, (long long)points);
+    fd_worst = 0;
+    if (!allow_kinks) ASSERT_EQ(skipped, 0);
+    if (skipped * 10 > points)
+        dp_test_fail(__FILE__, __LINE__, "%s: %lld of %lld points skipped as kinks", t->l->name,
+                     (long long)skipped, (long long)points);
+}
+
+/* ---- finite differences, layer by layer ---------------------------------------- */
+
+TEST(layer_linear_grad) {
+    struct lt t;
+    lt_begin(&t, dp__shape1(7), 3);
+    ASSERT_OK(dp_linear(t.m, "fc", 5, 1));
+    lt_end(&t, 1);
+    ASSERT_EQ(t.l->out_shape.d[0], 5);
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+    /* sequences: (T, IN) rows, no bias */
+    lt_begin(&t, dp__shape2(4, 6), 2);
+    ASSERT_OK(dp_linear(t.m, "proj", 3, 0));
+    lt_end(&t, 2);
+    ASSERT_EQ(t.l->out_shape.ndim, 2);
+    ASSERT_EQ(t.l->out_shape.d[1], 3);
+    ASSERT_EQ(t.m->num_params, 18);
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+static void conv_grad_case(int64_t C, int64_t H, int64_t W, int64_t OC, int K, int S, int P,
+                           int bias, int64_t B, uint64_t seed) {
+    struct lt t;
+    lt_begin(&t, dp__shape3(C, H, W), B);
+    ASSERT_OK(dp_conv2d(t.m, "conv", OC, K, S, P, bias));
+    lt_end(&t, seed);
+    ASSERT_EQ(t.l->out_shape.d[1], (H + 2 * P - K) / S + 1);
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+TEST(layer_conv2d_grad) {
+    conv_grad_case(2, 5, 6, 3, 3, 1, 0, 1, 2, 11); /* stride 1, pad 0 */
+    conv_grad_case(3, 5, 5, 2, 3, 1, 1, 0, 2, 12); /* stride 1, pad 1 */
+    conv_grad_case(2, 7, 6, 3, 3, 2, 1, 1, 2, 13); /* stride 2, pad 1 */
+    conv_grad_case(2, 6, 7, 2, 2, 2, 0, 1, 3, 14); /* stride 2, pad 0 */
+    conv_grad_case(3, 4, 4, 2, 1, 1, 0, 0, 2, 15); /* 1x1 */
+}
+
+TEST(layer_maxpool_grad) {
+    struct lt t;
+    lt_begin(&t, dp__shape3(2, 5, 6), 2);
+    ASSERT_OK(dp_maxpool2d(t.m, "pool", 2, 2));
+    lt_end(&t, 3);
+    ASSERT_EQ(t.l->out_shape.d[1], 2);
+    ASSERT_EQ(t.l->out_shape.d[2], 3);
+    /* Distinct values 0.1 apart in random order: +-eps never changes an argmax. */
+    for (int64_t i = 0; i < t.nin; i++)
+        t.x[i] = (float)(0.1 * (double)((i * 37) % t.nin)) - 3.0f;
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+    /* overlapping windows (stride < kernel) accumulate into dx */
+    lt_begin(&t, dp__shape3(1, 5, 5), 2);
+    ASSERT_OK(dp_maxpool2d(t.m, "pool", 3, 1));
+    lt_end(&t, 4);
+    for (int64_t i = 0; i < t.nin; i++)
+        t.x[i] = (float)(0.1 * (double)((i * 13) % t.nin));
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+/* Ties go to the first maximum in PyTorch's scan order (row by row), in the
+ * 2x2/stride-2 path and in the general one; a NaN wins. */
+TEST(layer_maxpool_ties_and_nan) {
+    const int ks[2][2] = {{2, 2}, {2, 1}}; /* kernel, stride */
+    for (int v = 0; v < 2; v++) {
+        struct lt t;
+        lt_begin(&t, dp__shape3(1, 4, 4), 1);
+        ASSERT_OK(dp_maxpool2d(t.m, "pool", ks[v][0], ks[v][1]));
+        lt_end(&t, 20);
+        memset(t.x, 0, sizeof(float) * 16);
+        /* window (0,1) of the 2x2 pooling: b = c = d = 1; window (1,0): c is NaN */
+        t.x[0 * 4 + 3] = 1.0f;
+        t.x[1 * 4 + 2] = 1.0f;
+        t.x[1 * 4 + 3] = 1.0f;
+        t.x[2 * 4 + 0] = NAN;
+        for (int64_t i = 0; i < t.nout; i++)
+            t.dy[i] = 1.0f + (float)i;
+        lt_forward(&t);
+        lt_backward(&t, t.dx);
+        if (v == 0) {
+            /* windows: (0,0) all 0 -> top-left; (0,1) max 1 first at (0,3); (1,0) NaN */
+            ASSERT_TRUE(t.y[0] == 0.0f && t.y[1] == 1.0f && isnan(t.y[2]) && t.y[3] == 0.0f);
+            ASSERT_TRUE(t.dx[0] == 1.0f && t.dx[3] == 2.0f && t.dx[8] == 3.0f && t.dx[10] == 4.0f);
+            ASSERT_TRUE(t.dx[6] == 0.0f && t.dx[7] == 0.0f);
+        } else {
+            /* 3x3 outputs; (0,0) window all zero -> (0,0); (0,2) covers (0,2),(0,3),(1,2),(1,3):
+             * first max is (0,3) */
+            ASSERT_TRUE(t.y[0] == 0.0f && t.dx[0] == 1.0f);
+            ASSERT_TRUE(t.y[2] == 1.0f);
+            ASSERT_TRUE(t.dx[3] >= 3.0f && t.dx[7] == 0.0f);
+            ASSERT_TRUE(isnan(t.y[3]) && isnan(t.y[6]));
+        }
+        lt_free(&t);
+    }
+}
+
+TEST(layer_avgpool_grad) {
+    struct lt t;
+    lt_begin(&t, dp__shape3(3, 4, 5), 2);
+    ASSERT_OK(dp_global_avgpool(t.m, "gap"));
+    lt_end(&t, 5);
+    ASSERT_EQ(t.l->out_shape.ndim, 1);
+    ASSERT_EQ(t.l->out_shape.d[0], 3);
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+TEST(layer_relu_grad) {
+    struct lt t;
+    lt_begin(&t, dp__shape3(2, 3, 3), 3);
+    ASSERT_OK(dp_relu(t.m, "relu"));
+    lt_end(&t, 6);
+    for (int64_t i = 0; i < t.nin; i++)
+        t.x[i] += t.x[i] < 0 ? -0.05f : 0.05f; /* off the kink */
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+TEST(layer_gelu_grad) {
+    struct lt t;
+    lt_begin(&t, dp__shape2(3, 8), 2);
+    ASSERT_OK(dp_gelu(t.m, "gelu"));
+    lt_end(&t, 7);
+    fill(t.x, t.nin, 77, -4.0f, 4.0f);
+    lt_forward(&t);
+    for (int64_t i = 0; i < t.nin; i++) {
+        double v = t.x[i];
+        double ref = 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+        ASSERT_NEAR(t.y[i], ref, 1e-6 + 1e-6 * fabs(ref));
+    }
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+TEST(layer_dropout_grad) {
+    struct lt t;
+    lt_begin(&t, dp__shape2(4, 5), 3);
+    ASSERT_OK(dp_dropout(t.m, "drop", 0.3f));
+    lt_end(&t, 8);
+    lt_forward(&t);
+    int zeros = 0;
+    for (int64_t i = 0; i < t.nin; i++) {
+        if (t.y[i] == 0.0f)
+            zeros++;
+        else
+            ASSERT_NEAR(t.y[i], t.x[i] / 0.7, 1e-6);
+    }
+    ASSERT_TRUE(zeros > 0 && zeros < t.nin);
+    lt_check_grads(&t, 0);
+    /* eval: identity */
+    t.training = 0;
+    lt_forward(&t);
+    for (int64_t i = 0; i < t.nin; i++)
+        ASSERT_TRUE(t.y[i] == t.x[i]);
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+TEST(layer_batchnorm_grad_train) {
+    struct lt t;
+    lt_begin(&t, dp__shape3(3, 4, 3), 3);
+    ASSERT_OK(dp_batchnorm2d(t.m, "bn", 1e-5f, 0.1f));
+    lt_end(&t, 9);
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+    /* (C) inputs: BatchNorm1d */
+    lt_begin(&t, dp__shape1(5), 4);
+    ASSERT_OK(dp_batchnorm2d(t.m, "bn", 1e-5f, 0.1f));
+    lt_end(&t, 10);
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+TEST(layer_batchnorm_grad_eval) {
+    struct lt t;
+    lt_begin(&t, dp__shape3(3, 4, 3), 2);
+    ASSERT_OK(dp_batchnorm2d(t.m, "bn", 1e-5f, 0.1f));
+    lt_end(&t, 11);
+    t.training = 0;
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+TEST(layer_layernorm_grad) {
+    struct lt t;
+    lt_begin(&t, dp__shape2(3, 8), 2);
+    ASSERT_OK(dp_layernorm(t.m, "ln", 1e-5f));
+    lt_end(&t, 12);
+    lt_forward(&t);
+    for (int64_t r = 0; r < 6; r++) { /* normalised rows, before the affine part */
+        const float *w = t.r.params + t.l->param_off, *b = w + 8;
+        double s = 0, s2 = 0;
+        for (int j = 0; j < 8; j++) {
+            double v = (t.y[r * 8 + j] - b[j]) / w[j];
+            s += v, s2 += v * v;
+        }
+        ASSERT_NEAR(s / 8, 0.0, 1e-5);
+        ASSERT_NEAR(s2 / 8, 1.0, 1e-3);
+    }
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+TEST(layer_flatten_grad) {
+    struct lt t;
+    lt_begin(&t, dp__shape3(2, 3, 4), 2);
+    ASSERT_OK(dp_flatten(t.m, "flat0"));
+    lt_end(&t, 13);
+    ASSERT_EQ(t.l->out_shape.ndim, 1);
+    ASSERT_EQ(t.l->out_shape.d[0], 24);
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+TEST(layer_resblock_identity_grad) {
+    struct lt t;
+    lt_begin(&t, dp__shape3(3, 5, 5), 3);
+    ASSERT_OK(dp_resblock(t.m, "layer1.0", 3, 1));
+    lt_end(&t, 14);
+    t.eps = 1e-3, t.atol = 2e-3, t.rtol = 1e-2; /* many ReLU kinks: see the top */
+    ASSERT_TRUE(dp_model_find_param(t.m, "layer1.0.downsample.0.weight") == NULL);
+    ASSERT_EQ(t.l->param_count, 2 * 27 * 3 + 4 * 3);
+    ASSERT_EQ(t.l->buffer_count, 2 * (2 * 3 + 1));
+    lt_check_grads(&t, 1);
+    lt_free(&t);
+}
+
+TEST(layer_resblock_projection_grad) {
+    struct lt t;
+    lt_begin(&t, dp__shape3(2, 6, 5), 3);
+    ASSERT_OK(dp_resblock(t.m, "layer2.0", 4, 2));
+    lt_end(&t, 15);
+    t.eps = 1e-3, t.atol = 2e-3, t.rtol = 1e-2; /* many ReLU kinks: see the top */
+    ASSERT_EQ(t.l->out_shape.d[0], 4);
+    ASSERT_EQ(t.l->out_shape.d[1], 3);
+    ASSERT_EQ(t.l->out_shape.d[2], 3);
+    /* torchvision's names, order and layouts */
+    const char *names[] = {"layer2.0.conv1.weight",
+                           "layer2.0.bn1.weight",
+                           "layer2.0.bn1.bias",
+                           "layer2.0.bn1.running_mean",
+                           "layer2.0.bn1.running_var",
+                           "layer2.0.bn1.num_batches_tracked",
+                           "layer2.0.conv2.weight",
+                           "layer2.0.bn2.weight",
+                           "layer2.0.bn2.bias",
+                           "layer2.0.bn2.running_mean",
+                           "layer2.0.bn2.running_var",
+                           "layer2.0.bn2.num_batches_tracked",
+                           "layer2.0.downsample.0.weight",
+                           "layer2.0.downsample.1.weight",
+                           "layer2.0.downsample.1.bias",
+                           "layer2.0.downsample.1.running_mean",
+                           "layer2.0.downsample.1.running_var",
+                           "layer2.0.downsample.1.num_batches_tracked"};
+    ASSERT_EQ(t.m->nparams, (int)DP_ARRAY_LEN(names));
+    for (size_t i = 0; i < DP_ARRAY_LEN(names); i++)
+        if (strcmp(t.m->params[i].name, names[i]) != 0)
+            dp_test_fail(__FILE__, __LINE__, "param %zu is %s, expected %s", i, t.m->params[i].name,
+                         names[i]);
+    const struct dp_param_info *p = dp_model_find_param(t.m, "layer2.0.downsample.0.weight");
+    ASSERT_TRUE(p && p->shape.ndim == 4 && p->shape.d[0] == 4 && p->shape.d[1] == 2 &&
+                p->shape.d[2] == 1 && p->shape.d[3] == 1);
+    p = dp_model_find_param(t.m, "layer2.0.conv1.weight");
+    ASSERT_TRUE(p && p->shape.d[0] == 4 && p->shape.d[1] == 2 && p->shape.d[2] == 3);
+    ASSERT_TRUE(dp_model_find_param(t.m, "layer2.0.bn2.running_var")->is_buffer);
+    ASSERT_EQ(t.l->param_off, 0);
+    ASSERT_EQ(t.l->param_count, t.m->num_params);
+    ASSERT_EQ(t.l->buffer_count, t.m->num_buffers);
+    lt_check_grads(&t, 1);
+    lt_free(&t);
+}
+
+/* ---- fast convolution against the reference ------------------------------------- */
+
+static void assert_close_rel(const char *what, const float *a, const float *ref, int64_t n,
+                             double rel) {
+    double rms = 0;
+    for (int64_t i = 0; i < n; i++)
+        rms += (double)ref[i] * ref[i];
+    rms = sqrt(rms / (double)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs((double)a[i] - ref[i]) <= rel * (fabs(ref[i]) + rms)))
+            dp_test_fail(__FILE__, __LINE__, "%s[%lld]: %.9g vs reference %.9g", what, (long long)i,
+                         (double)a[i], (double)ref[i]);
+}
+
+/* Fast path within 1e-4 * (|ref| + rms(ref)) of the direct loops, forward and
+ * backward, on fixed "same" shapes (the stride-1 fast im2col) and random
+ * ones, for every GEMM backend built in and several chunk sizes: the whole
+ * batch in one GEMM (0), one sample per GEMM (1), chunks with a remainder
+ * (40 columns), and the default. */
+TEST(layer_conv2d_fast_matches_reference) {
+    /* C, H, W, OC, K, S, P, bias, B */
+    static const int fixed[][9] = {
+        {3, 6, 5, 4, 3, 1, 1, 1, 3}, {2, 5, 7, 3, 5, 1, 2, 0, 2}, {4, 4, 4, 5, 1, 1, 0, 1, 5},
+        {2, 9, 8, 3, 3, 2, 1, 0, 3}, {3, 7, 7, 2, 1, 2, 0, 0, 4}, {1, 3, 3, 2, 3, 1, 0, 1, 2},
+    };
+    const int64_t chunks[] = {0, 1, 40, 512};
+    for (int be = 0; be < DP_GEMM_BACKEND_COUNT; be++) {
+        if (!dp_gemm_backend_available(be)) continue;
+        ASSERT_OK(dp_gemm_set_backend(be));
+        for (uint64_t trial = 0; trial < 16 * DP_ARRAY_LEN(chunks); trial++) {
+            uint64_t s = 100 + trial / DP_ARRAY_LEN(chunks);
+            dp__conv2d_set_chunk_cols(chunks[trial % DP_ARRAY_LEN(chunks)]);
+            int64_t C = 1 + dp_rng_u32(s, DP_RNG_USER, 1, 0) % 5;
+            int64_t H = 3 + dp_rng_u32(s, DP_RNG_USER, 1, 1) % 10;
+            int64_t W = 3 + dp_rng_u32(s, DP_RNG_USER, 1, 2) % 10;
+            int64_t OC = 1 + dp_rng_u32(s, DP_RNG_USER, 1, 3) % 6;
+            int K = (int)(1 + dp_rng_u32(s, DP_RNG_USER, 1, 4) % 5);
+            int S = (int)(1 + dp_rng_u32(s, DP_RNG_USER, 1, 5) % 3);
+            int P = (int)(dp_rng_u32(s, DP_RNG_USER, 1, 6) % 3);
+            int bias = (int)(dp_rng_u32(s, DP_RNG_USER, 1, 7) % 2);
+            int64_t B = 1 + dp_rng_u32(s, DP_RNG_USER, 1, 8) % 4;
+            size_t fi = (size_t)(s - 100);
+            if (fi < DP_ARRAY_LEN(fixed)) {
+                const int *f = fixed[fi];
+                C = f[0], H = f[1], W = f[2], OC = f[3], K = f[4], S = f[5], P = f[6], bias = f[7],
+                B = f[8];
+            }
+            if (K > H + 2 * P || K > W + 2 * P) K = 1;
+            struct lt t;
+            lt_begin(&t, dp__shape3(C, H, W), B);
+            ASSERT_OK(dp_conv2d(t.m, "conv", OC, K, S, P, bias));
+            lt_end(&t, s);
+            struct dp__conv_dims d = dp__conv2d_dims(t.l);
+            const float *w = t.r.params + t.l->param_off;
+            int64_t nw = OC * C * K * K;
+            float *yr = malloc(sizeof(float) * (size_t)t.nout);
+            float *dxr = malloc(sizeof(float) * (size_t)t.nin);
+            float *gr = calloc((size_t)(nw + OC), sizeof(float));
+            lt_forward(&t);
+            dp__conv2d_forward_ref(yr, t.x, w, bias ? w + nw : NULL, B, &d);
+            assert_close_rel("conv y", t.y, yr, t.nout, 1e-4);
+            memset(t.r.grads, 0, sizeof(float) * (size_t)t.m->num_params);
+            lt_backward(&t, t.dx);
+            dp__conv2d_backward_ref(dxr, gr, bias ? gr + nw : NULL, t.dy, t.x, w, B, &d);
+            assert_close_rel("conv dx", t.dx, dxr, t.nin, 1e-4);
+            assert_close_rel("conv dw", t.r.grads + t.l->param_off, gr, nw, 1e-4);
+            if (bias)
+                assert_close_rel("conv db", t.r.grads + t.l->param_off + nw, gr + nw, OC, 1e-4);
+            /* dx == NULL: parameter gradients only */
+            memset(t.r.grads, 0, sizeof(float) * (size_t)t.m->num_params);
+            lt_forward(&t);
+            lt_backward(&t, NULL);
+            assert_close_rel("conv dw (no dx)", t.r.grads + t.l->param_off, gr, nw, 1e-4);
+            free(yr), free(dxr), free(gr);
+            lt_free(&t);
+        }
+    }
+    dp__conv2d_set_chunk_cols(512);
+}
+
+/* ---- BatchNorm statistics ---------------------------------------------------------- */
+
+TEST(layer_batchnorm_running_stats_and_eval) {
+    const int64_t C = 3, HW = 8, B = 5, N = B * HW;
+    const float eps = 1e-3f, mom = 0.2f;
+    struct dp_model *m;
+    struct dp_shape in = dp__shape3(C, 2, 4);
+    ASSERT_OK(dp_model_init(&m, "bn", &in));
+    ASSERT_OK(dp_batchnorm2d(m, "bn", eps, mom));
+    ASSERT_OK(dp_flatten(m, "flat"));
+    ASSERT_OK(dp_model_finalize(m));
+    struct dp_replica r;
+    ASSERT_OK(dp_replica_init(&r, m, B));
+    dp_model_init_params(m, &r, 3);
+    const struct dp_param_info *pw = dp_model_find_param(m, "bn.weight"),
+                               *pb = dp_model_find_param(m, "bn.bias"),
+                               *prm = dp_model_find_param(m, "bn.running_mean"),
+                               *prv = dp_model_find_param(m, "bn.running_var"),
+                               *pn = dp_model_find_param(m, "bn.num_batches_tracked");
+    ASSERT_TRUE(pw && pb && prm && prv && pn);
+    ASSERT_TRUE(prm->is_buffer && prv->is_buffer && pn->is_buffer && !pw->is_buffer);
+    ASSERT_EQ(pn->count, 1);
+    ASSERT_EQ(pn->shape.ndim, 0); /* a scalar, as torch's state dict */
+    float *w = r.params + pw->offset, *b = r.params + pb->offset;
+    float *rm = r.buffers + prm->offset, *rv = r.buffers + prv->offset,
+          *nbt = r.buffers + pn->offset;
+    for (int64_t c = 0; c < C; c++) {
+        ASSERT_TRUE(w[c] == 1.0f && b[c] == 0.0f && rm[c] == 0.0f && rv[c] == 1.0f);
+        w[c] = 0.5f + (float)c, b[c] = 0.25f * (float)c;
+    }
+    float x[5 * 3 * 8], y[5 * 3 * 8];
+    fill(x, B * C * HW, 21, -2.0f, 3.0f);
+    for (int64_t i = 0; i < B * C * HW; i++)
+        x[i] += (float)((i / HW) % C); /* channel offsets */
+    struct dp_ctx ctx = {.params = r.params,
+                         .grads = r.grads,
+                         .buffers = r.buffers,
+                         .arena = &r.arena,
+                         .saved = r.saved,
+                         .training = 1,
+                         .loss_scale = 1.0f};
+    struct dp_layer *l = m->layers[0];
+    ASSERT_OK(l->ops->forward(l, &ctx, y, x, B));
+    for (int64_t c = 0; c < C; c++) {
+        double s = 0, s2 = 0;
+        for (int64_t n = 0; n < B; n++)
+            for (int64_t j = 0; j < HW; j++)
+                s += x[(n * C + c) * HW + j];
+        double mean = s / N;
+        for (int64_t n = 0; n < B; n++)
+            for (int64_t j = 0; j < HW; j++)
+                s2 += pow(x[(n * C + c) * HW + j] - mean, 2);
+        double var = s2 / N;
+        ASSERT_NEAR(rm[c], mom * mean, 1e-6);
+        ASSERT_NEAR(rv[c], (1 - mom) * 1.0 + mom * var * N / (N - 1), 1e-6);
+        for (int64_t n = 0; n < B; n++)
+            for (int64_t j = 0; j < HW; j++) {
+                int64_t i = (n * C + c) * HW + j;
+                ASSERT_NEAR(y[i], (x[i] - mean) / sqrt(var + eps) * w[c] + b[c], 1e-5);
+            }
+    }
+    ASSERT_TRUE(nbt[0] == 1.0f);
+    /* eval: running statistics, which stay unchanged */
+    float rm0[3], rv0[3];
+    memcpy(rm0, rm, sizeof rm0), memcpy(rv0, rv, sizeof rv0);
+    ctx.training = 0;
+    ASSERT_OK(l->ops->forward(l, &ctx, y, x, B));
+    for (int64_t i = 0; i < B * C * HW; i++) {
+        int64_t c = (i / HW) % C;
+        ASSERT_NEAR(y[i], (x[i] - rm[c]) / sqrt(rv[c] + eps) * w[c] + b[c], 1e-5);
+    }
+    ASSERT_TRUE(memcmp(rm0, rm, sizeof rm0) == 0 && memcmp(rv0, rv, sizeof rv0) == 0);
+    ASSERT_TRUE(nbt[0] == 1.0f);
+    /* a training batch of one value per channel is refused */
+    ctx.training = 1;
+    struct dp_model *m1;
+    struct dp_shape in1 = dp__shape1(4);
+    ASSERT_OK(dp_model_init(&m1, "bn1d", &in1));
+    ASSERT_OK(dp_batchnorm2d(m1, "bn", 1e-5f, 0.1f));
+    ASSERT_OK(dp_model_finalize(m1));
+    struct dp_replica r1;
+    ASSERT_OK(dp_replica_init(&r1, m1, 1));
+    dp_model_init_params(m1, &r1, 1);
+    struct dp_ctx c1 = {.params = r1.params,
+                        .grads = r1.grads,
+                        .buffers = r1.buffers,
+                        .arena = &r1.arena,
+                        .saved = r1.saved,
+                        .training = 1};
+    ASSERT_ERR(m1->layers[0]->ops->forward(m1->layers[0], &c1, y, x, 1), DP_EINVAL,
+               "more than one value");
+    dp_replica_free(&r1);
+    dp_model_free(m1);
+    dp_replica_free(&r);
+    dp_model_free(m);
+}
+
+/* SyncBatchNorm: two workers on half batches, with stat_sync summing over
+ * both, match one worker on the whole batch. */
+struct sync_group {
+    pthread_barrier_t bar;
+    double *slot[2];
+    double sum[64];
+};
+struct sync_worker {
+    struct sync_group *g;
+    int rank;
+    struct lt *t;
+    int64_t off_in, off_out;
+    int rc;
+};
+
+static int sync_sum(void *arg, double *buf, int64_t n) {
+    struct sync_worker *w = arg;
+    struct sync_group *g = w->g;
+    if (n > 64) return DP_EINVAL;
+    g->slot[w->rank] = buf;
+    pthread_barrier_wait(&g->bar);
+    if (w->rank == 0)
+        for (int64_t i = 0; i < n; i++)
+            g->sum[i] = g->slot[0][i] + g->slot[1][i];
+    pthread_barrier_wait(&g->bar);
+    memcpy(buf, g->sum, sizeof(double) * (size_t)n);
+    pthread_barrier_wait(&g->bar);
+    return DP_OK;
+}
+
+static void *sync_worker_main(void *arg) {
+    struct sync_worker *w = arg;
+    struct lt *t = w->t;
+    dp_arena_reset(&t->r.arena);
+    struct dp_ctx c = lt_ctx(t);
+    t->y = dp_arena_alloc(&t->r.arena, sizeof(float) * (size_t)t->nout);
+    w->rc = t->l->ops->forward(t->l, &c, t->y, t->x, t->B);
+    if (!w->rc) w->rc = t->l->ops->backward(t->l, &c, t->dx, t->dy, t->x, t->y, t->B);
+    return NULL;
+}
+
+TEST(layer_batchnorm_sync_matches_full_batch) {
+    const int64_t B = 6, C = 3;
+    struct lt full, half[2];
+    lt_begin(&full, dp__shape3(C, 3, 2), B);
+    ASSERT_OK(dp_batchnorm2d(full.m, "bn", 1e-5f, 0.1f));
+    lt_end(&full, 31);
+    memset(full.r.grads, 0, sizeof(float) * (size_t)full.m->num_params);
+    lt_forward(&full);
+    lt_backward(&full, full.dx);
+    struct sync_group g;
+    pthread_barrier_init(&g.bar, NULL, 2);
+    struct sync_worker wk[2];
+    pthread_t th[2];
+    const int64_t sz = C * 6;
+    for (int k = 0; k < 2; k++) {
+        lt_begin(&half[k], dp__shape3(C, 3, 2), B / 2);
+        ASSERT_OK(dp_batchnorm2d(half[k].m, "bn", 1e-5f, 0.1f));
+        lt_end(&half[k], 31); /* same parameters and running stats */
+        memcpy(half[k].x, full.x + k * (B / 2) * sz, sizeof(float) * (size_t)half[k].nin);
+        memcpy(half[k].dy, full.dy + k * (B / 2) * sz, sizeof(float) * (size_t)half[k].nout);
+        memset(half[k].r.grads, 0, sizeof(float) * (size_t)half[k].m->num_params);
+        wk[k] = (struct sync_worker){.g = &g, .rank = k, .t = &half[k]};
+        half[k].sync = sync_sum;
+        half[k].sync_arg = &wk[k];
+    }
+    for (int k = 0; k < 2; k++)
+        pthread_create(&th[k], NULL, sync_worker_main, &wk[k]);
+    for (int k = 0; k < 2; k++)
+        pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&g.bar);
+    for (int k = 0; k < 2; k++) {
+        ASSERT_OK(wk[k].rc);
+        for (int64_t i = 0; i < half[k].nout; i++) {
+            ASSERT_NEAR(half[k].y[i], full.y[k * (B / 2) * sz + i], 1e-5);
+            ASSERT_NEAR(half[k].dx[i], full.dx[k * (B / 2) * sz + i], 1e-5);
+        }
+        for (int64_t i = 0; i < full.m->num_buffers; i++)
+            ASSERT_NEAR(half[k].r.buffers[i], full.r.buffers[i], 1e-6);
+    }
+    for (int64_t i = 0; i < full.m->num_params; i++) /* local sums add up to the full ones */
+        ASSERT_NEAR(half[0].r.grads[i] + half[1].r.grads[i], full.r.grads[i], 1e-5);
+    lt_free(&half[0]), lt_free(&half[1]), lt_free(&full);
+}
+
+/* ---- dropout masks ---------------------------------------------------------------- */
+
+TEST(layer_dropout_mask_keyed_by_sample) {
+    struct lt t;
+    const int64_t n = 256;
+    lt_begin(&t, dp__shape1(n), 3);
+    ASSERT_OK(dp_dropout(t.m, "drop", 0.5f));
+    lt_end(&t, 41);
+    for (int64_t i = 0; i < t.nin; i++)
+        t.x[i] = 1.0f;
+    int64_t a[3] = {5, 9, 2};
+    t.batch.sample_idx = a;
+    lt_forward(&t);
+    float *y1 = malloc(sizeof(float) * (size_t)t.nout);
+    memcpy(y1, t.y, sizeof(float) * (size_t)t.nout);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < t.nout; i++) {
+        ASSERT_TRUE(y1[i] == 0.0f || y1[i] == 2.0f);
+        kept += y1[i] != 0.0f;
+    }
+    ASSERT_TRUE(kept > 0.4 * t.nout && kept < 0.6 * t.nout);
+    /* sample 9 moves from position 1 to position 0, sample 2 to position 2 */
+    int64_t b2[3] = {9, 7, 2};
+    t.batch.sample_idx = b2;
+    lt_forward(&t);
+    ASSERT_TRUE(memcmp(t.y, y1 + n, sizeof(float) * (size_t)n) == 0);
+    ASSERT_TRUE(memcmp(t.y + 2 * n, y1 + 2 * n, sizeof(float) * (size_t)n) == 0);
+    ASSERT_TRUE(memcmp(t.y + n, y1 + n, sizeof(float) * (size_t)n) != 0); /* sample 7 differs */
+    /* another seed, another mask; backward uses the same mask as forward */
+    t.seed = 99;
+    lt_forward(&t);
+    ASSERT_TRUE(memcmp(t.y, y1 + n, sizeof(float) * (size_t)n) != 0);
+    lt_backward(&t, t.dx);
+    for (int64_t i = 0; i < t.nout; i++)
+        ASSERT_TRUE(t.dx[i] == (t.y[i] != 0.0f ? 2.0f * t.dy[i] : 0.0f));
+    /* without sample indices the position is the key */
+    t.batch.sample_idx = NULL;
+    t.seed = 1234;
+    lt_forward(&t);
+    int64_t c[3] = {0, 1, 2};
+    memcpy(y1, t.y, sizeof(float) * (size_t)t.nout);
+    t.batch.sample_idx = c;
+    lt_forward(&t);
+    ASSERT_TRUE(memcmp(t.y, y1, sizeof(float) * (size_t)t.nout) == 0);
+    free(y1);
+    lt_free(&t);
+}
+
+/* The vectorised mask is dp_rng_uniform's, bit for bit: element e of sample s
+ * in layer id is kept iff U(seed, DP_RNG_DROPOUT, s, id << 32 | e) >= p. */
+TEST(layer_dropout_mask_matches_rng) {
+    struct dp_model *m;
+    struct dp_shape in = dp__shape2(3, 37);
+    ASSERT_OK(dp_model_init(&m, "drop", &in));
+    ASSERT_OK(dp_relu(m, "relu"));
+    ASSERT_OK(dp_dropout(m, "drop", 0.37f));
+    ASSERT_OK(dp_model_finalize(m));
+    struct dp_replica r;
+    ASSERT_OK(dp_replica_init(&r, m, 4));
+    struct dp_layer *l = m->layers[1];
+    ASSERT_EQ(l->id, 1);
+    const int64_t n = 3 * 37, B = 4;
+    int64_t sidx[4] = {0, 7, 5000000000LL, (int64_t)1 << 40};
+    struct dp_batch batch = {.B = B, .sample_idx = sidx};
+    float x[4 * 111], y[4 * 111];
+    for (int64_t i = 0; i < B * n; i++) x[i] = 1.0f;
+    for (uint64_t seed = 1; seed < 4; seed++) {
+        dp_arena_reset(&r.arena);
+        struct dp_ctx c = {.arena = &r.arena, .saved = r.saved, .batch = &batch, .training = 1,
+                           .seed = seed * 0x9e3779b97f4a7c15ULL};
+        ASSERT_OK(l->ops->forward(l, &c, y, x, B));
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t e = 0; e < n; e++) {
+                float u = dp_rng_uniform(c.seed, DP_RNG_DROPOUT, (uint64_t)sidx[b],
+                                         ((uint64_t)1 << 32) | (uint64_t)e);
+                ASSERT_EQ(y[b * n + e] != 0.0f, u >= 0.37f);
+            }
+    }
+    dp_replica_free(&r);
+    dp_model_free(m);
+}
+
+/* ---- softmax cross-entropy --------------------------------------------------------- */
+
+TEST(layer_softmax_xent_matches_double) {
+    const int64_t R = 9, V = 13;
+    float z[9 * 13], dz[9 * 13];
+    int32_t tg[9];
+    fill(z, R * V, 51, -4.0f, 4.0f);
+    for (int64_t j = 0; j < V; j++)
+        z[2 * V + j] += 200.0f; /* stability: a large offset */
+    for (int64_t j = 0; j < V; j++)
+        z[3 * V + j] -= 300.0f;
+    for (int64_t r = 0; r < R; r++)
+        tg[r] = (int32_t)(dp_rng_u32(52, DP_RNG_USER, 0, (uint64_t)r) % V);
+    tg[4] = 0;
+    z[4 * V + 0] = 50.0f; /* a sure hit */
+    const float scale = 1.0f / 9.0f;
+    double loss;
+    int64_t correct;
+    ASSERT_OK(dp_softmax_xent(dz, &loss, &correct, z, tg, R, V, scale));
+    double ref = 0;
+    int64_t hits = 0;
+    for (int64_t r = 0; r < R; r++) {
+        const float *zr = z + r * V;
+        double mx = zr[0];
+        int64_t am = 0;
+        for (int64_t j = 1; j < V; j++)
+            if (zr[j] > mx) mx = zr[j], am = j;
+        double s = 0;
+        for (int64_t j = 0; j < V; j++)
+            s += exp((double)zr[j] - mx);
+        ref += log(s) + mx - zr[tg[r]];
+        hits += am == tg[r];
+        for (int64_t j = 0; j < V; j++) {
+            double g = scale * (exp((double)zr[j] - mx) / s - (j == tg[r]));
+            ASSERT_NEAR(dz[r * V + j], g, 1e-7);
+        }
+    }
+    ASSERT_NEAR(loss, ref, 1e-5 * fabs(ref));
+    ASSERT_EQ(correct, hits);
+    ASSERT_TRUE(hits >= 1);
+    /* without the gradient */
+    double loss2;
+    ASSERT_OK(dp_softmax_xent(NULL, &loss2, NULL, z, tg, R, V, scale));
+    ASSERT_TRUE(loss2 == loss);
+    /* finite differences of scale * loss */
+    for (int64_t i = 0; i < R * V; i += 3) {
+        float save = z[i];
+        double lp, lm;
+        z[i] = save + 1e-2f;
+        ASSERT_OK(dp_softmax_xent(NULL, &lp, NULL, z, tg, R, V, scale));
+        z[i] = save - 1e-2f;
+        ASSERT_OK(dp_softmax_xent(NULL, &lm, NULL, z, tg, R, V, scale));
+        double e = (double)(save + 1e-2f) - (double)(save - 1e-2f);
+        z[i] = save;
+        double fd = scale * (lp - lm) / e;
+        ASSERT_NEAR(dz[i], fd, 1e-4 + 1e-2 * fabs(fd));
+    }
+    /* invalid targets */
+    tg[5] = (int32_t)V;
+    ASSERT_ERR(dp_softmax_xent(dz, &loss, NULL, z, tg, R, V, scale), DP_EINVAL, "row 5: target 13");
+    tg[5] = -1;
+    ASSERT_ERR(dp_softmax_xent(dz, &loss, NULL, z, tg, R, V, scale), DP_EINVAL, "row 5: target -1");
+    ASSERT_ERR(dp_softmax_xent(dz, &loss, NULL, z, NULL, R, V, scale), DP_EINVAL, "targets");
+}
+
+/* ---- accumulation, determinism ------------------------------------------------------ */
+
+/* Backward twice after one forward: dx is the same (overwritten), parameter
+ * gradients double (accumulated). */
+static void accumulate_case(struct lt *t) {
+    memset(t->r.grads, 0, sizeof(float) * (size_t)t->m->num_params);
+    lt_forward(t);
+    lt_backward(t, t->dx);
+    int64_t np = t->m->num_params;
+    float *g1 = malloc(sizeof(float) * (size_t)np), *dx1 = malloc(sizeof(float) * (size_t)t->nin);
+    memcpy(g1, t->r.grads, sizeof(float) * (size_t)np);
+    memcpy(dx1, t->dx, sizeof(float) * (size_t)t->nin);
+    for (int64_t i = 0; i < t->nin; i++)
+        t->dx[i] = 12345.0f;
+    lt_backward(t, t->dx);
+    for (int64_t i = 0; i < t->nin; i++)
+        ASSERT_NEAR(t->dx[i], dx1[i], 1e-5 + 1e-5 * fabs(dx1[i]));
+    for (int64_t i = 0; i < np; i++)
+        ASSERT_NEAR(t->r.grads[i], 2.0 * g1[i], 1e-5 + 1e-5 * fabs(g1[i]));
+    double gn = 0;
+    for (int64_t i = 0; i < np; i++)
+        gn += fabs(g1[i]);
+    ASSERT_TRUE(np == 0 || gn > 0);
+    free(g1), free(dx1);
+    lt_free(t);
+}
+
+TEST(layer_grads_accumulate) {
+    struct lt t;
+    lt_begin(&t, dp__shape1(6), 3);
+    ASSERT_OK(dp_linear(t.m, "fc", 4, 1));
+    lt_end(&t, 61);
+    accumulate_case(&t);
+    lt_begin(&t, dp__shape3(2, 5, 5), 2);
+    ASSERT_OK(dp_conv2d(t.m, "conv", 3, 3, 1, 1, 1));
+    lt_end(&t, 62);
+    accumulate_case(&t);
+    lt_begin(&t, dp__shape3(2, 5, 5), 2);
+    ASSERT_OK(dp_batchnorm2d(t.m, "bn", 1e-5f, 0.1f));
+    lt_end(&t, 63);
+    accumulate_case(&t);
+    lt_begin(&t, dp__shape2(3, 6), 2);
+    ASSERT_OK(dp_layernorm(t.m, "ln", 1e-5f));
+    lt_end(&t, 64);
+    accumulate_case(&t);
+    lt_begin(&t, dp__shape3(2, 6, 6), 2);
+    ASSERT_OK(dp_resblock(t.m, "layer1.0", 3, 2));
+    lt_end(&t, 65);
+    accumulate_case(&t);
+}
+
+/* Bit-identical results for 1 and 2 threads (sizes above the OpenMP
+ * threshold; for the convolutions this also relies on the GEMM library
+ * giving the same bits for the same single-threaded call). */
+static void run_threads(struct lt *t, int nth, float *out) {
+    dp_set_num_threads(nth);
+    memset(t->r.grads, 0, sizeof(float) * (size_t)t->m->num_params);
+    lt_forward(t);
+    lt_backward(t, t->dx);
+    memcpy(out, t->y, sizeof(float) * (size_t)t->nout);
+    memcpy(out + t->nout, t->dx, sizeof(float) * (size_t)t->nin);
+    memcpy(out + t->nout + t->nin, t->r.grads, sizeof(float) * (size_t)t->m->num_params);
+}
+
+static void thread_case(struct lt *t) {
+    int64_t n = t->nout + t->nin + t->m->num_params;
+    float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+    run_threads(t, 1, a);
+    run_threads(t, 2, b);
+    if (memcmp(a, b, sizeof(float) * (size_t)n) != 0)
+        dp_test_fail(__FILE__, __LINE__, "%s differs between 1 and 2 threads", t->l->name);
+    dp_set_num_threads(1);
+    free(a), free(b);
+    lt_free(t);
+}
+
+TEST(layer_deterministic_across_threads) {
+    struct lt t;
+    lt_begin(&t, dp__shape3(16, 32, 32), 4);
+    ASSERT_OK(dp_batchnorm2d(t.m, "bn", 1e-5f, 0.1f));
+    lt_end(&t, 71);
+    thread_case(&t);
+    lt_begin(&t, dp__shape2(64, 256), 4);
+    ASSERT_OK(dp_layernorm(t.m, "ln", 1e-5f));
+    lt_end(&t, 72);
+    thread_case(&t);
+    lt_begin(&t, dp__shape3(8, 32, 32), 4);
+    ASSERT_OK(dp_maxpool2d(t.m, "pool", 2, 2));
+    lt_end(&t, 73);
+    thread_case(&t);
+    /* convolutions: 16 one-sample chunks, spread over the threads with 2 */
+    lt_begin(&t, dp__shape3(3, 24, 24), 16);
+    ASSERT_OK(dp_conv2d(t.m, "conv", 8, 3, 1, 1, 1));
+    lt_end(&t, 75);
+    thread_case(&t);
+    lt_begin(&t, dp__shape3(4, 24, 24), 16);
+    ASSERT_OK(dp_resblock(t.m, "layer1.0", 6, 2));
+    lt_end(&t, 76);
+    thread_case(&t);
+    /* loss over many rows */
+    const int64_t R = 700, V = 100;
+    float *z = malloc(sizeof(float) * R * V), *d1 = malloc(sizeof(float) * R * V),
+          *d2 = malloc(sizeof(float) * R * V);
+    int32_t *tg = malloc(sizeof(int32_t) * R);
+    fill(z, R * V, 74, -5.0f, 5.0f);
+    for (int64_t r = 0; r < R; r++)
+        tg[r] = (int32_t)(r % V);
+    double l1, l2;
+    dp_set_num_threads(1);
+    ASSERT_OK(dp_softmax_xent(d1, &l1, NULL, z, tg, R, V, 1.0f / R));
+    dp_set_num_threads(2);
+    ASSERT_OK(dp_softmax_xent(d2, &l2, NULL, z, tg, R, V, 1.0f / R));
+    dp_set_num_threads(1);
+    ASSERT_TRUE(l1 == l2);
+    ASSERT_TRUE(memcmp(d1, d2, sizeof(float) * R * V) == 0);
+    free(z), free(d1), free(d2), free(tg);
+}
+
+/* ---- through dp_model_run --------------------------------------------------------- */
+
+TEST(layer_small_cnn_through_model_run) {
+    struct dp_model *m;
+    struct dp_shape in = dp__shape3(1, 8, 8);
+    ASSERT_OK(dp_model_init(&m, "tiny", &in));
+    ASSERT_OK(dp_conv2d(m, "conv1", 4, 3, 1, 1, 0));
+    ASSERT_OK(dp_batchnorm2d(m, "bn1", 1e-5f, 0.1f));
+    ASSERT_OK(dp_relu(m, "relu"));
+    ASSERT_OK(dp_resblock(m, "layer1.0", 6, 2));
+    ASSERT_OK(dp_maxpool2d(m, "pool", 2, 2));
+    ASSERT_OK(dp_flatten(m, "flatten"));
+    ASSERT_OK(dp_dropout(m, "drop", 0.25f));
+    ASSERT_OK(dp_linear(m, "fc1", 16, 1));
+    ASSERT_OK(dp_gelu(m, "gelu"));
+    ASSERT_OK(dp_layernorm(m, "ln", 1e-5f));
+    ASSERT_OK(dp_linear(m, "fc2", 5, 1));
+    ASSERT_OK(dp_model_finalize(m));
+    ASSERT_EQ(dp_model_num_classes(m), 5);
+    ASSERT_TRUE(m->flops_fwd > 2 * 4 * 9 * 64);
+    /* PyTorch's default initialisation bounds */
+    const struct dp_param_info *p = dp_model_find_param(m, "conv1.weight");
+    ASSERT_TRUE(p && p->init == DP_INIT_UNIFORM);
+    ASSERT_NEAR(p->init_a, 1.0 / 3.0, 1e-7);
+    p = dp_model_find_param(m, "fc1.weight");
+    ASSERT_TRUE(p && p->shape.d[0] == 16 && p->shape.d[1] == 24);
+    ASSERT_NEAR(p->init_a, 1.0 / sqrt(24.0), 1e-7);
+    ASSERT_NEAR(dp_model_find_param(m, "fc1.bias")->init_a, 1.0 / sqrt(24.0), 1e-7);
+
+    const int64_t B = 6;
+    struct dp_replica r;
+    ASSERT_OK(dp_replica_init(&r, m, B));
+    dp_model_init_params(m, &r, 5);
+    float x[6 * 64];
+    int32_t tg[6];
+    int64_t sidx[6];
+    fill(x, B * 64, 81, -1.0f, 1.0f);
+    for (int64_t b = 0; b < B; b++)
+        tg[b] = (int32_t)(b % 5), sidx[b] = 10 + b;
+    struct dp_batch batch = {.B = B, .x = x, .targets = tg, .sample_idx = sidx};
+    float *g1 = malloc(sizeof(float) * (size_t)m->num_params);
+    double loss1 = 0;
+    for (int rep = 0; rep < 2; rep++) {
+        memset(r.grads, 0, sizeof(float) * (size_t)m->num_params);
+        struct dp_pass pass = {.training = 1, .seed = 3, .backward = 1};
+        ASSERT_OK(dp_model_run(m, &r, &batch, &pass));
+        ASSERT_TRUE(isfinite(pass.loss_sum) && pass.loss_sum > 0);
+        double gn = 0;
+        for (int64_t i = 0; i < m->num_params; i++) {
+            ASSERT_TRUE(isfinite(r.grads[i]));
+            gn += fabs(r.grads[i]);
+        }
+        ASSERT_TRUE(gn > 0);
+        if (rep == 0) {
+            memcpy(g1, r.grads, sizeof(float) * (size_t)m->num_params);
+            loss1 = pass.loss_sum;
+        } else { /* the same step again gives the same result */
+            ASSERT_TRUE(pass.loss_sum == loss1);
+            ASSERT_TRUE(memcmp(g1, r.grads, sizeof(float) * (size_t)m->num_params) == 0);
+        }
+    }
+    struct dp_pass ev = {.training = 0};
+    ASSERT_OK(dp_model_run(m, &r, &batch, &ev));
+    ASSERT_TRUE(isfinite(ev.loss_sum));
+    free(g1);
+    dp_replica_free(&r);
+    dp_model_free(m);
+}
+
+/* ---- constructor errors ------------------------------------------------------------- */
+
+TEST(layer_constructor_errors) {
+    struct dp_model *m;
+    struct dp_shape img = dp__shape3(2, 3, 3);
+    ASSERT_OK(dp_model_init(&m, "err", &img));
+    ASSERT_ERR(dp_conv2d(m, "conv", 4, 5, 1, 0, 1), DP_EINVAL, "larger than padded input");
+    ASSERT_ERR(dp_conv2d(m, "conv", 4, 3, 0, 0, 1), DP_EINVAL, "stride 0");
+    ASSERT_ERR(dp_maxpool2d(m, "pool", 4, 4), DP_EINVAL, "larger than input");
+    ASSERT_ERR(dp_linear(m, "fc", 4, 1), DP_EINVAL, "flatten first");
+    ASSERT_ERR(dp_dropout(m, "drop", 1.5f), DP_EINVAL, "outside [0, 1]");
+    ASSERT_ERR(dp_batchnorm2d(m, "bn", 0.0f, 0.1f), DP_EINVAL, "eps");
+    ASSERT_ERR(dp_resblock(m, "a_block_name_long_enough_to_overflow_the_child_name_buffer_x", 4, 1),
+               DP_EINVAL, "name too long");
+    /* failed constructors leave the model unchanged */
+    ASSERT_EQ(m->nlayers, 0);
+    ASSERT_EQ(m->nparams, 0);
+    ASSERT_EQ(m->num_params, 0);
+    ASSERT_EQ(m->num_buffers, 0);
+    ASSERT_EQ(m->nids, 0);
+    ASSERT_OK(dp_conv2d(m, "conv", 4, 3, 1, 1, 1));
+    ASSERT_OK(dp_flatten(m, "flat"));
+    ASSERT_ERR(dp_maxpool2d(m, "pool", 2, 2), DP_EINVAL, "expected (C, H, W)");
+    ASSERT_ERR(dp_global_avgpool(m, "gap"), DP_EINVAL, "expected (C, H, W)");
+    ASSERT_ERR(dp_conv2d(m, "conv2", 4, 1, 1, 0, 1), DP_EINVAL, "expected (C, H, W)");
+    ASSERT_ERR(dp_resblock(m, "layer1.0", 4, 1), DP_EINVAL, "expected (C, H, W)");
+    ASSERT_EQ(m->nlayers, 2);
+    ASSERT_EQ(m->num_params, 4 * 2 * 9 + 4);
+    ASSERT_OK(dp_linear(m, "fc", 3, 1));
+    ASSERT_OK(dp_model_finalize(m));
+    ASSERT_ERR(dp_relu(m, "late"), DP_EINVAL, "after finalize");
+    dp_model_free(m);
+}
+
+/* ---- allocation failures ---------------------------------------------------------- */
+
+/* Counts live blocks and fails the allocation numbered fail_at (-1: none). */
+static int64_t live_blocks, alloc_count, fail_at = -1;
+static void *count_alloc(size_t size, void *user) {
+    (void)user;
+    if (alloc_count++ == fail_at) return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, (size + 63) & ~(size_t)63) != 0) return NULL;
+    live_blocks++;
+    return p;
+}
+static void count_free(void *p, void *user) {
+    (void)user;
+    live_blocks--;
+    free(p);
+}
+
+static int build_all_layers(struct dp_model **out) {
+    struct dp_shape in = dp__shape3(2, 8, 8);
+    struct dp_model *m;
+    int rc = dp_model_init(&m, "all", &in);
+    if (rc) return rc;
+    if (!rc) rc = dp_conv2d(m, "conv1", 4, 3, 1, 1, 0);
+    if (!rc) rc = dp_batchnorm2d(m, "bn1", 1e-5f, 0.1f);
+    if (!rc) rc = dp_relu(m, "relu");
+    if (!rc) rc = dp_resblock(m, "layer1.0", 4, 1);
+    if (!rc) rc = dp_resblock(m, "layer2.0", 6, 2);
+    if (!rc) rc = dp_maxpool2d(m, "pool", 2, 2);
+    if (!rc) rc = dp_global_avgpool(m, "gap");
+    if (!rc) rc = dp_dropout(m, "drop", 0.1f);
+    if (!rc) rc = dp_linear(m, "fc1", 8, 1);
+    if (!rc) rc = dp_gelu(m, "gelu");
+    if (!rc) rc = dp_layernorm(m, "ln", 1e-5f);
+    if (!rc) rc = dp_linear(m, "fc2", 3, 1);
+    if (!rc) rc = dp_model_finalize(m);
+    if (rc) {
+        dp_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return DP_OK;
+}
+
+/* Every constructor frees what it made when an allocation fails (tried at
+ * every allocation in turn), and a model frees all its layers. */
+TEST(layer_constructors_survive_allocation_failures) {
+    struct dp_allocator counting = {count_alloc, count_free, NULL};
+    dp_set_allocator(&counting);
+    struct dp_model *m = NULL;
+    alloc_count = 0, fail_at = -1;
+    ASSERT_OK(build_all_layers(&m));
+    const int64_t total = alloc_count;
+    dp_model_free(m);
+    ASSERT_EQ(live_blocks, 0);
+    for (int64_t k = 0; k < total; k++) {
+        alloc_count = 0, fail_at = k;
+        m = NULL;
+        int rc = build_all_layers(&m);
+        ASSERT_EQ(rc, DP_ENOMEM);
+        ASSERT_EQ(live_blocks, 0);
+    }
+    fail_at = -1;
+    dp_set_allocator(NULL);
+}
