@@ -17,7 +17,7 @@ tally() {
   line=$(grep -E '^[a-z: ]*[0-9]+ passed, [0-9]+ failed' "$1" | tail -1)
   if [[ -z "$line" ]]; then total_fail=$((total_fail + 1)); return; fi
   local p f
-  p=$(sed -E 's/.*[^0-9]?([0-9]+) passed.*/\1/' <<<"$line"); f=$(sed -E 's/.*, ([0-9]+) failed.*/\1/' <<<"$line")
+  p=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+'); f=$(grep -oE '[0-9]+ failed' <<<"$line" | grep -oE '[0-9]+')
   total_pass=$((total_pass + p)); total_fail=$((total_fail + f))
 }
 run() { # run NAME CMD...: runs a stage, keeps its log, records failure
@@ -48,7 +48,7 @@ if [[ -z "${QUICK:-}" ]]; then
     run asan env ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 ./build-asan/dptest; tally /tmp/dptrain-test-asan.log
   fi
   if build tsan SAN=tsan build-tsan/dptest; then
-    run tsan env TSAN_OPTIONS=halt_on_error=1 ./build-tsan/dptest loader thread; tally /tmp/dptrain-test-tsan.log
+    run tsan env TSAN_OPTIONS=halt_on_error=1 ./build-tsan/dptest data_loader; tally /tmp/dptrain-test-tsan.log
   fi
   for f in tests/fuzz/run*.sh; do
     [[ -f $f ]] || continue

@@ -75,7 +75,8 @@ static const char *help_train =
     "  --ckpt-every N      checkpoint every N epochs [only at the end]\n"
     "  --resume FILE       continue exactly from a checkpoint (same --batch, --seed)\n"
     "  --init-from FILE    initial weights from a safetensors file (PyTorch names)\n"
-    "  --progress MODE     auto | bar | lines | none [auto: bar on a terminal]\n";
+    "  --progress MODE     auto | bar | lines | none [auto: bar on a terminal, else lines];\n"
+    "                      none prints only the per-epoch results\n";
 
 static const char *help_eval =
     "usage: dptrain eval --ckpt FILE [--data DIR] [--threads N] [--test-limit N]\n"
@@ -157,10 +158,19 @@ static void on_event(void *arg, const struct dp_event *ev) {
         if (++p->run_steps == 5) p->tp_t0 = now_s;
         else if (p->run_steps > 5) p->tp_samples += ev->samples, p->tp_t1 = now_s;
     }
-    if (p->mode == PROG_NONE) return;
     if (ev->kind == DP_EVENT_STEP) {
         p->sum_loss += ev->loss;
         p->nloss++;
+        if (p->mode == PROG_LINES) {
+            /* a plain line at every tenth of an epoch, for logs */
+            int64_t tenth = ev->steps_per_epoch >= 10 ? ev->steps_per_epoch / 10 : 1;
+            if (ev->step_in_epoch % tenth == 0 && ev->step_in_epoch != ev->steps_per_epoch) {
+                printf("  epoch %lld step %lld/%lld  loss %.4f  lr %.4g\n", (long long)ev->epoch + 1,
+                       (long long)ev->step_in_epoch, (long long)ev->steps_per_epoch,
+                       p->sum_loss / (double)p->nloss, (double)ev->lr);
+                fflush(stdout);
+            }
+        }
         if (p->mode != PROG_BAR) return;
         double now = dp_time();
         if (now - p->last_draw < 0.1 && ev->step_in_epoch != ev->steps_per_epoch) return;
