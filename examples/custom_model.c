@@ -1,9 +1,10 @@
 /* Builds a model through the C API and trains it for one epoch on
  * Fashion-MNIST with AdamW, without the trainer: the whole loop in view.
  *
- *   make && ./build/examples/custom_model [/usr/share/datasets/fashion-mnist]
+ *   make && ./build/examples/custom_model [DATA_DIR] [MAX_STEPS]
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dp/data.h"
@@ -51,6 +52,7 @@ int main(int argc, char **argv) {
     struct dp_loader *loader;
     if ((rc = dp_loader_init(&loader, &train, &lp))) return fail(rc);
     int64_t steps = dp_loader_steps_per_epoch(loader);
+    if (argc > 2 && atoll(argv[2]) > 0 && atoll(argv[2]) < steps) steps = atoll(argv[2]);
     for (int64_t s = 0; s < steps; s++) {
         const struct dp_loader_batch *lb;
         if ((rc = dp_loader_next(loader, &lb))) return fail(rc);
@@ -70,7 +72,7 @@ int main(int argc, char **argv) {
         if ((rc = dp_model_run(m, &r, &b, &pass))) return fail(rc);
         correct += pass.correct;
     }
-    printf("test accuracy after one epoch: %.2f%%\n", 100.0 * (double)correct / (double)test.n);
+    printf("test accuracy after %lld steps: %.2f%%\n", (long long)steps, 100.0 * (double)correct / (double)test.n);
 
     dp_loader_free(loader);
     dp_optim_free(&opt);

@@ -43,9 +43,10 @@ if build gcc all; then
 fi
 if [[ -z "${QUICK:-}" ]]; then
   build clang CC=clang all
-  if build asan SAN=asan build-asan/dptest; then
+  if build asan SAN=asan all; then
     # The PyTorch comparison is covered by the plain build; under ASan the rest runs.
     run asan env ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 ./build-asan/dptest; tally /tmp/dptrain-test-asan.log
+    run cli-asan env ASAN_OPTIONS=detect_leaks=1 bash tests/cli.sh build-asan/dptrain; tally /tmp/dptrain-test-cli-asan.log
   fi
   if build tsan SAN=tsan build-tsan/dptest; then
     run tsan env TSAN_OPTIONS=halt_on_error=1 ./build-tsan/dptest data_loader; tally /tmp/dptrain-test-tsan.log

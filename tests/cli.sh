@@ -60,6 +60,15 @@ if "$BIN" ckpt export "$T/a/checkpoint.bin" --safetensors "$T/a.safetensors" >/d
   ok export_import
 else bad export_import; fi
 
+# --- the C API example ------------------------------------------------------------
+EX=$(dirname "$BIN")/examples/custom_model
+if [[ -x $EX ]]; then
+  if "$EX" "$DATA" 200 >"$T/ex.log" 2>&1 && grep -q "test accuracy after 200 steps" "$T/ex.log" &&
+     awk '/test accuracy/ {gsub("%","",$NF); exit !($NF > 70)}' "$T/ex.log"; then
+    ok example_custom_model
+  else bad example_custom_model "$(tail -3 "$T/ex.log")"; fi
+fi
+
 # --- bad input: one clear line, non-zero exit, nothing overwritten -----------------
 expect_error bad_batch "batch" "$BIN" train --batch 0
 expect_error bad_lr "lr" "$BIN" train --lr -1
