@@ -53,6 +53,27 @@ done
 h3=$(hash_of "$T/mid/checkpoint.bin")
 if [[ -n "$h3" && "$h3" == "$(hash_of "$T/smlp/checkpoint.bin")" ]]; then ok resume_mid_epoch; else bad resume_mid_epoch "$h3"; fi
 
+# --- data parallelism ------------------------------------------------------------
+# deterministic mode: the same bits for 1, 2 and 3 workers, and across a resume
+# that changes the worker count
+for P in 1 2 3; do
+  "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers $P --deterministic --out "$T/det$P" >/dev/null 2>&1
+done
+d1=$(hash_of "$T/det1/checkpoint.bin"); d2=$(hash_of "$T/det2/checkpoint.bin"); d3=$(hash_of "$T/det3/checkpoint.bin")
+if [[ -n "$d1" && "$d1" == "$d2" && "$d1" == "$d3" ]]; then ok deterministic_workers_1_2_3; else bad deterministic_workers_1_2_3 "$d1 $d2 $d3"; fi
+"$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --deterministic --out "$T/detr" >/dev/null 2>&1
+"$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --deterministic --out "$T/detr" --resume "$T/detr/checkpoint.bin" >/dev/null 2>&1
+if [[ "$(hash_of "$T/detr/checkpoint.bin")" == "$d1" ]]; then ok deterministic_resume_other_worker_count; else bad deterministic_resume_other_worker_count; fi
+if "$BIN" train --model cnn --epochs 1 "${SMALL[@]}" --workers 2 --timeline "$T/tl.json" --check-replicas 5 >"$T/tl.log" 2>&1 &&
+   /usr/bin/python3 -c "
+import json, sys
+ev = json.load(open('$T/tl.json'))['traceEvents']
+names = {(e['tid'], e['name']) for e in ev if e.get('ph') == 'X'}
+need = {(0, 'forward'), (0, 'backward'), (2, 'backward'), (1, 'all-reduce'), (3, 'all-reduce'), (0, 'optimizer')}
+sys.exit(0 if need <= names else 1)" && grep -q "hidden behind backward" "$T/tl.log"; then
+  ok timeline_and_breakdown
+else bad timeline_and_breakdown "$(tail -3 "$T/tl.log")"; fi
+
 # --- eval and export -------------------------------------------------------------
 if "$BIN" eval --ckpt "$T/a/checkpoint.bin" --data "$DATA" --test-limit 500 | grep -q "test acc"; then ok eval; else bad eval; fi
 if "$BIN" ckpt export "$T/a/checkpoint.bin" --safetensors "$T/a.safetensors" >/dev/null &&
@@ -72,6 +93,9 @@ fi
 # --- bad input: one clear line, non-zero exit, nothing overwritten -----------------
 expect_error bad_batch "batch" "$BIN" train --batch 0
 expect_error bad_lr "lr" "$BIN" train --lr -1
+expect_error bad_workers "workers" "$BIN" train --workers 0
+expect_error bad_algo "algorithm" "$BIN" train --algo fastest
+expect_error det_batchnorm "BatchNorm" "$BIN" train --model resnet --deterministic "${SMALL[@]}"
 expect_error bad_number "epochs" "$BIN" train --epochs abc
 expect_error unknown_option "unknown option" "$BIN" train --frobnicate
 expect_error unknown_model "unknown model" "$BIN" train --model transformer9 "${SMALL[@]}"

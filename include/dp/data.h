@@ -76,6 +76,11 @@ struct dp_loader_params {
      * belongs to `rank` of `world` (contiguous split, remainder to the first
      * ranks).  world = 1 for one worker. */
     int rank, world;
+    /* Split unit: with align > 1 each rank's part is a run of whole chunks of
+     * `align` samples (the last chunk of a batch may be short); deterministic
+     * mode uses it so that chunk boundaries do not depend on world.  0 or 1:
+     * split by samples. */
+    int64_t align;
 };
 struct dp_loader_params dp_loader_default_params(void);
 

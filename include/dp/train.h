@@ -40,13 +40,35 @@ struct dp_event {
     double test_acc, test_loss; /* EPOCH (NaN if no test set) */
     double samples_per_s; /* EPOCH: training throughput of the epoch */
     double epoch_time;    /* EPOCH: seconds */
-    double t_data, t_fwd, t_bwd, t_opt; /* EPOCH: seconds spent per phase */
+    double t_data, t_fwd, t_bwd, t_opt; /* EPOCH: seconds spent per phase (rank 0) */
+    double t_comm, t_comm_exposed;      /* EPOCH: all-reduce time in total, and the part
+                                           not hidden behind backward (rank 0) */
+    int64_t skipped;                    /* EPOCH: steps skipped as non-finite */
     const char *path;     /* CHECKPOINT */
 };
 typedef void (*dp_event_fn)(void *arg, const struct dp_event *ev);
 
 struct dp_train_params {
     const char *data_dir;      /* IDX files (train-*, t10k-*) */
+    /* data parallelism: `workers` replicas, each a thread with `threads`
+     * compute threads, each taking its share of every global batch */
+    int workers;               /* P (default 1) */
+    int accum;                 /* gradient accumulation: global batches per optimizer step */
+    size_t bucket_cap_bytes;   /* reducer bucket cap (default 25 MiB) */
+    size_t first_bucket_bytes; /* reducer first bucket (default 1 MiB) */
+    int overlap;               /* 1: all-reduce buckets during backward (default) */
+    int algo;                  /* enum dp_comm_algo (default AUTO) */
+    int64_t check_replicas;    /* compare replica hashes every N steps (0 = off) */
+    int skip_nonfinite;        /* skip steps whose loss or gradient is not finite */
+    double comm_timeout;       /* seconds a collective may block before the run fails (0 = off) */
+    int deterministic;         /* bit-identical results for any worker count (docs/ddp.md) */
+    int64_t det_chunk;         /* deterministic mode: samples per fixed chunk (default 8) */
+    const char *timeline;      /* write a Chrome trace-event file of the run here (NULL = off) */
+    /* Fault injection, for the tests of failure handling: at optimizer step
+     * fault_step, worker fault_worker fails the way fault_kind says. */
+    enum { DP_FAULT_NONE = 0, DP_FAULT_NAN, DP_FAULT_ALLOC, DP_FAULT_DATA, DP_FAULT_KIND_COUNT } fault_kind;
+    int fault_worker;
+    int64_t fault_step;
     const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */
     int64_t epochs;
     int64_t batch;

@@ -98,9 +98,14 @@ static void fill_batch(struct dp_loader *l, struct slot *s, int64_t pos) {
     }
     int64_t g0 = step * p->batch;
     int64_t G = l->n - g0 < p->batch ? l->n - g0 : p->batch;
-    int64_t base = G / p->world, rem = G % p->world;
-    int64_t B = base + (p->rank < rem);
-    int64_t off = g0 + p->rank * base + (p->rank < rem ? p->rank : rem);
+    /* Split in units of `align` samples (align = 1: samples), so that with
+     * align > 1 every rank's part is made of whole fixed-size chunks. */
+    int64_t a = p->align > 1 ? p->align : 1, units = (G + a - 1) / a;
+    int64_t base = units / p->world, rem = units % p->world;
+    int64_t u0 = p->rank * base + (p->rank < rem ? p->rank : rem), u1 = u0 + base + (p->rank < rem);
+    int64_t off = g0 + u0 * a;
+    int64_t B = (u1 * a < G ? u1 * a : G) - u0 * a;
+    if (B < 0) B = 0;
 
     struct dp_loader_batch *b = &s->b;
     int augment = p->aug.crop_pad > 0 || p->aug.hflip;
@@ -225,7 +230,8 @@ int dp_loader_init(struct dp_loader **out, const struct dp_dataset *ds,
     l->sample = ds->C * ds->H * ds->W;
     l->steps_per_epoch = p->drop_last ? ds->n / p->batch : (ds->n + p->batch - 1) / p->batch;
     int64_t bmax = p->batch < ds->n ? p->batch : ds->n;
-    l->max_B = (bmax + p->world - 1) / p->world;
+    int64_t al = p->align > 1 ? p->align : 1;
+    l->max_B = ((bmax + al - 1) / al + p->world - 1) / p->world * al;
     l->perm_epoch = -1;
     l->nslots = p->prefetch + 1;
 

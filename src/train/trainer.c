@@ -1,25 +1,64 @@
-/* The single-worker training loop.
+/* The training loop: one or P data-parallel workers.
  *
- * One step:  loader.next -> zero grads -> model forward+backward (mean loss
- * over the batch) -> [clip] -> lr = schedule(step) -> optimizer step.
- * The position (epoch, step in epoch) and the seed determine the data order
- * exactly, so a checkpoint resumes the very same sequence of batches. */
+ * Each worker is a thread holding a full replica (parameters, gradients,
+ * optimizer state) and its own loader that yields its share of every global
+ * batch.  One optimizer step:
+ *
+ *   for each of the `accum` micro-batches:
+ *       loader.next -> forward -> backward (per-sample gradients SUMMED)
+ *       on the last micro-batch the reducer all-reduces (sums) gradient buckets
+ *       as backward finishes them, overlapping the rest of backward
+ *   wait for all buckets -> scale by 1/N (N = samples in the step, all workers)
+ *   -> non-finite check -> [clip] -> lr = schedule(step) -> optimizer step
+ *
+ * Sum-then-scale makes the result the gradient of the mean loss over the
+ * global batch whatever the split: P workers with global batch N train the
+ * same model as one worker with batch N, to float rounding.  The position
+ * (epoch, step in epoch) and the seed fix the data order, so a checkpoint
+ * resumes the very same sequence of batches.  With P = 1 the single worker
+ * runs in the caller's thread and no collective does any work. */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "dp/ddp.h"
 #include "dp/train.h"
+#include "timeline.h"
+
+struct worker {
+    struct dp_trainer *t;
+    int rank;
+    struct dp_replica rep;
+    struct dp_optim opt;
+    struct dp_loader *loader;
+    struct dp_comm *comm;
+    struct dp_reducer red;
+    struct dp_timeline tl;
+    double *acc;               /* deterministic mode: fixed-point gradient sums (num_params) */
+    pthread_t thread;
+    int started;
+    int rc;
+    char err[512];
+    /* this epoch's sums */
+    double loss_sum, t_fwd, t_bwd, t_opt, t_comm, t_exposed, wait0;
+    int64_t correct, seen, skipped;
+    int64_t step, epoch, in_epoch; /* this worker's copy of the position */
+};
 
 struct dp_trainer {
     struct dp_train_params p;
     struct dp_dataset train, test;
     struct dp_model *model;
-    struct dp_replica rep;
-    struct dp_optim opt;
-    struct dp_loader *loader;
-    int64_t step, epoch, step_in_epoch, steps_per_epoch, max_batch;
+    struct dp_comm_world *world;
+    struct worker *w;          /* w[0..P) */
+    int P;
+    /* identical on every worker; written by each worker for itself and read
+     * by rank 0 only at points where all workers are past a collective */
+    int64_t step, epoch, step_in_epoch, batches_per_epoch, steps_per_epoch, max_batch;
+    double t_origin;
     FILE *metrics;
 };
 
@@ -28,6 +67,13 @@ struct dp_train_params dp_train_default_params(void) {
     memset(&p, 0, sizeof p);
     p.data_dir = "/usr/share/datasets/fashion-mnist";
     p.model = "mlp";
+    p.workers = 1;
+    p.accum = 1;
+    p.bucket_cap_bytes = 25u << 20;
+    p.first_bucket_bytes = 1u << 20;
+    p.overlap = 1;
+    p.algo = DP_ALGO_AUTO;
+    p.det_chunk = 8;
     p.epochs = 1;
     p.batch = 128;
     p.optim = dp_optim_default_params();
@@ -44,14 +90,23 @@ struct dp_train_params dp_train_default_params(void) {
 }
 
 const struct dp_model *dp_trainer_model(const struct dp_trainer *t) { return t->model; }
-struct dp_replica *dp_trainer_replica(struct dp_trainer *t) { return &t->rep; }
-uint64_t dp_trainer_param_hash(const struct dp_trainer *t) { return dp_replica_hash(&t->rep); }
+struct dp_replica *dp_trainer_replica(struct dp_trainer *t) { return &t->w[0].rep; }
+uint64_t dp_trainer_param_hash(const struct dp_trainer *t) { return dp_replica_hash(&t->w[0].rep); }
 
 void dp_trainer_free(struct dp_trainer *t) {
     if (!t) return;
-    dp_loader_free(t->loader);
-    dp_optim_free(&t->opt);
-    dp_replica_free(&t->rep);
+    for (int r = 0; t->w && r < t->P; r++) {
+        struct worker *w = &t->w[r];
+        dp_reducer_free(&w->red);
+        dp_timeline_free(&w->tl);
+        dp_free(w->acc);
+        dp_comm_free(w->comm);
+        dp_loader_free(w->loader);
+        dp_optim_free(&w->opt);
+        dp_replica_free(&w->rep);
+    }
+    dp_free(t->w);
+    dp_comm_thread_world_free(t->world);
     dp_model_free(t->model);
     dp_dataset_free(&t->train);
     dp_dataset_free(&t->test);
@@ -63,6 +118,9 @@ static int check_params(const struct dp_train_params *p) {
     if (p->epochs < 0) return dp_seterr(DP_EINVAL, "--epochs must be >= 0 (got %lld)", (long long)p->epochs);
     if (p->batch <= 0 || p->batch > (1 << 20))
         return dp_seterr(DP_EINVAL, "--batch must be in 1..1048576 (got %lld)", (long long)p->batch);
+    if (p->workers < 1 || p->workers > 256)
+        return dp_seterr(DP_EINVAL, "--workers must be in 1..256 (got %d)", p->workers);
+    if (p->accum < 1 || p->accum > 1 << 16) return dp_seterr(DP_EINVAL, "--accum must be in 1..65536 (got %d)", p->accum);
     if (!(p->sched.base_lr > 0.0f) || !isfinite(p->sched.base_lr))
         return dp_seterr(DP_EINVAL, "--lr must be a positive number (got %g)", (double)p->sched.base_lr);
     if (p->threads < 1 || p->threads > 256)
@@ -70,6 +128,11 @@ static int check_params(const struct dp_train_params *p) {
     if (p->clip_norm < 0) return dp_seterr(DP_EINVAL, "--clip must be >= 0 (got %g)", p->clip_norm);
     if (!(p->norm_std > 0)) return dp_seterr(DP_EINVAL, "normalisation std must be > 0");
     if (p->max_steps < 0) return dp_seterr(DP_EINVAL, "--max-steps must be >= 0");
+    if (p->check_replicas < 0) return dp_seterr(DP_EINVAL, "--check-replicas must be >= 0");
+    if (p->comm_timeout < 0) return dp_seterr(DP_EINVAL, "--comm-timeout must be >= 0");
+    if (p->algo < 0 || p->algo >= DP_ALGO_COUNT) return dp_seterr(DP_EINVAL, "unknown all-reduce algorithm");
+    if (p->deterministic && (p->det_chunk < 1 || p->det_chunk > p->batch))
+        return dp_seterr(DP_EINVAL, "--det-chunk must be in 1..batch (got %lld)", (long long)p->det_chunk);
     int rc = dp_optim_check(&p->optim);
     if (rc) return rc;
     /* total_steps may still be 0 here: it is filled from the epoch count later. */
@@ -78,14 +141,17 @@ static int check_params(const struct dp_train_params *p) {
     return dp_sched_check(&s);
 }
 
-/* Restores the state saved by dp_trainer_save.  Every field that must agree
- * with this run is checked first, so nothing is half-loaded on error. */
+/* Restores the state saved by dp_trainer_save into every worker.  Every
+ * field that must agree with this run is checked first, so nothing is
+ * half-loaded on error.  The checkpoint does not depend on the worker count:
+ * any P can resume it. */
 static int load_checkpoint(struct dp_trainer *t, const char *path) {
     struct dp_ckpt_header h;
     float *payload = NULL;
     int rc = dp_ckpt_read(path, &h, &payload);
     if (rc) return rc;
     const struct dp_model *m = t->model;
+    struct worker *w0 = &t->w[0];
     if (strcmp(h.model_spec, m->spec) != 0)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint is for model '%s', this run builds '%s'", path,
                        h.model_spec, m->spec);
@@ -95,31 +161,65 @@ static int load_checkpoint(struct dp_trainer *t, const char *path) {
     else if (h.in_shape[0] != m->in_shape.d[0] || h.in_shape[1] != m->in_shape.d[1] ||
              h.in_shape[2] != m->in_shape.d[2])
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint input shape differs from the data's", path);
-    else if ((int)h.optim_kind != (int)t->p.optim.kind || h.optim_state_len != t->opt.state_len)
+    else if ((int)h.optim_kind != (int)t->p.optim.kind || h.optim_state_len != w0->opt.state_len)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint optimizer is %s (state %lld floats), this run uses %s (%lld)",
                        path, dp_optim_kind_name((enum dp_optim_kind)h.optim_kind), (long long)h.optim_state_len,
-                       dp_optim_kind_name(t->p.optim.kind), (long long)t->opt.state_len);
+                       dp_optim_kind_name(t->p.optim.kind), (long long)w0->opt.state_len);
     else if (h.batch != t->p.batch)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint was trained with batch %lld, this run uses %lld "
                        "(the data order would differ)", path, (long long)h.batch, (long long)t->p.batch);
     else if (h.seed != t->p.seed)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint seed %llu differs from --seed %llu", path,
                        (unsigned long long)h.seed, (unsigned long long)t->p.seed);
-    if (!rc) {
-        memcpy(t->rep.params, payload, sizeof(float) * (size_t)h.num_params);
-        memcpy(t->rep.buffers, payload + h.num_params, sizeof(float) * (size_t)h.num_buffers);
+    for (int r = 0; !rc && r < t->P; r++) {
+        struct worker *w = &t->w[r];
+        memcpy(w->rep.params, payload, sizeof(float) * (size_t)h.num_params);
+        memcpy(w->rep.buffers, payload + h.num_params, sizeof(float) * (size_t)h.num_buffers);
         if (h.optim_state_len)
-            memcpy(t->opt.state, payload + h.num_params + h.num_buffers,
-                   sizeof(float) * (size_t)h.optim_state_len);
-        t->opt.step = h.optim_step;
+            memcpy(w->opt.state, payload + h.num_params + h.num_buffers, sizeof(float) * (size_t)h.optim_state_len);
+        w->opt.step = h.optim_step;
+        if (dp_replica_hash(&w->rep) != h.param_hash)
+            rc = dp_seterr(DP_EFORMAT, "%s: parameter hash mismatch", path);
+    }
+    if (!rc) {
         t->step = h.step;
         t->epoch = h.epoch;
         t->step_in_epoch = h.step_in_epoch;
-        if (dp_replica_hash(&t->rep) != h.param_hash)
-            rc = dp_seterr(DP_EFORMAT, "%s: parameter hash mismatch", path);
     }
     dp_free(payload);
     return rc;
+}
+
+static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
+    const struct dp_train_params *p = &t->p;
+    w->t = t;
+    w->rank = rank;
+    int rc = dp_replica_init(&w->rep, t->model, t->max_batch);
+    if (!rc) rc = dp_optim_init(&w->opt, &p->optim, t->model->num_params);
+    if (rc) return rc;
+    struct dp_loader_params lp = dp_loader_default_params();
+    lp.batch = p->batch;
+    lp.shuffle = 1;
+    lp.seed = p->seed;
+    lp.aug = p->aug;
+    lp.prefetch = p->prefetch;
+    lp.rank = rank;
+    lp.world = t->P;
+    lp.align = p->deterministic ? p->det_chunk : 1;
+    if ((rc = dp_loader_init(&w->loader, &t->train, &lp))) return rc;
+    if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
+    /* ~10 events per step: 200k covers long runs; later events are counted, not kept */
+    if ((rc = dp_timeline_init(&w->tl, p->timeline ? 200000 : 0))) return rc;
+    if (p->deterministic) {
+        w->acc = dp_malloc_big(sizeof(double) * (size_t)(t->model->num_params ? t->model->num_params : 1));
+        if (!w->acc) return dp_seterr(DP_ENOMEM, "deterministic mode: cannot allocate the accumulator");
+    }
+    struct dp_reducer_params rp = dp_reducer_default_params();
+    rp.bucket_cap_bytes = p->bucket_cap_bytes;
+    rp.first_bucket_bytes = p->first_bucket_bytes;
+    rp.overlap = p->overlap;
+    rp.algo = (enum dp_comm_algo)p->algo;
+    return dp_reducer_init(&w->red, t->model, w->comm, w->rep.grads, &rp);
 }
 
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
@@ -129,6 +229,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     struct dp_trainer *t = dp_calloc(1, sizeof *t);
     if (!t) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
     t->p = *p;
+    t->P = p->workers;
     dp_set_num_threads(p->threads);
 
     /* A checkpoint names its model; --model may be omitted when resuming. */
@@ -153,20 +254,36 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
                        (long long)t->train.num_classes, spec, (long long)dp_model_num_classes(t->model));
         goto fail;
     }
-    t->max_batch = p->batch > 256 ? p->batch : 256;
-    if ((rc = dp_replica_init(&t->rep, t->model, t->max_batch))) goto fail;
-    dp_model_init_params(t->model, &t->rep, p->seed);
-    if (p->init_from && (rc = dp_safetensors_load(p->init_from, t->model, &t->rep))) goto fail;
-    if ((rc = dp_optim_init(&t->opt, &p->optim, t->model->num_params))) goto fail;
-
-    struct dp_loader_params lp = dp_loader_default_params();
-    lp.batch = p->batch;
-    lp.shuffle = 1;
-    lp.seed = p->seed;
-    lp.aug = p->aug;
-    lp.prefetch = p->prefetch;
-    if ((rc = dp_loader_init(&t->loader, &t->train, &lp))) goto fail;
-    t->steps_per_epoch = dp_loader_steps_per_epoch(t->loader);
+    if (p->deterministic && t->model->num_buffers > 0) {
+        rc = dp_seterr(DP_ENOTSUP, "--deterministic does not support models with BatchNorm yet ('%s'): "
+                       "their batch statistics are summed in floating point across workers", spec);
+        goto fail;
+    }
+    /* A worker's share is at most ceil(batch / P); evaluation uses up to 256. */
+    int64_t share = (p->batch + t->P - 1) / t->P;
+    if (p->deterministic) share = p->det_chunk; /* one chunk at a time */
+    t->max_batch = share > 256 ? share : 256;
+    struct dp_comm_params cp = dp_comm_default_params();
+    cp.timeout_s = p->comm_timeout;
+    if ((rc = dp_comm_thread_world_init(&t->world, t->P, &cp))) goto fail;
+    t->w = dp_calloc((size_t)t->P, sizeof *t->w);
+    if (!t->w) {
+        rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
+        goto fail;
+    }
+    for (int r = 0; r < t->P; r++)
+        if ((rc = worker_init(t, &t->w[r], r))) {
+            dp_adderr(rc, "worker %d", r);
+            goto fail;
+        }
+    /* Rank 0 initialises; the others receive its parameters by broadcast
+     * when the run starts.  (Every rank could draw the same values from the
+     * seed; the broadcast makes "all replicas start equal" hold for any
+     * initialisation, including --init-from on rank 0 only.) */
+    dp_model_init_params(t->model, &t->w[0].rep, p->seed);
+    if (p->init_from && (rc = dp_safetensors_load(p->init_from, t->model, &t->w[0].rep))) goto fail;
+    t->batches_per_epoch = dp_loader_steps_per_epoch(t->w[0].loader);
+    t->steps_per_epoch = (t->batches_per_epoch + p->accum - 1) / p->accum;
     if (t->p.sched.total_steps <= 0) t->p.sched.total_steps = t->steps_per_epoch * p->epochs;
 
     if (p->resume && (rc = load_checkpoint(t, p->resume))) goto fail;
@@ -192,6 +309,7 @@ fail:
 }
 
 int dp_trainer_save(struct dp_trainer *t, const char *path) {
+    struct worker *w = &t->w[0];
     struct dp_ckpt_header h;
     memset(&h, 0, sizeof h);
     const struct dp_model *m = t->model;
@@ -214,14 +332,16 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
     h.eps = t->p.optim.eps;
     h.lr = t->p.sched.base_lr;
     h.sched_kind = (uint32_t)t->p.sched.kind;
-    h.optim_step = t->opt.step;
-    h.optim_state_len = t->opt.state_len;
-    h.param_hash = dp_replica_hash(&t->rep);
-    return dp_ckpt_write(path, &h, t->rep.params, t->rep.buffers, t->opt.state);
+    h.optim_step = w->opt.step;
+    h.optim_state_len = w->opt.state_len;
+    h.param_hash = dp_replica_hash(&w->rep);
+    return dp_ckpt_write(path, &h, w->rep.params, w->rep.buffers, w->opt.state);
 }
 
+/* Evaluation runs on rank 0's replica (all replicas are equal). */
 int dp_trainer_evaluate(struct dp_trainer *t, const struct dp_dataset *ds, int64_t limit,
                         double *acc, double *loss) {
+    struct worker *w = &t->w[0];
     int64_t n = limit > 0 && limit < ds->n ? limit : ds->n;
     int64_t per = ds->C * ds->H * ds->W, correct = 0;
     double loss_sum = 0;
@@ -229,7 +349,7 @@ int dp_trainer_evaluate(struct dp_trainer *t, const struct dp_dataset *ds, int64
         int64_t B = n - i < t->max_batch ? n - i : t->max_batch;
         struct dp_batch b = {.B = B, .x = ds->x + i * per, .targets = ds->y + i};
         struct dp_pass pass = {.training = 0, .seed = t->p.seed};
-        int rc = dp_model_run(t->model, &t->rep, &b, &pass);
+        int rc = dp_model_run(t->model, &w->rep, &b, &pass);
         if (rc) return dp_adderr(rc, "evaluate");
         correct += pass.correct;
         loss_sum += pass.loss_sum;
@@ -265,68 +385,252 @@ static int any_nonfinite(const float *x, int64_t n) {
     return bad != 0;
 }
 
-int dp_trainer_run(struct dp_trainer *t) {
+/* BatchNorm statistics summed over the workers (SyncBatchNorm). */
+static int stat_sync(void *arg, double *buf, int64_t n) {
+    struct worker *w = arg;
+    return dp_comm_allreduce(w->comm, buf, n, DP_DTYPE_F64, DP_ALGO_AUTO);
+}
+
+/* Compares every replica's parameter hash with rank 0's. */
+static int check_replicas(struct worker *w) {
+    struct dp_trainer *t = w->t;
+    double *h = dp_calloc((size_t)t->P * 2, sizeof(double));
+    if (!h) return dp_seterr(DP_ENOMEM, "check-replicas: out of memory");
+    uint64_t mine = dp_replica_hash(&w->rep);
+    /* two exact halves of the 64-bit hash per rank */
+    h[2 * w->rank] = (double)(mine >> 32);
+    h[2 * w->rank + 1] = (double)(mine & 0xffffffffu);
+    int rc = dp_comm_allgather(w->comm, h, (int64_t)t->P * 2, DP_DTYPE_F64, DP_ALGO_AUTO);
+    for (int r = 1; !rc && r < t->P; r++)
+        if (h[2 * r] != h[0] || h[2 * r + 1] != h[1])
+            rc = dp_seterr(DP_EMISMATCH, "step %lld: the replica of worker %d diverged from worker 0 "
+                           "(parameter hash %08llx%08llx, expected %08llx%08llx)", (long long)w->step + 1, r,
+                           (unsigned long long)h[2 * r], (unsigned long long)h[2 * r + 1],
+                           (unsigned long long)h[0], (unsigned long long)h[1]);
+    dp_free(h);
+    return rc;
+}
+
+/* One optimizer step on worker w: `accum` micro-batches, the reduction,
+ * the update.  Returns 0, or an error (already with its context). */
+static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
+    struct dp_trainer *t = w->t;
     const struct dp_model *m = t->model;
-    int rc = dp_loader_seek(t->loader, t->epoch, t->step_in_epoch);
-    if (rc) return rc;
-    while (t->epoch < t->p.epochs) {
-        double t_start = dp_time(), w0 = dp_loader_wait_time(t->loader);
-        double tf = 0, tb = 0, to = 0, loss_sum = 0;
-        int64_t correct = 0, seen = 0;
-        while (t->step_in_epoch < t->steps_per_epoch) {
-            if (t->p.max_steps && t->step >= t->p.max_steps) return checkpoint(t);
-            const struct dp_loader_batch *lb;
-            if ((rc = dp_loader_next(t->loader, &lb))) return rc;
-            struct dp_batch b = {.B = lb->B, .x = lb->x, .targets = lb->y, .sample_idx = lb->idx,
-                                 .epoch = lb->epoch};
-            memset(t->rep.grads, 0, sizeof(float) * (size_t)m->num_params);
-            struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed};
-            if ((rc = dp_model_run(m, &t->rep, &b, &pass)))
-                return dp_adderr(rc, "step %lld", (long long)t->step);
-            if (!isfinite(pass.loss_sum) || any_nonfinite(t->rep.grads, m->num_params))
-                return dp_seterr(DP_ENONFINITE, "step %lld (epoch %lld): the %s is not finite; "
-                                 "try a lower --lr or --clip", (long long)t->step, (long long)t->epoch + 1,
-                                 isfinite(pass.loss_sum) ? "gradient" : "loss");
-            double t1 = dp_time();
-            if (t->p.clip_norm > 0) dp_clip_grad_norm(t->rep.grads, m->num_params, t->p.clip_norm);
-            float lr = dp_sched_lr(&t->p.sched, t->step);
-            if ((rc = dp_optim_step(&t->opt, t->rep.params, t->rep.grads, m->num_params, lr))) return rc;
-            to += dp_time() - t1;
-            tf += pass.t_forward;
-            tb += pass.t_backward;
-            loss_sum += pass.loss_sum;
-            correct += pass.correct;
-            seen += b.B;
-            t->step++;
-            t->step_in_epoch++;
-            struct dp_event ev = {.kind = DP_EVENT_STEP, .step = t->step, .epoch = t->epoch,
-                                  .step_in_epoch = t->step_in_epoch, .lr = lr, .samples = b.B,
-                                  .loss = pass.loss_sum / (double)b.B};
-            emit(t, &ev);
+    memset(w->rep.grads, 0, sizeof(float) * (size_t)m->num_params);
+    double n_total = 0, loss_sum = 0, n_local = 0;
+    int local_bad = 0;
+    for (int64_t k = 0; k < nmicro; k++) {
+        const struct dp_loader_batch *lb;
+        double td = dp_time();
+        int rc = dp_loader_next(w->loader, &lb);
+        if (rc) return rc;
+        double ta = dp_time();
+        dp_timeline_add(&w->tl, "data", 0, w->step, td, ta);
+        int last = k == nmicro - 1;
+        struct dp_batch b = {.B = lb->B, .x = lb->x, .targets = lb->y, .sample_idx = lb->idx, .epoch = lb->epoch};
+        struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = 1.0f};
+        if (t->P > 1) pass.stat_sync = stat_sync, pass.stat_sync_arg = w;
+        if (last) {
+            pass.grad_ready = dp_reducer_grad_ready;
+            pass.grad_ready_arg = &w->red;
+            dp_reducer_begin(&w->red);
         }
-        double dt = dp_time() - t_start;
-        struct dp_event ev = {.kind = DP_EVENT_EPOCH, .step = t->step, .epoch = t->epoch + 1,
-                              .step_in_epoch = t->step_in_epoch,
-                              .lr = dp_sched_lr(&t->p.sched, t->step > 0 ? t->step - 1 : 0)};
-        ev.loss = seen ? loss_sum / (double)seen : NAN;
-        ev.train_acc = seen ? (double)correct / (double)seen : NAN;
-        ev.samples_per_s = dt > 0 ? (double)seen / dt : 0;
-        ev.epoch_time = dt;
-        ev.t_data = dp_loader_wait_time(t->loader) - w0;
-        ev.t_fwd = tf, ev.t_bwd = tb, ev.t_opt = to;
+        int fault = t->p.fault_kind && w->rank == t->p.fault_worker && w->step == t->p.fault_step && last;
+        if (fault && t->p.fault_kind == DP_FAULT_ALLOC) rc = dp_seterr(DP_ENOMEM, "injected allocation failure");
+        else if (fault && t->p.fault_kind == DP_FAULT_DATA) rc = dp_seterr(DP_EIO, "injected data error");
+        else if (fault && t->p.fault_kind == DP_FAULT_NAN && b.B > 0) {
+            /* a NaN in one input: forward, loss and gradients all turn NaN */
+            size_t n = (size_t)(b.B * dp_shape_numel(&m->in_shape));
+            float *x = dp_malloc(n * sizeof(float));
+            if (!x) return dp_seterr(DP_ENOMEM, "out of memory");
+            memcpy(x, b.x, n * sizeof(float));
+            x[0] = NAN;
+            b.x = x;
+            rc = dp_model_run(m, &w->rep, &b, &pass);
+            dp_free(x);
+        } else
+            rc = dp_model_run(m, &w->rep, &b, &pass);
+        if (rc) {
+            if (last) { /* leave nothing in flight, and keep this error's message */
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", dp_errmsg());
+                dp_reducer_finish(&w->red);
+                dp_seterr(rc, "%s", msg);
+            }
+            return rc;
+        }
+        dp_timeline_add(&w->tl, "forward", 0, w->step, ta, ta + pass.t_forward);
+        dp_timeline_add(&w->tl, "backward", 0, w->step, ta + pass.t_forward, ta + pass.t_forward + pass.t_backward);
+        if (last) {
+            rc = dp_reducer_finish(&w->red);
+            dp_timeline_add(&w->tl, "wait for all-reduce", 0, w->step, w->red.t_backward_end, w->red.t_end);
+            for (int i = 0; i < w->red.nb; i++)
+                if (w->red.b[i].t_ready > 0)
+                    dp_timeline_add(&w->tl, "all-reduce", 1, i, w->red.b[i].t_ready, w->red.b[i].t_done);
+            if (rc) return rc;
+        }
+        n_total += (double)lb->global_B;
+        loss_sum += pass.loss_sum;
+        local_bad |= !isfinite(pass.loss_sum);
+        w->loss_sum += pass.loss_sum;
+        w->correct += pass.correct;
+        w->seen += b.B;
+        n_local += (double)b.B;
+        w->t_fwd += pass.t_forward;
+        w->t_bwd += pass.t_backward;
+    }
+    *n_step = n_total;
+    *loss_step = n_local > 0 ? loss_sum / n_local : 0;
+    w->t_comm += w->red.comm_total;
+    w->t_exposed += w->red.comm_exposed;
+    double t1 = dp_time();
+    /* sum -> mean over the global batch */
+    float scale = (float)(1.0 / n_total);
+    float *g = w->rep.grads;
+    for (int64_t i = 0; i < m->num_params; i++) g[i] *= scale;
+    /* Every replica holds the same reduced gradient, so every worker takes
+     * the same decision here without talking to the others. */
+    if (any_nonfinite(g, m->num_params)) {
+        /* Which worker? Each contributes a flag for its own loss. */
+        double *flags = dp_calloc((size_t)t->P, sizeof(double));
+        if (!flags) return dp_seterr(DP_ENOMEM, "out of memory");
+        flags[w->rank] = local_bad;
+        int rc = dp_comm_allreduce(w->comm, flags, t->P, DP_DTYPE_F64, DP_ALGO_AUTO);
+        int who = -1;
+        for (int r = 0; !rc && r < t->P && who < 0; r++)
+            if (flags[r] != 0) who = r;
+        dp_free(flags);
+        if (rc) return rc;
+        if (t->p.skip_nonfinite) {
+            (*skipped)++;
+            return DP_OK;
+        }
+        if (who >= 0)
+            return dp_seterr(DP_ENONFINITE, "step %lld (epoch %lld): worker %d: the loss is not finite; "
+                             "try a lower --lr, --clip, or --skip-nonfinite", (long long)w->step,
+                             (long long)w->epoch + 1, who);
+        return dp_seterr(DP_ENONFINITE, "step %lld (epoch %lld): the gradient is not finite; try a lower "
+                         "--lr, --clip, or --skip-nonfinite", (long long)w->step, (long long)w->epoch + 1);
+    }
+    if (t->p.clip_norm > 0) dp_clip_grad_norm(g, m->num_params, t->p.clip_norm);
+    float lr = dp_sched_lr(&t->p.sched, w->step);
+    int rc = dp_optim_step(&w->opt, w->rep.params, g, m->num_params, lr);
+    double t2 = dp_time();
+    w->t_opt += t2 - t1;
+    dp_timeline_add(&w->tl, "optimizer", 0, w->step, t1, t2);
+    return rc;
+}
+
+/* Deterministic mode: the same optimizer step as train_step, computed so
+ * that the result does not depend on the number of workers.
+ *
+ * The global batch is cut into fixed chunks of det_chunk samples (the loader
+ * hands every worker whole chunks).  Each chunk's gradient is computed on its
+ * own, always with the same shapes, so it is the same bits on any worker; it
+ * is then converted to fixed point (round(g * 2^32), held exactly in a double)
+ * and added to the worker's accumulator.  Integer addition is associative, so
+ * the all-reduce of the accumulators (sums of integers below 2^53 are exact
+ * in double) gives the same bits whatever the number of workers and the
+ * order of the sums.  Cost: smaller GEMMs (chunk-sized), one conversion pass
+ * per chunk, and an all-reduce of doubles (twice the bytes) that starts only
+ * after the last chunk (no overlap with backward). */
+#define DET_SCALE 4294967296.0 /* 2^32 */
+static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *loss_step) {
+    struct dp_trainer *t = w->t;
+    const struct dp_model *m = t->model;
+    int64_t np = m->num_params, C = t->p.det_chunk;
+    memset(w->acc, 0, sizeof(double) * (size_t)np);
+    double n_total = 0, loss_sum = 0, n_local = 0;
+    for (int64_t k = 0; k < nmicro; k++) {
+        const struct dp_loader_batch *lb;
+        int rc = dp_loader_next(w->loader, &lb);
+        if (rc) return rc;
+        int64_t per = dp_shape_numel(&m->in_shape);
+        for (int64_t c0 = 0; c0 < lb->B; c0 += C) {
+            int64_t B = lb->B - c0 < C ? lb->B - c0 : C;
+            struct dp_batch b = {.B = B, .x = lb->x + c0 * per, .targets = lb->y + c0,
+                                 .sample_idx = lb->idx + c0, .epoch = lb->epoch};
+            struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = 1.0f};
+            memset(w->rep.grads, 0, sizeof(float) * (size_t)np);
+            if ((rc = dp_model_run(m, &w->rep, &b, &pass))) return rc;
+            const float *g = w->rep.grads;
+            double *acc = w->acc;
+            int bad = 0;
+            for (int64_t i = 0; i < np; i++) {
+                double v = nearbyint((double)g[i] * DET_SCALE);
+                bad |= !(fabs(v) < 4503599627370496.0); /* 2^52: NaN fails too */
+                acc[i] += v;
+            }
+            if (bad)
+                return dp_seterr(DP_ENONFINITE, "deterministic mode: a gradient is not finite or too large "
+                                 "for fixed-point accumulation (|g| >= 2^20)");
+            loss_sum += pass.loss_sum;
+            w->loss_sum += pass.loss_sum;
+            w->correct += pass.correct;
+            w->t_fwd += pass.t_forward;
+            w->t_bwd += pass.t_backward;
+        }
+        w->seen += lb->B;
+        n_local += (double)lb->B;
+        n_total += (double)lb->global_B;
+    }
+    double tc = dp_time();
+    int rc = dp_comm_allreduce(w->comm, w->acc, np, DP_DTYPE_F64, (enum dp_comm_algo)t->p.algo);
+    double t1 = dp_time();
+    w->t_comm += t1 - tc;
+    w->t_exposed += t1 - tc;
+    if (rc) return rc;
+    *n_step = n_total;
+    *loss_step = n_local > 0 ? loss_sum / n_local : 0;
+    /* back to float: the gradient of the mean loss */
+    double scale = 1.0 / (DET_SCALE * n_total);
+    float *g = w->rep.grads;
+    for (int64_t i = 0; i < np; i++) g[i] = (float)(w->acc[i] * scale);
+    if (any_nonfinite(g, np))
+        return dp_seterr(DP_ENONFINITE, "step %lld: the gradient is not finite", (long long)w->step);
+    if (t->p.clip_norm > 0) dp_clip_grad_norm(g, np, t->p.clip_norm);
+    rc = dp_optim_step(&w->opt, w->rep.params, g, np, dp_sched_lr(&t->p.sched, w->step));
+    w->t_opt += dp_time() - t1;
+    return rc;
+}
+
+/* Epoch totals over all workers: loss, correct, seen, skipped. */
+static int epoch_totals(struct worker *w, double out[4]) {
+    out[0] = w->loss_sum, out[1] = (double)w->correct, out[2] = (double)w->seen, out[3] = (double)w->skipped;
+    return dp_comm_allreduce(w->comm, out, 4, DP_DTYPE_F64, DP_ALGO_AUTO);
+}
+
+static int end_epoch(struct worker *w, double t_start) {
+    struct dp_trainer *t = w->t;
+    double tot[4];
+    int rc = epoch_totals(w, tot);
+    if (rc) return rc;
+    double dt = dp_time() - t_start;
+    if (w->rank == 0) {
         t->epoch++;
         t->step_in_epoch = 0;
+        struct dp_event ev = {.kind = DP_EVENT_EPOCH, .step = t->step, .epoch = t->epoch,
+                              .lr = dp_sched_lr(&t->p.sched, t->step > 0 ? t->step - 1 : 0)};
+        ev.loss = tot[2] > 0 ? tot[0] / tot[2] : NAN;
+        ev.train_acc = tot[2] > 0 ? tot[1] / tot[2] : NAN;
+        ev.samples_per_s = dt > 0 ? tot[2] / dt : 0;
+        ev.skipped = (int64_t)tot[3];
+        ev.epoch_time = dt;
+        ev.t_data = dp_loader_wait_time(w->loader) - w->wait0;
+        ev.t_fwd = w->t_fwd, ev.t_bwd = w->t_bwd, ev.t_opt = w->t_opt;
+        ev.t_comm = w->t_comm, ev.t_comm_exposed = w->t_exposed;
         if ((rc = dp_trainer_evaluate(t, &t->test, t->p.test_limit, &ev.test_acc, &ev.test_loss))) return rc;
         if (t->metrics) {
             fprintf(t->metrics,
-                    "{\"epoch\": %lld, \"step\": %lld, \"lr\": %.6g, \"train_loss\": %.6f, "
-                    "\"train_acc\": %.6f, \"test_loss\": %.6f, \"test_acc\": %.6f, "
+                    "{\"kind\": \"epoch\", \"epoch\": %lld, \"step\": %lld, \"workers\": %d, \"lr\": %.6g, "
+                    "\"train_loss\": %.6f, \"train_acc\": %.6f, \"test_loss\": %.6f, \"test_acc\": %.6f, "
                     "\"samples_per_s\": %.1f, \"epoch_time_s\": %.3f, \"data_wait_s\": %.3f, "
-                    "\"forward_s\": %.3f, \"backward_s\": %.3f, \"optimizer_s\": %.3f, "
-                    "\"param_hash\": \"%016llx\"}\n",
-                    (long long)ev.epoch, (long long)ev.step, (double)ev.lr, ev.loss, ev.train_acc,
-                    ev.test_loss, ev.test_acc, ev.samples_per_s, dt, ev.t_data, tf, tb, to,
-                    (unsigned long long)dp_replica_hash(&t->rep));
+                    "\"forward_s\": %.3f, \"backward_s\": %.3f, \"comm_s\": %.3f, \"comm_exposed_s\": %.3f, "
+                    "\"optimizer_s\": %.3f, \"skipped_steps\": %lld, \"param_hash\": \"%016llx\"}\n",
+                    (long long)ev.epoch, (long long)ev.step, t->P, (double)ev.lr, ev.loss, ev.train_acc,
+                    ev.test_loss, ev.test_acc, ev.samples_per_s, dt, ev.t_data, ev.t_fwd, ev.t_bwd, ev.t_comm,
+                    ev.t_comm_exposed, ev.t_opt, (long long)ev.skipped,
+                    (unsigned long long)dp_replica_hash(&w->rep));
             fflush(t->metrics);
         }
         emit(t, &ev);
@@ -334,5 +638,103 @@ int dp_trainer_run(struct dp_trainer *t) {
         if (last || (t->p.ckpt_every > 0 && t->epoch % t->p.ckpt_every == 0))
             if ((rc = checkpoint(t))) return rc;
     }
+    /* The others wait while rank 0 evaluates and checkpoints. */
+    return dp_comm_barrier(w->comm);
+}
+
+static int worker_loop(struct worker *w) {
+    struct dp_trainer *t = w->t;
+    const struct dp_model *m = t->model;
+    /* Every worker advances its own copy of the position; they stay equal
+     * because every worker runs the same sequence of steps.  Only rank 0
+     * writes the shared fields, and only rank 0 reads them for reporting. */
+    int64_t step = w->step, epoch = w->epoch, in_epoch = w->in_epoch;
+    int rc = dp_loader_seek(w->loader, epoch, in_epoch);
+    if (rc) return rc;
+    /* All replicas start from rank 0's parameters and buffers. */
+    if ((rc = dp_comm_broadcast(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, 0, DP_ALGO_AUTO)) ||
+        (m->num_buffers &&
+         (rc = dp_comm_broadcast(w->comm, w->rep.buffers, m->num_buffers, DP_DTYPE_F32, 0, DP_ALGO_AUTO))))
+        return rc;
+    while (epoch < t->p.epochs) {
+        double t_start = dp_time();
+        w->wait0 = dp_loader_wait_time(w->loader);
+        w->loss_sum = w->t_fwd = w->t_bwd = w->t_opt = w->t_comm = w->t_exposed = 0;
+        w->correct = w->seen = w->skipped = 0;
+        while (in_epoch < t->batches_per_epoch) {
+            if (t->p.max_steps && step >= t->p.max_steps) {
+                if (w->rank == 0) rc = checkpoint(t);
+                return rc ? rc : dp_comm_barrier(w->comm);
+            }
+            int64_t nmicro = t->batches_per_epoch - in_epoch < t->p.accum ? t->batches_per_epoch - in_epoch
+                                                                          : t->p.accum;
+            int64_t skipped_before = w->skipped;
+            double n_step = 0, loss_step = 0;
+            w->step = step, w->epoch = epoch;
+            rc = t->p.deterministic ? det_step(w, nmicro, &n_step, &loss_step)
+                                    : train_step(w, nmicro, &w->skipped, &n_step, &loss_step);
+            if (rc)
+                return dp_adderr(rc, "worker %d, step %lld", w->rank, (long long)step);
+            step++;
+            in_epoch += nmicro;
+            if (w->rank == 0) {
+                t->step = step;
+                t->step_in_epoch = in_epoch;
+                struct dp_event ev = {.kind = DP_EVENT_STEP, .step = step, .epoch = epoch,
+                                      .step_in_epoch = (in_epoch + t->p.accum - 1) / t->p.accum,
+                                      .lr = dp_sched_lr(&t->p.sched, step - 1),
+                                      .samples = (int64_t)n_step, .loss = loss_step,
+                                      .skipped = w->skipped - skipped_before};
+                emit(t, &ev);
+            }
+            if (t->p.check_replicas && step % t->p.check_replicas == 0 && (rc = check_replicas(w))) return rc;
+        }
+        if ((rc = end_epoch(w, t_start))) return rc;
+        epoch++;
+        in_epoch = 0;
+    }
+    return DP_OK;
+}
+
+static void *worker_main(void *arg) {
+    struct worker *w = arg;
+    dp_set_num_threads(w->t->p.threads);
+    w->rc = worker_loop(w);
+    if (w->rc) {
+        snprintf(w->err, sizeof w->err, "%s", dp_errmsg());
+        /* Unblock every other worker: their pending and future collectives
+         * fail at once, so a failure never hangs the run. */
+        if (w->rc != DP_ECANCELED) dp_comm_abort(w->comm, w->err);
+    }
+    return NULL;
+}
+
+int dp_trainer_run(struct dp_trainer *t) {
+    t->t_origin = dp_time();
+    for (int r = 0; r < t->P; r++) t->w[r].step = t->step, t->w[r].epoch = t->epoch, t->w[r].in_epoch = t->step_in_epoch;
+    for (int r = 1; r < t->P; r++) {
+        if (pthread_create(&t->w[r].thread, NULL, worker_main, &t->w[r]) != 0) {
+            dp_comm_abort(t->w[0].comm, "cannot start worker threads");
+            for (int q = 1; q < r; q++) pthread_join(t->w[q].thread, NULL);
+            return dp_seterr(DP_ENOMEM, "cannot start worker thread %d", r);
+        }
+        t->w[r].started = 1;
+    }
+    worker_main(&t->w[0]);
+    for (int r = 1; r < t->P; r++)
+        if (t->w[r].started) pthread_join(t->w[r].thread, NULL), t->w[r].started = 0;
+    if (t->p.timeline) {
+        struct dp_timeline *tls = dp_malloc(sizeof *tls * (size_t)t->P);
+        if (!tls) return dp_seterr(DP_ENOMEM, "timeline: out of memory");
+        for (int r = 0; r < t->P; r++) tls[r] = t->w[r].tl;
+        int rc = dp_timeline_write(t->p.timeline, tls, t->P, t->t_origin);
+        dp_free(tls);
+        if (rc && !t->w[0].rc) return rc;
+    }
+    /* Report the worker that failed first, not the ones it cancelled. */
+    for (int r = 0; r < t->P; r++)
+        if (t->w[r].rc && t->w[r].rc != DP_ECANCELED) return dp_seterr(t->w[r].rc, "%s", t->w[r].err);
+    for (int r = 0; r < t->P; r++)
+        if (t->w[r].rc) return dp_seterr(t->w[r].rc, "%s", t->w[r].err);
     return DP_OK;
 }

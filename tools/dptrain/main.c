@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dp/comm.h"
 #include "dp/train.h"
 
 #define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
@@ -39,6 +40,7 @@ static const char *help_main =
     "  eval           evaluate a checkpoint on the test set\n"
     "  ckpt info      print a checkpoint's header and parameter hash\n"
     "  ckpt export    write a checkpoint's weights as safetensors (PyTorch names)\n"
+    "  bench allreduce  all-reduce time, algorithm and bus bandwidth by message size\n"
     "  help CMD       help for one command (same as CMD --help)\n"
     "\n"
     "Run 'dptrain train --help' for the training options.\n";
@@ -66,9 +68,24 @@ static const char *help_train =
     "  --clip F            clip the global gradient norm to F [off]\n"
     "  --max-steps N       stop after N steps in total [off]\n"
     "\n"
+    "data parallelism:\n"
+    "  --workers P         data-parallel workers (threads, one replica each) [cores]\n"
+    "  --threads N         compute threads per worker [1]\n"
+    "  --accum K           gradient accumulation: K global batches per optimizer step [1]\n"
+    "  --bucket-cap-mb F   gradient bucket cap in MiB [25]\n"
+    "  --first-bucket-mb F the first (output-side) bucket in MiB [1]\n"
+    "  --no-overlap        all-reduce only after backward (for comparison)\n"
+    "  --algo NAME         all-reduce algorithm: auto | ring | rhd | direct [auto]\n"
+    "  --check-replicas N  compare every replica's parameter hash every N steps [off]\n"
+    "  --skip-nonfinite    skip steps whose loss or gradient is NaN/Inf instead of stopping\n"
+    "  --comm-timeout S    fail a collective that blocks longer than S seconds [off]\n"
+    "  --deterministic     bit-identical results for any --workers (fixed chunks, exact sums)\n"
+    "  --det-chunk N       deterministic mode: samples per chunk [8]\n"
+    "  --timeline FILE     write a Chrome trace (Perfetto, chrome://tracing): one compute and one\n"
+    "                      all-reduce track per worker\n"
+    "\n"
     "run:\n"
     "  --seed N            seed for initialisation, shuffling, dropout, augmentation [1]\n"
-    "  --threads N         compute threads [1]\n"
     "  --prefetch N        batches prepared ahead by the loader thread [2]\n"
     "  --gemm NAME         dnnl | blas | ref [dnnl when built]\n"
     "  --out DIR           write metrics.jsonl and checkpoint.bin there\n"
@@ -148,6 +165,8 @@ struct progress {
     /* steady-state throughput: from the end of the 5th step of this run on */
     int64_t run_steps, tp_samples;
     double tp_t0, tp_t1;
+    /* per-phase totals over the epochs (rank 0) */
+    double sum_data, sum_fwd, sum_bwd, sum_comm, sum_exposed, sum_opt, sum_time;
     const struct dp_model *model;
 };
 
@@ -186,12 +205,18 @@ static void on_event(void *arg, const struct dp_event *ev) {
     } else if (ev->kind == DP_EVENT_EPOCH) {
         if (p->mode == PROG_BAR) fprintf(stderr, "\r\033[K");
         p->sum_loss = 0, p->nloss = 0;
-        double other = ev->epoch_time - ev->t_fwd - ev->t_bwd - ev->t_opt - ev->t_data;
+        /* exposed communication is the wait after backward: it is part of
+         * the step time; the rest of the communication hid behind backward */
+        double other = ev->epoch_time - ev->t_fwd - ev->t_bwd - ev->t_comm_exposed - ev->t_opt - ev->t_data;
         printf("epoch %lld/%lld  train loss %.4f  train acc %.2f%%  test loss %.4f  test acc %.2f%%  "
-               "%.0f samples/s  %.1fs (data %.2f fwd %.2f bwd %.2f opt %.2f other %.2f)\n",
+               "%.0f samples/s  %.1fs (data %.2f fwd %.2f bwd %.2f comm %.2f exposed %.2f opt %.2f other %.2f)%s\n",
                (long long)ev->epoch, (long long)ev->epochs, ev->loss, 100 * ev->train_acc, ev->test_loss,
                100 * ev->test_acc, ev->samples_per_s, ev->epoch_time, ev->t_data, ev->t_fwd, ev->t_bwd,
-               ev->t_opt, other > 0 ? other : 0);
+               ev->t_comm, ev->t_comm_exposed, ev->t_opt, other > 0 ? other : 0,
+               ev->skipped ? "  [skipped non-finite steps]" : "");
+        p->sum_data += ev->t_data, p->sum_fwd += ev->t_fwd, p->sum_bwd += ev->t_bwd;
+        p->sum_comm += ev->t_comm, p->sum_exposed += ev->t_comm_exposed, p->sum_opt += ev->t_opt;
+        p->sum_time += ev->epoch_time;
         fflush(stdout);
         p->last_test_acc = ev->test_acc;
         p->last_sps = ev->samples_per_s;
@@ -208,6 +233,8 @@ static int cmd_train(int argc, char **argv) {
     struct dp_train_params tp = dp_train_default_params();
     tp.data_dir = DEFAULT_DATA;
     tp.model = NULL;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    tp.workers = ncpu < 1 ? 1 : ncpu > 256 ? 256 : (int)ncpu; /* one worker per core by default */
     struct progress prog_state = {.mode = PROG_AUTO, .last_test_acc = NAN};
     const char *v;
     int model_given = 0;
@@ -243,6 +270,23 @@ static int cmd_train(int argc, char **argv) {
         else if (opt(&a, "--max-steps", &v)) tp.max_steps = parse_int("--max-steps", v, 0, INT64_MAX / 2);
         else if (opt(&a, "--seed", &v)) tp.seed = (uint64_t)parse_int("--seed", v, 0, INT64_MAX);
         else if (opt(&a, "--threads", &v)) tp.threads = (int)parse_int("--threads", v, 1, 256);
+        else if (opt(&a, "--workers", &v)) tp.workers = (int)parse_int("--workers", v, 1, 256);
+        else if (opt(&a, "--accum", &v)) tp.accum = (int)parse_int("--accum", v, 1, 65536);
+        else if (opt(&a, "--bucket-cap-mb", &v))
+            tp.bucket_cap_bytes = (size_t)(parse_float("--bucket-cap-mb", v, 1e-5, 1e5) * 1048576.0);
+        else if (opt(&a, "--first-bucket-mb", &v))
+            tp.first_bucket_bytes = (size_t)(parse_float("--first-bucket-mb", v, 1e-5, 1e5) * 1048576.0);
+        else if (opt(&a, "--no-overlap", NULL)) tp.overlap = 0;
+        else if (opt(&a, "--algo", &v)) {
+            int k = dp_comm_algo_parse(v);
+            if (k < 0) die("--algo: unknown algorithm '%s' (expected auto, ring, rhd or direct)", v);
+            tp.algo = k;
+        } else if (opt(&a, "--check-replicas", &v)) tp.check_replicas = parse_int("--check-replicas", v, 0, INT64_MAX / 2);
+        else if (opt(&a, "--skip-nonfinite", NULL)) tp.skip_nonfinite = 1;
+        else if (opt(&a, "--timeline", &v)) tp.timeline = v;
+        else if (opt(&a, "--deterministic", NULL)) tp.deterministic = 1;
+        else if (opt(&a, "--det-chunk", &v)) tp.det_chunk = parse_int("--det-chunk", v, 1, 1 << 20);
+        else if (opt(&a, "--comm-timeout", &v)) tp.comm_timeout = parse_float("--comm-timeout", v, 0, 1e6);
         else if (opt(&a, "--prefetch", &v)) tp.prefetch = (int)parse_int("--prefetch", v, 0, 64);
         else if (opt(&a, "--crop-pad", &v)) tp.aug.crop_pad = (int)parse_int("--crop-pad", v, 0, 64);
         else if (opt(&a, "--hflip", NULL)) tp.aug.hflip = 1;
@@ -277,11 +321,11 @@ static int cmd_train(int argc, char **argv) {
     int rc = dp_trainer_init(&t, &tp);
     if (rc) die_rc(rc);
     const struct dp_model *m = dp_trainer_model(t);
-    printf("dptrain: model %s (%lld parameters, %.1f MFLOP/sample forward), batch %lld, %s lr %g, "
-           "%d thread%s, gemm %s\n",
+    printf("dptrain: model %s (%lld parameters, %.1f MFLOP/sample forward), global batch %lld, %s lr %g, "
+           "%d worker%s x %d thread%s, gemm %s\n",
            m->spec, (long long)m->num_params, (double)m->flops_fwd / 1e6, (long long)tp.batch,
-           dp_optim_kind_name(tp.optim.kind), (double)tp.sched.base_lr, tp.threads, tp.threads > 1 ? "s" : "",
-           dp_gemm_backend_name(dp_gemm_get_backend()));
+           dp_optim_kind_name(tp.optim.kind), (double)tp.sched.base_lr, tp.workers, tp.workers > 1 ? "s" : "",
+           tp.threads, tp.threads > 1 ? "s" : "", dp_gemm_backend_name(dp_gemm_get_backend()));
     fflush(stdout);
     double t0 = dp_time();
     rc = dp_trainer_run(t);
@@ -297,13 +341,22 @@ static int cmd_train(int argc, char **argv) {
      * fp32 peak of this CPU, 220 GFLOP/s per core (DESIGN.md §3). */
     double sps = prog_state.tp_t1 > prog_state.tp_t0
                      ? (double)prog_state.tp_samples / (prog_state.tp_t1 - prog_state.tp_t0) : prog_state.last_sps;
-    double mfu = sps * 3.0 * (double)m->flops_fwd / (220e9 * tp.threads);
+    double mfu = sps * 3.0 * (double)m->flops_fwd / (220e9 * tp.threads * tp.workers);
     char acc[32] = "n/a (no epoch finished)";
     if (!isnan(prog_state.last_test_acc)) snprintf(acc, sizeof acc, "%.2f%%", 100 * prog_state.last_test_acc);
     printf("done: %.1fs, test acc %s, param hash %016" PRIx64 "\n", dt, acc, dp_trainer_param_hash(t));
+    if (prog_state.sum_time > 0) {
+        struct progress *q = &prog_state;
+        double tot = q->sum_time;
+        printf("time per phase (worker 0): data %.1f%%  forward %.1f%%  backward %.1f%%  "
+               "communication %.2fs of which exposed %.2fs (%.0f%% hidden behind backward)  optimizer %.1f%%\n",
+               100 * q->sum_data / tot, 100 * q->sum_fwd / tot, 100 * q->sum_bwd / tot, q->sum_comm, q->sum_exposed,
+               q->sum_comm > 0 ? 100 * (1 - q->sum_exposed / q->sum_comm) : 100.0, 100 * q->sum_opt / tot);
+    }
     if (prog_state.run_steps > 5)
-        printf("throughput: %.1f samples/s (training steps after the 5th, %lld steps), MFU %.1f%% of %d x 220 GFLOP/s\n",
-               sps, (long long)prog_state.run_steps - 5, 100 * mfu, tp.threads);
+        printf("throughput: %.1f samples/s (training steps after the 5th, %lld steps), %.1f samples/s per worker, "
+               "MFU %.1f%% of %d x 220 GFLOP/s\n",
+               sps, (long long)prog_state.run_steps - 5, sps / tp.workers, 100 * mfu, tp.threads * tp.workers);
     dp_trainer_free(t);
     return 0;
 }
@@ -419,6 +472,19 @@ static int cmd_ckpt(int argc, char **argv) {
     return 0;
 }
 
+/* tools/dptrain/bench_allreduce.c */
+int dptrain_cmd_bench_allreduce(int argc, char **argv);
+
+static int cmd_bench(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fputs("usage: dptrain bench allreduce [options]   (dptrain bench allreduce --help)\n",
+              argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "allreduce")) return dptrain_cmd_bench_allreduce(argc - 1, argv + 1);
+    die("unknown benchmark '%s' (expected allreduce)", argv[1]);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fputs(help_main, stderr);
@@ -438,6 +504,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "ckpt")) return cmd_ckpt(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "%s: error: unknown command '%s' (see '%s --help')\n", prog, cmd, prog);
     return 2;
 }

@@ -1,0 +1,323 @@
+#!/usr/bin/env bash
+# Data-parallel scaling on this machine: dptrain P=2 vs P=1, PyTorch 1.13 DDP (gloo)
+# 2 processes vs 1, side by side in one run.
+#
+#   bench/scaling.sh                          # REPS=3, mlp + cnn
+#   REPS=5 STEPS_CNN=300 bench/scaling.sh
+#   ACCURACY=1 bench/scaling.sh               # plus the P=2 vs P=1 accuracy check (cnn, 5 epochs)
+#
+# For each model (mlp, cnn), REPS repetitions of four variants, interleaved within a
+# repetition (the order rotates from one repetition to the next), all with global batch
+# 128, SGD lr 0.05 momentum 0.9, one thread per worker/process, one epoch cut off by
+# --max-steps S (S = 400 for mlp, 150 for cnn):
+#
+#   dp1   ./build/dptrain train --workers 1 --threads 1 ...            (batch 128)
+#   dp2   ./build/dptrain train --workers 2 --threads 1 ...            (64 per worker)
+#   pt1   bench/pytorch_ddp.py --world 1 --threads 1 ...   plain PyTorch, no DDP (batch 128)
+#   pt2   bench/pytorch_ddp.py --world 2 --threads 1 ...   DDP, gloo, 2 processes (64 per process)
+#
+# PyTorch runs "at its best" (PT_ENV=tuned): thread pools pinned to 1 (OMP_NUM_THREADS,
+# OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, torch.set_num_threads), OpenBLAS free to use its
+# AVX-512 kernels (env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE), OMP_WAIT_POLICY=PASSIVE
+# and glibc malloc on huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1): the "tuned"
+# variant of bench/train_vs_pytorch.sh.  PT_ENV=installed runs it in the environment as is.
+#
+# Throughput: global samples/s over the steps after the 5th (dptrain's `throughput:` line,
+# pytorch_ddp.py's RESULT line).  Scaling efficiency = throughput(2) / (2 x throughput(1)),
+# per repetition (runs made side by side), median over the repetitions [min..max].
+# Targets: dptrain efficiency >= 90%, dptrain P=2 >= 1.5x PyTorch DDP 2 processes.
+#
+# ACCURACY=1 adds the equivalence check: dptrain cnn, ACC_EPOCHS (5) epochs, global batch
+# 128, --workers 1 vs --workers 2 (1 thread each), the final test accuracy from the last
+# `epoch 5/5 ... test acc XX.XX%` line; target: within +-0.3 points.  ACC_PYTORCH=1 also
+# runs pytorch_ddp.py --world 1 and --world 2 on the same recipe.
+#
+# Environment knobs:
+#   REPS=3  STEPS_MLP=400  STEPS_CNN=150  MODELS="mlp cnn"  VARIANTS="dp1 dp2 pt1 pt2"
+#   PT_ENV=tuned|installed  SEED=1
+#   ACCURACY=0  ACC_EPOCHS=5  ACC_SEEDS="1"  ACC_TOL=0.3  ACC_PYTORCH=0
+#   ACC_EXTRA="..."  (appended to the accuracy command lines, e.g. --train-limit 5000 for a smoke test)
+#   DPTRAIN=./build/dptrain  PY=/usr/bin/python3  RESULTS=bench/results
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+REPS=${REPS:-3}
+STEPS_MLP=${STEPS_MLP:-400}
+STEPS_CNN=${STEPS_CNN:-150}
+MODELS=${MODELS:-"mlp cnn"}
+VARIANTS=${VARIANTS:-"dp1 dp2 pt1 pt2"}
+PT_ENV=${PT_ENV:-tuned}
+SEED=${SEED:-1}
+ACCURACY=${ACCURACY:-0}
+ACC_EPOCHS=${ACC_EPOCHS:-5}
+ACC_SEEDS=${ACC_SEEDS:-1}
+ACC_TOL=${ACC_TOL:-0.3}
+ACC_PYTORCH=${ACC_PYTORCH:-0}
+ACC_EXTRA=${ACC_EXTRA:-}
+DPTRAIN=${DPTRAIN:-./build/dptrain}
+PY=${PY:-/usr/bin/python3}
+RESULTS=${RESULTS:-bench/results}
+TIME=/usr/bin/time
+
+die() { echo "scaling: error: $*" >&2; exit 1; }
+note() { echo "scaling: $*" >&2; }
+
+# ---- preconditions ----------------------------------------------------------------
+[ -x "$TIME" ] || die "$TIME not found (Debian package 'time')"
+[ -x "$DPTRAIN" ] || die "$DPTRAIN not found or not executable: build it first (make) or set DPTRAIN=PATH"
+"$DPTRAIN" train --help 2>&1 | grep -q -- '--workers' || die "'$DPTRAIN train --help' does not list --workers: is the binary current?"
+"$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
+    die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
+case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
+for v in $VARIANTS; do case $v in dp1 | dp2 | pt1 | pt2) ;; *) die "unknown variant $v (dp1 dp2 pt1 pt2)" ;; esac; done
+[ -n "${VARIANTS// /}" ] || die "no variants to run"
+
+steps_for() { case $1 in mlp) echo "$STEPS_MLP" ;; cnn) echo "$STEPS_CNN" ;; *) die "unknown model $1 (mlp, cnn)" ;; esac; }
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/scaling.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+RAW=$WORK/raw.tsv   # variant model rep samples_per_s cpu_cores
+ACCRAW=$WORK/acc.tsv   # side workers seed acc% epoch time_s
+: >"$RAW"
+: >"$ACCRAW"
+
+PIN=(OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1)
+if [ "$PT_ENV" = tuned ]; then
+    PTENV=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "${PIN[@]}" OMP_WAIT_POLICY=PASSIVE
+           GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1")
+else
+    PTENV=(env "${PIN[@]}")
+fi
+RECIPE=(--batch 128 --lr 0.05 --momentum 0.9 --seed "$SEED")
+
+# The command line of one variant, into the array CMD.
+build_cmd() {
+    local variant=$1 model=$2 steps=$3
+    case $variant in
+    dp1 | dp2) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers "${variant#dp}" --threads 1
+                    "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
+    pt1 | pt2) CMD=("${PTENV[@]}" "$PY" bench/pytorch_ddp.py --model "$model" --world "${variant#pt}" --threads 1
+                    "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --no-eval) ;;
+    esac
+}
+
+is_pos() { [ -n "$1" ] && awk -v x="$1" 'BEGIN { exit !(x + 0 > 0) }'; }
+
+# Global samples/s from a log; empty if none found.
+parse_sps() {
+    local variant=$1 log=$2 v=""
+    case $variant in
+    dp*) v=$(sed -n 's/^throughput: *\([0-9][0-9.eE+-]*\) *samples\/s.*/\1/p' "$log" | tail -n 1) ;;
+    pt*) v=$(sed -n 's/^RESULT .*[[:space:]]samples_per_s=\([0-9][0-9.eE+-]*\).*/\1/p' "$log" | tail -n 1) ;;
+    esac
+    if is_pos "$v"; then echo "$v"; fi
+}
+
+run_one() {
+    local variant=$1 model=$2 rep=$3 steps
+    steps=$(steps_for "$model")
+    local log=$WORK/$variant-$model-r$rep.log
+    build_cmd "$variant" "$model" "$steps"
+    local rc=0
+    "$TIME" -f '%e %U %S' -o "$log.time" "${CMD[@]}" >"$log" 2>&1 || rc=$?
+    local sps cpu el us sy
+    sps=$(parse_sps "$variant" "$log")
+    read -r el us sy <"$log.time" 2>/dev/null || true
+    cpu=$(awk -v e="${el:-0}" -v u="${us:-0}" -v s="${sy:-0}" 'BEGIN { if (e > 0) printf "%.2f", (u + s) / e; else print "NA" }')
+    if [ "$rc" != 0 ] || [ -z "$sps" ]; then
+        note "$variant $model rep=$rep: no throughput (exit $rc); last lines of its output:"
+        tail -n 5 "$log" | sed 's/^/    /' >&2
+        sps=NA
+    fi
+    printf '%s\t%s\t%s\t%s\t%s\n' "$variant" "$model" "$rep" "$sps" "$cpu" >>"$RAW"
+    printf '  %-4s %-3s rep %s: %s samples/s (%s cores busy over the whole process)\n' \
+        "$variant" "$model" "$rep" "$sps" "$cpu" >&2
+}
+
+# ---- throughput -------------------------------------------------------------------
+read -r -a VARR <<<"$VARIANTS"
+NV=${#VARR[@]}
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+T_START=$(date +%s)
+note "variants: ${VARR[*]}; models: $MODELS; $REPS repetition(s); steps mlp $STEPS_MLP, cnn $STEPS_CNN; PyTorch env $PT_ENV"
+for rep in $(seq 1 "$REPS"); do
+    note "repetition $rep/$REPS"
+    for model in $MODELS; do
+        for k in $(seq 0 $((NV - 1))); do
+            run_one "${VARR[$(((k + rep - 1) % NV))]}" "$model" "$rep"
+        done
+    done
+done
+
+# ---- optional: accuracy equivalence, P=2 vs P=1 --------------------------------------
+# "ACC EPOCH" from the last "epoch K/E ... test acc XX.XX% ..." line.
+final_acc() { sed -n 's/^epoch \([0-9]*\)\/[0-9]* .*test acc \([0-9.]*\)%.*/\2 \1/p' "$1" | tail -n 1; }
+
+if [ "$ACCURACY" = 1 ]; then
+    # shellcheck disable=SC2206
+    extra=($ACC_EXTRA)
+    sides="dptrain"
+    [ "$ACC_PYTORCH" = 1 ] && sides="dptrain pytorch"
+    for seed in $ACC_SEEDS; do
+        for side in $sides; do
+            for p in 1 2; do
+                log=$WORK/acc-$side-p$p-s$seed.log
+                if [ "$side" = dptrain ]; then
+                    cmd=(env "${PIN[@]}" "$DPTRAIN" train --model cnn --workers "$p" --threads 1 --batch 128
+                         --lr 0.05 --momentum 0.9 --seed "$seed" --epochs "$ACC_EPOCHS" "${extra[@]}" --progress none)
+                else
+                    cmd=("${PTENV[@]}" "$PY" bench/pytorch_ddp.py --model cnn --world "$p" --threads 1 --batch 128
+                         --lr 0.05 --momentum 0.9 --seed "$seed" --epochs "$ACC_EPOCHS" "${extra[@]}")
+                fi
+                note "accuracy: $side P=$p seed $seed, cnn $ACC_EPOCHS epochs"
+                t0=$(date +%s.%N)
+                rc=0
+                "${cmd[@]}" >"$log" 2>&1 || rc=$?
+                t1=$(date +%s.%N)
+                read -r acc ep <<<"$(final_acc "$log")" || true
+                if [ "$rc" != 0 ] || [ -z "${acc:-}" ]; then
+                    note "  $side P=$p seed $seed: no final accuracy (exit $rc); last lines:"
+                    tail -n 5 "$log" | sed 's/^/    /' >&2
+                    acc=NA ep=0
+                fi
+                tt=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", b - a }')
+                printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$side" "$p" "$seed" "$acc" "${ep:-0}" "$tt" >>"$ACCRAW"
+                note "  test acc ${acc}% after epoch ${ep:-0}/$ACC_EPOCHS (${tt}s)"
+            done
+        done
+    done
+fi
+
+# ---- report -----------------------------------------------------------------------
+mkdir -p "$RESULTS"
+STAMP=$(date +%Y-%m-%d-%H%M%S)
+OUTMD=$RESULTS/scaling-$STAMP.md
+LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
+CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+NCPU=$(nproc)
+GIT_REV=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)
+TORCH_VER=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo unknown)
+DPTRAIN_BIN=$DPTRAIN
+export RAW ACCRAW REPS STEPS_MLP STEPS_CNN LOAD0 LOAD1 T_START CPU_MODEL NCPU GIT_REV TORCH_VER DPTRAIN_BIN
+export PT_ENV ACC_EPOCHS ACC_TOL ACC_EXTRA SEED
+"$PY" - >"$OUTMD" <<'EOF'
+import os, statistics, time
+
+E = os.environ
+rows = [l.rstrip("\n").split("\t") for l in open(E["RAW"]) if l.strip()]
+data, cpu = {}, {}   # (variant, model) -> {rep: sps}, [cores]
+models = []
+for variant, model, rep, sps, c in rows:
+    if model not in models:
+        models.append(model)
+    if sps != "NA":
+        data.setdefault((variant, model), {})[int(rep)] = float(sps)
+    if c != "NA":
+        cpu.setdefault((variant, model), []).append(float(c))
+steps = {"mlp": E["STEPS_MLP"], "cnn": E["STEPS_CNN"]}
+
+def med(xs):
+    return statistics.median(xs) if xs else None
+
+def fmt(x, f="{:.0f}"):
+    return f.format(x) if x is not None else "n/a"
+
+def ratios(a, b, model, scale):
+    """Per-repetition a / (scale x b), runs made side by side."""
+    da, db = data.get((a, model), {}), data.get((b, model), {})
+    return [da[r] / (scale * db[r]) for r in da if r in db and db[r] > 0]
+
+def cell(rs, pct, target=None):
+    if not rs:
+        return "n/a"
+    m = med(rs)
+    if pct:
+        s = f"{100 * m:.1f}% [{100 * min(rs):.0f}..{100 * max(rs):.0f}]"
+    else:
+        s = f"{m:.2f}x [{min(rs):.2f}..{max(rs):.2f}]"
+    if target is not None:
+        s += " ok" if m >= target else " **below target**"
+    return s
+
+out = []
+p = out.append
+p(f"# Data-parallel scaling: dptrain vs PyTorch {E['TORCH_VER']} DDP (gloo)")
+p("")
+p(f"- date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, wall {time.time() - int(E['T_START']):.0f}s; "
+  f"dptrain `{E['DPTRAIN_BIN']}` at git `{E['GIT_REV']}`")
+p(f"- machine: {E['CPU_MODEL']}, {E['NCPU']} CPUs; load average at start {E['LOAD0']}, at end {E['LOAD1']}")
+p(f"- recipe: global batch 128 (64 per worker/process at P=2), SGD lr 0.05 momentum 0.9, seed {E['SEED']}, fp32, "
+  f"1 thread per worker/process; {E['STEPS_MLP']} steps (mlp), {E['STEPS_CNN']} steps (cnn); "
+  "global samples/s over the steps after the 5th, no evaluation")
+p(f"- PyTorch: `bench/pytorch_ddp.py`, environment `{E['PT_ENV']}`"
+  + (" (AVX-512 OpenBLAS, OMP_WAIT_POLICY=PASSIVE, glibc.malloc.hugetlb=1)" if E["PT_ENV"] == "tuned" else "")
+  + "; 1 process = plain PyTorch without DDP, 2 processes = DDP (bucket_cap_mb 25) over gloo on loopback")
+p(f"- {E['REPS']} repetition(s), variants interleaved; samples/s are medians over the repetitions; "
+  "efficiencies and ratios are medians of the per-repetition values (min..max in brackets)")
+p("")
+p("## Samples/s (global, median)")
+p("")
+p("| model | steps | dptrain P=1 | dptrain P=2 | PyTorch 1 process | PyTorch DDP 2 processes |")
+p("|---|---:|---:|---:|---:|---:|")
+for m in models:
+    p(f"| {m} | {steps.get(m, '?')} | " + " | ".join(fmt(med(list(data.get((v, m), {}).values())))
+                                              for v in ("dp1", "dp2", "pt1", "pt2")) + " |")
+p("")
+p("## Scaling efficiency and dptrain / PyTorch DDP")
+p("")
+p("efficiency = samples/s at 2 / (2 x samples/s at 1); target for dptrain >= 90%. "
+  "dptrain P=2 / PyTorch DDP 2 processes: target >= 1.5x.")
+p("")
+p("| model | dptrain efficiency | PyTorch DDP efficiency | dptrain P=2 / PyTorch DDP | dptrain P=1 / PyTorch 1 process |")
+p("|---|---:|---:|---:|---:|")
+for m in models:
+    p(f"| {m} | {cell(ratios('dp2', 'dp1', m, 2), True, 0.90)} | {cell(ratios('pt2', 'pt1', m, 2), True)} | "
+      f"{cell(ratios('dp2', 'pt2', m, 1), False, 1.5)} | {cell(ratios('dp1', 'pt1', m, 1), False)} |")
+p("")
+p("## CPU cores busy per run (median of (user+sys)/wall over the whole process, start-up and data loading included)")
+p("")
+p("| model | dptrain P=1 | dptrain P=2 | PyTorch 1 process | PyTorch DDP 2 processes |")
+p("|---|---:|---:|---:|---:|")
+for m in models:
+    p(f"| {m} | " + " | ".join(fmt(med(cpu.get((v, m), [])), "{:.2f}") for v in ("dp1", "dp2", "pt1", "pt2")) + " |")
+p("")
+acc = [l.rstrip("\n").split("\t") for l in open(E["ACCRAW"]) if l.strip()]
+if acc:
+    tol = float(E["ACC_TOL"])
+    ne = int(E["ACC_EPOCHS"])
+    extra = f", extra flags `{E['ACC_EXTRA']}`" if E["ACC_EXTRA"].strip() else ""
+    p(f"## Accuracy equivalence: cnn, {ne} epochs, global batch 128, P=2 vs P=1{extra}")
+    p("")
+    p(f"Final test accuracy (last `epoch {ne}/{ne}` line); target |P=2 - P=1| <= {tol} points.")
+    p("")
+    p("| side | seed | P=1 test acc | P=2 test acc | P=2 - P=1 | time P=1 / P=2 |")
+    p("|---|---:|---:|---:|---:|---:|")
+    res = {}
+    for side, w, seed, a, ep, tt in acc:
+        res[(side, seed, w)] = (a, int(ep), tt)
+    done = []
+    for side, w, seed, a, ep, tt in acc:
+        if (side, seed) in done:
+            continue
+        done.append((side, seed))
+        r1, r2 = res.get((side, seed, "1")), res.get((side, seed, "2"))
+        def show(r):
+            if r is None or r[0] == "NA":
+                return "n/a"
+            return f"{float(r[0]):.2f}%" + ("" if r[1] == ne else f" (only {r[1]} epochs)")
+        diff = "n/a"
+        if r1 and r2 and r1[0] != "NA" and r2[0] != "NA" and r1[1] == ne and r2[1] == ne:
+            d = float(r2[0]) - float(r1[0])
+            diff = f"{d:+.2f}" + (" ok" if abs(d) <= tol + 1e-9 else " **outside target**")
+        times = f"{r1[2] if r1 else '?'}s / {r2[2] if r2 else '?'}s"
+        name = "dptrain" if side == "dptrain" else "PyTorch (1 process / DDP 2)"
+        p(f"| {name} | {seed} | {show(r1)} | {show(r2)} | {diff} | {times} |")
+    p("")
+print("\n".join(out))
+EOF
+cat "$OUTMD"
+RAWOUT=${OUTMD%.md}.tsv
+{ printf 'variant\tmodel\trep\tsamples_per_s\tcpu_cores\n'; cat "$RAW"; } >"$RAWOUT"
+note "report written to $OUTMD (raw figures in $RAWOUT)"

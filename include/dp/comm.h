@@ -1,0 +1,273 @@
+/*
+ * dp/comm.h — the communicator: collectives between the ranks (workers) of a
+ * data-parallel job.
+ *
+ * Overview
+ * --------
+ * Every rank holds one communicator, `struct dp_comm`.  It offers all-reduce
+ * (sum), reduce-scatter (sum), all-gather, broadcast and barrier, each both
+ * blocking and nonblocking (start, then test/wait).  Behind the API sits a
+ * table of function pointers, one implementation per backend, each in its own
+ * file:
+ *
+ *     thread   P ranks are threads of one process sharing memory (built in;
+ *              the default on one machine).  Each rank has a communication
+ *              thread that executes that rank's operations in order, so the
+ *              thread that issued them keeps computing meanwhile.
+ *     mpi      one rank per process (later issue; not built in yet)
+ *     nccl     GPUs (later; not built in yet)
+ *
+ * Asking for a backend that was not built in returns DP_ENOTSUP at run time.
+ *
+ * Matching.  Operations are matched across ranks by issue order, as MPI
+ * collectives are: every rank must issue the same sequence of operations with
+ * the same count, dtype, algorithm and root.  The thread backend checks this
+ * where it can (DP_EMISMATCH on the rank that notices, DP_ECANCELED on the
+ * others).
+ *
+ * Buffers are in place and owned by the caller: from the start of an
+ * operation until its wait returns, the caller must neither read nor write
+ * the buffer (the other ranks read and write it directly).
+ *
+ * Partition.  Reduce-scatter and all-gather use one block partition of
+ * `count` elements into P blocks, computed only by dp_comm_split(): rank r's
+ * block has count/P + (r < count%P) elements, and blocks follow each other in
+ * rank order.  ZeRO shards use the same function.
+ *
+ * Element types.  DP_DTYPE_F32 and DP_DTYPE_F64 are summed in their own
+ * precision.  DP_DTYPE_BF16 buffers are summed in fp32: every partial sum is
+ * computed in fp32 from the bf16 inputs and rounded to bf16 (round to
+ * nearest even) at most once per hop, i.e. each time a partial result is
+ * stored where another rank reads it.  Per algorithm, a final bf16 element
+ * has been rounded:
+ *     direct   once (all P inputs summed in fp32 in rank order, then rounded)
+ *     ring     P-1 times (once per reduce-scatter step; the all-gather copies)
+ *     rhd      log2(P') times, plus once for the fold when P is not a power of
+ *              two (P' = the largest power of two <= P)
+ * So |result - exact| <= sum_j |x_j| * k * 2^-8 (approximately), k = the count above.
+ *
+ * Determinism.  For a given algorithm and P, every element is summed in a
+ * fixed order that does not depend on timing, and all ranks end with the
+ * same bits.  `direct` sums in rank order 0, 1, ..., P-1.
+ *
+ * Failure.  dp_comm_abort(c, msg), from any thread of any rank, makes every
+ * pending and future operation on every rank return DP_ECANCELED promptly,
+ * with the message "rank R aborted: msg".  With params.timeout_s > 0, an
+ * operation blocked longer than that aborts the world the same way with a
+ * message naming the ranks that did not arrive ("comm: timeout after 2.0 s
+ * in allreduce #17 on rank 0: rank 3 did not arrive"); every rank then
+ * returns DP_ECANCELED.  Workers never hang because one of them failed.
+ *
+ * Usage (thread backend)
+ * ----------------------
+ *     struct dp_comm_params cp = dp_comm_default_params();
+ *     cp.timeout_s = 60;
+ *     struct dp_comm_world *w;
+ *     if (dp_comm_thread_world_init(&w, P, &cp)) { ... dp_errmsg() ... }
+ *     // start P threads; thread r runs:
+ *         struct dp_comm *c;
+ *         int rc = dp_comm_thread_init(&c, w, r);
+ *         // blocking: sum grads over all ranks, in place
+ *         rc = dp_comm_allreduce(c, grads, n, DP_DTYPE_F32, DP_ALGO_AUTO);
+ *         // nonblocking: overlap a bucket's reduction with more compute
+ *         struct dp_comm_req *req;
+ *         rc = dp_comm_iallreduce(c, bucket, len, DP_DTYPE_F32, DP_ALGO_AUTO, &req);
+ *         ... backward of the next layers ...
+ *         rc = dp_comm_wait(c, req);           // releases req
+ *         if (rc) dp_comm_abort(c, dp_errmsg()); // on any failure: nobody hangs
+ *         dp_comm_free(c);
+ *     // after joining the threads:
+ *     dp_comm_thread_world_free(w);
+ */
+#ifndef DP_COMM_H
+#define DP_COMM_H
+
+#include "common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- element types ----------------------------------------------------------- */
+
+enum dp_dtype {
+    DP_DTYPE_F32 = 0,
+    DP_DTYPE_BF16, /* bfloat16, stored as uint16_t; reduced with fp32 accumulation */
+    DP_DTYPE_F64,  /* sum only, e.g. SyncBatchNorm statistics */
+    DP_DTYPE_COUNT
+};
+/* Bytes per element (0 for an unknown type). */
+size_t dp_dtype_size(enum dp_dtype t);
+/* "f32", "bf16", "f64" ("unknown" out of range); parse returns -1 if unknown. */
+const char *dp_dtype_name(enum dp_dtype t);
+int dp_dtype_parse(const char *name);
+
+/* fp32 <-> bf16, round to nearest even; NaN stays NaN (quiet). */
+static inline uint16_t dp_bf16_from_f32(float f) {
+    union { float f; uint32_t u; } v = {f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+static inline float dp_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+/* ---- algorithms ---------------------------------------------------------------- */
+
+/* Collective algorithms, selectable per call; DP_ALGO_AUTO asks
+ * dp_comm_choose_algo().  The protocols are described above each function in
+ * src/comm/algo_*.c. */
+enum dp_comm_algo {
+    DP_ALGO_AUTO = 0,
+    DP_ALGO_RING,   /* reduce-scatter then all-gather around a ring; 2(P-1) steps */
+    DP_ALGO_RHD,    /* recursive halving-doubling (Rabenseifner); 2 log2(P) steps (+2 fold) */
+    DP_ALGO_DIRECT, /* shared memory: the ranks share the reduction chunk by chunk, each
+                       chunk read from all P buffers and its sum written into all P */
+    DP_ALGO_COUNT
+};
+/* "auto", "ring", "rhd", "direct" ("unknown" out of range); parse returns -1
+ * for an unknown name or NULL. */
+const char *dp_comm_algo_name(enum dp_comm_algo a);
+int dp_comm_algo_parse(const char *name);
+
+/* The collectives, for dp_comm_choose_algo(). */
+enum dp_comm_coll {
+    DP_COLL_ALLREDUCE = 0,
+    DP_COLL_REDUCE_SCATTER,
+    DP_COLL_ALLGATHER,
+    DP_COLL_BROADCAST,
+    DP_COLL_BARRIER,
+    DP_COLL_COUNT
+};
+/* "allreduce", "reduce_scatter", "allgather", "broadcast", "barrier". */
+const char *dp_comm_coll_name(enum dp_comm_coll k);
+
+/* The policy behind DP_ALGO_AUTO, the only place that holds it: the
+ * algorithm for collective `coll` of `bytes` bytes (the whole buffer) over
+ * `nranks` ranks on backend `backend` ("thread", ...).  A pure function of its
+ * arguments, so every rank makes the same choice.  Never returns
+ * DP_ALGO_AUTO. */
+enum dp_comm_algo dp_comm_choose_algo(const char *backend, enum dp_comm_coll coll, int nranks,
+                                      size_t bytes);
+
+/* ---- the block partition ----------------------------------------------------- */
+
+/* Block `part` of `count` elements split into `nparts` blocks: it starts at
+ * *offset and has *len = count/nparts + (part < count%nparts) elements.  The
+ * only function in dptrain that computes these offsets. */
+void dp_comm_split(int64_t count, int nparts, int part, int64_t *offset, int64_t *len);
+
+/* ---- communicators ----------------------------------------------------------- */
+
+struct dp_comm;       /* one per rank; opaque */
+struct dp_comm_world; /* thread backend: shared by the P ranks of one process */
+struct dp_comm_req;   /* one started operation; released by dp_comm_wait */
+
+struct dp_comm_params {
+    double timeout_s; /* an operation blocked this long aborts the world; 0 = wait forever */
+    int spin_us;      /* busy-wait this long before sleeping; -1 = auto (10 µs when the
+                         ranks fit on the CPUs, else 1 µs) */
+};
+/* timeout_s 0, spin_us -1. */
+struct dp_comm_params dp_comm_default_params(void);
+
+/* 1 if backend `name` is built in ("thread" always is; "mpi", "nccl" not yet). */
+int dp_comm_backend_available(const char *name);
+
+/* A communicator of a process-per-rank backend ("mpi", "nccl"), whose rank and
+ * world size come from the launcher.  None is built in yet: returns
+ * DP_ENOTSUP ("backend 'mpi' was not built in"); "thread" returns DP_EINVAL
+ * (its ranks are made with dp_comm_thread_init); any other name DP_EINVAL.
+ * params may be NULL (defaults). */
+int dp_comm_init(struct dp_comm **c, const char *backend, const struct dp_comm_params *params);
+
+/* Thread backend.  Creates the world shared by `nranks` ranks (1..1024) of this
+ * process; params may be NULL (defaults).  Free it with
+ * dp_comm_thread_world_free() after every rank has freed its communicator. */
+int dp_comm_thread_world_init(struct dp_comm_world **w, int nranks,
+                              const struct dp_comm_params *params);
+void dp_comm_thread_world_free(struct dp_comm_world *w);
+/* Rank `rank` of world w: call once per rank, from any thread (normally the
+ * worker thread of that rank).  Starts the rank's communication thread.  The
+ * communicator may be used from one thread at a time (dp_comm_abort and
+ * dp_comm_status from any thread). */
+int dp_comm_thread_init(struct dp_comm **c, struct dp_comm_world *w, int rank);
+
+/* Rank of this communicator in 0..world-1, and the number of ranks. */
+int dp_comm_rank(const struct dp_comm *c);
+int dp_comm_world(const struct dp_comm *c);
+/* "thread", ... */
+const char *dp_comm_backend_name(const struct dp_comm *c);
+
+/* Releases this rank's communicator (NULL-safe).  Every started request should
+ * have been waited for; if some were not, the world is aborted first (so the
+ * other ranks do not wait for this one) and the requests are released. */
+void dp_comm_free(struct dp_comm *c);
+
+/* Aborts the whole world: every pending and future operation on every rank
+ * returns DP_ECANCELED with the message "rank R aborted: msg".  Callable from
+ * any thread, any number of times (the first message is kept).  Returns
+ * DP_ECANCELED and sets this thread's message, so a worker may write
+ * `return dp_comm_abort(c, "NaN in loss");`. */
+int dp_comm_abort(struct dp_comm *c, const char *msg);
+/* 0 while the world is healthy; DP_ECANCELED with the abort message once any
+ * rank aborted or timed out.  Cheap (one atomic load), for compute loops that
+ * should stop early. */
+int dp_comm_status(const struct dp_comm *c);
+
+/* ---- collectives: blocking ------------------------------------------------------ */
+
+/* Each one is its nonblocking form followed by dp_comm_wait().  Returns 0, or
+ * a negative DP_E* with a message: DP_EINVAL (bad argument, checked before
+ * anything is started), DP_ECANCELED (aborted or timed out), DP_EMISMATCH
+ * (the ranks issued different operations). */
+
+/* buf (count) on every rank becomes the elementwise sum over ranks. */
+int dp_comm_allreduce(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                      enum dp_comm_algo algo);
+/* buf (count): on return, rank r's block (dp_comm_split(count, P, r)) holds the
+ * sum over ranks of that block; the other blocks of buf hold unspecified
+ * partial sums (they are scratch). */
+int dp_comm_reduce_scatter(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                           enum dp_comm_algo algo);
+/* buf (count): on entry rank r's block (dp_comm_split(count, P, r)) holds its
+ * data; on return every block holds its owner's data, on every rank. */
+int dp_comm_allgather(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                      enum dp_comm_algo algo);
+/* buf (count) on every rank becomes a copy of rank root's buf.  ring =
+ * pipelined chain, rhd = binomial tree, direct = every rank copies from root. */
+int dp_comm_broadcast(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype, int root,
+                      enum dp_comm_algo algo);
+/* Returns once every rank has entered the barrier. */
+int dp_comm_barrier(struct dp_comm *c);
+
+/* ---- collectives: nonblocking ------------------------------------------------- */
+
+/* Start the operation and return at once with *req set; the arguments are
+ * validated first (on an error nothing is started and *req is NULL).  A
+ * rank's operations execute in issue order, and complete in that order.
+ * Every request must be passed to dp_comm_wait() exactly once. */
+int dp_comm_iallreduce(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                       enum dp_comm_algo algo, struct dp_comm_req **req);
+int dp_comm_ireduce_scatter(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                            enum dp_comm_algo algo, struct dp_comm_req **req);
+int dp_comm_iallgather(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                       enum dp_comm_algo algo, struct dp_comm_req **req);
+int dp_comm_ibroadcast(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype, int root,
+                       enum dp_comm_algo algo, struct dp_comm_req **req);
+int dp_comm_ibarrier(struct dp_comm *c, struct dp_comm_req **req);
+
+/* *done = 1 if req has completed (successfully or not), else 0.  Does not
+ * block and does not release req.  Returns 0 (or DP_EINVAL for bad args). */
+int dp_comm_test(struct dp_comm *c, struct dp_comm_req *req, int *done);
+/* Blocks until req completes, releases it, and returns the operation's
+ * status (its message is set on the calling thread).  The buffer belongs to
+ * the caller again.  If the operation has not started yet, the calling
+ * thread runs it itself (no hand-off latency for blocking calls). */
+int dp_comm_wait(struct dp_comm *c, struct dp_comm_req *req);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,81 @@
+/*
+ * dp/ddp.h — the gradient reducer: buckets over the flat gradient slab,
+ * all-reduced while backward is still running.
+ *
+ * The rule (DESIGN.md §2, STYLE.md principle 8):
+ *   - Buckets are contiguous ranges of the flat gradient slab made of whole
+ *     top-level layers, planned from the END of the slab, because backward
+ *     finishes layers in reverse order.  The first bucket (the output side)
+ *     is small so that communication starts early; the others are capped.
+ *   - A bucket's all-reduce starts the moment its last gradient is final
+ *     (the model's grad_ready callback reports the layer holding the bucket's
+ *     lowest offset), on the communicator's progress thread, while the
+ *     worker's compute thread goes on with backward.
+ *   - The all-reduce SUMS; the caller then scales by 1 / (samples in the
+ *     global batch), so the result is the gradient of the mean loss over the
+ *     global batch whatever the split.  Every rank plans the same buckets from
+ *     the same model, so bucket k is the k-th collective on every rank.
+ *
+ *     struct dp_reducer r;
+ *     dp_reducer_init(&r, model, comm, grads, &params);
+ *     pass.grad_ready = dp_reducer_grad_ready; pass.grad_ready_arg = &r;
+ *     dp_reducer_begin(&r);
+ *     dp_model_run(model, replica, &batch, &pass);     // buckets start here
+ *     dp_reducer_finish(&r);                            // waits for the rest
+ */
+#ifndef DP_DDP_H
+#define DP_DDP_H
+
+#include "comm.h"
+#include "nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct dp_reducer_params {
+    size_t bucket_cap_bytes;   /* default 25 MiB (as PyTorch DDP) */
+    size_t first_bucket_bytes; /* default 1 MiB */
+    int overlap;               /* 1: start buckets during backward; 0: all after it */
+    enum dp_comm_algo algo;        /* all-reduce algorithm (AUTO) */
+};
+struct dp_reducer_params dp_reducer_default_params(void);
+
+struct dp_bucket {
+    int64_t off, count;        /* range of the gradient slab (floats) */
+    int64_t nlayers;           /* top-level layers in it */
+    struct dp_comm_req *req;   /* in flight, or NULL */
+    double t_ready, t_done;    /* when it was started / found complete (dp_time) */
+};
+
+struct dp_reducer {
+    struct dp_reducer_params p;
+    struct dp_comm *comm;
+    float *grads;
+    struct dp_bucket *b;       /* b[0] is the output side (highest offsets) */
+    int nb;
+    int next;                  /* next bucket to start */
+    int rc;                    /* first error of a start inside the callback */
+    char err[256];
+    /* timing of the last step */
+    double t_begin, t_backward_end, t_end;
+    double comm_total, comm_exposed;
+};
+
+int dp_reducer_init(struct dp_reducer *r, const struct dp_model *m, struct dp_comm *comm, float *grads,
+                    const struct dp_reducer_params *p);
+void dp_reducer_free(struct dp_reducer *r);
+/* Before each backward that must communicate. */
+void dp_reducer_begin(struct dp_reducer *r);
+/* The model's grad_ready callback (arg = the reducer). */
+void dp_reducer_grad_ready(void *arg, int64_t offset, int64_t count);
+/* Starts whatever has not started yet and waits for every bucket.  Records
+ * the communication time in total (the time the progress thread was busy
+ * with buckets, completions polled between layers) and the part not hidden
+ * behind backward (from the end of backward to the last completion). */
+int dp_reducer_finish(struct dp_reducer *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

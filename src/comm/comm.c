@@ -1,0 +1,218 @@
+/*
+ * The communicator's generic layer: names, the block partition, the choice of
+ * algorithm, argument checks, and dispatch to the backend's ops table.  The
+ * blocking collectives are the nonblocking ones followed by a wait.
+ */
+#include <string.h>
+
+#include "comm_impl.h"
+
+/* ---- names ---------------------------------------------------------------------- */
+
+static const char *const dtype_names[DP_DTYPE_COUNT] = {"f32", "bf16", "f64"};
+static const size_t dtype_sizes[DP_DTYPE_COUNT] = {4, 2, 8};
+static const char *const algo_names[DP_ALGO_COUNT] = {"auto", "ring", "rhd", "direct"};
+static const char *const coll_names[DP_COLL_COUNT] = {"allreduce", "reduce_scatter",
+                                                      "allgather", "broadcast", "barrier"};
+
+size_t dp_dtype_size(enum dp_dtype t) {
+    return (unsigned)t < DP_DTYPE_COUNT ? dtype_sizes[t] : 0;
+}
+const char *dp_dtype_name(enum dp_dtype t) {
+    return (unsigned)t < DP_DTYPE_COUNT ? dtype_names[t] : "unknown";
+}
+int dp_dtype_parse(const char *name) {
+    for (int i = 0; name && i < DP_DTYPE_COUNT; i++)
+        if (strcmp(name, dtype_names[i]) == 0) return i;
+    return -1;
+}
+const char *dp_comm_algo_name(enum dp_comm_algo a) {
+    return (unsigned)a < DP_ALGO_COUNT ? algo_names[a] : "unknown";
+}
+int dp_comm_algo_parse(const char *name) {
+    for (int i = 0; name && i < DP_ALGO_COUNT; i++)
+        if (strcmp(name, algo_names[i]) == 0) return i;
+    return -1;
+}
+const char *dp_comm_coll_name(enum dp_comm_coll k) {
+    return (unsigned)k < DP_COLL_COUNT ? coll_names[k] : "unknown";
+}
+
+/* ---- the block partition ------------------------------------------------------------ */
+
+void dp_comm_split(int64_t count, int nparts, int part, int64_t *offset, int64_t *len) {
+    DP_ASSERT(nparts >= 1 && part >= 0 && part < nparts && count >= 0);
+    int64_t q = count / nparts, rem = count % nparts;
+    *len = q + (part < rem);
+    *offset = part * q + (part < rem ? part : rem);
+}
+
+/* ---- the choice of algorithm ----------------------------------------------------------- */
+
+/*
+ * Policy for DP_ALGO_AUTO, kept apart from the algorithms so that tests and
+ * benchmarks can force any one by name.
+ *
+ * Thread backend (shared memory).  Every algorithm here reads its peers'
+ * buffers in place, so the cost is memory traffic plus synchronisation:
+ *   direct  all-reduce: each rank reads n and writes n bytes, the minimum for an
+ *           in-place result on every rank (every input read once, every output
+ *           written once); 2 synchronisations, each waiting for all P ranks.
+ *   ring    all-reduce: each rank reads about 3n(P-1)/P and writes 2n(P-1)/P, in
+ *           2(P-1) dependent steps.
+ *   rhd     all-reduce: about as many bytes as ring (plus a fold when P is not a
+ *           power of two), in 2 log2(P) steps, each waiting for one partner.
+ * Measured with `dptrain bench allreduce` on the 2-core VM (another job busy on
+ * both cores; median µs):
+ *   P = 2    4 KiB   64 KiB   1 MiB      direct 2.1  3.9  23     rhd 2.5  9.3  317
+ *                                        ring 2.5  9.8  342
+ *            64 MiB busbw GB/s, median (best iteration): direct 12 (26, the memory
+ *            bound), ring 4.6 (7.0), rhd 4.8 (6.7); ring and rhd move 5n bytes
+ *            instead of 4n and wait at every step
+ *   P = 4    (oversubscribed: 4 ranks on 2 cores) 4 KiB: direct 162, rhd 95, ring 118
+ *   P = 8    (oversubscribed) 4 KiB: direct 162, rhd 372, ring 391
+ * so direct everywhere on one machine.  Its all-rank waits grow with P, so
+ * beyond 16 ranks rhd's log2(P) pairwise steps are chosen for small messages
+ * (an estimate, to be measured on a many-core machine).  Broadcast: direct
+ * (every rank copies from the root at once).  Barrier: direct (the only one).
+ *
+ * Message-passing backends (mpi, nccl; not built yet): the classic choice,
+ * rhd below 256 KiB (latency-bound: 2 log2 P messages) and ring above
+ * (bandwidth-optimal, no fold), as in Open MPI's and NCCL's tuning.
+ */
+enum dp_comm_algo dp_comm_choose_algo(const char *backend, enum dp_comm_coll coll, int nranks,
+                                      size_t bytes) {
+    int shared_memory = backend == NULL || strcmp(backend, "thread") == 0;
+    if (coll == DP_COLL_BARRIER) return DP_ALGO_DIRECT;
+    if (shared_memory) {
+        if (nranks > 16 && bytes < ((size_t)64 << 10)) return DP_ALGO_RHD;
+        return DP_ALGO_DIRECT;
+    }
+    return bytes < ((size_t)256 << 10) ? DP_ALGO_RHD : DP_ALGO_RING;
+}
+
+/* ---- communicators ---------------------------------------------------------------------- */
+
+struct dp_comm_params dp_comm_default_params(void) {
+    struct dp_comm_params p = {0};
+    p.timeout_s = 0;
+    p.spin_us = -1;
+    return p;
+}
+
+int dp_comm_backend_available(const char *name) { return name && strcmp(name, "thread") == 0; }
+
+int dp_comm_init(struct dp_comm **c, const char *backend, const struct dp_comm_params *params) {
+    (void)params;
+    if (!c) return dp_seterr(DP_EINVAL, "comm: NULL communicator pointer");
+    *c = NULL;
+    if (!backend) return dp_seterr(DP_EINVAL, "comm: no backend named");
+    if (strcmp(backend, "thread") == 0)
+        return dp_seterr(DP_EINVAL, "comm: the thread backend's ranks are made with "
+                                    "dp_comm_thread_world_init and dp_comm_thread_init");
+    if (strcmp(backend, "mpi") == 0 || strcmp(backend, "nccl") == 0)
+        return dp_seterr(DP_ENOTSUP, "comm: backend '%s' was not built in", backend);
+    return dp_seterr(DP_EINVAL, "comm: unknown backend '%s' (thread, mpi, nccl)", backend);
+}
+
+int dp_comm_rank(const struct dp_comm *c) { return c->rank; }
+int dp_comm_world(const struct dp_comm *c) { return c->nranks; }
+const char *dp_comm_backend_name(const struct dp_comm *c) { return c->ops->name; }
+
+void dp_comm_free(struct dp_comm *c) {
+    if (c) c->ops->free(c);
+}
+
+int dp_comm_abort(struct dp_comm *c, const char *msg) {
+    if (!c) return dp_seterr(DP_EINVAL, "comm: abort on a NULL communicator");
+    return c->ops->abort(c, msg ? msg : "(no message)");
+}
+
+int dp_comm_status(const struct dp_comm *c) { return c->ops->status(c); }
+
+/* ---- dispatch -------------------------------------------------------------------------- */
+
+/* Checks the arguments (nothing is started on failure), resolves AUTO, starts. */
+static int start(struct dp_comm *c, enum dp_comm_coll coll, void *buf, int64_t count,
+                 enum dp_dtype dtype, int root, enum dp_comm_algo algo, int blocking,
+                 struct dp_comm_req **req) {
+    const char *name = dp_comm_coll_name(coll);
+    if (req) *req = NULL;
+    if (!c) return dp_seterr(DP_EINVAL, "comm: %s on a NULL communicator", name);
+    if (!req) return dp_seterr(DP_EINVAL, "comm: %s: NULL request pointer", name);
+    if (count < 0)
+        return dp_seterr(DP_EINVAL, "comm: %s: negative count %lld", name, (long long)count);
+    if (count > 0 && !buf) return dp_seterr(DP_EINVAL, "comm: %s: NULL buffer", name);
+    if ((unsigned)dtype >= DP_DTYPE_COUNT)
+        return dp_seterr(DP_EINVAL, "comm: %s: unknown dtype %d", name, (int)dtype);
+    if ((unsigned)algo >= DP_ALGO_COUNT)
+        return dp_seterr(DP_EINVAL, "comm: %s: unknown algorithm %d", name, (int)algo);
+    if (root < 0 || root >= c->nranks)
+        return dp_seterr(DP_EINVAL, "comm: %s: root %d out of range 0..%d", name, root,
+                         c->nranks - 1);
+    if ((size_t)count > SIZE_MAX / 8)
+        return dp_seterr(DP_EINVAL, "comm: %s: count %lld too large", name, (long long)count);
+    struct dp__op d = {coll, algo, dtype, root, count, buf};
+    if (d.algo == DP_ALGO_AUTO)
+        d.algo = dp_comm_choose_algo(c->ops->name, coll, c->nranks,
+                                     (size_t)count * dp_dtype_size(dtype));
+    return c->ops->start(c, &d, blocking, req);
+}
+
+int dp_comm_iallreduce(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                       enum dp_comm_algo algo, struct dp_comm_req **req) {
+    return start(c, DP_COLL_ALLREDUCE, buf, count, dtype, 0, algo, 0, req);
+}
+int dp_comm_ireduce_scatter(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                            enum dp_comm_algo algo, struct dp_comm_req **req) {
+    return start(c, DP_COLL_REDUCE_SCATTER, buf, count, dtype, 0, algo, 0, req);
+}
+int dp_comm_iallgather(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                       enum dp_comm_algo algo, struct dp_comm_req **req) {
+    return start(c, DP_COLL_ALLGATHER, buf, count, dtype, 0, algo, 0, req);
+}
+int dp_comm_ibroadcast(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype, int root,
+                       enum dp_comm_algo algo, struct dp_comm_req **req) {
+    return start(c, DP_COLL_BROADCAST, buf, count, dtype, root, algo, 0, req);
+}
+int dp_comm_ibarrier(struct dp_comm *c, struct dp_comm_req **req) {
+    return start(c, DP_COLL_BARRIER, NULL, 0, DP_DTYPE_F32, 0, DP_ALGO_DIRECT, 0, req);
+}
+
+int dp_comm_test(struct dp_comm *c, struct dp_comm_req *req, int *done) {
+    if (!c || !req || !done) return dp_seterr(DP_EINVAL, "comm: test: NULL argument");
+    return c->ops->test(c, req, done);
+}
+int dp_comm_wait(struct dp_comm *c, struct dp_comm_req *req) {
+    if (!c || !req) return dp_seterr(DP_EINVAL, "comm: wait: NULL argument");
+    return c->ops->wait(c, req);
+}
+
+/* Blocking = start (telling the backend the caller waits at once) + wait. */
+static int run(struct dp_comm *c, enum dp_comm_coll coll, void *buf, int64_t count,
+               enum dp_dtype dtype, int root, enum dp_comm_algo algo) {
+    struct dp_comm_req *req;
+    int rc = start(c, coll, buf, count, dtype, root, algo, 1, &req);
+    if (rc) return rc;
+    return c->ops->wait(c, req);
+}
+
+int dp_comm_allreduce(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                      enum dp_comm_algo algo) {
+    return run(c, DP_COLL_ALLREDUCE, buf, count, dtype, 0, algo);
+}
+int dp_comm_reduce_scatter(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                           enum dp_comm_algo algo) {
+    return run(c, DP_COLL_REDUCE_SCATTER, buf, count, dtype, 0, algo);
+}
+int dp_comm_allgather(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                      enum dp_comm_algo algo) {
+    return run(c, DP_COLL_ALLGATHER, buf, count, dtype, 0, algo);
+}
+int dp_comm_broadcast(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype, int root,
+                      enum dp_comm_algo algo) {
+    return run(c, DP_COLL_BROADCAST, buf, count, dtype, root, algo);
+}
+int dp_comm_barrier(struct dp_comm *c) {
+    return run(c, DP_COLL_BARRIER, NULL, 0, DP_DTYPE_F32, 0, DP_ALGO_DIRECT);
+}

@@ -1,0 +1,37 @@
+/* Per-worker event recording for --timeline (Chrome trace-event format,
+ * viewable in Perfetto or chrome://tracing).  Internal to src/train. */
+#ifndef DP_TRAIN_TIMELINE_H
+#define DP_TRAIN_TIMELINE_H
+
+#include "dp/common.h"
+
+struct dp_tl_event {
+    const char *name;   /* static string */
+    int track;          /* 0 = compute, 1 = communication */
+    int64_t arg;        /* step, or bucket index */
+    double t0, t1;      /* dp_time() seconds */
+};
+
+struct dp_timeline {
+    struct dp_tl_event *ev;
+    int64_t n, cap;
+    int64_t dropped;    /* events not recorded once cap was reached */
+};
+
+/* cap = 0 disables recording (every add is a no-op). */
+int dp_timeline_init(struct dp_timeline *tl, int64_t cap);
+void dp_timeline_free(struct dp_timeline *tl);
+static inline void dp_timeline_add(struct dp_timeline *tl, const char *name, int track, int64_t arg,
+                                   double t0, double t1) {
+    if (!tl->cap) return;
+    if (tl->n == tl->cap) {
+        tl->dropped++;
+        return;
+    }
+    struct dp_tl_event *e = &tl->ev[tl->n++];
+    e->name = name, e->track = track, e->arg = arg, e->t0 = t0, e->t1 = t1;
+}
+/* Writes the P workers' events to path (atomically), times relative to t_origin. */
+int dp_timeline_write(const char *path, const struct dp_timeline *tl, int P, double t_origin);
+
+#endif

@@ -1,0 +1,622 @@
+/*
+ * Communicator tests (thread backend): every algorithm × P = 1..8 × counts
+ * 0, 1, P-1, P+1, 1000 and 2^20+3, with exact expected values (Gloo's
+ * oracle: each rank fills a pattern whose sum is known in closed form);
+ * bf16 within its documented rounding, f64; nonblocking order and progress;
+ * abort, timeout and mismatch never hang; no leaks.
+ *
+ * Each team runs P threads; a failed ASSERT in any of them ends the test
+ * process (dp_test_fail exits).  Under a sanitizer the largest count is
+ * 2^16+3 instead of 2^20+3 (the point there is races and memory errors, and
+ * ThreadSanitizer is ~10× slower on memory-bound loops).
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "dp/comm.h"
+#include "dp/core.h"
+#include "test.h"
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifdef SANITIZED
+#define BIG_COUNT ((1 << 16) + 3)
+#else
+#define BIG_COUNT ((1 << 20) + 3)
+#endif
+#define GUARD 16 /* elements past `count` that no collective may touch */
+
+static const enum dp_comm_algo all_algos[] = {DP_ALGO_RING, DP_ALGO_RHD, DP_ALGO_DIRECT,
+                                              DP_ALGO_AUTO};
+
+/* ---- teams of threads ----------------------------------------------------------------------- */
+
+typedef void (*team_fn)(struct dp_comm *c, void *arg);
+struct member {
+    struct dp_comm_world *w;
+    int rank;
+    team_fn fn;
+    void *arg;
+};
+
+static void *member_main(void *p) {
+    struct member *m = p;
+    struct dp_comm *c;
+    ASSERT_OK(dp_comm_thread_init(&c, m->w, m->rank));
+    ASSERT_EQ(dp_comm_rank(c), m->rank);
+    m->fn(c, m->arg);
+    dp_comm_free(c);
+    return NULL;
+}
+
+/* Runs fn on P threads, one rank each, and frees everything. */
+static void team(int P, const struct dp_comm_params *cp, team_fn fn, void *arg) {
+    struct dp_comm_world *w;
+    ASSERT_OK(dp_comm_thread_world_init(&w, P, cp));
+    pthread_t th[16];
+    struct member m[16];
+    ASSERT_TRUE(P <= 16);
+    for (int r = 0; r < P; r++) {
+        m[r] = (struct member){w, r, fn, arg};
+        ASSERT_EQ(pthread_create(&th[r], NULL, member_main, &m[r]), 0);
+    }
+    for (int r = 0; r < P; r++) pthread_join(th[r], NULL);
+    dp_comm_thread_world_free(w);
+}
+
+static int64_t case_counts(int P, int64_t out[6]) {
+    int64_t cs[6] = {0, 1, P - 1, P + 1, 1000, BIG_COUNT};
+    memcpy(out, cs, sizeof cs);
+    return 6;
+}
+
+static float *alloc_f32(int64_t n) {
+    float *x = dp_malloc_big(sizeof(float) * (size_t)(n + GUARD));
+    ASSERT_TRUE(x != NULL);
+    return x;
+}
+
+static void set_guard(float *x, int64_t count) {
+    for (int g = 0; g < GUARD; g++) x[count + g] = -12345.0f;
+}
+static void check_guard(const float *x, int64_t count) {
+    for (int g = 0; g < GUARD; g++) ASSERT_TRUE(x[count + g] == -12345.0f);
+}
+
+/* ---- the exact f32 matrix ------------------------------------------------------------------- */
+
+/* Rank r's input: r + ((i + salt) % 7); the sum over ranks is
+ * P(P-1)/2 + P·((i + salt) % 7), exact in fp32. */
+static float pattern(int r, int64_t i, int salt) { return (float)(r + (int)((i + salt) % 7)); }
+
+enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST };
+
+struct matrix_arg {
+    int op;
+};
+
+static void matrix_member(struct dp_comm *c, void *arg) {
+    int op = ((struct matrix_arg *)arg)->op;
+    int P = dp_comm_world(c), r = dp_comm_rank(c);
+    float *x = alloc_f32(BIG_COUNT);
+    int64_t counts[6];
+    int ncounts = (int)case_counts(P, counts), salt = 0;
+    for (size_t a = 0; a < DP_ARRAY_LEN(all_algos); a++) {
+        enum dp_comm_algo algo = all_algos[a];
+        for (int k = 0; k < ncounts; k++) {
+            int64_t n = counts[k];
+            int nroots = op == OP_BROADCAST ? P : 1;
+            for (int root = 0; root < nroots; root++, salt++) {
+                int64_t off, len;
+                dp_comm_split(n, P, r, &off, &len);
+                if (op == OP_ALLGATHER) {
+                    for (int64_t i = 0; i < n; i++) x[i] = -1.0f;
+                    for (int64_t i = off; i < off + len; i++) x[i] = pattern(r, i, salt);
+                } else if (op == OP_BROADCAST) {
+                    for (int64_t i = 0; i < n; i++) x[i] = r == root ? pattern(r, i, salt) : -1.0f;
+                } else {
+                    for (int64_t i = 0; i < n; i++) x[i] = pattern(r, i, salt);
+                }
+                set_guard(x, n);
+                int rc = 0;
+                switch (op) {
+                case OP_ALLREDUCE: rc = dp_comm_allreduce(c, x, n, DP_DTYPE_F32, algo); break;
+                case OP_REDUCE_SCATTER:
+                    rc = dp_comm_reduce_scatter(c, x, n, DP_DTYPE_F32, algo);
+                    break;
+                case OP_ALLGATHER: rc = dp_comm_allgather(c, x, n, DP_DTYPE_F32, algo); break;
+                default: rc = dp_comm_broadcast(c, x, n, DP_DTYPE_F32, root, algo); break;
+                }
+                if (rc)
+                    dp_test_fail(__FILE__, __LINE__, "P=%d rank %d algo %s count %lld: %s", P, r,
+                                 dp_comm_algo_name(algo), (long long)n, dp_errmsg());
+                if (op == OP_ALLGATHER) {
+                    for (int q = 0; q < P; q++) {
+                        int64_t qo, ql;
+                        dp_comm_split(n, P, q, &qo, &ql);
+                        for (int64_t i = qo; i < qo + ql; i++)
+                            if (x[i] != pattern(q, i, salt))
+                                dp_test_fail(__FILE__, __LINE__,
+                                             "P=%d rank %d algo %s count %lld: x[%lld] = %g, "
+                                             "expected %g (block %d)", P, r,
+                                             dp_comm_algo_name(algo), (long long)n, (long long)i,
+                                             x[i], pattern(q, i, salt), q);
+                    }
+                } else {
+                    int64_t lo = op == OP_REDUCE_SCATTER ? off : 0;
+                    int64_t hi = op == OP_REDUCE_SCATTER ? off + len : n;
+                    for (int64_t i = lo; i < hi; i++) {
+                        float want = op == OP_BROADCAST
+                                         ? pattern(root, i, salt)
+                                         : (float)(P * (P - 1) / 2 + P * (int)((i + salt) % 7));
+                        if (x[i] != want)
+                            dp_test_fail(__FILE__, __LINE__,
+                                         "P=%d rank %d algo %s count %lld root %d: x[%lld] = %g, "
+                                         "expected %g", P, r, dp_comm_algo_name(algo),
+                                         (long long)n, root, (long long)i, x[i], want);
+                    }
+                }
+                check_guard(x, n);
+            }
+        }
+    }
+    dp_free(x);
+}
+
+static void run_matrix(int op) {
+    struct matrix_arg a = {op};
+    for (int P = 1; P <= 8; P++) team(P, NULL, matrix_member, &a);
+}
+
+TEST(comm_allreduce_f32_matrix) { run_matrix(OP_ALLREDUCE); }
+TEST(comm_reduce_scatter_matrix) { run_matrix(OP_REDUCE_SCATTER); }
+TEST(comm_allgather_matrix) { run_matrix(OP_ALLGATHER); }
+TEST(comm_broadcast_every_root_matrix) { run_matrix(OP_BROADCAST); }
+
+/* ---- barrier -------------------------------------------------------------------------------- */
+
+static atomic_int barrier_count;
+
+static void barrier_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    int P = dp_comm_world(c);
+    for (int round = 0; round < 50; round++) {
+        if ((round + dp_comm_rank(c)) % 7 == 0) usleep(200); /* someone is late */
+        atomic_fetch_add(&barrier_count, 1);
+        ASSERT_OK(dp_comm_barrier(c));
+        /* nobody passes before all P have arrived in this round */
+        ASSERT_TRUE(atomic_load(&barrier_count) >= P * (round + 1));
+    }
+}
+
+TEST(comm_barrier) {
+    for (int P = 1; P <= 8; P++) {
+        atomic_store(&barrier_count, 0);
+        team(P, NULL, barrier_member, NULL);
+        ASSERT_EQ(atomic_load(&barrier_count), P * 50);
+    }
+}
+
+/* ---- bf16 and f64 --------------------------------------------------------------------------- */
+
+/* bf16 inputs x_r[i] (random, exactly representable); checks every algorithm
+ * against the fp64 sum within k·2^-8·sum|x| where k is the documented number
+ * of roundings, and `direct` bit for bit against the fp32 sum in rank order
+ * rounded once. */
+static int roundings(enum dp_comm_algo a, int P) {
+    int L = 0;
+    while ((2 << L) <= P) L++;
+    switch (a) {
+    case DP_ALGO_RING: return P - 1;
+    case DP_ALGO_RHD: return L + ((1 << L) != P);
+    default: return 1;
+    }
+}
+
+static uint16_t bf16_input(int r, int64_t i) {
+    return dp_bf16_from_f32(2.0f * dp_rng_uniform(7, DP_RNG_USER, (uint64_t)r, (uint64_t)i) - 1.0f);
+}
+
+static void bf16_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    int P = dp_comm_world(c), r = dp_comm_rank(c);
+    const int64_t counts[] = {1, P + 1, 1000, 100003};
+    uint16_t *x = dp_malloc(sizeof(uint16_t) * 100003);
+    ASSERT_TRUE(x != NULL);
+    const enum dp_comm_algo algos[] = {DP_ALGO_RING, DP_ALGO_RHD, DP_ALGO_DIRECT};
+    for (size_t a = 0; a < DP_ARRAY_LEN(algos); a++)
+        for (size_t k = 0; k < DP_ARRAY_LEN(counts); k++) {
+            int64_t n = counts[k];
+            for (int64_t i = 0; i < n; i++) x[i] = bf16_input(r, i);
+            ASSERT_OK(dp_comm_allreduce(c, x, n, DP_DTYPE_BF16, algos[a]));
+            int kr = roundings(algos[a], P);
+            for (int64_t i = 0; i < n; i++) {
+                double exact = 0, mag = 0;
+                float f32 = 0;
+                for (int q = 0; q < P; q++) {
+                    float v = dp_bf16_to_f32(bf16_input(q, i));
+                    exact += v, mag += fabs(v);
+                    f32 = q ? f32 + v : v;
+                }
+                double got = dp_bf16_to_f32(x[i]);
+                ASSERT_NEAR(got, exact, kr * ldexp(mag, -8) + 1e-30);
+                if (algos[a] == DP_ALGO_DIRECT) ASSERT_EQ(x[i], dp_bf16_from_f32(f32));
+            }
+            /* small integers are exact in bf16, whatever the algorithm */
+            for (int64_t i = 0; i < n; i++) x[i] = dp_bf16_from_f32((float)(r + i % 7));
+            ASSERT_OK(dp_comm_allreduce(c, x, n, DP_DTYPE_BF16, algos[a]));
+            for (int64_t i = 0; i < n; i++)
+                ASSERT_EQ(dp_bf16_to_f32(x[i]), P * (P - 1) / 2 + P * (i % 7));
+        }
+    dp_free(x);
+}
+
+TEST(comm_allreduce_bf16) {
+    for (int P = 1; P <= 8; P++) team(P, NULL, bf16_member, NULL);
+}
+
+TEST(comm_bf16_rounding) {
+    ASSERT_EQ(dp_bf16_from_f32(1.0f), 0x3f80);
+    ASSERT_EQ(dp_bf16_from_f32(1.0f + 0x1p-8f), 0x3f80);              /* tie -> even */
+    ASSERT_EQ(dp_bf16_from_f32(1.0f + 0x1p-8f + 0x1p-16f), 0x3f81);   /* above the tie */
+    ASSERT_EQ(dp_bf16_from_f32(1.0f + 3 * 0x1p-8f), 0x3f82);          /* tie -> even (up) */
+    ASSERT_TRUE(dp_bf16_to_f32(dp_bf16_from_f32(NAN)) != dp_bf16_to_f32(dp_bf16_from_f32(NAN)));
+    ASSERT_TRUE(isinf(dp_bf16_to_f32(dp_bf16_from_f32(INFINITY))));
+}
+
+static void f64_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    int P = dp_comm_world(c), r = dp_comm_rank(c);
+    const int64_t counts[] = {0, 1, P - 1, P + 1, 1000, 65539};
+    double *x = dp_malloc(sizeof(double) * 65539);
+    ASSERT_TRUE(x != NULL);
+    for (size_t a = 0; a < DP_ARRAY_LEN(all_algos); a++)
+        for (size_t k = 0; k < DP_ARRAY_LEN(counts); k++) {
+            int64_t n = counts[k];
+            /* all-reduce: r + 0.25·(i % 7), exact */
+            for (int64_t i = 0; i < n; i++) x[i] = r + 0.25 * (double)(i % 7);
+            ASSERT_OK(dp_comm_allreduce(c, x, n, DP_DTYPE_F64, all_algos[a]));
+            for (int64_t i = 0; i < n; i++)
+                ASSERT_TRUE(x[i] == P * (P - 1) / 2.0 + P * 0.25 * (double)(i % 7));
+            /* reduce-scatter, then all-gather of the result = all-reduce */
+            for (int64_t i = 0; i < n; i++) x[i] = 1e-3 * r + (double)i;
+            ASSERT_OK(dp_comm_reduce_scatter(c, x, n, DP_DTYPE_F64, all_algos[a]));
+            ASSERT_OK(dp_comm_allgather(c, x, n, DP_DTYPE_F64, all_algos[a]));
+            for (int64_t i = 0; i < n; i++)
+                ASSERT_NEAR(x[i], 1e-3 * P * (P - 1) / 2 + P * (double)i, 1e-9 * (double)(1 + i));
+            /* broadcast from the last rank */
+            for (int64_t i = 0; i < n; i++) x[i] = r == P - 1 ? 0.5 + (double)i : -1;
+            ASSERT_OK(dp_comm_broadcast(c, x, n, DP_DTYPE_F64, P - 1, all_algos[a]));
+            for (int64_t i = 0; i < n; i++) ASSERT_TRUE(x[i] == 0.5 + (double)i);
+        }
+    dp_free(x);
+}
+
+TEST(comm_f64) {
+    for (int P = 1; P <= 8; P++) team(P, NULL, f64_member, NULL);
+}
+
+/* ---- nonblocking ---------------------------------------------------------------------------- */
+
+#define NB_OPS 6
+
+static void nonblocking_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    int P = dp_comm_world(c), r = dp_comm_rank(c);
+    const int64_t sizes[NB_OPS] = {1000, 1, 300000, 77, 65536, 5};
+    float *x[NB_OPS];
+    struct dp_comm_req *req[NB_OPS];
+    for (int k = 0; k < NB_OPS; k++) {
+        x[k] = alloc_f32(sizes[k]);
+        for (int64_t i = 0; i < sizes[k]; i++) x[k][i] = pattern(r, i, k);
+    }
+    for (int k = 0; k < NB_OPS; k++)
+        ASSERT_OK(dp_comm_iallreduce(c, x[k], sizes[k], DP_DTYPE_F32, all_algos[k % 4], &req[k]));
+    /* Poll without waiting: the communication thread makes progress on its
+     * own.  Operations complete in issue order: testing from the last to the
+     * first, a later one done implies every earlier one done. */
+    int done_all = 0;
+    double t0 = dp_time();
+    while (!done_all) {
+        int later_done = 0;
+        done_all = 1;
+        for (int k = NB_OPS - 1; k >= 0; k--) {
+            int done;
+            ASSERT_OK(dp_comm_test(c, req[k], &done));
+            if (later_done) ASSERT_TRUE(done);
+            later_done |= done;
+            done_all &= done;
+        }
+        ASSERT_TRUE(dp_time() - t0 < 20);
+    }
+    for (int k = 0; k < NB_OPS; k++) {
+        ASSERT_OK(dp_comm_wait(c, req[k]));
+        for (int64_t i = 0; i < sizes[k]; i++)
+            ASSERT_TRUE(x[k][i] == (float)(P * (P - 1) / 2 + P * (int)((i + k) % 7)));
+        dp_free(x[k]);
+    }
+    /* Mixed kinds in flight, waited in reverse order. */
+    float *a = alloc_f32(1000), *b = alloc_f32(1000);
+    for (int i = 0; i < 1000; i++) a[i] = (float)r, b[i] = r == 1 % P ? (float)i : 0.0f;
+    struct dp_comm_req *ra, *rb, *rc;
+    ASSERT_OK(dp_comm_iallreduce(c, a, 1000, DP_DTYPE_F32, DP_ALGO_AUTO, &ra));
+    ASSERT_OK(dp_comm_ibroadcast(c, b, 1000, DP_DTYPE_F32, 1 % P, DP_ALGO_AUTO, &rb));
+    ASSERT_OK(dp_comm_ibarrier(c, &rc));
+    ASSERT_OK(dp_comm_wait(c, rc));
+    ASSERT_OK(dp_comm_wait(c, rb));
+    ASSERT_OK(dp_comm_wait(c, ra));
+    for (int i = 0; i < 1000; i++) ASSERT_TRUE(a[i] == P * (P - 1) / 2 && b[i] == i);
+    dp_free(a), dp_free(b);
+}
+
+TEST(comm_nonblocking_in_order) {
+    for (int P = 1; P <= 5; P++) team(P, NULL, nonblocking_member, NULL);
+}
+
+/* The worker computes while its all-reduce proceeds on the comm thread. */
+static void overlap_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    int r = dp_comm_rank(c);
+    int64_t n = 1 << 20;
+    float *x = alloc_f32(n);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)r;
+    struct dp_comm_req *req;
+    ASSERT_OK(dp_comm_iallreduce(c, x, n, DP_DTYPE_F32, DP_ALGO_RING, &req));
+    double acc = 0;
+    int done = 0;
+    while (!done) {
+        for (int i = 0; i < 1000; i++) acc += i * 1e-9; /* "backward" */
+        ASSERT_OK(dp_comm_test(c, req, &done));
+    }
+    ASSERT_TRUE(acc > 0);
+    ASSERT_OK(dp_comm_wait(c, req));
+    ASSERT_TRUE(x[0] == 1.0f && x[n - 1] == 1.0f);
+    dp_free(x);
+}
+
+TEST(comm_test_before_wait_overlaps) { team(2, NULL, overlap_member, NULL); }
+
+/* ---- failures: abort, timeout, mismatch ----------------------------------------------------- */
+
+static atomic_int abort_ready;
+
+static void abort_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    int r = dp_comm_rank(c), P = dp_comm_world(c);
+    float x[3][64] = {{0}};
+    if (r == 0) {
+        /* abort once every other rank has started (and most likely blocked) */
+        while (atomic_load(&abort_ready) < P - 1) usleep(1000);
+        usleep(50 * 1000);
+        ASSERT_ERR(dp_comm_abort(c, "loss is NaN at step 7"), DP_ECANCELED,
+                   "rank 0 aborted: loss is NaN at step 7");
+    } else if (r % 2) {
+        /* several queued nonblocking operations: all canceled */
+        struct dp_comm_req *q[3];
+        for (int k = 0; k < 3; k++)
+            ASSERT_OK(dp_comm_iallreduce(c, x[k], 64, DP_DTYPE_F32, all_algos[k], &q[k]));
+        atomic_fetch_add(&abort_ready, 1);
+        for (int k = 0; k < 3; k++)
+            ASSERT_ERR(dp_comm_wait(c, q[k]), DP_ECANCELED, "rank 0 aborted: loss is NaN");
+    } else {
+        /* the same operations, blocking */
+        atomic_fetch_add(&abort_ready, 1);
+        double t0 = dp_time();
+        for (int k = 0; k < 3; k++)
+            ASSERT_ERR(dp_comm_allreduce(c, x[k], 64, DP_DTYPE_F32, all_algos[k]), DP_ECANCELED,
+                       "rank 0 aborted: loss is NaN at step 7");
+        ASSERT_TRUE(dp_time() - t0 < 5);
+    }
+    /* every future operation fails at once, on every rank */
+    ASSERT_ERR(dp_comm_barrier(c), DP_ECANCELED, "rank 0 aborted");
+    ASSERT_ERR(dp_comm_status(c), DP_ECANCELED, "loss is NaN");
+    struct dp_comm_req *q;
+    ASSERT_ERR(dp_comm_iallreduce(c, x[0], 64, DP_DTYPE_F32, DP_ALGO_AUTO, &q), DP_ECANCELED,
+               "rank 0 aborted");
+    ASSERT_TRUE(q == NULL);
+}
+
+TEST_T(comm_abort_unblocks_every_rank, 20) {
+    atomic_store(&abort_ready, 0);
+    team(4, NULL, abort_member, NULL);
+    atomic_store(&abort_ready, 0);
+    team(8, NULL, abort_member, NULL);
+}
+
+/* An abort from a thread that is not the rank's worker (a watchdog), while
+ * that worker is blocked in a large all-reduce its peer never joins; the peer
+ * sees the abort through dp_comm_status. */
+static void *watchdog_main(void *c) {
+    usleep(50 * 1000);
+    dp_comm_abort(c, "watchdog: data error");
+    return NULL;
+}
+
+static void abort_other_thread_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    static float big[1 << 16];
+    if (dp_comm_rank(c) == 0) {
+        pthread_t wd;
+        ASSERT_EQ(pthread_create(&wd, NULL, watchdog_main, c), 0);
+        ASSERT_ERR(dp_comm_allreduce(c, big, 1 << 16, DP_DTYPE_F32, DP_ALGO_DIRECT), DP_ECANCELED,
+                   "rank 0 aborted: watchdog: data error");
+        pthread_join(wd, NULL);
+    } else {
+        double t0 = dp_time();
+        while (dp_comm_status(c) == 0) {
+            ASSERT_TRUE(dp_time() - t0 < 5);
+            usleep(1000);
+        }
+        ASSERT_ERR(dp_comm_status(c), DP_ECANCELED, "rank 0 aborted: watchdog");
+    }
+}
+
+TEST_T(comm_abort_while_blocked, 20) { team(2, NULL, abort_other_thread_member, NULL); }
+
+static void timeout_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    int r = dp_comm_rank(c);
+    float x[100] = {0};
+    if (r == 2) {
+        usleep(800 * 1000); /* "stuck in compute": never arrives in time */
+        ASSERT_ERR(dp_comm_allreduce(c, x, 100, DP_DTYPE_F32, DP_ALGO_DIRECT), DP_ECANCELED,
+                   "rank 2 did not arrive");
+        return;
+    }
+    double t0 = dp_time();
+    ASSERT_ERR(dp_comm_allreduce(c, x, 100, DP_DTYPE_F32, DP_ALGO_DIRECT), DP_ECANCELED,
+               "rank 2 did not arrive");
+    double dt = dp_time() - t0;
+    ASSERT_TRUE(dt >= 0.2 && dt < 0.75); /* rank 2 arrives at 0.8 s */
+    ASSERT_TRUE(strstr(dp_errmsg(), "timeout after 0.25 s") != NULL);
+}
+
+TEST_T(comm_timeout_names_missing_rank, 20) {
+    struct dp_comm_params cp = dp_comm_default_params();
+    cp.timeout_s = 0.25;
+    team(3, &cp, timeout_member, NULL);
+}
+
+static void mismatch_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    float x[20] = {0};
+    int r = dp_comm_rank(c);
+    dp_clearerr();
+    int rc = dp_comm_allreduce(c, x, 10 + r, DP_DTYPE_F32, DP_ALGO_DIRECT);
+    ASSERT_TRUE(rc == DP_EMISMATCH || rc == DP_ECANCELED);
+    ASSERT_TRUE(strstr(dp_errmsg(), "differs between ranks") != NULL);
+    ASSERT_TRUE(strstr(dp_errmsg(), "allreduce(count 10, f32, direct)") != NULL);
+}
+
+TEST_T(comm_mismatch_detected, 20) { team(2, NULL, mismatch_member, NULL); }
+
+/* ---- arguments, names, partition, backends -------------------------------------------------- */
+
+static void args_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    float x[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    struct dp_comm_req *q = (struct dp_comm_req *)1;
+    ASSERT_ERR(dp_comm_allreduce(c, x, -1, DP_DTYPE_F32, DP_ALGO_AUTO), DP_EINVAL, "negative");
+    ASSERT_ERR(dp_comm_allreduce(c, NULL, 8, DP_DTYPE_F32, DP_ALGO_AUTO), DP_EINVAL, "NULL");
+    ASSERT_ERR(dp_comm_allreduce(c, x, 8, (enum dp_dtype)9, DP_ALGO_AUTO), DP_EINVAL, "dtype");
+    ASSERT_ERR(dp_comm_iallreduce(c, x, 8, DP_DTYPE_F32, (enum dp_comm_algo)7, &q), DP_EINVAL,
+               "algorithm");
+    ASSERT_TRUE(q == NULL);
+    ASSERT_ERR(dp_comm_broadcast(c, x, 8, DP_DTYPE_F32, 5, DP_ALGO_AUTO), DP_EINVAL, "root 5");
+    /* nothing was started: the next operation still matches across ranks */
+    ASSERT_OK(dp_comm_allreduce(c, x, 8, DP_DTYPE_F32, DP_ALGO_AUTO));
+    ASSERT_TRUE(x[7] == 3.0f);
+    ASSERT_TRUE(strcmp(dp_comm_backend_name(c), "thread") == 0);
+    ASSERT_EQ(dp_comm_world(c), 3);
+    ASSERT_OK(dp_comm_status(c));
+}
+
+TEST(comm_arguments_checked_before_start) { team(3, NULL, args_member, NULL); }
+
+TEST(comm_names_and_choice) {
+    for (int a = 0; a < DP_ALGO_COUNT; a++)
+        ASSERT_EQ(dp_comm_algo_parse(dp_comm_algo_name((enum dp_comm_algo)a)), a);
+    ASSERT_TRUE(strcmp(dp_comm_algo_name(DP_ALGO_RHD), "rhd") == 0);
+    ASSERT_EQ(dp_comm_algo_parse("direct"), DP_ALGO_DIRECT);
+    ASSERT_EQ(dp_comm_algo_parse("tree"), -1);
+    ASSERT_EQ(dp_comm_algo_parse(NULL), -1);
+    for (int t = 0; t < DP_DTYPE_COUNT; t++)
+        ASSERT_EQ(dp_dtype_parse(dp_dtype_name((enum dp_dtype)t)), t);
+    ASSERT_EQ(dp_dtype_size(DP_DTYPE_BF16), 2);
+    ASSERT_EQ(dp_dtype_size(DP_DTYPE_F64), 8);
+    for (int k = 0; k < DP_COLL_COUNT; k++)
+        for (int P = 1; P <= 64; P *= 2)
+            for (size_t b = 1; b < ((size_t)1 << 30); b *= 8) {
+                enum dp_comm_algo a = dp_comm_choose_algo("thread", (enum dp_comm_coll)k, P, b);
+                ASSERT_TRUE(a > DP_ALGO_AUTO && a < DP_ALGO_COUNT);
+                a = dp_comm_choose_algo("mpi", (enum dp_comm_coll)k, P, b);
+                ASSERT_TRUE(a > DP_ALGO_AUTO && a < DP_ALGO_COUNT);
+            }
+}
+
+TEST(comm_split_partition) {
+    for (int P = 1; P <= 9; P++)
+        for (int64_t n = 0; n < 40; n++) {
+            int64_t next = 0;
+            for (int r = 0; r < P; r++) {
+                int64_t off, len;
+                dp_comm_split(n, P, r, &off, &len);
+                ASSERT_EQ(off, next);
+                ASSERT_EQ(len, n / P + (r < n % P));
+                next = off + len;
+            }
+            ASSERT_EQ(next, n);
+        }
+}
+
+TEST(comm_backends_not_built) {
+    struct dp_comm *c = (struct dp_comm *)1;
+    ASSERT_ERR(dp_comm_init(&c, "mpi", NULL), DP_ENOTSUP, "backend 'mpi' was not built in");
+    ASSERT_TRUE(c == NULL);
+    ASSERT_ERR(dp_comm_init(&c, "nccl", NULL), DP_ENOTSUP, "backend 'nccl' was not built in");
+    ASSERT_ERR(dp_comm_init(&c, "carrier-pigeon", NULL), DP_EINVAL, "unknown backend");
+    ASSERT_TRUE(dp_comm_backend_available("thread"));
+    ASSERT_TRUE(!dp_comm_backend_available("mpi"));
+    struct dp_comm_world *w;
+    ASSERT_ERR(dp_comm_thread_world_init(&w, 0, NULL), DP_EINVAL, "0 ranks");
+    ASSERT_OK(dp_comm_thread_world_init(&w, 2, NULL));
+    ASSERT_ERR(dp_comm_thread_init(&c, w, 2), DP_EINVAL, "rank 2 out of range");
+    ASSERT_OK(dp_comm_thread_init(&c, w, 1));
+    struct dp_comm *c2;
+    ASSERT_ERR(dp_comm_thread_init(&c2, w, 1), DP_EINVAL, "already");
+    dp_comm_free(c);
+    dp_comm_free(NULL);
+    dp_comm_thread_world_free(w);
+    dp_comm_thread_world_free(NULL);
+}
+
+/* ---- leaks ---------------------------------------------------------------------------------- */
+
+static atomic_long live_blocks;
+static void *count_alloc(size_t size, void *user) {
+    (void)user;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, size ? (size + 63) & ~(size_t)63 : 64)) return NULL;
+    atomic_fetch_add(&live_blocks, 1);
+    return p;
+}
+static void count_free(void *p, void *user) {
+    (void)user;
+    atomic_fetch_sub(&live_blocks, 1);
+    free(p);
+}
+
+static void leak_member(struct dp_comm *c, void *arg) {
+    int forget = *(int *)arg;
+    float x[100];
+    for (int i = 0; i < 100; i++) x[i] = 1;
+    struct dp_comm_req *q[4];
+    for (int k = 0; k < 4; k++)
+        ASSERT_OK(dp_comm_iallreduce(c, x, 100, DP_DTYPE_F32, all_algos[k], &q[k]));
+    for (int k = 0; k < 4; k++) ASSERT_OK(dp_comm_wait(c, q[k]));
+    ASSERT_OK(dp_comm_barrier(c));
+    if (forget && dp_comm_rank(c) == 0) {
+        /* rank 0 leaves with an operation in flight: the world is aborted so
+         * the others do not wait for it, and its request is released */
+        ASSERT_OK(dp_comm_iallreduce(c, x, 100, DP_DTYPE_F32, DP_ALGO_DIRECT, &q[0]));
+    } else if (forget) {
+        int rc = dp_comm_allreduce(c, x, 100, DP_DTYPE_F32, DP_ALGO_DIRECT);
+        ASSERT_TRUE(rc == 0 || rc == DP_ECANCELED);
+    }
+}
+
+TEST(comm_free_without_leaks) {
+    struct dp_allocator a = {count_alloc, count_free, NULL};
+    dp_set_allocator(&a);
+    for (int forget = 0; forget < 2; forget++) {
+        team(4, NULL, leak_member, &forget);
+        ASSERT_EQ(atomic_load(&live_blocks), 0);
+    }
+    dp_set_allocator(NULL);
+}
