@@ -14,7 +14,7 @@
 # Both evaluate on the full 10k test set after every epoch (included in the wall time).
 #
 # Environment knobs:
-#   MODELS="mlp cnn resnet"  THREADS=2  SEED=1
+#   MODELS="mlp cnn resnet"  THREADS=2  SEED=1  WORKERS=1 (dptrain data-parallel workers)
 #   DPTRAIN=./build/dptrain  PY=/usr/bin/python3  RESULTS=bench/results
 #   SKIP_DPTRAIN=1 / SKIP_PYTORCH=1   run one side only
 #   EXTRA_ARGS="..."         appended to both command lines (e.g. --train-limit 5000 for a smoke test)
@@ -75,7 +75,7 @@ run_side() {
     local pin=(OMP_NUM_THREADS="$THREADS" OPENBLAS_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS")
     local cmd
     if [ "$side" = dptrain ]; then
-        cmd=(env "${pin[@]}" "$DPTRAIN" train "${common[@]}" "${extra[@]}" --progress lines)
+        cmd=(env "${pin[@]}" "$DPTRAIN" train --workers "${WORKERS:-1}" "${common[@]}" "${extra[@]}" --progress lines)
     else
         cmd=(env "${pin[@]}" "$PY" bench/pytorch_train.py "${common[@]}" "${extra[@]}" --eval-every-epoch)
     fi

@@ -8,7 +8,7 @@
 # interleaved within each repetition (the order rotates from one repetition to
 # the next) so that the noise of a shared machine hits all of them alike:
 #
-#   dptrain    ./build/dptrain train --model M --threads T --batch 128 --lr 0.05
+#   dptrain    ./build/dptrain train --model M --workers 1 --threads T --batch 128 --lr 0.05
 #              --momentum 0.9 --epochs 1 --max-steps S --progress none
 #   installed  PyTorch as installed: Debian's OpenBLAS held to its Haswell (AVX2)
 #              kernels by OPENBLAS_CORETYPE=Haswell in the environment
@@ -78,7 +78,7 @@ build_cmd() {
     local pyargs=("$PY" bench/pytorch_train.py --model "$model" --threads "$threads" --batch 128 --lr 0.05
                   --momentum 0.9 --epochs 1 --max-steps "$steps" --no-eval)
     case $variant in
-    dptrain) CMD=(env "${pin[@]}" "$DPTRAIN" train --model "$model" --threads "$threads" --batch 128 --lr 0.05
+    dptrain) CMD=(env "${pin[@]}" "$DPTRAIN" train --model "$model" --workers 1 --threads "$threads" --batch 128 --lr 0.05
                   --momentum 0.9 --epochs 1 --max-steps "$steps" --progress none) ;;
     installed) CMD=(env "${pin[@]}" "${pyargs[@]}") ;;
     avx512) CMD=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "${pin[@]}" "${pyargs[@]}") ;;
