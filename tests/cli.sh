@@ -33,7 +33,8 @@ if "$BIN" --help | grep -q "usage: dptrain" && "$BIN" train --help | grep -q -- 
 # --- a short training run -------------------------------------------------------
 if "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --out "$T/a" >"$T/a.log" 2>&1 &&
    grep -q "^epoch 2/2 .*test acc" "$T/a.log" && [[ -s "$T/a/checkpoint.bin" ]] &&
-   [[ $(wc -l <"$T/a/metrics.jsonl") -eq 2 ]] && grep -q '"test_acc"' "$T/a/metrics.jsonl"; then
+   [[ $(grep -c '"kind": "epoch"' "$T/a/metrics.jsonl") -eq 2 ]] && grep -q '"test_acc"' "$T/a/metrics.jsonl" &&
+   [[ $(grep -c '"kind": "step"' "$T/a/metrics.jsonl") -eq 40 ]] && grep -q '"comm_exposed_s"' "$T/a/metrics.jsonl"; then
   ok train_mlp
 else bad train_mlp "$(tail -5 "$T/a.log")"; fi
 acc=$(awk '/^epoch 2\/2/ {for (i=1;i<=NF;i++) if ($i=="acc" && $(i-1)=="test") print $(i+1)}' "$T/a.log" | tr -d '%')

@@ -234,3 +234,20 @@ TEST(ddp_deterministic_rejects_batchnorm) {
     struct dp_trainer *t;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "BatchNorm");
 }
+
+TEST_T(ddp_check_replicas_names_diverged_worker, 120) {
+    if (!have_data()) return;
+    struct dp_train_params p = base("mlp", 3);
+    p.fault_kind = DP_FAULT_DIVERGE;
+    p.fault_worker = 2;
+    p.fault_step = 6;
+    p.check_replicas = 4; /* checked after steps 4, 8, ...: caught at 8 */
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    int rc = dp_trainer_run(t);
+    dp_trainer_free(t);
+    ASSERT_EQ(rc, DP_EMISMATCH);
+    fprintf(stderr, "    %s\n", dp_errmsg());
+    ASSERT_TRUE(strstr(dp_errmsg(), "replica of worker 2 diverged") != NULL);
+    ASSERT_TRUE(strstr(dp_errmsg(), "step 8") != NULL);
+}

@@ -11,9 +11,10 @@
  *     (the model's grad_ready callback reports the layer holding the bucket's
  *     lowest offset), on the communicator's progress thread, while the
  *     worker's compute thread goes on with backward.
- *   - The all-reduce SUMS; the caller then scales by 1 / (samples in the
- *     global batch), so the result is the gradient of the mean loss over the
- *     global batch whatever the split.  Every rank plans the same buckets from
+ *   - The all-reduce SUMS.  Each worker's gradient is its per-sample sum
+ *     weighted by 1 / (samples in the global batch) (or the caller scales the
+ *     reduced sum by it), so the result is the gradient of the mean loss over
+ *     the global batch whatever the split.  Every rank plans the same buckets from
  *     the same model, so bucket k is the k-th collective on every rank.
  *
  *     struct dp_reducer r;

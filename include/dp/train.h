@@ -66,7 +66,9 @@ struct dp_train_params {
     const char *timeline;      /* write a Chrome trace-event file of the run here (NULL = off) */
     /* Fault injection, for the tests of failure handling: at optimizer step
      * fault_step, worker fault_worker fails the way fault_kind says. */
-    enum { DP_FAULT_NONE = 0, DP_FAULT_NAN, DP_FAULT_ALLOC, DP_FAULT_DATA, DP_FAULT_KIND_COUNT } fault_kind;
+    enum { DP_FAULT_NONE = 0, DP_FAULT_NAN, DP_FAULT_ALLOC, DP_FAULT_DATA, DP_FAULT_DIVERGE, DP_FAULT_KIND_COUNT } fault_kind;
+    /* DP_FAULT_DIVERGE: the worker's replica silently drifts (one parameter
+     * changed after its update), for --check-replicas */
     int fault_worker;
     int64_t fault_step;
     const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */

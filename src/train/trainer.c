@@ -5,14 +5,17 @@
  * batch.  One optimizer step:
  *
  *   for each of the `accum` micro-batches:
- *       loader.next -> forward -> backward (per-sample gradients SUMMED)
+ *       loader.next -> forward -> backward: sum over the worker's samples of
+ *       the per-sample gradients, each times 1/N (N = samples in the global
+ *       batch, all workers; with accumulation the 1/N is applied at the end)
  *       on the last micro-batch the reducer all-reduces (sums) gradient buckets
  *       as backward finishes them, overlapping the rest of backward
- *   wait for all buckets -> scale by 1/N (N = samples in the step, all workers)
- *   -> non-finite check -> [clip] -> lr = schedule(step) -> optimizer step
+ *   wait for all buckets -> non-finite check -> [clip] -> lr = schedule(step)
+ *   -> optimizer step
  *
- * Sum-then-scale makes the result the gradient of the mean loss over the
- * global batch whatever the split: P workers with global batch N train the
+ * Summing over workers what each computed as (1/N) * its per-sample sum
+ * gives the gradient of the mean loss over the global batch whatever the
+ * split: P workers with global batch N train the
  * same model as one worker with batch N, to float rounding.  The position
  * (epoch, step in epoch) and the seed fix the data order, so a checkpoint
  * resumes the very same sequence of batches.  With P = 1 the single worker
@@ -428,7 +431,11 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         dp_timeline_add(&w->tl, "data", 0, w->step, td, ta);
         int last = k == nmicro - 1;
         struct dp_batch b = {.B = lb->B, .x = lb->x, .targets = lb->y, .sample_idx = lb->idx, .epoch = lb->epoch};
-        struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = 1.0f};
+        /* With one micro-batch the global batch size is known before
+         * backward, so the 1/N of the mean is folded into the loss gradient
+         * (no extra pass); with accumulation the sum is scaled at the end. */
+        float ls = nmicro == 1 ? (float)(1.0 / (double)lb->global_B) : 1.0f;
+        struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = ls};
         if (t->P > 1) pass.stat_sync = stat_sync, pass.stat_sync_arg = w;
         if (last) {
             pass.grad_ready = dp_reducer_grad_ready;
@@ -485,9 +492,11 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
     w->t_exposed += w->red.comm_exposed;
     double t1 = dp_time();
     /* sum -> mean over the global batch */
-    float scale = (float)(1.0 / n_total);
     float *g = w->rep.grads;
-    for (int64_t i = 0; i < m->num_params; i++) g[i] *= scale;
+    if (nmicro > 1) {
+        float scale = (float)(1.0 / n_total);
+        for (int64_t i = 0; i < m->num_params; i++) g[i] *= scale;
+    }
     /* Every replica holds the same reduced gradient, so every worker takes
      * the same decision here without talking to the others. */
     if (any_nonfinite(g, m->num_params)) {
@@ -515,6 +524,8 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
     if (t->p.clip_norm > 0) dp_clip_grad_norm(g, m->num_params, t->p.clip_norm);
     float lr = dp_sched_lr(&t->p.sched, w->step);
     int rc = dp_optim_step(&w->opt, w->rep.params, g, m->num_params, lr);
+    if (t->p.fault_kind == DP_FAULT_DIVERGE && w->rank == t->p.fault_worker && w->step == t->p.fault_step)
+        w->rep.params[m->num_params / 2] += 1e-3f;
     double t2 = dp_time();
     w->t_opt += t2 - t1;
     dp_timeline_add(&w->tl, "optimizer", 0, w->step, t1, t2);
@@ -671,6 +682,9 @@ static int worker_loop(struct worker *w) {
             int64_t skipped_before = w->skipped;
             double n_step = 0, loss_step = 0;
             w->step = step, w->epoch = epoch;
+            /* phase sums before the step, for the per-step record */
+            double s0[6] = {dp_loader_wait_time(w->loader), w->t_fwd, w->t_bwd, w->t_comm, w->t_exposed, w->t_opt};
+            double ts = dp_time();
             rc = t->p.deterministic ? det_step(w, nmicro, &n_step, &loss_step)
                                     : train_step(w, nmicro, &w->skipped, &n_step, &loss_step);
             if (rc)
@@ -686,6 +700,15 @@ static int worker_loop(struct worker *w) {
                                       .samples = (int64_t)n_step, .loss = loss_step,
                                       .skipped = w->skipped - skipped_before};
                 emit(t, &ev);
+                if (t->metrics) {
+                    double s1[6] = {dp_loader_wait_time(w->loader), w->t_fwd, w->t_bwd, w->t_comm, w->t_exposed, w->t_opt};
+                    fprintf(t->metrics,
+                            "{\"kind\": \"step\", \"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"samples\": %lld, "
+                            "\"step_s\": %.6f, \"data_wait_s\": %.6f, \"forward_s\": %.6f, \"backward_s\": %.6f, "
+                            "\"comm_s\": %.6f, \"comm_exposed_s\": %.6f, \"optimizer_s\": %.6f}\n",
+                            (long long)step, (long long)epoch + 1, loss_step, (long long)n_step, dp_time() - ts,
+                            s1[0] - s0[0], s1[1] - s0[1], s1[2] - s0[2], s1[3] - s0[3], s1[4] - s0[4], s1[5] - s0[5]);
+                }
             }
             if (t->p.check_replicas && step % t->p.check_replicas == 0 && (rc = check_replicas(w))) return rc;
         }
