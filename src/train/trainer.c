@@ -688,7 +688,8 @@ static int worker_loop(struct worker *w) {
             rc = t->p.deterministic ? det_step(w, nmicro, &n_step, &loss_step)
                                     : train_step(w, nmicro, &w->skipped, &n_step, &loss_step);
             if (rc)
-                return dp_adderr(rc, "worker %d, step %lld", w->rank, (long long)step);
+                /* non-finite errors already name the worker and step that caused them */
+                return rc == DP_ENONFINITE ? rc : dp_adderr(rc, "worker %d, step %lld", w->rank, (long long)step);
             step++;
             in_epoch += nmicro;
             if (w->rank == 0) {
