@@ -1,6 +1,7 @@
 /* dptrain — the command-line interface.  The only code that prints or exits. */
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -486,6 +487,14 @@ static int cmd_bench(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    /* Keep freed memory in the heap instead of returning it to the kernel:
+     * libraries (oneDNN's GEMM packing buffers) allocate and free scratch
+     * every call, and a fresh page costs ~12 us to fault in on these VMs
+     * (DESIGN.md §3), so mmap/munmap per call showed up as 15% of an mlp
+     * step in kernel page clearing.  A process-wide policy: it belongs to
+     * the program, not the library. */
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
     if (argc < 2) {
         fputs(help_main, stderr);
         return 2;
