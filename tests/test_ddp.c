@@ -251,3 +251,24 @@ TEST_T(ddp_check_replicas_names_diverged_worker, 120) {
     ASSERT_TRUE(strstr(dp_errmsg(), "replica of worker 2 diverged") != NULL);
     ASSERT_TRUE(strstr(dp_errmsg(), "step 8") != NULL);
 }
+
+/* A last batch smaller than the number of workers: some workers get no
+ * sample at all and still take part (SyncBatchNorm included). */
+static void empty_shares(const char *model) {
+    if (!have_data()) return;
+    struct dp_train_params p = base(model, 1);
+    p.batch = 6;
+    p.train_limit = 20; /* batches 6, 6, 6, 2: with 4 workers two get nothing */
+    p.sched.base_lr = 0.01f; /* see ddp_equivalence_resnet */
+    int64_t n;
+    float *ref = train(&p, &n);
+    p.workers = 4;
+    p.check_replicas = 1;
+    float *got = train(&p, &n);
+    double d = rel_diff(ref, got, n);
+    fprintf(stderr, "    %s, 4 workers, batches of 6 and 2: %.2e\n", model, d);
+    ASSERT_TRUE(d <= 1e-5);
+    free(ref), free(got);
+}
+TEST_T(ddp_empty_shares_mlp, 120) { empty_shares("mlp"); }
+TEST_T(ddp_empty_shares_resnet, 120) { empty_shares("resnet"); }

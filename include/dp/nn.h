@@ -243,7 +243,7 @@ struct dp_pass {
     double t_forward, t_backward; /* seconds */
 };
 /* Runs forward (and, if p->backward, backward accumulating into r->grads) on
- * one batch.  The arena is reset at the start.  Logits of the last forward
+ * one batch (B may be 0: an empty data-parallel share).  The arena is reset at the start.  Logits of the last forward
  * stay in r->acts[nlayers] until the next call. */
 int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp_batch *b,
                  struct dp_pass *p);

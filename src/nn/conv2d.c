@@ -337,6 +337,7 @@ static int conv_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, cons
     const float *w = ctx->params + l->param_off; /* (OC, CKK) */
     float *dw = ctx->grads + l->param_off;       /* (OC, CKK) */
     float *db = dw + NW;                         /* (OC) */
+    if (B == 0) return DP_OK; /* an empty share: no gradient to add */
 
     /* Bias: one thread per output channel, samples in order. */
     if (p->bias) {

@@ -218,7 +218,10 @@ uint64_t dp_replica_hash(const struct dp_replica *r) {
 int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp_batch *b,
                  struct dp_pass *p) {
     int64_t B = b->B;
-    if (B <= 0 || B > r->max_batch)
+    /* B = 0 is allowed: a data-parallel worker whose share of a small last
+     * batch is empty still runs the pass, so that it takes part in the
+     * collectives inside it (SyncBatchNorm) and contributes zero gradients. */
+    if (B < 0 || B > r->max_batch)
         return dp_seterr(DP_EINVAL, "model: batch of %lld samples (replica holds up to %lld)",
                          (long long)B, (long long)r->max_batch);
     if (p->backward && !p->training) return dp_seterr(DP_EINVAL, "model: backward needs training mode");
@@ -233,7 +236,7 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
     struct dp_shape out = dp_model_cur_shape(m);
     int64_t V = out.d[out.ndim - 1];
     int64_t R = B * (dp_shape_numel(&out) / V);
-    ctx.loss_scale = p->loss_scale != 0.0f ? p->loss_scale : 1.0f / (float)R;
+    ctx.loss_scale = p->loss_scale != 0.0f ? p->loss_scale : R > 0 ? 1.0f / (float)R : 0.0f;
 
     /* forward */
     double t0 = dp_time();
