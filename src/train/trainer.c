@@ -659,6 +659,27 @@ static int end_epoch(struct worker *w, double t_start) {
     return dp_comm_barrier(w->comm);
 }
 
+/* The worker's running phase sums: data wait, forward, backward, comm,
+ * exposed comm, optimizer. */
+static void phase_sums(const struct worker *w, double out[6]) {
+    out[0] = dp_loader_wait_time(w->loader), out[1] = w->t_fwd, out[2] = w->t_bwd;
+    out[3] = w->t_comm, out[4] = w->t_exposed, out[5] = w->t_opt;
+}
+
+/* One "step" line of metrics.jsonl (rank 0): the step's phase times are the
+ * differences of the phase sums before (s0) and after it. */
+static void step_record(const struct worker *w, int64_t step, int64_t epoch, double loss, double samples,
+                        double step_s, const double s0[6]) {
+    double s1[6];
+    phase_sums(w, s1);
+    fprintf(w->t->metrics,
+            "{\"kind\": \"step\", \"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"samples\": %lld, "
+            "\"step_s\": %.6f, \"data_wait_s\": %.6f, \"forward_s\": %.6f, \"backward_s\": %.6f, "
+            "\"comm_s\": %.6f, \"comm_exposed_s\": %.6f, \"optimizer_s\": %.6f}\n",
+            (long long)step, (long long)epoch + 1, loss, (long long)samples, step_s, s1[0] - s0[0],
+            s1[1] - s0[1], s1[2] - s0[2], s1[3] - s0[3], s1[4] - s0[4], s1[5] - s0[5]);
+}
+
 static int worker_loop(struct worker *w) {
     struct dp_trainer *t = w->t;
     const struct dp_model *m = t->model;
@@ -688,9 +709,8 @@ static int worker_loop(struct worker *w) {
             int64_t skipped_before = w->skipped;
             double n_step = 0, loss_step = 0;
             w->step = step, w->epoch = epoch;
-            /* phase sums before the step, for the per-step record */
-            double s0[6] = {dp_loader_wait_time(w->loader), w->t_fwd, w->t_bwd, w->t_comm, w->t_exposed, w->t_opt};
-            double ts = dp_time();
+            double s0[6], ts = dp_time();
+            phase_sums(w, s0); /* for the per-step record */
             rc = t->p.deterministic ? det_step(w, nmicro, &n_step, &loss_step)
                                     : train_step(w, nmicro, &w->skipped, &n_step, &loss_step);
             if (rc)
@@ -707,15 +727,7 @@ static int worker_loop(struct worker *w) {
                                       .samples = (int64_t)n_step, .loss = loss_step,
                                       .skipped = w->skipped - skipped_before};
                 emit(t, &ev);
-                if (t->metrics) {
-                    double s1[6] = {dp_loader_wait_time(w->loader), w->t_fwd, w->t_bwd, w->t_comm, w->t_exposed, w->t_opt};
-                    fprintf(t->metrics,
-                            "{\"kind\": \"step\", \"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"samples\": %lld, "
-                            "\"step_s\": %.6f, \"data_wait_s\": %.6f, \"forward_s\": %.6f, \"backward_s\": %.6f, "
-                            "\"comm_s\": %.6f, \"comm_exposed_s\": %.6f, \"optimizer_s\": %.6f}\n",
-                            (long long)step, (long long)epoch + 1, loss_step, (long long)n_step, dp_time() - ts,
-                            s1[0] - s0[0], s1[1] - s0[1], s1[2] - s0[2], s1[3] - s0[3], s1[4] - s0[4], s1[5] - s0[5]);
-                }
+                if (t->metrics) step_record(w, step, epoch, loss_step, n_step, dp_time() - ts, s0);
             }
             if (t->p.check_replicas && step % t->p.check_replicas == 0 && (rc = check_replicas(w))) return rc;
         }
