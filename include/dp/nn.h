@@ -77,7 +77,6 @@ struct dp_ctx {
     void *grad_ready_arg;
     dp_stat_sync_fn stat_sync; /* NULL on one worker */
     void *stat_sync_arg;
-    int64_t stat_count_scale;  /* unused by layers; reserved */
 };
 
 struct dp_layer;
