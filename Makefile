@@ -4,7 +4,9 @@
 # builds with ThreadSanitizer.  CC=clang works the same way.
 #
 # Optional libraries are detected: oneDNN (libdnnl-dev) and OpenBLAS
-# (libopenblas-dev) for GEMM.  zlib (zlib1g-dev) is required.
+# (libopenblas-dev) for GEMM; MPI (openmpi-bin libopenmpi-dev: found through
+# mpicc) for the communicator's mpi backend and build/dptest_mpi (MPI=0 builds
+# without it).  zlib (zlib1g-dev) is required.
 
 CC ?= cc
 SAN ?=
@@ -24,6 +26,20 @@ endif
 ifeq ($(HAVE_BLAS),1)
   CFLAGS_ALL += -DDP_WITH_BLAS
   LDLIBS_ALL += -lopenblas
+endif
+
+# MPI: CC stays the compiler (gcc, clang, sanitizers); mpicc only tells the
+# flags.  Its include directories become -isystem so that warnings in the MPI
+# headers do not fail -Werror.
+MPI ?= 1
+MPICC := $(if $(filter 1,$(MPI)),$(shell command -v mpicc 2>/dev/null),)
+ifneq ($(MPICC),)
+  HAVE_MPI := 1
+  MPI_CFLAGS := $(patsubst -I%,-isystem %,$(shell $(MPICC) --showme:compile))
+  MPI_LDLIBS := $(shell $(MPICC) --showme:link)
+  CFLAGS_ALL += -DDP_WITH_MPI $(MPI_CFLAGS)
+  LDLIBS_ALL += $(MPI_LDLIBS)
+  MPI_BIN := $(BUILD)/dptest_mpi
 endif
 
 ifeq ($(SAN),asan)
@@ -47,12 +63,17 @@ BENCH_SRC := $(sort $(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 .PHONY: all test clean fuzz
-all: $(BUILD)/dptrain $(BUILD)/dptest $(EX_BIN) $(BENCH_BIN)
+all: $(BUILD)/dptrain $(BUILD)/dptest $(EX_BIN) $(BENCH_BIN) $(MPI_BIN)
 
 V ?= 0
 Q := $(if $(filter 1,$(V)),,@)
 
-$(BUILD)/%.o: %.c $(wildcard include/dp/*.h include/*.h src/*/*.h tests/*.h)
+# Objects depend on the flags too (MPI found or not, OPT, CFLAGS): the stamp
+# file changes only when they do, so a changed setting rebuilds everything.
+FLAGS_STAMP := $(BUILD)/.cflags
+$(shell mkdir -p $(BUILD) && echo '$(CC) $(CFLAGS_ALL)' | cmp -s - $(FLAGS_STAMP) || echo '$(CC) $(CFLAGS_ALL)' >$(FLAGS_STAMP))
+
+$(BUILD)/%.o: %.c $(FLAGS_STAMP) $(wildcard include/dp/*.h include/*.h src/*/*.h tests/*.h)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC $<",true)
 	$(Q)$(CC) $(CFLAGS_ALL) -c $< -o $@
@@ -66,6 +87,11 @@ $(BUILD)/dptrain: $(CLI_OBJ) $(BUILD)/libdptrain.a
 	$(Q)$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
 
 $(BUILD)/dptest: $(TEST_OBJ) $(BUILD)/libdptrain.a
+	@$(if $(Q),echo "  LD $@",true)
+	$(Q)$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
+
+# The MPI tests: a program of their own, run under mpirun by tests/mpi/run.sh.
+$(BUILD)/dptest_mpi: $(BUILD)/tests/mpi/test_mpi.o $(BUILD)/libdptrain.a
 	@$(if $(Q),echo "  LD $@",true)
 	$(Q)$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
 

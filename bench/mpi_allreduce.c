@@ -4,7 +4,7 @@
  * run of bench/allreduce_vs_mpi.sh:
  *
  *   mpicc -O2 -DDP_BENCH_MPI -o mpi_allreduce bench/mpi_allreduce.c
- *   mpirun -np 2 ./mpi_allreduce [--min-bytes 4K] [--max-bytes 256M] [--iters N]
+ *   mpirun -np 2 ./mpi_allreduce [--min-bytes 4K] [--max-bytes 256M] [--iters N] [--mallopt]
  *
  * Method (the same as dptrain's): one buffer of the largest size per rank,
  * allocated once, advised for huge pages and touched before timing; per size
@@ -13,6 +13,12 @@
  * time is the slowest rank's; the figure is the median.  N defaults to about
  * 0.5 s of calls (5..500), from the slowest warm-up call.  Prints the same
  * columns as dptrain.
+ *
+ * --mallopt applies the malloc settings of dptrain's main() (freed memory
+ * stays in the heap: M_MMAP_THRESHOLD and M_TRIM_THRESHOLD 1 GiB), so that
+ * the temporary buffers Open MPI allocates per call are not fresh pages each
+ * time (DESIGN.md §3): the same conditions as the MPI_Allreduce that dptrain's
+ * mpi backend calls.
  *
  * The Makefile compiles every C file in bench/ with the plain compiler; without
  * -DDP_BENCH_MPI this file builds a stub that says how to build it.
@@ -26,6 +32,7 @@ int main(void) {
     return 1;
 }
 #else
+#include <malloc.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +62,16 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &P);
     long long min_bytes = 4 << 10, max_bytes = 256LL << 20;
     int iters_opt = 0, warmup = 2;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--mallopt")) {
+            mallopt(M_MMAP_THRESHOLD, 1 << 30);
+            mallopt(M_TRIM_THRESHOLD, 1 << 30);
+        }
     for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--mallopt")) {
+            i--;
+            continue;
+        }
         if (!strcmp(argv[i], "--min-bytes")) min_bytes = parse_bytes(argv[i + 1]);
         else if (!strcmp(argv[i], "--max-bytes")) max_bytes = parse_bytes(argv[i + 1]);
         else if (!strcmp(argv[i], "--iters")) iters_opt = atoi(argv[i + 1]);

@@ -261,6 +261,28 @@ TEST(comm_allreduce_bf16) {
     for (int P = 1; P <= 8; P++) team(P, NULL, bf16_member, NULL);
 }
 
+/* On the thread backend DP_ALGO_NATIVE is direct: bit for bit the fp32 sum in
+ * rank order, rounded once. */
+static void native_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    int P = dp_comm_world(c), r = dp_comm_rank(c);
+    uint16_t x[1000];
+    for (int64_t i = 0; i < 1000; i++) x[i] = bf16_input(r, i);
+    ASSERT_OK(dp_comm_allreduce(c, x, 1000, DP_DTYPE_BF16, DP_ALGO_NATIVE));
+    for (int64_t i = 0; i < 1000; i++) {
+        float f32 = 0;
+        for (int q = 0; q < P; q++) f32 = q ? f32 + dp_bf16_to_f32(bf16_input(q, i))
+                                            : dp_bf16_to_f32(bf16_input(q, i));
+        ASSERT_EQ(x[i], dp_bf16_from_f32(f32));
+    }
+    float y[10];
+    for (int i = 0; i < 10; i++) y[i] = r == 2 ? (float)i : -1.0f;
+    ASSERT_OK(dp_comm_broadcast(c, y, 10, DP_DTYPE_F32, 2, DP_ALGO_NATIVE));
+    for (int i = 0; i < 10; i++) ASSERT_TRUE(y[i] == (float)i);
+}
+
+TEST(comm_native_means_direct) { team(3, NULL, native_member, NULL); }
+
 TEST(comm_bf16_rounding) {
     ASSERT_EQ(dp_bf16_from_f32(1.0f), 0x3f80);
     ASSERT_EQ(dp_bf16_from_f32(1.0f + 0x1p-8f), 0x3f80);              /* tie -> even */
@@ -526,6 +548,12 @@ TEST(comm_names_and_choice) {
         ASSERT_EQ(dp_comm_algo_parse(dp_comm_algo_name((enum dp_comm_algo)a)), a);
     ASSERT_TRUE(strcmp(dp_comm_algo_name(DP_ALGO_RHD), "rhd") == 0);
     ASSERT_EQ(dp_comm_algo_parse("direct"), DP_ALGO_DIRECT);
+    ASSERT_EQ(dp_comm_algo_parse("native"), DP_ALGO_NATIVE);
+    ASSERT_EQ(dp_comm_choose_algo("mpi", DP_COLL_ALLREDUCE, 4, (1 << 20) - 1), DP_ALGO_RHD);
+    ASSERT_EQ(dp_comm_choose_algo("mpi", DP_COLL_ALLREDUCE, 4, 1 << 20), DP_ALGO_RING);
+    ASSERT_EQ(dp_comm_choose_algo("mpi", DP_COLL_ALLREDUCE, 4, (size_t)32 << 20), DP_ALGO_RING);
+    ASSERT_EQ(dp_comm_choose_algo("mpi", DP_COLL_BROADCAST, 4, (size_t)64 << 20), DP_ALGO_NATIVE);
+    ASSERT_EQ(dp_comm_choose_algo("thread", DP_COLL_BARRIER, 4, 0), DP_ALGO_DIRECT);
     ASSERT_EQ(dp_comm_algo_parse("tree"), -1);
     ASSERT_EQ(dp_comm_algo_parse(NULL), -1);
     for (int t = 0; t < DP_DTYPE_COUNT; t++)
@@ -559,12 +587,21 @@ TEST(comm_split_partition) {
 
 TEST(comm_backends_not_built) {
     struct dp_comm *c = (struct dp_comm *)1;
-    ASSERT_ERR(dp_comm_init(&c, "mpi", NULL), DP_ENOTSUP, "backend 'mpi' was not built in");
+#ifdef DP_WITH_MPI
+    /* built in: tested under mpirun by tests/mpi/run.sh; here only the flag */
+    ASSERT_TRUE(dp_comm_backend_available("mpi"));
+    struct dp_comm_params bad = dp_comm_default_params();
+    bad.timeout_s = -1;
+    ASSERT_ERR(dp_comm_init(&c, "mpi", &bad), DP_EINVAL, "timeout_s");
+#else
+    ASSERT_ERR(dp_comm_init(&c, "mpi", NULL), DP_ENOTSUP,
+               "backend 'mpi' was not built in (install openmpi-bin libopenmpi-dev");
+    ASSERT_TRUE(!dp_comm_backend_available("mpi"));
+#endif
     ASSERT_TRUE(c == NULL);
     ASSERT_ERR(dp_comm_init(&c, "nccl", NULL), DP_ENOTSUP, "backend 'nccl' was not built in");
     ASSERT_ERR(dp_comm_init(&c, "carrier-pigeon", NULL), DP_EINVAL, "unknown backend");
     ASSERT_TRUE(dp_comm_backend_available("thread"));
-    ASSERT_TRUE(!dp_comm_backend_available("mpi"));
     struct dp_comm_world *w;
     ASSERT_ERR(dp_comm_thread_world_init(&w, 0, NULL), DP_EINVAL, "0 ranks");
     ASSERT_OK(dp_comm_thread_world_init(&w, 2, NULL));

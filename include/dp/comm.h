@@ -14,7 +14,11 @@
  *              the default on one machine).  Each rank has a communication
  *              thread that executes that rank's operations in order, so the
  *              thread that issued them keeps computing meanwhile.
- *     mpi      one rank per process (later issue; not built in yet)
+ *     mpi      one rank per process, launched by mpirun (built in when the
+ *              Makefile finds mpicc; dp_comm_init(&c, "mpi", params)).  MPI's
+ *              own collectives (DP_ALGO_NATIVE, the default below 32 MiB)
+ *              or the project's ring and rhd over MPI point-to-point; see
+ *              docs/mpi.md.
  *     nccl     GPUs (later; not built in yet)
  *
  * Asking for a backend that was not built in returns DP_ENOTSUP at run time.
@@ -41,6 +45,10 @@
  * stored where another rank reads it.  Per algorithm, a final bf16 element
  * has been rounded:
  *     direct   once (all P inputs summed in fp32 in rank order, then rounded)
+ *     native   (mpi) at most P-1 times: MPI has no bf16 sum, so the backend
+ *              gives MPI a user-defined operation that adds two bf16
+ *              vectors in fp32 and rounds once; MPI's algorithm decides
+ *              the order and the number of hops
  *     ring     P-1 times (once per reduce-scatter step; the all-gather copies)
  *     rhd      log2(P') times, plus once for the fold when P is not a power of
  *              two (P' = the largest power of two <= P)
@@ -48,7 +56,9 @@
  *
  * Determinism.  For a given algorithm and P, every element is summed in a
  * fixed order that does not depend on timing, and all ranks end with the
- * same bits.  `direct` sums in rank order 0, 1, ..., P-1.
+ * same bits.  `direct` sums in rank order 0, 1, ..., P-1.  For `native`
+ * the order is MPI's (Open MPI's choice depends on P and the size, not on
+ * timing); its result is the same on every rank.
  *
  * Failure.  dp_comm_abort(c, msg), from any thread of any rank, makes every
  * pending and future operation on every rank return DP_ECANCELED promptly,
@@ -57,6 +67,11 @@
  * message naming the ranks that did not arrive ("comm: timeout after 2.0 s
  * in allreduce #17 on rank 0: rank 3 did not arrive"); every rank then
  * returns DP_ECANCELED.  Workers never hang because one of them failed.
+ * The mpi backend cannot reach into other processes: dp_comm_abort fails
+ * this process's operations only, and a timed-out rank names the ranks that
+ * did not arrive by asking the others over a side channel ("rank 2 did not
+ * respond (stalled or lost)").  A launcher then ends the job with
+ * dp_comm_kill_job().
  *
  * Usage (thread backend)
  * ----------------------
@@ -78,6 +93,14 @@
  *         dp_comm_free(c);
  *     // after joining the threads:
  *     dp_comm_thread_world_free(w);
+ *
+ * Usage (mpi backend; every process of `mpirun -np P prog` runs)
+ * ---------------------------------------------------------------
+ *     struct dp_comm *c;
+ *     if (dp_comm_init(&c, "mpi", &cp)) { ... dp_errmsg() ... }
+ *     rc = dp_comm_allreduce(c, grads, n, DP_DTYPE_F32, DP_ALGO_AUTO); // native
+ *     if (rc) dp_comm_kill_job(c, 1);      // ends every process of the job
+ *     dp_comm_free(c);                     // finalizes MPI if init started it
  */
 #ifndef DP_COMM_H
 #define DP_COMM_H
@@ -124,10 +147,12 @@ enum dp_comm_algo {
     DP_ALGO_RHD,    /* recursive halving-doubling (Rabenseifner); 2 log2(P) steps (+2 fold) */
     DP_ALGO_DIRECT, /* shared memory: the ranks share the reduction chunk by chunk, each
                        chunk read from all P buffers and its sum written into all P */
+    DP_ALGO_NATIVE, /* the backend's own collectives (mpi: MPI_Iallreduce, ...); on the
+                       thread backend it means direct */
     DP_ALGO_COUNT
 };
-/* "auto", "ring", "rhd", "direct" ("unknown" out of range); parse returns -1
- * for an unknown name or NULL. */
+/* "auto", "ring", "rhd", "direct", "native" ("unknown" out of range); parse
+ * returns -1 for an unknown name or NULL. */
 const char *dp_comm_algo_name(enum dp_comm_algo a);
 int dp_comm_algo_parse(const char *name);
 
@@ -165,21 +190,32 @@ struct dp_comm_world; /* thread backend: shared by the P ranks of one process */
 struct dp_comm_req;   /* one started operation; released by dp_comm_wait */
 
 struct dp_comm_params {
-    double timeout_s; /* an operation blocked this long aborts the world; 0 = wait forever */
-    int spin_us;      /* busy-wait this long before sleeping; -1 = auto (10 µs when the
-                         ranks fit on the CPUs, else 1 µs) */
+    double timeout_s; /* an operation blocked this long aborts the world (mpi: this
+                         rank's communicator); 0 = wait forever */
+    int spin_us;      /* busy-wait this long before sleeping; -1 = auto (thread: 10 µs
+                         when the ranks fit on the CPUs, else 1 µs; mpi: 50 µs) */
 };
 /* timeout_s 0, spin_us -1. */
 struct dp_comm_params dp_comm_default_params(void);
 
-/* 1 if backend `name` is built in ("thread" always is; "mpi", "nccl" not yet). */
+/* 1 if backend `name` is built in ("thread" always is; "mpi" when the build
+ * found MPI; "nccl" not yet). */
 int dp_comm_backend_available(const char *name);
 
 /* A communicator of a process-per-rank backend ("mpi", "nccl"), whose rank and
- * world size come from the launcher.  None is built in yet: returns
- * DP_ENOTSUP ("backend 'mpi' was not built in"); "thread" returns DP_EINVAL
- * (its ranks are made with dp_comm_thread_init); any other name DP_EINVAL.
- * params may be NULL (defaults). */
+ * world size come from the launcher.  params may be NULL (defaults).
+ *
+ * "mpi": one rank per process of MPI_COMM_WORLD.  Initialises MPI if nobody
+ * has (MPI_Init_thread asking for MPI_THREAD_MULTIPLE; at least
+ * MPI_THREAD_SERIALIZED is required, since the communicator may be used from
+ * a thread other than the one that created it, one thread at a time), and
+ * then dp_comm_free finalizes it.  Collective over MPI_COMM_WORLD: every
+ * process calls it, in the same order as its other dp_comm_init calls.
+ * Errors: DP_ENOTSUP when MPI was not built in ("backend 'mpi' was not built
+ * in (install openmpi-bin libopenmpi-dev)"), when MPI offers less than
+ * MPI_THREAD_SERIALIZED or was already finalized; DP_EIO when an MPI call
+ * fails.  "nccl" returns DP_ENOTSUP; "thread" DP_EINVAL (its ranks are made
+ * with dp_comm_thread_init); any other name DP_EINVAL. */
 int dp_comm_init(struct dp_comm **c, const char *backend, const struct dp_comm_params *params);
 
 /* Thread backend.  Creates the world shared by `nranks` ranks (1..1024) of this
@@ -188,6 +224,31 @@ int dp_comm_init(struct dp_comm **c, const char *backend, const struct dp_comm_p
 int dp_comm_thread_world_init(struct dp_comm_world **w, int nranks,
                               const struct dp_comm_params *params);
 void dp_comm_thread_world_free(struct dp_comm_world *w);
+/* Hierarchical (hybrid) world: `nlocal` ranks (threads) of this process over
+ * a process-level communicator `inter` (for example an MPI communicator, one
+ * per process, every process with the same nlocal).  Thread t of process p
+ * is global rank p*nlocal + t of p's world of nprocs*nlocal ranks;
+ * dp_comm_rank and dp_comm_world report global numbers.  Each collective is
+ * done in three stages, run on the ranks' communication threads:
+ *     allreduce      local direct all-reduce; local rank 0 all-reduces across
+ *                    processes on `inter`; local broadcast from local rank 0
+ *     reduce_scatter the same (the other blocks then hold full sums)
+ *     allgather      each rank zeroes what is not its block, then allreduce
+ *                    (x + 0 = x exactly; -0.0 comes back as +0.0)
+ *     broadcast      local broadcast in the root's process; leaders broadcast
+ *                    on `inter`; local broadcast in the other processes
+ *     barrier        local barrier, leaders' barrier, local barrier
+ * The algorithm asked for applies to the `inter` stage (AUTO and direct mean
+ * inter's own choice); the local stages use direct.  The sum order differs
+ * from a flat world's, so float results agree to rounding (integer-valued
+ * data, as in deterministic mode, exactly).  Only local rank 0's
+ * communication thread uses `inter` while the world exists, and the world
+ * does not own it.  Checks that every process has the same nlocal (one
+ * all-reduce on `inter`; DP_EMISMATCH naming the first process that
+ * differs).  An abort stops this process's ranks; the other processes see
+ * `inter` fail or time out (a launcher kills the job: dp_comm_kill_job). */
+int dp_comm_thread_world_init_hier(struct dp_comm_world **w, int nlocal,
+                                   const struct dp_comm_params *params, struct dp_comm *inter);
 /* Rank `rank` of world w: call once per rank, from any thread (normally the
  * worker thread of that rank).  Starts the rank's communication thread.  The
  * communicator may be used from one thread at a time (dp_comm_abort and
@@ -202,19 +263,42 @@ const char *dp_comm_backend_name(const struct dp_comm *c);
 
 /* Releases this rank's communicator (NULL-safe).  Every started request should
  * have been waited for; if some were not, the world is aborted first (so the
- * other ranks do not wait for this one) and the requests are released. */
+ * other ranks do not wait for this one) and the requests are released.
+ * mpi: the abort is this rank's only; the last communicator that
+ * dp_comm_init made finalizes MPI if dp_comm_init initialised it, unless an
+ * operation was abandoned unfinished (a timeout, an abort with operations in
+ * flight): MPI_Finalize waits for every process and would hang on a stalled
+ * one, so the process should then exit (mpirun ends the job) or call
+ * dp_comm_kill_job. */
 void dp_comm_free(struct dp_comm *c);
 
 /* Aborts the whole world: every pending and future operation on every rank
  * returns DP_ECANCELED with the message "rank R aborted: msg".  Callable from
  * any thread, any number of times (the first message is kept).  Returns
  * DP_ECANCELED and sets this thread's message, so a worker may write
- * `return dp_comm_abort(c, "NaN in loss");`. */
+ * `return dp_comm_abort(c, "NaN in loss");`.  mpi: this rank's operations
+ * only (it cannot reach the other processes; they fail by their timeout, or
+ * the job ends with dp_comm_kill_job); an operation MPI already holds may
+ * still write its buffer until the job ends. */
 int dp_comm_abort(struct dp_comm *c, const char *msg);
 /* 0 while the world is healthy; DP_ECANCELED with the abort message once any
  * rank aborted or timed out.  Cheap (one atomic load), for compute loops that
  * should stop early. */
 int dp_comm_status(const struct dp_comm *c);
+
+/* For a launcher's error path: ends the whole job with exit status `code`.
+ * mpi: MPI_Abort(MPI_COMM_WORLD, code), which kills every process of the job,
+ * stalled ones included, and does not return.  thread: the same as
+ * dp_comm_abort(c, "job killed (code N)"), returning DP_ECANCELED (the caller
+ * then exits with `code` itself). */
+int dp_comm_kill_job(struct dp_comm *c, int code);
+
+/* The ranks of this communicator on this host: this rank's position among
+ * them (*local_rank, 0-based, in rank order) and their number (*local_size).
+ * mpi: computed at init (MPI_Comm_split_type, MPI_COMM_TYPE_SHARED); thread:
+ * every rank shares the host, so rank and world size.  0, or DP_EINVAL for a
+ * NULL argument. */
+int dp_comm_host_ranks(const struct dp_comm *c, int *local_rank, int *local_size);
 
 /* ---- collectives: blocking ------------------------------------------------------ */
 
@@ -259,7 +343,10 @@ int dp_comm_ibroadcast(struct dp_comm *c, void *buf, int64_t count, enum dp_dtyp
 int dp_comm_ibarrier(struct dp_comm *c, struct dp_comm_req **req);
 
 /* *done = 1 if req has completed (successfully or not), else 0.  Does not
- * block and does not release req.  Returns 0 (or DP_EINVAL for bad args). */
+ * block and does not release req.  Returns 0 (or DP_EINVAL for bad args).
+ * mpi: also the way to make progress without blocking: it polls MPI, and
+ * runs ring and rhd operations (which move only inside test and wait) as
+ * far as they go. */
 int dp_comm_test(struct dp_comm *c, struct dp_comm_req *req, int *done);
 /* Blocks until req completes, releases it, and returns the operation's
  * status (its message is set on the calling thread).  The buffer belongs to

@@ -33,7 +33,9 @@
 /* What a rank asked for; matched across ranks by issue order. */
 struct dp__op {
     enum dp_comm_coll coll;
-    enum dp_comm_algo algo; /* resolved: never DP_ALGO_AUTO (barrier: DP_ALGO_DIRECT) */
+    enum dp_comm_algo algo; /* resolved: never DP_ALGO_AUTO (barrier: DP_ALGO_DIRECT on
+                               thread, DP_ALGO_NATIVE on mpi); never DP_ALGO_NATIVE on
+                               thread (comm.c maps it to DP_ALGO_DIRECT) */
     enum dp_dtype dtype;
     int root;               /* broadcast; 0 otherwise */
     int64_t count;          /* elements */
@@ -42,7 +44,7 @@ struct dp__op {
 
 /* ---- the backend interface ------------------------------------------------------- */
 
-/* One table per backend (comm_thread.c, later comm_mpi.c, comm_nccl.c).  The
+/* One table per backend (comm_thread.c, comm_mpi.c, later comm_nccl.c).  The
  * generic layer (comm.c) validates arguments, resolves DP_ALGO_AUTO, and
  * builds the blocking calls as start + wait. */
 struct dp_comm_ops {
@@ -56,6 +58,10 @@ struct dp_comm_ops {
     int (*abort)(struct dp_comm *c, const char *msg);
     int (*status)(const struct dp_comm *c);
     void (*free)(struct dp_comm *c);
+    /* (optional) Ends every process of the job; NULL: dp_comm_abort. */
+    int (*kill_job)(struct dp_comm *c, int code);
+    /* (optional) This host's ranks; NULL: every rank on one host. */
+    void (*host_ranks)(const struct dp_comm *c, int *local_rank, int *local_size);
 };
 
 /* The base every backend's communicator starts with. */
@@ -63,6 +69,9 @@ struct dp_comm {
     const struct dp_comm_ops *ops;
     int rank, nranks;
 };
+
+/* The mpi backend (comm_mpi.c; DP_WITH_MPI only): dp_comm_init(c, "mpi", p). */
+int dp__comm_mpi_init(struct dp_comm **c, const struct dp_comm_params *params);
 
 /* ---- the shared-memory step-flag layer (implemented in comm_thread.c) -------------- */
 

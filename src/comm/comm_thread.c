@@ -57,7 +57,9 @@ struct slot {
 };
 
 struct dp_comm_world {
-    int nranks;
+    int nranks;            /* ranks (threads) of this process */
+    struct dp_comm *inter; /* hierarchical world: the process-level communicator, else NULL */
+    int proc, nprocs;      /* this process's rank in inter and their number (0, 1 if flat) */
     struct dp_comm_params params;
     double spin_s;
     atomic_int aborted;    /* 0, then 1 once; abort_msg is final before it is set */
@@ -91,6 +93,7 @@ struct thread_comm {
     struct dp_comm_req *head, *tail, *freelist, *all;
     int running, stop, npending;
     uint64_t next_seq;        /* issue order, from 1 */
+    int local;                /* this rank's slot (thread index in this process) */
     char **peer_buf;          /* (P) scratch for the executing operation */
 };
 
@@ -127,6 +130,13 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* Step-flag sequence numbers per request: stage k of request n uses
+ * n * SUBOPS + k (the hierarchical world runs up to two local stages). */
+#define SUBOPS 4u
+
+/* Global rank of local slot r. */
+static int grank(const struct dp_comm_world *w, int r) { return w->proc * w->nranks + r; }
+
 /* After a timeout: names the ranks that have not arrived at this operation
  * (or, if all have, the one this rank waited for), then aborts the world. */
 static int timed_out(struct dp__coll *op, int peer, unsigned mark) {
@@ -137,17 +147,18 @@ static int timed_out(struct dp__coll *op, int peer, unsigned mark) {
     uint64_t arrived = op->seq << 24 | DP__MARK_ARRIVED;
     for (int r = 0; r < w->nranks && n < sizeof list - 16; r++) {
         if (atomic_load(&w->slots[r].prog) >= arrived) continue;
-        n += (size_t)snprintf(list + n, sizeof list - n, "%s%d", missing ? ", " : "", r);
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s%d", missing ? ", " : "", grank(w, r));
         missing++;
     }
     if (missing)
         snprintf(msg, sizeof msg, "comm: timeout after %.3g s in %s #%llu on rank %d: rank%s %s "
                  "did not arrive", w->params.timeout_s, dp_comm_coll_name(op->d.coll),
-                 (unsigned long long)op->seq, op->rank, missing > 1 ? "s" : "", list);
+                 (unsigned long long)(op->seq / SUBOPS), grank(w, op->rank), missing > 1 ? "s" : "",
+                 list);
     else
         snprintf(msg, sizeof msg, "comm: timeout after %.3g s in %s #%llu on rank %d: rank %d "
                  "did not reach step %u", w->params.timeout_s, dp_comm_coll_name(op->d.coll),
-                 (unsigned long long)op->seq, op->rank, peer, mark);
+                 (unsigned long long)(op->seq / SUBOPS), grank(w, op->rank), grank(w, peer), mark);
     return world_abort(w, msg);
 }
 
@@ -258,7 +269,8 @@ int dp__coll_peer(struct dp__coll *op, int peer, char **buf) {
         describe(theirs, sizeof theirs, pd);
         snprintf(msg, sizeof msg,
                  "comm: operation #%llu differs between ranks: rank %d issued %s but rank %d "
-                 "issued %s", (unsigned long long)op->seq, op->rank, mine, peer, theirs);
+                 "issued %s", (unsigned long long)(op->seq / SUBOPS), grank(op->world, op->rank), mine,
+                 grank(op->world, peer), theirs);
         world_abort(op->world, msg);
         return dp_seterr(DP_EMISMATCH, "%s", msg);
     }
@@ -278,22 +290,84 @@ static const dp__algo_fn algos[DP_COLL_COUNT][DP_ALGO_COUNT] = {
     [DP_COLL_BARRIER] = {NULL, dp__barrier_direct, dp__barrier_direct, dp__barrier_direct},
 };
 
+/* One collective among this process's ranks: step-flag sequence number
+ * `seq`, operation d (this rank's buffer).  With `timed` the world's timeout
+ * applies. */
+static int local_stage(struct thread_comm *tc, uint64_t seq, const struct dp__op *d, int timed) {
+    struct dp_comm_world *w = tc->w;
+    struct dp__coll op = {w, tc->local, w->nranks, seq, *d, dp_dtype_size(d->dtype), 0, tc->peer_buf};
+    int rc = world_status(w);
+    if (rc) return rc;
+    if (timed && w->params.timeout_s > 0) op.deadline = dp_time() + w->params.timeout_s;
+    w->slots[tc->local].desc = *d;
+    tc->peer_buf[tc->local] = d->buf;
+    dp__coll_mark(&op, DP__MARK_ARRIVED);
+    return algos[d->coll][d->algo](&op);
+}
+
+/* The leader's stage on `inter`: a failure there aborts this process's
+ * world too, so the local ranks waiting for the leader return at once. */
+static int inter_stage(struct thread_comm *tc, int rc) {
+    if (!rc) return 0;
+    char msg[MSG_LEN];
+    snprintf(msg, sizeof msg, "%s", dp_errmsg()[0] ? dp_errmsg() : dp_strerror(rc));
+    world_abort(tc->w, msg);
+    return dp_seterr(rc, "%s", msg);
+}
+
+/* A request in a hierarchical world (see dp_comm_thread_world_init_hier in
+ * comm.h): local stage 0 (timed), the leader's stage on `inter` (timed by
+ * inter's own timeout), local stage 1.  Stage 1 has no timeout of its own:
+ * the ranks there wait only for their leader, whose inter stage either
+ * completes or fails and aborts this world. */
+static int hier_execute(struct thread_comm *tc, const struct dp_comm_req *rq) {
+    struct dp_comm_world *w = tc->w;
+    struct dp__op d = rq->d, loc = rq->d;
+    uint64_t s = rq->seq * SUBOPS;
+    int T = w->nranks, leader = tc->local == 0, rc = 0;
+    enum dp_comm_algo ia = d.algo == DP_ALGO_DIRECT ? DP_ALGO_AUTO : d.algo;
+    loc.algo = DP_ALGO_DIRECT;
+    switch (d.coll) {
+    case DP_COLL_ALLGATHER: {
+        /* only this rank's block is non-zero; the sum assembles all blocks */
+        int64_t off, len;
+        size_t es = dp_dtype_size(d.dtype);
+        dp_comm_split(d.count, tc->base.nranks, tc->base.rank, &off, &len);
+        memset(d.buf, 0, (size_t)off * es);
+        memset((char *)d.buf + (size_t)(off + len) * es, 0, (size_t)(d.count - off - len) * es);
+    } /* fall through */
+    case DP_COLL_ALLREDUCE:
+    case DP_COLL_REDUCE_SCATTER:
+        loc.coll = DP_COLL_ALLREDUCE;
+        if (T > 1) rc = local_stage(tc, s, &loc, 1);
+        if (!rc && leader) rc = inter_stage(tc, dp_comm_allreduce(w->inter, d.buf, d.count, d.dtype, ia));
+        loc.coll = DP_COLL_BROADCAST, loc.root = 0;
+        if (!rc && T > 1) rc = local_stage(tc, s + 1, &loc, 0);
+        return rc;
+    case DP_COLL_BROADCAST: {
+        int rp = d.root / T;
+        loc.root = d.root % T; /* in the root's process, from the root thread to its leader */
+        if (T > 1 && w->proc == rp) rc = local_stage(tc, s, &loc, 1);
+        if (!rc && leader)
+            rc = inter_stage(tc, dp_comm_broadcast(w->inter, d.buf, d.count, d.dtype, rp, ia));
+        loc.root = 0;
+        if (!rc && T > 1 && w->proc != rp) rc = local_stage(tc, s + 1, &loc, 0);
+        return rc;
+    }
+    case DP_COLL_BARRIER:
+    default:
+        if (T > 1) rc = local_stage(tc, s, &loc, 1);
+        if (!rc && leader) rc = inter_stage(tc, dp_comm_barrier(w->inter));
+        if (!rc && T > 1) rc = local_stage(tc, s + 1, &loc, 0);
+        return rc;
+    }
+}
+
 /* Runs rq on the calling thread (comm thread or a waiter); only one thread per
  * rank gets here at a time (`running`). */
 static void execute(struct thread_comm *tc, struct dp_comm_req *rq) {
-    struct dp_comm_world *w = tc->w;
-    struct slot *me = &w->slots[tc->base.rank];
-    struct dp__coll op = {w, tc->base.rank, w->nranks, rq->seq, rq->d,
-                          dp_dtype_size(rq->d.dtype), 0, tc->peer_buf};
     dp_clearerr();
-    int rc = world_status(w);
-    if (!rc) {
-        if (w->params.timeout_s > 0) op.deadline = dp_time() + w->params.timeout_s;
-        me->desc = rq->d;
-        tc->peer_buf[tc->base.rank] = rq->d.buf;
-        dp__coll_mark(&op, DP__MARK_ARRIVED);
-        rc = algos[rq->d.coll][rq->d.algo](&op);
-    }
+    int rc = tc->w->inter ? hier_execute(tc, rq) : local_stage(tc, rq->seq * SUBOPS, &rq->d, 1);
     rq->rc = rc;
     if (rc) snprintf(rq->msg, sizeof rq->msg, "%s", dp_errmsg()[0] ? dp_errmsg() : dp_strerror(rc));
 }
@@ -436,15 +510,26 @@ static void t_free(struct dp_comm *c) {
     pthread_cond_destroy(&tc->cv_work);
     pthread_cond_destroy(&tc->cv_done);
     pthread_mutex_lock(&w->mu);
-    w->slots[c->rank].present = 0;
+    w->slots[tc->local].present = 0;
     w->nlive--;
     pthread_mutex_unlock(&w->mu);
     dp_free(tc->peer_buf);
     dp_free(tc);
 }
 
+/* The ranks of this host: this process's threads, times the processes of
+ * `inter` on this host in a hierarchical world. */
+static void t_host_ranks(const struct dp_comm *c, int *local_rank, int *local_size) {
+    const struct thread_comm *tc = (const struct thread_comm *)c;
+    int pr = 0, ps = 1;
+    if (tc->w->inter) dp_comm_host_ranks(tc->w->inter, &pr, &ps);
+    *local_rank = pr * tc->w->nranks + tc->local;
+    *local_size = ps * tc->w->nranks;
+}
+
+/* kill_job: NULL, i.e. dp_comm_abort (the process's ranks are all there is). */
 static const struct dp_comm_ops thread_ops = {
-    "thread", t_start, t_test, t_wait, t_abort, t_status, t_free,
+    "thread", t_start, t_test, t_wait, t_abort, t_status, t_free, NULL, t_host_ranks,
 };
 
 /* ---- world and rank lifetime ---------------------------------------------------------------- */
@@ -474,6 +559,7 @@ int dp_comm_thread_world_init(struct dp_comm_world **wp, int nranks,
         return dp_seterr(DP_ENOMEM, "comm: out of memory for %d ranks", nranks);
     }
     w->nranks = nranks;
+    w->nprocs = 1;
     w->params = p;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int spin_us = p.spin_us >= 0 ? p.spin_us : (ncpu > 0 && nranks <= ncpu ? 10 : 1);
@@ -542,8 +628,9 @@ int dp_comm_thread_init(struct dp_comm **cp, struct dp_comm_world *w, int rank) 
         return dp_seterr(DP_EINVAL, "comm: rank %d was already initialised", rank);
     }
     tc->base.ops = &thread_ops;
-    tc->base.rank = rank;
-    tc->base.nranks = w->nranks;
+    tc->base.rank = grank(w, rank);
+    tc->base.nranks = w->nprocs * w->nranks;
+    tc->local = rank;
     tc->w = w;
     tc->peer_buf = peer_buf;
     pthread_mutex_init(&tc->mu, NULL);
@@ -562,5 +649,32 @@ int dp_comm_thread_init(struct dp_comm **cp, struct dp_comm_world *w, int rank) 
                          strerror(rc));
     }
     *cp = &tc->base;
+    return 0;
+}
+
+int dp_comm_thread_world_init_hier(struct dp_comm_world **wp, int nlocal,
+                                   const struct dp_comm_params *params, struct dp_comm *inter) {
+    if (!wp) return dp_seterr(DP_EINVAL, "comm: NULL world pointer");
+    *wp = NULL;
+    if (!inter) return dp_seterr(DP_EINVAL, "comm: hierarchical world without a process communicator");
+    int P = dp_comm_world(inter), me = dp_comm_rank(inter);
+    if ((int64_t)P * nlocal > INT32_MAX / 2)
+        return dp_seterr(DP_EINVAL, "comm: %d processes x %d ranks is too many", P, nlocal);
+    /* Every process must have as many ranks as this one. */
+    double *n = dp_calloc((size_t)P, sizeof *n);
+    if (!n) return dp_seterr(DP_ENOMEM, "comm: out of memory");
+    n[me] = nlocal;
+    int rc = dp_comm_allreduce(inter, n, P, DP_DTYPE_F64, DP_ALGO_AUTO);
+    for (int p = 0; !rc && p < P; p++)
+        if (n[p] != nlocal)
+            rc = dp_seterr(DP_EMISMATCH, "comm: process %d has %g worker thread%s but process %d has %d "
+                           "(every process must run the same number)", p, n[p], n[p] == 1 ? "" : "s",
+                           me, nlocal);
+    dp_free(n);
+    if (rc) return rc;
+    if ((rc = dp_comm_thread_world_init(wp, nlocal, params))) return rc;
+    (*wp)->inter = inter;
+    (*wp)->proc = me;
+    (*wp)->nprocs = P;
     return 0;
 }

@@ -1,6 +1,8 @@
 /*
  * `dptrain bench allreduce`: all-reduce time, algorithm bandwidth and bus
- * bandwidth of the thread backend for message sizes from 4 KiB to 256 MiB.
+ * bandwidth of the thread backend, or with --backend mpi of the mpi backend
+ * (one rank per process, under mpirun), for message sizes from 4 KiB to
+ * 256 MiB.
  *
  *   algbw = bytes / time;  busbw = algbw · 2(P-1)/P  (DESIGN.md §4; the figure
  *   that compares across P and with nccl-tests / Open MPI)
@@ -13,6 +15,10 @@
  * barrier; an iteration's time is the slowest rank's; the figure is the
  * median over iterations.  The values keep growing by P per call and may
  * reach inf, which costs nothing on this hardware.
+ *
+ * --backend mpi: the same per process (`mpirun -np P dptrain bench allreduce
+ * --backend mpi`); the ranks' times are gathered with dp_comm_allgather at
+ * the end and rank 0 prints the table.  mpirun binds the processes itself.
  *
  * With --membw (on by default when the largest size is >= 16 MiB) it also
  * measures the memory bound: P threads each stream over their own buffer
@@ -40,18 +46,25 @@ int dptrain_cmd_bench_allreduce(int argc, char **argv);
 static const char *help_bench_allreduce =
     "usage: dptrain bench allreduce [options]\n"
     "\n"
-    "All-reduce (sum) speed of the thread backend: for each size from --min-bytes to\n"
-    "--max-bytes (x4 steps) prints the median time, algbw = bytes/time and\n"
+    "All-reduce (sum) speed of a communicator backend: for each size from --min-bytes\n"
+    "to --max-bytes (x4 steps) prints the median time, algbw = bytes/time and\n"
     "busbw = algbw * 2(P-1)/P.\n"
     "\n"
-    "  --workers P       ranks (threads) [2]\n"
-    "  --algo NAME       auto | ring | rhd | direct [auto]\n"
+    "  --backend NAME    thread | mpi [thread]; mpi runs one rank per process:\n"
+    "                    mpirun -np P dptrain bench allreduce --backend mpi\n"
+    "  --workers P       ranks (threads) of the thread backend [2]\n"
+    "  --algo NAME       auto | ring | rhd | direct | native [auto]\n"
     "  --dtype NAME      f32 | bf16 | f64 [f32]\n"
     "  --min-bytes N     smallest message, suffixes K, M, G (binary) [4K]\n"
     "  --max-bytes N     largest message [256M]\n"
     "  --iters N         timed iterations per size [auto: about 0.3 s per size, 5..500]\n"
     "  --warmup N        untimed iterations per size [2]\n"
     "  --spin-us N       busy-wait before sleeping in a wait [auto]\n"
+    "  --comm-thread     mpi: make the calls from a second thread, as dptrain's\n"
+    "                    communication thread does\n"
+    "  --timeout S       the communicator's timeout_s [thread: 120; mpi: 0, so that a\n"
+    "                    blocking native all-reduce is MPI_Allreduce itself; with a\n"
+    "                    timeout it is MPI_Iallreduce, polled]\n"
     "  --pin, --no-pin   pin worker r to the r-th allowed CPU, as mpirun binds its\n"
     "                    processes [on when the workers fit on the CPUs]\n"
     "  --membw, --no-membw  measure the memory-bandwidth bound [on when max >= 16M]\n";
@@ -94,7 +107,7 @@ static long long parse_num(const char *opt, const char *s, long long lo, long lo
 /* ---- the workers ---------------------------------------------------------------- */
 
 struct bench {
-    int P, warmup, iters_opt, pin;
+    int P, warmup, iters_opt, pin, mpi, comm_thread;
     enum dp_comm_algo algo;
     enum dp_dtype dtype;
     size_t min_bytes, max_bytes;
@@ -274,12 +287,179 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static void print_head(void) {
+    printf("# time = median over iterations of the slowest rank; busbw = algbw * 2(P-1)/P;\n"
+           "# best_busbw from the fastest iteration\n");
+    printf("%12s %12s %6s %8s %12s %12s %12s %12s\n", "bytes", "count", "iters", "algo", "time_us",
+           "algbw_GB/s", "busbw_GB/s", "best_busbw");
+    fflush(stdout);
+}
+
+/* One line per size from b->times ([rank][size][iter]). */
+static void print_table(const struct bench *b, const char *backend) {
+    size_t esize = dp_dtype_size(b->dtype);
+    double *it = malloc(sizeof(double) * MAX_ITERS);
+    if (!it) die("out of memory");
+    for (int s = 0; s < b->nsizes; s++) {
+        for (int i = 0; i < b->iters[s]; i++) {
+            double worst = 0;
+            for (int r = 0; r < b->P; r++) {
+                double t = b->times[((size_t)r * 64 + (size_t)s) * MAX_ITERS + (size_t)i];
+                if (t > worst) worst = t;
+            }
+            it[i] = worst;
+        }
+        qsort(it, (size_t)b->iters[s], sizeof(double), cmp_double);
+        int n = b->iters[s];
+        double med = n % 2 ? it[n / 2] : 0.5 * (it[n / 2 - 1] + it[n / 2]);
+        double algbw = (double)b->sizes[s] / med;
+        double busbw = algbw * 2.0 * (b->P - 1) / b->P;
+        enum dp_comm_algo shown =
+            b->algo != DP_ALGO_AUTO
+                ? b->algo
+                : dp_comm_choose_algo(backend, DP_COLL_ALLREDUCE, b->P, b->sizes[s]);
+        double best = (double)b->sizes[s] / it[0] * 2.0 * (b->P - 1) / b->P;
+        printf("%12zu %12zu %6d %8s %12.2f %12.3f %12.3f %12.3f\n", b->sizes[s],
+               b->sizes[s] / esize, b->iters[s], dp_comm_algo_name(shown), med * 1e6,
+               algbw / 1e9, busbw / 1e9, best / 1e9);
+    }
+    free(it);
+    fflush(stdout);
+}
+
+static size_t membw_bytes(const struct bench *b) {
+    return b->max_bytes < ((size_t)64 << 20) ? b->max_bytes : (size_t)64 << 20;
+}
+static void print_membw(int P, double bw, size_t pb) {
+    printf("# memory: %d threads reading+writing %zu MiB each in place: %.1f GB/s -> "
+           "bound for an in-place all-reduce: busbw <= B(P-1)/P^2 = %.2f GB/s\n",
+           P, pb >> 20, bw / 1e9, bw * (P - 1) / ((double)P * P) / 1e9);
+}
+
+/* ---- the mpi backend -------------------------------------------------------------------- */
+
+/* A failure on one rank: the message, then the whole job ends (the other
+ * processes would otherwise wait for this one until their timeout). */
+static void mpi_die(struct dp_comm *c, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+static void mpi_die(struct dp_comm *c, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "dptrain: error: rank %d: ", dp_comm_rank(c));
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    dp_comm_kill_job(c, 1);
+    exit(1);
+}
+
+struct mpi_loop {
+    struct bench *b;
+    struct dp_comm *c;
+    void *buf;
+};
+
+/* The timed loop of one rank. */
+static void *mpi_loop_main(void *arg) {
+    struct mpi_loop *lp = arg;
+    struct bench *b = lp->b;
+    struct dp_comm *c = lp->c;
+    void *buf = lp->buf;
+    int r = dp_comm_rank(c), P = dp_comm_world(c);
+    size_t esize = dp_dtype_size(b->dtype);
+    for (int s = 0; s < b->nsizes; s++) {
+        size_t count = b->sizes[s] / esize;
+        fill(buf, count, b->dtype, r + 1);
+        if (dp_comm_allreduce(c, buf, (int64_t)count, b->dtype, b->algo))
+            mpi_die(c, "%s", dp_errmsg());
+        double want = P * (P + 1) / 2.0;
+        size_t probe[3] = {0, count / 2, count - 1};
+        for (int k = 0; k < 3; k++)
+            if (get(buf, probe[k], b->dtype) != want)
+                mpi_die(c, "wrong result at %zu bytes: element %zu is %g, expected %g",
+                        b->sizes[s], probe[k], get(buf, probe[k], b->dtype), want);
+        for (int i = 0; i < b->warmup + b->iters[s]; i++) {
+            if (dp_comm_barrier(c)) mpi_die(c, "%s", dp_errmsg());
+            double t0 = dp_time();
+            if (dp_comm_allreduce(c, buf, (int64_t)count, b->dtype, b->algo))
+                mpi_die(c, "%s", dp_errmsg());
+            double t1 = dp_time();
+            if (i >= b->warmup)
+                b->times[((size_t)r * 64 + (size_t)s) * MAX_ITERS + (size_t)(i - b->warmup)] =
+                    t1 - t0;
+        }
+    }
+    return NULL;
+}
+
+/* Every process is one rank; rank 0 prints.  The method is worker_main's. */
+static int run_mpi(struct bench *b, const struct dp_comm_params *cp, int membw) {
+    struct dp_comm *c;
+    if (dp_comm_init(&c, "mpi", cp)) die("%s", dp_errmsg());
+    int r = dp_comm_rank(c), P = dp_comm_world(c);
+    b->P = P;
+    b->times = calloc((size_t)P * 64 * MAX_ITERS, sizeof(double));
+    /* The buffer starts on a 2 MiB boundary, so that even the small sizes
+     * (which use its start) sit on huge pages: dp_malloc_big advises only the
+     * whole 2 MiB pages inside its block, and the kernel's single-copy
+     * transfer between processes (CMA) pins 4 KiB pages one by one (measured:
+     * 1 MiB took 190 us instead of 120 when the buffer's start was not). */
+    size_t huge = (size_t)2 << 20;
+    char *raw = dp_malloc_big(b->max_bytes + huge);
+    void *buf = raw ? raw + (huge - (uintptr_t)raw % huge) % huge : NULL;
+    if (!b->times || !buf) mpi_die(c, "out of memory for the buffers");
+    if (r == 0) {
+        int lr, ls;
+        dp_comm_host_ranks(c, &lr, &ls);
+        printf("# dptrain bench allreduce: backend mpi, %d processes (%d on this host), algo %s, "
+               "dtype %s, timeout %g s%s\n", P, ls, dp_comm_algo_name(b->algo),
+               dp_dtype_name(b->dtype), cp->timeout_s,
+               b->comm_thread ? ", calls from a second thread" : "");
+        print_head();
+    }
+    struct mpi_loop lp = {b, c, buf};
+    if (b->comm_thread) {
+        /* the calls come from another thread than the one that made the
+         * communicator, as from dptrain's communication thread */
+        pthread_t th;
+        if (pthread_create(&th, NULL, mpi_loop_main, &lp)) mpi_die(c, "cannot start a thread");
+        pthread_join(th, NULL);
+    } else {
+        mpi_loop_main(&lp);
+    }
+    dp_free(raw);
+    /* every rank's times to every rank: rank q's block of P*iters is its own */
+    for (int s = 0; s < b->nsizes; s++) {
+        int n = b->iters[s];
+        double *g = malloc(sizeof(double) * (size_t)P * (size_t)n);
+        if (!g) mpi_die(c, "out of memory");
+        memcpy(g + (size_t)r * n, b->times + ((size_t)r * 64 + (size_t)s) * MAX_ITERS,
+               sizeof(double) * (size_t)n);
+        if (dp_comm_allgather(c, g, (int64_t)P * n, DP_DTYPE_F64, DP_ALGO_AUTO))
+            mpi_die(c, "%s", dp_errmsg());
+        for (int q = 0; q < P; q++)
+            memcpy(b->times + ((size_t)q * 64 + (size_t)s) * MAX_ITERS, g + (size_t)q * n,
+                   sizeof(double) * (size_t)n);
+        free(g);
+    }
+    /* No memory-bound probe here: mpirun binds each process to a core, so
+     * rank 0's probe threads would share one (the thread backend's run
+     * measures it). */
+    (void)membw;
+    if (dp_comm_barrier(c)) mpi_die(c, "%s", dp_errmsg());
+    if (r == 0) print_table(b, "mpi");
+    free(b->times);
+    dp_comm_free(c);
+    return 0;
+}
+
 int dptrain_cmd_bench_allreduce(int argc, char **argv) {
     struct bench b = {0};
     b.P = 2, b.warmup = 2, b.iters_opt = 0, b.algo = DP_ALGO_AUTO, b.dtype = DP_DTYPE_F32;
     b.min_bytes = 4 << 10, b.max_bytes = (size_t)256 << 20;
     b.failed_rank = -1;
     int membw = -1, spin_us = -1;
+    double timeout_s = -1;
     b.pin = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -290,13 +470,17 @@ int dptrain_cmd_bench_allreduce(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(help_bench_allreduce, stdout);
             return 0;
+        } else if (!strcmp(a, "--backend")) {
+            NEEDV();
+            if (!strcmp(v, "mpi")) b.mpi = 1;
+            else if (strcmp(v, "thread")) die("--backend: '%s' is not thread or mpi", v);
         } else if (!strcmp(a, "--workers")) {
             NEEDV();
             b.P = (int)parse_num(a, v, 1, 64, 0);
         } else if (!strcmp(a, "--algo")) {
             NEEDV();
             int x = dp_comm_algo_parse(v);
-            if (x < 0) die("--algo: unknown algorithm '%s' (auto, ring, rhd, direct)", v);
+            if (x < 0) die("--algo: unknown algorithm '%s' (auto, ring, rhd, direct, native)", v);
             b.algo = (enum dp_comm_algo)x;
         } else if (!strcmp(a, "--dtype")) {
             NEEDV();
@@ -315,9 +499,14 @@ int dptrain_cmd_bench_allreduce(int argc, char **argv) {
         } else if (!strcmp(a, "--warmup")) {
             NEEDV();
             b.warmup = (int)parse_num(a, v, 0, 1000, 0);
+        } else if (!strcmp(a, "--timeout")) {
+            NEEDV();
+            timeout_s = (double)parse_num(a, v, 0, 1000000, 0);
         } else if (!strcmp(a, "--spin-us")) {
             NEEDV();
             spin_us = (int)parse_num(a, v, 0, 10000000, 0);
+        } else if (!strcmp(a, "--comm-thread")) {
+            b.comm_thread = 1;
         } else if (!strcmp(a, "--pin")) {
             b.pin = 1;
         } else if (!strcmp(a, "--no-pin")) {
@@ -352,22 +541,20 @@ int dptrain_cmd_bench_allreduce(int argc, char **argv) {
         b.pin = !sched_getaffinity(0, sizeof allowed, &allowed) && b.P <= CPU_COUNT(&allowed);
     }
 
+    struct dp_comm_params cp = dp_comm_default_params();
+    /* a hang is a bug: fail loudly (mpi: see --timeout) */
+    cp.timeout_s = timeout_s >= 0 ? timeout_s : b.mpi ? 0 : 120;
+    cp.spin_us = spin_us;
+    if (b.mpi) return run_mpi(&b, &cp, membw);
+
     b.times = calloc((size_t)b.P * 64 * MAX_ITERS, sizeof(double));
     if (!b.times) die("out of memory");
     pthread_mutex_init(&b.mu, NULL);
-    struct dp_comm_params cp = dp_comm_default_params();
-    cp.timeout_s = 120; /* a hang is a bug: fail loudly */
-    cp.spin_us = spin_us;
     if (dp_comm_thread_world_init(&b.w, b.P, &cp)) die("%s", dp_errmsg());
 
-    enum dp_comm_algo shown = b.algo;
     printf("# dptrain bench allreduce: backend thread, %d workers%s, algo %s, dtype %s\n", b.P,
            b.pin ? " (pinned)" : "", dp_comm_algo_name(b.algo), dp_dtype_name(b.dtype));
-    printf("# time = median over iterations of the slowest rank; busbw = algbw * 2(P-1)/P;\n"
-           "# best_busbw from the fastest iteration\n");
-    printf("%12s %12s %6s %8s %12s %12s %12s %12s\n", "bytes", "count", "iters", "algo", "time_us",
-           "algbw_GB/s", "busbw_GB/s", "best_busbw");
-    fflush(stdout);
+    print_head();
 
     pthread_t th[64];
     struct worker wk[64];
@@ -379,39 +566,9 @@ int dptrain_cmd_bench_allreduce(int argc, char **argv) {
     dp_comm_thread_world_free(b.w);
     if (b.failed_rank >= 0) die("%s", b.err);
 
-    double *it = malloc(sizeof(double) * MAX_ITERS);
-    if (!it) die("out of memory");
-    for (int s = 0; s < b.nsizes; s++) {
-        for (int i = 0; i < b.iters[s]; i++) {
-            double worst = 0;
-            for (int r = 0; r < b.P; r++) {
-                double t = b.times[((size_t)r * 64 + (size_t)s) * MAX_ITERS + (size_t)i];
-                if (t > worst) worst = t;
-            }
-            it[i] = worst;
-        }
-        qsort(it, (size_t)b.iters[s], sizeof(double), cmp_double);
-        int n = b.iters[s];
-        double med = n % 2 ? it[n / 2] : 0.5 * (it[n / 2 - 1] + it[n / 2]);
-        double algbw = (double)b.sizes[s] / med;
-        double busbw = algbw * 2.0 * (b.P - 1) / b.P;
-        shown = b.algo != DP_ALGO_AUTO
-                    ? b.algo
-                    : dp_comm_choose_algo("thread", DP_COLL_ALLREDUCE, b.P, b.sizes[s]);
-        double best = (double)b.sizes[s] / it[0] * 2.0 * (b.P - 1) / b.P;
-        printf("%12zu %12zu %6d %8s %12.2f %12.3f %12.3f %12.3f\n", b.sizes[s], b.sizes[s] / esize,
-               b.iters[s], dp_comm_algo_name(shown), med * 1e6, algbw / 1e9, busbw / 1e9,
-               best / 1e9);
-    }
-    free(it);
+    print_table(&b, "thread");
     free(b.times);
     pthread_mutex_destroy(&b.mu);
-    if (membw && b.P > 1) {
-        size_t pb = b.max_bytes < ((size_t)64 << 20) ? b.max_bytes : (size_t)64 << 20;
-        double bw = measure_membw(b.P, pb);
-        printf("# memory: %d threads reading+writing %zu MiB each in place: %.1f GB/s -> "
-               "bound for an in-place all-reduce: busbw <= B(P-1)/P^2 = %.2f GB/s\n",
-               b.P, pb >> 20, bw / 1e9, bw * (b.P - 1) / ((double)b.P * b.P) / 1e9);
-    }
+    if (membw && b.P > 1) print_membw(b.P, measure_membw(b.P, membw_bytes(&b)), membw_bytes(&b));
     return 0;
 }

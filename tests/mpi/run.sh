@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The mpi backend's tests (tests/mpi/test_mpi.c) under mpirun:
+#   bash tests/mpi/run.sh [BUILD_DIR]        (default build/)
+# 1. the whole suite with P = 1, 2, 3, 4 processes over shared memory
+#    (btl self,vader; --oversubscribe: more processes than cores), and P = 3
+#    over TCP loopback (btl self,tcp), the transport between machines;
+# 2. `dptrain bench allreduce --backend mpi` with each algorithm, briefly;
+# 3. the timeout cases, one mpirun each with P = 3: rank 2 sleeps, stops itself
+#    (SIGSTOP) or waits in another operation; ranks 0 and 1 must name it within
+#    timeout + grace, then the job is ended with dp_comm_kill_job.  Checked: the
+#    verdict lines, the time, and that no process of the job is left.
+# Prints one line per check and closes with "N passed, N failed".  Without MPI
+# (no mpirun, or dptest_mpi not built) it prints a note and "0 passed, 0 failed".
+set -u
+cd "$(dirname "$0")/../.."
+BUILD=${1:-build}
+BIN=$BUILD/dptest_mpi
+pass=0 fail=0
+if ! command -v mpirun >/dev/null || [[ ! -x $BIN ]]; then
+  echo "note: no mpirun or no $BIN (apt-get install openmpi-bin libopenmpi-dev; make): MPI tests skipped"
+  echo "0 passed, 0 failed"
+  exit 0
+fi
+# Open MPI refuses root without these; a container runs as root.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# No InfiniBand/UCX probing noise on a machine without it.
+export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
+T=$(mktemp -d /tmp/dptest-mpi.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+
+suite() { # suite BTL P
+  local btl=$1 P=$2 log=$T/suite.$1.$2
+  # TCP over loopback only: other interfaces may come and go (tests/netns/)
+  OMPI_MCA_btl=$btl OMPI_MCA_btl_tcp_if_include=lo timeout 300 mpirun --oversubscribe -np "$P" "$BIN" >"$log" 2>&1
+  local rc=$?
+  grep -E '^(ok|FAIL) ' "$log" | sed "s/\$/  [$btl]/"
+  local line p f
+  line=$(grep -E '^np [0-9]+: [0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
+  if [[ -z $line ]]; then
+    echo "FAIL mpi suite np $P [$btl]: no result line (exit $rc)"
+    { grep -E '^    \[rank' "$log" | head -20; grep -vE '^(ok|FAIL|    \[rank)' "$log" | tail -20; } | sed 's/^/    /'
+    fail=$((fail + 1)); return
+  fi
+  p=$(sed -E 's/.*: ([0-9]+) passed.*/\1/' <<<"$line"); f=$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")
+  pass=$((pass + p)); fail=$((fail + f))
+  if [[ $f -gt 0 || $rc -ne 0 ]]; then
+    grep -E '^    ' "$log" | head -20
+    [[ $f -eq 0 ]] && { echo "FAIL mpi suite np $P [$btl]: exit $rc"; fail=$((fail + 1)); }
+  fi
+}
+
+timeout_case() { # timeout_case NAME EXPECTED_OK_LINES
+  local name=$1 want=$2 tag=tag$$.$RANDOM log=$T/case.$1
+  local t0=$SECONDS
+  OMPI_MCA_btl=self,vader timeout 60 mpirun --oversubscribe -np 3 "$BIN" --case "$name" "$tag" >"$log" 2>&1
+  local rc=$? dt=$((SECONDS - t0)) nok nfail left
+  nok=$(grep -c "^ok   mpi_$name " "$log"); nfail=$(grep -c "^FAIL mpi_$name " "$log")
+  # the job's processes: gone once mpirun has returned (allow a moment for reaping)
+  for _ in 1 2 3 4 5; do
+    left=$(pgrep -f -- "--case $name $tag" | wc -l)
+    [[ $left -eq 0 ]] && break
+    sleep 1
+  done
+  if [[ $rc -ne 124 && $nok -eq $want && $nfail -eq 0 && $dt -le 30 && $left -eq 0 ]]; then
+    echo "ok   mpi_$name (np 3, ${dt}s)"; pass=$((pass + 1))
+  else
+    echo "FAIL mpi_$name (np 3): exit $rc, ${dt}s, $nok of $want verdicts ok, $nfail failed, $left processes left"
+    sed 's/^/    /' "$log" | head -30
+    fail=$((fail + 1))
+  fi
+}
+
+# `dptrain bench allreduce --backend mpi`: every algorithm, a few sizes, a checked table
+bench_cli() {
+  local a log=$T/bench out=0
+  for a in native ring rhd auto; do
+    OMPI_MCA_btl=self,vader timeout 120 mpirun --oversubscribe -np 2 "$BUILD/dptrain" bench allreduce \
+      --backend mpi --algo "$a" --max-bytes 64K --iters 3 --warmup 1 >"$log" 2>&1
+    local rc=$? rows
+    rows=$(grep -cE '^ +[0-9]+ +[0-9]+ +3 ' "$log")
+    if [[ $rc -ne 0 || $rows -ne 3 ]]; then
+      echo "FAIL mpi_bench_allreduce --algo $a: exit $rc, $rows rows"; sed 's/^/    /' "$log" | head -20; out=1
+    fi
+  done
+  if [[ $out -eq 0 ]]; then echo "ok   mpi_bench_allreduce (native, ring, rhd, auto)"; pass=$((pass + 1)); else fail=$((fail + 1)); fi
+}
+
+for P in 1 2 3 4; do suite self,vader "$P"; done
+suite self,tcp 3
+[[ -x $BUILD/dptrain ]] && bench_cli
+timeout_case timeout-sleep 2
+timeout_case timeout-stop 2
+timeout_case timeout-elsewhere 3
+echo "$pass passed, $fail failed"
+[[ $fail -eq 0 ]]
