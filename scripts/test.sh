@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls this).
 #   bash scripts/test.sh            everything
-#   QUICK=1 bash scripts/test.sh    gcc build + unit tests + CLI tests only
+#   QUICK=1 bash scripts/test.sh    gcc build + unit, CLI and MPI tests only
 # Installs what the tests need, builds with gcc and clang at -Werror, runs the
-# unit tests, the CLI tests, the unit tests under ASan+UBSan, the threaded
-# tests under TSan, and each fuzzer briefly.  Closes with "N passed, N failed".
+# unit tests, the CLI tests, the MPI tests (tests/mpi/run.sh), the unit tests
+# under ASan+UBSan, the threaded tests under TSan, and each fuzzer briefly.
+# Closes with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --torch || { echo "dependency install failed"; exit 1; }
@@ -40,6 +41,8 @@ t0=$(date +%s)
 if build gcc all; then
   run unit ./build/dptest; tally /tmp/dptrain-test-unit.log
   run cli bash tests/cli.sh build/dptrain; tally /tmp/dptrain-test-cli.log
+  # the mpi backend under mpirun, P = 1..4 (skipped with a note without MPI)
+  run mpi bash tests/mpi/run.sh build; tally /tmp/dptrain-test-mpi.log
 fi
 if [[ -z "${QUICK:-}" ]]; then
   build clang CC=clang all
@@ -60,6 +63,10 @@ if [[ -z "${QUICK:-}" ]]; then
       tail -20 /tmp/dptrain-fuzz-$n.log; echo "FAIL fuzz $n"; total_fail=$((total_fail + 1))
     fi
   done
+fi
+if [[ -z "${QUICK:-}" ]]; then
+  # emulated hosts (network namespaces, 1 Gbit/s links), MPI over TCP; skips itself unless root
+  run netns bash tests/netns/test_cluster.sh build/dptrain; tally /tmp/dptrain-test-netns.log
 fi
 echo "suite time: $(( $(date +%s) - t0 ))s"
 [[ $step_failed -eq 0 && $total_fail -eq 0 ]] || total_fail=$((total_fail > 0 ? total_fail : 1))

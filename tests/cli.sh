@@ -71,9 +71,60 @@ import json, sys
 ev = json.load(open('$T/tl.json'))['traceEvents']
 names = {(e['tid'], e['name']) for e in ev if e.get('ph') == 'X'}
 need = {(0, 'forward'), (0, 'backward'), (2, 'backward'), (1, 'all-reduce'), (3, 'all-reduce'), (0, 'optimizer')}
-sys.exit(0 if need <= names else 1)" && grep -q "hidden behind backward" "$T/tl.log"; then
+assert 'slowest rank' in json.load(open('$T/tl.json'))['metadata']['note']
+sys.exit(0 if need <= names else 1)" && grep -q "hidden behind backward" "$T/tl.log" &&
+   grep -q "^slowest rank (last epoch): [01]," "$T/tl.log"; then
   ok timeline_and_breakdown
 else bad timeline_and_breakdown "$(tail -3 "$T/tl.log")"; fi
+
+# --- checkpoint comparison ----------------------------------------------------------
+if "$BIN" ckpt diff "$T/det1/checkpoint.bin" "$T/det3/checkpoint.bin" >"$T/diff.log" 2>&1 &&
+   grep -q "bit-identical" "$T/diff.log" && grep -q "within 1e-05" "$T/diff.log"; then
+  ok ckpt_diff_equal
+else bad ckpt_diff_equal "$(cat "$T/diff.log")"; fi
+"$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --seed 2 --max-steps 3 --out "$T/seed2" >/dev/null 2>&1
+"$BIN" ckpt diff "$T/a/checkpoint.bin" "$T/seed2/checkpoint.bin" >"$T/diff.log" 2>&1
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "differ by more than 1e-05" "$T/diff.log"; then ok ckpt_diff_different
+else bad ckpt_diff_different "exit $rc" "$(cat "$T/diff.log")"; fi
+expect_error ckpt_diff_other_model "is model" "$BIN" ckpt diff "$T/a/checkpoint.bin" "$T/scnn/checkpoint.bin"
+expect_error bad_backend "backend" "$BIN" train --backend carrier-pigeon "${SMALL[@]}"
+
+# --- several processes over MPI (when built in; not under sanitizers, whose leak
+# checker reports Open MPI's own allocations) -----------------------------------------
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader,tcp)
+if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [[ $BIN != *-asan* && $BIN != *-tsan* ]]; then
+  # deterministic: 2 processes give the bits of 1, 2 and 3 threads
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --deterministic \
+    --out "$T/mpidet" >"$T/mpi.log" 2>&1
+  if [[ "$(hash_of "$T/mpidet/checkpoint.bin")" == "$d1" ]] && grep -q "2 processes (mpi)" "$T/mpi.log"; then
+    ok mpi_deterministic_equals_threads
+  else bad mpi_deterministic_equals_threads "$(tail -3 "$T/mpi.log")"; fi
+  # a checkpoint of 2 processes resumed by 3: the same bits as an uninterrupted run
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 1 --deterministic \
+    --out "$T/mpir" >/dev/null 2>&1
+  timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --deterministic \
+    --out "$T/mpir" --resume "$T/mpir/checkpoint.bin" >"$T/mpir.log" 2>&1
+  if [[ "$(hash_of "$T/mpir/checkpoint.bin")" == "$d1" ]]; then ok mpi_resume_on_more_processes
+  else bad mpi_resume_on_more_processes "$(tail -3 "$T/mpir.log")"; fi
+  # hybrid: 2 processes x 2 threads against 4 threads in one process
+  "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 4 --out "$T/flat4" >/dev/null 2>&1
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 \
+    --out "$T/hyb" >"$T/hyb.log" 2>&1
+  if "$BIN" ckpt diff "$T/flat4/checkpoint.bin" "$T/hyb/checkpoint.bin" >"$T/hyb.diff" 2>&1; then ok mpi_hybrid_equals_flat
+  else bad mpi_hybrid_equals_flat "$(cat "$T/hyb.diff")" "$(tail -3 "$T/hyb.log")"; fi
+  # a process started with other options: one clear error naming the rank, the job ends
+  t0=$(date +%s)
+  timeout 60 "${MPIRUN[@]}" -np 2 sh -c "exec \"$BIN\" train --model mlp --epochs 1 --data \"$DATA\" --train-limit 1000 \
+    --batch 50 --progress none --workers 1 --momentum 0.\$OMPI_COMM_WORLD_RANK" >"$T/dis.log" 2>&1
+  rc=$?
+  if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "rank 1 disagrees with rank 0 on the configuration" "$T/dis.log" &&
+     (( $(date +%s) - t0 < 30 )); then
+    ok mpi_disagreement_named
+  else bad mpi_disagreement_named "exit $rc" "$(head -5 "$T/dis.log")"; fi
+else
+  echo "note: MPI checks skipped (no mpirun, MPI not built in, or a sanitizer build)"
+fi
 
 # --- eval and export -------------------------------------------------------------
 if "$BIN" eval --ckpt "$T/a/checkpoint.bin" --data "$DATA" --test-limit 500 | grep -q "test acc"; then ok eval; else bad eval; fi

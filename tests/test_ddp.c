@@ -10,54 +10,7 @@
 #include "dp/train.h"
 #include "test.h"
 
-#define DATA "/usr/share/datasets/fashion-mnist"
-
-static int have_data(void) {
-    if (access(DATA "/train-images-idx3-ubyte.gz", R_OK) == 0) return 1;
-    fprintf(stderr, "    note: %s missing (bash scripts/install-deps.sh installs it)\n", DATA);
-    return 0;
-}
-
-static struct dp_train_params base(const char *model, int P) {
-    struct dp_train_params p = dp_train_default_params();
-    p.data_dir = DATA;
-    p.model = model;
-    p.workers = P;
-    p.batch = 60;
-    p.epochs = 1;
-    p.train_limit = 1000; /* 17 batches, the last one of 40 */
-    p.test_limit = 100;
-    p.sched.base_lr = 0.05f;
-    p.optim.momentum = 0.9f;
-    p.prefetch = 1;
-    p.seed = 3;
-    return p;
-}
-
-/* Trains and returns a copy of the parameters (caller frees). */
-static float *train(const struct dp_train_params *p, int64_t *n) {
-    struct dp_trainer *t;
-    ASSERT_OK(dp_trainer_init(&t, p));
-    ASSERT_OK(dp_trainer_run(t));
-    const struct dp_model *m = dp_trainer_model(t);
-    *n = m->num_params + m->num_buffers;
-    float *out = malloc(sizeof(float) * (size_t)*n);
-    memcpy(out, dp_trainer_replica(t)->params, sizeof(float) * (size_t)m->num_params);
-    memcpy(out + m->num_params, dp_trainer_replica(t)->buffers, sizeof(float) * (size_t)m->num_buffers);
-    dp_trainer_free(t);
-    return out;
-}
-
-/* max |a - b| / max |a| */
-static double rel_diff(const float *a, const float *b, int64_t n) {
-    double md = 0, ma = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (d > md || d != d) md = d;
-        if (fabs(a[i]) > ma) ma = fabs(a[i]);
-    }
-    return md / (ma > 0 ? ma : 1);
-}
+#include "ddp_util.h"
 
 static void equivalence(const char *model, int64_t steps, float lr) {
     if (!have_data()) return;

@@ -35,7 +35,9 @@ extern "C" {
 #endif
 
 struct dp_reducer_params {
-    size_t bucket_cap_bytes;   /* default 25 MiB (as PyTorch DDP) */
+    size_t bucket_cap_bytes;   /* 0 (the default) = auto: a quarter of the gradient, at least
+                                  1 MiB and at most 25 MiB (PyTorch DDP's fixed cap), so that a
+                                  small model still gets several buckets to overlap on slow links */
     size_t first_bucket_bytes; /* default 1 MiB */
     int overlap;               /* 1: start buckets during backward; 0: all after it */
     enum dp_comm_algo algo;        /* all-reduce algorithm (AUTO) */

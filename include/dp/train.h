@@ -15,6 +15,7 @@
 #ifndef DP_TRAIN_H
 #define DP_TRAIN_H
 
+#include "comm.h"
 #include "data.h"
 #include "nn.h"
 #include "optim.h"
@@ -44,17 +45,31 @@ struct dp_event {
     double t_comm, t_comm_exposed;      /* EPOCH: all-reduce time in total, and the part
                                            not hidden behind backward (rank 0) */
     int64_t skipped;                    /* EPOCH: steps skipped as non-finite */
+    int slow_rank;                      /* EPOCH: the rank whose reductions start latest in
+                                           its steps, on average (-1 with one worker) */
+    double slow_lag;                    /* EPOCH: its lag behind the earliest rank, s per step */
     const char *path;     /* CHECKPOINT */
 };
 typedef void (*dp_event_fn)(void *arg, const struct dp_event *ev);
 
 struct dp_train_params {
     const char *data_dir;      /* IDX files (train-*, t10k-*) */
+    /* Several processes (for example MPI ranks): this process's communicator
+     * with the others, one per process, or NULL for a single process.  Each
+     * process then runs `workers` worker threads, and the job has
+     * workers x processes ranks (process p's thread t is rank p*workers + t):
+     * a hierarchical world (dp_comm_thread_world_init_hier).  Every process
+     * loads the data and, when resuming, reads the checkpoint; only rank 0
+     * writes metrics, checkpoints and the timeline (others write
+     * TIMELINE.p<process>).  The caller keeps `inter` (it outlives the
+     * trainer) and, when dp_trainer_run fails, should end the job
+     * (dp_comm_kill_job) so that no process waits for this one. */
+    struct dp_comm *inter;
     /* data parallelism: `workers` replicas, each a thread with `threads`
      * compute threads, each taking its share of every global batch */
     int workers;               /* P (default 1) */
     int accum;                 /* gradient accumulation: global batches per optimizer step */
-    size_t bucket_cap_bytes;   /* reducer bucket cap (default 25 MiB) */
+    size_t bucket_cap_bytes;   /* reducer bucket cap (default 0 = auto, see dp/ddp.h) */
     size_t first_bucket_bytes; /* reducer first bucket (default 1 MiB) */
     int overlap;               /* 1: all-reduce buckets during backward (default) */
     int algo;                  /* enum dp_comm_algo (default AUTO) */
@@ -66,9 +81,12 @@ struct dp_train_params {
     const char *timeline;      /* write a Chrome trace-event file of the run here (NULL = off) */
     /* Fault injection, for the tests of failure handling: at optimizer step
      * fault_step, worker fault_worker fails the way fault_kind says. */
-    enum { DP_FAULT_NONE = 0, DP_FAULT_NAN, DP_FAULT_ALLOC, DP_FAULT_DATA, DP_FAULT_DIVERGE, DP_FAULT_KIND_COUNT } fault_kind;
+    enum { DP_FAULT_NONE = 0, DP_FAULT_NAN, DP_FAULT_ALLOC, DP_FAULT_DATA, DP_FAULT_DIVERGE, DP_FAULT_SLOW,
+           DP_FAULT_KIND_COUNT } fault_kind;
     /* DP_FAULT_DIVERGE: the worker's replica silently drifts (one parameter
-     * changed after its update), for --check-replicas */
+     * changed after its update), for --check-replicas.  DP_FAULT_SLOW: from
+     * step fault_step on, the worker sleeps 20 ms at the start of every step
+     * (a straggler, for the slowest-rank report) */
     int fault_worker;
     int64_t fault_step;
     const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */

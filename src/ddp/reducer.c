@@ -6,7 +6,7 @@
 #include "dp/ddp.h"
 
 struct dp_reducer_params dp_reducer_default_params(void) {
-    struct dp_reducer_params p = {.bucket_cap_bytes = 25u << 20, .first_bucket_bytes = 1u << 20,
+    struct dp_reducer_params p = {.bucket_cap_bytes = 0 /* auto */, .first_bucket_bytes = 1u << 20,
                                   .overlap = 1, .algo = DP_ALGO_AUTO};
     return p;
 }
@@ -43,6 +43,10 @@ int dp_reducer_init(struct dp_reducer *r, const struct dp_model *m, struct dp_co
                     const struct dp_reducer_params *p) {
     memset(r, 0, sizeof *r);
     r->p = p ? *p : dp_reducer_default_params();
+    if (r->p.bucket_cap_bytes == 0) { /* auto: total / 4, clamped to [1 MiB, 25 MiB] */
+        size_t q = (size_t)m->num_params * sizeof(float) / 4;
+        r->p.bucket_cap_bytes = q < (1u << 20) ? 1u << 20 : q > (25u << 20) ? 25u << 20 : q;
+    }
     if (r->p.bucket_cap_bytes < sizeof(float) || r->p.first_bucket_bytes < sizeof(float))
         return dp_seterr(DP_EINVAL, "reducer: bucket sizes must be at least 4 bytes");
     r->comm = comm;

@@ -22,29 +22,36 @@ void dp_timeline_free(struct dp_timeline *tl) {
     memset(tl, 0, sizeof *tl);
 }
 
-int dp_timeline_write(const char *path, const struct dp_timeline *tl, int P, double t_origin) {
+int dp_timeline_write(const char *path, const struct dp_timeline *tl, int P, int rank0, double t_origin,
+                      const char *note) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f) return dp_seterr(DP_EIO, "timeline: cannot create %s: %s", tmp, strerror(errno));
     fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-    int first = 1;
-    for (int r = 0; r < P; r++) {
+    double t_last = 0;
+    for (int i = 0; i < P; i++) {
+        int r = rank0 + i;
         /* track names */
         fprintf(f, "%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": \"worker %d compute\"}}",
-                first ? "" : ",\n", 2 * r, r);
-        first = 0;
+                i ? ",\n" : "", 2 * r, r);
         fprintf(f, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": \"worker %d all-reduce\"}}",
                 2 * r + 1, r);
-        for (int64_t i = 0; i < tl[r].n; i++) {
-            const struct dp_tl_event *e = &tl[r].ev[i];
+        for (int64_t k = 0; k < tl[i].n; k++) {
+            const struct dp_tl_event *e = &tl[i].ev[k];
             fprintf(f, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.1f, \"dur\": %.1f, "
                     "\"args\": {\"%s\": %lld}}",
                     e->name, 2 * r + e->track, (e->t0 - t_origin) * 1e6, (e->t1 - e->t0) * 1e6,
                     e->track ? "bucket" : "step", (long long)e->arg);
+            if (e->t1 > t_last) t_last = e->t1;
         }
     }
-    fprintf(f, "\n]}\n");
+    if (note && note[0]) /* a global instant event, and the trace's metadata */
+        fprintf(f, ",\n{\"name\": \"%s\", \"ph\": \"i\", \"s\": \"g\", \"pid\": 0, \"tid\": 0, \"ts\": %.1f}",
+                note, (t_last > t_origin ? t_last - t_origin : 0) * 1e6);
+    fprintf(f, "\n]");
+    if (note && note[0]) fprintf(f, ", \"metadata\": {\"note\": \"%s\"}", note);
+    fprintf(f, "}\n");
     int bad = ferror(f);
     if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
         remove(tmp);

@@ -31,7 +31,11 @@ static inline void dp_timeline_add(struct dp_timeline *tl, const char *name, int
     struct dp_tl_event *e = &tl->ev[tl->n++];
     e->name = name, e->track = track, e->arg = arg, e->t0 = t0, e->t1 = t1;
 }
-/* Writes the P workers' events to path (atomically), times relative to t_origin. */
-int dp_timeline_write(const char *path, const struct dp_timeline *tl, int P, double t_origin);
+/* Writes the P workers' events to path (atomically), times relative to
+ * t_origin; tl[i] is job rank rank0 + i.  A non-empty `note` (for example the
+ * straggler) is written as an instant event at the end and in the trace's
+ * metadata. */
+int dp_timeline_write(const char *path, const struct dp_timeline *tl, int P, int rank0, double t_origin,
+                      const char *note);
 
 #endif

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "dp/ddp.h"
 #include "dp/train.h"
@@ -33,7 +34,8 @@
 
 struct worker {
     struct dp_trainer *t;
-    int rank;
+    int rank;                  /* index in this process: w[rank] */
+    int grank;                 /* rank in the whole job (= rank with one process) */
     struct dp_replica rep;
     struct dp_optim opt;
     struct dp_loader *loader;
@@ -47,6 +49,10 @@ struct worker {
     char err[512];
     /* this epoch's sums */
     double loss_sum, t_fwd, t_bwd, t_opt, t_comm, t_exposed, wait0;
+    double t_step0;            /* when this step started (dp_time) */
+    double *arrival;           /* (nb) per bucket: sum over this epoch's steps of the time from
+                                  the step's start to the bucket's reduction start */
+    int64_t arrival_steps;     /* steps summed in arrival */
     int64_t correct, seen, skipped;
     int64_t step, epoch, in_epoch; /* this worker's copy of the position */
 };
@@ -56,13 +62,16 @@ struct dp_trainer {
     struct dp_dataset train, test;
     struct dp_model *model;
     struct dp_comm_world *world;
-    struct worker *w;          /* w[0..P) */
-    int P;
+    struct worker *w;          /* w[0..P): this process's workers */
+    int P;                     /* workers in this process */
+    int G, base;               /* workers in the job, and the job rank of w[0] */
     /* identical on every worker; written by each worker for itself and read
      * by rank 0 only at points where all workers are past a collective */
     int64_t step, epoch, step_in_epoch, batches_per_epoch, steps_per_epoch, max_batch;
     double t_origin;
     FILE *metrics;
+    int slow_rank;             /* the last epoch's straggler (rank 0), -1 if none */
+    double slow_lag;
 };
 
 struct dp_train_params dp_train_default_params(void) {
@@ -72,7 +81,7 @@ struct dp_train_params dp_train_default_params(void) {
     p.model = "mlp";
     p.workers = 1;
     p.accum = 1;
-    p.bucket_cap_bytes = 25u << 20;
+    p.bucket_cap_bytes = 0; /* auto (dp/ddp.h) */
     p.first_bucket_bytes = 1u << 20;
     p.overlap = 1;
     p.algo = DP_ALGO_AUTO;
@@ -103,6 +112,7 @@ void dp_trainer_free(struct dp_trainer *t) {
         dp_reducer_free(&w->red);
         dp_timeline_free(&w->tl);
         dp_free(w->acc);
+        dp_free(w->arrival);
         dp_comm_free(w->comm);
         dp_loader_free(w->loader);
         dp_optim_free(&w->opt);
@@ -197,6 +207,7 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     const struct dp_train_params *p = &t->p;
     w->t = t;
     w->rank = rank;
+    w->grank = t->base + rank;
     int rc = dp_replica_init(&w->rep, t->model, t->max_batch);
     if (!rc) rc = dp_optim_init(&w->opt, &p->optim, t->model->num_params);
     if (rc) return rc;
@@ -206,8 +217,8 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     lp.seed = p->seed;
     lp.aug = p->aug;
     lp.prefetch = p->prefetch;
-    lp.rank = rank;
-    lp.world = t->P;
+    lp.rank = w->grank;
+    lp.world = t->G;
     lp.align = p->deterministic ? p->det_chunk : 1;
     if ((rc = dp_loader_init(&w->loader, &t->train, &lp))) return rc;
     if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
@@ -222,7 +233,9 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     rp.first_bucket_bytes = p->first_bucket_bytes;
     rp.overlap = p->overlap;
     rp.algo = (enum dp_comm_algo)p->algo;
-    return dp_reducer_init(&w->red, t->model, w->comm, w->rep.grads, &rp);
+    if ((rc = dp_reducer_init(&w->red, t->model, w->comm, w->rep.grads, &rp))) return rc;
+    w->arrival = dp_calloc((size_t)w->red.nb + 1, sizeof(double));
+    return w->arrival ? DP_OK : dp_seterr(DP_ENOMEM, "trainer: out of memory");
 }
 
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
@@ -233,6 +246,9 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (!t) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
     t->p = *p;
     t->P = p->workers;
+    t->G = p->inter ? t->P * dp_comm_world(p->inter) : t->P;
+    t->base = p->inter ? t->P * dp_comm_rank(p->inter) : 0;
+    t->slow_rank = -1;
     dp_set_num_threads(p->threads);
 
     /* A checkpoint names its model; --model may be omitted when resuming. */
@@ -263,12 +279,14 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
         goto fail;
     }
     /* A worker's share is at most ceil(batch / P); evaluation uses up to 256. */
-    int64_t share = (p->batch + t->P - 1) / t->P;
+    int64_t share = (p->batch + t->G - 1) / t->G;
     if (p->deterministic) share = p->det_chunk; /* one chunk at a time */
     t->max_batch = share > 256 ? share : 256;
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = p->comm_timeout;
-    if ((rc = dp_comm_thread_world_init(&t->world, t->P, &cp))) goto fail;
+    rc = p->inter ? dp_comm_thread_world_init_hier(&t->world, t->P, &cp, p->inter)
+                  : dp_comm_thread_world_init(&t->world, t->P, &cp);
+    if (rc) goto fail;
     t->w = dp_calloc((size_t)t->P, sizeof *t->w);
     if (!t->w) {
         rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
@@ -276,7 +294,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     }
     for (int r = 0; r < t->P; r++)
         if ((rc = worker_init(t, &t->w[r], r))) {
-            dp_adderr(rc, "worker %d", r);
+            dp_adderr(rc, "worker %d", t->base + r);
             goto fail;
         }
     /* Rank 0 initialises; the others receive its parameters by broadcast
@@ -290,7 +308,8 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (t->p.sched.total_steps <= 0) t->p.sched.total_steps = t->steps_per_epoch * p->epochs;
 
     if (p->resume && (rc = load_checkpoint(t, p->resume))) goto fail;
-    if (p->out_dir) {
+    /* Only the job's rank 0 writes metrics and checkpoints. */
+    if (p->out_dir && t->base == 0) {
         if (mkdir(p->out_dir, 0755) != 0 && errno != EEXIST) {
             rc = dp_seterr(DP_EIO, "cannot create output folder %s: %s", p->out_dir, strerror(errno));
             goto fail;
@@ -399,14 +418,14 @@ static int stat_sync(void *arg, double *buf, int64_t n) {
 /* Compares every replica's parameter hash with rank 0's. */
 static int check_replicas(struct worker *w) {
     struct dp_trainer *t = w->t;
-    double *h = dp_calloc((size_t)t->P * 2, sizeof(double));
+    double *h = dp_calloc((size_t)t->G * 2, sizeof(double));
     if (!h) return dp_seterr(DP_ENOMEM, "check-replicas: out of memory");
     uint64_t mine = dp_replica_hash(&w->rep);
     /* two exact halves of the 64-bit hash per rank */
-    h[2 * w->rank] = (double)(mine >> 32);
-    h[2 * w->rank + 1] = (double)(mine & 0xffffffffu);
-    int rc = dp_comm_allgather(w->comm, h, (int64_t)t->P * 2, DP_DTYPE_F64, DP_ALGO_AUTO);
-    for (int r = 1; !rc && r < t->P; r++)
+    h[2 * w->grank] = (double)(mine >> 32);
+    h[2 * w->grank + 1] = (double)(mine & 0xffffffffu);
+    int rc = dp_comm_allgather(w->comm, h, (int64_t)t->G * 2, DP_DTYPE_F64, DP_ALGO_AUTO);
+    for (int r = 1; !rc && r < t->G; r++)
         if (h[2 * r] != h[0] || h[2 * r + 1] != h[1])
             rc = dp_seterr(DP_EMISMATCH, "step %lld: the replica of worker %d diverged from worker 0 "
                            "(parameter hash %08llx%08llx, expected %08llx%08llx)", (long long)w->step + 1, r,
@@ -421,6 +440,8 @@ static int check_replicas(struct worker *w) {
 static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
     struct dp_trainer *t = w->t;
     const struct dp_model *m = t->model;
+    if (t->p.fault_kind == DP_FAULT_SLOW && w->grank == t->p.fault_worker && w->step >= t->p.fault_step)
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
     memset(w->rep.grads, 0, sizeof(float) * (size_t)m->num_params);
     double n_total = 0, loss_sum = 0, n_local = 0;
     int local_bad = 0;
@@ -434,20 +455,20 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         int last_micro = k == nmicro - 1;
         /* with one worker there is nothing to reduce: no reducer, no
          * progress thread to wake */
-        int last = last_micro && t->P > 1;
+        int last = last_micro && t->G > 1;
         struct dp_batch b = {.B = lb->B, .x = lb->x, .targets = lb->y, .sample_idx = lb->idx, .epoch = lb->epoch};
         /* With one micro-batch the global batch size is known before
          * backward, so the 1/N of the mean is folded into the loss gradient
          * (no extra pass); with accumulation the sum is scaled at the end. */
         float ls = nmicro == 1 ? (float)(1.0 / (double)lb->global_B) : 1.0f;
         struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = ls};
-        if (t->P > 1) pass.stat_sync = stat_sync, pass.stat_sync_arg = w;
+        if (t->G > 1) pass.stat_sync = stat_sync, pass.stat_sync_arg = w;
         if (last) {
             pass.grad_ready = dp_reducer_grad_ready;
             pass.grad_ready_arg = &w->red;
             dp_reducer_begin(&w->red);
         }
-        int fault = t->p.fault_kind && w->rank == t->p.fault_worker && w->step == t->p.fault_step && last_micro;
+        int fault = t->p.fault_kind && w->grank == t->p.fault_worker && w->step == t->p.fault_step && last_micro;
         if (fault && t->p.fault_kind == DP_FAULT_ALLOC) rc = dp_seterr(DP_ENOMEM, "injected allocation failure");
         else if (fault && t->p.fault_kind == DP_FAULT_DATA) rc = dp_seterr(DP_EIO, "injected data error");
         else if (fault && t->p.fault_kind == DP_FAULT_NAN && b.B > 0) {
@@ -477,8 +498,11 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
             rc = dp_reducer_finish(&w->red);
             dp_timeline_add(&w->tl, "wait for all-reduce", 0, w->step, w->red.t_backward_end, w->red.t_end);
             for (int i = 0; i < w->red.nb; i++)
-                if (w->red.b[i].t_ready > 0)
+                if (w->red.b[i].t_ready > 0) {
                     dp_timeline_add(&w->tl, "all-reduce", 1, i, w->red.b[i].t_ready, w->red.b[i].t_done);
+                    w->arrival[i] += w->red.b[i].t_ready - w->t_step0;
+                }
+            w->arrival_steps++;
             if (rc) return rc;
         }
         n_total += (double)lb->global_B;
@@ -507,12 +531,12 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
      * the same decision here without talking to the others. */
     if (any_nonfinite(g, m->num_params)) {
         /* Which worker? Each contributes a flag for its own loss. */
-        double *flags = dp_calloc((size_t)t->P, sizeof(double));
+        double *flags = dp_calloc((size_t)t->G, sizeof(double));
         if (!flags) return dp_seterr(DP_ENOMEM, "out of memory");
-        flags[w->rank] = local_bad;
-        int rc = dp_comm_allreduce(w->comm, flags, t->P, DP_DTYPE_F64, DP_ALGO_AUTO);
+        flags[w->grank] = local_bad;
+        int rc = dp_comm_allreduce(w->comm, flags, t->G, DP_DTYPE_F64, DP_ALGO_AUTO);
         int who = -1;
-        for (int r = 0; !rc && r < t->P && who < 0; r++)
+        for (int r = 0; !rc && r < t->G && who < 0; r++)
             if (flags[r] != 0) who = r;
         dp_free(flags);
         if (rc) return rc;
@@ -530,7 +554,7 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
     if (t->p.clip_norm > 0) dp_clip_grad_norm(g, m->num_params, t->p.clip_norm);
     float lr = dp_sched_lr(&t->p.sched, w->step);
     int rc = dp_optim_step(&w->opt, w->rep.params, g, m->num_params, lr);
-    if (t->p.fault_kind == DP_FAULT_DIVERGE && w->rank == t->p.fault_worker && w->step == t->p.fault_step)
+    if (t->p.fault_kind == DP_FAULT_DIVERGE && w->grank == t->p.fault_worker && w->step == t->p.fault_step)
         w->rep.params[m->num_params / 2] += 1e-3f;
     double t2 = dp_time();
     w->t_opt += t2 - t1;
@@ -592,6 +616,8 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
         n_total += (double)lb->global_B;
     }
     double tc = dp_time();
+    w->arrival[0] += tc - w->t_step0; /* one reduction per step: "bucket" 0 */
+    w->arrival_steps++;
     int rc = dp_comm_allreduce(w->comm, w->acc, np, DP_DTYPE_F64, (enum dp_comm_algo)t->p.algo);
     double t1 = dp_time();
     w->t_comm += t1 - tc;
@@ -611,53 +637,92 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
     return rc;
 }
 
-/* Epoch totals over all workers: loss, correct, seen, skipped. */
-static int epoch_totals(struct worker *w, double out[4]) {
+/* Epoch totals over all workers: out[0..4) = loss, correct, seen, skipped;
+ * then, per rank r, out[4 + r] = its mean time per step from the step's
+ * start to the start of its buckets' reductions (the mean over buckets). */
+static int epoch_totals(struct worker *w, double *out) {
+    struct dp_trainer *t = w->t;
+    memset(out, 0, sizeof(double) * (size_t)(4 + t->G));
     out[0] = w->loss_sum, out[1] = (double)w->correct, out[2] = (double)w->seen, out[3] = (double)w->skipped;
-    return dp_comm_allreduce(w->comm, out, 4, DP_DTYPE_F64, DP_ALGO_AUTO);
+    int nb = t->p.deterministic ? 1 : w->red.nb;
+    double a = 0;
+    for (int i = 0; i < nb; i++) a += w->arrival[i];
+    if (nb > 0 && w->arrival_steps > 0) out[4 + w->grank] = a / nb / (double)w->arrival_steps;
+    memset(w->arrival, 0, sizeof(double) * (size_t)(w->red.nb + 1));
+    w->arrival_steps = 0;
+    return dp_comm_allreduce(w->comm, out, 4 + t->G, DP_DTYPE_F64, DP_ALGO_AUTO);
+}
+
+/* The straggler: the rank whose reductions start latest after its step's
+ * start, on average, and its lag behind the earliest rank (s per step).
+ * Every rank waits for the last one in each collective, so this lag is what
+ * the job loses to its slowest rank per step. */
+static void straggler(const struct dp_trainer *t, const double *arr, int *rank, double *lag) {
+    int slow = 0, fast = 0;
+    for (int r = 1; r < t->G; r++) {
+        if (arr[r] > arr[slow]) slow = r;
+        if (arr[r] < arr[fast]) fast = r;
+    }
+    *rank = t->G > 1 ? slow : -1;
+    *lag = t->G > 1 ? arr[slow] - arr[fast] : 0;
+}
+
+/* Rank 0 at the end of an epoch: the event, the metrics record, the
+ * evaluation and the checkpoint.  tot as epoch_totals gives it. */
+static int report_epoch(struct worker *w, double t_start, const double *tot) {
+    struct dp_trainer *t = w->t;
+    int rc;
+    double dt = dp_time() - t_start;
+    t->epoch++;
+    t->step_in_epoch = 0;
+    struct dp_event ev = {.kind = DP_EVENT_EPOCH, .step = t->step, .epoch = t->epoch,
+                          .lr = dp_sched_lr(&t->p.sched, t->step > 0 ? t->step - 1 : 0)};
+    ev.loss = tot[2] > 0 ? tot[0] / tot[2] : NAN;
+    ev.train_acc = tot[2] > 0 ? tot[1] / tot[2] : NAN;
+    ev.samples_per_s = dt > 0 ? tot[2] / dt : 0;
+    ev.skipped = (int64_t)tot[3];
+    ev.epoch_time = dt;
+    ev.t_data = dp_loader_wait_time(w->loader) - w->wait0;
+    ev.t_fwd = w->t_fwd, ev.t_bwd = w->t_bwd, ev.t_opt = w->t_opt;
+    ev.t_comm = w->t_comm, ev.t_comm_exposed = w->t_exposed;
+    straggler(t, tot + 4, &ev.slow_rank, &ev.slow_lag);
+    t->slow_rank = ev.slow_rank, t->slow_lag = ev.slow_lag;
+    if ((rc = dp_trainer_evaluate(t, &t->test, t->p.test_limit, &ev.test_acc, &ev.test_loss))) return rc;
+    if (t->metrics) {
+        fprintf(t->metrics,
+                "{\"kind\": \"epoch\", \"epoch\": %lld, \"step\": %lld, \"workers\": %d, \"lr\": %.6g, "
+                "\"train_loss\": %.6f, \"train_acc\": %.6f, \"test_loss\": %.6f, \"test_acc\": %.6f, "
+                "\"samples_per_s\": %.1f, \"epoch_time_s\": %.3f, \"data_wait_s\": %.3f, "
+                "\"forward_s\": %.3f, \"backward_s\": %.3f, \"comm_s\": %.3f, \"comm_exposed_s\": %.3f, "
+                "\"optimizer_s\": %.3f, \"skipped_steps\": %lld, \"slowest_rank\": %d, "
+                "\"slowest_lag_s\": %.6f, \"param_hash\": \"%016llx\", \"rank_arrival_s\": [",
+                (long long)ev.epoch, (long long)ev.step, t->G, (double)ev.lr, ev.loss, ev.train_acc,
+                ev.test_loss, ev.test_acc, ev.samples_per_s, dt, ev.t_data, ev.t_fwd, ev.t_bwd, ev.t_comm,
+                ev.t_comm_exposed, ev.t_opt, (long long)ev.skipped, ev.slow_rank, ev.slow_lag,
+                (unsigned long long)dp_replica_hash(&w->rep));
+        for (int r = 0; r < t->G; r++) fprintf(t->metrics, "%s%.6f", r ? ", " : "", tot[4 + r]);
+        fprintf(t->metrics, "]}\n");
+        fflush(t->metrics);
+    }
+    emit(t, &ev);
+    int last = t->epoch == t->p.epochs;
+    if (last || (t->p.ckpt_every > 0 && t->epoch % t->p.ckpt_every == 0))
+        if ((rc = checkpoint(t))) return rc;
+    return DP_OK;
 }
 
 static int end_epoch(struct worker *w, double t_start) {
     struct dp_trainer *t = w->t;
-    double tot[4];
+    double *tot = dp_malloc(sizeof(double) * (size_t)(4 + t->G));
+    if (!tot) return dp_seterr(DP_ENOMEM, "out of memory");
     int rc = epoch_totals(w, tot);
+    if (!rc && w->grank == 0) rc = report_epoch(w, t_start, tot);
+    dp_free(tot);
     if (rc) return rc;
-    double dt = dp_time() - t_start;
-    if (w->rank == 0) {
-        t->epoch++;
-        t->step_in_epoch = 0;
-        struct dp_event ev = {.kind = DP_EVENT_EPOCH, .step = t->step, .epoch = t->epoch,
-                              .lr = dp_sched_lr(&t->p.sched, t->step > 0 ? t->step - 1 : 0)};
-        ev.loss = tot[2] > 0 ? tot[0] / tot[2] : NAN;
-        ev.train_acc = tot[2] > 0 ? tot[1] / tot[2] : NAN;
-        ev.samples_per_s = dt > 0 ? tot[2] / dt : 0;
-        ev.skipped = (int64_t)tot[3];
-        ev.epoch_time = dt;
-        ev.t_data = dp_loader_wait_time(w->loader) - w->wait0;
-        ev.t_fwd = w->t_fwd, ev.t_bwd = w->t_bwd, ev.t_opt = w->t_opt;
-        ev.t_comm = w->t_comm, ev.t_comm_exposed = w->t_exposed;
-        if ((rc = dp_trainer_evaluate(t, &t->test, t->p.test_limit, &ev.test_acc, &ev.test_loss))) return rc;
-        if (t->metrics) {
-            fprintf(t->metrics,
-                    "{\"kind\": \"epoch\", \"epoch\": %lld, \"step\": %lld, \"workers\": %d, \"lr\": %.6g, "
-                    "\"train_loss\": %.6f, \"train_acc\": %.6f, \"test_loss\": %.6f, \"test_acc\": %.6f, "
-                    "\"samples_per_s\": %.1f, \"epoch_time_s\": %.3f, \"data_wait_s\": %.3f, "
-                    "\"forward_s\": %.3f, \"backward_s\": %.3f, \"comm_s\": %.3f, \"comm_exposed_s\": %.3f, "
-                    "\"optimizer_s\": %.3f, \"skipped_steps\": %lld, \"param_hash\": \"%016llx\"}\n",
-                    (long long)ev.epoch, (long long)ev.step, t->P, (double)ev.lr, ev.loss, ev.train_acc,
-                    ev.test_loss, ev.test_acc, ev.samples_per_s, dt, ev.t_data, ev.t_fwd, ev.t_bwd, ev.t_comm,
-                    ev.t_comm_exposed, ev.t_opt, (long long)ev.skipped,
-                    (unsigned long long)dp_replica_hash(&w->rep));
-            fflush(t->metrics);
-        }
-        emit(t, &ev);
-        int last = t->epoch == t->p.epochs;
-        if (last || (t->p.ckpt_every > 0 && t->epoch % t->p.ckpt_every == 0))
-            if ((rc = checkpoint(t))) return rc;
-    }
     /* The others wait while rank 0 evaluates and checkpoints. */
     return dp_comm_barrier(w->comm);
 }
+
 
 /* The worker's running phase sums: data wait, forward, backward, comm,
  * exposed comm, optimizer. */
@@ -680,6 +745,74 @@ static void step_record(const struct worker *w, int64_t step, int64_t epoch, dou
             s1[1] - s0[1], s1[2] - s0[2], s1[3] - s0[3], s1[4] - s0[4], s1[5] - s0[5]);
 }
 
+/* ---- agreement before the first step ----------------------------------------------------
+ * Every rank hashes what must be equal everywhere, in five parts, and the
+ * hashes are all-gathered (one collective whose size depends only on the
+ * job's rank count, which the launcher fixes).  A rank that differs from
+ * rank 0 is named, with the part, before any collective whose size depends
+ * on those settings could hang or mix up data. */
+enum { AGREE_MODEL, AGREE_BUCKETS, AGREE_DATA, AGREE_CONFIG, AGREE_POSITION, AGREE_PARTS };
+#define AGREE_CONFIG_NAME \
+    "configuration (batch, optimizer, schedule, seed, epochs, workers per process, data parallelism options)"
+static const char *const agree_names[AGREE_PARTS] = {
+    "model (spec and parameter count)", "gradient bucket layout", "training data (sample count and shape)",
+    AGREE_CONFIG_NAME, "starting position (the checkpoint resumed)"};
+
+#define H(x) (h = dp_fnv1a64(&(x), sizeof(x), h))
+static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
+    const struct dp_trainer *t = w->t;
+    const struct dp_train_params *p = &t->p;
+    const struct dp_model *m = t->model;
+    uint64_t h = 0xcbf29ce484222325ull;
+    h = dp_fnv1a64(m->spec, strlen(m->spec), h);
+    H(m->num_params), H(m->num_buffers);
+    out[AGREE_MODEL] = h;
+    h = 0xcbf29ce484222325ull;
+    H(w->red.nb);
+    for (int i = 0; i < w->red.nb; i++) H(w->red.b[i].off), H(w->red.b[i].count);
+    out[AGREE_BUCKETS] = h;
+    h = 0xcbf29ce484222325ull;
+    H(t->train.n), H(t->train.C), H(t->train.H), H(t->train.W), H(p->norm_mean), H(p->norm_std);
+    H(p->test_limit), H(p->aug.crop_pad), H(p->aug.hflip);
+    out[AGREE_DATA] = h;
+    h = 0xcbf29ce484222325ull;
+    H(p->batch), H(p->accum), H(p->seed), H(p->epochs), H(p->max_steps), H(p->clip_norm), H(p->workers);
+    H(p->optim.kind), H(p->optim.momentum), H(p->optim.nesterov), H(p->optim.dampening);
+    H(p->optim.weight_decay), H(p->optim.beta1), H(p->optim.beta2), H(p->optim.eps);
+    H(p->sched.kind), H(p->sched.base_lr), H(p->sched.total_steps), H(p->sched.warmup_steps);
+    H(p->sched.step_size), H(p->sched.gamma), H(p->sched.min_lr);
+    H(p->deterministic), H(p->det_chunk), H(p->algo), H(p->overlap), H(p->skip_nonfinite);
+    H(p->check_replicas), H(p->accum);
+    out[AGREE_CONFIG] = h;
+    h = 0xcbf29ce484222325ull;
+    H(w->step), H(w->epoch), H(w->in_epoch);
+    out[AGREE_POSITION] = h;
+}
+#undef H
+
+static int agree(struct worker *w) {
+    struct dp_trainer *t = w->t;
+    int64_t n = (int64_t)t->G * AGREE_PARTS * 2;
+    double *all = dp_calloc((size_t)n, sizeof(double));
+    if (!all) return dp_seterr(DP_ENOMEM, "out of memory");
+    uint64_t mine[AGREE_PARTS];
+    agree_hashes(w, mine);
+    double *slot = all + (size_t)w->grank * AGREE_PARTS * 2;
+    for (int k = 0; k < AGREE_PARTS; k++) /* exact halves */
+        slot[2 * k] = (double)(mine[k] >> 32), slot[2 * k + 1] = (double)(mine[k] & 0xffffffffu);
+    int rc = dp_comm_allgather(w->comm, all, n, DP_DTYPE_F64, DP_ALGO_AUTO);
+    for (int r = 1; !rc && r < t->G; r++)
+        for (int k = 0; k < AGREE_PARTS * 2; k++)
+            if (all[(size_t)r * AGREE_PARTS * 2 + (size_t)k] != all[k]) {
+                rc = dp_seterr(DP_EMISMATCH, "rank %d disagrees with rank 0 on the %s: every rank must be "
+                               "started with the same options%s", r, agree_names[k / 2],
+                               k / 2 == AGREE_POSITION ? " and checkpoint" : "");
+                break;
+            }
+    dp_free(all);
+    return rc;
+}
+
 static int worker_loop(struct worker *w) {
     struct dp_trainer *t = w->t;
     const struct dp_model *m = t->model;
@@ -689,6 +822,7 @@ static int worker_loop(struct worker *w) {
     int64_t step = w->step, epoch = w->epoch, in_epoch = w->in_epoch;
     int rc = dp_loader_seek(w->loader, epoch, in_epoch);
     if (rc) return rc;
+    if (t->G > 1 && (rc = agree(w))) return rc;
     /* All replicas start from rank 0's parameters and buffers. */
     if ((rc = dp_comm_broadcast(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, 0, DP_ALGO_AUTO)) ||
         (m->num_buffers &&
@@ -701,7 +835,7 @@ static int worker_loop(struct worker *w) {
         w->correct = w->seen = w->skipped = 0;
         while (in_epoch < t->batches_per_epoch) {
             if (t->p.max_steps && step >= t->p.max_steps) {
-                if (w->rank == 0) rc = checkpoint(t);
+                if (w->grank == 0) rc = checkpoint(t);
                 return rc ? rc : dp_comm_barrier(w->comm);
             }
             int64_t nmicro = t->batches_per_epoch - in_epoch < t->p.accum ? t->batches_per_epoch - in_epoch
@@ -711,14 +845,15 @@ static int worker_loop(struct worker *w) {
             w->step = step, w->epoch = epoch;
             double s0[6], ts = dp_time();
             phase_sums(w, s0); /* for the per-step record */
+            w->t_step0 = ts;
             rc = t->p.deterministic ? det_step(w, nmicro, &n_step, &loss_step)
                                     : train_step(w, nmicro, &w->skipped, &n_step, &loss_step);
             if (rc)
                 /* non-finite errors already name the worker and step that caused them */
-                return rc == DP_ENONFINITE ? rc : dp_adderr(rc, "worker %d, step %lld", w->rank, (long long)step);
+                return rc == DP_ENONFINITE ? rc : dp_adderr(rc, "worker %d, step %lld", w->grank, (long long)step);
             step++;
             in_epoch += nmicro;
-            if (w->rank == 0) {
+            if (w->grank == 0) {
                 t->step = step;
                 t->step_in_epoch = in_epoch;
                 struct dp_event ev = {.kind = DP_EVENT_STEP, .step = step, .epoch = epoch,
@@ -769,7 +904,13 @@ int dp_trainer_run(struct dp_trainer *t) {
         struct dp_timeline *tls = dp_malloc(sizeof *tls * (size_t)t->P);
         if (!tls) return dp_seterr(DP_ENOMEM, "timeline: out of memory");
         for (int r = 0; r < t->P; r++) tls[r] = t->w[r].tl;
-        int rc = dp_timeline_write(t->p.timeline, tls, t->P, t->t_origin);
+        char path[4096], note[160] = "";
+        if (t->base == 0) snprintf(path, sizeof path, "%s", t->p.timeline);
+        else snprintf(path, sizeof path, "%s.p%d", t->p.timeline, t->base / t->P);
+        if (t->slow_rank >= 0)
+            snprintf(note, sizeof note, "slowest rank: %d, %.3g ms per step behind the earliest", t->slow_rank,
+                     t->slow_lag * 1e3);
+        int rc = dp_timeline_write(path, tls, t->P, t->base, t->t_origin, note);
         dp_free(tls);
         if (rc && !t->w[0].rc) return rc;
     }

@@ -15,15 +15,23 @@
 #define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
 
 static const char *prog = "dptrain";
+/* The process-level communicator of a multi-process job (MPI), once made. */
+static struct dp_comm *job;
 
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void die(const char *fmt, ...) {
     va_list ap;
     fprintf(stderr, "%s: error: ", prog);
+    if (job && dp_comm_world(job) > 1) fprintf(stderr, "process %d: ", dp_comm_rank(job));
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
+    fflush(stderr);
+    /* The other processes may be waiting in a collective for this one: end
+     * the whole job (MPI_Abort) instead of leaving them to time out. */
+    if (job && dp_comm_world(job) > 1) dp_comm_kill_job(job, 1);
+    dp_comm_free(job);
     exit(1);
 }
 /* A library error: its detailed message, or the code's text. */
@@ -70,13 +78,19 @@ static const char *help_train =
     "  --max-steps N       stop after N steps in total [off]\n"
     "\n"
     "data parallelism:\n"
-    "  --workers P         data-parallel workers (threads, one replica each) [cores]\n"
+    "  --workers P         data-parallel workers (threads, one replica each) per process\n"
+    "                      [cores / processes on this host]\n"
+    "  --backend NAME      auto | thread | mpi: mpi when started by mpirun/srun, else threads\n"
+    "                      in this process [auto]; with mpi the job has processes x workers\n"
+    "                      ranks (a hierarchical all-reduce: threads, then processes)\n"
     "  --threads N         compute threads per worker [1]\n"
     "  --accum K           gradient accumulation: K global batches per optimizer step [1]\n"
-    "  --bucket-cap-mb F   gradient bucket cap in MiB [25]\n"
+    "  --bucket-cap-mb F   gradient bucket cap in MiB [auto: a quarter of the gradient,\n"
+    "                      1..25 MiB]\n"
     "  --first-bucket-mb F the first (output-side) bucket in MiB [1]\n"
     "  --no-overlap        all-reduce only after backward (for comparison)\n"
-    "  --algo NAME         all-reduce algorithm: auto | ring | rhd | direct [auto]\n"
+    "  --algo NAME         all-reduce algorithm: auto | ring | rhd | direct | native [auto];\n"
+    "                      with mpi it applies between processes (native = MPI's own)\n"
     "  --check-replicas N  compare every replica's parameter hash every N steps [off]\n"
     "  --skip-nonfinite    skip steps whose loss or gradient is NaN/Inf instead of stopping\n"
     "  --comm-timeout S    fail a collective that blocks longer than S seconds [off]\n"
@@ -104,10 +118,13 @@ static const char *help_eval =
 static const char *help_ckpt =
     "usage: dptrain ckpt info FILE\n"
     "       dptrain ckpt export FILE --safetensors OUT\n"
+    "       dptrain ckpt diff A B [--tol F]\n"
     "\n"
     "info prints the header fields and the FNV-1a 64 hash of the raw parameter and buffer\n"
     "bytes (the hash runs are compared by).  export writes the weights as safetensors\n"
-    "with PyTorch state_dict names and layouts.\n";
+    "with PyTorch state_dict names and layouts.  diff compares two checkpoints of the same\n"
+    "model: max |A - B| / max |A| over the parameters (and, separately, the buffers); it\n"
+    "exits 0 when both are <= F [1e-5], 1 otherwise.\n";
 
 /* ---- option parsing ------------------------------------------------------------- */
 
@@ -168,6 +185,8 @@ struct progress {
     double tp_t0, tp_t1;
     /* per-phase totals over the epochs (rank 0) */
     double sum_data, sum_fwd, sum_bwd, sum_comm, sum_exposed, sum_opt, sum_time;
+    int slow_rank;     /* the last epoch's straggler, -1 if none */
+    double slow_lag;
     const struct dp_model *model;
 };
 
@@ -221,6 +240,7 @@ static void on_event(void *arg, const struct dp_event *ev) {
         fflush(stdout);
         p->last_test_acc = ev->test_acc;
         p->last_sps = ev->samples_per_s;
+        p->slow_rank = ev->slow_rank, p->slow_lag = ev->slow_lag;
     } else if (ev->kind == DP_EVENT_CHECKPOINT) {
         if (p->mode == PROG_BAR) fprintf(stderr, "\r\033[K");
         printf("checkpoint %s (step %lld)\n", ev->path, (long long)ev->step);
@@ -230,15 +250,25 @@ static void on_event(void *arg, const struct dp_event *ev) {
 
 /* ---- commands ------------------------------------------------------------------- */
 
+/* 1 if an MPI launcher started this process: mpirun/mpiexec (Open MPI,
+ * MPICH's hydra), or srun with several tasks. */
+static int launched_by_mpi(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) return 1;
+    const char *n = getenv("SLURM_NTASKS");
+    return getenv("SLURM_PROCID") && n && atoi(n) > 1;
+}
+
 static int cmd_train(int argc, char **argv) {
     struct dp_train_params tp = dp_train_default_params();
     tp.data_dir = DEFAULT_DATA;
     tp.model = NULL;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     tp.workers = ncpu < 1 ? 1 : ncpu > 256 ? 256 : (int)ncpu; /* one worker per core by default */
-    struct progress prog_state = {.mode = PROG_AUTO, .last_test_acc = NAN};
-    const char *v;
-    int model_given = 0;
+    struct progress prog_state = {.mode = PROG_AUTO, .last_test_acc = NAN, .slow_rank = -1};
+    const char *v, *backend = "auto";
+    int model_given = 0, workers_given = 0;
     struct args a = {argc, 0, argv, "train"};
     for (a.i = 1; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
@@ -271,7 +301,8 @@ static int cmd_train(int argc, char **argv) {
         else if (opt(&a, "--max-steps", &v)) tp.max_steps = parse_int("--max-steps", v, 0, INT64_MAX / 2);
         else if (opt(&a, "--seed", &v)) tp.seed = (uint64_t)parse_int("--seed", v, 0, INT64_MAX);
         else if (opt(&a, "--threads", &v)) tp.threads = (int)parse_int("--threads", v, 1, 256);
-        else if (opt(&a, "--workers", &v)) tp.workers = (int)parse_int("--workers", v, 1, 256);
+        else if (opt(&a, "--workers", &v)) tp.workers = (int)parse_int("--workers", v, 1, 256), workers_given = 1;
+        else if (opt(&a, "--backend", &v)) backend = v;
         else if (opt(&a, "--accum", &v)) tp.accum = (int)parse_int("--accum", v, 1, 65536);
         else if (opt(&a, "--bucket-cap-mb", &v))
             tp.bucket_cap_bytes = (size_t)(parse_float("--bucket-cap-mb", v, 1e-5, 1e5) * 1048576.0);
@@ -280,7 +311,7 @@ static int cmd_train(int argc, char **argv) {
         else if (opt(&a, "--no-overlap", NULL)) tp.overlap = 0;
         else if (opt(&a, "--algo", &v)) {
             int k = dp_comm_algo_parse(v);
-            if (k < 0) die("--algo: unknown algorithm '%s' (expected auto, ring, rhd or direct)", v);
+            if (k < 0) die("--algo: unknown algorithm '%s' (expected auto, ring, rhd, direct or native)", v);
             tp.algo = k;
         } else if (opt(&a, "--check-replicas", &v)) tp.check_replicas = parse_int("--check-replicas", v, 0, INT64_MAX / 2);
         else if (opt(&a, "--skip-nonfinite", NULL)) tp.skip_nonfinite = 1;
@@ -318,15 +349,38 @@ static int cmd_train(int argc, char **argv) {
     tp.on_event = on_event;
     tp.event_arg = &prog_state;
 
+    /* Backend: a multi-process job over MPI, or threads in this process. */
+    if (!strcmp(backend, "auto")) backend = launched_by_mpi() && dp_comm_backend_available("mpi") ? "mpi" : "thread";
+    else if (strcmp(backend, "thread") && strcmp(backend, "mpi"))
+        die("--backend: expected auto, thread or mpi, got '%s'", backend);
+    int nprocs = 1, me = 0;
+    if (!strcmp(backend, "mpi")) {
+        struct dp_comm_params cp = dp_comm_default_params();
+        cp.timeout_s = tp.comm_timeout;
+        int rc = dp_comm_init(&job, "mpi", &cp);
+        if (rc) die_rc(rc);
+        nprocs = dp_comm_world(job), me = dp_comm_rank(job);
+        int host_rank, host_size;
+        if (!workers_given && dp_comm_host_ranks(job, &host_rank, &host_size) == 0 && host_size > 0)
+            tp.workers = ncpu / host_size < 1 ? 1 : ncpu / host_size > 256 ? 256 : (int)(ncpu / host_size);
+        tp.inter = job;
+        if (me != 0) prog_state.mode = PROG_NONE; /* rank 0 reports for the job */
+    }
+
     struct dp_trainer *t;
     int rc = dp_trainer_init(&t, &tp);
     if (rc) die_rc(rc);
     const struct dp_model *m = dp_trainer_model(t);
-    printf("dptrain: model %s (%lld parameters, %.1f MFLOP/sample forward), global batch %lld, %s lr %g, "
-           "%d worker%s x %d thread%s, gemm %s\n",
-           m->spec, (long long)m->num_params, (double)m->flops_fwd / 1e6, (long long)tp.batch,
-           dp_optim_kind_name(tp.optim.kind), (double)tp.sched.base_lr, tp.workers, tp.workers > 1 ? "s" : "",
-           tp.threads, tp.threads > 1 ? "s" : "", dp_gemm_backend_name(dp_gemm_get_backend()));
+    int ranks = tp.workers * nprocs; /* data-parallel ranks in the job */
+    char procs[64] = "";
+    if (job) snprintf(procs, sizeof procs, "%d process%s (mpi) x ", nprocs, nprocs > 1 ? "es" : "");
+    if (me == 0)
+        printf("dptrain: model %s (%lld parameters, %.1f MFLOP/sample forward), global batch %lld, %s lr %g, "
+               "%s%d worker%s x %d thread%s, gemm %s\n",
+               m->spec, (long long)m->num_params, (double)m->flops_fwd / 1e6, (long long)tp.batch,
+               dp_optim_kind_name(tp.optim.kind), (double)tp.sched.base_lr, procs, tp.workers,
+               tp.workers > 1 ? "s" : "", tp.threads, tp.threads > 1 ? "s" : "",
+               dp_gemm_backend_name(dp_gemm_get_backend()));
     fflush(stdout);
     double t0 = dp_time();
     rc = dp_trainer_run(t);
@@ -342,9 +396,15 @@ static int cmd_train(int argc, char **argv) {
      * fp32 peak of this CPU, 220 GFLOP/s per core (DESIGN.md §3). */
     double sps = prog_state.tp_t1 > prog_state.tp_t0
                      ? (double)prog_state.tp_samples / (prog_state.tp_t1 - prog_state.tp_t0) : prog_state.last_sps;
-    double mfu = sps * 3.0 * (double)m->flops_fwd / (220e9 * tp.threads * tp.workers);
+    double mfu = sps * 3.0 * (double)m->flops_fwd / (220e9 * tp.threads * ranks);
     char acc[32] = "n/a (no epoch finished)";
     if (!isnan(prog_state.last_test_acc)) snprintf(acc, sizeof acc, "%.2f%%", 100 * prog_state.last_test_acc);
+    if (me != 0) { /* rank 0 reports for the job */
+        dp_trainer_free(t);
+        dp_comm_free(job);
+        job = NULL;
+        return 0;
+    }
     printf("done: %.1fs, test acc %s, param hash %016" PRIx64 "\n", dt, acc, dp_trainer_param_hash(t));
     if (prog_state.sum_time > 0) {
         struct progress *q = &prog_state;
@@ -354,11 +414,16 @@ static int cmd_train(int argc, char **argv) {
                100 * q->sum_data / tot, 100 * q->sum_fwd / tot, 100 * q->sum_bwd / tot, q->sum_comm, q->sum_exposed,
                q->sum_comm > 0 ? 100 * (1 - q->sum_exposed / q->sum_comm) : 100.0, 100 * q->sum_opt / tot);
     }
+    if (prog_state.slow_rank >= 0)
+        printf("slowest rank (last epoch): %d, its reductions start %.3g ms per step after the earliest rank's\n",
+               prog_state.slow_rank, 1e3 * prog_state.slow_lag);
     if (prog_state.run_steps > 5)
         printf("throughput: %.1f samples/s (training steps after the 5th, %lld steps), %.1f samples/s per worker, "
                "MFU %.1f%% of %d x 220 GFLOP/s\n",
-               sps, (long long)prog_state.run_steps - 5, sps / tp.workers, 100 * mfu, tp.threads * tp.workers);
+               sps, (long long)prog_state.run_steps - 5, sps / ranks, 100 * mfu, tp.threads * ranks);
     dp_trainer_free(t);
+    dp_comm_free(job);
+    job = NULL;
     return 0;
 }
 
@@ -412,13 +477,71 @@ static int cmd_eval(int argc, char **argv) {
     return 0;
 }
 
+/* max |a - b| / max |a| over n floats (0 when a is all zeros and a == b). */
+static double rel_diff(const float *a, const float *b, int64_t n) {
+    double dmax = 0, amax = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= dmax)) dmax = d; /* NaN propagates */
+        if (fabs((double)a[i]) > amax) amax = fabs((double)a[i]);
+    }
+    return dmax == 0 ? 0 : amax > 0 ? dmax / amax : INFINITY;
+}
+
+static int cmd_ckpt_diff(int argc, char **argv) {
+    const char *file[2] = {NULL, NULL}, *v;
+    double tol = 1e-5;
+    struct args a = {argc, 0, argv, "ckpt diff"};
+    int nfile = 0;
+    for (a.i = 1; a.i < argc; a.i++) {
+        if (opt(&a, "--help", NULL)) {
+            fputs(help_ckpt, stdout);
+            return 0;
+        } else if (opt(&a, "--tol", &v)) tol = parse_float("--tol", v, 0, 1e30);
+        else if (argv[a.i][0] != '-' && nfile < 2) file[nfile++] = argv[a.i];
+        else die("unexpected argument '%s' for ckpt diff", argv[a.i]);
+    }
+    if (nfile < 2) die("ckpt diff needs two checkpoint files");
+    struct dp_ckpt_header h[2];
+    float *pl[2];
+    for (int k = 0; k < 2; k++) {
+        int rc = dp_ckpt_read(file[k], &h[k], &pl[k]);
+        if (rc) {
+            if (k) dp_free(pl[0]);
+            die_rc(rc);
+        }
+    }
+    if (strcmp(h[0].model_spec, h[1].model_spec) || h[0].num_params != h[1].num_params ||
+        h[0].num_buffers != h[1].num_buffers) {
+        dp_free(pl[0]), dp_free(pl[1]);
+        die("ckpt diff: %s is model %s (%lld parameters), %s is model %s (%lld parameters)", file[0],
+            h[0].model_spec, (long long)h[0].num_params, file[1], h[1].model_spec, (long long)h[1].num_params);
+    }
+    double dp_ = rel_diff(pl[0], pl[1], h[0].num_params);
+    double db = rel_diff(pl[0] + h[0].num_params, pl[1] + h[0].num_params, h[0].num_buffers);
+    dp_free(pl[0]), dp_free(pl[1]);
+    int same = h[0].param_hash == h[1].param_hash;
+    printf("parameters: max |A-B| / max |A| = %.3g\n", dp_);
+    if (h[0].num_buffers) printf("buffers:    max |A-B| / max |A| = %.3g\n", db);
+    printf("steps:      %lld and %lld; param hashes %s\n", (long long)h[0].step, (long long)h[1].step,
+           same ? "equal (bit-identical)" : "differ");
+    if (!(dp_ <= tol && db <= tol)) {
+        printf("differ by more than %g\n", tol);
+        return 1;
+    }
+    printf("within %g\n", tol);
+    return 0;
+}
+
 static int cmd_ckpt(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fputs(help_ckpt, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     const char *sub = argv[1];
-    if (strcmp(sub, "info") && strcmp(sub, "export")) die("unknown ckpt command '%s' (expected info or export)", sub);
+    if (!strcmp(sub, "diff")) return cmd_ckpt_diff(argc - 1, argv + 1);
+    if (strcmp(sub, "info") && strcmp(sub, "export"))
+        die("unknown ckpt command '%s' (expected info, export or diff)", sub);
     const char *file = NULL, *out = NULL, *v;
     struct args a = {argc, 0, argv, "ckpt"};
     for (a.i = 2; a.i < argc; a.i++) {
@@ -502,6 +625,9 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         fputs(help_main, stdout);
+        printf("\nbackends: thread (built in), mpi (%s), nccl (%s)\n",
+               dp_comm_backend_available("mpi") ? "built in" : "not built in: install openmpi-bin libopenmpi-dev and rebuild",
+               dp_comm_backend_available("nccl") ? "built in" : "not built in");
         return 0;
     }
     if (!strcmp(cmd, "help")) {

@@ -1,0 +1,254 @@
+/* Several processes × several worker threads (the layout of an MPI job):
+ * the trainer with a process-level communicator (dp_train_params.inter).
+ * The processes are simulated by threads, each running its own trainer,
+ * whose `inter` is a rank of a separate thread world: everything above the
+ * communicator (global ranks, sharding, the hierarchical all-reduce,
+ * agreement checks, rank-0-only outputs, failures) is what an MPI job runs;
+ * tests/mpi and tests/netns run the same over real MPI processes. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "dp/comm.h"
+#include "dp/train.h"
+#include "test.h"
+
+#include "ddp_util.h"
+
+struct proc {
+    pthread_t th;
+    struct dp_comm_world *iw;
+    int p;
+    struct dp_train_params tp;
+    int rc;
+    char err[512];
+    float *params; /* params then buffers (caller frees) */
+    int64_t n;
+};
+
+static void *proc_main(void *a) {
+    struct proc *pr = a;
+    struct dp_comm *inter;
+    ASSERT_OK(dp_comm_thread_init(&inter, pr->iw, pr->p));
+    pr->tp.inter = inter;
+    struct dp_trainer *t = NULL;
+    pr->rc = dp_trainer_init(&t, &pr->tp);
+    if (!pr->rc) pr->rc = dp_trainer_run(t);
+    if (pr->rc) {
+        snprintf(pr->err, sizeof pr->err, "%s", dp_errmsg());
+        /* as the CLI's dp_comm_kill_job would: the other processes must not wait for this one */
+        dp_comm_abort(inter, pr->err);
+    } else {
+        const struct dp_model *m = dp_trainer_model(t);
+        pr->n = m->num_params + m->num_buffers;
+        pr->params = malloc(sizeof(float) * (size_t)pr->n);
+        memcpy(pr->params, dp_trainer_replica(t)->params, sizeof(float) * (size_t)m->num_params);
+        memcpy(pr->params + m->num_params, dp_trainer_replica(t)->buffers, sizeof(float) * (size_t)m->num_buffers);
+    }
+    dp_trainer_free(t);
+    dp_comm_free(inter);
+    return NULL;
+}
+
+/* Runs R simulated processes with parameters tp[p]; inter timeout 0 = none. */
+static void run_procs(int R, struct proc *pr, double inter_timeout) {
+    struct dp_comm_params cp = dp_comm_default_params();
+    cp.timeout_s = inter_timeout;
+    struct dp_comm_world *iw;
+    ASSERT_OK(dp_comm_thread_world_init(&iw, R, &cp));
+    for (int p = 0; p < R; p++) {
+        pr[p].iw = iw, pr[p].p = p;
+        ASSERT_EQ(pthread_create(&pr[p].th, NULL, proc_main, &pr[p]), 0);
+    }
+    for (int p = 0; p < R; p++) pthread_join(pr[p].th, NULL);
+    dp_comm_thread_world_free(iw);
+}
+
+/* R processes × T workers against one process with R*T workers. */
+static void hybrid_equivalence(const char *model, int R, int T, int64_t steps, float lr, int det) {
+    if (!have_data()) return;
+    struct dp_train_params p = base(model, R * T);
+    p.sched.base_lr = lr;
+    p.max_steps = steps;
+    p.deterministic = det;
+    int64_t n;
+    float *ref = train(&p, &n);
+    struct proc pr[4];
+    memset(pr, 0, sizeof pr);
+    for (int k = 0; k < R; k++) {
+        pr[k].tp = p;
+        pr[k].tp.workers = T;
+        pr[k].tp.check_replicas = det ? 0 : 1; /* all R*T replicas stay bit-identical */
+    }
+    run_procs(R, pr, 0);
+    for (int k = 0; k < R; k++) {
+        if (pr[k].rc) dp_test_fail(__FILE__, __LINE__, "process %d: %s", k, pr[k].err);
+        ASSERT_EQ(pr[k].n, n);
+        double d = rel_diff(ref, pr[k].params, n);
+        if (k == 0)
+            fprintf(stderr, "    %s %d processes x %d workers vs 1 x %d: max relative difference %.2e%s\n", model,
+                    R, T, R * T, d, det ? " (deterministic)" : "");
+        if (det) ASSERT_EQ(memcmp(ref, pr[k].params, sizeof(float) * (size_t)n), 0);
+        else ASSERT_TRUE(d <= 1e-5);
+        free(pr[k].params);
+    }
+    free(ref);
+}
+
+TEST_T(ddp_procs_hybrid_equals_flat_mlp, 300) { hybrid_equivalence("mlp", 2, 2, 17, 0.05f, 0); }
+TEST_T(ddp_procs_hybrid_equals_flat_resnet_syncbn, 300) { hybrid_equivalence("resnet", 2, 2, 3, 0.01f, 0); }
+TEST_T(ddp_procs_three_procs_uneven_batch, 300) { hybrid_equivalence("mlp", 3, 1, 17, 0.05f, 0); }
+TEST_T(ddp_procs_deterministic_bit_identical, 300) {
+    hybrid_equivalence("mlp", 2, 2, 8, 0.05f, 1);
+    hybrid_equivalence("mlp", 3, 1, 8, 0.05f, 1);
+}
+
+/* A process started with other options: every process stops before the
+ * first step with the rank and the part named. */
+TEST_T(ddp_procs_disagreement_named, 120) {
+    if (!have_data()) return;
+    struct proc pr[2];
+    memset(pr, 0, sizeof pr);
+    pr[0].tp = base("mlp", 2), pr[1].tp = base("mlp", 2);
+    pr[1].tp.optim.momentum = 0.5f;
+    pr[0].tp.max_steps = pr[1].tp.max_steps = 3;
+    run_procs(2, pr, 0);
+    for (int k = 0; k < 2; k++) {
+        ASSERT_EQ(pr[k].rc, DP_EMISMATCH);
+        ASSERT_TRUE(strstr(pr[k].err, "rank 2 disagrees with rank 0 on the configuration") != NULL);
+    }
+    /* a different model: named as such */
+    memset(pr, 0, sizeof pr);
+    pr[0].tp = base("mlp", 1), pr[1].tp = base("mlp:784,64,10", 1);
+    run_procs(2, pr, 0);
+    for (int k = 0; k < 2; k++) ASSERT_TRUE(strstr(pr[k].err, "rank 1 disagrees with rank 0 on the model") != NULL);
+    /* a different number of worker threads per process */
+    memset(pr, 0, sizeof pr);
+    pr[0].tp = base("mlp", 2), pr[1].tp = base("mlp", 1);
+    run_procs(2, pr, 0);
+    for (int k = 0; k < 2; k++) {
+        ASSERT_EQ(pr[k].rc, DP_EMISMATCH);
+        ASSERT_TRUE(strstr(pr[k].err, "worker thread") != NULL);
+    }
+}
+
+/* An allocation failure on rank 3 (process 1): process 1 names it; process
+ * 0, blocked on the process-level communicator, is cancelled (here by the
+ * abort of `inter` that proc_main does as the CLI's dp_comm_kill_job would,
+ * or else by the inter timeout). */
+TEST_T(ddp_procs_failure_in_one_process, 120) {
+    if (!have_data()) return;
+    struct proc pr[2];
+    memset(pr, 0, sizeof pr);
+    for (int k = 0; k < 2; k++) {
+        pr[k].tp = base("mlp", 2);
+        pr[k].tp.fault_kind = DP_FAULT_ALLOC, pr[k].tp.fault_worker = 3, pr[k].tp.fault_step = 2;
+    }
+    double t0 = dp_time();
+    run_procs(2, pr, 2.0);
+    ASSERT_TRUE(dp_time() - t0 < 30);
+    ASSERT_EQ(pr[1].rc, DP_ENOMEM);
+    ASSERT_TRUE(strstr(pr[1].err, "worker 3") != NULL && strstr(pr[1].err, "allocation") != NULL);
+    ASSERT_EQ(pr[0].rc, DP_ECANCELED);
+}
+
+/* Only rank 0 writes; the epoch record names the job's size and straggler. */
+TEST_T(ddp_procs_outputs_from_rank0, 120) {
+    if (!have_data()) return;
+    char dir[] = "/tmp/dptrain-procs-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    char out0[256], out1[256], path[300];
+    snprintf(out0, sizeof out0, "%s/p0", dir);
+    snprintf(out1, sizeof out1, "%s/p1", dir);
+    struct proc pr[2];
+    memset(pr, 0, sizeof pr);
+    for (int k = 0; k < 2; k++) pr[k].tp = base("mlp", 2), pr[k].tp.out_dir = k ? out1 : out0;
+    run_procs(2, pr, 0);
+    ASSERT_OK(pr[0].rc);
+    ASSERT_OK(pr[1].rc);
+    snprintf(path, sizeof path, "%s/checkpoint.bin", out0);
+    ASSERT_EQ(access(path, R_OK), 0);
+    ASSERT_TRUE(access(out1, F_OK) != 0); /* process 1 wrote nothing */
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out0);
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    char line[8192];
+    int epoch_lines = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "\"kind\": \"epoch\"")) {
+            epoch_lines++;
+            ASSERT_TRUE(strstr(line, "\"workers\": 4") != NULL);
+            ASSERT_TRUE(strstr(line, "\"slowest_rank\": ") != NULL);
+            ASSERT_TRUE(strstr(line, "\"rank_arrival_s\": [") != NULL);
+        }
+    fclose(f);
+    ASSERT_EQ(epoch_lines, 1);
+    for (int k = 0; k < 2; k++) free(pr[k].params);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ASSERT_EQ(system(cmd), 0);
+}
+
+/* A checkpoint of a 2-process run resumed by 3 processes, then by one
+ * process with 2 threads: in deterministic mode the same bits as an
+ * uninterrupted single-worker run. */
+TEST_T(ddp_procs_resume_on_other_world_sizes, 300) {
+    if (!have_data()) return;
+    char dir[] = "/tmp/dptrain-procs-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    char ck[300];
+    snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
+    struct dp_train_params p = base("mlp", 1);
+    p.deterministic = 1;
+    p.epochs = 3;
+    int64_t n;
+    float *ref = train(&p, &n);
+    struct proc pr[3];
+    memset(pr, 0, sizeof pr);
+    for (int k = 0; k < 2; k++) pr[k].tp = p, pr[k].tp.epochs = 1, pr[k].tp.out_dir = dir;
+    run_procs(2, pr, 0);
+    ASSERT_OK(pr[0].rc);
+    free(pr[0].params), free(pr[1].params);
+    memset(pr, 0, sizeof pr);
+    for (int k = 0; k < 3; k++) pr[k].tp = p, pr[k].tp.epochs = 2, pr[k].tp.out_dir = dir, pr[k].tp.resume = ck;
+    run_procs(3, pr, 0);
+    for (int k = 0; k < 3; k++) {
+        if (pr[k].rc) dp_test_fail(__FILE__, __LINE__, "process %d: %s", k, pr[k].err);
+        free(pr[k].params);
+    }
+    struct dp_train_params q = p;
+    q.workers = 2, q.resume = ck, q.out_dir = dir;
+    float *got = train(&q, &n);
+    ASSERT_EQ(memcmp(ref, got, sizeof(float) * (size_t)n), 0);
+    free(ref), free(got);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ASSERT_EQ(system(cmd), 0);
+}
+
+/* A straggler (rank 2 sleeps 20 ms a step) is named, with its lag, in the
+ * epoch record and the event. */
+static int slow_rank_seen = -2;
+static double slow_lag_seen;
+static void on_epoch(void *arg, const struct dp_event *ev) {
+    (void)arg;
+    if (ev->kind == DP_EVENT_EPOCH) slow_rank_seen = ev->slow_rank, slow_lag_seen = ev->slow_lag;
+}
+TEST_T(ddp_procs_straggler_named, 120) {
+    if (!have_data()) return;
+    struct proc pr[2];
+    memset(pr, 0, sizeof pr);
+    for (int k = 0; k < 2; k++) {
+        pr[k].tp = base("mlp", 2);
+        pr[k].tp.fault_kind = DP_FAULT_SLOW, pr[k].tp.fault_worker = 2, pr[k].tp.fault_step = 0;
+        pr[k].tp.on_event = on_epoch;
+    }
+    run_procs(2, pr, 0);
+    ASSERT_OK(pr[0].rc);
+    ASSERT_OK(pr[1].rc);
+    fprintf(stderr, "    slowest rank %d, %.1f ms per step behind\n", slow_rank_seen, 1e3 * slow_lag_seen);
+    ASSERT_EQ(slow_rank_seen, 2);
+    ASSERT_TRUE(slow_lag_seen > 0.015 && slow_lag_seen < 0.2);
+    for (int k = 0; k < 2; k++) free(pr[k].params);
+}
