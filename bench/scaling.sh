@@ -15,6 +15,10 @@
 #   dp2   ./build/dptrain train --workers 2 --threads 1 ...            (64 per worker)
 #   pt1   bench/pytorch_ddp.py --world 1 --threads 1 ...   plain PyTorch, no DDP (batch 128)
 #   pt2   bench/pytorch_ddp.py --world 2 --threads 1 ...   DDP, gloo, 2 processes (64 per process)
+#   ind2  (with VARIANTS including it) two independent `dptrain --workers 1 --batch 64` processes
+#         at once, no communication at all: their summed samples/s over 2 x dp1 is the ceiling
+#         of any replicated data parallelism on this machine (two cores sharing caches and
+#         memory bandwidth, each paying its own optimizer step and 64-row GEMMs)
 #
 # PyTorch runs "at its best" (PT_ENV=tuned): thread pools pinned to 1 (OMP_NUM_THREADS,
 # OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, torch.set_num_threads), OpenBLAS free to use its
@@ -71,7 +75,7 @@ note() { echo "scaling: $*" >&2; }
 "$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
     die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
 case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
-for v in $VARIANTS; do case $v in dp1 | dp2 | pt1 | pt2) ;; *) die "unknown variant $v (dp1 dp2 pt1 pt2)" ;; esac; done
+for v in $VARIANTS; do case $v in dp1 | dp2 | pt1 | pt2 | ind2) ;; *) die "unknown variant $v (dp1 dp2 pt1 pt2 ind2)" ;; esac; done
 [ -n "${VARIANTS// /}" ] || die "no variants to run"
 
 steps_for() { case $1 in mlp) echo "$STEPS_MLP" ;; cnn) echo "$STEPS_CNN" ;; *) die "unknown model $1 (mlp, cnn)" ;; esac; }
@@ -98,6 +102,8 @@ build_cmd() {
     case $variant in
     dp1 | dp2) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers "${variant#dp}" --threads 1
                     "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
+    ind2) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 1 --threads 1
+               "${RECIPE[@]}" --batch 64 --epochs 1 --max-steps "$steps" --progress none) ;;
     pt1 | pt2) CMD=("${PTENV[@]}" "$PY" bench/pytorch_ddp.py --model "$model" --world "${variant#pt}" --threads 1
                     "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --no-eval) ;;
     esac
@@ -109,7 +115,7 @@ is_pos() { [ -n "$1" ] && awk -v x="$1" 'BEGIN { exit !(x + 0 > 0) }'; }
 parse_sps() {
     local variant=$1 log=$2 v=""
     case $variant in
-    dp*) v=$(sed -n 's/^throughput: *\([0-9][0-9.eE+-]*\) *samples\/s.*/\1/p' "$log" | tail -n 1) ;;
+    dp* | ind*) v=$(sed -n 's/^throughput: *\([0-9][0-9.eE+-]*\) *samples\/s.*/\1/p' "$log" | tail -n 1) ;;
     pt*) v=$(sed -n 's/^RESULT .*[[:space:]]samples_per_s=\([0-9][0-9.eE+-]*\).*/\1/p' "$log" | tail -n 1) ;;
     esac
     if is_pos "$v"; then echo "$v"; fi
@@ -121,9 +127,20 @@ run_one() {
     local log=$WORK/$variant-$model-r$rep.log
     build_cmd "$variant" "$model" "$steps"
     local rc=0
-    "$TIME" -f '%e %U %S' -o "$log.time" "${CMD[@]}" >"$log" 2>&1 || rc=$?
     local sps cpu el us sy
-    sps=$(parse_sps "$variant" "$log")
+    if [ "$variant" = ind2 ]; then
+        # two independent processes at once; samples/s summed
+        "$TIME" -f '%e %U %S' -o "$log.time" "${CMD[@]}" >"$log" 2>&1 & local pid=$!
+        "${CMD[@]}" >"$log.b" 2>&1 || rc=$?
+        wait "$pid" || rc=$?
+        local a b
+        a=$(parse_sps "$variant" "$log"); b=$(parse_sps "$variant" "$log.b")
+        sps=""
+        if [ -n "$a" ] && [ -n "$b" ]; then sps=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.1f", a + b }'); fi
+    else
+        "$TIME" -f '%e %U %S' -o "$log.time" "${CMD[@]}" >"$log" 2>&1 || rc=$?
+        sps=$(parse_sps "$variant" "$log")
+    fi
     read -r el us sy <"$log.time" 2>/dev/null || true
     cpu=$(awk -v e="${el:-0}" -v u="${us:-0}" -v s="${sy:-0}" 'BEGIN { if (e > 0) printf "%.2f", (u + s) / e; else print "NA" }')
     if [ "$rc" != 0 ] || [ -z "$sps" ]; then
@@ -276,6 +293,18 @@ for m in models:
     p(f"| {m} | {cell(ratios('dp2', 'dp1', m, 2), True, 0.90)} | {cell(ratios('pt2', 'pt1', m, 2), True)} | "
       f"{cell(ratios('dp2', 'pt2', m, 1), False, 1.5)} | {cell(ratios('dp1', 'pt1', m, 1), False)} |")
 p("")
+if any(v == "ind2" for v, _ in data):
+    p("## The ceiling: two independent single-worker processes (batch 64 each), no communication")
+    p("")
+    p("ceiling = their summed samples/s / (2 x dptrain P=1); dptrain P=2 / ceiling = the share of the "
+      "attainable scaling that dptrain reaches (communication and synchronisation are the only difference).")
+    p("")
+    p("| model | independent 2 x batch 64, samples/s | ceiling efficiency | dptrain P=2 / ceiling |")
+    p("|---|---:|---:|---:|")
+    for m in models:
+        p(f"| {m} | {fmt(med(list(data.get(('ind2', m), {}).values())))} | {cell(ratios('ind2', 'dp1', m, 2), True)} | "
+          f"{cell(ratios('dp2', 'ind2', m, 1), True)} |")
+    p("")
 p("## CPU cores busy per run (median of (user+sys)/wall over the whole process, start-up and data loading included)")
 p("")
 p("| model | dptrain P=1 | dptrain P=2 | PyTorch 1 process | PyTorch DDP 2 processes |")
