@@ -15,10 +15,9 @@
  *              thread that executes that rank's operations in order, so the
  *              thread that issued them keeps computing meanwhile.
  *     mpi      one rank per process, launched by mpirun (built in when the
- *              Makefile finds mpicc; dp_comm_init(&c, "mpi", params)).  MPI's
- *              own collectives (DP_ALGO_NATIVE, the default below 32 MiB)
- *              or the project's ring and rhd over MPI point-to-point; see
- *              docs/mpi.md.
+ *              Makefile finds mpicc; dp_comm_init(&c, "mpi", params)).  The
+ *              project's ring and rhd over MPI point-to-point (the default),
+ *              or MPI's own collectives (DP_ALGO_NATIVE); see docs/mpi.md.
  *     nccl     GPUs (later; not built in yet)
  *
  * Asking for a backend that was not built in returns DP_ENOTSUP at run time.
@@ -98,7 +97,7 @@
  * ---------------------------------------------------------------
  *     struct dp_comm *c;
  *     if (dp_comm_init(&c, "mpi", &cp)) { ... dp_errmsg() ... }
- *     rc = dp_comm_allreduce(c, grads, n, DP_DTYPE_F32, DP_ALGO_AUTO); // native
+ *     rc = dp_comm_allreduce(c, grads, n, DP_DTYPE_F32, DP_ALGO_AUTO); // ring or rhd
  *     if (rc) dp_comm_kill_job(c, 1);      // ends every process of the job
  *     dp_comm_free(c);                     // finalizes MPI if init started it
  */

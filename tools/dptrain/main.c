@@ -49,10 +49,12 @@ static const char *help_main =
     "  eval           evaluate a checkpoint on the test set\n"
     "  ckpt info      print a checkpoint's header and parameter hash\n"
     "  ckpt export    write a checkpoint's weights as safetensors (PyTorch names)\n"
+    "  ckpt diff      compare two checkpoints (max relative difference, hashes)\n"
     "  bench allreduce  all-reduce time, algorithm and bus bandwidth by message size\n"
     "  help CMD       help for one command (same as CMD --help)\n"
     "\n"
-    "Run 'dptrain train --help' for the training options.\n";
+    "Run 'dptrain train --help' for the training options.  Several processes:\n"
+    "  mpirun -np N dptrain train ...   (docs/cluster.md)\n";
 
 static const char *help_train =
     "usage: dptrain train [options]\n"
