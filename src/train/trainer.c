@@ -415,22 +415,36 @@ static int stat_sync(void *arg, double *buf, int64_t n) {
     return dp_comm_allreduce(w->comm, buf, n, DP_DTYPE_F64, DP_ALGO_AUTO);
 }
 
+/* Every rank's k 64-bit hashes: on return (*all)[r * k + j] is rank r's hash
+ * j (caller frees).  They travel as exact 32-bit halves in doubles through
+ * one all-gather, whose size depends only on the job's rank count. */
+static int gather_hashes(struct worker *w, const uint64_t *mine, int k, uint64_t **all) {
+    struct dp_trainer *t = w->t;
+    size_t n = (size_t)t->G * (size_t)k;
+    double *h = dp_calloc(2 * n, sizeof(double));
+    *all = dp_malloc(n * sizeof(uint64_t));
+    if (!h || !*all) {
+        dp_free(h), dp_free(*all), *all = NULL;
+        return dp_seterr(DP_ENOMEM, "out of memory");
+    }
+    double *slot = h + 2 * (size_t)w->grank * (size_t)k;
+    for (int j = 0; j < k; j++) slot[2 * j] = (double)(mine[j] >> 32), slot[2 * j + 1] = (double)(mine[j] & 0xffffffffu);
+    int rc = dp_comm_allgather(w->comm, h, (int64_t)(2 * n), DP_DTYPE_F64, DP_ALGO_AUTO);
+    for (size_t i = 0; i < n; i++) (*all)[i] = (uint64_t)h[2 * i] << 32 | (uint64_t)h[2 * i + 1];
+    dp_free(h);
+    if (rc) dp_free(*all), *all = NULL;
+    return rc;
+}
+
 /* Compares every replica's parameter hash with rank 0's. */
 static int check_replicas(struct worker *w) {
-    struct dp_trainer *t = w->t;
-    double *h = dp_calloc((size_t)t->G * 2, sizeof(double));
-    if (!h) return dp_seterr(DP_ENOMEM, "check-replicas: out of memory");
-    uint64_t mine = dp_replica_hash(&w->rep);
-    /* two exact halves of the 64-bit hash per rank */
-    h[2 * w->grank] = (double)(mine >> 32);
-    h[2 * w->grank + 1] = (double)(mine & 0xffffffffu);
-    int rc = dp_comm_allgather(w->comm, h, (int64_t)t->G * 2, DP_DTYPE_F64, DP_ALGO_AUTO);
-    for (int r = 1; !rc && r < t->G; r++)
-        if (h[2 * r] != h[0] || h[2 * r + 1] != h[1])
+    uint64_t mine = dp_replica_hash(&w->rep), *h;
+    int rc = gather_hashes(w, &mine, 1, &h);
+    for (int r = 1; !rc && r < w->t->G; r++)
+        if (h[r] != h[0])
             rc = dp_seterr(DP_EMISMATCH, "step %lld: the replica of worker %d diverged from worker 0 "
-                           "(parameter hash %08llx%08llx, expected %08llx%08llx)", (long long)w->step + 1, r,
-                           (unsigned long long)h[2 * r], (unsigned long long)h[2 * r + 1],
-                           (unsigned long long)h[0], (unsigned long long)h[1]);
+                           "(parameter hash %016llx, expected %016llx)", (long long)w->step + 1, r,
+                           (unsigned long long)h[r], (unsigned long long)h[0]);
     dp_free(h);
     return rc;
 }
@@ -791,22 +805,15 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
 #undef H
 
 static int agree(struct worker *w) {
-    struct dp_trainer *t = w->t;
-    int64_t n = (int64_t)t->G * AGREE_PARTS * 2;
-    double *all = dp_calloc((size_t)n, sizeof(double));
-    if (!all) return dp_seterr(DP_ENOMEM, "out of memory");
-    uint64_t mine[AGREE_PARTS];
+    uint64_t mine[AGREE_PARTS], *all;
     agree_hashes(w, mine);
-    double *slot = all + (size_t)w->grank * AGREE_PARTS * 2;
-    for (int k = 0; k < AGREE_PARTS; k++) /* exact halves */
-        slot[2 * k] = (double)(mine[k] >> 32), slot[2 * k + 1] = (double)(mine[k] & 0xffffffffu);
-    int rc = dp_comm_allgather(w->comm, all, n, DP_DTYPE_F64, DP_ALGO_AUTO);
-    for (int r = 1; !rc && r < t->G; r++)
-        for (int k = 0; k < AGREE_PARTS * 2; k++)
-            if (all[(size_t)r * AGREE_PARTS * 2 + (size_t)k] != all[k]) {
+    int rc = gather_hashes(w, mine, AGREE_PARTS, &all);
+    for (int r = 1; !rc && r < w->t->G; r++)
+        for (int k = 0; k < AGREE_PARTS; k++)
+            if (all[(size_t)r * AGREE_PARTS + (size_t)k] != all[k]) {
                 rc = dp_seterr(DP_EMISMATCH, "rank %d disagrees with rank 0 on the %s: every rank must be "
-                               "started with the same options%s", r, agree_names[k / 2],
-                               k / 2 == AGREE_POSITION ? " and checkpoint" : "");
+                               "started with the same options%s", r, agree_names[k],
+                               k == AGREE_POSITION ? " and checkpoint" : "");
                 break;
             }
     dp_free(all);
