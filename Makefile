@@ -4,8 +4,8 @@
 # builds with ThreadSanitizer.  CC=clang works the same way.
 #
 # Optional libraries are detected: oneDNN (libdnnl-dev) and OpenBLAS
-# (libopenblas-dev) for GEMM; MPI (openmpi-bin libopenmpi-dev: found through
-# mpicc) for the communicator's mpi backend and build/dptest_mpi (MPI=0 builds
+# (libopenblas-dev) for GEMM; Open MPI (openmpi-bin libopenmpi-dev: found through
+# its mpicc) for the communicator's mpi backend and build/dptest_mpi (MPI=0 builds
 # without it).  zlib (zlib1g-dev) is required.
 
 CC ?= cc
@@ -31,8 +31,16 @@ endif
 # MPI: CC stays the compiler (gcc, clang, sanitizers); mpicc only tells the
 # flags.  Its include directories become -isystem so that warnings in the MPI
 # headers do not fail -Werror.
+# Only Open MPI is supported: its mpicc answers --showme.  Another MPI's mpicc
+# (MPICH's answers -show instead) builds without the mpi backend, with a warning.
 MPI ?= 1
 MPICC := $(if $(filter 1,$(MPI)),$(shell command -v mpicc 2>/dev/null),)
+ifneq ($(MPICC),)
+  ifeq ($(shell $(MPICC) --showme:version >/dev/null 2>&1 && echo ok),)
+    $(warning $(MPICC) is not Open MPI's mpicc (no --showme); building without the mpi backend)
+    MPICC :=
+  endif
+endif
 ifneq ($(MPICC),)
   HAVE_MPI := 1
   MPI_CFLAGS := $(patsubst -I%,-isystem %,$(shell $(MPICC) --showme:compile))

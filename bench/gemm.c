@@ -1,5 +1,5 @@
 /* GEMM backends measured side by side: the numbers behind the default choice
- * of dp_gemm's backend (DESIGN.md §3, issue A2).
+ * of dp_gemm's backend (docs/architecture.md §3, issue A2).
  *
  *   ./build/bench/gemm [threads] [reps]
  * For square sizes and for the shapes the mlp and cnn layers use, prints

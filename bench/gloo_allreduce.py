@@ -17,7 +17,7 @@ warm-up call.  Prints the same columns as dptrain.
 
 Threads: OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS are set to
 --threads before torch is imported (torch.set_num_threads alone is not enough
-here, see DESIGN.md section 3).
+here, see docs/architecture.md section 3).
 """
 import argparse
 import os

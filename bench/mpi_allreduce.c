@@ -17,7 +17,7 @@
  * --mallopt applies the malloc settings of dptrain's main() (freed memory
  * stays in the heap: M_MMAP_THRESHOLD and M_TRIM_THRESHOLD 1 GiB), so that
  * the temporary buffers Open MPI allocates per call are not fresh pages each
- * time (DESIGN.md §3): the same conditions as the MPI_Allreduce that dptrain's
+ * time (docs/architecture.md §3): the same conditions as the MPI_Allreduce that dptrain's
  * mpi backend calls.
  *
  * The Makefile compiles every C file in bench/ with the plain compiler; without

@@ -184,7 +184,7 @@ import os, statistics, time
 # Training FLOPs per sample = 3 x forward multiply-add FLOPs (forward + two GEMMs in backward).
 FWD = {"mlp": 2 * (784 * 512 + 512 * 512 + 512 * 10),
        "cnn": 2 * (28 * 28 * 32 * 9 + 14 * 14 * 64 * 32 * 9 + 3136 * 128 + 128 * 10)}
-PEAK = 220e9  # fp32 FLOP/s per core (DESIGN.md section 3)
+PEAK = 220e9  # fp32 FLOP/s per core (docs/architecture.md section 3)
 NAMES = {"dptrain": "dptrain", "installed": "PyTorch as installed (AVX2 OpenBLAS)",
          "avx512": "PyTorch AVX-512", "tuned": "PyTorch tuned"}
 PT = ["installed", "avx512", "tuned"]

@@ -5,7 +5,7 @@
  * gradient accumulation, determinism across thread counts, and constructor
  * errors.
  *
- * Finite differences (STYLE.md §9).  Each layer sits alone in a tiny model
+ * Finite differences.  Each layer sits alone in a tiny model
  * (followed by a flatten when its output has more than 2 dims, so the model
  * can be finalised), is called directly through l->ops, and is checked on
  *     L(theta) = sum_i y_i r_i          (r fixed random in [-1, 1], so dy = r),

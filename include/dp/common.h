@@ -82,7 +82,7 @@ void *dp_calloc(size_t n, size_t size);
 void dp_free(void *p);
 /* Large buffers (parameter slabs, arenas): asks for transparent huge pages and
  * touches every page now, so that the first training step does not pay for
- * page faults (see DESIGN.md §3: a fresh 4 KiB page costs ~12 µs here). */
+ * page faults (see docs/architecture.md §3: a fresh 4 KiB page costs ~12 µs here). */
 void *dp_malloc_big(size_t size);
 char *dp_strdup(const char *s);
 

@@ -2,7 +2,7 @@
  * dp/ddp.h — the gradient reducer: buckets over the flat gradient slab,
  * all-reduced while backward is still running.
  *
- * The rule (DESIGN.md §2, STYLE.md principle 8):
+ * The rule (docs/architecture.md §2):
  *   - Buckets are contiguous ranges of the flat gradient slab made of whole
  *     top-level layers, planned from the END of the slab, because backward
  *     finishes layers in reverse order.  The first bucket (the output side)

@@ -6,7 +6,7 @@
  * network ring sends to the right, the right neighbour here reads in place
  * from the left neighbour's buffer once the left has set the mark of the step
  * that produced it.  Each rank moves 2(P-1)/P·n bytes "over the link", the
- * bandwidth-optimal figure of DESIGN.md §4; here that is the cost model of a
+ * bandwidth-optimal figure of docs/architecture.md §4; here that is the cost model of a
  * message-passing ring, kept so that it can be compared and tested.
  *
  * Block indices are taken mod P: at reduce-scatter step s (0..P-2) rank r
