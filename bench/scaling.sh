@@ -19,6 +19,8 @@
 #         at once, no communication at all: their summed samples/s over 2 x dp1 is the ceiling
 #         of any replicated data parallelism on this machine (two cores sharing caches and
 #         memory bandwidth, each paying its own optimizer step and 64-row GEMMs)
+#   det8, det32  (with VARIANTS including them) dp2 with --deterministic --det-chunk 8 / 32:
+#         what the bit-exact mode costs against dp2 (docs/ddp.md, "Deterministic mode")
 #
 # PyTorch runs "at its best" (PT_ENV=tuned): thread pools pinned to 1 (OMP_NUM_THREADS,
 # OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, torch.set_num_threads), OpenBLAS free to use its
@@ -75,7 +77,7 @@ note() { echo "scaling: $*" >&2; }
 "$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
     die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
 case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
-for v in $VARIANTS; do case $v in dp1 | dp2 | pt1 | pt2 | ind2) ;; *) die "unknown variant $v (dp1 dp2 pt1 pt2 ind2)" ;; esac; done
+for v in $VARIANTS; do case $v in dp1 | dp2 | pt1 | pt2 | ind2 | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 pt1 pt2 ind2 det8 det32)" ;; esac; done
 [ -n "${VARIANTS// /}" ] || die "no variants to run"
 
 steps_for() { case $1 in mlp) echo "$STEPS_MLP" ;; cnn) echo "$STEPS_CNN" ;; *) die "unknown model $1 (mlp, cnn)" ;; esac; }
@@ -102,6 +104,9 @@ build_cmd() {
     case $variant in
     dp1 | dp2) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers "${variant#dp}" --threads 1
                     "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
+    det8 | det32) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
+                       --deterministic --det-chunk "${variant#det}"
+                       "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
     ind2) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 1 --threads 1
                "${RECIPE[@]}" --batch 64 --epochs 1 --max-steps "$steps" --progress none) ;;
     pt1 | pt2) CMD=("${PTENV[@]}" "$PY" bench/pytorch_ddp.py --model "$model" --world "${variant#pt}" --threads 1
@@ -115,7 +120,7 @@ is_pos() { [ -n "$1" ] && awk -v x="$1" 'BEGIN { exit !(x + 0 > 0) }'; }
 parse_sps() {
     local variant=$1 log=$2 v=""
     case $variant in
-    dp* | ind*) v=$(sed -n 's/^throughput: *\([0-9][0-9.eE+-]*\) *samples\/s.*/\1/p' "$log" | tail -n 1) ;;
+    dp* | ind* | det*) v=$(sed -n 's/^throughput: *\([0-9][0-9.eE+-]*\) *samples\/s.*/\1/p' "$log" | tail -n 1) ;;
     pt*) v=$(sed -n 's/^RESULT .*[[:space:]]samples_per_s=\([0-9][0-9.eE+-]*\).*/\1/p' "$log" | tail -n 1) ;;
     esac
     if is_pos "$v"; then echo "$v"; fi
@@ -304,6 +309,16 @@ if any(v == "ind2" for v, _ in data):
     for m in models:
         p(f"| {m} | {fmt(med(list(data.get(('ind2', m), {}).values())))} | {cell(ratios('ind2', 'dp1', m, 2), True)} | "
           f"{cell(ratios('dp2', 'ind2', m, 1), True)} |")
+    p("")
+if any(v.startswith("det") for v, _ in data):
+    p("## What deterministic mode costs: dptrain P=2 with --deterministic, against ordinary P=2")
+    p("")
+    p("| model | ordinary P=2 | deterministic, chunk 8 | / ordinary | deterministic, chunk 32 | / ordinary |")
+    p("|---|---:|---:|---:|---:|---:|")
+    for m in models:
+        p(f"| {m} | {fmt(med(list(data.get(('dp2', m), {}).values())))} | "
+          f"{fmt(med(list(data.get(('det8', m), {}).values())))} | {cell(ratios('det8', 'dp2', m, 1), False)} | "
+          f"{fmt(med(list(data.get(('det32', m), {}).values())))} | {cell(ratios('det32', 'dp2', m, 1), False)} |")
     p("")
 p("## CPU cores busy per run (median of (user+sys)/wall over the whole process, start-up and data loading included)")
 p("")
