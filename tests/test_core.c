@@ -167,8 +167,8 @@ TEST(core_gemm_fallback_noted) {
     ASSERT_OK(dp_gemm_set_backend(DP_GEMM_DNNL));
     ASSERT_TRUE(dp_gemm_fallback_note() == NULL);
     ASSERT_EQ(dp_gemm_fallback_count(), 0);
-    float A[64], B[12], C[6];
-    fill(A, 64, 1), fill(B, 12, 2);
+    float A[68], B[12], C[6]; /* A: 2 rows of stride 64, or 2 overlapping rows of stride 1 */
+    fill(A, 68, 1), fill(B, 12, 2);
     const int64_t M = 2, N = 3, K = 4, lda = 1; /* lda < K: dnnl refuses */
     dp_gemm(0, 0, M, N, K, 1.0f, A, 64, B, N, 0.0f, C, N); /* valid: no note */
     ASSERT_TRUE(dp_gemm_fallback_note() == NULL);
