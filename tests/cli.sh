@@ -178,5 +178,20 @@ expect_error ckpt_not_a_checkpoint "magic" "$BIN" ckpt info "$T/text.bin"
 expect_error ckpt_missing "cannot open" "$BIN" ckpt info "$T/none.bin"
 if [[ "$(hash_of "$T/a/checkpoint.bin")" == "$before" ]]; then ok failed_resume_keeps_checkpoint; else bad failed_resume_keeps_checkpoint; fi
 
+# ---- bench allreduce: its bound is a bound (issue 8, H3) ----
+# Every row has a bound_busbw measured in the same run, and the all-reduce's
+# busbw (its median) does not beat it; no "!" row, no warning.  Sizes in the
+# caches and beyond them, where the old single DRAM-rate "bound" was beaten.
+bench_out=$("$BIN" bench allreduce --workers 2 --min-bytes 256K --max-bytes 16M --iters 20 2>&1)
+if awk '/WARNING|warning/ { bad = 1 }
+        /bound_busbw$/ && !/^#/ { head = 1 }
+        !/^#/ && $1 ~ /^[0-9]+$/ { rows++; if (NF != 9 || $9 + 0 <= 0 || $7 + 0 > $9 + 0) bad = 1 }
+        END { exit !(head && rows == 4 && !bad) }' <<<"$bench_out"; then
+  ok bench_allreduce_bound_holds
+else
+  bad bench_allreduce_bound_holds "$bench_out"
+fi
+# ---- end bench allreduce bound ----
+
 echo "cli: $pass passed, $fail failed"
 [[ $fail -eq 0 ]]

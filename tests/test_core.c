@@ -112,3 +112,82 @@ TEST(core_gemm_backends_match_reference) {
     ASSERT_OK(dp_gemm_set_backend(DP_GEMM_REF));
     ASSERT_ERR(dp_gemm_set_backend((enum dp_gemm_backend)99), DP_ENOTSUP, "not built");
 }
+
+/* The measured peak: a sane figure, computed once, and a real peak: no GEMM
+ * may beat it.  oneDNN reaches ~85-90% of the peak on a large square GEMM,
+ * so a peak that is 0, a guess from another CPU that is too low, or a
+ * measurement that went wrong (a loop on narrower vectors than the CPU has,
+ * too few chains to hide the FMA latency) fails the second check.  The 1.1
+ * leaves room for the GEMM's clock to be a little higher than the loop's. */
+TEST(core_peak_flops_measured) {
+    double p = dp_cpu_peak_flops();
+#if defined(__x86_64__) || defined(__i386__)
+    ASSERT_TRUE(isfinite(p));
+    ASSERT_TRUE(p >= 1e9 && p <= 2e12); /* 1-2000 GFLOP/s per core */
+    ASSERT_TRUE(dp_cpu_peak_isa() != NULL);
+#else
+    if (p == 0) { /* not measurable here: no figure, no ISA */
+        ASSERT_TRUE(dp_cpu_peak_isa() == NULL);
+        return;
+    }
+#endif
+    /* cached: a second measurement would differ in the last bits */
+    ASSERT_TRUE(dp_cpu_peak_flops() == p);
+    dp_set_num_threads(1);
+    const int64_t n = 512;
+    float *A = malloc(sizeof(float) * n * n), *B = malloc(sizeof(float) * n * n);
+    float *C = malloc(sizeof(float) * n * n);
+    ASSERT_TRUE(A && B && C);
+    fill(A, n * n, 1), fill(B, n * n, 2);
+    for (int be = 0; be < DP_GEMM_BACKEND_COUNT; be++) {
+        if (be == DP_GEMM_REF || !dp_gemm_backend_available(be)) continue;
+        ASSERT_OK(dp_gemm_set_backend(be));
+        double best = INFINITY;
+        for (int rep = 0; rep < 8; rep++) {
+            double t = dp_time();
+            dp_gemm(0, 0, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
+            t = dp_time() - t;
+            if (t < best) best = t;
+        }
+        double achieved = 2.0 * n * n * n / best;
+        if (!(achieved <= 1.1 * p))
+            dp_test_fail(__FILE__, __LINE__, "gemm %s reached %.1f GFLOP/s, above 1.1 x the measured peak %.1f",
+                         dp_gemm_backend_name(be), achieved / 1e9, p / 1e9);
+    }
+    free(A), free(B), free(C);
+}
+
+/* A oneDNN failure falls back to the reference, correctly, and is recorded
+ * once: the note is about the first failure and does not change, the count
+ * counts every call.  dnnl_sgemm rejects lda < K (invalid arguments); the
+ * reference reads the overlapping rows of A as they are, which is a valid
+ * (Toeplitz) matrix, so the result is checked against an oracle. */
+TEST(core_gemm_fallback_noted) {
+    if (!dp_gemm_backend_available(DP_GEMM_DNNL)) return; /* no oneDNN, no fallback */
+    ASSERT_OK(dp_gemm_set_backend(DP_GEMM_DNNL));
+    ASSERT_TRUE(dp_gemm_fallback_note() == NULL);
+    ASSERT_EQ(dp_gemm_fallback_count(), 0);
+    float A[68], B[12], C[6]; /* A: 2 rows of stride 64, or 2 overlapping rows of stride 1 */
+    fill(A, 68, 1), fill(B, 12, 2);
+    const int64_t M = 2, N = 3, K = 4, lda = 1; /* lda < K: dnnl refuses */
+    dp_gemm(0, 0, M, N, K, 1.0f, A, 64, B, N, 0.0f, C, N); /* valid: no note */
+    ASSERT_TRUE(dp_gemm_fallback_note() == NULL);
+    for (int call = 0; call < 3; call++) {
+        dp_gemm(0, 0, M, N, K, 1.0f, A, lda, B, N, 0.0f, C, N);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double acc = 0;
+                for (int64_t k = 0; k < K; k++) acc += (double)A[i * lda + k] * B[k * N + j];
+                ASSERT_NEAR(C[i * N + j], acc, 1e-5);
+            }
+        const char *note = dp_gemm_fallback_note();
+        ASSERT_TRUE(note != NULL);
+        ASSERT_TRUE(strstr(note, "dnnl_sgemm failed") && strstr(note, "lda=1"));
+        ASSERT_EQ(dp_gemm_fallback_count(), call + 1);
+    }
+    /* a later failure of another shape leaves the first note as it was */
+    const char *first = dp_gemm_fallback_note();
+    dp_gemm(0, 0, M, N, K, 1.0f, A, 64, B, 2, 0.0f, C, N); /* ldb < N */
+    ASSERT_EQ(dp_gemm_fallback_count(), 4);
+    ASSERT_TRUE(dp_gemm_fallback_note() == first && strstr(first, "lda=1") && !strstr(first, "ldb=2"));
+}

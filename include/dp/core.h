@@ -1,5 +1,6 @@
 /*
- * dp/core.h — arena, counter-based RNG, timers, and the GEMM wrapper.
+ * dp/core.h — arena, counter-based RNG, timers, the CPU's measured peak and the
+ * GEMM wrapper.
  *
  *     struct dp_arena a;
  *     dp_arena_init(&a, 1 << 20);
@@ -68,6 +69,19 @@ void dp_rng_permutation(uint64_t seed, uint32_t stream, uint64_t a, int64_t *per
 /* Monotonic time in seconds. */
 double dp_time(void);
 
+/* ---- the CPU's peak ---------------------------------------------------------- */
+
+/* The fp32 peak of one core in FLOP/s, measured on the first call (about
+ * 10 ms: a loop of independent FMAs on the widest ISA the CPU has, AVX-512 or
+ * AVX2+FMA, best of many repetitions) and cached for the process; thread-safe.
+ * Single-threaded, so a figure for T cores is T times this.  0 where it
+ * cannot be measured (not x86, no AVX2+FMA, or the loop's result is not
+ * sane): then there is no peak to compare against, not a guess. */
+double dp_cpu_peak_flops(void);
+/* The ISA the peak was measured with ("avx512f", "avx2+fma"), or NULL when
+ * dp_cpu_peak_flops() is 0. */
+const char *dp_cpu_peak_isa(void);
+
 /* ---- GEMM ----------------------------------------------------------------- */
 
 /* Row-major single-precision GEMM:
@@ -94,6 +108,16 @@ enum dp_gemm_backend dp_gemm_get_backend(void);
 const char *dp_gemm_backend_name(enum dp_gemm_backend b);
 int dp_gemm_backend_parse(const char *name);
 int dp_gemm_backend_available(enum dp_gemm_backend b);
+/* When the oneDNN backend's dnnl_sgemm fails (it rejects arguments the
+ * reference accepts, e.g. lda < K, or runs out of memory), dp_gemm computes
+ * the call with the reference instead, correct but slower.  That is recorded,
+ * never silent: dp_gemm_fallback_note() is NULL while no call has fallen
+ * back, and afterwards a message about the first failure (its status and
+ * shape; static, never changes again), for the caller to print.
+ * dp_gemm_fallback_count() is the number of calls that fell back so far.
+ * Per process, thread-safe. */
+const char *dp_gemm_fallback_note(void);
+int64_t dp_gemm_fallback_count(void);
 
 /* Compute threads used by the calling thread's kernels (OpenMP team size for
  * its parallel loops and for the GEMM library).  Per calling thread, so each

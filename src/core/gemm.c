@@ -4,12 +4,15 @@
  * one core (AVX-512), Debian's OpenBLAS ~107 GFLOP/s (held to its AVX2
  * kernels by OPENBLAS_CORETYPE=Haswell).  bench/gemm re-measures; the
  * default is oneDNN when it was built in. */
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "dp/core.h"
 
 #ifdef DP_WITH_DNNL
 #include <dnnl.h>
+#include <dnnl_debug.h>
 #endif
 #ifdef DP_WITH_BLAS
 #include <cblas.h>
@@ -50,6 +53,35 @@ int dp_gemm_backend_available(enum dp_gemm_backend b) {
     default: return 0;
     }
 }
+
+/* ---- the fallback record --------------------------------------------------------- */
+
+/* Calls that fell back to the reference, and the note about the first.  The
+ * caller whose increment took the count from 0 writes the note, then
+ * publishes it with a release store; readers load the flag with acquire, so
+ * they see either NULL or the finished text, and the text is written once. */
+static atomic_llong fallback_calls;
+static atomic_int fallback_ready;
+static char fallback_msg[256];
+
+const char *dp_gemm_fallback_note(void) {
+    return atomic_load_explicit(&fallback_ready, memory_order_acquire) ? fallback_msg : NULL;
+}
+
+int64_t dp_gemm_fallback_count(void) { return (int64_t)atomic_load(&fallback_calls); }
+
+#ifdef DP_WITH_DNNL
+static void record_fallback(dnnl_status_t st, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                            int64_t lda, int64_t ldb, int64_t ldc) {
+    if (atomic_fetch_add(&fallback_calls, 1) != 0) return;
+    snprintf(fallback_msg, sizeof fallback_msg,
+             "oneDNN's dnnl_sgemm failed (%s) on M=%lld N=%lld K=%lld, op(A)=%c op(B)=%c, "
+             "lda=%lld ldb=%lld ldc=%lld; the reference GEMM computed it instead (slower)",
+             dnnl_status2str(st), (long long)M, (long long)N, (long long)K, ta ? 'T' : 'N',
+             tb ? 'T' : 'N', (long long)lda, (long long)ldb, (long long)ldc);
+    atomic_store_explicit(&fallback_ready, 1, memory_order_release);
+}
+#endif
 
 int dp_gemm_set_backend(enum dp_gemm_backend b) {
     if (!dp_gemm_backend_available(b))
@@ -93,11 +125,15 @@ void dp_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const
     }
     switch (backend) {
 #ifdef DP_WITH_DNNL
-    case DP_GEMM_DNNL:
-        if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C,
-                       ldc) == dnnl_success)
-            return;
-        break; /* fall back to the reference on a library error */
+    case DP_GEMM_DNNL: {
+        dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B,
+                                      ldb, beta, C, ldc);
+        if (st == dnnl_success) return;
+        /* a library error: the reference computes the call, and that is
+         * recorded for the caller (dp_gemm_fallback_note) */
+        record_fallback(st, ta, tb, M, N, K, lda, ldb, ldc);
+        break;
+    }
 #endif
 #ifdef DP_WITH_BLAS
     case DP_GEMM_BLAS:

@@ -37,6 +37,18 @@ static void die(const char *fmt, ...) {
 /* A library error: its detailed message, or the code's text. */
 static void die_rc(int rc) { die("%s", dp_errmsg()[0] ? dp_errmsg() : dp_strerror(rc)); }
 
+/* One warning line when any GEMM of this process fell back from oneDNN to the
+ * reference (the library records it, dp_gemm_fallback_note; it never prints). */
+static void warn_gemm_fallback(void) {
+    const char *note = dp_gemm_fallback_note();
+    if (!note) return;
+    fprintf(stderr, "%s: warning: ", prog);
+    if (job && dp_comm_world(job) > 1) fprintf(stderr, "process %d: ", dp_comm_rank(job));
+    fprintf(stderr, "%s; %lld GEMM call%s fell back so far\n", note, (long long)dp_gemm_fallback_count(),
+            dp_gemm_fallback_count() == 1 ? "" : "s");
+    fflush(stderr);
+}
+
 /* ---- help texts --------------------------------------------------------------- */
 
 static const char *help_main =
@@ -384,6 +396,9 @@ static int cmd_train(int argc, char **argv) {
                tp.workers > 1 ? "s" : "", tp.threads, tp.threads > 1 ? "s" : "",
                dp_gemm_backend_name(dp_gemm_get_backend()));
     fflush(stdout);
+    /* The MFU's denominator, measured now (~10 ms, before the workers load
+     * the cores): 0 where it cannot be measured, and then no MFU is printed. */
+    double peak = me == 0 ? dp_cpu_peak_flops() : 0;
     double t0 = dp_time();
     rc = dp_trainer_run(t);
     if (rc) {
@@ -394,13 +409,15 @@ static int cmd_train(int argc, char **argv) {
     double dt = dp_time() - t0;
     /* Steady-state throughput (after 5 warm-up steps) and model FLOP
      * utilisation: a training step costs ~3x the forward FLOPs (forward, and
-     * two GEMMs of the same size per layer in backward), over the measured
-     * fp32 peak of this CPU, 220 GFLOP/s per core (DESIGN.md §3). */
+     * two GEMMs of the same size per layer in backward), over the fp32 peak of
+     * one core measured at start (dp_cpu_peak_flops) times the cores in use,
+     * threads x ranks (each process of an mpi job on a CPU like rank 0's). */
     double sps = prog_state.tp_t1 > prog_state.tp_t0
                      ? (double)prog_state.tp_samples / (prog_state.tp_t1 - prog_state.tp_t0) : prog_state.last_sps;
-    double mfu = sps * 3.0 * (double)m->flops_fwd / (220e9 * tp.threads * ranks);
+    double mfu = peak > 0 ? sps * 3.0 * (double)m->flops_fwd / (peak * tp.threads * ranks) : 0;
     char acc[32] = "n/a (no epoch finished)";
     if (!isnan(prog_state.last_test_acc)) snprintf(acc, sizeof acc, "%.2f%%", 100 * prog_state.last_test_acc);
+    warn_gemm_fallback();
     if (me != 0) { /* rank 0 reports for the job */
         dp_trainer_free(t);
         dp_comm_free(job);
@@ -419,10 +436,14 @@ static int cmd_train(int argc, char **argv) {
     if (prog_state.slow_rank >= 0)
         printf("slowest rank (last epoch): %d, its reductions start %.3g ms per step after the earliest rank's\n",
                prog_state.slow_rank, 1e3 * prog_state.slow_lag);
-    if (prog_state.run_steps > 5)
-        printf("throughput: %.1f samples/s (training steps after the 5th, %lld steps), %.1f samples/s per worker, "
-               "MFU %.1f%% of %d x 220 GFLOP/s\n",
-               sps, (long long)prog_state.run_steps - 5, sps / ranks, 100 * mfu, tp.threads * ranks);
+    if (prog_state.run_steps > 5) {
+        printf("throughput: %.1f samples/s (training steps after the 5th, %lld steps), %.1f samples/s per worker",
+               sps, (long long)prog_state.run_steps - 5, sps / ranks);
+        if (peak > 0)
+            printf(", MFU %.1f%% of %d x %.0f GFLOP/s (measured, %s)", 100 * mfu, tp.threads * ranks, peak / 1e9,
+                   dp_cpu_peak_isa());
+        printf("\n");
+    }
     dp_trainer_free(t);
     dp_comm_free(job);
     job = NULL;
@@ -473,6 +494,7 @@ static int cmd_eval(int argc, char **argv) {
     printf("model %s  step %lld  test acc %.2f%%  test loss %.4f  (%lld samples)\n", h.model_spec,
            (long long)h.step, 100 * acc, loss,
            (long long)(tp.test_limit && tp.test_limit < test.n ? tp.test_limit : test.n));
+    warn_gemm_fallback();
     dp_dataset_free(&train);
     dp_dataset_free(&test);
     dp_trainer_free(t);
