@@ -3,8 +3,8 @@
  *
  *   ./build/bench/gemm [threads] [reps]
  * For square sizes and for the shapes the mlp and cnn layers use, prints
- * GFLOP/s per backend (median of reps) and the ratio to the 220 GFLOP/s/core
- * fp32 peak of this CPU. */
+ * GFLOP/s per backend (median of reps) and the ratio to the fp32 peak of this
+ * CPU, measured at start (dp_cpu_peak_flops: an FMA loop, per core). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +36,12 @@ int main(int argc, char **argv) {
         {64, 288, 1568, 0, 1, "cnn conv2 dW chunk  (dy col^T)"},
         {288, 1568, 64, 1, 0, "cnn conv2 dcol chunk (W^T dy)"},
     };
-    printf("threads %d, median of %d; GFLOP/s (%% of %d x 220 GFLOP/s peak)\n", threads, reps, threads);
+    double peak = dp_cpu_peak_flops() / 1e9; /* per core; 0 when it cannot be measured */
+    if (peak > 0)
+        printf("threads %d, median of %d; GFLOP/s (%% of %d x %.0f GFLOP/s, the measured %s peak)\n", threads,
+               reps, threads, peak, dp_cpu_peak_isa());
+    else
+        printf("threads %d, median of %d; GFLOP/s (no peak measured on this CPU)\n", threads, reps);
     printf("%-34s", "shape (M N K)");
     for (int b = 0; b < DP_GEMM_BACKEND_COUNT; b++)
         if (dp_gemm_backend_available(b)) printf(" %18s", dp_gemm_backend_name(b));
@@ -72,7 +77,10 @@ int main(int argc, char **argv) {
             qsort(t + 1, (size_t)reps, sizeof(double), cmp); /* first run is warm-up */
             double g = flops / t[1 + reps / 2] / 1e9;
             char cell[32];
-            snprintf(cell, sizeof cell, "%6.1f (%3.0f%%)", g, 100 * g / (220.0 * threads));
+            if (peak > 0)
+                snprintf(cell, sizeof cell, "%6.1f (%3.0f%%)", g, 100 * g / (peak * threads));
+            else
+                snprintf(cell, sizeof cell, "%6.1f", g);
             printf(" %18s", cell);
         }
         printf("\n");

@@ -22,8 +22,8 @@
 # also torch.set_num_threads(T)).  Throughput is samples/s over the training steps
 # after the 5th (no evaluation, no data loading).  The report gives medians over
 # the repetitions, the medians of the per-repetition ratios dptrain / PyTorch, and
-# model FLOP utilisation (MFU = samples/s x training FLOPs per sample / (220 GFLOP/s
-# x T)).  Then one peak-memory comparison (cnn, 1 thread, /usr/bin/time -v).
+# model FLOP utilisation (MFU = samples/s x training FLOPs per sample / (P x T), P the fp32
+# peak per core that dptrain measures at start and prints in its throughput line).  Then one peak-memory comparison (cnn, 1 thread, /usr/bin/time -v).
 #
 # Environment knobs:
 #   REPS=3  STEPS_MLP=300  STEPS_CNN=150  MODELS="mlp cnn"  THREADS="1 2"
@@ -170,6 +170,11 @@ fi
 mkdir -p "$RESULTS"
 STAMP=$(date +%Y-%m-%d-%H%M%S)
 OUTMD=$RESULTS/train_vs_pytorch-$STAMP.md
+# The per-core peak dptrain measured (its "MFU ... of T x P GFLOP/s (measured, ISA)" line), median
+# over its runs: the same figure its own MFU uses, measured on this machine in this run.
+PEAK_GFLOPS=$(cat "$WORK"/dptrain-*.log 2>/dev/null | sed -n 's/.* x \([0-9.]*\) GFLOP\/s (measured.*/\1/p' | sort -n |
+    awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }')
+export PEAK_GFLOPS
 export RAW MEMRAW REPS STEPS_MLP STEPS_CNN LOAD0 T_START
 LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
 CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
@@ -184,7 +189,7 @@ import os, statistics, time
 # Training FLOPs per sample = 3 x forward multiply-add FLOPs (forward + two GEMMs in backward).
 FWD = {"mlp": 2 * (784 * 512 + 512 * 512 + 512 * 10),
        "cnn": 2 * (28 * 28 * 32 * 9 + 14 * 14 * 64 * 32 * 9 + 3136 * 128 + 128 * 10)}
-PEAK = 220e9  # fp32 FLOP/s per core (docs/architecture.md section 3)
+PEAK = float(os.environ.get("PEAK_GFLOPS") or 0) * 1e9  # fp32 FLOP/s per core, measured by dptrain
 NAMES = {"dptrain": "dptrain", "installed": "PyTorch as installed (AVX2 OpenBLAS)",
          "avx512": "PyTorch AVX-512", "tuned": "PyTorch tuned"}
 PT = ["installed", "avx512", "tuned"]
@@ -247,7 +252,10 @@ if "dptrain" in variants:
             cells.append(f"{med(rs):.2f}x [{min(rs):.2f}..{max(rs):.2f}]" if rs else "n/a")
         p(f"| {m} | {t} | " + " | ".join(cells) + " |")
     p("")
-p("## Model FLOP utilisation (median samples/s x 3 x forward FLOPs / (220 GFLOP/s x threads))")
+p(f"## Model FLOP utilisation (median samples/s x 3 x forward FLOPs / ({PEAK / 1e9:.0f} GFLOP/s x threads))")
+p("")
+p("The peak per core is the one dptrain measured at start in this run (an FMA loop on the CPU's widest ISA)."
+  if PEAK > 0 else "No peak was measured in this run (no dptrain log with an MFU line): MFU is not given.")
 p("")
 p("| model | threads | train MFLOP/sample | " + " | ".join(NAMES[v] for v in variants) + " |")
 p("|---|---:|---:|" + "---:|" * len(variants))
@@ -256,7 +264,7 @@ for m, t in cases:
     cells = []
     for v in variants:
         s = med(list(data.get((v, m, t), {}).values()))
-        cells.append(f"{100 * s * fl / (PEAK * t):.1f}%" if s is not None else "n/a")
+        cells.append(f"{100 * s * fl / (PEAK * t):.1f}%" if s is not None and PEAK > 0 else "n/a")
     p(f"| {m} | {t} | {fl / 1e6:.2f} | " + " | ".join(cells) + " |")
 p("")
 p("## CPU cores busy per run (median of (user+sys)/wall over the whole process, load included)")
