@@ -5,6 +5,7 @@
 # - a filter that matches no test is an error, alone or among good ones;
 # - a skipped test prints "skip NAME (reason)" and counts as skipped, not passed;
 # - a failed test, and an exit with the skip status but no reason, count as failed;
+# - ASSERT_FEQ fails on a fraction (2.25 vs 2) and on NaN;
 # - CI=true: a skip fails the run; without a skip the run passes;
 # - fixtures are found from the binary: run from another directory, the
 #   fixture tests do not skip;
@@ -47,6 +48,12 @@ if [[ $RC -ne 0 ]] && grep -q '^FAIL selftest_fails' "$T/out" && grep -q '^FAIL 
    [[ $(closing) == "0 passed, 2 failed, 0 skipped" ]]; then
   ok "failures_counted (an assertion; exit 77 without a reason: $(closing))"
 else bad failures_counted "exit $RC" "$(cat "$T/out")"; fi
+
+st "$BIN" selftest_feq_
+if [[ $RC -ne 0 ]] && grep -q '^FAIL selftest_feq_fraction' "$T/out" && grep -q '2.25 != 2' "$T/out" &&
+   grep -q '^FAIL selftest_feq_nan' "$T/out" && [[ $(closing) == "0 passed, 2 failed, 0 skipped" ]]; then
+  ok "assert_feq_exact (2.25 != 2, NaN != NaN)"
+else bad assert_feq_exact "exit $RC" "$(cat "$T/out")"; fi
 
 st env CI=true "$BIN" selftest_skips selftest_passes
 if [[ $RC -ne 0 ]] && grep -q '^CI=true: 1 skipped test fails the run' "$T/out" && [[ $(closing) == "1 passed, 0 failed, 1 skipped" ]]; then
