@@ -5,21 +5,26 @@
 # Installs what the tests need, builds with gcc and clang at -Werror, runs the
 # unit tests, the CLI tests, the MPI tests (tests/mpi/run.sh), the unit tests
 # under ASan+UBSan, the threaded tests under TSan, and each fuzzer briefly.
-# Closes with "N passed, N failed".
+# Every stage closes its log with "N passed, N failed, N skipped"; this script
+# adds them up and closes with the totals in the same form.  With CI set
+# (CI=true; .ci/run sets it) a skipped test fails the run: CI installs
+# everything the tests need.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --torch || { echo "dependency install failed"; exit 1; }
 J=${JOBS:-2}
-total_pass=0 total_fail=0
+total_pass=0 total_fail=0 total_skip=0
 step_failed=0
-# tally LOG: adds the "N passed, N failed" line of a log to the totals
+# tally LOG: adds the "N passed, N failed, N skipped" line of a log to the totals; a log
+# without one (a crash, or a stage that does not count its skips) counts as a failure
 tally() {
   local line
-  line=$(grep -E '^[a-z: ]*[0-9]+ passed, [0-9]+ failed' "$1" | tail -1)
-  if [[ -z "$line" ]]; then total_fail=$((total_fail + 1)); return; fi
-  local p f
+  line=$(grep -E '^[a-z: ]*[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$1" | tail -1)
+  if [[ -z "$line" ]]; then echo "=== $1: no 'N passed, N failed, N skipped' line"; total_fail=$((total_fail + 1)); return; fi
+  local p f s
   p=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+'); f=$(grep -oE '[0-9]+ failed' <<<"$line" | grep -oE '[0-9]+')
-  total_pass=$((total_pass + p)); total_fail=$((total_fail + f))
+  s=$(grep -oE '[0-9]+ skipped' <<<"$line" | grep -oE '[0-9]+')
+  total_pass=$((total_pass + p)); total_fail=$((total_fail + f)); total_skip=$((total_skip + s))
 }
 run() { # run NAME CMD...: runs a stage, keeps its log, records failure
   local name=$1; shift
@@ -39,9 +44,11 @@ build() { # build NAME MAKE-ARGS...: a build failure counts as a failed test
 }
 t0=$(date +%s)
 if build gcc all; then
+  # the test runner itself: skips, filters, CI strictness, fixtures from any directory
+  run harness bash tests/harness.sh build; tally /tmp/dptrain-test-harness.log
   run unit ./build/dptest; tally /tmp/dptrain-test-unit.log
   run cli bash tests/cli.sh build/dptrain; tally /tmp/dptrain-test-cli.log
-  # the mpi backend under mpirun, P = 1..4 (skipped with a note without MPI)
+  # the mpi backend under mpirun, P = 1..4 (a skip without MPI)
   run mpi bash tests/mpi/run.sh build; tally /tmp/dptrain-test-mpi.log
 fi
 if [[ -z "${QUICK:-}" ]]; then
@@ -70,5 +77,9 @@ if [[ -z "${QUICK:-}" ]]; then
 fi
 echo "suite time: $(( $(date +%s) - t0 ))s"
 [[ $step_failed -eq 0 && $total_fail -eq 0 ]] || total_fail=$((total_fail > 0 ? total_fail : 1))
-echo "$total_pass passed, $total_fail failed"
-[[ $total_fail -eq 0 ]]
+strict_skip=0
+if [[ $total_skip -gt 0 && -n ${CI:-} && $CI != 0 && ${CI,,} != false ]]; then
+  strict_skip=1; echo "CI=$CI: $total_skip skipped fail the run (grep '^skip' /tmp/dptrain-test-*.log)"
+fi
+echo "$total_pass passed, $total_fail failed, $total_skip skipped"
+[[ $total_fail -eq 0 && $strict_skip -eq 0 ]]

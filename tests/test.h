@@ -9,8 +9,12 @@
  *
  * Tests register themselves (a constructor per TEST), so a new test file
  * needs no list.  The runner (test_main.c) forks one child per test with a
- * timeout; `dptest NAME...` runs the tests whose names contain any NAME.  The
- * exit status is the verdict; the last line reads "N passed, N failed".
+ * timeout; `dptest NAME...` runs the tests whose names contain any NAME (a
+ * NAME that matches no test is an error).  A test that cannot run here (a
+ * missing data set, fixture or tool) calls SKIP("why"): it is reported as
+ * "skip", never as "ok".  The exit status is the verdict; the last line reads
+ * "N passed, N failed, N skipped".  With CI set (CI=true), a skip fails the
+ * run: CI installs everything the tests need.
  */
 #ifndef DP_TEST_H
 #define DP_TEST_H
@@ -24,7 +28,11 @@
 
 typedef void (*dp_test_fn)(void);
 void dp_test_register(const char *name, dp_test_fn fn, int timeout_s);
-void dp_test_fail(const char *file, int line, const char *fmt, ...);
+void dp_test_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 3, 4)));
+/* Ends the test as skipped, with the reason (printf format) the runner prints. */
+void dp_test_skip(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+#define SKIP(...) dp_test_skip(__VA_ARGS__)
 
 #define TEST_T(name, timeout_s)                                             \
     static void test_##name(void);                                          \
@@ -38,15 +46,31 @@ void dp_test_fail(const char *file, int line, const char *fmt, ...);
     do {                                                                          \
         if (!(c)) dp_test_fail(__FILE__, __LINE__, "expected true: %s", #c);      \
     } while (0)
+/* ASSERT_EQ/ASSERT_NE compare integers (as long long).  A floating operand
+ * would be truncated (0.5 == 0.9 would pass), so it does not compile: use
+ * ASSERT_FEQ (exact) or ASSERT_NEAR. */
+#define DP_TEST_IS_FLOAT(x) _Generic((x), float: 1, double: 1, long double: 1, default: 0)
 #define ASSERT_EQ(a, b)                                                                     \
     do {                                                                                    \
+        _Static_assert(!DP_TEST_IS_FLOAT(a) && !DP_TEST_IS_FLOAT(b),                        \
+                       "ASSERT_EQ on a floating value: use ASSERT_FEQ or ASSERT_NEAR");     \
         long long a_ = (long long)(a), b_ = (long long)(b);                                 \
         if (a_ != b_) dp_test_fail(__FILE__, __LINE__, "%s == %s: %lld != %lld", #a, #b, a_, b_); \
     } while (0)
 #define ASSERT_NE(a, b)                                                                     \
     do {                                                                                    \
+        _Static_assert(!DP_TEST_IS_FLOAT(a) && !DP_TEST_IS_FLOAT(b),                        \
+                       "ASSERT_NE on a floating value: compare floats with ASSERT_FEQ/NEAR"); \
         long long a_ = (long long)(a), b_ = (long long)(b);                                 \
         if (a_ == b_) dp_test_fail(__FILE__, __LINE__, "%s != %s: both %lld", #a, #b, a_);  \
+    } while (0)
+/* Exact floating equality (as double, so a float compares exactly too); NaN
+ * equals nothing, itself included.  %.9g shows every float digit. */
+#define ASSERT_FEQ(a, b)                                                                    \
+    do {                                                                                    \
+        double a_ = (double)(a), b_ = (double)(b);                                          \
+        if (!(a_ == b_))                                                                    \
+            dp_test_fail(__FILE__, __LINE__, "%s == %s: %.9g != %.9g", #a, #b, a_, b_);     \
     } while (0)
 #define ASSERT_NEAR(a, b, tol)                                                            \
     do {                                                                                  \
@@ -78,7 +102,11 @@ void dp_test_fail(const char *file, int line, const char *fmt, ...);
 
 /* A scratch directory for this test (created; removed by the runner). */
 const char *dp_test_tmpdir(void);
-/* Directory holding the test fixtures (tests/fixtures). */
+/* Directory holding the test fixtures: $DP_TEST_FIXTURES, else tests/fixtures
+ * of the source tree the binary was built in (never the working directory). */
 const char *dp_test_fixtures(void);
+/* The source tree's root, found from the binary (build/dptest -> ..): the
+ * directory holding tests/test.h; NULL when there is none. */
+const char *dp_test_source_dir(void);
 
 #endif

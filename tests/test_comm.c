@@ -252,7 +252,7 @@ static void bf16_member(struct dp_comm *c, void *arg) {
             for (int64_t i = 0; i < n; i++) x[i] = dp_bf16_from_f32((float)(r + i % 7));
             ASSERT_OK(dp_comm_allreduce(c, x, n, DP_DTYPE_BF16, algos[a]));
             for (int64_t i = 0; i < n; i++)
-                ASSERT_EQ(dp_bf16_to_f32(x[i]), P * (P - 1) / 2 + P * (i % 7));
+                ASSERT_FEQ(dp_bf16_to_f32(x[i]), P * (P - 1) / 2 + P * (i % 7));
         }
     dp_free(x);
 }
@@ -381,7 +381,16 @@ TEST(comm_nonblocking_in_order) {
     for (int P = 1; P <= 5; P++) team(P, NULL, nonblocking_member, NULL);
 }
 
-/* The worker computes while its all-reduce proceeds on the comm thread. */
+/* dp_comm_test must not block.  Rank 1 holds back: it starts its part of the
+ * all-reduce only once rank 0 has seen dp_comm_test report "not done", so the
+ * operation cannot complete before that.  A dp_comm_test that waits for
+ * completion would hang there; rank 1 then gives up holding back after 10 s
+ * (so the test fails on an assertion, not on the alarm), joins, and rank 0's
+ * test returns done = 1 with rank 1 already in: the check below fails.  After
+ * the release, rank 0 keeps computing ("backward") and polling until the
+ * operation is done, then waits and checks the sum. */
+static atomic_int overlap_released, overlap_rank1_joined;
+static volatile double overlap_sink;
 static void overlap_member(struct dp_comm *c, void *arg) {
     (void)arg;
     int r = dp_comm_rank(c);
@@ -389,20 +398,35 @@ static void overlap_member(struct dp_comm *c, void *arg) {
     float *x = alloc_f32(n);
     for (int64_t i = 0; i < n; i++) x[i] = (float)r;
     struct dp_comm_req *req;
-    ASSERT_OK(dp_comm_iallreduce(c, x, n, DP_DTYPE_F32, DP_ALGO_RING, &req));
-    double acc = 0;
-    int done = 0;
-    while (!done) {
-        for (int i = 0; i < 1000; i++) acc += i * 1e-9; /* "backward" */
+    if (r == 1) {
+        for (int ms = 0; ms < 10000 && !atomic_load(&overlap_released); ms++) usleep(1000);
+        atomic_store(&overlap_rank1_joined, 1);
+        ASSERT_OK(dp_comm_iallreduce(c, x, n, DP_DTYPE_F32, DP_ALGO_RING, &req));
+    } else {
+        ASSERT_OK(dp_comm_iallreduce(c, x, n, DP_DTYPE_F32, DP_ALGO_RING, &req));
+        int done = -1;
         ASSERT_OK(dp_comm_test(c, req, &done));
+        int joined = atomic_load(&overlap_rank1_joined);
+        atomic_store(&overlap_released, 1);
+        if (joined || done)
+            dp_test_fail(__FILE__, __LINE__,
+                         "dp_comm_test blocked: it returned done = %d only after rank 1 joined (%d)",
+                         done, joined);
+        while (!done) {
+            for (int i = 0; i < 1000; i++) overlap_sink += i * 1e-9; /* "backward" */
+            ASSERT_OK(dp_comm_test(c, req, &done));
+        }
     }
-    ASSERT_TRUE(acc > 0);
     ASSERT_OK(dp_comm_wait(c, req));
     ASSERT_TRUE(x[0] == 1.0f && x[n - 1] == 1.0f);
     dp_free(x);
 }
 
-TEST(comm_test_before_wait_overlaps) { team(2, NULL, overlap_member, NULL); }
+TEST_T(comm_test_before_wait_overlaps, 60) {
+    atomic_store(&overlap_released, 0);
+    atomic_store(&overlap_rank1_joined, 0);
+    team(2, NULL, overlap_member, NULL);
+}
 
 /* ---- failures: abort, timeout, mismatch ----------------------------------------------------- */
 

@@ -98,13 +98,13 @@ static void exact_member(struct dp_comm *c, int local, void *arg) {
         /* allreduce: rank g holds (g+1)*(i%7+1); the sum is G(G+1)/2*(i%7+1) */
         for (int64_t i = 0; i < n; i++) x[i] = (float)((g + 1) * (i % 7 + 1));
         ASSERT_OK(dp_comm_allreduce(c, x, n, DP_DTYPE_F32, algo));
-        for (int64_t i = 0; i < n; i++) ASSERT_EQ(x[i], G * (G + 1) / 2 * (i % 7 + 1));
+        for (int64_t i = 0; i < n; i++) ASSERT_FEQ(x[i], G * (G + 1) / 2 * (i % 7 + 1));
         /* reduce-scatter: this rank's block holds the sum */
         for (int64_t i = 0; i < n; i++) x[i] = (float)((g + 1) * (i % 5 + 1));
         ASSERT_OK(dp_comm_reduce_scatter(c, x, n, DP_DTYPE_F32, algo));
         int64_t off, len;
         dp_comm_split(n, G, g, &off, &len);
-        for (int64_t i = off; i < off + len; i++) ASSERT_EQ(x[i], G * (G + 1) / 2 * (i % 5 + 1));
+        for (int64_t i = off; i < off + len; i++) ASSERT_FEQ(x[i], G * (G + 1) / 2 * (i % 5 + 1));
         /* allgather: block b comes from rank b; the rest of the input is junk */
         for (int64_t i = 0; i < n; i++) x[i] = -1e6f;
         for (int64_t i = off; i < off + len; i++) x[i] = (float)(g * 10000 + i);
@@ -112,13 +112,13 @@ static void exact_member(struct dp_comm *c, int local, void *arg) {
         for (int b = 0; b < G; b++) {
             int64_t bo, bl;
             dp_comm_split(n, G, b, &bo, &bl);
-            for (int64_t i = bo; i < bo + bl; i++) ASSERT_EQ(x[i], b * 10000 + i);
+            for (int64_t i = bo; i < bo + bl; i++) ASSERT_FEQ(x[i], b * 10000 + i);
         }
         /* broadcast from every root */
         for (int root = 0; root < G; root++) {
             for (int64_t i = 0; i < n; i++) x[i] = (float)(g == root ? root * 100 + i : -7);
             ASSERT_OK(dp_comm_broadcast(c, x, n, DP_DTYPE_F32, root, algo));
-            for (int64_t i = 0; i < n; i++) ASSERT_EQ(x[i], root * 100 + i);
+            for (int64_t i = 0; i < n; i++) ASSERT_FEQ(x[i], root * 100 + i);
         }
         ASSERT_OK(dp_comm_barrier(c));
     }
@@ -131,7 +131,7 @@ static void exact_member(struct dp_comm *c, int local, void *arg) {
     }
     for (int j = 0; j < 3; j++) {
         ASSERT_OK(dp_comm_wait(c, rq[j]));
-        for (int i = 0; i < 4; i++) ASSERT_EQ(d[j][i], G * (G - 1) / 2 + G * (j + i));
+        for (int i = 0; i < 4; i++) ASSERT_FEQ(d[j][i], G * (G - 1) / 2 + G * (j + i));
     }
     (void)local;
     dp_free(x);

@@ -13,7 +13,7 @@
 #include "ddp_util.h"
 
 static void equivalence(const char *model, int64_t steps, float lr) {
-    if (!have_data()) return;
+    require_data();
     struct dp_train_params p = base(model, 1);
     p.sched.base_lr = lr;
     p.max_steps = steps;
@@ -45,7 +45,7 @@ TEST_T(ddp_equivalence_cnn, 300) { equivalence("cnn", 6, 0.05f); }
 TEST_T(ddp_equivalence_resnet, 300) { equivalence("resnet", 3, 0.01f); }
 
 TEST_T(ddp_accumulation_equals_big_batch, 300) {
-    if (!have_data()) return;
+    require_data();
     /* 2 micro-batches of 30 = one batch of 60: the same samples in the same
      * step (the epoch permutation does not depend on the batch size). */
     struct dp_train_params p = base("mlp", 2);
@@ -62,7 +62,7 @@ TEST_T(ddp_accumulation_equals_big_batch, 300) {
 }
 
 TEST_T(ddp_overlap_off_and_tiny_buckets_same_result, 300) {
-    if (!have_data()) return;
+    require_data();
     struct dp_train_params p = base("cnn", 2);
     p.max_steps = 4;
     int64_t n;
@@ -99,7 +99,7 @@ TEST(ddp_buckets_plan) {
 }
 
 static void expect_failure(int kind, int worker, const char *needle) {
-    if (!have_data()) return;
+    require_data();
     struct dp_train_params p = base("mlp", 3);
     p.epochs = 3;
     p.fault_kind = kind;
@@ -138,7 +138,7 @@ TEST_T(ddp_failure_alloc_stops_all_workers, 120) { expect_failure(DP_FAULT_ALLOC
 TEST_T(ddp_failure_data_stops_all_workers, 120) { expect_failure(DP_FAULT_DATA, 0, "data error"); }
 
 TEST_T(ddp_skip_nonfinite_goes_on, 120) {
-    if (!have_data()) return;
+    require_data();
     struct dp_train_params p = base("mlp", 2);
     p.fault_kind = DP_FAULT_NAN;
     p.fault_worker = 1;
@@ -152,7 +152,7 @@ TEST_T(ddp_skip_nonfinite_goes_on, 120) {
 }
 
 static void deterministic(const char *model, int64_t steps) {
-    if (!have_data()) return;
+    require_data();
     struct dp_train_params p = base(model, 1);
     p.max_steps = steps;
     p.deterministic = 1;
@@ -181,7 +181,7 @@ TEST_T(ddp_deterministic_mlp_bit_identical, 300) { deterministic("mlp", 17); }
 TEST_T(ddp_deterministic_cnn_bit_identical, 300) { deterministic("cnn", 4); }
 
 TEST(ddp_deterministic_rejects_batchnorm) {
-    if (!have_data()) return;
+    require_data();
     struct dp_train_params p = base("resnet", 2);
     p.deterministic = 1;
     struct dp_trainer *t;
@@ -189,7 +189,7 @@ TEST(ddp_deterministic_rejects_batchnorm) {
 }
 
 TEST_T(ddp_check_replicas_names_diverged_worker, 120) {
-    if (!have_data()) return;
+    require_data();
     struct dp_train_params p = base("mlp", 3);
     p.fault_kind = DP_FAULT_DIVERGE;
     p.fault_worker = 2;
@@ -208,7 +208,7 @@ TEST_T(ddp_check_replicas_names_diverged_worker, 120) {
 /* A last batch smaller than the number of workers: some workers get no
  * sample at all and still take part (SyncBatchNorm included). */
 static void empty_shares(const char *model) {
-    if (!have_data()) return;
+    require_data();
     struct dp_train_params p = base(model, 1);
     p.batch = 6;
     p.train_limit = 20; /* batches 6, 6, 6, 2: with 4 workers two get nothing */

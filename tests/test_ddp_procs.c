@@ -67,7 +67,7 @@ static void run_procs(int R, struct proc *pr, double inter_timeout) {
 
 /* R processes × T workers against one process with R*T workers. */
 static void hybrid_equivalence(const char *model, int R, int T, int64_t steps, float lr, int det) {
-    if (!have_data()) return;
+    require_data();
     struct dp_train_params p = base(model, R * T);
     p.sched.base_lr = lr;
     p.max_steps = steps;
@@ -107,7 +107,7 @@ TEST_T(ddp_procs_deterministic_bit_identical, 300) {
 /* A process started with other options: every process stops before the
  * first step with the rank and the part named. */
 TEST_T(ddp_procs_disagreement_named, 120) {
-    if (!have_data()) return;
+    require_data();
     struct proc pr[2];
     memset(pr, 0, sizeof pr);
     pr[0].tp = base("mlp", 2), pr[1].tp = base("mlp", 2);
@@ -138,7 +138,7 @@ TEST_T(ddp_procs_disagreement_named, 120) {
  * abort of `inter` that proc_main does as the CLI's dp_comm_kill_job would,
  * or else by the inter timeout). */
 TEST_T(ddp_procs_failure_in_one_process, 120) {
-    if (!have_data()) return;
+    require_data();
     struct proc pr[2];
     memset(pr, 0, sizeof pr);
     for (int k = 0; k < 2; k++) {
@@ -155,7 +155,7 @@ TEST_T(ddp_procs_failure_in_one_process, 120) {
 
 /* Only rank 0 writes; the epoch record names the job's size and straggler. */
 TEST_T(ddp_procs_outputs_from_rank0, 120) {
-    if (!have_data()) return;
+    require_data();
     char dir[] = "/tmp/dptrain-procs-XXXXXX";
     ASSERT_TRUE(mkdtemp(dir) != NULL);
     char out0[256], out1[256], path[300];
@@ -194,7 +194,7 @@ TEST_T(ddp_procs_outputs_from_rank0, 120) {
  * process with 2 threads: in deterministic mode the same bits as an
  * uninterrupted single-worker run. */
 TEST_T(ddp_procs_resume_on_other_world_sizes, 300) {
-    if (!have_data()) return;
+    require_data();
     char dir[] = "/tmp/dptrain-procs-XXXXXX";
     ASSERT_TRUE(mkdtemp(dir) != NULL);
     char ck[300];
@@ -236,7 +236,7 @@ static void on_epoch(void *arg, const struct dp_event *ev) {
     if (ev->kind == DP_EVENT_EPOCH) slow_rank_seen = ev->slow_rank, slow_lag_seen = ev->slow_lag;
 }
 TEST_T(ddp_procs_straggler_named, 120) {
-    if (!have_data()) return;
+    require_data();
     struct proc pr[2];
     memset(pr, 0, sizeof pr);
     for (int k = 0; k < 2; k++) {

@@ -432,11 +432,7 @@ TEST(optim_torch_fixture) {
     char path[512];
     snprintf(path, sizeof path, "%s/optim_ref.bin", dp_test_fixtures());
     FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "    note: %s missing (run tests/torch/gen_optim_fixture.py); skipped\n",
-                path);
-        return;
-    }
+    if (!f) SKIP("%s missing (run tests/torch/gen_optim_fixture.py)", path);
     char magic[4];
     uint32_t version = 0, n = 0, steps = 0, ncases = 0;
     ASSERT_TRUE(fread(magic, 4, 1, f) == 1 && memcmp(magic, "DPFX", 4) == 0);

@@ -37,9 +37,9 @@
  * errors are printed to stderr ("worst rel").
  *
  * Environment: DP_TORCH_PYTHON (default /usr/bin/python3, the Debian python
- * with python3-torch), DP_TORCH_REF (default tests/torch/ref.py, relative to
- * the repository root, where the tests run), DP_SKIP_TORCH=1 (skip instead of
- * failing when that python cannot import torch). */
+ * with python3-torch), DP_TORCH_REF (default tests/torch/ref.py of the
+ * source tree the binary was built in), DP_SKIP_TORCH=1 (skip instead of
+ * failing when that python cannot import torch; CI=true makes the skip fail). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -296,8 +296,13 @@ static const char *torch_python(void) {
     return p && *p ? p : "/usr/bin/python3";
 }
 static const char *torch_ref_script(void) {
+    static char def[4096];
     const char *p = getenv("DP_TORCH_REF");
-    return p && *p ? p : "tests/torch/ref.py";
+    if (p && *p) return p;
+    /* the source tree's copy, wherever the tests are run from */
+    const char *src = dp_test_source_dir();
+    snprintf(def, sizeof def, "%s/tests/torch/ref.py", src ? src : "(source tree not found)");
+    return def;
 }
 static int torch_skip_allowed(void) {
     const char *s = getenv("DP_SKIP_TORCH");
@@ -310,16 +315,14 @@ static int torch_importable(void) {
     return st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
-/* Runs ref.py; returns 0 when the test should be skipped (no torch and
- * DP_SKIP_TORCH=1), 1 when OUT was written; fails the test otherwise. */
-static int run_ref(const char *model, const char *in, const char *inputs, const char *out,
+/* Runs ref.py, which writes OUT; skips the test when torch is missing and
+ * DP_SKIP_TORCH=1; fails it otherwise. */
+static void run_ref(const char *model, const char *in, const char *inputs, const char *out,
                    const char *init) {
-    if (torch_skip_allowed() && !torch_importable()) {
-        fprintf(stderr, "    note: %s cannot import torch; skipped because DP_SKIP_TORCH=1\n", torch_python());
-        return 0;
-    }
+    if (torch_skip_allowed() && !torch_importable())
+        SKIP("%s cannot import torch, and DP_SKIP_TORCH=1", torch_python());
     if (access(torch_ref_script(), R_OK) != 0)
-        dp_test_fail(__FILE__, __LINE__, "%s not found (run the tests from the repository root or set DP_TORCH_REF)",
+        dp_test_fail(__FILE__, __LINE__, "%s not found (set DP_TORCH_REF)",
                      torch_ref_script());
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "'%s' '%s' %s '%s' '%s' --inputs '%s'%s%s%s", torch_python(), torch_ref_script(),
@@ -327,13 +330,12 @@ static int run_ref(const char *model, const char *in, const char *inputs, const 
     fflush(stdout);
     fflush(stderr);
     int st = system(cmd);
-    if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0) return 1;
+    if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0) return;
     if (!torch_importable())
         dp_test_fail(__FILE__, __LINE__,
                      "%s cannot import torch: install python3-torch (Debian), or set DP_SKIP_TORCH=1 to skip the "
                      "PyTorch comparison", torch_python());
     dp_test_fail(__FILE__, __LINE__, "the PyTorch reference failed (status %d): %s", st, cmd);
-    return 0;
 }
 
 /* ---- the model, its weights and the batch ------------------------------------------ */
@@ -525,11 +527,7 @@ static void torch_ref_compare(const char *spec) {
     struct ref_setup *s = calloc(1, sizeof *s);
     ASSERT_TRUE(s != NULL);
     setup(s, spec);
-    if (!run_ref(spec, s->weights, s->inputs, s->out, NULL)) {
-        teardown(s);
-        free(s);
-        return;
-    }
+    run_ref(spec, s->weights, s->inputs, s->out, NULL);
     struct st_file o;
     st_read(&o, s->out);
     const struct dp_model *m = s->m;
@@ -565,11 +563,7 @@ static void torch_ref_init(const char *spec) {
     struct ref_setup *s = calloc(1, sizeof *s);
     ASSERT_TRUE(s != NULL);
     setup(s, spec);
-    if (!run_ref(spec, s->weights, s->inputs, s->out, s->init)) {
-        teardown(s);
-        free(s);
-        return;
-    }
+    run_ref(spec, s->weights, s->inputs, s->out, s->init);
     const struct dp_model *m = s->m;
     struct dp_replica r2;
     ASSERT_OK(dp_replica_init(&r2, m, REF_B));
