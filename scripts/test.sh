@@ -3,7 +3,8 @@
 #   bash scripts/test.sh            everything
 #   QUICK=1 bash scripts/test.sh    gcc build + unit, CLI and MPI tests only
 # Installs what the tests need, builds with gcc and clang at -Werror, runs the
-# unit tests, the CLI tests, the MPI tests (tests/mpi/run.sh), the unit tests
+# runner self-tests, the docs checks (tests/docs.sh), the unit tests, the CLI
+# tests, the MPI tests (tests/mpi/run.sh), the unit tests
 # under ASan+UBSan, the threaded tests under TSan, and each fuzzer briefly.
 # Every stage closes its log with "N passed, N failed, N skipped"; this script
 # adds them up and closes with the totals in the same form.  With CI set
@@ -46,6 +47,7 @@ t0=$(date +%s)
 if build gcc all; then
   # the test runner itself: skips, filters, CI strictness, fixtures from any directory
   run harness bash tests/harness.sh build; tally /tmp/dptrain-test-harness.log
+  run docs bash tests/docs.sh; tally /tmp/dptrain-test-docs.log
   run unit ./build/dptest; tally /tmp/dptrain-test-unit.log
   run cli bash tests/cli.sh build/dptrain; tally /tmp/dptrain-test-cli.log
   # the mpi backend under mpirun, P = 1..4 (a skip without MPI)
