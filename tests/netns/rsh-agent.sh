@@ -44,7 +44,7 @@ for f in "${files[@]}"; do
   [[ -r $f ]] || continue
   # hosts: one line per host "NAME IP NAMESPACE VETH"
   while read -r n ip nsname _; do
-    if [[ $host == "$n" || $host == "$ip" ]]; then ns=$nsname name=$n st=$(dirname "$f"); break 2; fi
+    if [[ $host == "$n" || $host == "$ip" ]]; then ns=$nsname name=$n; break 2; fi
   done <"$f"
 done
 if [[ -z $ns ]]; then
@@ -53,6 +53,7 @@ if [[ -z $ns ]]; then
 fi
 # cpus: one line per host "NAME LIST" (written by cluster_up); a cluster without it (made by an
 # older cluster.sh) runs unpinned
+st=$(dirname "$f")   # f: the hosts file that named the host
 pin=()
 cpus=$(awk -v h="$name" '$1 == h {print $2}' "$st/cpus" 2>/dev/null)
 [[ -n $cpus ]] && pin=(taskset -c "$cpus")

@@ -125,18 +125,19 @@ else bad distinct_namespaces "$(tail -15 "$T/ns.out")"; fi
 # on the same first core, or every host on the whole socket: both fail this.)
 # expand_cpus LIST: "0-2,5" -> "0 1 2 5"
 expand_cpus() {
-  local r a b c out=() parts=()
+  local r a b c cores=() parts=()
   IFS=, read -ra parts <<<"$1"
   for r in "${parts[@]}"; do
-    if [[ $r == *-* ]]; then a=${r%-*} b=${r#*-}; for ((c = a; c <= b; c++)); do out+=("$c"); done
-    elif [[ -n $r ]]; then out+=("$r"); fi
+    if [[ $r == *-* ]]; then a=${r%-*} b=${r#*-}; for ((c = a; c <= b; c++)); do cores+=("$c"); done
+    elif [[ -n $r ]]; then cores+=("$r"); fi
   done
-  echo "${out[*]}"
+  echo "${cores[*]}"
 }
 read -ra AVAIL <<<"$(expand_cpus "$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/$$/status)")"
 # check_cpus NAME N OUT CPUSFILE: the check above on the "mpi_probe ns" output OUT of N hosts
 check_cpus() {
-  local name=$1 n=$2 out=$3 file=$4 nc=${#AVAIL[@]} k c got rec share good=1 msg=() per=()
+  local name=$1 n=$2 out=$3 file=$4 nc=${#AVAIL[@]} k c got rec share good=1
+  local -a msg=() per=()
   local -A uses=()
   share=$(((n + nc - 1) / nc))
   for ((k = 0; k < n; k++)); do
@@ -163,8 +164,8 @@ check_cpus cpus_per_host $N "$T/ns.out" "$CLUSTER_STATE/cpus"
 CP=dpc-$$ N2=${#AVAIL[@]}
 ((N2 < 2)) && N2=2
 ((N2 > 4)) && N2=4
-if (CLUSTER_PREFIX=$CP; cluster_up "$N2" off) >"$T/c2.out" 2>&1 &&
-  (export CLUSTER_PREFIX=$CP; crun 60 -np "$N2" "$PROBE" ns) >"$T/c2.out" 2>&1; then
+if CLUSTER_PREFIX=$CP CLUSTER_OWNER=$$ bash -c 'source tests/netns/cluster.sh; cluster_up "$1" off' _ "$N2" >"$T/c2.out" 2>&1 &&
+  CLUSTER_PREFIX=$CP crun 60 -np "$N2" "$PROBE" ns >"$T/c2.out" 2>&1; then
   check_cpus cpus_disjoint "$N2" "$T/c2.out" "$DPT_STATE_ROOT/$CP/cpus"
 else bad cpus_disjoint "$(tail -15 "$T/c2.out")"; fi
 cluster_down "$CP" 2>/dev/null
