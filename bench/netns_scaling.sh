@@ -46,8 +46,9 @@
 #        [--steps N] [--perhost N] [--algo A] [--model M]
 # or the same as environment variables HOSTS, RATES (or RATE), REPS, STEPS, PERHOST, ALGO, MODEL;
 # lists take spaces or commas.  Defaults: HOSTS=4 RATES=1gbit REPS=3 STEPS=60 PERHOST=32 ALGO=auto
-# MODEL=cnn.  One run (variant) takes about 3-6 s on cnn with 60 steps, so a (P, rate) pair takes
-# about 3 x REPS x 5 s.
+# MODEL=cnn.  One run (variant) takes about 5-12 s on cnn with 60 steps and 64 per host (mpirun's
+# start, loading the data, the steps; longer at low rates and with more hosts than cores), so a
+# (P, rate) pair takes about 3 x REPS x 10 s, plus one calibration run for "auto".
 # Writes bench/results/netns_scaling-<date>.md (the report) and .tsv (every run's raw figures).
 set -uo pipefail  # (not -e: tests/netns/cluster.sh relies on failing greps)
 cd "$(dirname "$0")/.." || exit 1
@@ -65,6 +66,7 @@ RESULTS=${RESULTS:-bench/results}
 
 die() { echo "netns_scaling: error: $*" >&2; exit 1; }
 while [[ $# -gt 0 ]]; do
+  [[ $1 == -h || $1 == --help || $# -ge 2 ]] || die "$1 needs a value"
   case $1 in
     --hosts) HOSTS=$2 ;;
     --rates | --rate) RATES=$2 ;;
@@ -76,7 +78,6 @@ while [[ $# -gt 0 ]]; do
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (--help)" ;;
   esac
-  [[ $# -ge 2 ]] || die "$1 needs a value"
   shift 2
 done
 HOSTS=${HOSTS//,/ } RATES=${RATES//,/ }
