@@ -11,6 +11,7 @@
 #   bash tests/netns/cluster.sh shape RATE|off change the shaping of every link
 #   bash tests/netns/cluster.sh pids K [NAME]  pids of the rank processes on host hK
 #   bash tests/netns/cluster.sh signal K SIG [NAME]   send them SIG
+#   bash tests/netns/cluster.sh cpus K         the cores of host hK (each host has its own)
 #   bash tests/netns/cluster.sh status | down | gc
 # The command keeps one cluster per CLUSTER_PREFIX (default "dpt-cli"), which lasts until down.
 #
@@ -30,8 +31,11 @@
 #   (chosen under a lock, so concurrent clusters get different subnets);
 #   bridge P-br in the root namespace with 10.77.X.254/24 (mpirun runs there and must reach the
 #   orted daemons); veth pair P-hK (root side, a bridge port) <-> eth0 (in namespace P-hK);
-#   a tbf qdisc on both ends of every veth pair, so each host's link is shaped both ways.
-#   State in $DPT_STATE_ROOT/P (/run/dpt-netns/P): owner, net, bridge, rate, hosts, hostfile.
+#   a tbf qdisc on both ends of every veth pair, so each host's link is shaped both ways;
+#   each host its own cores (see _cl_assign_cpus): rsh-agent.sh starts the host's orted under
+#   taskset with them, and mpirun runs with --bind-to none so the ranks keep them.
+#   State in $DPT_STATE_ROOT/P (/run/dpt-netns/P): owner, net, bridge, rate, hosts, hostfile,
+#   cpus ("hK LIST" per host, LIST in taskset -c syntax).
 # DPT_TBF_BURST / DPT_TBF_LATENCY override the tbf burst (bytes) and latency (10ms).
 
 DPT_NETNS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -43,7 +47,7 @@ _cl_err() { echo "cluster: $*" >&2; }
 cluster_check() {
   if [[ $(id -u) -ne 0 ]]; then echo "needs root (network namespaces)"; return 1; fi
   local t
-  for t in ip tc mpirun unshare flock; do
+  for t in ip tc mpirun unshare flock taskset; do
     command -v "$t" >/dev/null 2>&1 || { echo "$t not found"; return 1; }
   done
   if ! unshare --net true 2>/dev/null; then echo "cannot create network namespaces here"; return 1; fi
@@ -101,6 +105,43 @@ cluster_shape() {
     fi
   done <"$st/hosts"
   echo "$rate" >"$st/rate"
+}
+
+# _cl_cpus_avail: the cores this process may run on, one line, "0 1 2 3" (its affinity mask, from
+# /proc/self/status: what a cgroup cpuset, taskset or an outer launcher's binding leaves us)
+_cl_cpus_avail() {
+  local list r a b c out=() parts=()
+  list=$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/self/status)
+  IFS=, read -ra parts <<<"$list"
+  for r in "${parts[@]}"; do
+    if [[ $r == *-* ]]; then a=${r%-*} b=${r#*-}; for ((c = a; c <= b; c++)); do out+=("$c"); done
+    elif [[ -n $r ]]; then out+=("$r"); fi
+  done
+  echo "${out[*]}"
+}
+
+# _cl_assign_cpus N: the cores of each of N hosts, one line "hK LIST" per host (LIST for taskset
+# -c).  With C available cores c_0..c_(C-1): when N <= C host k gets the block c_(kC/N) ..
+# c_((k+1)C/N - 1) (integer division: disjoint blocks of floor or ceil of C/N cores, all cores
+# used); when N > C host k gets the single core c_(k mod C), round-robin, so a core serves at
+# most ceil(N/C) hosts.  Hosts share cores only when there are more hosts than cores.  A host's
+# ranks and their threads (several ranks per host, --workers T) all share the host's set, as on
+# a machine with that many cores.  Without this every host's orted would bind its rank to the
+# first core (or all to the same socket): N emulated hosts computing on one core.
+_cl_assign_cpus() {
+  local n=$1 cores k c lo hi list
+  read -ra cores <<<"$(_cl_cpus_avail)"
+  c=${#cores[@]}
+  ((c >= 1)) || { _cl_err "no cores in this process's affinity mask"; return 1; }
+  for ((k = 0; k < n; k++)); do
+    if ((n <= c)); then
+      lo=$((k * c / n)) hi=$(((k + 1) * c / n))
+      list=$(IFS=,; echo "${cores[*]:lo:hi-lo}")
+    else
+      list=${cores[k % c]}
+    fi
+    echo "h$k $list"
+  done
 }
 
 # _cl_free_net: a 10.77.X prefix no cluster and no interface of this host uses (under the lock)
@@ -163,6 +204,7 @@ cluster_up() {
     echo "h$k $net.$((k + 1)) $CLUSTER_PREFIX-h$k $CLUSTER_PREFIX-h$k" >>"$st/hosts"
     echo "$net.$((k + 1)) slots=1" >>"$st/hostfile"
   done
+  _cl_assign_cpus "$n" >"$st/cpus" || return 1
   {
     ip link add "$br" type bridge &&
       ip addr add "$net.254/24" dev "$br" &&
@@ -202,11 +244,23 @@ cluster_attach() {
   export CLUSTER_PREFIX CLUSTER_STATE
 }
 
-# cluster_mpirun_opts: the mpirun options for this cluster, one per line
+# cluster_cpus K: the cores of host hK (taskset -c syntax)
+cluster_cpus() { awk -v h="h$1" '$1 == h {print $2}' "$CLUSTER_STATE/cpus" 2>/dev/null | grep .; }
+
+# _cl_hosts_listing STATE: the hosts file with each host's cores appended ("... cpus LIST")
+_cl_hosts_listing() {
+  awk 'NR == FNR {c[$1] = $2; next} {print $0, "cpus", ($1 in c ? c[$1] : "?")}' "$1/cpus" "$1/hosts" 2>/dev/null ||
+    cat "$1/hosts"
+}
+
+# cluster_mpirun_opts: the mpirun options for this cluster, one per line.  --bind-to none: each
+# host's orted already runs on the host's own cores (rsh-agent.sh, taskset), and the ranks
+# inherit that set; Open MPI's default binding would instead pin every host's rank to the first
+# core of the machine (or the first socket), the same one on every host.
 cluster_mpirun_opts() {
   local net
   net=$(<"$CLUSTER_STATE/net")
-  printf '%s\n' --allow-run-as-root --hostfile "$CLUSTER_STATE/hostfile" \
+  printf '%s\n' --allow-run-as-root --hostfile "$CLUSTER_STATE/hostfile" --bind-to none \
     --mca plm_rsh_agent "$DPT_NETNS_DIR/rsh-agent.sh" --mca plm_rsh_no_tree_spawn 1 \
     --mca pml ob1 --mca btl tcp,self --mca osc '^ucx' \
     --mca btl_tcp_if_include "$net.0/24" --mca oob_tcp_if_include "$net.0/24"
@@ -344,7 +398,7 @@ cluster_status() {
   for d in "$DPT_STATE_ROOT"/*/; do
     [[ -f $d/hosts ]] || continue
     echo "cluster $(basename "$d"): net $(<"$d/net").0/24, rate $(cat "$d/rate" 2>/dev/null), owner $(<"$d/owner")"
-    sed 's/^/  /' "$d/hosts"
+    _cl_hosts_listing "${d%/}" | sed 's/^/  /'
   done
 }
 
@@ -357,7 +411,7 @@ if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
       CLUSTER_OWNER=0 cluster_up "$@" || { cluster_down; exit 1; }
       echo "cluster $CLUSTER_PREFIX: $CLUSTER_N hosts on $CLUSTER_NET.0/24, links $(<"$CLUSTER_STATE/rate")"
       echo "hostfile: $CLUSTER_HOSTFILE"
-      sed 's/^/  /' "$CLUSTER_STATE/hosts" ;;
+      _cl_hosts_listing "$CLUSTER_STATE" | sed 's/^/  /' ;;
     down) cluster_attach 2>/dev/null; cluster_down ;;
     run)
       cluster_attach || exit 1
@@ -367,8 +421,9 @@ if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
     pids) cluster_attach && cluster_pids "$@" ;;
     signal) cluster_attach && cluster_signal "$@" ;;
     opts) cluster_attach && cluster_mpirun_opts ;;
+    cpus) cluster_attach && cluster_cpus "$@" ;;
     status) cluster_status ;;
     gc) cluster_gc ;;
-    *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 fi

@@ -1,14 +1,19 @@
 /* A small MPI program for the namespace cluster (tests/netns/):
  *
- *   mpi_probe ns              every rank reports its host name, pid and network namespace
- *                             (readlink /proc/self/ns/net); rank 0 prints one line per rank
+ *   mpi_probe ns              every rank reports its host name, pid, network namespace
+ *                             (readlink /proc/self/ns/net) and the cores it may run on (its
+ *                             affinity mask, sched_getaffinity, as a list "0,2,3"); rank 0
+ *                             prints one line per rank:
+ *                             "rank R pid P host H netns NS cpus LIST"
  *   mpi_probe bw [MB] [ITERS] ping-pong of MB-MiB messages between ranks 0 and 1; prints
  *                             "bw MB/s <one-way MB/s>" (MB = 10^6 bytes) and the Gbit/s
  *   mpi_probe loop [SECONDS]  all-reduce 1 MiB over and over for SECONDS (for kill tests);
  *                             every rank prints "ready rank R pid P" once it has started
  *
  * Build: mpicc -O2 -o mpi_probe tests/netns/mpi_probe.c */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_ISSET */
 #include <mpi.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,13 +21,29 @@
 
 static int rank, size;
 
+/* the cores this process may run on, "0,1,5" ("none" when the mask cannot be read): what the
+ * launcher's binding and the cluster's per-host cpu set leave to the rank */
+static void cpu_list(char *out, size_t cap) {
+    cpu_set_t set;
+    size_t len = 0;
+    out[0] = 0;
+    if (sched_getaffinity(0, sizeof set, &set)) {
+        snprintf(out, cap, "none");
+        return;
+    }
+    for (int c = 0; c < CPU_SETSIZE && len + 8 < cap; c++)
+        if (CPU_ISSET(c, &set)) len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? "," : "", c);
+    if (!len) snprintf(out, cap, "none");
+}
+
 static int do_ns(void) {
-    char line[512], ns[128] = "?", host[128] = "?";
+    char line[1024], ns[128] = "?", host[128] = "?", cpus[512];
     ssize_t n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
     ns[n > 0 ? n : 0] = 0;
     gethostname(host, sizeof host);
     host[sizeof host - 1] = 0;
-    snprintf(line, sizeof line, "rank %d pid %d host %s netns %s", rank, (int)getpid(), host, ns);
+    cpu_list(cpus, sizeof cpus);
+    snprintf(line, sizeof line, "rank %d pid %d host %s netns %s cpus %s", rank, (int)getpid(), host, ns, cpus);
     char *all = rank == 0 ? malloc((size_t)size * sizeof line) : NULL;
     MPI_Gather(line, sizeof line, MPI_CHAR, all, sizeof line, MPI_CHAR, 0, MPI_COMM_WORLD);
     if (rank == 0) {

@@ -49,6 +49,7 @@ test_cleanup() {
   for p in $(jobs -p); do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
   cluster_down "dpi-$$" 2>/dev/null
   cluster_down "dpk-$$" 2>/dev/null
+  cluster_down "dpc-$$" 2>/dev/null
   rm -rf "$T"
 }
 # shellcheck disable=SC2034  # used by cluster_trap
@@ -126,6 +127,59 @@ if crun 60 -np $N "$PROBE" ns >"$T/ns.out" 2>&1; then
   if [[ $good -eq 1 ]]; then ok "distinct_namespaces (rank k in namespace hK, none in the root namespace)"
   else bad distinct_namespaces "${msg[@]}" "$(cat "$T/ns.out")"; fi
 else bad distinct_namespaces "$(tail -15 "$T/ns.out")"; fi
+
+# --- every host computes on its own cores ------------------------------------------------------
+# Each rank reports its affinity mask from inside (mpi_probe ns: sched_getaffinity).  The hosts
+# must share the machine's cores out: every set non-empty, within the cores this script may use,
+# equal to what the cluster recorded (STATE/cpus), and no core in more than ceil(N / cores) hosts'
+# sets, i.e. disjoint sets when N <= cores.  (Open MPI's default binding puts every host's rank
+# on the same first core, or every host on the whole socket: both fail this.)
+# expand_cpus LIST: "0-2,5" -> "0 1 2 5"
+expand_cpus() {
+  local r a b c cores=() parts=()
+  IFS=, read -ra parts <<<"$1"
+  for r in "${parts[@]}"; do
+    if [[ $r == *-* ]]; then a=${r%-*} b=${r#*-}; for ((c = a; c <= b; c++)); do cores+=("$c"); done
+    elif [[ -n $r ]]; then cores+=("$r"); fi
+  done
+  echo "${cores[*]}"
+}
+read -ra AVAIL <<<"$(expand_cpus "$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/$$/status)")"
+# check_cpus NAME N OUT CPUSFILE: the check above on the "mpi_probe ns" output OUT of N hosts
+check_cpus() {
+  local name=$1 n=$2 out=$3 file=$4 nc=${#AVAIL[@]} k c got rec share good=1
+  local -a msg=() per=()
+  local -A uses=()
+  share=$(((n + nc - 1) / nc))
+  for ((k = 0; k < n; k++)); do
+    got=$(awk -v h="h$k" '$1 == "rank" && $6 == h {print $10}' "$out")
+    if [[ -z $got || $got == none ]]; then good=0; msg+=("h$k: no affinity reported"); continue; fi
+    per+=("h$k: $got")
+    for c in ${got//,/ }; do
+      uses[$c]=$((${uses[$c]:-0} + 1))
+      [[ " ${AVAIL[*]} " == *" $c "* ]] || { good=0; msg+=("h$k: core $c is not one of the allowed cores (${AVAIL[*]})"); }
+    done
+    rec=$(awk -v h="h$k" '$1 == h {print $2}' "$file" 2>/dev/null)
+    [[ -n $rec && $(expand_cpus "$rec") == "${got//,/ }" ]] || { good=0; msg+=("h$k: the rank may run on $got, the cluster recorded '${rec:-nothing}'"); }
+  done
+  for c in "${!uses[@]}"; do
+    ((uses[$c] <= share)) || { good=0; msg+=("core $c is in ${uses[$c]} hosts' sets (at most $share: $n hosts on $nc cores)"); }
+  done
+  local what="no core in more than $share hosts' sets"
+  ((share == 1)) && what="disjoint"
+  if [[ $good -eq 1 ]]; then ok "$name ($n hosts on $nc cores, $what, as recorded: $(printf '%s; ' "${per[@]}" | sed 's/; $//'))"
+  else bad "$name" "${msg[@]}" "$(cat "$out")"; fi
+}
+check_cpus cpus_per_host $N "$T/ns.out" "$CLUSTER_STATE/cpus"
+# and a cluster of as many hosts as cores (2..4): the hosts' sets must be disjoint
+CP=dpc-$$ N2=${#AVAIL[@]}
+((N2 < 2)) && N2=2
+((N2 > 4)) && N2=4
+if CLUSTER_PREFIX=$CP CLUSTER_OWNER=$$ bash -c 'source tests/netns/cluster.sh; cluster_up "$1" off' _ "$N2" >"$T/c2.out" 2>&1 &&
+  CLUSTER_PREFIX=$CP crun 60 -np "$N2" "$PROBE" ns >"$T/c2.out" 2>&1; then
+  check_cpus cpus_disjoint "$N2" "$T/c2.out" "$DPT_STATE_ROOT/$CP/cpus"
+else bad cpus_disjoint "$(tail -15 "$T/c2.out")"; fi
+cluster_down "$CP" 2>/dev/null
 
 # --- bandwidth: shaped ~1 Gbit/s through the veths, unshaped much more ------------------
 # measure_bw: BW = one-way bandwidth in Gbit/s of a 16 MiB ping-pong between h0 and h1
@@ -333,9 +387,9 @@ cluster_down
 sleep 0.2
 none_alive "${SEEN[@]}"
 left=$LEFT
-if nothing_left "$P" && [[ -z $left ]] && ! ip netns list | grep -qE "^(dpi|dpk)-$$-h"; then
+if nothing_left "$P" && [[ -z $left ]] && ! ip netns list | grep -qE "^(dpi|dpk|dpc)-$$-h"; then
   ok "down (no namespace, link, state dir or job process left: $(ip netns list | wc -l) namespaces on the host)"
-else bad down "left: $(ip netns list | grep -E "^(dpt|dpi|dpk)-$$-"; ip -o link show | grep -oE "$P-[a-z0-9]+"; echo "$left")"; fi
+else bad down "left: $(ip netns list | grep -E "^(dpt|dpi|dpk|dpc)-$$-"; ip -o link show | grep -oE "$P-[a-z0-9]+"; echo "$left")"; fi
 
 echo "netns time: $(elapsed "$t_start") s"
 closing
