@@ -183,6 +183,14 @@ expect_error ckpt_not_a_checkpoint "magic" "$BIN" ckpt info "$T/text.bin"
 expect_error ckpt_missing "cannot open" "$BIN" ckpt info "$T/none.bin"
 if [[ "$(hash_of "$T/a/checkpoint.bin")" == "$before" ]]; then ok failed_resume_keeps_checkpoint; else bad failed_resume_keeps_checkpoint; fi
 
+# The default worker count is the cores this process may run on (taskset, mpirun, a cpuset),
+# not the machine's: one allowed core gives one worker.
+if command -v taskset >/dev/null; then
+  out=$(taskset -c 0 "$BIN" train --model mlp "${SMALL[@]}" --max-steps 2 --epochs 1 2>&1)
+  if grep -q " 1 worker x " <<<"$out"; then ok default_workers_follow_affinity
+  else bad default_workers_follow_affinity "$(head -3 <<<"$out")"; fi
+else skip default_workers_follow_affinity "taskset not found (util-linux)"; fi
+
 # ---- bench allreduce: its bound is a bound (issue 8, H3) ----
 # Every row has a bound_busbw measured in the same run, and the all-reduce's
 # busbw (its median) does not beat it; no "!" row, no warning.  Sizes in the

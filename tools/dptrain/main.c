@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <malloc.h>
+#include <sched.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -278,8 +279,12 @@ static int cmd_train(int argc, char **argv) {
     struct dp_train_params tp = dp_train_default_params();
     tp.data_dir = DEFAULT_DATA;
     tp.model = NULL;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    tp.workers = ncpu < 1 ? 1 : ncpu > 256 ? 256 : (int)ncpu; /* one worker per core by default */
+    /* One worker per core this process may run on (its affinity: under mpirun,
+     * taskset or a cgroup cpuset that is fewer than the machine's cores). */
+    cpu_set_t allowed;
+    long ncpu = sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed)
+                                                                  : sysconf(_SC_NPROCESSORS_ONLN);
+    tp.workers = ncpu < 1 ? 1 : ncpu > 256 ? 256 : (int)ncpu;
     struct progress prog_state = {.mode = PROG_AUTO, .last_test_acc = NAN, .slow_rank = -1};
     const char *v, *backend = "auto";
     int model_given = 0, workers_given = 0;
