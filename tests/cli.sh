@@ -197,6 +197,10 @@ expect_error skip_nonfinite_with_deterministic "skip-nonfinite does not work wit
 mkdir -p "$T/full" && ln -sf /dev/full "$T/full/metrics.jsonl"
 expect_error metrics_full_disk "metrics: cannot write $T/full/metrics.jsonl: No space left on device" \
   "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --out "$T/full"
+# the timeline's writes too (written to FILE.tmp, then renamed)
+ln -sf /dev/full "$T/full/tl.json.tmp"
+expect_error timeline_full_disk "timeline: cannot write $T/full/tl.json: No space left on device" \
+  "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --timeline "$T/full/tl.json"
 # --comm-timeout 1 with the whole test set (10,000 samples) evaluated at the end of a 2-step epoch:
 # evaluation takes longer than the timeout, and no rank may time out waiting for another's
 TMO=(train --model cnn --epochs 1 --data "$DATA" --train-limit 100 --batch 50 --comm-timeout 1 --progress none)
