@@ -206,6 +206,44 @@ else
 fi
 # ---- end bench allreduce bound ----
 
+# === trainer checks (issue 8: schedule length, ignored options, full disk, timeout during evaluation) ===
+# the cosine schedule against the real run: 1000 samples / 50 = 20 steps per epoch
+expect_error cosine_warmup_longer_than_run "warmup 100 must be shorter than the run, which has 40 optimizer steps" \
+  "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --schedule cosine --warmup 100
+# options the chosen mode would ignore are refused, naming the mode they need
+expect_error warmup_without_cosine "warmup applies to --schedule cosine only" "$BIN" train --warmup 10
+expect_error min_lr_without_cosine "min-lr applies to --schedule cosine only" "$BIN" train --schedule step --step-size 5 --min-lr 0.001
+expect_error step_size_without_step "step-size applies to --schedule step only" "$BIN" train --schedule cosine --step-size 5
+expect_error gamma_without_step "gamma applies to --schedule step only" "$BIN" train --gamma 0.5
+expect_error momentum_with_adamw "momentum applies to --optim sgd only" "$BIN" train --optim adamw --momentum 0.9
+expect_error nesterov_with_adamw "nesterov applies to --optim sgd only" "$BIN" train --nesterov --optim adamw
+expect_error beta1_with_sgd "beta1 applies to --optim adamw only" "$BIN" train --beta1 0.8
+expect_error det_chunk_without_deterministic "det-chunk applies to --deterministic" "$BIN" train --det-chunk 16
+expect_error skip_nonfinite_with_deterministic "skip-nonfinite does not work with --deterministic" \
+  "$BIN" train --model mlp "${SMALL[@]}" --deterministic --skip-nonfinite
+# metrics.jsonl on a full disk: an error, not lost metrics
+mkdir -p "$T/full" && ln -sf /dev/full "$T/full/metrics.jsonl"
+expect_error metrics_full_disk "metrics: cannot write $T/full/metrics.jsonl: No space left on device" \
+  "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --out "$T/full"
+# the timeline's writes too (written to FILE.tmp, then renamed)
+ln -sf /dev/full "$T/full/tl.json.tmp"
+expect_error timeline_full_disk "timeline: cannot write $T/full/tl.json: No space left on device" \
+  "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --timeline "$T/full/tl.json"
+# --comm-timeout 1 with the whole test set (10,000 samples) evaluated at the end of a 2-step epoch:
+# evaluation takes longer than the timeout, and no rank may time out waiting for another's
+TMO=(train --model cnn --epochs 1 --data "$DATA" --train-limit 100 --batch 50 --comm-timeout 1 --progress none)
+if timeout 120 "$BIN" "${TMO[@]}" --workers 2 >"$T/tmo.log" 2>&1 && grep -q "^epoch 1/1 .*test acc" "$T/tmo.log"; then
+  ok comm_timeout_not_hit_by_evaluation
+else bad comm_timeout_not_hit_by_evaluation "$(tail -3 "$T/tmo.log")"; fi
+if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [[ $BIN != *-asan* && $BIN != *-tsan* ]]; then
+  if timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" "${TMO[@]}" --workers 1 >"$T/tmompi.log" 2>&1 &&
+     grep -q "^epoch 1/1 .*test acc" "$T/tmompi.log" && grep -q "2 processes (mpi)" "$T/tmompi.log"; then
+    ok mpi_comm_timeout_not_hit_by_evaluation
+  else bad mpi_comm_timeout_not_hit_by_evaluation "$(tail -3 "$T/tmompi.log")"; fi
+fi
+# === end of trainer checks ===
+
+
 ci_strict=0
 [[ -n ${CI:-} && $CI != 0 && ${CI,,} != false ]] && ci_strict=1
 if [[ $skipped -gt 0 && $ci_strict -eq 1 ]]; then echo "CI=$CI: $skipped skipped fail the run"; fi

@@ -225,3 +225,149 @@ static void empty_shares(const char *model) {
 }
 TEST_T(ddp_empty_shares_mlp, 120) { empty_shares("mlp"); }
 TEST_T(ddp_empty_shares_resnet, 120) { empty_shares("resnet"); }
+
+/* ---- a skipped step, the schedule's length, evaluation under a timeout, metrics on a full disk */
+
+struct step_log {
+    int64_t steps, skipped;
+    float lr[64];           /* lr of each step */
+    int epochs;
+    double test_acc, test_loss;
+};
+static void log_events(void *arg, const struct dp_event *ev) {
+    struct step_log *l = arg;
+    if (ev->kind == DP_EVENT_STEP) {
+        if (l->steps < 64) l->lr[l->steps] = ev->lr;
+        l->steps++, l->skipped += ev->skipped;
+    } else if (ev->kind == DP_EVENT_EPOCH) {
+        l->epochs++, l->test_acc = ev->test_acc, l->test_loss = ev->test_loss;
+    }
+}
+
+/* --skip-nonfinite on resnet with SyncBatchNorm: worker 1's input holds a
+ * NaN in step 2, so during that step's forward the synchronised batch
+ * statistics are NaN on both workers.  The skipped step must leave every
+ * parameter and every buffer (running mean and variance,
+ * num_batches_tracked) as it was: the state after steps 0..2, 2 skipped,
+ * equals the state after steps 0..1, bit for bit. */
+TEST_T(ddp_skip_nonfinite_keeps_batchnorm_buffers, 300) {
+    require_data();
+    struct dp_train_params p = base("resnet", 2);
+    p.sched.base_lr = 0.01f; /* see ddp_equivalence_resnet */
+    p.skip_nonfinite = 1;
+    p.max_steps = 2;
+    int64_t n, n2;
+    float *before = train(&p, &n);
+    struct step_log lg = {0};
+    p.max_steps = 3;
+    p.fault_kind = DP_FAULT_NAN, p.fault_worker = 1, p.fault_step = 2;
+    p.on_event = log_events, p.event_arg = &lg;
+    float *after = train(&p, &n2);
+    ASSERT_EQ(n2, n);
+    ASSERT_EQ(lg.steps, 3);
+    ASSERT_EQ(lg.skipped, 1);
+    struct dp_model *m;
+    ASSERT_OK(dp_model_from_spec(&m, "resnet", 1, 28, 28));
+    int64_t differ = 0, first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&before[i], &after[i], sizeof(float)) != 0) differ++, first = first < 0 ? i : first;
+    if (differ)
+        fprintf(stderr, "    %lld of %lld floats changed by the skipped step, the first at %lld (a %s: %g -> %g)\n",
+                (long long)differ, (long long)n, (long long)first, first >= m->num_params ? "buffer" : "parameter",
+                (double)before[first], (double)after[first]);
+    ASSERT_EQ(differ, 0);
+    dp_model_free(m);
+    free(before), free(after);
+}
+
+/* Deterministic mode always stops at a non-finite gradient: asking it to
+ * skip such steps is refused, not ignored. */
+TEST(ddp_skip_nonfinite_with_deterministic_rejected) {
+    struct dp_train_params p = base("mlp", 2);
+    p.deterministic = 1;
+    p.skip_nonfinite = 1;
+    struct dp_trainer *t;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--skip-nonfinite does not work with --deterministic");
+}
+
+/* The cosine schedule is checked against the run's real length (1000
+ * samples in batches of 60: 17 steps per epoch), once the data is loaded. */
+TEST_T(ddp_cosine_warmup_checked_against_the_run, 120) {
+    require_data();
+    struct dp_train_params p = base("mlp", 1);
+    p.sched.kind = DP_SCHED_COSINE;
+    p.sched.warmup_steps = 40;
+    struct dp_trainer *t;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL,
+               "--warmup 40 must be shorter than the run, which has 17 optimizer steps (1 epoch x 17 steps)");
+    p.sched.warmup_steps = 17; /* as long as the run: the rate would only rise */
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "which has 17 optimizer steps");
+    p.accum = 2; /* 9 steps per epoch */
+    p.epochs = 3, p.sched.warmup_steps = 30;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "which has 27 optimizer steps (3 epochs x 9 steps)");
+    /* a warmup shorter than the run: up to base_lr, then down to min_lr */
+    p.accum = 1, p.epochs = 2, p.sched.warmup_steps = 10, p.sched.min_lr = 0.001f;
+    struct step_log lg = {0};
+    p.on_event = log_events, p.event_arg = &lg;
+    int64_t n;
+    free(train(&p, &n));
+    ASSERT_EQ(lg.steps, 34);
+    ASSERT_NEAR(lg.lr[9], 0.05, 1e-7);  /* the end of the warmup */
+    ASSERT_NEAR(lg.lr[10], 0.05, 1e-7); /* the start of the decay */
+    ASSERT_TRUE(lg.lr[33] < 0.002f);
+    for (int i = 11; i < 34; i++) ASSERT_TRUE(lg.lr[i] < lg.lr[i - 1]);
+}
+
+/* --comm-timeout is for a stalled peer, not for evaluation: cnn on the full
+ * test set (10,000 samples), two workers, a 1 s timeout.  Evaluated by
+ * worker 0 alone (about 1.5-2 s on the 2-core development machine), the
+ * other worker's wait in the end-of-epoch barrier timed out; now both
+ * evaluate, and their shared result is the bits of one worker evaluating
+ * everything. */
+TEST_T(ddp_evaluation_within_comm_timeout, 300) {
+    require_data();
+    struct dp_train_params p = base("cnn", 2);
+    p.train_limit = 120; /* 2 steps: the epoch is mostly evaluation */
+    p.test_limit = 0;    /* the whole test set */
+    p.comm_timeout = 1;
+    struct step_log lg = {0};
+    p.on_event = log_events, p.event_arg = &lg;
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    ASSERT_OK(dp_trainer_run(t));
+    ASSERT_EQ(lg.epochs, 1);
+    struct dp_dataset train_set, test_set;
+    ASSERT_OK(dp_dataset_load_dir(&train_set, &test_set, DATA));
+    ASSERT_EQ(test_set.n, 10000);
+    dp_dataset_normalize(&test_set, p.norm_mean, p.norm_std);
+    double acc, loss, t0 = dp_time();
+    ASSERT_OK(dp_trainer_evaluate(t, &test_set, 0, &acc, &loss));
+    fprintf(stderr, "    one worker evaluating the 10,000 test samples alone: %.2f s; test acc %.4f\n",
+            dp_time() - t0, acc);
+    ASSERT_TRUE(memcmp(&acc, &lg.test_acc, sizeof acc) == 0);
+    ASSERT_TRUE(memcmp(&loss, &lg.test_loss, sizeof loss) == 0);
+    dp_dataset_free(&train_set);
+    dp_dataset_free(&test_set);
+    dp_trainer_free(t);
+}
+
+/* metrics.jsonl on a full disk (/dev/full: every write fails with ENOSPC):
+ * the run fails and says why, instead of losing the metrics silently. */
+TEST_T(ddp_metrics_write_failure_is_an_error, 120) {
+    require_data();
+    struct dp_train_params p = base("mlp", 2);
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/run", dp_test_tmpdir());
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    ASSERT_EQ(mkdir(dir, 0755), 0);
+    ASSERT_EQ(symlink("/dev/full", path), 0);
+    p.out_dir = dir;
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    int rc = dp_trainer_run(t);
+    dp_trainer_free(t);
+    ASSERT_EQ(rc, DP_EIO);
+    fprintf(stderr, "    %s\n", dp_errmsg());
+    ASSERT_TRUE(strstr(dp_errmsg(), "metrics.jsonl") != NULL);
+    ASSERT_TRUE(strstr(dp_errmsg(), "No space left on device") != NULL);
+}

@@ -28,6 +28,7 @@ int dp_timeline_write(const char *path, const struct dp_timeline *tl, int P, int
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f) return dp_seterr(DP_EIO, "timeline: cannot create %s: %s", tmp, strerror(errno));
+    errno = 0; /* a failed write below leaves its reason here (ferror keeps only the flag) */
     fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
     double t_last = 0;
     for (int i = 0; i < P; i++) {
@@ -52,10 +53,12 @@ int dp_timeline_write(const char *path, const struct dp_timeline *tl, int P, int
     fprintf(f, "\n]");
     if (note && note[0]) fprintf(f, ", \"metadata\": {\"note\": \"%s\"}", note);
     fprintf(f, "}\n");
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
+    int bad = ferror(f), e = errno;
+    if (fclose(f) != 0) bad = 1, e = errno;
+    if (bad || rename(tmp, path) != 0) {
+        if (!bad) e = errno;
         remove(tmp);
-        return dp_seterr(DP_EIO, "timeline: cannot write %s", path);
+        return dp_seterr(DP_EIO, "timeline: cannot write %s: %s", path, e ? strerror(e) : "I/O error");
     }
     return DP_OK;
 }

@@ -288,6 +288,10 @@ static int cmd_train(int argc, char **argv) {
     struct progress prog_state = {.mode = PROG_AUTO, .last_test_acc = NAN, .slow_rank = -1};
     const char *v, *backend = "auto";
     int model_given = 0, workers_given = 0;
+    /* options that only one mode uses: the first one given, to name it when
+     * the chosen mode would ignore it */
+    const char *given_cosine = NULL, *given_step = NULL, *given_sgd = NULL, *given_adamw = NULL;
+    const char *given_det = NULL;
     struct args a = {argc, 0, argv, "train"};
     for (a.i = 1; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
@@ -302,20 +306,40 @@ static int cmd_train(int argc, char **argv) {
             int k = dp_optim_kind_parse(v);
             if (k < 0) die("--optim: unknown optimizer '%s' (expected sgd or adamw)", v);
             tp.optim.kind = (enum dp_optim_kind)k;
-        } else if (opt(&a, "--momentum", &v)) tp.optim.momentum = (float)parse_float("--momentum", v, 0, 0.999999);
-        else if (opt(&a, "--nesterov", NULL)) tp.optim.nesterov = 1;
-        else if (opt(&a, "--weight-decay", &v)) tp.optim.weight_decay = (float)parse_float("--weight-decay", v, 0, 10);
-        else if (opt(&a, "--beta1", &v)) tp.optim.beta1 = (float)parse_float("--beta1", v, 0, 0.999999);
-        else if (opt(&a, "--beta2", &v)) tp.optim.beta2 = (float)parse_float("--beta2", v, 0, 0.999999999);
-        else if (opt(&a, "--eps", &v)) tp.optim.eps = (float)parse_float("--eps", v, 1e-30, 1);
+        } else if (opt(&a, "--momentum", &v)) {
+            tp.optim.momentum = (float)parse_float("--momentum", v, 0, 0.999999);
+            if (!given_sgd) given_sgd = "--momentum";
+        } else if (opt(&a, "--nesterov", NULL)) {
+            tp.optim.nesterov = 1;
+            if (!given_sgd) given_sgd = "--nesterov";
+        } else if (opt(&a, "--weight-decay", &v)) tp.optim.weight_decay = (float)parse_float("--weight-decay", v, 0, 10);
+        else if (opt(&a, "--beta1", &v)) {
+            tp.optim.beta1 = (float)parse_float("--beta1", v, 0, 0.999999);
+            if (!given_adamw) given_adamw = "--beta1";
+        } else if (opt(&a, "--beta2", &v)) {
+            tp.optim.beta2 = (float)parse_float("--beta2", v, 0, 0.999999999);
+            if (!given_adamw) given_adamw = "--beta2";
+        } else if (opt(&a, "--eps", &v)) {
+            tp.optim.eps = (float)parse_float("--eps", v, 1e-30, 1);
+            if (!given_adamw) given_adamw = "--eps";
+        }
         else if (opt(&a, "--schedule", &v)) {
             int k = dp_sched_kind_parse(v);
             if (k < 0) die("--schedule: unknown schedule '%s' (expected constant, step or cosine)", v);
             tp.sched.kind = (enum dp_sched_kind)k;
-        } else if (opt(&a, "--warmup", &v)) tp.sched.warmup_steps = parse_int("--warmup", v, 0, INT64_MAX / 2);
-        else if (opt(&a, "--step-size", &v)) tp.sched.step_size = parse_int("--step-size", v, 1, INT64_MAX / 2);
-        else if (opt(&a, "--gamma", &v)) tp.sched.gamma = (float)parse_float("--gamma", v, 0, 1);
-        else if (opt(&a, "--min-lr", &v)) tp.sched.min_lr = (float)parse_float("--min-lr", v, 0, 1e6);
+        } else if (opt(&a, "--warmup", &v)) {
+            tp.sched.warmup_steps = parse_int("--warmup", v, 0, INT64_MAX / 2);
+            if (!given_cosine) given_cosine = "--warmup";
+        } else if (opt(&a, "--step-size", &v)) {
+            tp.sched.step_size = parse_int("--step-size", v, 1, INT64_MAX / 2);
+            if (!given_step) given_step = "--step-size";
+        } else if (opt(&a, "--gamma", &v)) {
+            tp.sched.gamma = (float)parse_float("--gamma", v, 0, 1);
+            if (!given_step) given_step = "--gamma";
+        } else if (opt(&a, "--min-lr", &v)) {
+            tp.sched.min_lr = (float)parse_float("--min-lr", v, 0, 1e6);
+            if (!given_cosine) given_cosine = "--min-lr";
+        }
         else if (opt(&a, "--clip", &v)) tp.clip_norm = parse_float("--clip", v, 0, 1e12);
         else if (opt(&a, "--max-steps", &v)) tp.max_steps = parse_int("--max-steps", v, 0, INT64_MAX / 2);
         else if (opt(&a, "--seed", &v)) tp.seed = (uint64_t)parse_int("--seed", v, 0, INT64_MAX);
@@ -336,7 +360,7 @@ static int cmd_train(int argc, char **argv) {
         else if (opt(&a, "--skip-nonfinite", NULL)) tp.skip_nonfinite = 1;
         else if (opt(&a, "--timeline", &v)) tp.timeline = v;
         else if (opt(&a, "--deterministic", NULL)) tp.deterministic = 1;
-        else if (opt(&a, "--det-chunk", &v)) tp.det_chunk = parse_int("--det-chunk", v, 1, 1 << 20);
+        else if (opt(&a, "--det-chunk", &v)) tp.det_chunk = parse_int("--det-chunk", v, 1, 1 << 20), given_det = "--det-chunk";
         else if (opt(&a, "--comm-timeout", &v)) tp.comm_timeout = parse_float("--comm-timeout", v, 0, 1e6);
         else if (opt(&a, "--prefetch", &v)) tp.prefetch = (int)parse_int("--prefetch", v, 0, 64);
         else if (opt(&a, "--crop-pad", &v)) tp.aug.crop_pad = (int)parse_int("--crop-pad", v, 0, 64);
@@ -364,6 +388,21 @@ static int cmd_train(int argc, char **argv) {
     if (!model_given && !tp.resume) tp.model = "mlp";
     if (tp.sched.kind == DP_SCHED_STEP && tp.sched.step_size == 0)
         die("--schedule step needs --step-size N");
+    /* An option the chosen mode ignores is a mistake (the run would silently
+     * differ from what was asked): an error, naming the mode it needs.
+     * (--skip-nonfinite with --deterministic is refused by the library.) */
+    if (given_cosine && tp.sched.kind != DP_SCHED_COSINE)
+        die("%s applies to --schedule cosine only (this run's schedule is %s)", given_cosine,
+            dp_sched_kind_name(tp.sched.kind));
+    if (given_step && tp.sched.kind != DP_SCHED_STEP)
+        die("%s applies to --schedule step only (this run's schedule is %s)", given_step,
+            dp_sched_kind_name(tp.sched.kind));
+    if (given_sgd && tp.optim.kind != DP_OPTIM_SGD)
+        die("%s applies to --optim sgd only (AdamW's momentum is --beta1)", given_sgd);
+    if (given_adamw && tp.optim.kind != DP_OPTIM_ADAMW)
+        die("%s applies to --optim adamw only (this run's optimizer is %s)", given_adamw,
+            dp_optim_kind_name(tp.optim.kind));
+    if (given_det && !tp.deterministic) die("%s applies to --deterministic runs only", given_det);
     if (prog_state.mode == PROG_AUTO) prog_state.mode = isatty(2) ? PROG_BAR : PROG_LINES;
     tp.on_event = on_event;
     tp.event_arg = &prog_state;
