@@ -114,8 +114,11 @@ static const char *help_train =
 
 static const char *help_eval =
     "usage: dptrain eval --ckpt FILE [--data DIR] [--threads N] [--test-limit N]\n"
+    "       dptrain eval --safetensors FILE --model SPEC [--data DIR] [--threads N] [--test-limit N]\n"
     "\n"
-    "Evaluates the checkpoint's model on the test set and prints accuracy and loss.\n";
+    "Evaluates the checkpoint's model (or the weights of a safetensors file, PyTorch names,\n"
+    "as 'ckpt export' writes and 'train --init-from' reads) on the test set and prints\n"
+    "accuracy and loss.\n";
 
 static const char *help_ckpt =
     "usage: dptrain ckpt info FILE\n"
@@ -435,33 +438,41 @@ static int cmd_eval(int argc, char **argv) {
     tp.model = NULL;
     tp.epochs = 0;
     tp.prefetch = 0;
-    const char *v, *ckpt = NULL;
+    const char *v, *ckpt = NULL, *weights = NULL, *model = NULL;
     struct args a = {argc, 0, argv, "eval"};
     for (a.i = 1; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
             fputs(help_eval, stdout);
             return 0;
         } else if (opt(&a, "--ckpt", &v)) ckpt = v;
+        else if (opt(&a, "--safetensors", &v)) weights = v;
+        else if (opt(&a, "--model", &v)) model = v;
         else if (opt(&a, "--data", &v)) tp.data_dir = v;
         else if (opt(&a, "--threads", &v)) tp.threads = (int)parse_int("--threads", v, 1, 256);
         else if (opt(&a, "--test-limit", &v)) tp.test_limit = parse_int("--test-limit", v, 1, INT64_MAX / 2);
         else if (a.argv[a.i][0] != '-' && !ckpt) ckpt = a.argv[a.i];
         else die("unknown option '%s' for eval (see '%s eval --help')", argv[a.i], prog);
     }
-    if (!ckpt) die("eval needs --ckpt FILE");
-    /* The run's settings come from the checkpoint header. */
-    struct dp_ckpt_header h;
-    int rc = dp_ckpt_read_header(ckpt, &h);
-    if (rc) die_rc(rc);
-    tp.resume = ckpt;
-    tp.batch = h.batch;
-    tp.seed = h.seed;
-    tp.optim.kind = (enum dp_optim_kind)h.optim_kind;
-    tp.optim.momentum = h.momentum;
-    tp.optim.nesterov = (int)h.nesterov;
-    tp.optim.dampening = h.dampening;
-    tp.optim.weight_decay = h.weight_decay;
-    tp.optim.beta1 = h.beta1, tp.optim.beta2 = h.beta2, tp.optim.eps = h.eps;
+    if (!ckpt == !weights) die("eval needs either --ckpt FILE or --safetensors FILE");
+    if (weights && !model) die("eval --safetensors needs --model SPEC (the model the weights are for)");
+    if (ckpt && model) die("eval --ckpt takes the model from the checkpoint, not --model");
+    struct dp_ckpt_header h = {.step = -1};
+    int rc;
+    if (weights) { /* the trainer loads them as it does for train --init-from */
+        tp.model = model;
+        tp.init_from = weights;
+    } else if ((rc = dp_ckpt_read_header(ckpt, &h))) die_rc(rc);
+    if (ckpt) { /* the run's settings come from the checkpoint header */
+        tp.resume = ckpt;
+        tp.batch = h.batch;
+        tp.seed = h.seed;
+        tp.optim.kind = (enum dp_optim_kind)h.optim_kind;
+        tp.optim.momentum = h.momentum;
+        tp.optim.nesterov = (int)h.nesterov;
+        tp.optim.dampening = h.dampening;
+        tp.optim.weight_decay = h.weight_decay;
+        tp.optim.beta1 = h.beta1, tp.optim.beta2 = h.beta2, tp.optim.eps = h.eps;
+    }
     struct dp_trainer *t;
     if ((rc = dp_trainer_init(&t, &tp))) die_rc(rc);
     struct dp_dataset train, test;
@@ -470,24 +481,15 @@ static int cmd_eval(int argc, char **argv) {
     dp_dataset_normalize(&test, tp.norm_mean, tp.norm_std);
     rc = dp_trainer_evaluate(t, &test, tp.test_limit, &acc, &loss);
     if (rc) die_rc(rc);
-    printf("model %s  step %lld  test acc %.2f%%  test loss %.4f  (%lld samples)\n", h.model_spec,
-           (long long)h.step, 100 * acc, loss,
+    char step[32] = "";
+    if (ckpt) snprintf(step, sizeof step, "  step %lld", (long long)h.step);
+    printf("model %s%s  test acc %.2f%%  test loss %.4f  (%lld samples)\n", dp_trainer_model(t)->spec, step,
+           100 * acc, loss,
            (long long)(tp.test_limit && tp.test_limit < test.n ? tp.test_limit : test.n));
     dp_dataset_free(&train);
     dp_dataset_free(&test);
     dp_trainer_free(t);
     return 0;
-}
-
-/* max |a - b| / max |a| over n floats (0 when a is all zeros and a == b). */
-static double rel_diff(const float *a, const float *b, int64_t n) {
-    double dmax = 0, amax = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= dmax)) dmax = d; /* NaN propagates */
-        if (fabs((double)a[i]) > amax) amax = fabs((double)a[i]);
-    }
-    return dmax == 0 ? 0 : amax > 0 ? dmax / amax : INFINITY;
 }
 
 static int cmd_ckpt_diff(int argc, char **argv) {
@@ -519,8 +521,9 @@ static int cmd_ckpt_diff(int argc, char **argv) {
         die("ckpt diff: %s is model %s (%lld parameters), %s is model %s (%lld parameters)", file[0],
             h[0].model_spec, (long long)h[0].num_params, file[1], h[1].model_spec, (long long)h[1].num_params);
     }
-    double dp_ = rel_diff(pl[0], pl[1], h[0].num_params);
-    double db = rel_diff(pl[0] + h[0].num_params, pl[1] + h[0].num_params, h[0].num_buffers);
+    /* dp_rel_diff: NaN or Inf anywhere counts as a difference */
+    double dp_ = dp_rel_diff(pl[0], pl[1], h[0].num_params);
+    double db = dp_rel_diff(pl[0] + h[0].num_params, pl[1] + h[0].num_params, h[0].num_buffers);
     dp_free(pl[0]), dp_free(pl[1]);
     int same = h[0].param_hash == h[1].param_hash;
     printf("parameters: max |A-B| / max |A| = %.3g\n", dp_);
