@@ -173,6 +173,32 @@ if [[ -n "$iacc" && -n "$eacc" && "$iacc" == "$eacc" ]] &&
   ok export_import
 else bad export_import "after import '$iacc' vs before '$eacc'" "$(cat "$T/exp.log" "$T/evals.log")"; fi
 
+# --- PyTorch reproduces the accuracy from the exported file alone ------------------
+# tests/torch/eval_safetensors.py is the loader docs/checkpoint.md shows (checked
+# to be the same lines): it rebuilds the model and the input preprocessing from
+# the file's __metadata__.  Its accuracy on the first 500 test images must match
+# dptrain eval's to one image (0.2 points: float rounding may flip a near tie).
+SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if /usr/bin/python3 -c "import torch, numpy" 2>/dev/null; then
+  if awk '/^```python$/ {on = 1; next} /^```$/ {on = 0} on' "$SRC/docs/checkpoint.md" |
+     cmp -s - "$SRC/tests/torch/eval_safetensors.py"; then ok torch_loader_documented
+  else bad torch_loader_documented "docs/checkpoint.md's python block differs from tests/torch/eval_safetensors.py"; fi
+  "$BIN" train --model resnet --epochs 2 "${SMALL[@]}" --out "$T/res" >/dev/null 2>&1
+  for mc in "mlp $T/a/checkpoint.bin" "cnn $T/scnn/checkpoint.bin" "resnet $T/res/checkpoint.bin"; do
+    read -r m ck <<<"$mc"
+    "$BIN" ckpt export "$ck" --safetensors "$T/$m.safetensors" >/dev/null 2>"$T/pt.log"
+    "$BIN" eval --ckpt "$ck" --data "$DATA" --test-limit 500 >"$T/ev_$m.log" 2>&1
+    /usr/bin/python3 "$SRC/tests/torch/eval_safetensors.py" "$T/$m.safetensors" "$DATA" 500 >"$T/pt_$m.log" 2>>"$T/pt.log"
+    a1=$(test_acc_of "$T/ev_$m.log"); a2=$(test_acc_of "$T/pt_$m.log")
+    if [[ -n "$a1" && -n "$a2" ]] && grep -q "(500 samples)" "$T/pt_$m.log" &&
+       awk -v a="$a1" -v b="$a2" 'BEGIN {d = a - b; exit !(d <= 0.2 && d >= -0.2 && a > 30)}'; then
+      ok "torch_eval_safetensors_$m"
+    else bad "torch_eval_safetensors_$m" "dptrain eval '$a1' vs PyTorch '$a2'" "$(tail -5 "$T/pt.log")"; fi
+  done
+else
+  echo "note: PyTorch checks skipped (/usr/bin/python3 cannot import torch and numpy: apt-get install python3-torch)"
+fi
+
 # --- the C API example ------------------------------------------------------------
 EX=$(dirname "$BIN")/examples/custom_model
 if [[ -x $EX ]]; then

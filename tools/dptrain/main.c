@@ -594,7 +594,22 @@ static int cmd_ckpt(int argc, char **argv) {
     memcpy(r.params, payload, sizeof(float) * (size_t)h.num_params);
     memcpy(r.buffers, payload + h.num_params, sizeof(float) * (size_t)h.num_buffers);
     dp_free(payload);
-    if ((rc = dp_safetensors_save(out, m, &r))) die_rc(rc);
+    /* What a PyTorch user needs besides the weights (docs/checkpoint.md has
+     * the loader): the library writes the model spec and input shape; the
+     * preprocessing is the trainer's, which the CLI always uses (the
+     * checkpoint does not store it because no option changes it). */
+    struct dp_train_params defaults = dp_train_default_params();
+    char mean[32], std[32];
+    snprintf(mean, sizeof mean, "%.9g", (double)defaults.norm_mean);
+    snprintf(std, sizeof std, "%.9g", (double)defaults.norm_std);
+    const struct dp_st_meta meta[] = {
+        {"input_mean", mean},
+        {"input_std", std},
+        {"input_preprocessing", "x = (pixel / 255 - input_mean) / input_std, float32, batches NCHW"},
+        {"output", "logits, one per class; the prediction is the argmax"},
+        {"torch_loader", "docs/checkpoint.md of dptrain (tests/torch/eval_safetensors.py)"},
+    };
+    if ((rc = dp_safetensors_save_meta(out, m, &r, meta, (int)(sizeof meta / sizeof meta[0])))) die_rc(rc);
     printf("wrote %s (%d tensors)\n", out, m->nparams);
     dp_replica_free(&r);
     dp_model_free(m);
