@@ -127,9 +127,11 @@ static const char *help_ckpt =
     "\n"
     "info prints the header fields and the FNV-1a 64 hash of the raw parameter and buffer\n"
     "bytes (the hash runs are compared by).  export writes the weights as safetensors\n"
-    "with PyTorch state_dict names and layouts.  diff compares two checkpoints of the same\n"
-    "model: max |A - B| / max |A| over the parameters (and, separately, the buffers); it\n"
-    "exits 0 when both are <= F [1e-5], 1 otherwise.\n";
+    "with PyTorch state_dict names and layouts, and the model spec, input shape and input\n"
+    "normalisation in its metadata (docs/checkpoint.md: loading it in PyTorch).  diff\n"
+    "compares two checkpoints of the same model: max |A - B| / max |A| over the parameters\n"
+    "(and, separately, the buffers); it exits 0 when both are <= F [1e-5], 1 otherwise\n"
+    "(a NaN or Inf in either is a difference).\n";
 
 /* ---- option parsing ------------------------------------------------------------- */
 
