@@ -25,6 +25,11 @@ expect_error() {
   ok "$name"
 }
 hash_of() { "$BIN" ckpt info "$1" | awk '/^param hash:/ {print $3}'; }
+# same_hash A B: true when both hashes are non-empty and equal.  An empty hash
+# means a run or `ckpt info` failed, and two failures must never compare equal.
+same_hash() { [[ -n "$1" && -n "$2" && "$1" == "$2" ]]; }
+# test_acc_of LOG: the "test acc X%" figure of the last line that has one, as printed
+test_acc_of() { awk '{for (i = 2; i < NF; i++) if ($(i-1) == "test" && $i == "acc") v = $(i+1)} END {sub("%", "", v); print v}' "$1"; }
 
 SMALL=(--data "$DATA" --train-limit 1000 --test-limit 500 --batch 50 --lr 0.05 --momentum 0.9 --progress none)
 
@@ -48,13 +53,13 @@ for m in mlp cnn; do
   "$BIN" train --model $m --epochs 1 "${SMALL[@]}" --out "$T/r$m" >/dev/null 2>&1
   "$BIN" train --model $m --epochs 2 "${SMALL[@]}" --out "$T/r$m" --resume "$T/r$m/checkpoint.bin" >"$T/r$m.log" 2>&1
   h1=$(hash_of "$T/s$m/checkpoint.bin"); h2=$(hash_of "$T/r$m/checkpoint.bin")
-  if [[ -n "$h1" && "$h1" == "$h2" ]]; then ok "resume_exact_$m"; else bad "resume_exact_$m" "straight $h1 vs resumed $h2" "$(tail -3 "$T/r$m.log")"; fi
+  if same_hash "$h1" "$h2"; then ok "resume_exact_$m"; else bad "resume_exact_$m" "straight '$h1' vs resumed '$h2'" "$(tail -3 "$T/r$m.log")"; fi
 done
 # resume from the middle of an epoch (--max-steps stops mid-epoch and checkpoints)
 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --max-steps 7 --out "$T/mid" >/dev/null 2>&1
 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --out "$T/mid" --resume "$T/mid/checkpoint.bin" >/dev/null 2>&1
-h3=$(hash_of "$T/mid/checkpoint.bin")
-if [[ -n "$h3" && "$h3" == "$(hash_of "$T/smlp/checkpoint.bin")" ]]; then ok resume_mid_epoch; else bad resume_mid_epoch "$h3"; fi
+h3=$(hash_of "$T/mid/checkpoint.bin"); h4=$(hash_of "$T/smlp/checkpoint.bin")
+if same_hash "$h3" "$h4"; then ok resume_mid_epoch; else bad resume_mid_epoch "resumed '$h3' vs straight '$h4'"; fi
 
 # --- data parallelism ------------------------------------------------------------
 # deterministic mode: the same bits for 1, 2 and 3 workers, and across a resume
@@ -63,10 +68,11 @@ for P in 1 2 3; do
   "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers $P --deterministic --out "$T/det$P" >/dev/null 2>&1
 done
 d1=$(hash_of "$T/det1/checkpoint.bin"); d2=$(hash_of "$T/det2/checkpoint.bin"); d3=$(hash_of "$T/det3/checkpoint.bin")
-if [[ -n "$d1" && "$d1" == "$d2" && "$d1" == "$d3" ]]; then ok deterministic_workers_1_2_3; else bad deterministic_workers_1_2_3 "$d1 $d2 $d3"; fi
+if same_hash "$d1" "$d2" && same_hash "$d1" "$d3"; then ok deterministic_workers_1_2_3; else bad deterministic_workers_1_2_3 "'$d1' '$d2' '$d3'"; fi
 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --deterministic --out "$T/detr" >/dev/null 2>&1
 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --deterministic --out "$T/detr" --resume "$T/detr/checkpoint.bin" >/dev/null 2>&1
-if [[ "$(hash_of "$T/detr/checkpoint.bin")" == "$d1" ]]; then ok deterministic_resume_other_worker_count; else bad deterministic_resume_other_worker_count; fi
+h=$(hash_of "$T/detr/checkpoint.bin")
+if same_hash "$h" "$d1"; then ok deterministic_resume_other_worker_count; else bad deterministic_resume_other_worker_count "'$h' vs '$d1'"; fi
 if "$BIN" train --model cnn --epochs 1 "${SMALL[@]}" --workers 2 --timeline "$T/tl.json" --check-replicas 5 >"$T/tl.log" 2>&1 &&
    /usr/bin/python3 -c "
 import json, sys
@@ -89,6 +95,28 @@ else bad ckpt_diff_equal "$(cat "$T/diff.log")"; fi
 rc=$?
 if [[ $rc -eq 1 ]] && grep -q "differ by more than 1e-05" "$T/diff.log"; then ok ckpt_diff_different
 else bad ckpt_diff_different "exit $rc" "$(cat "$T/diff.log")"; fi
+# A NaN anywhere is a difference: a copy of a checkpoint with one NaN in the
+# first parameter (and valid checksums) must not compare "within" the original,
+# whichever side the NaN is on.  (A running max that NaN fails to update would
+# keep it only when it is the last element.)
+/usr/bin/python3 - "$T/a/checkpoint.bin" "$T/nan.bin" <<'PY'
+import struct, sys, zlib
+b = bytearray(open(sys.argv[1], "rb").read())
+hs = struct.unpack_from("<I", b, 12)[0]              # header_size; the payload follows
+struct.pack_into("<f", b, hs, float("nan"))          # parameter 0 of the payload
+struct.pack_into("<I", b, hs - 8, zlib.crc32(bytes(b[hs:])))  # payload_crc
+struct.pack_into("<I", b, hs - 4, 0)                 # header_crc is over the header with it 0
+struct.pack_into("<I", b, hs - 4, zlib.crc32(bytes(b[:hs])))
+open(sys.argv[2], "wb").write(b)
+PY
+for side in B A; do
+  if [[ $side == B ]]; then files=("$T/a/checkpoint.bin" "$T/nan.bin"); else files=("$T/nan.bin" "$T/a/checkpoint.bin"); fi
+  "$BIN" ckpt diff "${files[@]}" >"$T/diff.log" 2>&1
+  rc=$?
+  if [[ $rc -eq 1 ]] && grep -q "differ by more than" "$T/diff.log" && ! grep -q "^within" "$T/diff.log"; then
+    ok "ckpt_diff_nan_in_$side"
+  else bad "ckpt_diff_nan_in_$side" "exit $rc" "$(cat "$T/diff.log")"; fi
+done
 expect_error ckpt_diff_other_model "is model" "$BIN" ckpt diff "$T/a/checkpoint.bin" "$T/scnn/checkpoint.bin"
 expect_error bad_backend "backend" "$BIN" train --backend carrier-pigeon "${SMALL[@]}"
 
@@ -99,16 +127,18 @@ if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [
   # deterministic: 2 processes give the bits of 1, 2 and 3 threads
   timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --deterministic \
     --out "$T/mpidet" >"$T/mpi.log" 2>&1
-  if [[ "$(hash_of "$T/mpidet/checkpoint.bin")" == "$d1" ]] && grep -q "2 processes (mpi)" "$T/mpi.log"; then
+  h=$(hash_of "$T/mpidet/checkpoint.bin")
+  if same_hash "$h" "$d1" && grep -q "2 processes (mpi)" "$T/mpi.log"; then
     ok mpi_deterministic_equals_threads
-  else bad mpi_deterministic_equals_threads "$(tail -3 "$T/mpi.log")"; fi
+  else bad mpi_deterministic_equals_threads "'$h' vs '$d1'" "$(tail -3 "$T/mpi.log")"; fi
   # a checkpoint of 2 processes resumed by 3: the same bits as an uninterrupted run
   timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 1 --deterministic \
     --out "$T/mpir" >/dev/null 2>&1
   timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --deterministic \
     --out "$T/mpir" --resume "$T/mpir/checkpoint.bin" >"$T/mpir.log" 2>&1
-  if [[ "$(hash_of "$T/mpir/checkpoint.bin")" == "$d1" ]]; then ok mpi_resume_on_more_processes
-  else bad mpi_resume_on_more_processes "$(tail -3 "$T/mpir.log")"; fi
+  h=$(hash_of "$T/mpir/checkpoint.bin")
+  if same_hash "$h" "$d1"; then ok mpi_resume_on_more_processes
+  else bad mpi_resume_on_more_processes "'$h' vs '$d1'" "$(tail -3 "$T/mpir.log")"; fi
   # hybrid: 2 processes x 2 threads against 4 threads in one process
   "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 4 --out "$T/flat4" >/dev/null 2>&1
   timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 \
@@ -132,11 +162,47 @@ else
 fi
 
 # --- eval and export -------------------------------------------------------------
-if "$BIN" eval --ckpt "$T/a/checkpoint.bin" --data "$DATA" --test-limit 500 | grep -q "test acc"; then ok eval; else bad eval; fi
-if "$BIN" ckpt export "$T/a/checkpoint.bin" --safetensors "$T/a.safetensors" >/dev/null &&
+# eval of the final checkpoint reproduces the training run's last test accuracy
+# (the same 500 test images), exactly as printed
+"$BIN" eval --ckpt "$T/a/checkpoint.bin" --data "$DATA" --test-limit 500 >"$T/eval.log" 2>&1
+eacc=$(test_acc_of "$T/eval.log")
+if [[ -n "$eacc" && -n "$acc" && "$eacc" == "$acc" ]]; then ok eval
+else bad eval "eval '$eacc' vs training run '$acc'" "$(cat "$T/eval.log")"; fi
+# export, then import: the weights read back give the same accuracy, and a
+# training run starts from them
+"$BIN" ckpt export "$T/a/checkpoint.bin" --safetensors "$T/a.safetensors" >/dev/null 2>"$T/exp.log"
+"$BIN" eval --safetensors "$T/a.safetensors" --model mlp --data "$DATA" --test-limit 500 >"$T/evals.log" 2>&1
+iacc=$(test_acc_of "$T/evals.log")
+if [[ -n "$iacc" && -n "$eacc" && "$iacc" == "$eacc" ]] &&
    "$BIN" train --model mlp --epochs 0 "${SMALL[@]}" --init-from "$T/a.safetensors" >/dev/null 2>&1; then
   ok export_import
-else bad export_import; fi
+else bad export_import "after import '$iacc' vs before '$eacc'" "$(cat "$T/exp.log" "$T/evals.log")"; fi
+
+# --- PyTorch reproduces the accuracy from the exported file alone ------------------
+# tests/torch/eval_safetensors.py is the loader docs/checkpoint.md shows (checked
+# to be the same lines): it rebuilds the model and the input preprocessing from
+# the file's __metadata__.  Its accuracy on the first 500 test images must match
+# dptrain eval's to one image (0.2 points: float rounding may flip a near tie).
+SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if /usr/bin/python3 -c "import torch, numpy" 2>/dev/null; then
+  if awk '/^```python$/ {on = 1; next} /^```$/ {on = 0} on' "$SRC/docs/checkpoint.md" |
+     cmp -s - "$SRC/tests/torch/eval_safetensors.py"; then ok torch_loader_documented
+  else bad torch_loader_documented "docs/checkpoint.md's python block differs from tests/torch/eval_safetensors.py"; fi
+  "$BIN" train --model resnet --epochs 2 "${SMALL[@]}" --out "$T/res" >/dev/null 2>&1
+  for mc in "mlp $T/a/checkpoint.bin" "cnn $T/scnn/checkpoint.bin" "resnet $T/res/checkpoint.bin"; do
+    read -r m ck <<<"$mc"
+    "$BIN" ckpt export "$ck" --safetensors "$T/$m.safetensors" >/dev/null 2>"$T/pt.log"
+    "$BIN" eval --ckpt "$ck" --data "$DATA" --test-limit 500 >"$T/ev_$m.log" 2>&1
+    /usr/bin/python3 "$SRC/tests/torch/eval_safetensors.py" "$T/$m.safetensors" "$DATA" 500 >"$T/pt_$m.log" 2>>"$T/pt.log"
+    a1=$(test_acc_of "$T/ev_$m.log"); a2=$(test_acc_of "$T/pt_$m.log")
+    if [[ -n "$a1" && -n "$a2" ]] && grep -q "(500 samples)" "$T/pt_$m.log" &&
+       awk -v a="$a1" -v b="$a2" 'BEGIN {d = a - b; exit !(d <= 0.2 && d >= -0.2 && a > 30)}'; then
+      ok "torch_eval_safetensors_$m"
+    else bad "torch_eval_safetensors_$m" "dptrain eval '$a1' vs PyTorch '$a2'" "$(tail -5 "$T/pt.log")"; fi
+  done
+else
+  skip torch_eval_safetensors "/usr/bin/python3 cannot import torch and numpy: apt-get install python3-torch python3-numpy"
+fi
 
 # --- the C API example ------------------------------------------------------------
 EX=$(dirname "$BIN")/examples/custom_model
@@ -181,7 +247,8 @@ echo "not a checkpoint at all, just some text padding padding padding padding pa
 head -c 2000 /dev/zero >>"$T/text.bin"
 expect_error ckpt_not_a_checkpoint "magic" "$BIN" ckpt info "$T/text.bin"
 expect_error ckpt_missing "cannot open" "$BIN" ckpt info "$T/none.bin"
-if [[ "$(hash_of "$T/a/checkpoint.bin")" == "$before" ]]; then ok failed_resume_keeps_checkpoint; else bad failed_resume_keeps_checkpoint; fi
+h=$(hash_of "$T/a/checkpoint.bin")
+if same_hash "$h" "$before"; then ok failed_resume_keeps_checkpoint; else bad failed_resume_keeps_checkpoint "'$h' vs '$before'"; fi
 
 # The default worker count is the cores this process may run on (taskset, mpirun, a cpuset),
 # not the machine's: one allowed core gives one worker.

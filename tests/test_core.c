@@ -163,7 +163,7 @@ TEST(core_peak_flops_measured) {
  * reference reads the overlapping rows of A as they are, which is a valid
  * (Toeplitz) matrix, so the result is checked against an oracle. */
 TEST(core_gemm_fallback_noted) {
-    if (!dp_gemm_backend_available(DP_GEMM_DNNL)) return; /* no oneDNN, no fallback */
+    if (!dp_gemm_backend_available(DP_GEMM_DNNL)) SKIP("oneDNN not built in (libdnnl-dev): no fallback to test");
     ASSERT_OK(dp_gemm_set_backend(DP_GEMM_DNNL));
     ASSERT_TRUE(dp_gemm_fallback_note() == NULL);
     ASSERT_EQ(dp_gemm_fallback_count(), 0);
@@ -190,4 +190,34 @@ TEST(core_gemm_fallback_noted) {
     dp_gemm(0, 0, M, N, K, 1.0f, A, 64, B, 2, 0.0f, C, N); /* ldb < N */
     ASSERT_EQ(dp_gemm_fallback_count(), 4);
     ASSERT_TRUE(dp_gemm_fallback_note() == first && strstr(first, "lda=1") && !strstr(first, "ldb=2"));
+}
+
+/* dp_rel_diff (ckpt diff and the tests compare by it): a NaN or Inf anywhere
+ * is a difference.  The old CLI copy kept a running max with
+ * `if (!(d <= dmax)) dmax = d`, so a finite element after a NaN overwrote it. */
+TEST(core_rel_diff_nonfinite_is_a_difference) {
+    enum { N = 1000 };
+    static float a[N], b[N];
+    for (int i = 0; i < N; i++) a[i] = b[i] = 0.5f + 0.001f * (float)i;
+    ASSERT_TRUE(dp_rel_diff(a, b, N) == 0);                  /* equal */
+    b[0] = NAN;                                              /* NaN first, finite after */
+    ASSERT_TRUE(!(dp_rel_diff(a, b, N) <= 1e-5));
+    ASSERT_TRUE(isinf(dp_rel_diff(a, b, N)));
+    ASSERT_TRUE(isinf(dp_rel_diff(b, a, N)));                /* either side */
+    b[0] = a[0];
+    b[N / 2] = INFINITY;                                     /* Inf in the middle */
+    ASSERT_TRUE(isinf(dp_rel_diff(a, b, N)));
+    b[N / 2] = a[N / 2];
+    a[3] = b[3] = NAN;                                       /* both NaN at the same place */
+    ASSERT_TRUE(isinf(dp_rel_diff(a, b, N)));
+    a[3] = b[3] = -INFINITY;                                 /* both the same Inf */
+    ASSERT_TRUE(isinf(dp_rel_diff(a, b, N)));
+    a[3] = b[3] = 1.0f;
+    b[7] += 0.001f;                                          /* finite: max |a-b| / max |a| */
+    ASSERT_NEAR(dp_rel_diff(a, b, N), (double)(b[7] - a[7]) / (double)a[N - 1], 1e-12);
+    static float z[N], z2[N];                                /* all zeros */
+    ASSERT_TRUE(dp_rel_diff(z, z2, N) == 0);
+    z2[N - 1] = 1e-30f;                                      /* differs from all zeros */
+    ASSERT_TRUE(isinf(dp_rel_diff(z, z2, N)));
+    ASSERT_TRUE(dp_rel_diff(a, b, 0) == 0);                  /* empty */
 }

@@ -132,6 +132,12 @@ uint64_t dp_fnv1a64(const void *data, size_t n, uint64_t h);
 #define DP_FNV1A64_INIT 0xcbf29ce484222325ULL
 /* CRC-32 (IEEE, zlib's polynomial) */
 uint32_t dp_crc32(uint32_t crc, const void *data, size_t n);
+/* How far b is from a: max_i |a_i - b_i| / max_i |a_i| over n floats, the
+ * one comparison `dptrain ckpt diff` and the tests use.  0 when a == b
+ * (all-zero arrays too), INFINITY when b differs from an all-zero a, and
+ * INFINITY when any element of a or b is NaN or Inf: a non-finite value is
+ * never "within tolerance", even in both arrays at the same place. */
+double dp_rel_diff(const float *a, const float *b, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -173,6 +173,16 @@ int dp_ckpt_parse(const uint8_t *buf, size_t len, struct dp_ckpt_header *h, cons
 /* ---- safetensors ----------------------------------------------------------
  * Tensors named and laid out as in PyTorch's state_dict. */
 int dp_safetensors_save(const char *path, const struct dp_model *m, const struct dp_replica *r);
+/* The same, with more "__metadata__" entries (string keys and values without
+ * quotes, backslashes or control characters).  Every file's metadata has
+ * "format": "pt", "dptrain_model": the model spec and "input_shape": "C,H,W";
+ * dptrain's export adds the input preprocessing (docs/checkpoint.md).  The
+ * file is replaced atomically, like a checkpoint. */
+struct dp_st_meta {
+    const char *key, *value;
+};
+int dp_safetensors_save_meta(const char *path, const struct dp_model *m, const struct dp_replica *r,
+                             const struct dp_st_meta *meta, int nmeta);
 /* Loads every parameter and buffer of m from the file; names, dtypes (F32)
  * and shapes must match.  Extra tensors in the file are an error.  On error
  * the replica's contents are unspecified (callers discard it). */

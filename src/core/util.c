@@ -1,4 +1,5 @@
 /* Timers, hashes and checksums. */
+#include <math.h>
 #include <pthread.h>
 #include <time.h>
 
@@ -37,4 +38,18 @@ uint32_t dp_crc32(uint32_t crc, const void *data, size_t n) {
     crc = ~crc;
     for (size_t i = 0; i < n; i++) crc = crc_table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
     return ~crc;
+}
+
+/* NaN fails every comparison, so a running maximum updated by `d > max`
+ * (or overwritten by `!(d <= max)`) loses a NaN at the next finite element:
+ * non-finite inputs are caught up front instead, before any arithmetic. */
+double dp_rel_diff(const float *a, const float *b, int64_t n) {
+    double dmax = 0, amax = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d > dmax) dmax = d;
+        if (fabs((double)a[i]) > amax) amax = fabs((double)a[i]);
+    }
+    return dmax == 0 ? 0 : amax > 0 ? dmax / amax : INFINITY;
 }

@@ -6,10 +6,13 @@
  * PyTorch's state_dict ones, so torch can load the file with
  * safetensors.torch or with the small reader in tests/torch/. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "atomic.h"
 #include "dp/train.h"
 
 /* ---- writer --------------------------------------------------------------- */
@@ -39,11 +42,39 @@ static int append(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
     }
 }
 
+/* Metadata keys and values go into the JSON header verbatim: refuse the
+ * characters that would need escaping (the reader does not take escapes). */
+static int plain_string(const char *s) {
+    for (; *s; s++)
+        if (*s == '"' || *s == '\\' || (unsigned char)*s < 0x20) return 0;
+    return 1;
+}
+
 int dp_safetensors_save(const char *path, const struct dp_model *m, const struct dp_replica *r) {
+    return dp_safetensors_save_meta(path, m, r, NULL, 0);
+}
+
+int dp_safetensors_save_meta(const char *path, const struct dp_model *m, const struct dp_replica *r,
+                             const struct dp_st_meta *meta, int nmeta) {
+    if (!plain_string(m->spec)) return dp_seterr(DP_EINVAL, "safetensors: model spec '%s' needs escaping", m->spec);
+    for (int i = 0; i < nmeta; i++)
+        if (!plain_string(meta[i].key) || !plain_string(meta[i].value) || !strcmp(meta[i].key, "format") ||
+            !strcmp(meta[i].key, "dptrain_model") || !strcmp(meta[i].key, "input_shape"))
+            return dp_seterr(DP_EINVAL, "safetensors: bad metadata entry '%s'", meta[i].key);
     size_t cap = 4096, len = 0;
     char *json = dp_malloc(cap);
     if (!json) return dp_seterr(DP_ENOMEM, "safetensors: out of memory");
-    int bad = append(&json, &len, &cap, "{\"__metadata__\":{\"format\":\"pt\",\"dptrain_model\":\"%s\"}", m->spec);
+    /* Metadata (strings only, as the format requires): the model spec and the
+     * per-sample input shape (C,H,W, NCHW batches) rebuild the model; the
+     * caller adds the input preprocessing. */
+    int bad = append(&json, &len, &cap, "{\"__metadata__\":{\"format\":\"pt\",\"dptrain_model\":\"%s\",\"input_shape\":\"",
+                     m->spec);
+    for (int d = 0; d < m->in_shape.ndim && !bad; d++)
+        bad |= append(&json, &len, &cap, "%s%lld", d ? "," : "", (long long)m->in_shape.d[d]);
+    bad |= append(&json, &len, &cap, "\"");
+    for (int i = 0; i < nmeta && !bad; i++)
+        bad |= append(&json, &len, &cap, ",\"%s\":\"%s\"", meta[i].key, meta[i].value);
+    bad |= append(&json, &len, &cap, "}");
     uint64_t off = 0;
     for (int i = 0; i < m->nparams && !bad; i++) {
         const struct dp_param_info *p = &m->params[i];
@@ -57,30 +88,24 @@ int dp_safetensors_save(const char *path, const struct dp_model *m, const struct
     bad |= append(&json, &len, &cap, "}");
     /* Pad the header with spaces to a multiple of 8 so the data is aligned. */
     while (!bad && len % 8) bad |= append(&json, &len, &cap, " ");
-    if (bad) {
+    struct dp_wpart *parts = bad ? NULL : dp_malloc(sizeof *parts * (size_t)(m->nparams + 2));
+    if (!parts) {
         dp_free(json);
         return dp_seterr(DP_ENOMEM, "safetensors: out of memory");
     }
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        dp_free(json);
-        return dp_seterr(DP_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-    }
-    uint64_t n = len;
-    int ok = fwrite(&n, 8, 1, f) == 1 && fwrite(json, 1, len, f) == len;
-    for (int i = 0; i < m->nparams && ok; i++) {
+    /* Written like a checkpoint (atomic.h): a unique temporary file beside
+     * path, fsync, rename, so path holds the old file or the whole new one. */
+    uint64_t n = len; /* the header length, u64 little-endian (x86-64 is) */
+    parts[0] = (struct dp_wpart){&n, 8};
+    parts[1] = (struct dp_wpart){json, len};
+    for (int i = 0; i < m->nparams; i++) {
         const struct dp_param_info *p = &m->params[i];
-        const float *src = (p->is_buffer ? r->buffers : r->params) + p->offset;
-        ok = fwrite(src, 4, (size_t)p->count, f) == (size_t)p->count;
+        parts[i + 2] = (struct dp_wpart){(p->is_buffer ? r->buffers : r->params) + p->offset, 4 * (size_t)p->count};
     }
+    int rc = dp_write_file_atomic(path, parts, m->nparams + 2, "safetensors");
+    dp_free(parts);
     dp_free(json);
-    if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) {
-        remove(tmp);
-        return dp_seterr(DP_EIO, "%s: cannot write: %s", path, strerror(errno));
-    }
-    return DP_OK;
+    return rc;
 }
 
 /* ---- reader: a small JSON parser for the header's fixed structure ---------- */
@@ -148,21 +173,41 @@ static int num_array(struct js *j, uint64_t *v, int cap, int *n) {
     }
 }
 
+/* One tensor of the file: the model parameter it fills and its bytes in the
+ * data section. */
+struct st_ent {
+    int idx;
+    uint64_t begin, end;
+};
+static int cmp_ent(const void *a, const void *b) {
+    const struct st_ent *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Reads the whole header and checks it before any tensor is read, so a bad
+ * file loads nothing. */
 int dp_safetensors_load(const char *path, const struct dp_model *m, struct dp_replica *r) {
     FILE *f = fopen(path, "rb");
     if (!f) return dp_seterr(errno == ENOENT ? DP_ENOENT : DP_EIO, "%s: cannot open: %s", path, strerror(errno));
     int rc = DP_OK;
     char *hdr = NULL;
+    struct st_ent *ent = dp_calloc((size_t)m->nparams + 1, sizeof *ent);
     char *seen = dp_calloc((size_t)m->nparams + 1, 1);
+    int nent = 0;
     uint64_t n;
-    fseek(f, 0, SEEK_END);
-    long fsz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (!seen) {
+    struct stat st;
+    if (!seen || !ent) {
         rc = dp_seterr(DP_ENOMEM, "safetensors: out of memory");
         goto out;
     }
-    if (fsz < 8 || fread(&n, 8, 1, f) != 1 || n > (uint64_t)fsz - 8 || n > (100u << 20)) {
+    /* The size from fstat of a regular file (not fseek/ftell on whatever
+     * path names: a pipe or a folder has no size to seek to). */
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = dp_seterr(DP_EIO, "%s: not a regular file", path);
+        goto out;
+    }
+    uint64_t fsz = (uint64_t)st.st_size;
+    if (fsz < 8 || fread(&n, 8, 1, f) != 1 || n > fsz - 8 || n > (100u << 20)) {
         rc = dp_seterr(DP_EFORMAT, "%s: not a safetensors file (bad header length)", path);
         goto out;
     }
@@ -171,7 +216,7 @@ int dp_safetensors_load(const char *path, const struct dp_model *m, struct dp_re
         rc = dp_seterr(DP_EIO, "%s: cannot read header", path);
         goto out;
     }
-    uint64_t data_size = (uint64_t)fsz - 8 - n;
+    uint64_t data_size = fsz - 8 - n;
     struct js j = {hdr, hdr + n, path};
     if ((rc = expect(&j, '{'))) goto out;
     int first = 1;
@@ -188,7 +233,7 @@ int dp_safetensors_load(const char *path, const struct dp_model *m, struct dp_re
             f2 = 0;
             if ((rc = str(&j, key, sizeof key)) || (rc = expect(&j, ':'))) goto out;
             if (is_meta) {
-                char val[256];
+                char val[1024];
                 if ((rc = str(&j, val, sizeof val))) goto out;
             } else if (strcmp(key, "dtype") == 0) {
                 if ((rc = str(&j, dtype, sizeof dtype))) goto out;
@@ -229,18 +274,54 @@ int dp_safetensors_load(const char *path, const struct dp_model *m, struct dp_re
             goto out;
         }
         seen[idx] = 1;
-        float *dst = (p->is_buffer ? r->buffers : r->params) + p->offset;
-        if (fseek(f, (long)(8 + n + offs[0]), SEEK_SET) != 0 || fread(dst, 4, (size_t)p->count, f) != (size_t)p->count) {
-            rc = dp_seterr(DP_EIO, "%s: cannot read tensor '%s'", path, name);
+        ent[nent++] = (struct st_ent){(int)idx, offs[0], offs[1]};
+    }
+    j.s++; /* the closing '}' */
+    /* The JSON may be padded with spaces (0x20) to the declared length, and
+     * with nothing else: other bytes mean a corrupt or misread header. */
+    while (j.s < j.end && *j.s == ' ') j.s++;
+    if (j.s != j.end) {
+        rc = dp_seterr(DP_EFORMAT, "%s: %ld bytes after the header's JSON that are not space padding", path,
+                       (long)(j.end - j.s));
+        goto out;
+    }
+    /* The tensors tile the data section: sorted by begin, each starts where
+     * the previous one ends, from 0 to the end of the file.  An overlap (two
+     * tensors sharing bytes), a hole or trailing bytes is a corrupt file. */
+    qsort(ent, (size_t)nent, sizeof *ent, cmp_ent);
+    uint64_t at = 0;
+    for (int i = 0; i < nent; i++) {
+        if (ent[i].begin != at) {
+            rc = dp_seterr(DP_EFORMAT, "%s: tensor '%s' %s (data_offsets begin at %llu, expected %llu)", path,
+                           m->params[ent[i].idx].name, ent[i].begin < at ? "overlaps another tensor" : "leaves a gap",
+                           (unsigned long long)ent[i].begin, (unsigned long long)at);
             goto out;
         }
+        at = ent[i].end;
+    }
+    if (at != data_size) {
+        rc = dp_seterr(DP_EFORMAT, "%s: the tensors cover %llu of the %llu data bytes", path, (unsigned long long)at,
+                       (unsigned long long)data_size);
+        goto out;
     }
     for (int i = 0; i < m->nparams; i++)
         if (!seen[i]) {
             rc = dp_seterr(DP_EMISMATCH, "%s: tensor '%s' of model '%s' is missing", path, m->params[i].name, m->spec);
             goto out;
         }
+    /* Every check passed: read the tensors, in file order. */
+    for (int i = 0; i < nent; i++) {
+        const struct dp_param_info *p = &m->params[ent[i].idx];
+        float *dst = (p->is_buffer ? r->buffers : r->params) + p->offset;
+        uint64_t pos = 8 + n + ent[i].begin;
+        if (pos > (uint64_t)LONG_MAX || fseek(f, (long)pos, SEEK_SET) != 0 ||
+            fread(dst, 4, (size_t)p->count, f) != (size_t)p->count) {
+            rc = dp_seterr(DP_EIO, "%s: cannot read tensor '%s'", path, p->name);
+            goto out;
+        }
+    }
 out:
+    dp_free(ent);
     dp_free(seen);
     dp_free(hdr);
     fclose(f);

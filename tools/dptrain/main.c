@@ -127,8 +127,11 @@ static const char *help_train =
 
 static const char *help_eval =
     "usage: dptrain eval --ckpt FILE [--data DIR] [--threads N] [--test-limit N]\n"
+    "       dptrain eval --safetensors FILE --model SPEC [--data DIR] [--threads N] [--test-limit N]\n"
     "\n"
-    "Evaluates the checkpoint's model on the test set and prints accuracy and loss.\n";
+    "Evaluates the checkpoint's model (or the weights of a safetensors file, PyTorch names,\n"
+    "as 'ckpt export' writes and 'train --init-from' reads) on the test set and prints\n"
+    "accuracy and loss.\n";
 
 static const char *help_ckpt =
     "usage: dptrain ckpt info FILE\n"
@@ -137,9 +140,11 @@ static const char *help_ckpt =
     "\n"
     "info prints the header fields and the FNV-1a 64 hash of the raw parameter and buffer\n"
     "bytes (the hash runs are compared by).  export writes the weights as safetensors\n"
-    "with PyTorch state_dict names and layouts.  diff compares two checkpoints of the same\n"
-    "model: max |A - B| / max |A| over the parameters (and, separately, the buffers); it\n"
-    "exits 0 when both are <= F [1e-5], 1 otherwise.\n";
+    "with PyTorch state_dict names and layouts, and the model spec, input shape and input\n"
+    "normalisation in its metadata (docs/checkpoint.md: loading it in PyTorch).  diff\n"
+    "compares two checkpoints of the same model: max |A - B| / max |A| over the parameters\n"
+    "(and, separately, the buffers); it exits 0 when both are <= F [1e-5], 1 otherwise\n"
+    "(a NaN or Inf in either is a difference).\n";
 
 /* ---- option parsing ------------------------------------------------------------- */
 
@@ -500,33 +505,41 @@ static int cmd_eval(int argc, char **argv) {
     tp.model = NULL;
     tp.epochs = 0;
     tp.prefetch = 0;
-    const char *v, *ckpt = NULL;
+    const char *v, *ckpt = NULL, *weights = NULL, *model = NULL;
     struct args a = {argc, 0, argv, "eval"};
     for (a.i = 1; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
             fputs(help_eval, stdout);
             return 0;
         } else if (opt(&a, "--ckpt", &v)) ckpt = v;
+        else if (opt(&a, "--safetensors", &v)) weights = v;
+        else if (opt(&a, "--model", &v)) model = v;
         else if (opt(&a, "--data", &v)) tp.data_dir = v;
         else if (opt(&a, "--threads", &v)) tp.threads = (int)parse_int("--threads", v, 1, 256);
         else if (opt(&a, "--test-limit", &v)) tp.test_limit = parse_int("--test-limit", v, 1, INT64_MAX / 2);
         else if (a.argv[a.i][0] != '-' && !ckpt) ckpt = a.argv[a.i];
         else die("unknown option '%s' for eval (see '%s eval --help')", argv[a.i], prog);
     }
-    if (!ckpt) die("eval needs --ckpt FILE");
-    /* The run's settings come from the checkpoint header. */
-    struct dp_ckpt_header h;
-    int rc = dp_ckpt_read_header(ckpt, &h);
-    if (rc) die_rc(rc);
-    tp.resume = ckpt;
-    tp.batch = h.batch;
-    tp.seed = h.seed;
-    tp.optim.kind = (enum dp_optim_kind)h.optim_kind;
-    tp.optim.momentum = h.momentum;
-    tp.optim.nesterov = (int)h.nesterov;
-    tp.optim.dampening = h.dampening;
-    tp.optim.weight_decay = h.weight_decay;
-    tp.optim.beta1 = h.beta1, tp.optim.beta2 = h.beta2, tp.optim.eps = h.eps;
+    if (!ckpt == !weights) die("eval needs either --ckpt FILE or --safetensors FILE");
+    if (weights && !model) die("eval --safetensors needs --model SPEC (the model the weights are for)");
+    if (ckpt && model) die("eval --ckpt takes the model from the checkpoint, not --model");
+    struct dp_ckpt_header h = {.step = -1};
+    int rc;
+    if (weights) { /* the trainer loads them as it does for train --init-from */
+        tp.model = model;
+        tp.init_from = weights;
+    } else if ((rc = dp_ckpt_read_header(ckpt, &h))) die_rc(rc);
+    if (ckpt) { /* the run's settings come from the checkpoint header */
+        tp.resume = ckpt;
+        tp.batch = h.batch;
+        tp.seed = h.seed;
+        tp.optim.kind = (enum dp_optim_kind)h.optim_kind;
+        tp.optim.momentum = h.momentum;
+        tp.optim.nesterov = (int)h.nesterov;
+        tp.optim.dampening = h.dampening;
+        tp.optim.weight_decay = h.weight_decay;
+        tp.optim.beta1 = h.beta1, tp.optim.beta2 = h.beta2, tp.optim.eps = h.eps;
+    }
     struct dp_trainer *t;
     if ((rc = dp_trainer_init(&t, &tp))) die_rc(rc);
     struct dp_dataset train, test;
@@ -535,25 +548,16 @@ static int cmd_eval(int argc, char **argv) {
     dp_dataset_normalize(&test, tp.norm_mean, tp.norm_std);
     rc = dp_trainer_evaluate(t, &test, tp.test_limit, &acc, &loss);
     if (rc) die_rc(rc);
-    printf("model %s  step %lld  test acc %.2f%%  test loss %.4f  (%lld samples)\n", h.model_spec,
-           (long long)h.step, 100 * acc, loss,
+    char step[32] = "";
+    if (ckpt) snprintf(step, sizeof step, "  step %lld", (long long)h.step);
+    printf("model %s%s  test acc %.2f%%  test loss %.4f  (%lld samples)\n", dp_trainer_model(t)->spec, step,
+           100 * acc, loss,
            (long long)(tp.test_limit && tp.test_limit < test.n ? tp.test_limit : test.n));
     warn_gemm_fallback();
     dp_dataset_free(&train);
     dp_dataset_free(&test);
     dp_trainer_free(t);
     return 0;
-}
-
-/* max |a - b| / max |a| over n floats (0 when a is all zeros and a == b). */
-static double rel_diff(const float *a, const float *b, int64_t n) {
-    double dmax = 0, amax = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= dmax)) dmax = d; /* NaN propagates */
-        if (fabs((double)a[i]) > amax) amax = fabs((double)a[i]);
-    }
-    return dmax == 0 ? 0 : amax > 0 ? dmax / amax : INFINITY;
 }
 
 static int cmd_ckpt_diff(int argc, char **argv) {
@@ -585,8 +589,9 @@ static int cmd_ckpt_diff(int argc, char **argv) {
         die("ckpt diff: %s is model %s (%lld parameters), %s is model %s (%lld parameters)", file[0],
             h[0].model_spec, (long long)h[0].num_params, file[1], h[1].model_spec, (long long)h[1].num_params);
     }
-    double dp_ = rel_diff(pl[0], pl[1], h[0].num_params);
-    double db = rel_diff(pl[0] + h[0].num_params, pl[1] + h[0].num_params, h[0].num_buffers);
+    /* dp_rel_diff: NaN or Inf anywhere counts as a difference */
+    double dp_ = dp_rel_diff(pl[0], pl[1], h[0].num_params);
+    double db = dp_rel_diff(pl[0] + h[0].num_params, pl[1] + h[0].num_params, h[0].num_buffers);
     dp_free(pl[0]), dp_free(pl[1]);
     int same = h[0].param_hash == h[1].param_hash;
     printf("parameters: max |A-B| / max |A| = %.3g\n", dp_);
@@ -657,7 +662,22 @@ static int cmd_ckpt(int argc, char **argv) {
     memcpy(r.params, payload, sizeof(float) * (size_t)h.num_params);
     memcpy(r.buffers, payload + h.num_params, sizeof(float) * (size_t)h.num_buffers);
     dp_free(payload);
-    if ((rc = dp_safetensors_save(out, m, &r))) die_rc(rc);
+    /* What a PyTorch user needs besides the weights (docs/checkpoint.md has
+     * the loader): the library writes the model spec and input shape; the
+     * preprocessing is the trainer's, which the CLI always uses (the
+     * checkpoint does not store it because no option changes it). */
+    struct dp_train_params defaults = dp_train_default_params();
+    char mean[32], std[32];
+    snprintf(mean, sizeof mean, "%.9g", (double)defaults.norm_mean);
+    snprintf(std, sizeof std, "%.9g", (double)defaults.norm_std);
+    const struct dp_st_meta meta[] = {
+        {"input_mean", mean},
+        {"input_std", std},
+        {"input_preprocessing", "x = (pixel / 255 - input_mean) / input_std, float32, batches NCHW"},
+        {"output", "logits, one per class; the prediction is the argmax"},
+        {"torch_loader", "docs/checkpoint.md of dptrain (tests/torch/eval_safetensors.py)"},
+    };
+    if ((rc = dp_safetensors_save_meta(out, m, &r, meta, (int)(sizeof meta / sizeof meta[0])))) die_rc(rc);
     printf("wrote %s (%d tensors)\n", out, m->nparams);
     dp_replica_free(&r);
     dp_model_free(m);
