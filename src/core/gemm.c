@@ -1,6 +1,6 @@
 /* The GEMM wrapper: one entry point, three backends.
  *
- * Measured here (DESIGN.md §3): oneDNN's dnnl_sgemm reaches ~199 GFLOP/s on
+ * Measured here (docs/architecture.md §3): oneDNN's dnnl_sgemm reaches ~199 GFLOP/s on
  * one core (AVX-512), Debian's OpenBLAS ~107 GFLOP/s (held to its AVX2
  * kernels by OPENBLAS_CORETYPE=Haswell).  bench/gemm re-measures; the
  * default is oneDNN when it was built in. */

@@ -4,7 +4,7 @@
  * (one rank per process, under mpirun), for message sizes from 4 KiB to
  * 256 MiB.
  *
- *   algbw = bytes / time;  busbw = algbw · 2(P-1)/P  (DESIGN.md §4; the figure
+ *   algbw = bytes / time;  busbw = algbw · 2(P-1)/P  (docs/architecture.md §4; the figure
  *   that compares across P and with nccl-tests / Open MPI)
  *
  * Method.  P worker threads, one rank each, each with one buffer of the

@@ -701,7 +701,7 @@ int main(int argc, char **argv) {
     /* Keep freed memory in the heap instead of returning it to the kernel:
      * libraries (oneDNN's GEMM packing buffers) allocate and free scratch
      * every call, and a fresh page costs ~12 us to fault in on these VMs
-     * (DESIGN.md §3), so mmap/munmap per call showed up as 15% of an mlp
+     * (docs/architecture.md §3), so mmap/munmap per call showed up as 15% of an mlp
      * step in kernel page clearing.  A process-wide policy: it belongs to
      * the program, not the library. */
     mallopt(M_MMAP_THRESHOLD, 1 << 30);
