@@ -43,8 +43,9 @@
 #
 # Usage (as root, after make):
 #   bash bench/netns_scaling.sh [--hosts "2 4"] [--rates "1gbit 200mbit auto"] [--reps N]
-#        [--steps N] [--perhost N] [--algo A] [--model M]
-# or the same as environment variables HOSTS, RATES (or RATE), REPS, STEPS, PERHOST, ALGO, MODEL;
+#        [--steps N] [--perhost N] [--algo A] [--model M] [--extra "DPTRAIN ARGS"]
+# or the same as environment variables HOSTS, RATES (or RATE), REPS, STEPS, PERHOST, ALGO, MODEL,
+# EXTRA (extra train options for every run, e.g. --extra "--bucket-cap-mb 25");
 # lists take spaces or commas.  Defaults: HOSTS=4 RATES=1gbit REPS=3 STEPS=60 PERHOST=32 ALGO=auto
 # MODEL=cnn.  One run (variant) takes about 5-12 s on cnn with 60 steps and 64 per host (mpirun's
 # start, loading the data, the steps; longer at low rates and with more hosts than cores), so a
@@ -60,6 +61,7 @@ STEPS=${STEPS:-60}
 PERHOST=${PERHOST:-32}
 ALGO=${ALGO:-auto}
 MODEL=${MODEL:-cnn}
+EXTRA=${EXTRA:-}
 CAL_STEPS=${CAL_STEPS:-30}
 DPTRAIN=${DPTRAIN:-$PWD/build/dptrain}
 RESULTS=${RESULTS:-bench/results}
@@ -75,6 +77,7 @@ while [[ $# -gt 0 ]]; do
     --perhost) PERHOST=$2 ;;
     --algo) ALGO=$2 ;;
     --model) MODEL=$2 ;;
+    --extra) EXTRA=$2 ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (--help)" ;;
   esac
@@ -123,6 +126,9 @@ train() {
   local v=$1 out=$2 log=$3 steps=$4
   local common=(--model "$MODEL" --lr 0.05 --momentum 0.9 --seed 1 --epochs 1 --max-steps "$steps"
     --threads 1 --progress none --test-limit 1 --out "$out")
+  # shellcheck disable=SC2206  # EXTRA is a list of options, split on spaces
+  local extra=($EXTRA)
+  common+=("${extra[@]}")
   local mpi=(--backend mpi --workers 1 --algo "$ALGO" --batch $((PERHOST * P)))
   case $v in
     overlap) cluster_run -np "$P" "$DPTRAIN" train "${mpi[@]}" "${common[@]}" ;;
@@ -181,7 +187,7 @@ BASE=$RESULTS/netns_scaling-$(date +%Y-%m-%d-%H%M%S)
 cp "$RAW" "$BASE.tsv"
 CORES=$(_cl_cpus_avail)
 export RAW META NP STEPS ALGO MODEL REPS PERHOST CORES BASE
-export ARGS="--hosts \"$HOSTS\" --rates \"$RATES\" --reps $REPS --steps $STEPS --perhost $PERHOST --algo $ALGO --model $MODEL"
+export ARGS="--hosts \"$HOSTS\" --rates \"$RATES\" --reps $REPS --steps $STEPS --perhost $PERHOST --algo $ALGO --model $MODEL${EXTRA:+ --extra \"$EXTRA\"}"
 export WALL=$(($(date +%s) - t0))
 /usr/bin/python3 - >"$BASE.md" <<'EOF'
 import os, statistics as st
