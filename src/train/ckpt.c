@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "atomic.h"
+#include "train_impl.h"
 #include "dp/train.h"
 
 _Static_assert(sizeof(struct dp_ckpt_header) % 8 == 0, "header is 8-byte aligned");
@@ -36,7 +36,7 @@ static int write_all(int fd, const void *p, size_t n) {
  * or two files written to the same path), and O_EXCL refuses a name that
  * exists already (a stale file of a dead process with the same pid, or a
  * symlink planted there) instead of writing through it. */
-int dp_write_file_atomic(const char *path, const struct dp_wpart *parts, int nparts, const char *what) {
+int dp__write_file_atomic(const char *path, const struct dp__wpart *parts, int nparts, const char *what) {
     static unsigned counter;
     char tmp[4096];
     int fd = -1;
@@ -86,8 +86,8 @@ int dp_ckpt_write(const char *path, struct dp_ckpt_header *h, const float *param
     h->payload_crc = crc;
     h->header_crc = 0;
     h->header_crc = dp_crc32(0, h, sizeof *h);
-    const struct dp_wpart parts[] = {{h, sizeof *h}, {params, np}, {buffers, nb}, {optim_state, no}};
-    return dp_write_file_atomic(path, parts, 4, "checkpoint");
+    const struct dp__wpart parts[] = {{h, sizeof *h}, {params, np}, {buffers, nb}, {optim_state, no}};
+    return dp__write_file_atomic(path, parts, 4, "checkpoint");
 }
 
 /* Checks every header field that can be checked without the payload. */

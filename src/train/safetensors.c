@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "atomic.h"
+#include "train_impl.h"
 #include "dp/train.h"
 
 /* ---- writer --------------------------------------------------------------- */
@@ -88,21 +88,21 @@ int dp_safetensors_save_meta(const char *path, const struct dp_model *m, const s
     bad |= append(&json, &len, &cap, "}");
     /* Pad the header with spaces to a multiple of 8 so the data is aligned. */
     while (!bad && len % 8) bad |= append(&json, &len, &cap, " ");
-    struct dp_wpart *parts = bad ? NULL : dp_malloc(sizeof *parts * (size_t)(m->nparams + 2));
+    struct dp__wpart *parts = bad ? NULL : dp_malloc(sizeof *parts * (size_t)(m->nparams + 2));
     if (!parts) {
         dp_free(json);
         return dp_seterr(DP_ENOMEM, "safetensors: out of memory");
     }
-    /* Written like a checkpoint (atomic.h): a unique temporary file beside
+    /* Written like a checkpoint (train_impl.h): a unique temporary file beside
      * path, fsync, rename, so path holds the old file or the whole new one. */
     uint64_t n = len; /* the header length, u64 little-endian (x86-64 is) */
-    parts[0] = (struct dp_wpart){&n, 8};
-    parts[1] = (struct dp_wpart){json, len};
+    parts[0] = (struct dp__wpart){&n, 8};
+    parts[1] = (struct dp__wpart){json, len};
     for (int i = 0; i < m->nparams; i++) {
         const struct dp_param_info *p = &m->params[i];
-        parts[i + 2] = (struct dp_wpart){(p->is_buffer ? r->buffers : r->params) + p->offset, 4 * (size_t)p->count};
+        parts[i + 2] = (struct dp__wpart){(p->is_buffer ? r->buffers : r->params) + p->offset, 4 * (size_t)p->count};
     }
-    int rc = dp_write_file_atomic(path, parts, m->nparams + 2, "safetensors");
+    int rc = dp__write_file_atomic(path, parts, m->nparams + 2, "safetensors");
     dp_free(parts);
     dp_free(json);
     return rc;
