@@ -36,6 +36,17 @@
 #   fraction of the ideal    = t_ideal / measured step time (1 = the links' and the cores' bound).
 #   scaling efficiency       = samples/s(P hosts) / (P x samples/s(one host)).
 #   exposed / total comm     from rank 0's per-step metrics (after the 5th step).
+#   structural ceiling       from the overlap runs' timelines (--timeline, rank 0, steps after the
+#                            5th): bucket k's all-reduce cannot start before backward reaches it
+#                            (r_k after backward starts) and the buckets from k on need their link
+#                            time on the link, so an overlap step takes at least
+#                            F + max_k (r_k + t_link(bytes of buckets k, k+1, ...)) + optimizer,
+#                            F the forward time; no-overlap step / that bound is the most overlap can
+#                            gain with this model and bucket plan, even with a network stack that
+#                            costs the host's cores nothing.
+#   backward growth          backward per step with overlap minus without: the CPU time that the
+#                            communication (MPI, the kernel's TCP and the shaping) takes from the
+#                            host's cores while backward runs.
 #
 # RATE "auto": the rate where t_link = t_compute, B = 2(P-1)/P x n / t_compute, with t_compute
 # measured first by a --no-overlap calibration run of CAL_STEPS steps on the unshaped cluster of
@@ -109,17 +120,42 @@ NP=$("$DPTRAIN" train --model "$MODEL" --epochs 0 --workers 1 --out "$WORK/np" 2
 [[ -n $NP ]] || die "cannot read the parameter count"
 
 RAW=$WORK/raw.tsv META=$WORK/meta.tsv
-printf 'hosts\trate\tvariant\trep\tsamples_s\tcompute_s\tcomm_s\texposed_s\tsteps\n' >"$RAW"
+printf 'hosts\trate\tvariant\trep\tsamples_s\tcompute_s\tcomm_s\texposed_s\tsteps\tbackward_s\tbound_s\tbig_bytes\tbig_dur_s\n' >"$RAW"
 : >"$META"
 
-# stepsums OUT: rank 0's step records after the 5th: "compute comm exposed count" (seconds, summed;
-# compute = forward + backward + optimizer)
+# stepsums OUT: rank 0's step records after the 5th: "compute comm exposed count backward" (seconds,
+# summed; compute = forward + backward + optimizer)
 stepsums() {
   /usr/bin/python3 -c '
 import json, sys
 rs = [json.loads(l) for l in open(sys.argv[1]) if "\"kind\": \"step\"" in l][5:]
 print(sum(r["forward_s"] + r["backward_s"] + r["optimizer_s"] for r in rs), sum(r["comm_s"] for r in rs),
-      sum(r["comm_exposed_s"] for r in rs), len(rs))' "$1/metrics.jsonl" 2>/dev/null || echo "0 0 0 0"
+      sum(r["comm_exposed_s"] for r in rs), len(rs), sum(r["backward_s"] for r in rs))' "$1/metrics.jsonl" 2>/dev/null ||
+    echo "0 0 0 0 0"
+}
+# ceiling OUT P B: from OUT/tl.json (rank 0's timeline), medians over the steps after the 5th:
+# "bound_s big_bytes big_dur_s": the structural lower bound of the overlap step (see the header), the
+# largest bucket's bytes and its all-reduce's duration; "NA NA NA" without a timeline.  B: link bytes
+# per second.  Every step has one forward, one backward, one optimizer event and one all-reduce per
+# bucket (no accumulation here), so the k-th backward and the k-th group of buckets (by start
+# time) are the same step.
+ceiling() {
+  /usr/bin/python3 -c '
+import json, sys, statistics as st
+out, P, B = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+ev = json.load(open(out + "/tl.json"))["traceEvents"]
+def track(name, tid): return sorted((e for e in ev if e.get("ph") == "X" and e["name"] == name and e["tid"] == tid), key=lambda e: e["ts"])
+fw, bw, op, ar = track("forward", 0), track("backward", 0), track("optimizer", 0), track("all-reduce", 1)
+nb = 1 + max(e["args"]["bucket"] for e in ar)
+groups = [ar[i:i + nb] for i in range(0, len(ar) - nb + 1, nb)]
+tl = lambda nbytes: 2 * (P - 1) / P * nbytes / B
+bounds, bigs = [], []
+for f, b, o, bk in list(zip(fw, bw, op, groups))[5:]:
+    need = max((e["ts"] - b["ts"]) / 1e6 + tl(sum(x["args"]["bytes"] for x in bk[k:])) for k, e in enumerate(bk))
+    bounds.append(f["dur"] / 1e6 + need + o["dur"] / 1e6)
+    big = max(bk, key=lambda e: e["args"]["bytes"]); bigs.append((big["args"]["bytes"], big["dur"] / 1e6))
+print(st.median(bounds), st.median(x[0] for x in bigs), st.median(x[1] for x in bigs))' "$1" "$2" "$3" 2>/dev/null ||
+    echo "NA NA NA"
 }
 # train VARIANT OUT LOG STEPS: one run of VARIANT on the current cluster (P hosts)
 train() {
@@ -131,7 +167,7 @@ train() {
   common+=("${extra[@]}")
   local mpi=(--backend mpi --workers 1 --algo "$ALGO" --batch $((PERHOST * P)))
   case $v in
-    overlap) cluster_run -np "$P" "$DPTRAIN" train "${mpi[@]}" "${common[@]}" ;;
+    overlap) cluster_run -np "$P" "$DPTRAIN" train "${mpi[@]}" --timeline "$out/tl.json" "${common[@]}" ;;
     nooverlap) cluster_run -np "$P" "$DPTRAIN" train "${mpi[@]}" --no-overlap "${common[@]}" ;;
     one) taskset -c "$(cluster_cpus 0)" "$DPTRAIN" train --backend thread --workers 1 --batch "$PERHOST" "${common[@]}" ;;
   esac >"$log" 2>&1
@@ -143,7 +179,9 @@ run_variant() { # run_variant VARIANT REP
   local sps rec
   sps=$(sed -n 's/^throughput: *\([0-9.]*\) samples\/s.*/\1/p' "$log" | tail -1)
   rec=$(stepsums "$out")
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$P" "$RATE" "$v" "$rep" "${sps:-NA}" "$rec" | tr ' ' '\t' >>"$RAW"
+  local ceil="NA NA NA"
+  [[ $v == overlap ]] && ceil=$(ceiling "$out" "$P" "$(_cl_rate_bytes "$RATE")")
+  printf '%s\t%s\t%s\t%s\t%s\t%s %s\n' "$P" "$RATE" "$v" "$rep" "${sps:-NA}" "$rec" "$ceil" | tr ' ' '\t' >>"$RAW"
   echo "  $P hosts $RATE $v rep $rep: ${sps:-NA} samples/s (compute, comm, exposed s, steps: $rec)" >&2
 }
 # auto_rate: the rate (whole Mbit/s) where t_link = t_compute on the current cluster, from a
@@ -194,10 +232,12 @@ import os, statistics as st
 E = os.environ
 rows = [l.rstrip("\n").split("\t") for l in open(E["RAW"]) if l.strip()][1:]
 d = {}  # (hosts, rate) -> variant -> rep -> (samples/s, compute, comm, exposed per step)
-for p, rate, v, rep, sps, comp, comm, exp_, steps in rows:
+num = lambda x: float(x) if x != "NA" else float("nan")
+for p, rate, v, rep, sps, comp, comm, exp_, steps, bwd, bound, bigb, bigd in rows:
     if sps == "NA": continue
     k = max(int(float(steps)), 1)
-    d.setdefault((int(p), rate), {}).setdefault(v, {})[int(rep)] = (float(sps), float(comp) / k, float(comm) / k, float(exp_) / k)
+    d.setdefault((int(p), rate), {}).setdefault(v, {})[int(rep)] = (
+        float(sps), float(comp) / k, float(comm) / k, float(exp_) / k, float(bwd) / k, num(bound), num(bigb), num(bigd))
 meta = [l.rstrip("\n").split("\t") for l in open(E["META"]) if l.strip()]
 n = 4 * int(E["NP"]); per = int(E["PERHOST"]); cores = E["CORES"].split()
 def med(xs): return st.median(xs) if xs else float("nan")
@@ -246,13 +286,25 @@ for p, rate, B, cpus, note in meta:
     print(f"- overlap / no-overlap: {cell(ratio)}" + (" (target at t_link ~ t_compute, 2 hosts: >= 1.3x)" if p == 2 and note else ""))
     print(f"- fraction of the ideal: overlap {cell(f_ov, True)}, no-overlap {cell(f_no, True)}")
     print(f"- scaling efficiency against one host: {cell(eff, True)}" + (f" (hosts share cores: compute alone caps it near {100*cap:.0f}%)" if cap < 1 else ""))
+    bound = med([x[5] for x in ov.values() if x[5] == x[5]])
+    ceil = [no[k2][0] and (N / no[k2][0]) / ov[k2][5] for k2 in ov if k2 in no and ov[k2][5] == ov[k2][5]]
+    grow = med([x[4] for x in ov.values()]) - med([x[4] for x in no.values()])
+    bigb = med([x[6] for x in ov.values() if x[6] == x[6]]); bigd = med([x[7] for x in ov.values() if x[7] == x[7]])
+    if ceil:
+        print(f"- structural ceiling (timeline): an overlap step takes at least {bound*1e3:.1f} ms, so overlap / no-overlap "
+              f"<= {cell(ceil)}; measured {cell(ratio)}")
+        print(f"- largest bucket ({bigb/1e6:.2f} MB): its all-reduce took {bigd*1e3:.1f} ms during backward, against "
+              f"{2*(p-1)/p*bigb/B*1e3:.1f} ms of link time")
+    print(f"- backward per step: {med([x[4] for x in ov.values()])*1e3:.1f} ms with overlap, {med([x[4] for x in no.values()])*1e3:.1f} ms "
+          f"without: {grow*1e3:+.1f} ms of the host's cores go to the communication while backward runs")
     print()
-    summary.append((p, rate, cpus, tc, t_link, ideal, med(step(ov)), med(step(no)), cell(ratio), cell(f_ov, True), cell(eff, True)))
+    summary.append((p, rate, cpus, tc, t_link, ideal, med(step(ov)), med(step(no)), cell(ratio), cell(f_ov, True), cell(eff, True),
+                    cell(ceil) if ceil else "n/a", grow))
 print("## Summary\n")
-print("| hosts | rate | cores per host | t_compute | t_link | ideal step | overlap step | no-overlap step | overlap / no-overlap | fraction of ideal (overlap) | efficiency |")
-print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-for p, rate, cpus, tc, tl, ideal, so, sn, ratio, fo, eff in summary:
-    print(f"| {p} | {rate} | {cpus} | {tc*1e3:.1f} ms | {tl*1e3:.1f} ms | {ideal*1e3:.1f} ms | {so*1e3:.1f} ms | {sn*1e3:.1f} ms | {ratio} | {fo} | {eff} |")
+print("| hosts | rate | cores per host | t_compute | t_link | ideal step | overlap step | no-overlap step | overlap / no-overlap | structural ceiling | backward growth | fraction of ideal (overlap) | efficiency |")
+print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for p, rate, cpus, tc, tl, ideal, so, sn, ratio, fo, eff, ceil, grow in summary:
+    print(f"| {p} | {rate} | {cpus} | {tc*1e3:.1f} ms | {tl*1e3:.1f} ms | {ideal*1e3:.1f} ms | {so*1e3:.1f} ms | {sn*1e3:.1f} ms | {ratio} | {ceil} | {grow*1e3:+.1f} ms | {fo} | {eff} |")
 EOF
 cat "$BASE.md"
 echo "report: $BASE.md (raw: $BASE.tsv)" >&2

@@ -80,6 +80,11 @@ ev = json.load(open('$T/tl.json'))['traceEvents']
 names = {(e['tid'], e['name']) for e in ev if e.get('ph') == 'X'}
 need = {(0, 'forward'), (0, 'backward'), (2, 'backward'), (1, 'all-reduce'), (3, 'all-reduce'), (0, 'optimizer')}
 assert 'slowest rank' in json.load(open('$T/tl.json'))['metadata']['note']
+# every bucket carries its size, and one step's buckets add up to cnn's gradient (421642 floats)
+ar = [e for e in ev if e.get('name') == 'all-reduce' and e['tid'] == 1]
+first = sorted(ar, key=lambda e: e['ts'])
+nb = 1 + max(e['args']['bucket'] for e in ar)
+assert sum(e['args']['bytes'] for e in first[:nb]) == 4 * 421642, 'bucket bytes'
 sys.exit(0 if need <= names else 1)" && grep -q "hidden behind backward" "$T/tl.log" &&
    grep -q "^slowest rank (last epoch): [01]," "$T/tl.log"; then
   ok timeline_and_breakdown

@@ -41,9 +41,11 @@ int dp_timeline_write(const char *path, const struct dp_timeline *tl, int P, int
         for (int64_t k = 0; k < tl[i].n; k++) {
             const struct dp_tl_event *e = &tl[i].ev[k];
             fprintf(f, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.1f, \"dur\": %.1f, "
-                    "\"args\": {\"%s\": %lld}}",
+                    "\"args\": {\"%s\": %lld",
                     e->name, 2 * r + e->track, (e->t0 - t_origin) * 1e6, (e->t1 - e->t0) * 1e6,
                     e->track ? "bucket" : "step", (long long)e->arg);
+            if (e->bytes > 0) fprintf(f, ", \"bytes\": %lld", (long long)e->bytes);
+            fprintf(f, "}}");
             if (e->t1 > t_last) t_last = e->t1;
         }
     }

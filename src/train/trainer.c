@@ -632,7 +632,8 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
             dp_timeline_add(&w->tl, "wait for all-reduce", 0, w->step, w->red.t_backward_end, w->red.t_end);
             for (int i = 0; i < w->red.nb; i++)
                 if (w->red.b[i].t_ready > 0) {
-                    dp_timeline_add(&w->tl, "all-reduce", 1, i, w->red.b[i].t_ready, w->red.b[i].t_done);
+                    dp_timeline_add_bucket(&w->tl, i, (int64_t)sizeof(float) * w->red.b[i].count,
+                                           w->red.b[i].t_ready, w->red.b[i].t_done);
                     w->arrival[i] += w->red.b[i].t_ready - w->t_step0;
                 }
             w->arrival_steps++;
