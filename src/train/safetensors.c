@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "train_impl.h"
+#include "core/core_impl.h"
 #include "dp/train.h"
 
 /* ---- writer --------------------------------------------------------------- */
@@ -93,7 +93,7 @@ int dp_safetensors_save_meta(const char *path, const struct dp_model *m, const s
         dp_free(json);
         return dp_seterr(DP_ENOMEM, "safetensors: out of memory");
     }
-    /* Written like a checkpoint (train_impl.h): a unique temporary file beside
+    /* Written like a checkpoint (core/core_impl.h): a unique temporary file beside
      * path, fsync, rename, so path holds the old file or the whole new one. */
     uint64_t n = len; /* the header length, u64 little-endian (x86-64 is) */
     parts[0] = (struct dp__wpart){&n, 8};

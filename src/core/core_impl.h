@@ -1,7 +1,9 @@
-/* src/train internals.  Atomic file replacement, shared by the checkpoint
- * and safetensors writers (implemented in ckpt.c). */
-#ifndef DP_TRAIN_IMPL_H
-#define DP_TRAIN_IMPL_H
+/* src/core internals shared with the layers above (data, train): atomic file
+ * replacement, used by the checkpoint, safetensors and token-file writers
+ * (implemented in file.c).  It lives in core, the lowest layer, so that
+ * src/data can write token files without depending on src/train. */
+#ifndef DP_CORE_IMPL_H
+#define DP_CORE_IMPL_H
 
 #include <stddef.h>
 
