@@ -1,6 +1,6 @@
 /*
- * dp/data.h — datasets (IDX files), normalisation, the sampler, prefetch and
- * augmentation.
+ * dp/data.h — datasets (IDX files), normalisation, the sampler, prefetch,
+ * augmentation, and text (token files, the validation split, windows).
  *
  * IDX is the MNIST / Fashion-MNIST layout: a big-endian header (two zero
  * bytes, a type byte 0x08 = uint8, the number of dimensions, then each
@@ -106,6 +106,99 @@ int dp_loader_next(struct dp_loader *l, const struct dp_loader_batch **b);
 /* Seconds the consumer spent waiting inside dp_loader_next so far. */
 double dp_loader_wait_time(const struct dp_loader *l);
 void dp_loader_free(struct dp_loader *l);
+
+/* ---- text: token files, the validation split, windows ------------------------ */
+
+/* A token file (docs/text.md), all integers little-endian:
+ *
+ *     offset  size     field
+ *     0       8        magic "DPTOKENS"
+ *     8       4        version (1)
+ *     12      4        vocab: vocabulary size, 2..65536
+ *     16      8        count: number of tokens, >= 1
+ *     24      4        crc: CRC-32 (dp_crc32) of the 2*count token bytes
+ *     28      4        reserved, 0
+ *     32      2*count  tokens, uint16 each, every one < vocab
+ *
+ * and nothing after the tokens: the file is exactly 32 + 2*count bytes. */
+#define DP_TOKENS_MAGIC "DPTOKENS"
+#define DP_TOKENS_VERSION 1
+#define DP_TOKENS_HEADER_BYTES 32
+#define DP_TOKENS_VOCAB_MAX 65536
+/* Byte-level vocabulary: token = byte value. */
+#define DP_TOKENS_VOCAB_BYTES 256
+/* The default corpus (Debian's fortunes + fortunes-min) and the default
+ * validation fraction (the last 5% of the tokens). */
+#define DP_TEXT_DEFAULT_CORPUS "/usr/share/games/fortunes"
+#define DP_TEXT_VAL_FRAC 0.05
+
+struct dp_tokens {
+    uint16_t *tok;  /* (n) token ids, each < vocab; dp_malloc'd */
+    int64_t n;
+    int64_t vocab;
+};
+
+/* Writes tok[0..n) as a token file, atomically (a crash leaves the old file
+ * or the whole new one).  Checks vocab (2..65536), n >= 1 and every token <
+ * vocab before writing; DP_ENOENT when path's folder does not exist. */
+int dp_tokens_write(const char *path, const uint16_t *tok, int64_t n, int64_t vocab);
+/* Reads a token file, validating every header field (magic, version, vocab,
+ * count against the file size, reserved, crc) and every token (< vocab).
+ * DP_EFORMAT with a message naming the field; DP_ENOENT / DP_EIO for a
+ * missing or unreadable file.  On failure t is zeroed. */
+int dp_tokens_read(const char *path, struct dp_tokens *t);
+/* Same from a memory image of the file (the fuzzer's entry point).  Never
+ * allocates more than len bytes. */
+int dp_tokens_parse(const uint8_t *buf, size_t len, struct dp_tokens *t);
+/* Byte-level tokens of bytes[0..len): t->tok[i] = bytes[i], vocab 256. */
+int dp_tokens_from_bytes(struct dp_tokens *t, const uint8_t *bytes, size_t len);
+void dp_tokens_free(struct dp_tokens *t);
+
+/* The text of a list of inputs, concatenated.  Each input is a file (a
+ * symlink to one is followed) or a folder, meaning its regular files in name
+ * order (strcmp order; symlinks and subfolders inside it are skipped).  With
+ * no inputs (n == 0): the default corpus, DP_TEXT_DEFAULT_CORPUS without its
+ * index files (*.dat) and UTF-8 aliases (*.u8).  DP_ENOENT for a missing
+ * input, DP_EINVAL when the result is empty (no files, or 0 bytes). */
+struct dp_text_corpus {
+    uint8_t *bytes;  /* (len) dp_malloc'd */
+    size_t len;
+    int nfiles;
+};
+int dp_text_corpus_load(struct dp_text_corpus *c, const char *const *inputs, int n);
+void dp_text_corpus_free(struct dp_text_corpus *c);
+
+/* A fixed split: training tokens [0, train_n), validation tokens
+ * [train_n, train_n + val_n), val_n = floor(n * val_frac).  val_frac in
+ * [0, 1). */
+struct dp_text_split {
+    int64_t train_n;
+    int64_t val_n;
+};
+int dp_text_split_init(struct dp_text_split *s, int64_t n, double val_frac);
+
+/* Training windows.  Window `index` (the global sample index within the
+ * epoch: step * global batch + position in the batch) of `epoch` is the
+ * ctx + 1 tokens starting at
+ *     dp_text_window_start(seed, epoch, index, ctx, train_n)
+ * a pure function of its arguments, uniform over [0, train_n - ctx - 1]:
+ * the whole window lies in the training part.  Which worker fills which
+ * index does not change the window.  Returns -1 when train_n < ctx + 1. */
+int64_t dp_text_window_start(uint64_t seed, int64_t epoch, int64_t index, int64_t ctx, int64_t train_n);
+/* Fills the windows first..first+count-1: x[i] = the window's first ctx
+ * tokens, y[i] = its last ctx (the next token at each position).
+ * x, y: (count, ctx). */
+int dp_text_fill_train(const struct dp_tokens *t, const struct dp_text_split *s, int64_t ctx,
+                       uint64_t seed, int64_t epoch, int64_t first, int64_t count, int32_t *x,
+                       int32_t *y);
+/* Validation windows: fixed and consecutive, window k's inputs are the val
+ * tokens [k*ctx, (k+1)*ctx) and its targets the same range shifted by one, so
+ * input blocks do not overlap and target blocks do not overlap: every
+ * validation token but the first is a target exactly once (the tail that
+ * does not fill a window is left out).  Count: (val_n - 1) / ctx. */
+int64_t dp_text_val_windows(const struct dp_text_split *s, int64_t ctx);
+int dp_text_fill_val(const struct dp_tokens *t, const struct dp_text_split *s, int64_t ctx,
+                     int64_t first, int64_t count, int32_t *x, int32_t *y);
 
 #ifdef __cplusplus
 }

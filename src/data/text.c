@@ -1,0 +1,484 @@
+/* Text data: token files, the corpus, the validation split and windows.
+ *
+ * Token file (format in dp/data.h, docs/text.md): a 32-byte little-endian
+ * header (magic, version, vocab, count, crc, reserved), then count uint16
+ * tokens.  The reader treats the file as untrusted input: every header field
+ * is checked, in file order, before anything is allocated for the tokens,
+ * and the only allocation is bounded by the bytes actually present (count
+ * must match the file size exactly), so a 32-byte file claiming 2^63 tokens
+ * costs nothing.  One parser serves the file reader and the fuzzer.
+ *
+ * Windows.  A training window is ctx + 1 consecutive tokens of the training
+ * part: the first ctx are the inputs, the last ctx the targets (each
+ * position predicts the next token).  Its start is drawn from the
+ * counter-based RNG keyed by (seed, DP_RNG_TEXT) at counter (epoch, global
+ * sample index), so it depends on nothing else: not on the worker that fills
+ * it, nor on how a global batch is cut into per-worker parts, nor on the
+ * order in which windows are filled.  That is what keeps the equivalence and
+ * determinism guarantees of the image path (docs/ddp.md) for text.
+ * Windows are drawn with replacement; with N = train_n - ctx possible starts
+ * the draw is r mod N for a 64-bit r, biased by less than N / 2^64. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/core_impl.h"
+#include "dp/core.h"
+#include "dp/data.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#define TEXT_BIG_ENDIAN 1
+#endif
+
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t le64(const uint8_t *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+static void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+
+/* ---- token files: reader ------------------------------------------------------ */
+
+static int tokens_parse(const char *name, const uint8_t *buf, size_t len, struct dp_tokens *t) {
+    memset(t, 0, sizeof *t);
+    if (!buf) len = 0;
+    if (len < DP_TOKENS_HEADER_BYTES)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: truncated header: %zu bytes, expected %d", name,
+                         len, DP_TOKENS_HEADER_BYTES);
+    if (memcmp(buf, DP_TOKENS_MAGIC, 8) != 0)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: bad magic (expected \"%s\"): not a token file",
+                         name, DP_TOKENS_MAGIC);
+    uint32_t version = le32(buf + 8);
+    if (version != DP_TOKENS_VERSION)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: unsupported version %u (expected %d)", name,
+                         version, DP_TOKENS_VERSION);
+    uint32_t vocab = le32(buf + 12);
+    if (vocab < 2 || vocab > DP_TOKENS_VOCAB_MAX)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: vocab %u out of range 2..%d", name, vocab,
+                         DP_TOKENS_VOCAB_MAX);
+    uint64_t count = le64(buf + 16);
+    uint32_t crc = le32(buf + 24), reserved = le32(buf + 28);
+    if (count == 0)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: count 0 (a token file holds at least one token)",
+                         name);
+    /* count against the size without computing 2*count (it may overflow):
+     * the payload must be exactly 2*count bytes. */
+    size_t payload = len - DP_TOKENS_HEADER_BYTES;
+    if (count > payload / 2)
+        return dp_seterr(DP_EFORMAT,
+                         "tokens: %s: truncated: count %llu needs %llu token bytes, file has %zu",
+                         name, (unsigned long long)count,
+                         count > UINT64_MAX / 2 ? UINT64_MAX : (unsigned long long)(2 * count),
+                         payload);
+    if (payload != 2 * count)
+        return dp_seterr(DP_EFORMAT,
+                         "tokens: %s: count %llu does not match the file size: %zu bytes after "
+                         "%llu tokens",
+                         name, (unsigned long long)count, payload - (size_t)(2 * count),
+                         (unsigned long long)count);
+    if (reserved != 0)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: reserved field 0x%08x, expected 0", name,
+                         reserved);
+    const uint8_t *p = buf + DP_TOKENS_HEADER_BYTES;
+    uint32_t got = dp_crc32(0, p, payload);
+    if (got != crc)
+        return dp_seterr(DP_EFORMAT,
+                         "tokens: %s: crc mismatch: header 0x%08x, tokens 0x%08x (corrupt file)",
+                         name, crc, got);
+    uint16_t *tok = dp_malloc(payload ? payload : 1);
+    if (!tok) return dp_seterr(DP_ENOMEM, "tokens: %s: cannot allocate %zu bytes", name, payload);
+    for (uint64_t i = 0; i < count; i++) {
+        uint16_t v = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+        if (v >= vocab) {
+            dp_free(tok);
+            return dp_seterr(DP_EFORMAT, "tokens: %s: token %u at index %llu >= vocab %u", name,
+                             v, (unsigned long long)i, vocab);
+        }
+        tok[i] = v;
+    }
+    t->tok = tok;
+    t->n = (int64_t)count;
+    t->vocab = vocab;
+    return DP_OK;
+}
+
+int dp_tokens_parse(const uint8_t *buf, size_t len, struct dp_tokens *t) {
+    return tokens_parse("<memory>", buf, len, t);
+}
+
+/* Reads the whole of an open file; *buf (dp_malloc'd) and *len.  Grows as
+ * data arrives, so the size stat reported is a hint, not a promise. */
+static int read_fd(int fd, const char *what, const char *path, size_t hint, uint8_t **buf,
+                   size_t *len) {
+    size_t cap = hint + 1, n = 0;
+    uint8_t *b = dp_malloc(cap);
+    if (!b) return dp_seterr(DP_ENOMEM, "%s: %s: cannot allocate %zu bytes", what, path, cap);
+    for (;;) {
+        if (n == cap) {
+            size_t ncap = cap * 2;
+            uint8_t *nb = dp_malloc(ncap);
+            if (!nb) {
+                dp_free(b);
+                return dp_seterr(DP_ENOMEM, "%s: %s: cannot allocate %zu bytes", what, path, ncap);
+            }
+            memcpy(nb, b, n);
+            dp_free(b);
+            b = nb;
+            cap = ncap;
+        }
+        ssize_t r = read(fd, b + n, cap - n);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            dp_free(b);
+            return dp_seterr(DP_EIO, "%s: %s: read failed: %s", what, path, strerror(e));
+        }
+        if (r == 0) break;
+        n += (size_t)r;
+    }
+    *buf = b;
+    *len = n;
+    return DP_OK;
+}
+
+/* Opens path for reading: DP_ENOENT when missing, DP_EIO when it cannot be
+ * opened or is not a regular file (a folder, a fifo). */
+static int open_regular(const char *what, const char *path, int *fd, size_t *size) {
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) {
+        if (errno == ENOENT)
+            return dp_seterr(DP_ENOENT, "%s: %s: no such file or directory", what, path);
+        return dp_seterr(DP_EIO, "%s: %s: cannot open: %s", what, path, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(*fd);
+        *fd = -1;
+        return dp_seterr(DP_EIO, "%s: %s: not a regular file", what, path);
+    }
+    *size = (size_t)st.st_size;
+    return DP_OK;
+}
+
+int dp_tokens_read(const char *path, struct dp_tokens *t) {
+    memset(t, 0, sizeof *t);
+    if (!path) return dp_seterr(DP_EINVAL, "tokens: NULL path");
+    int fd;
+    size_t size;
+    int rc = open_regular("tokens", path, &fd, &size);
+    if (rc) return rc;
+    uint8_t *buf;
+    size_t len;
+    rc = read_fd(fd, "tokens", path, size, &buf, &len);
+    close(fd);
+    if (rc) return rc;
+    rc = tokens_parse(path, buf, len, t);
+    dp_free(buf);
+    return rc;
+}
+
+void dp_tokens_free(struct dp_tokens *t) {
+    if (!t) return;
+    dp_free(t->tok);
+    memset(t, 0, sizeof *t);
+}
+
+int dp_tokens_from_bytes(struct dp_tokens *t, const uint8_t *bytes, size_t len) {
+    memset(t, 0, sizeof *t);
+    uint16_t *tok = dp_malloc(len ? 2 * len : 1);
+    if (!tok) return dp_seterr(DP_ENOMEM, "tokens: cannot allocate %zu tokens", len);
+    for (size_t i = 0; i < len; i++) tok[i] = bytes[i];
+    t->tok = tok;
+    t->n = (int64_t)len;
+    t->vocab = DP_TOKENS_VOCAB_BYTES;
+    return DP_OK;
+}
+
+/* ---- token files: writer ------------------------------------------------------- */
+
+int dp_tokens_write(const char *path, const uint16_t *tok, int64_t n, int64_t vocab) {
+    if (!path || (!tok && n > 0)) return dp_seterr(DP_EINVAL, "tokens: NULL argument");
+    if (vocab < 2 || vocab > DP_TOKENS_VOCAB_MAX)
+        return dp_seterr(DP_EINVAL, "tokens: vocab %lld out of range 2..%d", (long long)vocab,
+                         DP_TOKENS_VOCAB_MAX);
+    if (n < 1) return dp_seterr(DP_EINVAL, "tokens: %s: no tokens to write", path);
+    for (int64_t i = 0; i < n; i++)
+        if (tok[i] >= vocab)
+            return dp_seterr(DP_EINVAL, "tokens: token %u at index %lld >= vocab %lld", tok[i],
+                             (long long)i, (long long)vocab);
+    /* The atomic writer would report a missing folder as "cannot create
+     * <path>.tmp.<pid>.<n>"; name the folder instead. */
+    char dir[4096];
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+        return dp_seterr(DP_EINVAL, "tokens: path too long: %s", path);
+    struct stat st;
+    const char *d = dirname(dir);
+    if (stat(d, &st) != 0 || !S_ISDIR(st.st_mode))
+        return dp_seterr(DP_ENOENT, "tokens: cannot write %s: folder %s does not exist", path, d);
+
+    size_t bytes = 2 * (size_t)n;
+    const uint8_t *payload = (const uint8_t *)tok;
+#ifdef TEXT_BIG_ENDIAN
+    uint8_t *le = dp_malloc(bytes);
+    if (!le) return dp_seterr(DP_ENOMEM, "tokens: cannot allocate %zu bytes", bytes);
+    for (int64_t i = 0; i < n; i++) le[2 * i] = (uint8_t)tok[i], le[2 * i + 1] = (uint8_t)(tok[i] >> 8);
+    payload = le;
+#endif
+    uint8_t h[DP_TOKENS_HEADER_BYTES] = {0};
+    memcpy(h, DP_TOKENS_MAGIC, 8);
+    put32(h + 8, DP_TOKENS_VERSION);
+    put32(h + 12, (uint32_t)vocab);
+    put64(h + 16, (uint64_t)n);
+    put32(h + 24, dp_crc32(0, payload, bytes));
+    /* h + 28: reserved, 0 */
+    struct dp__wpart parts[2] = {{h, sizeof h}, {payload, bytes}};
+    int rc = dp__write_file_atomic(path, parts, 2, "tokens");
+#ifdef TEXT_BIG_ENDIAN
+    dp_free(le);
+#endif
+    return rc;
+}
+
+/* ---- the corpus ------------------------------------------------------------------- */
+
+struct namelist {
+    char **v;
+    int n, cap;
+};
+
+static int names_add(struct namelist *l, const char *dir, const char *name) {
+    if (l->n == l->cap) {
+        int ncap = l->cap ? 2 * l->cap : 64;
+        char **nv = dp_malloc(sizeof *nv * (size_t)ncap);
+        if (!nv) return dp_seterr(DP_ENOMEM, "text: out of memory");
+        if (l->n) memcpy(nv, l->v, sizeof *nv * (size_t)l->n);
+        dp_free(l->v);
+        l->v = nv;
+        l->cap = ncap;
+    }
+    size_t need = (dir ? strlen(dir) + 1 : 0) + strlen(name) + 1;
+    char *s = dp_malloc(need);
+    if (!s) return dp_seterr(DP_ENOMEM, "text: out of memory");
+    if (dir) snprintf(s, need, "%s/%s", dir, name);
+    else snprintf(s, need, "%s", name);
+    l->v[l->n++] = s;
+    return DP_OK;
+}
+
+static void names_free(struct namelist *l) {
+    for (int i = 0; i < l->n; i++) dp_free(l->v[i]);
+    dp_free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* Appends the regular files of dir to l, in strcmp order of their names.
+ * Entries are examined without following symlinks: a link inside the folder
+ * may point outside it or at a file already listed (the fortunes packages
+ * ship every "x.u8" as a link to "x"), so only the folder's own regular
+ * files count.  skip_fortune_index drops *.dat and *.u8 by name as well. */
+static int list_dir(struct namelist *l, const char *dir, int skip_fortune_index) {
+    DIR *dh = opendir(dir);
+    if (!dh) return dp_seterr(DP_EIO, "text: %s: cannot list: %s", dir, strerror(errno));
+    struct namelist here = {0};
+    int rc = DP_OK;
+    struct dirent *e;
+    while ((e = readdir(dh))) {
+        if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
+            continue;
+        if (skip_fortune_index && (ends_with(e->d_name, ".dat") || ends_with(e->d_name, ".u8")))
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(dh), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if ((rc = names_add(&here, NULL, e->d_name))) break;
+    }
+    closedir(dh);
+    if (!rc && here.n) qsort(here.v, (size_t)here.n, sizeof *here.v, cmp_str);
+    for (int i = 0; !rc && i < here.n; i++) rc = names_add(l, dir, here.v[i]);
+    names_free(&here);
+    return rc;
+}
+
+int dp_text_corpus_load(struct dp_text_corpus *c, const char *const *inputs, int n) {
+    memset(c, 0, sizeof *c);
+    struct namelist files = {0};
+    int rc = DP_OK;
+    if (n == 0) {
+        struct stat st;
+        if (stat(DP_TEXT_DEFAULT_CORPUS, &st) != 0 || !S_ISDIR(st.st_mode))
+            return dp_seterr(DP_ENOENT,
+                             "text: default corpus %s not found (install the Debian packages "
+                             "fortunes fortunes-min: scripts/install-deps.sh)",
+                             DP_TEXT_DEFAULT_CORPUS);
+        rc = list_dir(&files, DP_TEXT_DEFAULT_CORPUS, 1);
+        if (!rc && files.n == 0)
+            rc = dp_seterr(DP_EINVAL, "text: empty input: no files in %s", DP_TEXT_DEFAULT_CORPUS);
+    }
+    for (int i = 0; !rc && i < n; i++) {
+        struct stat st;
+        if (stat(inputs[i], &st) != 0) {
+            if (errno == ENOENT)
+                rc = dp_seterr(DP_ENOENT, "text: %s: no such file or directory", inputs[i]);
+            else
+                rc = dp_seterr(DP_EIO, "text: %s: %s", inputs[i], strerror(errno));
+        } else if (S_ISDIR(st.st_mode)) {
+            int before = files.n;
+            rc = list_dir(&files, inputs[i], 0);
+            if (!rc && files.n == before)
+                rc = dp_seterr(DP_EINVAL, "text: empty input: no regular files in %s", inputs[i]);
+        } else if (S_ISREG(st.st_mode)) {
+            rc = names_add(&files, NULL, inputs[i]);
+        } else {
+            rc = dp_seterr(DP_EINVAL, "text: %s: not a regular file or folder", inputs[i]);
+        }
+    }
+    /* Concatenate, in the order listed. */
+    uint8_t *all = NULL;
+    size_t len = 0, cap = 0;
+    for (int i = 0; !rc && i < files.n; i++) {
+        int fd;
+        size_t size;
+        uint8_t *b;
+        size_t blen;
+        if ((rc = open_regular("text", files.v[i], &fd, &size))) break;
+        rc = read_fd(fd, "text", files.v[i], size, &b, &blen);
+        close(fd);
+        if (rc) break;
+        if (len + blen > cap) {
+            size_t ncap = cap ? cap : 1 << 16;
+            while (ncap < len + blen) ncap *= 2;
+            uint8_t *na = dp_malloc(ncap);
+            if (!na) {
+                dp_free(b);
+                rc = dp_seterr(DP_ENOMEM, "text: cannot allocate %zu bytes", ncap);
+                break;
+            }
+            if (len) memcpy(na, all, len);
+            dp_free(all);
+            all = na;
+            cap = ncap;
+        }
+        if (blen) memcpy(all + len, b, blen);
+        len += blen;
+        dp_free(b);
+    }
+    if (!rc && len == 0)
+        rc = dp_seterr(DP_EINVAL, "text: empty input: %d file%s, 0 bytes", files.n,
+                       files.n == 1 ? "" : "s");
+    if (rc) {
+        dp_free(all);
+        names_free(&files);
+        return rc;
+    }
+    c->bytes = all;
+    c->len = len;
+    c->nfiles = files.n;
+    names_free(&files);
+    return DP_OK;
+}
+
+void dp_text_corpus_free(struct dp_text_corpus *c) {
+    if (!c) return;
+    dp_free(c->bytes);
+    memset(c, 0, sizeof *c);
+}
+
+/* ---- split and windows ---------------------------------------------------------- */
+
+int dp_text_split_init(struct dp_text_split *s, int64_t n, double val_frac) {
+    memset(s, 0, sizeof *s);
+    if (n < 1) return dp_seterr(DP_EINVAL, "text: split of %lld tokens", (long long)n);
+    if (!(val_frac >= 0 && val_frac < 1))
+        return dp_seterr(DP_EINVAL, "text: validation fraction %g not in [0, 1)", val_frac);
+    /* floor(n * f) < n since f < 1 (and n < 2^53 is exact in a double) */
+    int64_t v = (int64_t)floor((double)n * val_frac);
+    if (v >= n) v = n - 1;
+    s->val_n = v;
+    s->train_n = n - v;
+    return DP_OK;
+}
+
+int64_t dp_text_window_start(uint64_t seed, int64_t epoch, int64_t index, int64_t ctx,
+                             int64_t train_n) {
+    if (ctx < 1 || train_n < ctx + 1) return -1;
+    uint64_t starts = (uint64_t)(train_n - ctx); /* 0 .. train_n - ctx - 1 */
+    uint32_t o[4];
+    dp_rng_philox(seed, DP_RNG_TEXT, (uint64_t)epoch, (uint64_t)index, o);
+    uint64_t r = (uint64_t)o[0] << 32 | o[1];
+    return (int64_t)(r % starts);
+}
+
+/* x[i] = tok[s .. s+ctx), y[i] = tok[s+1 .. s+ctx+1) */
+static void copy_window(const uint16_t *tok, int64_t s, int64_t ctx, int32_t *x, int32_t *y) {
+    for (int64_t j = 0; j < ctx; j++) {
+        x[j] = tok[s + j];
+        y[j] = tok[s + j + 1];
+    }
+}
+
+static int check_args(const struct dp_tokens *t, const struct dp_text_split *s, int64_t ctx,
+                      int64_t first, int64_t count, const int32_t *x, const int32_t *y) {
+    if (!t || !s || !t->tok || (count > 0 && (!x || !y)))
+        return dp_seterr(DP_EINVAL, "text: NULL argument");
+    if (ctx < 1) return dp_seterr(DP_EINVAL, "text: ctx %lld < 1", (long long)ctx);
+    if (first < 0 || count < 0)
+        return dp_seterr(DP_EINVAL, "text: windows %lld + %lld", (long long)first, (long long)count);
+    if (s->train_n < 0 || s->val_n < 0 || s->train_n + s->val_n > t->n)
+        return dp_seterr(DP_EINVAL, "text: split %lld + %lld exceeds the %lld tokens",
+                         (long long)s->train_n, (long long)s->val_n, (long long)t->n);
+    return DP_OK;
+}
+
+int dp_text_fill_train(const struct dp_tokens *t, const struct dp_text_split *s, int64_t ctx,
+                       uint64_t seed, int64_t epoch, int64_t first, int64_t count, int32_t *x,
+                       int32_t *y) {
+    int rc = check_args(t, s, ctx, first, count, x, y);
+    if (rc) return rc;
+    if (s->train_n < ctx + 1)
+        return dp_seterr(DP_EINVAL,
+                         "text: the training part holds %lld tokens, a window needs ctx + 1 = %lld",
+                         (long long)s->train_n, (long long)(ctx + 1));
+    for (int64_t i = 0; i < count; i++) {
+        int64_t st = dp_text_window_start(seed, epoch, first + i, ctx, s->train_n);
+        copy_window(t->tok, st, ctx, x + i * ctx, y + i * ctx);
+    }
+    return DP_OK;
+}
+
+int64_t dp_text_val_windows(const struct dp_text_split *s, int64_t ctx) {
+    if (ctx < 1 || s->val_n < 1) return 0;
+    return (s->val_n - 1) / ctx;
+}
+
+int dp_text_fill_val(const struct dp_tokens *t, const struct dp_text_split *s, int64_t ctx,
+                     int64_t first, int64_t count, int32_t *x, int32_t *y) {
+    int rc = check_args(t, s, ctx, first, count, x, y);
+    if (rc) return rc;
+    int64_t nw = dp_text_val_windows(s, ctx);
+    if (first + count > nw)
+        return dp_seterr(DP_EINVAL, "text: validation windows %lld..%lld, only %lld exist",
+                         (long long)first, (long long)(first + count - 1), (long long)nw);
+    for (int64_t i = 0; i < count; i++)
+        copy_window(t->tok, s->train_n + (first + i) * ctx, ctx, x + i * ctx, y + i * ctx);
+    return DP_OK;
+}

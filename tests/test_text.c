@@ -1,0 +1,392 @@
+/* Text data: token files (round trip, every header field, truncation, bad
+ * tokens), the corpus (folders, name order, the default fortunes corpus),
+ * the validation split and the training / validation windows. */
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dp/core.h"
+#include "dp/data.h"
+#include "test.h"
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static char *tpath(char *out, const char *name) {
+    snprintf(out, 512, "%s/%s", dp_test_tmpdir(), name);
+    return out;
+}
+
+static void write_raw(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    ASSERT_TRUE(f != NULL);
+    if (n) ASSERT_EQ(fwrite(p, 1, n, f), (long long)n);
+    ASSERT_EQ(fclose(f), 0);
+}
+
+/* Reads a whole file into buf (cap bytes); returns its length. */
+static size_t read_raw(const char *path, uint8_t *buf, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    ASSERT_TRUE(f != NULL);
+    size_t n = fread(buf, 1, cap, f);
+    ASSERT_EQ(fclose(f), 0);
+    return n;
+}
+
+static uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static void wr32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+static void wr64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+
+/* tok[i] = (i * 37 + 11) % vocab */
+static void fill_tokens(uint16_t *tok, int64_t n, int64_t vocab) {
+    for (int64_t i = 0; i < n; i++) tok[i] = (uint16_t)((i * 37 + 11) % vocab);
+}
+
+/* ---- token files ------------------------------------------------------------- */
+
+TEST(text_tokens_round_trip) {
+    enum { N = 1000 };
+    static uint16_t tok[N];
+    fill_tokens(tok, N, 300);
+    char p[512];
+    ASSERT_OK(dp_tokens_write(tpath(p, "t.bin"), tok, N, 300));
+    /* The layout on disk, byte by byte. */
+    static uint8_t raw[DP_TOKENS_HEADER_BYTES + 2 * N + 16];
+    size_t len = read_raw(p, raw, sizeof raw);
+    ASSERT_EQ(len, DP_TOKENS_HEADER_BYTES + 2 * N);
+    ASSERT_TRUE(memcmp(raw, "DPTOKENS", 8) == 0);
+    ASSERT_EQ(rd32(raw + 8), 1);
+    ASSERT_EQ(rd32(raw + 12), 300);
+    ASSERT_EQ(rd32(raw + 16), N);
+    ASSERT_EQ(rd32(raw + 20), 0);
+    ASSERT_EQ(rd32(raw + 24), dp_crc32(0, raw + 32, 2 * N));
+    ASSERT_EQ(rd32(raw + 28), 0);
+    ASSERT_EQ(raw[32 + 2 * 7], tok[7] & 255); /* little-endian */
+    ASSERT_EQ(raw[33 + 2 * 7], tok[7] >> 8);
+
+    struct dp_tokens t;
+    ASSERT_OK(dp_tokens_read(p, &t));
+    ASSERT_EQ(t.n, N);
+    ASSERT_EQ(t.vocab, 300);
+    for (int i = 0; i < N; i++) ASSERT_EQ(t.tok[i], tok[i]);
+    dp_tokens_free(&t);
+    ASSERT_TRUE(t.tok == NULL && t.n == 0);
+    dp_tokens_free(NULL);
+
+    /* The largest vocabulary keeps token 65535; byte-level tokens. */
+    uint16_t big[3] = {0, 65535, 1234};
+    ASSERT_OK(dp_tokens_write(p, big, 3, 65536));
+    ASSERT_OK(dp_tokens_read(p, &t));
+    ASSERT_EQ(t.vocab, 65536);
+    ASSERT_EQ(t.tok[1], 65535);
+    dp_tokens_free(&t);
+    const uint8_t text[] = "hi\xff";
+    ASSERT_OK(dp_tokens_from_bytes(&t, text, 3));
+    ASSERT_EQ(t.vocab, 256);
+    ASSERT_EQ(t.n, 3);
+    ASSERT_EQ(t.tok[0], 'h');
+    ASSERT_EQ(t.tok[2], 255);
+    ASSERT_OK(dp_tokens_write(p, t.tok, t.n, t.vocab));
+    dp_tokens_free(&t);
+    ASSERT_OK(dp_tokens_read(p, &t));
+    ASSERT_EQ(t.tok[2], 255);
+    dp_tokens_free(&t);
+}
+
+/* Each header field corrupted in turn: DP_EFORMAT naming that field. */
+TEST(text_tokens_header_fields_rejected) {
+    enum { N = 64 };
+    uint16_t tok[N];
+    fill_tokens(tok, N, 300);
+    char p[512], q[512];
+    ASSERT_OK(dp_tokens_write(tpath(p, "good.bin"), tok, N, 300));
+    uint8_t good[DP_TOKENS_HEADER_BYTES + 2 * N + 8], b[sizeof good + 8];
+    size_t len = read_raw(p, good, sizeof good);
+    ASSERT_EQ(len, sizeof good - 8);
+    tpath(q, "bad.bin");
+    struct dp_tokens t;
+#define CASE(edit, needle)                                          \
+    do {                                                            \
+        size_t n_ = len;                                            \
+        memcpy(b, good, len);                                       \
+        edit;                                                       \
+        write_raw(q, b, n_);                                        \
+        ASSERT_ERR(dp_tokens_read(q, &t), DP_EFORMAT, needle);      \
+        ASSERT_TRUE(t.tok == NULL && t.n == 0);                     \
+        ASSERT_TRUE(strstr(dp_errmsg(), q) != NULL);                \
+        ASSERT_ERR(dp_tokens_parse(b, n_, &t), DP_EFORMAT, needle); \
+    } while (0)
+    CASE(b[0] = 'X', "bad magic");
+    CASE(b[7] = 0, "bad magic");
+    CASE(wr32(b + 8, 2), "unsupported version 2");
+    CASE(wr32(b + 8, 0), "unsupported version 0");
+    CASE(wr32(b + 12, 1), "vocab 1 out of range");
+    CASE(wr32(b + 12, 0), "vocab 0 out of range");
+    CASE(wr32(b + 12, 65537), "vocab 65537 out of range");
+    CASE(wr64(b + 16, 0), "count 0");
+    CASE(wr64(b + 16, N + 1), "truncated: count 65");
+    CASE(wr64(b + 16, UINT64_MAX), "truncated: count");
+    CASE(wr64(b + 16, N - 1), "count 63 does not match the file size");
+    CASE(b[n_++] = 0; b[n_++] = 0, "count 64 does not match the file size"); /* a token too many */
+    CASE(b[24] ^= 1, "crc mismatch");
+    CASE(b[28] = 1, "reserved field");
+    CASE(b[40] ^= 0x10, "crc mismatch"); /* a token byte: the checksum catches it */
+    /* A token >= vocab with a correct checksum: the token check catches it. */
+    CASE(b[32 + 2 * 5] = 44; b[33 + 2 * 5] = 1; wr32(b + 24, dp_crc32(0, b + 32, 2 * N)),
+         "token 300 at index 5 >= vocab 300");
+    /* A smaller vocabulary than the tokens use. */
+    CASE(wr32(b + 12, 2), ">= vocab 2");
+#undef CASE
+    /* The good file still reads. */
+    ASSERT_OK(dp_tokens_read(p, &t));
+    dp_tokens_free(&t);
+}
+
+TEST(text_tokens_truncated) {
+    enum { N = 20 };
+    uint16_t tok[N];
+    fill_tokens(tok, N, 256);
+    char p[512], q[512];
+    ASSERT_OK(dp_tokens_write(tpath(p, "t.bin"), tok, N, 256));
+    uint8_t raw[DP_TOKENS_HEADER_BYTES + 2 * N];
+    size_t len = read_raw(p, raw, sizeof raw);
+    ASSERT_EQ(len, sizeof raw);
+    struct dp_tokens t;
+    for (size_t cut = 0; cut < len; cut++) {
+        write_raw(tpath(q, "cut.bin"), raw, cut);
+        ASSERT_ERR(dp_tokens_read(q, &t), DP_EFORMAT, "truncated");
+        ASSERT_TRUE(t.tok == NULL);
+        ASSERT_ERR(dp_tokens_parse(raw, cut, &t), DP_EFORMAT, "truncated");
+    }
+    ASSERT_ERR(dp_tokens_parse(NULL, 100, &t), DP_EFORMAT, "truncated header");
+}
+
+TEST(text_tokens_io_errors) {
+    char p[512];
+    struct dp_tokens t;
+    ASSERT_ERR(dp_tokens_read(tpath(p, "missing.bin"), &t), DP_ENOENT, "no such file");
+    ASSERT_ERR(dp_tokens_read(dp_test_tmpdir(), &t), DP_EIO, "not a regular file");
+    uint16_t tok[4] = {1, 2, 3, 4};
+    ASSERT_ERR(dp_tokens_write(tpath(p, "nodir/t.bin"), tok, 4, 256), DP_ENOENT, "does not exist");
+    ASSERT_ERR(dp_tokens_write(tpath(p, "t.bin"), tok, 4, 4), DP_EINVAL, "token 4 at index 3");
+    ASSERT_ERR(dp_tokens_write(p, tok, 4, 1), DP_EINVAL, "vocab 1");
+    ASSERT_ERR(dp_tokens_write(p, tok, 4, 65537), DP_EINVAL, "vocab 65537");
+    ASSERT_ERR(dp_tokens_write(p, tok, 0, 256), DP_EINVAL, "no tokens");
+    ASSERT_TRUE(access(p, F_OK) != 0); /* nothing written by a refused call */
+    /* A failed write keeps the old file. */
+    ASSERT_OK(dp_tokens_write(p, tok, 4, 256));
+    ASSERT_ERR(dp_tokens_write(p, tok, 4, 3), DP_EINVAL, "vocab 3");
+    ASSERT_OK(dp_tokens_read(p, &t));
+    ASSERT_EQ(t.n, 4);
+    dp_tokens_free(&t);
+}
+
+/* ---- corpus --------------------------------------------------------------------- */
+
+TEST(text_corpus_folder_in_name_order) {
+    char d[512], p[512], sub[512];
+    tpath(d, "corpus");
+    ASSERT_EQ(mkdir(d, 0755), 0);
+    write_raw(tpath(p, "corpus/b"), "BB", 2);
+    write_raw(tpath(p, "corpus/a"), "A", 1);
+    write_raw(tpath(p, "corpus/B"), "upper", 5); /* 'B' < 'a' in strcmp order */
+    write_raw(tpath(p, "corpus/c.dat"), "cc", 2); /* .dat is dropped only from the default corpus */
+    ASSERT_EQ(mkdir(tpath(sub, "corpus/sub"), 0755), 0);
+    write_raw(tpath(p, "corpus/sub/x"), "nested", 6);
+    ASSERT_EQ(symlink("a", tpath(p, "corpus/link")), 0); /* links inside a folder are skipped */
+
+    struct dp_text_corpus c;
+    const char *in1[] = {d};
+    ASSERT_OK(dp_text_corpus_load(&c, in1, 1));
+    ASSERT_EQ(c.nfiles, 4);
+    ASSERT_EQ(c.len, 10);
+    ASSERT_TRUE(memcmp(c.bytes, "upperABBcc", 10) == 0);
+    dp_text_corpus_free(&c);
+    dp_text_corpus_free(NULL);
+
+    /* Files in the order given, a link named explicitly is followed, and a
+     * folder expands where it stands. */
+    char a[512], l[512];
+    tpath(a, "corpus/a");
+    tpath(l, "corpus/link");
+    const char *in2[] = {l, sub, a};
+    ASSERT_OK(dp_text_corpus_load(&c, in2, 3));
+    ASSERT_EQ(c.nfiles, 3);
+    ASSERT_EQ(c.len, 8);
+    ASSERT_TRUE(memcmp(c.bytes, "AnestedA", 8) == 0);
+    dp_text_corpus_free(&c);
+
+    /* Bad inputs. */
+    char e[512], z[512];
+    tpath(e, "empty");
+    ASSERT_EQ(mkdir(e, 0755), 0);
+    const char *in3[] = {e};
+    ASSERT_ERR(dp_text_corpus_load(&c, in3, 1), DP_EINVAL, "no regular files in");
+    ASSERT_TRUE(c.bytes == NULL && c.len == 0);
+    write_raw(tpath(z, "zero.txt"), "", 0);
+    const char *in4[] = {z};
+    ASSERT_ERR(dp_text_corpus_load(&c, in4, 1), DP_EINVAL, "empty input: 1 file, 0 bytes");
+    const char *in5[] = {a, "/nonexistent/x.txt"};
+    ASSERT_ERR(dp_text_corpus_load(&c, in5, 2), DP_ENOENT, "/nonexistent/x.txt: no such file");
+    ASSERT_TRUE(c.bytes == NULL);
+}
+
+/* The default corpus: the plain-text files of Debian's fortunes +
+ * fortunes-min (1:1.99.1-7.3): 43 files, 2,576,674 bytes as issue 10 states,
+ * starting with "art" and ending with "zippy" (name order). */
+TEST(text_default_corpus) {
+    struct stat st;
+    if (stat(DP_TEXT_DEFAULT_CORPUS, &st) != 0)
+        SKIP("%s absent (Debian packages fortunes fortunes-min: scripts/install-deps.sh)",
+             DP_TEXT_DEFAULT_CORPUS);
+    struct dp_text_corpus c;
+    ASSERT_OK(dp_text_corpus_load(&c, NULL, 0));
+    ASSERT_EQ(c.nfiles, 43);
+    ASSERT_EQ(c.len, 2576674);
+    /* First and last file, read here directly. */
+    static uint8_t buf[1 << 18];
+    size_t n = read_raw(DP_TEXT_DEFAULT_CORPUS "/art", buf, sizeof buf);
+    ASSERT_TRUE(n > 0 && n < sizeof buf);
+    ASSERT_TRUE(memcmp(c.bytes, buf, n) == 0);
+    n = read_raw(DP_TEXT_DEFAULT_CORPUS "/zippy", buf, sizeof buf);
+    ASSERT_TRUE(n > 0 && n < sizeof buf);
+    ASSERT_TRUE(memcmp(c.bytes + c.len - n, buf, n) == 0);
+    /* Byte-level tokens of it, split 95 / 5. */
+    struct dp_tokens t;
+    ASSERT_OK(dp_tokens_from_bytes(&t, c.bytes, c.len));
+    struct dp_text_split s;
+    ASSERT_OK(dp_text_split_init(&s, t.n, DP_TEXT_VAL_FRAC));
+    ASSERT_EQ(s.val_n, 128833); /* floor(2576674 * 0.05) */
+    ASSERT_EQ(s.train_n + s.val_n, 2576674);
+    dp_tokens_free(&t);
+    dp_text_corpus_free(&c);
+}
+
+/* ---- split and windows ----------------------------------------------------------- */
+
+TEST(text_split_sizes) {
+    struct dp_text_split s;
+    ASSERT_OK(dp_text_split_init(&s, 1000, DP_TEXT_VAL_FRAC));
+    ASSERT_EQ(s.train_n, 950);
+    ASSERT_EQ(s.val_n, 50);
+    ASSERT_OK(dp_text_split_init(&s, 1019, 0.05)); /* floor(50.95) */
+    ASSERT_EQ(s.val_n, 50);
+    ASSERT_EQ(s.train_n, 969);
+    ASSERT_OK(dp_text_split_init(&s, 1000, 0.1));
+    ASSERT_EQ(s.val_n, 100);
+    ASSERT_OK(dp_text_split_init(&s, 19, 0.05)); /* too small for any validation token */
+    ASSERT_EQ(s.val_n, 0);
+    ASSERT_EQ(s.train_n, 19);
+    ASSERT_OK(dp_text_split_init(&s, 1000, 0));
+    ASSERT_EQ(s.val_n, 0);
+    ASSERT_ERR(dp_text_split_init(&s, 1000, 1.0), DP_EINVAL, "fraction");
+    ASSERT_ERR(dp_text_split_init(&s, 1000, -0.1), DP_EINVAL, "fraction");
+    ASSERT_ERR(dp_text_split_init(&s, 1000, NAN), DP_EINVAL, "fraction");
+    ASSERT_ERR(dp_text_split_init(&s, 0, 0.05), DP_EINVAL, "split");
+    /* Validation windows: (val_n - 1) / ctx. */
+    ASSERT_OK(dp_text_split_init(&s, 1000, 0.05));
+    ASSERT_EQ(dp_text_val_windows(&s, 7), 7);  /* 49 / 7 */
+    ASSERT_EQ(dp_text_val_windows(&s, 49), 1);
+    ASSERT_EQ(dp_text_val_windows(&s, 50), 0);
+}
+
+/* A window is a pure function of (seed, epoch, index): filling 0..7 at once,
+ * as 0..3 + 4..7 (two workers), one by one in reverse order, or in a fresh
+ * copy of the tokens gives the same windows. */
+TEST(text_windows_pure_and_split_independent) {
+    enum { N = 5000, CTX = 16, B = 8 };
+    static uint16_t tok[N];
+    fill_tokens(tok, N, 251);
+    struct dp_tokens t = {.tok = tok, .n = N, .vocab = 251};
+    struct dp_text_split s;
+    ASSERT_OK(dp_text_split_init(&s, N, DP_TEXT_VAL_FRAC));
+    int32_t x1[B * CTX], y1[B * CTX], x2[B * CTX], y2[B * CTX], x3[B * CTX], y3[B * CTX];
+    ASSERT_OK(dp_text_fill_train(&t, &s, CTX, 42, 3, 0, B, x1, y1));
+    ASSERT_OK(dp_text_fill_train(&t, &s, CTX, 42, 3, 0, B / 2, x2, y2));
+    ASSERT_OK(dp_text_fill_train(&t, &s, CTX, 42, 3, B / 2, B / 2, x2 + B / 2 * CTX, y2 + B / 2 * CTX));
+    for (int i = B - 1; i >= 0; i--)
+        ASSERT_OK(dp_text_fill_train(&t, &s, CTX, 42, 3, i, 1, x3 + i * CTX, y3 + i * CTX));
+    ASSERT_TRUE(memcmp(x1, x2, sizeof x1) == 0 && memcmp(y1, y2, sizeof y1) == 0);
+    ASSERT_TRUE(memcmp(x1, x3, sizeof x1) == 0 && memcmp(y1, y3, sizeof y1) == 0);
+    /* Each window is the ctx + 1 tokens at its start: inputs then targets
+     * shifted by one. */
+    for (int i = 0; i < B; i++) {
+        int64_t st = dp_text_window_start(42, 3, i, CTX, s.train_n);
+        ASSERT_TRUE(st >= 0 && st + CTX + 1 <= s.train_n);
+        for (int j = 0; j < CTX; j++) {
+            ASSERT_EQ(x1[i * CTX + j], tok[st + j]);
+            ASSERT_EQ(y1[i * CTX + j], tok[st + j + 1]);
+        }
+        ASSERT_EQ(st, dp_text_window_start(42, 3, i, CTX, s.train_n)); /* again: same */
+    }
+    /* The key matters: another seed, epoch or index moves (almost) every window. */
+    int same_seed = 0, same_epoch = 0, same_index = 0;
+    for (int i = 0; i < 100; i++) {
+        int64_t st = dp_text_window_start(42, 3, i, CTX, s.train_n);
+        same_seed += st == dp_text_window_start(43, 3, i, CTX, s.train_n);
+        same_epoch += st == dp_text_window_start(42, 4, i, CTX, s.train_n);
+        same_index += st == dp_text_window_start(42, 3, i + 100, CTX, s.train_n);
+    }
+    ASSERT_TRUE(same_seed < 5 && same_epoch < 5 && same_index < 5);
+    /* Too little text for a window. */
+    ASSERT_EQ(dp_text_window_start(1, 0, 0, CTX, CTX), -1);
+    struct dp_text_split tiny = {.train_n = CTX, .val_n = 0};
+    ASSERT_ERR(dp_text_fill_train(&t, &tiny, CTX, 1, 0, 0, 1, x1, y1), DP_EINVAL, "ctx + 1 = 17");
+    ASSERT_ERR(dp_text_fill_train(&t, &s, 0, 1, 0, 0, 1, x1, y1), DP_EINVAL, "ctx 0");
+}
+
+/* Training windows never read a validation token, and every possible start
+ * is drawn (about uniformly). */
+TEST(text_windows_stay_in_training_part) {
+    enum { N = 60, CTX = 5, DRAWS = 20000 };
+    uint16_t tok[N];
+    struct dp_tokens t = {.tok = tok, .n = N, .vocab = 256};
+    struct dp_text_split s;
+    ASSERT_OK(dp_text_split_init(&s, N, 0.5)); /* train 30, val 30 */
+    ASSERT_EQ(s.train_n, 30);
+    for (int i = 0; i < N; i++) tok[i] = (uint16_t)(i < s.train_n ? i : 200);
+    static int32_t x[DRAWS * CTX], y[DRAWS * CTX];
+    ASSERT_OK(dp_text_fill_train(&t, &s, CTX, 7, 0, 0, DRAWS, x, y));
+    int64_t nstarts = s.train_n - CTX; /* 25: starts 0..24 */
+    int hits[64] = {0};
+    for (int i = 0; i < DRAWS; i++) {
+        for (int j = 0; j < CTX; j++) ASSERT_TRUE(x[i * CTX + j] < 200 && y[i * CTX + j] < 200);
+        int st = x[i * CTX];
+        ASSERT_TRUE(st >= 0 && st < nstarts);
+        ASSERT_EQ(y[i * CTX + CTX - 1], st + CTX); /* the last target: token start + ctx */
+        hits[st]++;
+    }
+    /* 800 expected per start; a 30% band is > 10 standard deviations. */
+    for (int st = 0; st < nstarts; st++) ASSERT_TRUE(hits[st] > 560 && hits[st] < 1040);
+}
+
+TEST(text_val_windows_fixed_consecutive) {
+    enum { N = 1000, CTX = 7 };
+    static uint16_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (uint16_t)(i % 1000);
+    struct dp_tokens t = {.tok = tok, .n = N, .vocab = 1000};
+    struct dp_text_split s;
+    ASSERT_OK(dp_text_split_init(&s, N, DP_TEXT_VAL_FRAC)); /* val = tokens 950..999 */
+    int64_t nw = dp_text_val_windows(&s, CTX);
+    ASSERT_EQ(nw, 7);
+    int32_t x[7 * CTX], y[7 * CTX], x2[7 * CTX], y2[7 * CTX];
+    ASSERT_OK(dp_text_fill_val(&t, &s, CTX, 0, nw, x, y));
+    /* Inputs 950..998 in order, targets 951..999: every validation token but
+     * the first is a target exactly once. */
+    for (int k = 0; k < nw * CTX; k++) {
+        ASSERT_EQ(x[k], 950 + k);
+        ASSERT_EQ(y[k], 951 + k);
+    }
+    /* Filling in parts gives the same windows. */
+    ASSERT_OK(dp_text_fill_val(&t, &s, CTX, 0, 3, x2, y2));
+    ASSERT_OK(dp_text_fill_val(&t, &s, CTX, 3, 4, x2 + 3 * CTX, y2 + 3 * CTX));
+    ASSERT_TRUE(memcmp(x, x2, sizeof x) == 0 && memcmp(y, y2, sizeof y) == 0);
+    ASSERT_ERR(dp_text_fill_val(&t, &s, CTX, 5, 3, x2, y2), DP_EINVAL, "only 7 exist");
+    struct dp_text_split over = {.train_n = 990, .val_n = 50};
+    ASSERT_ERR(dp_text_fill_val(&t, &over, CTX, 0, 1, x2, y2), DP_EINVAL, "exceeds");
+}
