@@ -315,6 +315,37 @@ if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [
 fi
 # === end of trainer checks ===
 
+# === prepare-text (issue 10, F2: text data) ===
+mkdir -p "$T/txt/sub" "$T/txt_empty"
+printf 'hello ' >"$T/txt/a.txt"; printf 'world' >"$T/txt/b.txt"; printf 'not me' >"$T/txt/sub/c.txt"
+if "$BIN" prepare-text "$T/txt" --out "$T/txt.bin" >"$T/pt.log" 2>&1 &&
+   [[ $(cat "$T/pt.log") == "prepare-text: 2 files, 11 bytes, 11 tokens (vocab 256) -> $T/txt.bin" ]] &&
+   [[ $(head -c 8 "$T/txt.bin") == DPTOKENS && $(stat -c %s "$T/txt.bin") -eq $((32 + 2 * 11)) ]] &&
+   [[ $(tail -c 22 "$T/txt.bin" | od -An -tu2 -w64 | xargs) == "104 101 108 108 111 32 119 111 114 108 100" ]]; then
+  ok prepare_text_folder
+else bad prepare_text_folder "$(cat "$T/pt.log")"; fi
+FORTUNES=/usr/share/games/fortunes
+if [[ -d $FORTUNES ]]; then
+  # the plain-text files of fortunes + fortunes-min (*.dat, *.u8 left out): 2,576,674 bytes (issue 10)
+  want=$(find "$FORTUNES" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -exec cat {} + | wc -c)
+  if "$BIN" prepare-text --out "$T/fortunes.bin" >"$T/ptf.log" 2>&1 &&
+     grep -q "^prepare-text: 43 files, 2576674 bytes, 2576674 tokens (vocab 256) -> $T/fortunes.bin$" "$T/ptf.log" &&
+     [[ $want -eq 2576674 && $(stat -c %s "$T/fortunes.bin") -eq $((32 + 2 * 2576674)) ]]; then
+    ok prepare_text_default_corpus
+  else bad prepare_text_default_corpus "find counts $want bytes" "$(cat "$T/ptf.log")"; fi
+else skip prepare_text_default_corpus "$FORTUNES absent: Debian packages fortunes fortunes-min (scripts/install-deps.sh)"; fi
+expect_error prepare_text_missing_file "text: $T/nope.txt: no such file or directory" \
+  "$BIN" prepare-text "$T/txt/a.txt" "$T/nope.txt" --out "$T/x.bin"
+expect_error prepare_text_empty_folder "empty input: no regular files in $T/txt_empty" \
+  "$BIN" prepare-text "$T/txt_empty" --out "$T/x.bin"
+: >"$T/txt_empty.txt"
+expect_error prepare_text_empty_file "empty input: 1 file, 0 bytes" \
+  "$BIN" prepare-text "$T/txt_empty.txt" --out "$T/x.bin"
+expect_error prepare_text_out_missing_folder "cannot write $T/nodir/x.bin: folder $T/nodir does not exist" \
+  "$BIN" prepare-text "$T/txt" --out "$T/nodir/x.bin"
+expect_error prepare_text_needs_out "prepare-text needs --out FILE" "$BIN" prepare-text "$T/txt"
+if [[ ! -e $T/x.bin ]]; then ok prepare_text_errors_write_nothing; else bad prepare_text_errors_write_nothing "$T/x.bin exists"; fi
+# === end of prepare-text checks ===
 
 ci_strict=0
 [[ -n ${CI:-} && $CI != 0 && ${CI,,} != false ]] && ci_strict=1

@@ -64,6 +64,7 @@ static const char *help_main =
     "  ckpt export    write a checkpoint's weights as safetensors (PyTorch names)\n"
     "  ckpt diff      compare two checkpoints (max relative difference, hashes)\n"
     "  bench allreduce  all-reduce time, algorithm and bus bandwidth by message size\n"
+    "  prepare-text   write a token file from text files (fortunes by default)\n"
     "  help CMD       help for one command (same as CMD --help)\n"
     "\n"
     "Run 'dptrain train --help' for the training options.  Several processes:\n"
@@ -686,6 +687,8 @@ static int cmd_ckpt(int argc, char **argv) {
 
 /* tools/dptrain/bench_allreduce.c */
 int dptrain_cmd_bench_allreduce(int argc, char **argv);
+/* tools/dptrain/prepare_text.c */
+int dptrain_cmd_prepare_text(int argc, char **argv);
 
 static int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -720,6 +723,10 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "help")) {
         const char *what = argc > 2 ? argv[2] : "";
+        if (!strcmp(what, "prepare-text")) {
+            char *h[] = {"prepare-text", "--help", NULL};
+            return dptrain_cmd_prepare_text(2, h);
+        }
         fputs(!strcmp(what, "train") ? help_train : !strcmp(what, "eval") ? help_eval
               : !strcmp(what, "ckpt") ? help_ckpt : help_main, stdout);
         return 0;
@@ -728,6 +735,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "ckpt")) return cmd_ckpt(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "prepare-text")) return dptrain_cmd_prepare_text(argc - 1, argv + 1);
     fprintf(stderr, "%s: error: unknown command '%s' (see '%s --help')\n", prog, cmd, prog);
     return 2;
 }

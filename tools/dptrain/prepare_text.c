@@ -1,0 +1,78 @@
+/*
+ * `dptrain prepare-text [FILES or DIRS] --out FILE`: concatenates text files
+ * and writes their byte-level tokens (vocabulary 256) as a token file
+ * (format: include/dp/data.h, docs/text.md).  With no inputs it reads the
+ * default corpus, the plain-text files of /usr/share/games/fortunes (Debian
+ * packages fortunes + fortunes-min; *.dat and *.u8 left out).  Prints one
+ * summary line.  The validation split is not stored: it is taken when the
+ * file is used (the last 5% of the tokens by default).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp/data.h"
+
+int dptrain_cmd_prepare_text(int argc, char **argv);
+
+static const char *help_prepare_text =
+    "usage: dptrain prepare-text [FILE or DIR ...] --out FILE\n"
+    "\n"
+    "Writes the byte-level tokens (vocabulary 256) of the inputs, concatenated, as a\n"
+    "token file (docs/text.md): a header with magic, version, vocabulary size, token\n"
+    "count and CRC-32, then uint16 tokens.  A DIR means its regular files in name order\n"
+    "(symlinks and subfolders inside it are skipped); a FILE is read as given.  With no\n"
+    "inputs: the plain-text files of " DP_TEXT_DEFAULT_CORPUS " (Debian packages\n"
+    "fortunes and fortunes-min; *.dat and *.u8 left out), in name order.\n"
+    "\n"
+    "  --out FILE   the token file to write (replaced atomically)\n";
+
+static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static void die(const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "dptrain: error: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+int dptrain_cmd_prepare_text(int argc, char **argv) {
+    const char *out = NULL;
+    const char **inputs = calloc((size_t)argc + 1, sizeof *inputs);
+    int n = 0;
+    if (!inputs) die("out of memory");
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
+            fputs(help_prepare_text, stdout);
+            free(inputs);
+            return 0;
+        } else if (!strcmp(s, "--out")) {
+            if (i + 1 >= argc) die("option --out needs a value (see 'dptrain prepare-text --help')");
+            out = argv[++i];
+        } else if (!strncmp(s, "--out=", 6)) {
+            out = s + 6;
+        } else if (s[0] == '-' && s[1]) {
+            die("unknown option '%s' for prepare-text (see 'dptrain prepare-text --help')", s);
+        } else {
+            inputs[n++] = s;
+        }
+    }
+    if (!out || !*out) die("prepare-text needs --out FILE (see 'dptrain prepare-text --help')");
+
+    struct dp_text_corpus c;
+    int rc = dp_text_corpus_load(&c, inputs, n);
+    if (rc) die("%s", dp_errmsg());
+    struct dp_tokens t;
+    if ((rc = dp_tokens_from_bytes(&t, c.bytes, c.len))) die("%s", dp_errmsg());
+    if ((rc = dp_tokens_write(out, t.tok, t.n, t.vocab))) die("%s", dp_errmsg());
+    printf("prepare-text: %d file%s, %zu bytes, %lld tokens (vocab %lld) -> %s\n", c.nfiles,
+           c.nfiles == 1 ? "" : "s", c.len, (long long)t.n, (long long)t.vocab, out);
+    dp_tokens_free(&t);
+    dp_text_corpus_free(&c);
+    free(inputs);
+    return 0;
+}
