@@ -59,7 +59,8 @@ static int ends_with(const char *s, const char *suf) {
 struct lt {
     struct dp_model *m;
     struct dp_replica r;
-    struct dp_layer *l; /* the layer under test (m->layers[0]) */
+    struct dp_layer *l; /* the layer under test (m->layers[under]) */
+    int under;          /* layers before it only own parameters it uses (a tied head) */
     int64_t B, nin, nout;
     float *x, *dy, *dx; /* (B, in), (B, out), (B, in) */
     float *y;           /* output of the last forward (arena) */
@@ -85,10 +86,10 @@ static void lt_begin(struct lt *t, struct dp_shape in, int64_t B) {
  * parameters and moves the "1"/"0"-initialised ones (norm weights and biases,
  * running stats) to random values, and fills x and dy. */
 static void lt_end(struct lt *t, uint64_t seed) {
-    ASSERT_TRUE(t->m->nlayers == 1);
+    ASSERT_TRUE(t->m->nlayers == t->under + 1);
     if (dp_model_cur_shape(t->m).ndim > 2) ASSERT_OK(dp_flatten(t->m, "flat"));
     ASSERT_OK(dp_model_finalize(t->m));
-    t->l = t->m->layers[0];
+    t->l = t->m->layers[t->under];
     ASSERT_OK(dp_replica_init(&t->r, t->m, t->B));
     dp_model_init_params(t->m, &t->r, seed);
     for (int i = 0; i < t->m->nparams; i++) {
@@ -104,6 +105,8 @@ static void lt_end(struct lt *t, uint64_t seed) {
         else if (p->init == DP_INIT_CONST)
             fill(dst, p->count, s, 0.5f, 1.5f);
         else if (p->init == DP_INIT_ZERO)
+            fill(dst, p->count, s, -0.5f, 0.5f);
+        else if (p->init == DP_INIT_NORMAL) /* GPT's N(0, 0.02^2): too small to see a term */
             fill(dst, p->count, s, -0.5f, 0.5f);
     }
     t->nin = t->B * dp_shape_numel(&t->l->in_shape);
@@ -1190,6 +1193,528 @@ TEST(layer_constructors_survive_allocation_failures) {
         m = NULL;
         int rc = build_all_layers(&m);
         ASSERT_EQ(rc, DP_ENOMEM);
+        ASSERT_EQ(live_blocks, 0);
+    }
+    fail_at = -1;
+    dp_set_allocator(NULL);
+}
+
+/* ---- transformer layers (GPT) ------------------------------------------------------
+ * Each layer alone against finite differences (tiny sizes: T 4..5, D 8, 2
+ * heads, V 11), forward values against direct double-precision formulas
+ * where the FD check cannot see them (a wrong scale or a missing residual
+ * would be differentiated consistently), the causal mask, and the whole
+ * tiny model end to end through dp_model_run. */
+
+TEST(layer_gelu_erf_grad) {
+    struct lt t;
+    lt_begin(&t, dp__shape2(3, 8), 2);
+    ASSERT_OK(dp_gelu_erf(t.m, "gelu"));
+    lt_end(&t, 21);
+    for (int64_t i = 0; i < t.nin; i++) /* spread over [-3, 3] */
+        t.x[i] *= 3.0f;
+    lt_forward(&t);
+    for (int64_t i = 0; i < t.nin; i++) { /* exact GELU, not the tanh approximation */
+        double v = t.x[i];
+        ASSERT_NEAR(t.y[i], 0.5 * v * (1.0 + erf(v / sqrt(2.0))), 1e-6);
+    }
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+/* tokens (B, T) in [0, V) with repeats, so the scatter-add accumulates */
+static void fill_tokens(int32_t *tok, int64_t n, uint64_t seed, int32_t V) {
+    for (int64_t i = 0; i < n; i++)
+        tok[i] = (int32_t)(dp_rng_uniform(seed, DP_RNG_USER, 9, (uint64_t)i) * (float)V) % V;
+    tok[n - 1] = tok[0];
+}
+
+TEST(layer_embedding_grad) {
+    const int64_t B = 2, T = 5, V = 11, D = 8;
+    struct lt t;
+    int32_t tok[10];
+    lt_begin(&t, dp__shape1(T), B);
+    ASSERT_OK(dp_tokpos_embedding(t.m, "tok", "pos", V, 6, D));
+    lt_end(&t, 22);
+    fill_tokens(tok, B * T, 3, (int32_t)V);
+    t.batch.tokens = tok;
+    const struct dp_param_info *tw = dp_model_find_param(t.m, "tok.weight");
+    const struct dp_param_info *pw = dp_model_find_param(t.m, "pos.weight");
+    ASSERT_TRUE(tw && pw && tw->offset == 0 && pw->offset == V * D);
+    ASSERT_EQ(tw->shape.d[0], V);
+    ASSERT_EQ(pw->shape.d[0], 6);
+    ASSERT_TRUE(tw->init == DP_INIT_NORMAL && tw->init_a == 0.02f);
+    ASSERT_EQ(t.l->param_count, (V + 6) * D);
+    ASSERT_EQ(t.l->out_shape.ndim, 2);
+    ASSERT_EQ(t.l->out_shape.d[1], D);
+    lt_forward(&t);
+    for (int64_t b = 0; b < B; b++) /* y[t] = tok[id] + pos[t] */
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t j = 0; j < D; j++)
+                ASSERT_FEQ(t.y[(b * T + i) * D + j], t.r.params[tw->offset + tok[b * T + i] * D + j] +
+                                                         t.r.params[pw->offset + i * D + j]);
+    lt_check_grads(&t, 0); /* x is unused: its gradient is zero */
+    tok[3] = (int32_t)V;
+    struct dp_ctx c = lt_ctx(&t);
+    ASSERT_ERR(t.l->ops->forward(t.l, &c, t.y, NULL, B), DP_EINVAL, "outside [0, 11)");
+    lt_free(&t);
+}
+
+/* Direct attention in double: y (B, T, D) from x and the layer's parameters. */
+static void attention_ref(double *y, const double *x, const float *prm, int64_t B, int64_t T,
+                          int64_t D, int64_t H) {
+    const float *wq = prm, *bq = wq + 3 * D * D, *wp = bq + 3 * D, *bp = wp + D * D;
+    const int64_t dh = D / H;
+    double *qkv = malloc(sizeof(double) * (size_t)(T * 3 * D));
+    double *att = malloc(sizeof(double) * (size_t)(T * D));
+    double s[16];
+    for (int64_t b = 0; b < B; b++) {
+        const double *xb = x + b * T * D;
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t o = 0; o < 3 * D; o++) {
+                double a = bq[o];
+                for (int64_t k = 0; k < D; k++) a += (double)wq[o * D + k] * xb[i * D + k];
+                qkv[i * 3 * D + o] = a;
+            }
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < T; i++) {
+                double mx = -1e300, z = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    double a = 0;
+                    for (int64_t e = 0; e < dh; e++)
+                        a += qkv[i * 3 * D + h * dh + e] * qkv[j * 3 * D + D + h * dh + e];
+                    s[j] = a / sqrt((double)dh);
+                    mx = fmax(mx, s[j]);
+                }
+                for (int64_t j = 0; j <= i; j++) s[j] = exp(s[j] - mx), z += s[j];
+                for (int64_t e = 0; e < dh; e++) {
+                    double a = 0;
+                    for (int64_t j = 0; j <= i; j++) a += s[j] / z * qkv[j * 3 * D + 2 * D + h * dh + e];
+                    att[i * D + h * dh + e] = a;
+                }
+            }
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t o = 0; o < D; o++) {
+                double a = bp[o];
+                for (int64_t k = 0; k < D; k++) a += (double)wp[o * D + k] * att[i * D + k];
+                y[(b * T + i) * D + o] = a;
+            }
+    }
+    free(qkv), free(att);
+}
+
+TEST(layer_attention_grad) {
+    const int64_t B = 2, T = 5, D = 8, H = 2;
+    struct lt t;
+    lt_begin(&t, dp__shape2(T, D), B);
+    ASSERT_OK(dp_attention(t.m, "attn", (int)H));
+    lt_end(&t, 23);
+    const struct dp_param_info *q = dp_model_find_param(t.m, "attn.qkv.weight");
+    ASSERT_TRUE(q && q->shape.d[0] == 3 * D && q->shape.d[1] == D && q->init == DP_INIT_NORMAL);
+    ASSERT_TRUE(dp_model_find_param(t.m, "attn.qkv.bias")->init == DP_INIT_ZERO);
+    ASSERT_TRUE(dp_model_find_param(t.m, "attn.proj.weight") != NULL);
+    ASSERT_EQ(t.l->param_count, 3 * D * D + 3 * D + D * D + D);
+    lt_forward(&t);
+    double ref[2 * 5 * 8], xd[2 * 5 * 8];
+    for (int64_t i = 0; i < t.nin; i++) xd[i] = t.x[i];
+    attention_ref(ref, xd, t.r.params + t.l->param_off, B, T, D, H);
+    for (int64_t i = 0; i < t.nout; i++)
+        ASSERT_NEAR(t.y[i], ref[i], 1e-5 + 1e-5 * fabs(ref[i]));
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+/* Position i's output depends on positions <= i only: changing the last
+ * position's input leaves every earlier output bit for bit unchanged (and
+ * does change the last); a gradient at position 0 alone reaches the input at
+ * position 0 alone. */
+TEST(layer_attention_causal_mask) {
+    const int64_t B = 2, T = 5, D = 8;
+    struct lt t;
+    lt_begin(&t, dp__shape2(T, D), B);
+    ASSERT_OK(dp_attention(t.m, "attn", 2));
+    lt_end(&t, 24);
+    lt_forward(&t);
+    float *y0 = malloc(sizeof(float) * (size_t)t.nout);
+    memcpy(y0, t.y, sizeof(float) * (size_t)t.nout);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < D; j++) t.x[(b * T + T - 1) * D + j] += 0.5f;
+    lt_forward(&t);
+    for (int64_t b = 0; b < B; b++) {
+        ASSERT_TRUE(memcmp(t.y + b * T * D, y0 + b * T * D, sizeof(float) * (size_t)((T - 1) * D)) == 0);
+        ASSERT_TRUE(memcmp(t.y + (b * T + T - 1) * D, y0 + (b * T + T - 1) * D, sizeof(float) * (size_t)D) != 0);
+    }
+    memset(t.dy, 0, sizeof(float) * (size_t)t.nout);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < D; j++) t.dy[b * T * D + j] = 1.0f;
+    lt_backward(&t, t.dx);
+    for (int64_t b = 0; b < B; b++) {
+        double g0 = 0;
+        for (int64_t j = 0; j < D; j++) g0 += fabs(t.dx[b * T * D + j]);
+        ASSERT_TRUE(g0 > 0);
+        for (int64_t i = D; i < T * D; i++) ASSERT_FEQ(t.dx[b * T * D + i], 0.0f);
+    }
+    free(y0);
+    lt_free(&t);
+}
+
+/* y (R, N) = x (R, K) W^T + b, in double */
+static void linear_ref(double *y, const double *x, const float *w, const float *b, int64_t R,
+                       int64_t K, int64_t N) {
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t o = 0; o < N; o++) {
+            double a = b[o];
+            for (int64_t k = 0; k < K; k++) a += (double)w[o * K + k] * x[r * K + k];
+            y[r * N + o] = a;
+        }
+}
+
+/* LayerNorm of rows (R, D) in double, eps 1e-5 */
+static void ln_ref(double *y, const double *x, const float *w, const float *b, int64_t R,
+                   int64_t D) {
+    for (int64_t r = 0; r < R; r++) {
+        double mu = 0, v = 0;
+        for (int64_t j = 0; j < D; j++) mu += x[r * D + j] / (double)D;
+        for (int64_t j = 0; j < D; j++) v += (x[r * D + j] - mu) * (x[r * D + j] - mu) / (double)D;
+        for (int64_t j = 0; j < D; j++)
+            y[r * D + j] = (x[r * D + j] - mu) / sqrt(v + 1e-5) * w[j] + b[j];
+    }
+}
+
+/* The block's forward in double, straight from its definition:
+ * r = x + attn(ln1(x)), y = r + fc_out(gelu_erf(fc(ln2(r)))). */
+static void block_ref(double *y, const float *xf, const float *prm, int64_t B, int64_t T,
+                      int64_t D, int64_t H) {
+    const int64_t R = B * T, n = R * D;
+    const float *ln1 = prm, *attn = ln1 + 2 * D, *ln2 = attn + 4 * D * D + 4 * D;
+    const float *fcw = ln2 + 2 * D, *fcb = fcw + 4 * D * D, *ow = fcb + 4 * D, *ob = ow + 4 * D * D;
+    double *x = malloc(sizeof(double) * (size_t)n), *h = malloc(sizeof(double) * (size_t)n);
+    double *r = malloc(sizeof(double) * (size_t)n), *f = malloc(sizeof(double) * (size_t)(4 * n));
+    for (int64_t i = 0; i < n; i++) x[i] = xf[i];
+    ln_ref(h, x, ln1, ln1 + D, R, D);
+    attention_ref(r, h, attn, B, T, D, H);
+    for (int64_t i = 0; i < n; i++) r[i] += x[i];
+    ln_ref(h, r, ln2, ln2 + D, R, D);
+    linear_ref(f, h, fcw, fcb, R, D, 4 * D);
+    for (int64_t i = 0; i < 4 * n; i++) f[i] = 0.5 * f[i] * (1.0 + erf(f[i] / sqrt(2.0)));
+    linear_ref(y, f, ow, ob, R, 4 * D, D);
+    for (int64_t i = 0; i < n; i++) y[i] += r[i];
+    free(x), free(h), free(r), free(f);
+}
+
+TEST(layer_transformer_block_grad) {
+    const int64_t B = 2, T = 4, D = 8;
+    struct lt t;
+    lt_begin(&t, dp__shape2(T, D), B);
+    ASSERT_OK(dp_transformer_block(t.m, "blocks.0", 2));
+    lt_end(&t, 25);
+    /* the PyTorch module's names, in its registration order */
+    const char *names[] = {"ln1.weight", "ln1.bias", "qkv.weight", "qkv.bias",
+                           "proj.weight", "proj.bias", "ln2.weight", "ln2.bias",
+                           "fc.weight", "fc.bias", "fc_out.weight", "fc_out.bias"};
+    ASSERT_EQ(t.m->nparams, 12);
+    for (int i = 0; i < 12; i++) {
+        char full[96];
+        snprintf(full, sizeof full, "blocks.0.%s", names[i]);
+        ASSERT_TRUE(strcmp(t.m->params[i].name, full) == 0);
+    }
+    ASSERT_EQ(dp_model_find_param(t.m, "blocks.0.fc.weight")->shape.d[0], 4 * D);
+    ASSERT_EQ(t.l->param_count, 2 * D + (3 * D * D + 3 * D) + (D * D + D) + 2 * D +
+                                    (4 * D * D + 4 * D) + (4 * D * D + D));
+    lt_forward(&t);
+    double ref[2 * 4 * 8];
+    block_ref(ref, t.x, t.r.params, B, T, D, 2);
+    for (int64_t i = 0; i < t.nout; i++)
+        ASSERT_NEAR(t.y[i], ref[i], 1e-5 + 1e-5 * fabs(ref[i]));
+    lt_check_grads(&t, 0);
+    /* the residual wiring: with both branches' output Linears zeroed, y = x */
+    float *prm = t.r.params;
+    const struct dp_param_info *pw = dp_model_find_param(t.m, "blocks.0.proj.weight");
+    const struct dp_param_info *ow = dp_model_find_param(t.m, "blocks.0.fc_out.weight");
+    memset(prm + pw->offset, 0, sizeof(float) * (size_t)(D * D + D));
+    memset(prm + ow->offset, 0, sizeof(float) * (size_t)(4 * D * D + D));
+    lt_forward(&t);
+    for (int64_t i = 0; i < t.nout; i++) ASSERT_FEQ(t.y[i], t.x[i]);
+    lt_free(&t);
+}
+
+TEST(layer_tied_lm_head_grad) {
+    const int64_t B = 2, T = 5, V = 11, D = 8;
+    struct lt t;
+    lt_begin(&t, dp__shape1(T), B);
+    ASSERT_OK(dp_tokpos_embedding(t.m, "tok", "pos", V, T, D));
+    ASSERT_ERR(dp_tied_lm_head(t.m, "lm_head", "nope.weight"), DP_EINVAL, "no parameter");
+    ASSERT_OK(dp_linear(t.m, "narrow", 4, 0));
+    ASSERT_ERR(dp_tied_lm_head(t.m, "lm_head", "tok.weight"), DP_EINVAL, "is not a (V, 4)");
+    /* start again without the extra layer */
+    dp_model_free(t.m);
+    struct dp_shape in = dp__shape1(T);
+    ASSERT_OK(dp_model_init(&t.m, "test", &in));
+    ASSERT_OK(dp_tokpos_embedding(t.m, "tok", "pos", V, T, D));
+    ASSERT_OK(dp_tied_lm_head(t.m, "lm_head", "tok.weight"));
+    t.under = 1;
+    lt_end(&t, 26);
+    ASSERT_EQ(t.l->param_count, 0);
+    ASSERT_EQ(t.l->out_shape.d[0], T);
+    ASSERT_EQ(t.l->out_shape.d[1], V);
+    ASSERT_EQ(t.m->num_params, (V + T) * D);
+    /* logits = x tok.weight^T */
+    lt_forward(&t);
+    for (int64_t r = 0; r < B * T; r++)
+        for (int64_t v = 0; v < V; v++) {
+            double a = 0;
+            for (int64_t j = 0; j < D; j++) a += (double)t.x[r * D + j] * t.r.params[v * D + j];
+            ASSERT_NEAR(t.y[r * V + v], a, 1e-5);
+        }
+    /* dx, and the head's part of tok.weight's gradient (pos.weight's is 0) */
+    lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+/* Parameter gradients accumulate (+=), dx is overwritten, for each
+ * transformer layer; the head accumulates into the tied weight. */
+TEST(layer_transformer_grads_accumulate) {
+    struct lt t;
+    int32_t tok[10];
+    fill_tokens(tok, 10, 5, 11);
+    lt_begin(&t, dp__shape1(5), 2);
+    ASSERT_OK(dp_tokpos_embedding(t.m, "tok", "pos", 11, 5, 8));
+    lt_end(&t, 66);
+    t.batch.tokens = tok;
+    accumulate_case(&t);
+    lt_begin(&t, dp__shape1(5), 2);
+    ASSERT_OK(dp_tokpos_embedding(t.m, "tok", "pos", 11, 5, 8));
+    ASSERT_OK(dp_tied_lm_head(t.m, "lm_head", "tok.weight"));
+    t.under = 1;
+    lt_end(&t, 67);
+    accumulate_case(&t);
+    lt_begin(&t, dp__shape2(5, 8), 2);
+    ASSERT_OK(dp_attention(t.m, "attn", 2));
+    lt_end(&t, 68);
+    accumulate_case(&t);
+    lt_begin(&t, dp__shape2(4, 8), 2);
+    ASSERT_OK(dp_transformer_block(t.m, "blocks.0", 2));
+    lt_end(&t, 69);
+    accumulate_case(&t);
+}
+
+/* Bit-identical for 1 and 2 threads at a size where the block's
+ * elementwise loops and LayerNorms run OpenMP teams (n = 32768). */
+TEST(layer_transformer_deterministic_across_threads) {
+    struct lt t;
+    lt_begin(&t, dp__shape2(64, 64), 8);
+    ASSERT_OK(dp_transformer_block(t.m, "blocks.0", 4));
+    lt_end(&t, 73);
+    thread_case(&t);
+}
+
+/* ---- the tiny GPT end to end ------------------------------------------------------- */
+
+#define GPT_TINY "gpt:layers=2,heads=2,dim=8,ctx=5,vocab=11"
+
+struct gpt_case {
+    struct dp_model *m;
+    struct dp_replica r;
+    int32_t tok[10], tgt[10];
+    int64_t sidx[2];
+    struct dp_batch batch;
+};
+
+/* The tiny model with parameters spread out (as lt_end does), B = 2 random
+ * sequences and next-token targets. */
+static void gpt_case_init(struct gpt_case *g) {
+    memset(g, 0, sizeof *g);
+    ASSERT_OK(dp_model_from_spec(&g->m, GPT_TINY, 1, 1, 1));
+    ASSERT_OK(dp_replica_init(&g->r, g->m, 2));
+    dp_model_init_params(g->m, &g->r, 7);
+    for (int i = 0; i < g->m->nparams; i++) {
+        const struct dp_param_info *p = &g->m->params[i];
+        float *dst = g->r.params + p->offset;
+        if (p->init == DP_INIT_CONST) fill(dst, p->count, 500 + (uint64_t)i, 0.5f, 1.5f);
+        else fill(dst, p->count, 500 + (uint64_t)i, -0.4f, 0.4f);
+    }
+    fill_tokens(g->tok, 10, 11, 11);
+    fill_tokens(g->tgt, 10, 12, 11);
+    g->sidx[0] = 4, g->sidx[1] = 9;
+    g->batch = (struct dp_batch){.B = 2, .tokens = g->tok, .targets = g->tgt, .sample_idx = g->sidx};
+}
+
+static void gpt_case_free(struct gpt_case *g) {
+    dp_replica_free(&g->r);
+    dp_model_free(g->m);
+}
+
+/* the summed loss over all B T positions (loss_scale 1: dloss/dlogits unscaled) */
+static double gpt_loss(struct gpt_case *g, int backward) {
+    struct dp_pass pass = {.training = 1, .backward = backward, .loss_scale = 1.0f};
+    ASSERT_OK(dp_model_run(g->m, &g->r, &g->batch, &pass));
+    return pass.loss_sum;
+}
+
+/* Every parameter of the whole model (embeddings, both blocks, ln_f, the
+ * tied head through tok.weight) against central differences of the summed
+ * cross-entropy, with the layer tests' eps and tolerance; and the default
+ * loss scale is the mean over the B T positions. */
+TEST(gpt_tiny_model_grad) {
+    struct gpt_case g;
+    gpt_case_init(&g);
+    ASSERT_EQ(dp_model_num_classes(g.m), 11);
+    ASSERT_EQ(g.m->in_shape.ndim, 1);
+    ASSERT_EQ(g.m->in_shape.d[0], 5);
+    const int64_t np = g.m->num_params;
+    memset(g.r.grads, 0, sizeof(float) * (size_t)np);
+    const double l0 = gpt_loss(&g, 1);
+    ASSERT_TRUE(isfinite(l0) && l0 > 0);
+    float *ga = malloc(sizeof(float) * (size_t)np);
+    memcpy(ga, g.r.grads, sizeof(float) * (size_t)np);
+    double worst = 0;
+    for (int64_t i = 0; i < np; i++) {
+        float *th = g.r.params + i;
+        const float save = *th;
+        *th = (float)(save + FD_EPS);
+        const double fp = gpt_loss(&g, 0);
+        *th = (float)(save - FD_EPS);
+        const double fm = gpt_loss(&g, 0);
+        *th = save;
+        const double e = (double)(float)(save + FD_EPS) - (double)(float)(save - FD_EPS);
+        const double fd = (fp - fm) / e, a = ga[i];
+        const double q = fabs(a - fd) / (FD_ATOL + FD_RTOL * fmax(fabs(a), fabs(fd)));
+        if (q > worst) worst = q;
+        if (!(q <= 1.0)) {
+            const char *name = "?";
+            for (int k = 0; k < g.m->nparams; k++)
+                if (i >= g.m->params[k].offset && i < g.m->params[k].offset + g.m->params[k].count)
+                    name = g.m->params[k].name;
+            dp_test_fail(__FILE__, __LINE__, "%s (slab %lld): analytic %.7g, finite difference %.7g",
+                         name, (long long)i, a, fd);
+        }
+    }
+    if (getenv("DP_TEST_VERBOSE"))
+        fprintf(stderr, "    gpt tiny: %lld parameters, worst |a - fd| / tol = %.3f\n",
+                (long long)np, worst);
+    /* default scale: the mean over R = B T = 10 positions */
+    memset(g.r.grads, 0, sizeof(float) * (size_t)np);
+    struct dp_pass mean = {.training = 1, .backward = 1};
+    ASSERT_OK(dp_model_run(g.m, &g.r, &g.batch, &mean));
+    ASSERT_FEQ(mean.loss_sum, l0);
+    for (int64_t i = 0; i < np; i++)
+        ASSERT_NEAR(g.r.grads[i] * 10.0, ga[i], 1e-6 + 1e-5 * fabs(ga[i]));
+    free(ga);
+    gpt_case_free(&g);
+}
+
+struct ready_log {
+    int n;
+    int64_t off[16], cnt[16];
+    double tok_abs[16]; /* sum |grad| over tok.weight at each report */
+    const float *grads;
+    int64_t tok_count;
+};
+
+static void ready_record(void *arg, int64_t off, int64_t cnt) {
+    struct ready_log *lg = arg;
+    ASSERT_TRUE(lg->n < 16);
+    double s = 0;
+    for (int64_t i = 0; i < lg->tok_count; i++) s += fabs(lg->grads[i]);
+    lg->off[lg->n] = off, lg->cnt[lg->n] = cnt, lg->tok_abs[lg->n] = s;
+    lg->n++;
+}
+
+/* The tied weight's gradient gets both contributions before its range is
+ * reported: ranges come in decreasing offsets, the head reports nothing, the
+ * embedding's (tok.weight, pos.weight) range comes last; the head's share is
+ * already in tok.weight's gradient at the first report, and what is there at
+ * the last report is the final gradient. */
+TEST(gpt_tied_gradient_reported_once_last) {
+    struct gpt_case g;
+    gpt_case_init(&g);
+    const struct dp_param_info *tw = dp_model_find_param(g.m, "tok.weight");
+    const struct dp_param_info *pw = dp_model_find_param(g.m, "pos.weight");
+    ASSERT_EQ(tw->offset, 0);
+    struct ready_log lg = {.grads = g.r.grads, .tok_count = tw->count};
+    memset(g.r.grads, 0, sizeof(float) * (size_t)g.m->num_params);
+    struct dp_pass pass = {.training = 1, .backward = 1, .grad_ready = ready_record,
+                           .grad_ready_arg = &lg};
+    ASSERT_OK(dp_model_run(g.m, &g.r, &g.batch, &pass));
+    ASSERT_EQ(lg.n, 4); /* ln_f, blocks.1, blocks.0, tok+pos; not lm_head */
+    for (int i = 0; i + 1 < lg.n; i++) {
+        ASSERT_TRUE(lg.off[i + 1] + lg.cnt[i + 1] == lg.off[i]); /* contiguous, descending */
+        ASSERT_TRUE(lg.off[i] >= tw->count + pw->count);        /* none covers tok.weight */
+    }
+    ASSERT_EQ(lg.off[lg.n - 1], 0);
+    ASSERT_EQ(lg.cnt[lg.n - 1], tw->count + pw->count);
+    ASSERT_EQ(lg.off[0] + lg.cnt[0], g.m->num_params);
+    ASSERT_TRUE(lg.tok_abs[0] > 0);                       /* the head's share, early */
+    ASSERT_TRUE(lg.tok_abs[lg.n - 1] != lg.tok_abs[0]);   /* plus the embedding's */
+    double fin = 0;
+    for (int64_t i = 0; i < tw->count; i++) fin += fabs(g.r.grads[i]);
+    ASSERT_FEQ(fin, lg.tok_abs[lg.n - 1]);
+    gpt_case_free(&g);
+}
+
+/* The issue's workload size, the PyTorch module's names, layouts and inits,
+ * and the spec parser's errors. */
+TEST(gpt_spec_params_and_names) {
+    struct dp_model *m;
+    ASSERT_OK(dp_model_from_spec(&m, "gpt:layers=4,heads=4,dim=128,ctx=64", 1, 28, 28));
+    ASSERT_EQ(m->num_params, 834304);
+    ASSERT_EQ(m->num_buffers, 0);
+    ASSERT_EQ(dp_model_num_classes(m), 256);
+    ASSERT_EQ(m->nlayers, 4 + 3);
+    ASSERT_EQ(m->nparams, 2 + 4 * 12 + 2);
+    ASSERT_TRUE(strcmp(m->params[0].name, "tok.weight") == 0);
+    ASSERT_TRUE(strcmp(m->params[1].name, "pos.weight") == 0);
+    ASSERT_TRUE(strcmp(m->params[2].name, "blocks.0.ln1.weight") == 0);
+    ASSERT_TRUE(strcmp(m->params[13].name, "blocks.0.fc_out.bias") == 0);
+    ASSERT_TRUE(strcmp(m->params[49].name, "blocks.3.fc_out.bias") == 0);
+    ASSERT_TRUE(strcmp(m->params[50].name, "ln_f.weight") == 0);
+    ASSERT_TRUE(strcmp(m->params[51].name, "ln_f.bias") == 0);
+    const struct dp_param_info *p = dp_model_find_param(m, "tok.weight");
+    ASSERT_TRUE(p->shape.d[0] == 256 && p->shape.d[1] == 128 && p->init == DP_INIT_NORMAL);
+    ASSERT_TRUE(p->init_a == 0.02f);
+    p = dp_model_find_param(m, "pos.weight");
+    ASSERT_TRUE(p->shape.d[0] == 64 && p->shape.d[1] == 128 && p->init == DP_INIT_NORMAL);
+    p = dp_model_find_param(m, "blocks.2.qkv.weight");
+    ASSERT_TRUE(p->shape.d[0] == 384 && p->shape.d[1] == 128);
+    ASSERT_TRUE(p->init == DP_INIT_NORMAL && p->init_a == 0.02f);
+    ASSERT_TRUE(dp_model_find_param(m, "blocks.2.qkv.bias")->init == DP_INIT_ZERO);
+    p = dp_model_find_param(m, "blocks.1.fc_out.weight");
+    ASSERT_TRUE(p->shape.d[0] == 128 && p->shape.d[1] == 512 && p->init == DP_INIT_NORMAL);
+    ASSERT_TRUE(dp_model_find_param(m, "blocks.1.fc_out.bias")->init == DP_INIT_ZERO);
+    p = dp_model_find_param(m, "blocks.0.ln2.weight");
+    ASSERT_TRUE(p->init == DP_INIT_CONST && p->init_a == 1.0f);
+    ASSERT_TRUE(dp_model_find_param(m, "ln_f.bias")->init == DP_INIT_ZERO);
+    dp_model_free(m);
+    ASSERT_OK(dp_model_from_spec(&m, "gpt:ctx=8,dim=16,heads=2,layers=1,vocab=50", 0, 0, 0));
+    ASSERT_EQ(dp_model_num_classes(m), 50);
+    dp_model_free(m);
+    ASSERT_ERR(dp_model_from_spec(&m, "gpt:layers=2,heads=3,dim=8,ctx=4", 1, 1, 1), DP_EINVAL,
+               "not a multiple");
+    ASSERT_ERR(dp_model_from_spec(&m, "gpt:layers=2,heads=2,dim=8", 1, 1, 1), DP_EINVAL,
+               "missing ctx");
+    ASSERT_ERR(dp_model_from_spec(&m, "gpt:layers=2,heads=2,dim=8,ctx=4,depth=3", 1, 1, 1),
+               DP_EINVAL, "bad or repeated key");
+    ASSERT_ERR(dp_model_from_spec(&m, "gpt:layers=2,layers=2,heads=2,dim=8,ctx=4", 1, 1, 1),
+               DP_EINVAL, "bad or repeated key");
+    ASSERT_ERR(dp_model_from_spec(&m, "gpt:layers=0,heads=2,dim=8,ctx=4", 1, 1, 1), DP_EINVAL,
+               "positive integer");
+}
+
+/* The transformer constructors free what they made when an allocation fails. */
+TEST(gpt_constructor_survives_allocation_failures) {
+    struct dp_allocator counting = {count_alloc, count_free, NULL};
+    dp_set_allocator(&counting);
+    struct dp_model *m = NULL;
+    alloc_count = 0, fail_at = -1;
+    ASSERT_OK(dp_model_from_spec(&m, GPT_TINY, 1, 1, 1));
+    const int64_t total = alloc_count;
+    ASSERT_TRUE(total > 20); /* every layer and child, their state, the tables */
+    dp_model_free(m);
+    ASSERT_EQ(live_blocks, 0);
+    for (int64_t k = 0; k < total; k++) {
+        alloc_count = 0, fail_at = k;
+        m = NULL;
+        ASSERT_EQ(dp_model_from_spec(&m, GPT_TINY, 1, 1, 1), DP_ENOMEM);
         ASSERT_EQ(live_blocks, 0);
     }
     fail_at = -1;

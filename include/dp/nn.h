@@ -156,6 +156,28 @@ int dp_flatten(struct dp_model *m, const char *name);
  * with 3x3 convs; s = identity, or 1x1 conv (stride) + BN when the shape changes. */
 int dp_resblock(struct dp_model *m, const char *name, int64_t out_channels, int stride);
 
+/* Transformer layers (GPT-2 style).  Inputs are sequences (T, D); a token
+ * model's input shape is (T) and its ids come from batch->tokens (x == NULL).
+ *   dp_tokpos_embedding: y[t] = tok.weight[id_t] + pos.weight[t]; parameters
+ *     "<tok_name>.weight" (vocab, dim) and "<pos_name>.weight" (ctx_len, dim),
+ *     N(0, 0.02^2); T <= ctx_len.  Must be the first layer.
+ *   dp_gelu_erf: exact GELU x Phi(x), as torch.nn.GELU().
+ *   dp_attention: causal multi-head self-attention with a fused QKV Linear
+ *     D->3D "<name>.qkv" and an output Linear D->D "<name>.proj" (weights
+ *     N(0, 0.02^2), biases 0); D must be a multiple of heads.  Memory O(T^2)
+ *     per head.
+ *   dp_transformer_block: pre-LN block x += attn(ln1(x)); x += fc_out(gelu(fc(ln2(x))))
+ *     with fc D->4D; children "<name>.ln1/.qkv/.proj/.ln2/.fc/.fc_out".
+ *   dp_tied_lm_head: logits = x W^T with W the existing (V, D) parameter
+ *     `weight` (e.g. "tok.weight"), no bias, no parameters of its own; its
+ *     gradient is added into W's, which the owning (earlier) layer reports. */
+int dp_tokpos_embedding(struct dp_model *m, const char *tok_name, const char *pos_name,
+                        int64_t vocab, int64_t ctx_len, int64_t dim);
+int dp_gelu_erf(struct dp_model *m, const char *name);
+int dp_attention(struct dp_model *m, const char *name, int heads);
+int dp_transformer_block(struct dp_model *m, const char *name, int heads);
+int dp_tied_lm_head(struct dp_model *m, const char *name, const char *weight);
+
 /* Creates a layer without appending it (used by composite layers like the
  * residual block to build their children).  Same arguments as above plus the
  * input shape.  The caller owns the returned layer; dp_layer_free frees it. */
@@ -200,7 +222,10 @@ int dp_model_init(struct dp_model **m, const char *spec, const struct dp_shape *
 int dp_model_finalize(struct dp_model *m);
 void dp_model_free(struct dp_model *m);
 /* Builds a named model: "mlp", "cnn", "resnet", "mlp:784,512,10" (widths, the
- * first being the flattened input size), for inputs (C, H, W). */
+ * first being the flattened input size), for inputs (C, H, W); or
+ * "gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V]" (vocab 256 by default), a
+ * language model over T token ids (input shape (T), output (T, V) logits);
+ * C, H and W are ignored for it. */
 int dp_model_from_spec(struct dp_model **m, const char *spec, int64_t C, int64_t H, int64_t W);
 /* Number of classes (last dim of the output). */
 int64_t dp_model_num_classes(const struct dp_model *m);

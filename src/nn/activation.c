@@ -1,5 +1,6 @@
 /* Elementwise layers: ReLU, GELU (tanh approximation, as GPT-2 and
- * torch.nn.GELU(approximate="tanh")) and Dropout.  All keep the input shape.
+ * torch.nn.GELU(approximate="tanh")), exact GELU (erf, torch.nn.GELU()) and
+ * Dropout.  All keep the input shape.
  *
  * Letters: B batch, n = numel of one sample. */
 #include <math.h>
@@ -106,6 +107,55 @@ int dp_gelu(struct dp_model *m, const char *name) {
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__gelu_make(m, &l, name, &in);
+    return dp__layer_append(m, l, rc, &mk);
+}
+
+/* ---- GELU (exact, erf) ------------------------------------------------------------ */
+
+#define GELU_RSQRT2 0.70710678118654752f   /* 1/sqrt(2) */
+#define GELU_RSQRT2PI 0.39894228040143268f /* 1/sqrt(2 pi) */
+
+/* Forward:  y = x Phi(x),  Phi(x) = 0.5 (1 + erf(x / sqrt(2)))   (torch.nn.GELU())
+ * Backward: dx = dy (Phi(x) + x phi(x)),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+ * erff and expf from libm (correctly rounded to about 1 ulp; not vectorised). */
+static int gelu_erf_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x,
+                            int64_t B) {
+    const int64_t n = B * dp_shape_numel(&l->in_shape);
+#pragma omp parallel for schedule(static) if (n >= DP__OMP_MIN / 4)
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + erff(v * GELU_RSQRT2));
+    }
+    return DP_OK;
+}
+
+static int gelu_erf_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *dy,
+                             const float *x, const float *y, int64_t B) {
+    if (!dx) return DP_OK;
+    const int64_t n = B * dp_shape_numel(&l->in_shape);
+#pragma omp parallel for schedule(static) if (n >= DP__OMP_MIN / 4)
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        float cdf = 0.5f * (1.0f + erff(v * GELU_RSQRT2));
+        float pdf = GELU_RSQRT2PI * expf(-0.5f * v * v);
+        dx[i] = dy[i] * (cdf + v * pdf);
+    }
+    return DP_OK;
+}
+
+static const struct dp_layer_ops gelu_erf_ops = {"gelu_erf", gelu_erf_forward, gelu_erf_backward,
+                                                 NULL};
+
+int dp__gelu_erf_make(struct dp_model *m, struct dp_layer **out, const char *name,
+                      const struct dp_shape *in) {
+    return elementwise_make(m, out, &gelu_erf_ops, name, in, 12);
+}
+
+int dp_gelu_erf(struct dp_model *m, const char *name) {
+    struct dp_shape in = dp_model_cur_shape(m);
+    struct dp__model_mark mk = dp__model_mark(m);
+    struct dp_layer *l;
+    int rc = dp__gelu_erf_make(m, &l, name, &in);
     return dp__layer_append(m, l, rc, &mk);
 }
 

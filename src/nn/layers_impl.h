@@ -139,6 +139,9 @@ static inline float dp__tanhf(float x) { return 1.0f - 2.0f / (dp__expf(2.0f * x
 
 int dp__linear_make(struct dp_model *m, struct dp_layer **out, const char *name,
                     const struct dp_shape *in, int64_t out_features, int bias);
+/* Re-initialises a Linear layer made by dp__linear_make as GPT-2 does:
+ * weight N(0, 0.02^2), bias 0 (instead of PyTorch's U(+-1/sqrt(IN))). */
+void dp__linear_init_gpt(struct dp_model *m, const struct dp_layer *l);
 int dp__conv2d_make(struct dp_model *m, struct dp_layer **out, const char *name,
                     const struct dp_shape *in, int64_t out_channels, int kernel, int stride,
                     int pad, int bias);
@@ -160,6 +163,20 @@ int dp__flatten_make(struct dp_model *m, struct dp_layer **out, const char *name
                      const struct dp_shape *in);
 int dp__resblock_make(struct dp_model *m, struct dp_layer **out, const char *name,
                       const struct dp_shape *in, int64_t out_channels, int stride);
+int dp__gelu_erf_make(struct dp_model *m, struct dp_layer **out, const char *name,
+                      const struct dp_shape *in);
+/* token embedding `tok_name` (vocab, dim) + position embedding `pos_name`
+ * (ctx_len, dim), weights N(0, std^2); input (T) token ids, T <= ctx_len */
+int dp__tokpos_embedding_make(struct dp_model *m, struct dp_layer **out, const char *tok_name,
+                              const char *pos_name, const struct dp_shape *in, int64_t vocab,
+                              int64_t ctx_len, int64_t dim, float std);
+int dp__tied_lm_head_make(struct dp_model *m, struct dp_layer **out, const char *name,
+                          const struct dp_shape *in, const char *weight);
+/* causal self-attention named `name`, its children "<prefix>.qkv", "<prefix>.proj" */
+int dp__attention_make(struct dp_model *m, struct dp_layer **out, const char *name,
+                       const char *prefix, const struct dp_shape *in, int heads);
+int dp__transformer_block_make(struct dp_model *m, struct dp_layer **out, const char *name,
+                               const struct dp_shape *in, int heads);
 
 /* ---- plain reference convolution (tests compare the fast path to it) -------- */
 

@@ -118,6 +118,17 @@ int dp__linear_make(struct dp_model *m, struct dp_layer **out, const char *name,
     return DP_OK;
 }
 
+void dp__linear_init_gpt(struct dp_model *m, const struct dp_layer *l) {
+    for (int i = 0; i < m->nparams; i++) {
+        struct dp_param_info *p = &m->params[i];
+        if (p->is_buffer || p->offset < l->param_off || p->offset >= l->param_off + l->param_count)
+            continue;
+        int is_bias = p->shape.ndim == 1;
+        p->init = is_bias ? DP_INIT_ZERO : DP_INIT_NORMAL;
+        p->init_a = is_bias ? 0.0f : 0.02f;
+    }
+}
+
 int dp_linear(struct dp_model *m, const char *name, int64_t out_features, int bias) {
     struct dp_shape in = dp_model_cur_shape(m);
     struct dp__model_mark mk = dp__model_mark(m);

@@ -1,0 +1,180 @@
+/* Causal multi-head self-attention, as in GPT-2, over a sequence x (T, D):
+ *
+ *     qkv = x Wqkv^T + bqkv                 (T, 3D)   child "<prefix>.qkv", Linear D -> 3D
+ *     per head h (width dh = D / H):  Q, K, V = columns [h dh, (h+1) dh) of the
+ *     three D-wide thirds of qkv (PyTorch's q, k, v = qkv.split(D, -1), then
+ *     .view(T, H, dh)), and
+ *         S = Q K^T / sqrt(dh)              (T, T)
+ *         P_ij = exp(S_ij) / sum_{k <= i} exp(S_ik)  for j <= i,  P_ij = 0 for j > i
+ *         O = P V                           (T, dh)   written to columns [h dh, (h+1) dh) of att
+ *     y = att Wproj^T + bproj               (T, D)    child "<prefix>.proj", Linear D -> D
+ *
+ * Backward, per head, from dO (the columns of datt = proj^T(dy)):
+ *     dV = P^T dO,   dP = dO V^T
+ *     softmax: P_i = softmax(S_i) row by row, dP_ij/dS_ik = P_ij ([j == k] - P_ik), so
+ *         dS_ik = sum_j dP_ij P_ij ([j == k] - P_ik) = P_ik (dP_ik - sum_j P_ij dP_ij)
+ *     (masked entries have P = 0, so dS = 0 there: the mask needs no extra care),
+ *     dQ = dS K / sqrt(dh),   dK = dS^T Q / sqrt(dh),
+ * and dx = qkv^T(dqkv), with the parameter gradients accumulated by the children.
+ *
+ * Memory: forward keeps qkv (T, 3D), att (T, D) and the probabilities P
+ * (H, T, T) of every sample for backward: O(T^2) per head, B H T^2 floats in
+ * all (plus a (T, T) scratch per head in backward).  At T = 64 that is small
+ * next to the activations; a fused (flash-style) kernel would avoid it.
+ *
+ * The products are dp_gemm calls: one for each projection over all B T rows,
+ * and small ones per (sample, head) for Q K^T, P V and their gradients (the
+ * masked upper triangle of S is computed and discarded).
+ *
+ * Letters: B batch, T positions, D width, H heads, dh = D / H. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "nn/layers_impl.h"
+
+struct attention {
+    struct dp_layer *qkv, *proj;
+    int64_t T, D, H, dh;
+};
+
+struct attention_saved {
+    float *qkv; /* (B, T, 3D) */
+    float *P;   /* (B, H, T, T) softmax probabilities, zero above the diagonal */
+    float *att; /* (B, T, D) heads' outputs, concatenated */
+};
+
+static int attn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x,
+                        int64_t B) {
+    const struct attention *p = l->priv;
+    const int64_t T = p->T, D = p->D, H = p->H, dh = p->dh, D3 = 3 * D;
+    const float scale = 1.0f / sqrtf((float)dh);
+    struct attention_saved *sv = dp_arena_alloc(ctx->arena, sizeof *sv);
+    if (!sv) return DP_ENOMEM;
+    sv->qkv = dp__arena_floats(ctx, B * T * D3);
+    sv->P = dp__arena_floats(ctx, B * H * T * T);
+    sv->att = dp__arena_floats(ctx, B * T * D);
+    if (!sv->qkv || !sv->P || !sv->att) return DP_ENOMEM;
+    int rc = p->qkv->ops->forward(p->qkv, ctx, sv->qkv, x, B);
+    if (rc) return rc;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *q = sv->qkv + b * T * D3 + h * dh; /* (T, dh), row stride 3D */
+            const float *k = q + D, *v = q + 2 * D;
+            float *P = sv->P + (b * H + h) * T * T; /* (T, T) */
+            dp_gemm(0, 1, T, T, dh, scale, q, D3, k, D3, 0.0f, P, T);
+            for (int64_t i = 0; i < T; i++) { /* causal softmax of row i over j <= i */
+                float *row = P + i * T;
+                float mx = row[0];
+                for (int64_t j = 1; j <= i; j++)
+                    mx = row[j] > mx ? row[j] : mx;
+                double s = 0.0;
+                for (int64_t j = 0; j <= i; j++) {
+                    row[j] = dp__expf(row[j] - mx);
+                    s += row[j];
+                }
+                const float inv = (float)(1.0 / s);
+                for (int64_t j = 0; j <= i; j++)
+                    row[j] *= inv;
+                for (int64_t j = i + 1; j < T; j++)
+                    row[j] = 0.0f;
+            }
+            dp_gemm(0, 0, T, dh, T, 1.0f, P, T, v, D3, 0.0f, sv->att + b * T * D + h * dh, D);
+        }
+    if ((rc = p->proj->ops->forward(p->proj, ctx, y, sv->att, B))) return rc;
+    ctx->saved[l->id] = sv;
+    return DP_OK;
+}
+
+static int attn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *dy,
+                         const float *x, const float *y, int64_t B) {
+    (void)y;
+    const struct attention *p = l->priv;
+    const struct attention_saved *sv = ctx->saved[l->id];
+    if (!sv) return dp_seterr(DP_EINTERNAL, "attention %s: backward without forward", l->name);
+    const int64_t T = p->T, D = p->D, H = p->H, dh = p->dh, D3 = 3 * D;
+    const float scale = 1.0f / sqrtf((float)dh);
+    float *datt = dp__arena_floats(ctx, B * T * D);
+    float *dqkv = dp__arena_floats(ctx, B * T * D3);
+    float *dS = dp__arena_floats(ctx, T * T);
+    if (!datt || !dqkv || !dS) return DP_ENOMEM;
+    int rc = p->proj->ops->backward(p->proj, ctx, datt, dy, sv->att, NULL, B);
+    if (rc) return rc;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *q = sv->qkv + b * T * D3 + h * dh, *k = q + D, *v = q + 2 * D;
+            float *dq = dqkv + b * T * D3 + h * dh, *dk = dq + D, *dv = dq + 2 * D;
+            const float *P = sv->P + (b * H + h) * T * T;
+            const float *dO = datt + b * T * D + h * dh; /* (T, dh), row stride D */
+            dp_gemm(1, 0, T, dh, T, 1.0f, P, T, dO, D, 0.0f, dv, D3); /* dV = P^T dO */
+            dp_gemm(0, 1, T, T, dh, 1.0f, dO, D, v, D3, 0.0f, dS, T); /* dP = dO V^T */
+            for (int64_t i = 0; i < T; i++) { /* dS = P (dP - rowsum(P dP)) */
+                const float *pr = P + i * T;
+                float *dr = dS + i * T;
+                double s = 0.0;
+                for (int64_t j = 0; j <= i; j++)
+                    s += (double)pr[j] * dr[j];
+                const float sf = (float)s;
+                for (int64_t j = 0; j <= i; j++)
+                    dr[j] = pr[j] * (dr[j] - sf);
+                for (int64_t j = i + 1; j < T; j++)
+                    dr[j] = 0.0f;
+            }
+            dp_gemm(0, 0, T, dh, T, scale, dS, T, k, D3, 0.0f, dq, D3); /* dQ = dS K s */
+            dp_gemm(1, 0, T, dh, T, scale, dS, T, q, D3, 0.0f, dk, D3); /* dK = dS^T Q s */
+        }
+    return p->qkv->ops->backward(p->qkv, ctx, dx, dqkv, x, NULL, B);
+}
+
+static void attn_free(struct dp_layer *l) {
+    struct attention *p = l->priv;
+    if (!p) return;
+    dp_layer_free(p->qkv);
+    dp_layer_free(p->proj);
+    dp_free(p);
+}
+
+static const struct dp_layer_ops attn_ops = {"attention", attn_forward, attn_backward, attn_free};
+
+int dp__attention_make(struct dp_model *m, struct dp_layer **out, const char *name,
+                       const char *prefix, const struct dp_shape *in, int heads) {
+    *out = NULL;
+    struct dp__model_mark mk = dp__model_mark(m);
+    if (in->ndim != 2)
+        return dp_seterr(DP_EINVAL, "attention %s: input has %d dims, expected (T, D)", name,
+                         in->ndim);
+    const int64_t T = in->d[0], D = in->d[1];
+    if (heads <= 0 || D % heads != 0)
+        return dp_seterr(DP_EINVAL, "attention %s: width %lld is not a multiple of %d heads", name,
+                         (long long)D, heads);
+    struct dp_layer *l;
+    int rc = dp_layer_make(m, &l, &attn_ops, name, in);
+    if (rc) return rc;
+    struct attention *p = dp_calloc(1, sizeof *p);
+    if (!p)
+        return dp__layer_fail(m, l, &mk, dp_seterr(DP_ENOMEM, "attention %s: out of memory", name));
+    l->priv = p;
+    p->T = T, p->D = D, p->H = heads, p->dh = D / heads;
+    char nm[64];
+    if (strlen(prefix) + sizeof ".proj" > sizeof nm)
+        return dp__layer_fail(m, l, &mk,
+                              dp_seterr(DP_EINVAL, "attention %s: name too long", name));
+    snprintf(nm, sizeof nm, "%s.qkv", prefix);
+    if ((rc = dp__linear_make(m, &p->qkv, nm, in, 3 * D, 1))) return dp__layer_fail(m, l, &mk, rc);
+    snprintf(nm, sizeof nm, "%s.proj", prefix);
+    if ((rc = dp__linear_make(m, &p->proj, nm, in, D, 1))) return dp__layer_fail(m, l, &mk, rc);
+    dp__linear_init_gpt(m, p->qkv);
+    dp__linear_init_gpt(m, p->proj);
+    l->param_count = m->num_params - l->param_off;
+    l->flops_fwd = p->qkv->flops_fwd + p->proj->flops_fwd + heads * (4 * T * T * p->dh + 5 * T * T);
+    *out = l;
+    return DP_OK;
+}
+
+int dp_attention(struct dp_model *m, const char *name, int heads) {
+    struct dp_shape in = dp_model_cur_shape(m);
+    struct dp__model_mark mk = dp__model_mark(m);
+    struct dp_layer *l;
+    int rc = dp__attention_make(m, &l, name, name, &in, heads);
+    return dp__layer_append(m, l, rc, &mk);
+}

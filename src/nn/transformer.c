@@ -1,0 +1,173 @@
+/* Pre-LayerNorm transformer block, as GPT-2 (without dropout), over (T, D):
+ *
+ *     x ─┬─ ln1 ─ attention (qkv, proj) ─┐
+ *        └──────────────────────────────  + ─ r ─┬─ ln2 ─ fc (D→4D) ─ GELU (erf) ─ fc_out (4D→D) ─┐
+ *                                                └─────────────────────────────────────────────── + ─ y
+ *
+ * Children (named "<block>.ln1", "<block>.qkv", "<block>.proj", "<block>.ln2",
+ * "<block>.fc", "<block>.fc_out", registered in that order, which is the
+ * PyTorch reference module's): LayerNorms eps 1e-5 with weight 1, bias 0;
+ * Linear weights N(0, 0.02^2), biases 0.  The block's parameter range is the
+ * union of its children's and is reported as one range, as the residual
+ * block's.
+ *
+ * Letters: B batch, T positions, D width, n = B T D. */
+#include <stdio.h>
+#include <string.h>
+
+#include "nn/layers_impl.h"
+
+struct block {
+    struct dp_layer *ln1, *attn, *ln2, *fc, *act, *fc_out;
+};
+
+/* Intermediates kept by forward for backward. */
+struct block_saved {
+    float *h1; /* ln1(x)        (n) */
+    float *a;  /* attn(h1)      (n) */
+    float *r;  /* x + a         (n) */
+    float *h2; /* ln2(r)        (n) */
+    float *f;  /* fc(h2)        (4n) */
+    float *g;  /* gelu(f)       (4n) */
+};
+
+/* Forward:  h1 = ln1(x), r = x + attn(h1), y = r + fc_out(gelu(fc(ln2(r))))
+ * Backward: dg = fc_out^T(dy), df = gelu'(f) dg, dh2 = fc^T(df)
+ *           dr = ln2^T(dh2) + dy                         (residual: dy flows straight to r)
+ *           dh1 = attn^T(dr),  dx = ln1^T(dh1) + dr      (residual: dr flows straight to x)
+ * Each child's backward overwrites its dx, so the residual terms are added
+ * here; parameter gradients accumulate in the children. */
+static int block_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x,
+                         int64_t B) {
+    const struct block *p = l->priv;
+    const int64_t n = B * dp_shape_numel(&l->in_shape);
+    struct block_saved *sv = dp_arena_alloc(ctx->arena, sizeof *sv);
+    if (!sv) return DP_ENOMEM;
+    sv->h1 = dp__arena_floats(ctx, n);
+    sv->a = dp__arena_floats(ctx, n);
+    sv->r = dp__arena_floats(ctx, n);
+    sv->h2 = dp__arena_floats(ctx, n);
+    sv->f = dp__arena_floats(ctx, 4 * n);
+    sv->g = dp__arena_floats(ctx, 4 * n);
+    if (!sv->h1 || !sv->a || !sv->r || !sv->h2 || !sv->f || !sv->g) return DP_ENOMEM;
+    int rc;
+    if ((rc = p->ln1->ops->forward(p->ln1, ctx, sv->h1, x, B)) ||
+        (rc = p->attn->ops->forward(p->attn, ctx, sv->a, sv->h1, B)))
+        return rc;
+    float *r = sv->r;
+    const float *a = sv->a;
+#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
+    for (int64_t i = 0; i < n; i++)
+        r[i] = x[i] + a[i];
+    if ((rc = p->ln2->ops->forward(p->ln2, ctx, sv->h2, sv->r, B)) ||
+        (rc = p->fc->ops->forward(p->fc, ctx, sv->f, sv->h2, B)) ||
+        (rc = p->act->ops->forward(p->act, ctx, sv->g, sv->f, B)) ||
+        (rc = p->fc_out->ops->forward(p->fc_out, ctx, y, sv->g, B)))
+        return rc;
+#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
+    for (int64_t i = 0; i < n; i++)
+        y[i] += r[i];
+    ctx->saved[l->id] = sv;
+    return DP_OK;
+}
+
+static int block_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *dy,
+                          const float *x, const float *y, int64_t B) {
+    (void)y;
+    const struct block *p = l->priv;
+    const struct block_saved *sv = ctx->saved[l->id];
+    if (!sv) return dp_seterr(DP_EINTERNAL, "block %s: backward without forward", l->name);
+    const int64_t n = B * dp_shape_numel(&l->in_shape);
+    float *g4a = dp__arena_floats(ctx, 4 * n), *g4b = dp__arena_floats(ctx, 4 * n);
+    float *gn = dp__arena_floats(ctx, n), *dr = dp__arena_floats(ctx, n);
+    if (!g4a || !g4b || !gn || !dr) return DP_ENOMEM;
+    int rc;
+    if ((rc = p->fc_out->ops->backward(p->fc_out, ctx, g4a, dy, sv->g, NULL, B)) ||
+        (rc = p->act->ops->backward(p->act, ctx, g4b, g4a, sv->f, sv->g, B)) ||
+        (rc = p->fc->ops->backward(p->fc, ctx, gn, g4b, sv->h2, NULL, B)) ||
+        (rc = p->ln2->ops->backward(p->ln2, ctx, dr, gn, sv->r, NULL, B)))
+        return rc;
+#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
+    for (int64_t i = 0; i < n; i++)
+        dr[i] += dy[i];
+    if ((rc = p->attn->ops->backward(p->attn, ctx, gn, dr, sv->h1, sv->a, B)) ||
+        (rc = p->ln1->ops->backward(p->ln1, ctx, dx, gn, x, NULL, B)))
+        return rc;
+    if (dx) {
+#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
+        for (int64_t i = 0; i < n; i++)
+            dx[i] += dr[i];
+    }
+    return DP_OK;
+}
+
+static void block_free(struct dp_layer *l) {
+    struct block *p = l->priv;
+    if (!p) return;
+    dp_layer_free(p->ln1);
+    dp_layer_free(p->attn);
+    dp_layer_free(p->ln2);
+    dp_layer_free(p->fc);
+    dp_layer_free(p->act);
+    dp_layer_free(p->fc_out);
+    dp_free(p);
+}
+
+static const struct dp_layer_ops block_ops = {"transformer_block", block_forward, block_backward,
+                                              block_free};
+
+/* "<block>.<child>" into buf (64 bytes, the size of dp_layer.name). */
+static int child_name(char *buf, const char *block, const char *child) {
+    int n = snprintf(buf, 64, "%s.%s", block, child);
+    if (n < 0 || n >= 64)
+        return dp_seterr(DP_EINVAL, "block %s: name too long for child %s", block, child);
+    return DP_OK;
+}
+
+int dp__transformer_block_make(struct dp_model *m, struct dp_layer **out, const char *name,
+                               const struct dp_shape *in, int heads) {
+    *out = NULL;
+    struct dp__model_mark mk = dp__model_mark(m);
+    if (in->ndim != 2)
+        return dp_seterr(DP_EINVAL, "block %s: input has %d dims, expected (T, D)", name,
+                         in->ndim);
+    const int64_t D = in->d[1];
+    struct dp_layer *l;
+    int rc = dp_layer_make(m, &l, &block_ops, name, in);
+    if (rc) return rc;
+    struct block *p = dp_calloc(1, sizeof *p);
+    if (!p)
+        return dp__layer_fail(m, l, &mk, dp_seterr(DP_ENOMEM, "block %s: out of memory", name));
+    l->priv = p;
+    char nm[64];
+    const float eps = 1e-5f;
+    if ((rc = child_name(nm, name, "ln1")) ||
+        (rc = dp__layernorm_make(m, &p->ln1, nm, in, eps)) ||
+        (rc = child_name(nm, name, "attn")) ||
+        (rc = dp__attention_make(m, &p->attn, nm, name, in, heads)) ||
+        (rc = child_name(nm, name, "ln2")) ||
+        (rc = dp__layernorm_make(m, &p->ln2, nm, in, eps)) ||
+        (rc = child_name(nm, name, "fc")) ||
+        (rc = dp__linear_make(m, &p->fc, nm, in, 4 * D, 1)) ||
+        (rc = child_name(nm, name, "gelu")) ||
+        (rc = dp__gelu_erf_make(m, &p->act, nm, &p->fc->out_shape)) ||
+        (rc = child_name(nm, name, "fc_out")) ||
+        (rc = dp__linear_make(m, &p->fc_out, nm, &p->act->out_shape, D, 1)))
+        return dp__layer_fail(m, l, &mk, rc);
+    dp__linear_init_gpt(m, p->fc);
+    dp__linear_init_gpt(m, p->fc_out);
+    l->param_count = m->num_params - l->param_off;
+    const int64_t n = dp_shape_numel(in);
+    l->flops_fwd = p->ln1->flops_fwd + p->attn->flops_fwd + p->ln2->flops_fwd + p->fc->flops_fwd +
+                   p->act->flops_fwd + p->fc_out->flops_fwd + 2 * n;
+    *out = l;
+    return DP_OK;
+}
+
+int dp_transformer_block(struct dp_model *m, const char *name, int heads) {
+    struct dp_shape in = dp_model_cur_shape(m);
+    struct dp__model_mark mk = dp__model_mark(m);
+    struct dp_layer *l;
+    int rc = dp__transformer_block_make(m, &l, name, &in, heads);
+    return dp__layer_append(m, l, rc, &mk);
+}
