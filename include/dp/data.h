@@ -87,15 +87,28 @@ struct dp_loader_params dp_loader_default_params(void);
 struct dp_loader_batch {
     int64_t B;              /* samples in this part of the batch (0 when global_B < world) */
     int64_t global_B;       /* samples in the whole global batch */
-    float *x;               /* (B, C, H, W) */
-    int32_t *y;             /* (B) */
-    int64_t *idx;           /* (B) dataset indices (keys the RNG) */
+    float *x;               /* (B, C, H, W); NULL for a text loader */
+    int32_t *tokens;        /* text loader: (B, ctx) input token ids; else NULL */
+    int32_t *y;             /* (B) labels, or (B, ctx) next tokens for a text loader */
+    int64_t *idx;           /* (B) dataset indices (keys the RNG); text: window indices */
     int64_t epoch, step_in_epoch;
 };
 
 struct dp_loader;
 int dp_loader_init(struct dp_loader **l, const struct dp_dataset *ds,
                    const struct dp_loader_params *p);
+struct dp_tokens;
+struct dp_text_split;
+/* A text loader: an epoch is `windows` training windows of ctx + 1 tokens
+ * (docs/text.md), window i of epoch e being dp_text_window_start(seed, e, i,
+ * ctx, train_n): global batch `step` holds windows [step * batch, ...), and
+ * each rank fills its own part of that range (split as for images, align
+ * included), so the split does not change which windows form a batch.
+ * p->shuffle and p->aug are unused (the windows are already random).  t and
+ * s are borrowed and must outlive the loader.  DP_EINVAL when windows < 1 or
+ * the training part is shorter than ctx + 1 tokens. */
+int dp_loader_init_text(struct dp_loader **l, const struct dp_tokens *t, const struct dp_text_split *s,
+                        int64_t ctx, int64_t windows, const struct dp_loader_params *p);
 /* Batches per epoch. */
 int64_t dp_loader_steps_per_epoch(const struct dp_loader *l);
 /* Positions the loader at (epoch, step within the epoch); used by resume. */

@@ -38,7 +38,9 @@ struct dp_event {
     int64_t samples;      /* STEP: samples in this step's batch */
     double loss;          /* STEP: this batch's mean loss; EPOCH: the epoch's mean */
     double train_acc;     /* EPOCH */
-    double test_acc, test_loss; /* EPOCH (NaN if no test set) */
+    double test_acc, test_loss; /* EPOCH (NaN if no test set); text: on the validation windows */
+    int64_t positions;    /* EPOCH: loss terms per sample: 1, or T for a language model (its
+                             losses and accuracies are per token; tokens/s = samples/s x T) */
     double samples_per_s; /* EPOCH: training throughput of the epoch */
     double epoch_time;    /* EPOCH: seconds */
     double t_data, t_fwd, t_bwd, t_opt; /* EPOCH: seconds spent per phase (rank 0) */
@@ -53,7 +55,8 @@ struct dp_event {
 typedef void (*dp_event_fn)(void *arg, const struct dp_event *ev);
 
 struct dp_train_params {
-    const char *data_dir;      /* IDX files (train-*, t10k-*) */
+    const char *data_dir;      /* IDX files (train-*, t10k-*); for a gpt model, a token file
+                                  (dptrain prepare-text, docs/text.md) */
     /* Several processes (for example MPI ranks): this process's communicator
      * with the others, one per process, or NULL for a single process.  Each
      * process then runs `workers` worker threads, and the job has
@@ -105,8 +108,8 @@ struct dp_train_params {
     int ckpt_every;            /* epochs between checkpoints (0 = only at the end) */
     const char *resume;        /* checkpoint to continue from */
     const char *init_from;     /* safetensors file with initial weights */
-    int64_t train_limit;       /* use only the first N training samples (0 = all) */
-    int64_t test_limit;        /* evaluate on the first N test samples (0 = all) */
+    int64_t train_limit;       /* use only the first N training samples (0 = all); text: N windows per epoch */
+    int64_t test_limit;        /* evaluate on the first N test samples (0 = all); text: validation windows */
     dp_event_fn on_event;
     void *event_arg;
 };
@@ -116,7 +119,9 @@ struct dp_trainer;
 int dp_trainer_init(struct dp_trainer **t, const struct dp_train_params *p);
 /* Trains until the epoch count (or max_steps) is reached. */
 int dp_trainer_run(struct dp_trainer *t);
-/* Accuracy and mean loss of the current model on a dataset (eval mode). */
+/* Accuracy and mean loss of the current model on a dataset (eval mode); for
+ * a text model ds is NULL and the data is its validation windows (per-token
+ * accuracy and loss). */
 int dp_trainer_evaluate(struct dp_trainer *t, const struct dp_dataset *ds, int64_t limit,
                         double *acc, double *loss);
 /* Writes a checkpoint of the current state to path (atomically). */

@@ -18,6 +18,13 @@
  * dp_rng_permutation(seed, DP_RNG_SHUFFLE, epoch) (identity without shuffle),
  * so every rank derives the same global batches without communicating.
  *
+ * Text.  A text loader (dp_loader_init_text) has no dataset: its "samples"
+ * are the windows of an epoch, numbered 0 .. windows-1, and window i of
+ * epoch e is drawn by dp_text_window_start(seed, e, i, ...).  No permutation
+ * is needed (the draw is already random), and the rank's part of a global
+ * batch is the same contiguous range of window indices as above, filled by
+ * dp_text_fill_train: which rank fills a window never changes the window.
+ *
  * Threading.  Batches are numbered k = 0, 1, ... since the last (re)start at
  * position start_pos, and batch k lives in ring slot k % nslots.  Three
  * counters, all guarded by `mu`:
@@ -46,7 +53,10 @@ struct slot {
 };
 
 struct dp_loader {
-    const struct dp_dataset *ds; /* borrowed; must outlive the loader */
+    const struct dp_dataset *ds; /* borrowed; must outlive the loader (NULL: text) */
+    const struct dp_tokens *tok; /* text: borrowed tokens, split and window length */
+    const struct dp_text_split *split;
+    int64_t ctx;
     struct dp_loader_params p;
     int64_t n;               /* samples in the dataset */
     int64_t sample;          /* floats per sample: C * H * W */
@@ -92,7 +102,7 @@ struct dp_loader_params dp_loader_default_params(void) {
 static void fill_batch(struct dp_loader *l, struct slot *s, int64_t pos) {
     const struct dp_loader_params *p = &l->p;
     int64_t epoch = pos / l->steps_per_epoch, step = pos % l->steps_per_epoch;
-    if (p->shuffle && l->perm_epoch != epoch) {
+    if (p->shuffle && l->perm && l->perm_epoch != epoch) {
         dp_rng_permutation(p->seed, DP_RNG_SHUFFLE, (uint64_t)epoch, l->perm, l->n);
         l->perm_epoch = epoch;
     }
@@ -108,6 +118,17 @@ static void fill_batch(struct dp_loader *l, struct slot *s, int64_t pos) {
     if (B < 0) B = 0;
 
     struct dp_loader_batch *b = &s->b;
+    if (l->tok) {
+        /* Cannot fail: the arguments were checked by dp_loader_init_text
+         * (off + B <= n, train_n >= ctx + 1). */
+        (void)dp_text_fill_train(l->tok, l->split, l->ctx, p->seed, epoch, off, B, b->tokens, b->y);
+        for (int64_t i = 0; i < B; i++) b->idx[i] = off + i;
+        b->B = B;
+        b->global_B = G;
+        b->epoch = epoch;
+        b->step_in_epoch = step;
+        return;
+    }
     int augment = p->aug.crop_pad > 0 || p->aug.hflip;
     const struct dp_dataset *ds = l->ds;
     for (int64_t i = 0; i < B; i++) {
@@ -184,6 +205,7 @@ static void loader_release(struct dp_loader *l) {
     if (l->slots) {
         for (int i = 0; i < l->nslots; i++) {
             dp_free(l->slots[i].b.x);
+            dp_free(l->slots[i].b.tokens);
             dp_free(l->slots[i].b.y);
             dp_free(l->slots[i].b.idx);
         }
@@ -194,6 +216,76 @@ static void loader_release(struct dp_loader *l) {
     pthread_cond_destroy(&l->space);
     pthread_mutex_destroy(&l->mu);
     dp_free(l);
+}
+
+/* The checks and the setup common to both kinds of loader: n samples of
+ * `sample` floats (image) or `ctx` token ids (text) each. */
+static int loader_check(const struct dp_loader_params *p, int64_t n) {
+    if (p->batch < 1) return dp_seterr(DP_EINVAL, "loader: batch %lld < 1", (long long)p->batch);
+    if (p->world < 1 || p->rank < 0 || p->rank >= p->world)
+        return dp_seterr(DP_EINVAL, "loader: rank %d not in [0, world = %d)", p->rank, p->world);
+    if (p->prefetch < 0 || p->prefetch > 1024)
+        return dp_seterr(DP_EINVAL, "loader: prefetch %d not in [0, 1024]", p->prefetch);
+    if (p->aug.crop_pad < 0)
+        return dp_seterr(DP_EINVAL, "loader: crop_pad %d < 0", p->aug.crop_pad);
+    if (p->drop_last && n < p->batch)
+        return dp_seterr(DP_EINVAL, "loader: drop_last with %lld samples and batch %lld leaves no batch",
+                         (long long)n, (long long)p->batch);
+    return DP_OK;
+}
+
+/* Allocates the loader for n samples; text: ctx > 0 (token buffers instead
+ * of float ones, no permutation).  Does not start the producer. */
+static struct dp_loader *loader_alloc(const struct dp_loader_params *p, int64_t n, int64_t sample, int64_t ctx) {
+    struct dp_loader *l = dp_calloc(1, sizeof *l);
+    if (!l) return NULL;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->ready, NULL);
+    pthread_cond_init(&l->space, NULL);
+    l->p = *p;
+    l->n = n;
+    l->sample = sample;
+    l->ctx = ctx;
+    l->steps_per_epoch = p->drop_last ? n / p->batch : (n + p->batch - 1) / p->batch;
+    int64_t bmax = p->batch < n ? p->batch : n;
+    int64_t al = p->align > 1 ? p->align : 1;
+    l->max_B = ((bmax + al - 1) / al + p->world - 1) / p->world * al;
+    l->perm_epoch = -1;
+    l->nslots = p->prefetch + 1;
+    l->slots = dp_calloc((size_t)l->nslots, sizeof(struct slot));
+    if (!l->slots) goto nomem;
+    if (!ctx) {
+        l->perm = dp_malloc((size_t)l->n * sizeof(int64_t));
+        if (!l->perm) goto nomem;
+        for (int64_t i = 0; i < l->n; i++) l->perm[i] = i; /* stays so without shuffle */
+    }
+    for (int i = 0; i < l->nslots; i++) {
+        struct dp_loader_batch *b = &l->slots[i].b;
+        /* Batch buffers are reused every step: fault them in now (big). */
+        if (ctx) {
+            b->tokens = dp_malloc_big((size_t)(l->max_B * ctx) * sizeof(int32_t));
+            b->y = dp_malloc_big((size_t)(l->max_B * ctx) * sizeof(int32_t));
+        } else {
+            b->x = dp_malloc_big((size_t)(l->max_B * l->sample) * sizeof(float));
+            b->y = dp_malloc((size_t)l->max_B * sizeof(int32_t));
+        }
+        b->idx = dp_malloc((size_t)l->max_B * sizeof(int64_t));
+        if ((ctx ? !b->tokens : !b->x) || !b->y || !b->idx) goto nomem;
+    }
+    return l;
+nomem:
+    loader_release(l);
+    return NULL;
+}
+
+static int loader_start(struct dp_loader *l, struct dp_loader **out) {
+    int rc = producer_start(l, 0);
+    if (rc) {
+        loader_release(l);
+        return rc;
+    }
+    *out = l;
+    return 0;
 }
 
 /* Creates a loader over ds (borrowed: it must stay alive and unchanged until
@@ -208,56 +300,30 @@ int dp_loader_init(struct dp_loader **out, const struct dp_dataset *ds,
     if (!ds || !p) return dp_seterr(DP_EINVAL, "loader: NULL dataset or parameters");
     if (ds->n < 1 || !ds->x || !ds->y)
         return dp_seterr(DP_EINVAL, "loader: the dataset is empty");
-    if (p->batch < 1) return dp_seterr(DP_EINVAL, "loader: batch %lld < 1", (long long)p->batch);
-    if (p->world < 1 || p->rank < 0 || p->rank >= p->world)
-        return dp_seterr(DP_EINVAL, "loader: rank %d not in [0, world = %d)", p->rank, p->world);
-    if (p->prefetch < 0 || p->prefetch > 1024)
-        return dp_seterr(DP_EINVAL, "loader: prefetch %d not in [0, 1024]", p->prefetch);
-    if (p->aug.crop_pad < 0)
-        return dp_seterr(DP_EINVAL, "loader: crop_pad %d < 0", p->aug.crop_pad);
-    if (p->drop_last && ds->n < p->batch)
-        return dp_seterr(DP_EINVAL, "loader: drop_last with %lld samples and batch %lld leaves no batch",
-                         (long long)ds->n, (long long)p->batch);
-
-    struct dp_loader *l = dp_calloc(1, sizeof *l);
-    if (!l) return dp_seterr(DP_ENOMEM, "loader: out of memory");
-    pthread_mutex_init(&l->mu, NULL);
-    pthread_cond_init(&l->ready, NULL);
-    pthread_cond_init(&l->space, NULL);
+    int rc = loader_check(p, ds->n);
+    if (rc) return rc;
+    struct dp_loader *l = loader_alloc(p, ds->n, ds->C * ds->H * ds->W, 0);
+    if (!l) return dp_seterr(DP_ENOMEM, "loader: cannot allocate batch buffers");
     l->ds = ds;
-    l->p = *p;
-    l->n = ds->n;
-    l->sample = ds->C * ds->H * ds->W;
-    l->steps_per_epoch = p->drop_last ? ds->n / p->batch : (ds->n + p->batch - 1) / p->batch;
-    int64_t bmax = p->batch < ds->n ? p->batch : ds->n;
-    int64_t al = p->align > 1 ? p->align : 1;
-    l->max_B = ((bmax + al - 1) / al + p->world - 1) / p->world * al;
-    l->perm_epoch = -1;
-    l->nslots = p->prefetch + 1;
+    return loader_start(l, out);
+}
 
-    l->perm = dp_malloc((size_t)l->n * sizeof(int64_t));
-    l->slots = dp_calloc((size_t)l->nslots, sizeof(struct slot));
-    if (!l->perm || !l->slots) goto nomem;
-    for (int64_t i = 0; i < l->n; i++) l->perm[i] = i; /* stays so without shuffle */
-    for (int i = 0; i < l->nslots; i++) {
-        struct dp_loader_batch *b = &l->slots[i].b;
-        /* Batch buffers are reused every step: fault them in now (big). */
-        b->x = dp_malloc_big((size_t)(l->max_B * l->sample) * sizeof(float));
-        b->y = dp_malloc((size_t)l->max_B * sizeof(int32_t));
-        b->idx = dp_malloc((size_t)l->max_B * sizeof(int64_t));
-        if (!b->x || !b->y || !b->idx) goto nomem;
-    }
-    int rc = producer_start(l, 0);
-    if (rc) {
-        loader_release(l);
-        return rc;
-    }
-    *out = l;
-    return 0;
-
-nomem:
-    loader_release(l);
-    return dp_seterr(DP_ENOMEM, "loader: cannot allocate batch buffers");
+int dp_loader_init_text(struct dp_loader **out, const struct dp_tokens *t, const struct dp_text_split *s,
+                        int64_t ctx, int64_t windows, const struct dp_loader_params *p) {
+    *out = NULL;
+    if (!t || !s || !p || !t->tok) return dp_seterr(DP_EINVAL, "loader: NULL tokens, split or parameters");
+    if (ctx < 1 || windows < 1)
+        return dp_seterr(DP_EINVAL, "loader: ctx %lld, %lld windows per epoch", (long long)ctx, (long long)windows);
+    if (s->train_n < ctx + 1 || s->train_n + s->val_n > t->n)
+        return dp_seterr(DP_EINVAL, "loader: the training part holds %lld tokens, a window needs ctx + 1 = %lld",
+                         (long long)s->train_n, (long long)(ctx + 1));
+    int rc = loader_check(p, windows);
+    if (rc) return rc;
+    struct dp_loader *l = loader_alloc(p, windows, 0, ctx);
+    if (!l) return dp_seterr(DP_ENOMEM, "loader: cannot allocate batch buffers");
+    l->tok = t;
+    l->split = s;
+    return loader_start(l, out);
 }
 
 /* Global batches per epoch: ceil(n / batch), or floor(n / batch) with

@@ -19,7 +19,17 @@
  * same model as one worker with batch N, to float rounding.  The position
  * (epoch, step in epoch) and the seed fix the data order, so a checkpoint
  * resumes the very same sequence of batches.  With P = 1 the single worker
- * runs in the caller's thread and no collective does any work. */
+ * runs in the caller's thread and no collective does any work.
+ *
+ * Positions.  A classifier's loss has one term per sample; a language
+ * model's has one per position, T per window (the model's output is (T, V)).
+ * The loss is the mean over every term of the global batch, so N above is
+ * samples x positions per sample (t->pos, 1 for classifiers: their scale is
+ * the same bits as before), and every reported loss is per term.
+ *
+ * Text.  A gpt model trains on a token file (--data tokens.bin): the loader
+ * draws training windows by (seed, epoch, global index), and the end-of-epoch
+ * evaluation runs on the fixed validation windows (docs/text.md). */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -49,6 +59,7 @@ struct worker {
     int started;
     int rc;
     char err[512];
+    int32_t *etok, *etgt;      /* text: one evaluation chunk's windows (eval_chunk x ctx) */
     /* this epoch's sums */
     double loss_sum, t_fwd, t_bwd, t_opt, t_comm, t_exposed, wait0;
     double t_step0;            /* when this step started (dp_time) */
@@ -62,6 +73,13 @@ struct worker {
 struct dp_trainer {
     struct dp_train_params p;
     struct dp_dataset train, test;
+    /* text (a token model): the token file, its split, the window length */
+    int text;
+    struct dp_tokens tokens;
+    struct dp_text_split split;
+    int64_t ctx, windows;      /* windows: training windows per epoch */
+    int64_t pos;               /* loss terms per sample: 1, or T for a language model */
+    int64_t eval_chunk;        /* samples per evaluation chunk */
     struct dp_model *model;
     struct dp_comm_world *world;
     struct worker *w;          /* w[0..P): this process's workers */
@@ -118,6 +136,8 @@ void dp_trainer_free(struct dp_trainer *t) {
         dp_free(w->acc);
         dp_free(w->buf_save);
         dp_free(w->arrival);
+        dp_free(w->etok);
+        dp_free(w->etgt);
         dp_comm_free(w->comm);
         dp_loader_free(w->loader);
         dp_optim_free(&w->opt);
@@ -128,6 +148,7 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_model_free(t->model);
     dp_dataset_free(&t->train);
     dp_dataset_free(&t->test);
+    dp_tokens_free(&t->tokens);
     if (t->metrics) fclose(t->metrics);
     dp_free(t);
 }
@@ -232,7 +253,17 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     lp.rank = w->grank;
     lp.world = t->G;
     lp.align = p->deterministic ? p->det_chunk : 1;
-    if ((rc = dp_loader_init(&w->loader, &t->train, &lp))) return rc;
+    if (t->text) {
+        rc = dp_loader_init_text(&w->loader, &t->tokens, &t->split, t->ctx, t->windows, &lp);
+        if (!rc) {
+            size_t n = (size_t)(t->eval_chunk * t->ctx);
+            w->etok = dp_malloc(n * sizeof(int32_t));
+            w->etgt = dp_malloc(n * sizeof(int32_t));
+            if (!w->etok || !w->etgt) rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
+        }
+    } else
+        rc = dp_loader_init(&w->loader, &t->train, &lp);
+    if (rc) return rc;
     if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
     /* ~10 events per step: 200k covers long runs; later events are counted, not kept */
     if ((rc = dp_timeline_init(&w->tl, p->timeline ? 200000 : 0))) return rc;
@@ -274,6 +305,45 @@ static int check_schedule(const struct dp_trainer *t) {
     return dp_sched_check(s);
 }
 
+/* Samples per evaluation chunk: images, and text windows.  Both are fixed
+ * (never derived from the worker count: see the evaluation below).  A window
+ * costs T positions of activations, O(T^2) per head in attention, so text
+ * chunks are small. */
+#define EVAL_CHUNK 256
+#define TEXT_EVAL_CHUNK 16
+
+/* A token model's data: the token file named by --data, its fixed split
+ * (the last DP_TEXT_VAL_FRAC of the tokens validate), and the model.
+ *
+ * An epoch is floor(train_n / (ctx + 1)) windows, as many as fit side by
+ * side in the training part: an epoch reads about as many tokens as the part
+ * holds (windows are drawn with replacement, so not each one exactly once).
+ * train_limit caps the windows per epoch, test_limit the validation windows. */
+static int load_text(struct dp_trainer *t, const char *spec) {
+    const struct dp_train_params *p = &t->p;
+    struct stat st;
+    if (!p->data_dir || (stat(p->data_dir, &st) == 0 && S_ISDIR(st.st_mode)))
+        return dp_seterr(DP_EINVAL, "model '%s' trains on a token file, and --data %s is a folder: run "
+                         "'dptrain prepare-text %s --out tokens.bin' first, then train with --data tokens.bin",
+                         spec, p->data_dir ? p->data_dir : "(none)", p->data_dir ? p->data_dir : "DIR");
+    int rc = dp_tokens_read(p->data_dir, &t->tokens);
+    if (rc) return rc;
+    if ((rc = dp_model_from_spec(&t->model, spec, 1, 1, 1))) return rc;
+    t->ctx = t->model->in_shape.d[0];
+    if (t->tokens.vocab > dp_model_num_classes(t->model))
+        return dp_seterr(DP_EMISMATCH, "%s has a vocabulary of %lld tokens, model '%s' outputs %lld",
+                         p->data_dir, (long long)t->tokens.vocab, spec,
+                         (long long)dp_model_num_classes(t->model));
+    if ((rc = dp_text_split_init(&t->split, t->tokens.n, DP_TEXT_VAL_FRAC))) return rc;
+    if (t->split.train_n < t->ctx + 1)
+        return dp_seterr(DP_EINVAL, "%s: the training part holds %lld tokens, a window of ctx %lld needs %lld",
+                         p->data_dir, (long long)t->split.train_n, (long long)t->ctx, (long long)(t->ctx + 1));
+    t->windows = t->split.train_n / (t->ctx + 1);
+    if (p->train_limit > 0 && p->train_limit < t->windows) t->windows = p->train_limit;
+    t->eval_chunk = TEXT_EVAL_CHUNK;
+    return DP_OK;
+}
+
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     *out = NULL;
     int rc = check_params(p);
@@ -300,12 +370,28 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
         rc = dp_seterr(DP_EINVAL, "no model given (--model)");
         goto fail;
     }
-    if ((rc = dp_dataset_load_dir(&t->train, &t->test, p->data_dir))) goto fail;
-    if (p->train_limit > 0 && p->train_limit < t->train.n) t->train.n = p->train_limit;
-    dp_dataset_normalize(&t->train, p->norm_mean, p->norm_std);
-    dp_dataset_normalize(&t->test, p->norm_mean, p->norm_std);
-    if ((rc = dp_model_from_spec(&t->model, spec, t->train.C, t->train.H, t->train.W))) goto fail;
-    if (t->train.num_classes > dp_model_num_classes(t->model)) {
+    /* A language model (gpt:...) reads token ids: its data is a token file. */
+    t->text = strncmp(spec, "gpt:", 4) == 0;
+    if (t->text) {
+        if ((rc = load_text(t, spec))) goto fail;
+    } else {
+        if ((rc = dp_dataset_load_dir(&t->train, &t->test, p->data_dir))) goto fail;
+        if (p->train_limit > 0 && p->train_limit < t->train.n) t->train.n = p->train_limit;
+        dp_dataset_normalize(&t->train, p->norm_mean, p->norm_std);
+        dp_dataset_normalize(&t->test, p->norm_mean, p->norm_std);
+        if ((rc = dp_model_from_spec(&t->model, spec, t->train.C, t->train.H, t->train.W))) goto fail;
+        t->eval_chunk = EVAL_CHUNK;
+    }
+    {
+        struct dp_shape os = dp_model_cur_shape(t->model);
+        t->pos = dp_shape_numel(&os) / os.d[os.ndim - 1];
+    }
+    if (t->text && p->fault_kind == DP_FAULT_NAN) {
+        /* the fault puts a NaN into the float inputs; a token model has none */
+        rc = dp_seterr(DP_ENOTSUP, "the NaN fault injects into float inputs; model '%s' reads token ids", spec);
+        goto fail;
+    }
+    if (!t->text && t->train.num_classes > dp_model_num_classes(t->model)) {
         rc = dp_seterr(DP_EMISMATCH, "the data has %lld classes, model '%s' outputs %lld",
                        (long long)t->train.num_classes, spec, (long long)dp_model_num_classes(t->model));
         goto fail;
@@ -315,10 +401,11 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
                        "their batch statistics are summed in floating point across workers", spec);
         goto fail;
     }
-    /* A worker's share is at most ceil(batch / P); evaluation uses up to 256. */
+    /* A worker's share is at most ceil(batch / P); evaluation uses up to
+     * eval_chunk samples. */
     int64_t share = (p->batch + t->G - 1) / t->G;
     if (p->deterministic) share = p->det_chunk; /* one chunk at a time */
-    t->max_batch = share > 256 ? share : 256;
+    t->max_batch = share > t->eval_chunk ? share : t->eval_chunk;
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = p->comm_timeout;
     rc = p->inter ? dp_comm_thread_world_init_hier(&t->world, t->P, &cp, p->inter)
@@ -400,25 +487,38 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
 }
 
 /* ---- evaluation ----------------------------------------------------------------------------
- * The test set is cut into chunks of EVAL_CHUNK samples (every replica's
- * arena holds at least that many, see max_batch).  Chunk c's correct count
- * and loss sum go to slot[2c], slot[2c + 1]; the totals are the slots summed
- * in chunk order.  The chunks do not depend on the worker count, so the
- * result is the same bits whoever evaluates which chunk. */
-#define EVAL_CHUNK 256
+ * The test set (or, for text, the validation windows) is cut into chunks of
+ * t->eval_chunk samples (every replica's arena holds at least that many, see
+ * max_batch).  Chunk c's correct count and loss sum go to slot[2c],
+ * slot[2c + 1]; the totals are the slots summed in chunk order.  The chunks
+ * do not depend on the worker count, so the result is the same bits whoever
+ * evaluates which chunk. */
 
-static int64_t eval_count(const struct dp_dataset *ds, int64_t limit) {
-    return limit > 0 && limit < ds->n ? limit : ds->n;
+/* Samples evaluated: the first `limit` (0 = all) of ds, or with ds NULL of
+ * the text validation windows. */
+static int64_t eval_count(const struct dp_trainer *t, const struct dp_dataset *ds, int64_t limit) {
+    int64_t n = ds ? ds->n : dp_text_val_windows(&t->split, t->ctx);
+    return limit > 0 && limit < n ? limit : n;
 }
 
-/* Evaluates chunks [c0, c1) of the first n samples of ds on replica r. */
-static int eval_chunks(struct dp_trainer *t, struct dp_replica *r, const struct dp_dataset *ds, int64_t n,
+/* Evaluates chunks [c0, c1) of the first n samples of ds on replica w->rep
+ * (ds NULL: the text validation windows, filled into w's scratch). */
+static int eval_chunks(struct dp_trainer *t, struct worker *w, const struct dp_dataset *ds, int64_t n,
                        int64_t c0, int64_t c1, double *slot) {
-    int64_t per = ds->C * ds->H * ds->W;
+    const int64_t E = t->eval_chunk;
     for (int64_t c = c0; c < c1; c++) {
-        int64_t i = c * EVAL_CHUNK, B = n - i < EVAL_CHUNK ? n - i : EVAL_CHUNK;
-        struct dp_batch b = {.B = B, .x = ds->x + i * per, .targets = ds->y + i};
+        int64_t i = c * E, B = n - i < E ? n - i : E;
+        struct dp_batch b = {.B = B};
+        if (ds) {
+            b.x = ds->x + i * ds->C * ds->H * ds->W;
+            b.targets = ds->y + i;
+        } else {
+            int rc = dp_text_fill_val(&t->tokens, &t->split, t->ctx, i, B, w->etok, w->etgt);
+            if (rc) return dp_adderr(rc, "evaluate");
+            b.tokens = w->etok, b.targets = w->etgt;
+        }
         struct dp_pass pass = {.training = 0, .seed = t->p.seed};
+        struct dp_replica *r = &w->rep;
         int rc = dp_model_run(t->model, r, &b, &pass);
         if (rc) return dp_adderr(rc, "evaluate");
         slot[2 * c] = (double)pass.correct;
@@ -427,21 +527,26 @@ static int eval_chunks(struct dp_trainer *t, struct dp_replica *r, const struct 
     return DP_OK;
 }
 
-static void eval_totals(const double *slot, int64_t nchunks, int64_t n, double *acc, double *loss) {
+/* Accuracy and loss per term: n samples of t->pos terms each. */
+static void eval_totals(const struct dp_trainer *t, const double *slot, int64_t nchunks, int64_t n,
+                        double *acc, double *loss) {
     double correct = 0, loss_sum = 0;
     for (int64_t c = 0; c < nchunks; c++) correct += slot[2 * c], loss_sum += slot[2 * c + 1];
-    *acc = n ? correct / (double)n : NAN;
-    *loss = n ? loss_sum / (double)n : NAN;
+    double terms = (double)n * (double)t->pos;
+    *acc = n ? correct / terms : NAN;
+    *loss = n ? loss_sum / terms : NAN;
 }
 
 /* Evaluation runs on rank 0's replica (all replicas are equal). */
 int dp_trainer_evaluate(struct dp_trainer *t, const struct dp_dataset *ds, int64_t limit,
                         double *acc, double *loss) {
-    int64_t n = eval_count(ds, limit), nchunks = (n + EVAL_CHUNK - 1) / EVAL_CHUNK;
+    if (!ds && !t->text) return dp_seterr(DP_EINVAL, "evaluate: no data set (only a text model has its own)");
+    if (ds && t->text) return dp_seterr(DP_EINVAL, "evaluate: a text model evaluates its validation windows (ds NULL)");
+    int64_t n = eval_count(t, ds, limit), nchunks = (n + t->eval_chunk - 1) / t->eval_chunk;
     double *slot = dp_calloc((size_t)(2 * nchunks + 1), sizeof(double));
     if (!slot) return dp_seterr(DP_ENOMEM, "evaluate: out of memory");
-    int rc = eval_chunks(t, &t->w[0].rep, ds, n, 0, nchunks, slot);
-    if (!rc) eval_totals(slot, nchunks, n, acc, loss);
+    int rc = eval_chunks(t, &t->w[0], ds, n, 0, nchunks, slot);
+    if (!rc) eval_totals(t, slot, nchunks, n, acc, loss);
     dp_free(slot);
     return rc;
 }
@@ -468,17 +573,18 @@ int dp_trainer_evaluate(struct dp_trainer *t, const struct dp_dataset *ds, int64
  * worker passes before the next evaluation. */
 static int evaluate_shared(struct worker *w, double *acc, double *loss) {
     struct dp_trainer *t = w->t;
-    int64_t n = eval_count(&t->test, t->p.test_limit), nchunks = (n + EVAL_CHUNK - 1) / EVAL_CHUNK;
+    const struct dp_dataset *ds = t->text ? NULL : &t->test;
+    int64_t n = eval_count(t, ds, t->p.test_limit), nchunks = (n + t->eval_chunk - 1) / t->eval_chunk;
     int64_t c0, len;
     dp_comm_split(nchunks, t->G / t->P, t->base / t->P, &c0, &len);
     double *slot = dp_calloc((size_t)(2 * nchunks + 1), sizeof(double));
     if (!slot) return dp_seterr(DP_ENOMEM, "evaluate: out of memory");
     int rc = DP_OK;
     for (int64_t k; !rc && (k = atomic_fetch_add(&t->eval_next, 1)) < len;)
-        rc = eval_chunks(t, &w->rep, &t->test, n, c0 + k, c0 + k + 1, slot);
+        rc = eval_chunks(t, w, ds, n, c0 + k, c0 + k + 1, slot);
     if (!rc && t->G > 1 && nchunks > 0) rc = dp_comm_allreduce(w->comm, slot, 2 * nchunks, DP_DTYPE_F64, DP_ALGO_AUTO);
     if (w->rank == 0) atomic_store(&t->eval_next, 0);
-    if (!rc) eval_totals(slot, nchunks, n, acc, loss);
+    if (!rc) eval_totals(t, slot, nchunks, n, acc, loss);
     dp_free(slot);
     return rc;
 }
@@ -589,11 +695,13 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         /* with one worker there is nothing to reduce: no reducer, no
          * progress thread to wake */
         int last = last_micro && t->G > 1;
-        struct dp_batch b = {.B = lb->B, .x = lb->x, .targets = lb->y, .sample_idx = lb->idx, .epoch = lb->epoch};
+        struct dp_batch b = {.B = lb->B, .x = lb->x, .tokens = lb->tokens, .targets = lb->y,
+                             .sample_idx = lb->idx, .epoch = lb->epoch};
         /* With one micro-batch the global batch size is known before
-         * backward, so the 1/N of the mean is folded into the loss gradient
-         * (no extra pass); with accumulation the sum is scaled at the end. */
-        float ls = nmicro == 1 ? (float)(1.0 / (double)lb->global_B) : 1.0f;
+         * backward, so the 1/N of the mean (N = samples x positions) is
+         * folded into the loss gradient (no extra pass); with accumulation
+         * the sum is scaled at the end. */
+        float ls = nmicro == 1 ? (float)(1.0 / ((double)lb->global_B * (double)t->pos)) : 1.0f;
         struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = ls};
         if (t->G > 1) pass.stat_sync = stat_sync, pass.stat_sync_arg = w;
         if (last) {
@@ -650,14 +758,14 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         w->t_bwd += pass.t_backward;
     }
     *n_step = n_total;
-    *loss_step = n_local > 0 ? loss_sum / n_local : 0;
+    *loss_step = n_local > 0 ? loss_sum / (n_local * (double)t->pos) : 0;
     w->t_comm += w->red.comm_total;
     w->t_exposed += w->red.comm_exposed;
     double t1 = dp_time();
     /* sum -> mean over the global batch */
     float *g = w->rep.grads;
     if (nmicro > 1) {
-        float scale = (float)(1.0 / n_total);
+        float scale = (float)(1.0 / (n_total * (double)t->pos));
 #pragma omp simd
         for (int64_t i = 0; i < m->num_params; i++) g[i] *= scale;
     }
@@ -728,8 +836,9 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
         int64_t per = dp_shape_numel(&m->in_shape);
         for (int64_t c0 = 0; c0 < lb->B; c0 += C) {
             int64_t B = lb->B - c0 < C ? lb->B - c0 : C;
-            struct dp_batch b = {.B = B, .x = lb->x + c0 * per, .targets = lb->y + c0,
-                                 .sample_idx = lb->idx + c0, .epoch = lb->epoch};
+            struct dp_batch b = {.B = B, .x = lb->x ? lb->x + c0 * per : NULL,
+                                 .tokens = lb->tokens ? lb->tokens + c0 * per : NULL,
+                                 .targets = lb->y + c0 * t->pos, .sample_idx = lb->idx + c0, .epoch = lb->epoch};
             struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = 1.0f};
             memset(w->rep.grads, 0, sizeof(float) * (size_t)np);
             if ((rc = dp_model_run(m, &w->rep, &b, &pass))) return rc;
@@ -763,9 +872,9 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
     w->t_exposed += t1 - tc;
     if (rc) return rc;
     *n_step = n_total;
-    *loss_step = n_local > 0 ? loss_sum / n_local : 0;
-    /* back to float: the gradient of the mean loss */
-    double scale = 1.0 / (DET_SCALE * n_total);
+    *loss_step = n_local > 0 ? loss_sum / (n_local * (double)t->pos) : 0;
+    /* back to float: the gradient of the mean loss (over samples x positions) */
+    double scale = 1.0 / (DET_SCALE * n_total * (double)t->pos);
     float *g = w->rep.grads;
     for (int64_t i = 0; i < np; i++) g[i] = (float)(w->acc[i] * scale);
     if (any_nonfinite(g, np))
@@ -825,8 +934,9 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
     t->step_in_epoch = 0;
     struct dp_event ev = {.kind = DP_EVENT_EPOCH, .step = t->step, .epoch = t->epoch,
                           .lr = dp_sched_lr(&t->p.sched, t->step > 0 ? t->step - 1 : 0)};
-    ev.loss = tot[2] > 0 ? tot[0] / tot[2] : NAN;
-    ev.train_acc = tot[2] > 0 ? tot[1] / tot[2] : NAN;
+    ev.positions = t->pos;
+    ev.loss = tot[2] > 0 ? tot[0] / (tot[2] * (double)t->pos) : NAN;
+    ev.train_acc = tot[2] > 0 ? tot[1] / (tot[2] * (double)t->pos) : NAN;
     ev.samples_per_s = dt > 0 ? tot[2] / dt : 0;
     ev.skipped = (int64_t)tot[3];
     ev.epoch_time = dt;
@@ -852,7 +962,11 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
             return metrics_error(t);
         for (int r = 0; r < t->G; r++)
             if (fprintf(t->metrics, "%s%.6f", r ? ", " : "", tot[4 + r]) < 0) return metrics_error(t);
-        if (fprintf(t->metrics, "]}\n") < 0 || fflush(t->metrics) != 0) return metrics_error(t);
+        /* text: the test set is the validation windows; perplexity exp(loss) */
+        if (t->text && fprintf(t->metrics, "], \"val_loss\": %.6f, \"val_ppl\": %.4f, \"tokens_per_s\": %.1f",
+                               ev.test_loss, exp(ev.test_loss), ev.samples_per_s * (double)t->pos) < 0)
+            return metrics_error(t);
+        if (fprintf(t->metrics, t->text ? "}\n" : "]}\n") < 0 || fflush(t->metrics) != 0) return metrics_error(t);
     }
     emit(t, &ev);
     int last = t->epoch == t->p.epochs;
@@ -931,6 +1045,7 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     h = 0xcbf29ce484222325ull;
     H(t->train.n), H(t->train.C), H(t->train.H), H(t->train.W), H(p->norm_mean), H(p->norm_std);
     H(p->test_limit), H(p->aug.crop_pad), H(p->aug.hflip);
+    H(t->tokens.n), H(t->tokens.vocab), H(t->split.train_n), H(t->windows); /* text (0 otherwise) */
     out[AGREE_DATA] = h;
     h = 0xcbf29ce484222325ull;
     H(p->batch), H(p->accum), H(p->seed), H(p->epochs), H(p->max_steps), H(p->clip_norm), H(p->workers);

@@ -1,0 +1,270 @@
+/* gpt on text through the trainer (issue 10, F3 and the data-parallel part
+ * of F5): the loss is the mean over every position, P workers train the
+ * same model as one (to float rounding; bit for bit in deterministic mode),
+ * accumulation, checkpoints and resume, validation on the fixed windows,
+ * and the refusals (a folder as data, the NaN fault). */
+#include <math.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include "dp/optim.h"
+#include "dp/train.h"
+#include "test.h"
+
+#include "ddp_util.h"
+
+#define GPT "gpt:layers=1,heads=2,dim=16,ctx=8"
+
+/* A small token file: 6000 bytes of words drawn by a fixed LCG (text with
+ * some structure to learn), written once per test into its tmpdir. */
+static const char *token_file(void) {
+    static char path[512];
+    static const char *words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat. ", "dog ", "ran ", "far ", "away. "};
+    enum { N = 6000 };
+    uint16_t *tok = malloc(N * sizeof *tok);
+    uint32_t s = 12345;
+    int64_t n = 0;
+    while (n < N) {
+        s = s * 1664525u + 1013904223u;
+        for (const char *w = words[(s >> 16) % 10]; *w && n < N; w++) tok[n++] = (uint8_t)*w;
+    }
+    snprintf(path, sizeof path, "%s/tokens.bin", dp_test_tmpdir());
+    ASSERT_OK(dp_tokens_write(path, tok, N, 256));
+    free(tok);
+    return path;
+}
+
+/* Batches of 8 windows of ctx 8, 32 windows per epoch (4 steps). */
+static struct dp_train_params gpt_params(int workers) {
+    struct dp_train_params p = dp_train_default_params();
+    p.data_dir = token_file();
+    p.model = GPT;
+    p.workers = workers;
+    p.batch = 8;
+    p.train_limit = 32;
+    p.test_limit = 40;
+    p.epochs = 2;
+    p.sched.base_lr = 0.1f;
+    p.optim.momentum = 0.9f;
+    p.prefetch = 1;
+    p.seed = 5;
+    return p;
+}
+
+struct losses {
+    int n;
+    double test[8], train[8];
+    int64_t positions;
+};
+static void on_epoch(void *arg, const struct dp_event *ev) {
+    struct losses *l = arg;
+    if (ev->kind != DP_EVENT_EPOCH || l->n >= 8) return;
+    l->test[l->n] = ev->test_loss, l->train[l->n] = ev->loss;
+    l->positions = ev->positions;
+    l->n++;
+}
+
+/* The 1/N of the mean counts positions: one SGD step of the trainer equals
+ * a step by hand with the gradient of the mean over all B x T positions
+ * (dp_model_run's default scale) on the same windows. */
+TEST(gpt_train_loss_scale_is_mean_over_positions) {
+    struct dp_train_params p = gpt_params(1);
+    p.optim.momentum = 0;
+    p.max_steps = 1;
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    const struct dp_model *m = dp_trainer_model(t);
+    struct dp_replica r;
+    ASSERT_OK(dp_replica_init(&r, m, 8));
+    dp_model_init_params(m, &r, p.seed);
+    ASSERT_OK(dp_trainer_run(t));
+    /* windows 0..7 of epoch 0 */
+    struct dp_tokens tk;
+    ASSERT_OK(dp_tokens_read(p.data_dir, &tk));
+    struct dp_text_split sp;
+    ASSERT_OK(dp_text_split_init(&sp, tk.n, DP_TEXT_VAL_FRAC));
+    int32_t x[64], y[64];
+    ASSERT_OK(dp_text_fill_train(&tk, &sp, 8, p.seed, 0, 0, 8, x, y));
+    struct dp_batch b = {.B = 8, .tokens = x, .targets = y};
+    struct dp_pass pass = {.training = 1, .backward = 1, .seed = p.seed}; /* scale 1/(B T) */
+    memset(r.grads, 0, sizeof(float) * (size_t)m->num_params);
+    ASSERT_OK(dp_model_run(m, &r, &b, &pass));
+    for (int64_t i = 0; i < m->num_params; i++) r.params[i] -= p.sched.base_lr * r.grads[i];
+    double d = rel_diff(r.params, dp_trainer_replica(t)->params, m->num_params);
+    fprintf(stderr, "    trainer step vs step by hand: %.2e\n", d);
+    ASSERT_TRUE(d <= 1e-6);
+    dp_replica_free(&r);
+    dp_tokens_free(&tk);
+    dp_trainer_free(t);
+}
+
+/* P workers train the same gpt as one, to float rounding: momentum SGD
+ * over 2 epochs (8 steps), and AdamW with warmup + cosine. */
+TEST_T(gpt_ddp_equivalence, 300) {
+    for (int k = 0; k < 2; k++) {
+        struct dp_train_params p = gpt_params(1);
+        if (k == 1) {
+            p.optim = dp_optim_default_params();
+            p.optim.kind = DP_OPTIM_ADAMW;
+            p.optim.weight_decay = 0.01f;
+            p.sched.kind = DP_SCHED_COSINE;
+            p.sched.base_lr = 1e-3f;
+            p.sched.warmup_steps = 2;
+        }
+        int64_t n1, n;
+        float *ref = train(&p, &n1);
+        for (int P = 2; P <= 3; P++) {
+            p.workers = P;
+            p.check_replicas = 1;
+            float *got = train(&p, &n);
+            ASSERT_EQ(n, n1);
+            double d = rel_diff(ref, got, n);
+            fprintf(stderr, "    gpt %s P=%d: max relative difference to P=1: %.2e\n", k ? "adamw+cosine" : "sgd",
+                    P, d);
+            ASSERT_TRUE(d <= 1e-5);
+            free(got);
+        }
+        free(ref);
+    }
+}
+
+/* Deterministic mode: bit for bit for any P (3 does not divide 8 windows in
+ * chunks of 2), and the same model as ordinary training. */
+TEST_T(gpt_ddp_deterministic_bit_identical, 300) {
+    struct dp_train_params p = gpt_params(1);
+    p.deterministic = 1;
+    p.det_chunk = 2;
+    int64_t n1, n;
+    float *ref = train(&p, &n1);
+    for (int P = 2; P <= 3; P++) {
+        p.workers = P;
+        float *got = train(&p, &n);
+        ASSERT_EQ(n, n1);
+        ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
+        free(got);
+    }
+    p.workers = 1;
+    p.deterministic = 0;
+    float *plain = train(&p, &n);
+    double d = rel_diff(plain, ref, n);
+    fprintf(stderr, "    gpt deterministic vs ordinary: %.2e\n", d);
+    ASSERT_TRUE(d <= 1e-5);
+    free(plain), free(ref);
+}
+
+/* 2 micro-batches of 4 windows = one batch of 8: the window indices are
+ * global sample indices, the same in both. */
+TEST_T(gpt_ddp_accumulation_equals_big_batch, 300) {
+    struct dp_train_params p = gpt_params(2);
+    int64_t n;
+    float *ref = train(&p, &n);
+    p.batch = 4;
+    p.accum = 2;
+    float *got = train(&p, &n);
+    double d = rel_diff(ref, got, n);
+    fprintf(stderr, "    gpt accum 2 x 4 vs batch 8: %.2e\n", d);
+    ASSERT_TRUE(d <= 1e-5);
+    free(ref), free(got);
+}
+
+/* The epoch's validation loss is per token, on the fixed windows, the same
+ * bits for any P (shared evaluation in fixed chunks), and what
+ * dp_trainer_evaluate computes alone; AdamW lowers it. */
+TEST_T(gpt_validation_loss_per_token, 300) {
+    struct dp_train_params p = gpt_params(1);
+    p.optim = dp_optim_default_params();
+    p.optim.kind = DP_OPTIM_ADAMW;
+    p.sched.base_lr = 3e-3f;
+    p.epochs = 4;
+    double ref[4];
+    for (int P = 1; P <= 3; P++) {
+        struct losses l = {0};
+        p.workers = P;
+        p.on_event = on_epoch, p.event_arg = &l;
+        struct dp_trainer *t;
+        ASSERT_OK(dp_trainer_init(&t, &p));
+        ASSERT_OK(dp_trainer_run(t));
+        ASSERT_EQ(l.n, 4);
+        ASSERT_EQ(l.positions, 8);
+        double acc, loss;
+        ASSERT_OK(dp_trainer_evaluate(t, NULL, p.test_limit, &acc, &loss));
+        ASSERT_TRUE(loss == l.test[3]);
+        dp_trainer_free(t);
+        fprintf(stderr, "    P=%d val loss by epoch: %.4f %.4f %.4f %.4f\n", P, l.test[0], l.test[1], l.test[2],
+                l.test[3]);
+        /* per token: about ln 256 = 5.55 at the start, not 8 x that */
+        ASSERT_TRUE(l.test[0] > 2 && l.test[0] < 6);
+        ASSERT_TRUE(l.test[3] < l.test[0] - 0.3);
+        if (P == 1) memcpy(ref, l.test, sizeof ref);
+        else
+            for (int e = 0; e < 4; e++) ASSERT_TRUE(fabs(l.test[e] - ref[e]) <= 1e-5 * ref[e]);
+    }
+}
+
+/* Checkpoint and resume: 2 epochs straight, or 3 steps (mid-epoch, the
+ * run stops at --max-steps and writes a checkpoint) then resumed, the second
+ * part on another worker count, give the same model; the exported
+ * safetensors file has the PyTorch names and loads back. */
+TEST_T(gpt_checkpoint_resume_round_trip, 300) {
+    char dir[512], ck[600], st[600];
+    snprintf(dir, sizeof dir, "%s/run", dp_test_tmpdir());
+    snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
+    snprintf(st, sizeof st, "%s/gpt.safetensors", dp_test_tmpdir());
+    struct dp_train_params p = gpt_params(2);
+    int64_t n;
+    float *ref = train(&p, &n);
+    p.out_dir = dir;
+    p.max_steps = 3;
+    float *part = train(&p, &n);
+    free(part);
+    struct dp_ckpt_header h;
+    ASSERT_OK(dp_ckpt_read_header(ck, &h));
+    ASSERT_EQ(h.step, 3);
+    ASSERT_TRUE(strcmp(h.model_spec, GPT) == 0);
+    ASSERT_EQ(h.in_shape[0], 8);
+    for (int P = 2; P >= 1; P--) {
+        struct dp_train_params q = gpt_params(P);
+        q.resume = ck;
+        q.model = NULL; /* from the checkpoint */
+        float *got = train(&q, &n);
+        double d = rel_diff(ref, got, n);
+        fprintf(stderr, "    resumed at step 3 on %d worker%s: %.2e to the straight run\n", P, P > 1 ? "s" : "", d);
+        if (P == 2) ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
+        else ASSERT_TRUE(d <= 1e-5);
+        free(got);
+    }
+    /* export: PyTorch names; the tied head adds no tensor */
+    struct dp_trainer *t;
+    struct dp_train_params q = gpt_params(1);
+    q.epochs = 0;
+    ASSERT_OK(dp_trainer_init(&t, &q));
+    const struct dp_model *m = dp_trainer_model(t);
+    static const char *names[] = {"tok.weight", "pos.weight", "blocks.0.ln1.weight", "blocks.0.qkv.weight",
+                                  "blocks.0.proj.bias", "blocks.0.fc.weight", "blocks.0.fc_out.weight",
+                                  "ln_f.weight"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) ASSERT_TRUE(dp_model_find_param(m, names[i]));
+    ASSERT_TRUE(!dp_model_find_param(m, "lm_head.weight"));
+    memcpy(dp_trainer_replica(t)->params, ref, sizeof(float) * (size_t)m->num_params);
+    ASSERT_OK(dp_safetensors_save(st, m, dp_trainer_replica(t)));
+    struct dp_replica r;
+    ASSERT_OK(dp_replica_init(&r, m, 1));
+    ASSERT_OK(dp_safetensors_load(st, m, &r));
+    ASSERT_TRUE(memcmp(r.params, ref, sizeof(float) * (size_t)m->num_params) == 0);
+    dp_replica_free(&r);
+    dp_trainer_free(t);
+    free(ref);
+}
+
+TEST(gpt_train_refuses_folder_and_nan_fault) {
+    struct dp_train_params p = gpt_params(1);
+    struct dp_trainer *t;
+    p.data_dir = dp_test_tmpdir();
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "prepare-text");
+    p = gpt_params(2);
+    p.fault_kind = DP_FAULT_NAN;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "token ids");
+    /* a vocabulary larger than the model's */
+    p = gpt_params(1);
+    p.model = GPT ",vocab=100";
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EMISMATCH, "vocabulary");
+}
