@@ -58,7 +58,7 @@ static const char *help_main =
     "Data-parallel neural-network training in C.\n"
     "\n"
     "commands:\n"
-    "  train          train a model on an IDX dataset (Fashion-MNIST by default)\n"
+    "  train          train a model on an IDX dataset (Fashion-MNIST by default), or gpt on text\n"
     "  eval           evaluate a checkpoint on the test set\n"
     "  ckpt info      print a checkpoint's header and parameter hash\n"
     "  ckpt export    write a checkpoint's weights as safetensors (PyTorch names)\n"
@@ -75,9 +75,12 @@ static const char *help_train =
     "\n"
     "data and model:\n"
     "  --data DIR          IDX files train-*/t10k-* (plain or .gz) [" DEFAULT_DATA "]\n"
-    "  --model SPEC        mlp | cnn | resnet | mlp:784,W1,...,10 [mlp]\n"
-    "  --train-limit N     use only the first N training samples [all]\n"
-    "  --test-limit N      evaluate on the first N test samples [all]\n"
+    "  --data FILE         gpt: a token file (dptrain prepare-text; docs/text.md)\n"
+    "  --model SPEC        mlp | cnn | resnet | mlp:784,W1,...,10 |\n"
+    "                      gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V] [mlp]\n"
+    "  --train-limit N     use only the first N training samples [all]; gpt: N windows per\n"
+    "                      epoch [training tokens / (ctx + 1)]\n"
+    "  --test-limit N      evaluate on the first N test samples [all]; gpt: validation windows\n"
     "  --crop-pad N        augmentation: random crop with N pixels of zero padding [0]\n"
     "  --hflip             augmentation: random horizontal flip\n"
     "\n"
@@ -132,7 +135,8 @@ static const char *help_eval =
     "\n"
     "Evaluates the checkpoint's model (or the weights of a safetensors file, PyTorch names,\n"
     "as 'ckpt export' writes and 'train --init-from' reads) on the test set and prints\n"
-    "accuracy and loss.\n";
+    "accuracy and loss.  A gpt model: --data is its token file, and the validation windows\n"
+    "give the loss per token and the perplexity.\n";
 
 static const char *help_ckpt =
     "usage: dptrain ckpt info FILE\n"
@@ -200,7 +204,8 @@ struct progress {
     double t0, last_draw;
     double sum_loss;
     int64_t nloss;
-    double last_test_acc, last_sps;
+    double last_test_acc, last_test_loss, last_sps;
+    int64_t positions; /* loss terms per sample: 1, or ctx for gpt (then tokens/s, perplexity) */
     /* steady-state throughput: from the end of the 5th step of this run on */
     int64_t run_steps, tp_samples;
     double tp_t0, tp_t1;
@@ -249,17 +254,24 @@ static void on_event(void *arg, const struct dp_event *ev) {
         /* exposed communication is the wait after backward: it is part of
          * the step time; the rest of the communication hid behind backward */
         double other = ev->epoch_time - ev->t_fwd - ev->t_bwd - ev->t_comm_exposed - ev->t_opt - ev->t_data;
-        printf("epoch %lld/%lld  train loss %.4f  train acc %.2f%%  test loss %.4f  test acc %.2f%%  "
-               "%.0f samples/s  %.1fs (data %.2f fwd %.2f bwd %.2f comm %.2f exposed %.2f opt %.2f other %.2f)%s\n",
-               (long long)ev->epoch, (long long)ev->epochs, ev->loss, 100 * ev->train_acc, ev->test_loss,
-               100 * ev->test_acc, ev->samples_per_s, ev->epoch_time, ev->t_data, ev->t_fwd, ev->t_bwd,
-               ev->t_comm, ev->t_comm_exposed, ev->t_opt, other > 0 ? other : 0,
-               ev->skipped ? "  [skipped non-finite steps]" : "");
+        if (ev->positions > 1) /* a language model: per-token losses on the validation windows */
+            printf("epoch %lld/%lld  train loss %.4f  val loss %.4f  val ppl %.2f  %.0f tokens/s  ",
+                   (long long)ev->epoch, (long long)ev->epochs, ev->loss, ev->test_loss, exp(ev->test_loss),
+                   ev->samples_per_s * (double)ev->positions);
+        else
+            printf("epoch %lld/%lld  train loss %.4f  train acc %.2f%%  test loss %.4f  test acc %.2f%%  "
+                   "%.0f samples/s  ", (long long)ev->epoch, (long long)ev->epochs, ev->loss, 100 * ev->train_acc,
+                   ev->test_loss, 100 * ev->test_acc, ev->samples_per_s);
+        printf("%.1fs (data %.2f fwd %.2f bwd %.2f comm %.2f exposed %.2f opt %.2f other %.2f)%s\n",
+               ev->epoch_time, ev->t_data, ev->t_fwd, ev->t_bwd, ev->t_comm, ev->t_comm_exposed, ev->t_opt,
+               other > 0 ? other : 0, ev->skipped ? "  [skipped non-finite steps]" : "");
         p->sum_data += ev->t_data, p->sum_fwd += ev->t_fwd, p->sum_bwd += ev->t_bwd;
         p->sum_comm += ev->t_comm, p->sum_exposed += ev->t_comm_exposed, p->sum_opt += ev->t_opt;
         p->sum_time += ev->epoch_time;
         fflush(stdout);
         p->last_test_acc = ev->test_acc;
+        p->last_test_loss = ev->test_loss;
+        p->positions = ev->positions;
         p->last_sps = ev->samples_per_s;
         p->slow_rank = ev->slow_rank, p->slow_lag = ev->slow_lag;
     } else if (ev->kind == DP_EVENT_CHECKPOINT) {
@@ -291,9 +303,9 @@ static int cmd_train(int argc, char **argv) {
     long ncpu = sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed)
                                                                   : sysconf(_SC_NPROCESSORS_ONLN);
     tp.workers = ncpu < 1 ? 1 : ncpu > 256 ? 256 : (int)ncpu;
-    struct progress prog_state = {.mode = PROG_AUTO, .last_test_acc = NAN, .slow_rank = -1};
+    struct progress prog_state = {.mode = PROG_AUTO, .last_test_acc = NAN, .last_test_loss = NAN, .slow_rank = -1};
     const char *v, *backend = "auto";
-    int model_given = 0, workers_given = 0;
+    int model_given = 0, workers_given = 0, data_given = 0;
     /* options that only one mode uses: the first one given, to name it when
      * the chosen mode would ignore it */
     const char *given_cosine = NULL, *given_step = NULL, *given_sgd = NULL, *given_adamw = NULL;
@@ -303,7 +315,7 @@ static int cmd_train(int argc, char **argv) {
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
             fputs(help_train, stdout);
             return 0;
-        } else if (opt(&a, "--data", &v)) tp.data_dir = v;
+        } else if (opt(&a, "--data", &v)) tp.data_dir = v, data_given = 1;
         else if (opt(&a, "--model", &v)) tp.model = v, model_given = 1;
         else if (opt(&a, "--epochs", &v)) tp.epochs = parse_int("--epochs", v, 0, 1000000);
         else if (opt(&a, "--batch", &v)) tp.batch = parse_int("--batch", v, 1, 1 << 20);
@@ -392,6 +404,10 @@ static int cmd_train(int argc, char **argv) {
             die("unknown option '%s' for train (see '%s train --help')", argv[a.i], prog);
     }
     if (!model_given && !tp.resume) tp.model = "mlp";
+    /* (a folder given with --data is refused by the library with the same advice) */
+    if (tp.model && !strncmp(tp.model, "gpt:", 4) && !data_given)
+        die("model %s trains on a token file: run 'dptrain prepare-text [FILES or DIR] --out tokens.bin' "
+            "first, then pass --data tokens.bin", tp.model);
     if (tp.sched.kind == DP_SCHED_STEP && tp.sched.step_size == 0)
         die("--schedule step needs --step-size N");
     /* An option the chosen mode ignores is a mistake (the run would silently
@@ -465,8 +481,12 @@ static int cmd_train(int argc, char **argv) {
     double sps = prog_state.tp_t1 > prog_state.tp_t0
                      ? (double)prog_state.tp_samples / (prog_state.tp_t1 - prog_state.tp_t0) : prog_state.last_sps;
     double mfu = peak > 0 ? sps * 3.0 * (double)m->flops_fwd / (peak * tp.threads * ranks) : 0;
-    char acc[32] = "n/a (no epoch finished)";
+    char acc[64] = "n/a (no epoch finished)";
     if (!isnan(prog_state.last_test_acc)) snprintf(acc, sizeof acc, "%.2f%%", 100 * prog_state.last_test_acc);
+    int lm = !strncmp(m->spec, "gpt:", 4); /* a language model reports its validation loss */
+    if (lm && !isnan(prog_state.last_test_loss))
+        snprintf(acc, sizeof acc, "%.4f (perplexity %.2f)", prog_state.last_test_loss,
+                 exp(prog_state.last_test_loss));
     warn_gemm_fallback();
     if (me != 0) { /* rank 0 reports for the job */
         dp_trainer_free(t);
@@ -474,7 +494,8 @@ static int cmd_train(int argc, char **argv) {
         job = NULL;
         return 0;
     }
-    printf("done: %.1fs, test acc %s, param hash %016" PRIx64 "\n", dt, acc, dp_trainer_param_hash(t));
+    printf("done: %.1fs, %s %s, param hash %016" PRIx64 "\n", dt,
+           lm ? "val loss" : "test acc", acc, dp_trainer_param_hash(t));
     if (prog_state.sum_time > 0) {
         struct progress *q = &prog_state;
         double tot = q->sum_time;
@@ -489,6 +510,7 @@ static int cmd_train(int argc, char **argv) {
     if (prog_state.run_steps > 5) {
         printf("throughput: %.1f samples/s (training steps after the 5th, %lld steps), %.1f samples/s per worker",
                sps, (long long)prog_state.run_steps - 5, sps / ranks);
+        if (lm) printf(", %.0f tokens/s", sps * (double)m->in_shape.d[0]);
         if (peak > 0)
             printf(", MFU %.1f%% of %d x %.0f GFLOP/s (measured, %s)", 100 * mfu, tp.threads * ranks, peak / 1e9,
                    dp_cpu_peak_isa());
@@ -545,6 +567,13 @@ static int cmd_eval(int argc, char **argv) {
     if ((rc = dp_trainer_init(&t, &tp))) die_rc(rc);
     struct dp_dataset train, test;
     double acc, loss;
+    const char *spec = dp_trainer_model(t)->spec;
+    if (!strncmp(spec, "gpt:", 4)) { /* --data is a token file: its validation windows */
+        if ((rc = dp_trainer_evaluate(t, NULL, tp.test_limit, &acc, &loss))) die_rc(rc);
+        printf("model %s  val loss %.4f  val ppl %.2f  token acc %.2f%%\n", spec, loss, exp(loss), 100 * acc);
+        dp_trainer_free(t);
+        return 0;
+    }
     if ((rc = dp_dataset_load_dir(&train, &test, tp.data_dir))) die_rc(rc);
     dp_dataset_normalize(&test, tp.norm_mean, tp.norm_std);
     rc = dp_trainer_evaluate(t, &test, tp.test_limit, &acc, &loss);
@@ -678,7 +707,16 @@ static int cmd_ckpt(int argc, char **argv) {
         {"output", "logits, one per class; the prediction is the argmax"},
         {"torch_loader", "docs/checkpoint.md of dptrain (tests/torch/eval_safetensors.py)"},
     };
-    if ((rc = dp_safetensors_save_meta(out, m, &r, meta, (int)(sizeof meta / sizeof meta[0])))) die_rc(rc);
+    /* a language model: token ids in, no normalisation (docs/text.md) */
+    const struct dp_st_meta meta_lm[] = {
+        {"input_preprocessing", "token ids (byte-level: token = byte value), batches (B, T), T <= ctx"},
+        {"output", "logits (B, T, vocab) of the next token = ln_f(x) @ tok.weight.T (tied head, no bias)"},
+    };
+    int lm = !strncmp(h.model_spec, "gpt:", 4);
+    if ((rc = dp_safetensors_save_meta(out, m, &r, lm ? meta_lm : meta,
+                                       lm ? (int)(sizeof meta_lm / sizeof meta_lm[0])
+                                          : (int)(sizeof meta / sizeof meta[0]))))
+        die_rc(rc);
     printf("wrote %s (%d tensors)\n", out, m->nparams);
     dp_replica_free(&r);
     dp_model_free(m);
