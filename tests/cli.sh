@@ -347,6 +347,56 @@ expect_error prepare_text_needs_out "prepare-text needs --out FILE" "$BIN" prepa
 if [[ ! -e $T/x.bin ]]; then ok prepare_text_errors_write_nothing; else bad prepare_text_errors_write_nothing "$T/x.bin exists"; fi
 # === end of prepare-text checks ===
 
+# === gpt on text (issue 10, F3; data parallelism on threads, F5) ===
+# A small corpus (this repository's docs), 2 workers, AdamW with warmup + cosine: the epoch
+# line has the validation loss, its perplexity exp(loss) and tokens/s; metrics.jsonl has them;
+# the export has the PyTorch module's names; eval reproduces the last validation loss.
+mkdir -p "$T/gpt_txt"
+cp "$(dirname "$0")"/../docs/*.md "$T/gpt_txt/"
+GPT=gpt:layers=1,heads=2,dim=16,ctx=8
+GPTRUN=(--model "$GPT" --data "$T/gpt.bin" --batch 8 --train-limit 32 --test-limit 64 --optim adamw --lr 3e-3
+        --progress none)
+if "$BIN" prepare-text "$T/gpt_txt" --out "$T/gpt.bin" >"$T/gp.log" 2>&1 &&
+   "$BIN" train "${GPTRUN[@]}" --workers 2 --epochs 2 --schedule cosine --warmup 2 --out "$T/gpt_run" \
+     >"$T/gt.log" 2>&1 &&
+   [[ $(grep -cE '^epoch [12]/2  train loss [0-9.]+  val loss [0-9.]+  val ppl [0-9.]+  [0-9]+ tokens/s ' "$T/gt.log") -eq 2 ]] &&
+   awk '/^epoch 2\/2/ {for (i = 3; i < NF; i++) { if ($(i-1) == "val" && $i == "loss") v = $(i+1); if ($(i-1) == "val" && $i == "ppl") p = $(i+1) }}
+        END {d = exp(v) / p - 1; exit !(v > 0 && (d < 0 ? -d : d) < 0.01)}' "$T/gt.log" &&
+   [[ $(grep -c '"val_loss": .*"val_ppl": .*"tokens_per_s": ' "$T/gpt_run/metrics.jsonl") -eq 2 ]] &&
+   grep -q '^done: .*, val loss [0-9.]* (perplexity [0-9.]*), param hash' "$T/gt.log"; then
+  ok gpt_train_two_workers_val_loss_perplexity
+else bad gpt_train_two_workers_val_loss_perplexity "$(cat "$T/gp.log" "$T/gt.log")"; fi
+last_val=$(awk '/^epoch 2\/2/ {for (i = 3; i < NF; i++) if ($(i-1) == "val" && $i == "loss") print $(i+1)}' "$T/gt.log")
+if "$BIN" eval --ckpt "$T/gpt_run/checkpoint.bin" --data "$T/gpt.bin" --test-limit 64 >"$T/ge.log" 2>&1 &&
+   [[ -n $last_val ]] && grep -q "^model $GPT  val loss $last_val  val ppl " "$T/ge.log"; then
+  ok gpt_eval_reproduces_val_loss
+else bad gpt_eval_reproduces_val_loss "epoch line: $last_val" "$(cat "$T/ge.log")"; fi
+if "$BIN" ckpt export "$T/gpt_run/checkpoint.bin" --safetensors "$T/gpt.safetensors" >"$T/gx.log" 2>&1 &&
+   python3 - "$T/gpt.safetensors" <<'PY'
+import json, struct, sys
+f = open(sys.argv[1], "rb")
+h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+want = {"tok.weight": [256, 16], "pos.weight": [8, 16], "ln_f.weight": [16], "ln_f.bias": [16]}
+for n, shape in {"ln1.weight": [16], "ln1.bias": [16], "qkv.weight": [48, 16], "qkv.bias": [48],
+                 "proj.weight": [16, 16], "proj.bias": [16], "ln2.weight": [16], "ln2.bias": [16],
+                 "fc.weight": [64, 16], "fc.bias": [64], "fc_out.weight": [16, 64], "fc_out.bias": [16]}.items():
+    want["blocks.0." + n] = shape
+got = {k: v["shape"] for k, v in h.items() if k != "__metadata__"}
+sys.exit(0 if got == want and h["__metadata__"]["dptrain_model"] == "gpt:layers=1,heads=2,dim=16,ctx=8" else 1)
+PY
+then ok gpt_export_pytorch_names
+else bad gpt_export_pytorch_names "$(cat "$T/gx.log")"; fi
+# --deterministic: the same bits on 1 and 3 workers (chunks of 2 windows)
+"$BIN" train "${GPTRUN[@]}" --workers 1 --deterministic --det-chunk 2 --out "$T/gpt_d1" >"$T/gd1.log" 2>&1
+"$BIN" train "${GPTRUN[@]}" --workers 3 --deterministic --det-chunk 2 --out "$T/gpt_d3" >"$T/gd3.log" 2>&1
+if same_hash "$(hash_of "$T/gpt_d1/checkpoint.bin")" "$(hash_of "$T/gpt_d3/checkpoint.bin")"; then
+  ok gpt_deterministic_1_vs_3_workers
+else bad gpt_deterministic_1_vs_3_workers "$(cat "$T/gd1.log" "$T/gd3.log")"; fi
+expect_error gpt_needs_token_file "run 'dptrain prepare-text" "$BIN" train --model "$GPT" --progress none
+expect_error gpt_folder_data "is a folder: run 'dptrain prepare-text $T/gpt_txt --out tokens.bin' first" \
+  "$BIN" train --model "$GPT" --data "$T/gpt_txt" --progress none
+# === end of gpt checks ===
+
 ci_strict=0
 [[ -n ${CI:-} && $CI != 0 && ${CI,,} != false ]] && ci_strict=1
 if [[ $skipped -gt 0 && $ci_strict -eq 1 ]]; then echo "CI=$CI: $skipped skipped fail the run"; fi
