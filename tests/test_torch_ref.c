@@ -54,6 +54,9 @@
 
 #define REF_B 8
 #define REF_SEED 20240611u
+/* gpt: the batch (sequences) and the largest context the setup holds. */
+#define GPT_B 3
+#define GPT_TMAX 64
 /* Tolerances, see the header comment.  A conv weight gradient sums
  * B*H*W = 6272 products; float32 sums in a different order (blocked GEMM vs.
  * torch's mkldnn convolution) differ by ~sqrt(n) * 2^-24 ~ 5e-6 of the
@@ -325,7 +328,7 @@ static void run_ref(const char *model, const char *in, const char *inputs, const
         dp_test_fail(__FILE__, __LINE__, "%s not found (set DP_TORCH_REF)",
                      torch_ref_script());
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' '%s' %s '%s' '%s' --inputs '%s'%s%s%s", torch_python(), torch_ref_script(),
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' '%s' '%s' --inputs '%s'%s%s%s", torch_python(), torch_ref_script(),
              model, in, out, inputs, init ? " --export-init '" : "", init ? init : "", init ? "'" : "");
     fflush(stdout);
     fflush(stderr);
@@ -343,8 +346,10 @@ static void run_ref(const char *model, const char *in, const char *inputs, const
 struct ref_setup {
     struct dp_model *m;
     struct dp_replica r;
+    int64_t B, T;  /* samples; positions per sample (token models), else 0 */
     float x[REF_B * 28 * 28];
     int32_t y[REF_B];
+    int32_t tok[GPT_B * GPT_TMAX], tgt[GPT_B * GPT_TMAX]; /* token models: ids, next ids */
     char dir[512];
     char weights[600], inputs[600], out[600], init[600];
 };
@@ -354,14 +359,22 @@ static int ends_with(const char *s, const char *suf) {
     return a >= b && strcmp(s + a - b, suf) == 0;
 }
 
+static int is_gpt(const char *spec) { return strncmp(spec, "gpt:", 4) == 0; }
+
 /* Builds the model with dptrain's initialisation, then perturbs what that
- * leaves constant (BN weight 1 / bias 0, running stats 0 / 1 / 0 batches), so
- * that a layer that ignored gamma, beta or the old running statistics would
- * show up. */
+ * leaves constant (BN/LN weight 1 / bias 0, Linear biases 0, running stats
+ * 0 / 1 / 0 batches), so that a layer that ignored gamma, beta, a bias or the
+ * old running statistics would show up.  gpt: the N(0, 0.02) weights are
+ * scaled to N(0, 0.2), so that attention is far from uniform (with 0.02 the
+ * scores q.k/sqrt(dh) are ~1e-3 and a wrong scale or a swapped k/v would
+ * hardly move the softmax). */
 static void setup(struct ref_setup *s, const char *spec) {
     memset(s, 0, sizeof *s);
     ASSERT_OK(dp_model_from_spec(&s->m, spec, 1, 28, 28));
-    ASSERT_OK(dp_replica_init(&s->r, s->m, REF_B));
+    s->B = is_gpt(spec) ? GPT_B : REF_B;
+    s->T = is_gpt(spec) ? s->m->in_shape.d[0] : 0;
+    ASSERT_TRUE(s->T <= GPT_TMAX);
+    ASSERT_OK(dp_replica_init(&s->r, s->m, s->B));
     dp_model_init_params(s->m, &s->r, REF_SEED);
     for (int i = 0; i < s->m->nparams; i++) {
         const struct dp_param_info *p = &s->m->params[i];
@@ -374,11 +387,18 @@ static void setup(struct ref_setup *s, const char *spec) {
                 else if (ends_with(p->name, "num_batches_tracked")) v[j] = 3.0f;
             } else if (p->init == DP_INIT_CONST || p->init == DP_INIT_ZERO) {
                 v[j] += 0.5f * (u - 0.5f); /* gamma in [0.75, 1.25), beta in [-0.25, 0.25) */
+            } else if (s->T && p->init == DP_INIT_NORMAL) {
+                v[j] *= 10.0f;
             }
         }
     }
     for (int i = 0; i < REF_B * 28 * 28; i++) s->x[i] = dp_rng_normal(REF_SEED, DP_RNG_USER, 1, (uint64_t)i);
     for (int b = 0; b < REF_B; b++) s->y[b] = (int32_t)(dp_rng_u32(REF_SEED, DP_RNG_USER, 2, (uint64_t)b) % 10);
+    const uint32_t V = (uint32_t)dp_model_num_classes(s->m);
+    for (int64_t i = 0; i < s->B * s->T; i++) {
+        s->tok[i] = (int32_t)(dp_rng_u32(REF_SEED, DP_RNG_USER, 3, (uint64_t)i) % V);
+        s->tgt[i] = (int32_t)(dp_rng_u32(REF_SEED, DP_RNG_USER, 4, (uint64_t)i) % V);
+    }
     snprintf(s->dir, sizeof s->dir, "%s", dp_test_tmpdir());
     snprintf(s->weights, sizeof s->weights, "%s/weights.safetensors", s->dir);
     snprintf(s->inputs, sizeof s->inputs, "%s/inputs.safetensors", s->dir);
@@ -389,7 +409,11 @@ static void setup(struct ref_setup *s, const char *spec) {
         {"input.x", "F32", 4, {REF_B, 1, 28, 28}, s->x},
         {"input.y", "I32", 1, {REF_B, 0, 0, 0}, s->y},
     };
-    st_write(s->inputs, in, 2);
+    struct st_tensor tin[2] = {
+        {"input.tokens", "I32", 2, {s->B, s->T, 0, 0}, s->tok},
+        {"input.targets", "I32", 2, {s->B, s->T, 0, 0}, s->tgt},
+    };
+    st_write(s->inputs, s->T ? tin : in, 2);
 }
 
 static void teardown(struct ref_setup *s) {
@@ -401,7 +425,17 @@ static struct dp_batch batch_of(struct ref_setup *s) {
     static int64_t idx[REF_B];
     for (int b = 0; b < REF_B; b++) idx[b] = b;
     struct dp_batch b = {.B = REF_B, .x = s->x, .targets = s->y, .sample_idx = idx, .epoch = 0};
+    if (s->T) b = (struct dp_batch){.B = s->B, .tokens = s->tok, .targets = s->tgt, .sample_idx = idx};
     return b;
+}
+
+/* The logits' shape: (B, V) or, for a token model, (B, T, V). */
+static int logits_shape(const struct ref_setup *s, int64_t *shape) {
+    int64_t V = dp_model_num_classes(s->m);
+    shape[0] = s->B;
+    shape[1] = s->T ? s->T : V;
+    shape[2] = V;
+    return s->T ? 3 : 2;
 }
 
 /* Elementwise |d - t| <= abs + rel * |t|; returns the worst |d - t| / (abs +
@@ -431,8 +465,9 @@ static double cmp_elementwise(const char *what, const float *d, const float *t, 
 /* One comparison of dptrain (with the current GEMM backend) against OUT. */
 static void compare_once(struct ref_setup *s, const struct st_file *o, const char *gemm) {
     const struct dp_model *m = s->m;
-    int64_t V = dp_model_num_classes(m);
-    int64_t lshape[2] = {REF_B, V};
+    int64_t lshape[3];
+    const int lnd = logits_shape(s, lshape);
+    const int64_t R = s->B * (s->T ? s->T : 1), nlogits = R * dp_model_num_classes(m); /* loss rows */
     struct dp_batch b = batch_of(s);
     double worst_logit = 0, worst_grad = 0, worst_buf = 0, worst_eval = 0;
     char worst_grad_name[128] = "";
@@ -440,8 +475,8 @@ static void compare_once(struct ref_setup *s, const struct st_file *o, const cha
     /* Eval mode first, with the (perturbed) running statistics. */
     struct dp_pass pe = {.training = 0, .seed = REF_SEED};
     ASSERT_OK(dp_model_run(m, &s->r, &b, &pe));
-    float *t_eval = st_get_f32(o, "logits_eval", 2, lshape, NULL);
-    cmp_elementwise("eval-mode logits", s->r.acts[m->nlayers], t_eval, REF_B * V, 1e-4, 1e-4, &worst_eval);
+    float *t_eval = st_get_f32(o, "logits_eval", lnd, lshape, NULL);
+    cmp_elementwise("eval-mode logits", s->r.acts[m->nlayers], t_eval, nlogits, 1e-4, 1e-4, &worst_eval);
     free(t_eval);
 
     /* Training mode forward + backward. */
@@ -451,15 +486,15 @@ static void compare_once(struct ref_setup *s, const struct st_file *o, const cha
 
     int64_t one = 1;
     float *t_loss = st_get_f32(o, "loss", 1, &one, NULL);
-    double loss = p.loss_sum / REF_B;
+    double loss = p.loss_sum / (double)R; /* the mean over every row, as F.cross_entropy */
     double loss_rel = fabs(loss - t_loss[0]) / fabs((double)t_loss[0]);
     if (!(loss_rel <= 1e-5))
         dp_test_fail(__FILE__, __LINE__, "loss: dptrain %.9g, torch %.9g (relative error %.2e > 1e-5)", loss,
                      (double)t_loss[0], loss_rel);
     free(t_loss);
 
-    float *t_logits = st_get_f32(o, "logits", 2, lshape, NULL);
-    cmp_elementwise("logits", s->r.acts[m->nlayers], t_logits, REF_B * V, 1e-4, 1e-4, &worst_logit);
+    float *t_logits = st_get_f32(o, "logits", lnd, lshape, NULL);
+    cmp_elementwise("logits", s->r.acts[m->nlayers], t_logits, nlogits, 1e-4, 1e-4, &worst_logit);
     free(t_logits);
 
     int ngrad = 0, nbuf = 0;
@@ -556,6 +591,10 @@ static void torch_ref_compare(const char *spec) {
 TEST_T(torch_ref_mlp, 300) { torch_ref_compare("mlp"); }
 TEST_T(torch_ref_cnn, 300) { torch_ref_compare("cnn"); }
 TEST_T(torch_ref_resnet, 300) { torch_ref_compare("resnet"); }
+/* Issue 10 F4: the transformer (embeddings, causal attention, GELU MLP,
+ * pre-LN blocks, tied head, cross-entropy at every position). */
+#define GPT_REF_SPEC "gpt:layers=2,heads=2,dim=16,ctx=8,vocab=32"
+TEST_T(torch_ref_gpt, 300) { torch_ref_compare(GPT_REF_SPEC); }
 
 /* ---- PyTorch -> dptrain: a torch-initialised state_dict loads with --init-from ---- */
 
@@ -566,7 +605,7 @@ static void torch_ref_init(const char *spec) {
     run_ref(spec, s->weights, s->inputs, s->out, s->init);
     const struct dp_model *m = s->m;
     struct dp_replica r2;
-    ASSERT_OK(dp_replica_init(&r2, m, REF_B));
+    ASSERT_OK(dp_replica_init(&r2, m, s->B));
     ASSERT_OK(dp_safetensors_load(s->init, m, &r2));
     /* The loaded values are the file's, bit for bit. */
     struct st_file fi;
@@ -584,14 +623,15 @@ static void torch_ref_init(const char *spec) {
 
     struct st_file o;
     st_read(&o, s->out);
-    int64_t V = dp_model_num_classes(m);
-    int64_t lshape[2] = {REF_B, V};
+    int64_t lshape[3];
+    const int lnd = logits_shape(s, lshape);
     struct dp_batch b = batch_of(s);
     struct dp_pass pe = {.training = 0, .seed = REF_SEED};
     ASSERT_OK(dp_model_run(m, &r2, &b, &pe));
-    float *t = st_get_f32(&o, "logits_init", 2, lshape, NULL);
+    float *t = st_get_f32(&o, "logits_init", lnd, lshape, NULL);
     double worst = 0;
-    cmp_elementwise("logits with torch's initial weights", r2.acts[m->nlayers], t, REF_B * V, 1e-4, 1e-4, &worst);
+    cmp_elementwise("logits with torch's initial weights", r2.acts[m->nlayers], t,
+                    s->B * (s->T ? s->T : 1) * dp_model_num_classes(m), 1e-4, 1e-4, &worst);
     fprintf(stderr, "    torch_ref_init %s: torch state_dict loaded, eval logits worst rel %.2e\n", spec, worst);
     free(t);
     st_free(&o);
@@ -603,6 +643,7 @@ static void torch_ref_init(const char *spec) {
 TEST_T(torch_ref_init_mlp, 300) { torch_ref_init("mlp"); }
 TEST_T(torch_ref_init_cnn, 300) { torch_ref_init("cnn"); }
 TEST_T(torch_ref_init_resnet, 300) { torch_ref_init("resnet"); }
+TEST_T(torch_ref_init_gpt, 300) { torch_ref_init(GPT_REF_SPEC); }
 
 /* ---- dp_safetensors_load rejects files that do not match the model ------------------ */
 
