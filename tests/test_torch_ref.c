@@ -660,11 +660,19 @@ TEST_T(torch_ref_init_gpt, 300) { torch_ref_init(GPT_REF_SPEC); }
  * windows, dptrain (dp_model_run + dp_optim_step, what the trainer does each
  * step) and torch.optim.AdamW (foreach=False, the same betas, eps and
  * decoupled weight decay on every parameter, the same per-step learning rate
- * from dp_sched_lr: warmup + cosine) produce loss curves that agree within
- * CURVE_REL at every step.  Differences come only from float32 summation
- * order and compound over the steps; measured worst 1.6e-7 (printed), so 1%
- * leaves a wide margin while any real difference in the model, the loss or
- * the optimizer shows up at the first steps.
+ * from dp_sched_lr: warmup to 1e-2, cosine down to 1e-3) produce loss curves
+ * that agree within CURVE_REL (the issue's 1%) at every step.  Differences
+ * come only from float32 summation order and compound over the steps;
+ * measured worst 2.3e-7 (printed), every backend.  The 1% is coarse next to
+ * that: it is torch_ref_gpt that pins the model to ~1e-6.  What this adds is
+ * the training loop: torch's initial weights loaded, the loss over B T
+ * positions, AdamW with its schedule, 200 steps.  Checked by fault injection
+ * (each breaks this test; the first two break torch_ref_gpt too):
+ * attention without the 1/sqrt(dh) scale (1.1% at step 34), k and v swapped
+ * (3.4% at step 20), AdamW without weight decay (1.3% at step 37), AdamW
+ * without the bias correction of v (1.3% at step 1).  The learning rate is
+ * high for this reason: at 3e-3 the weights stay small, the attention scores
+ * near 0, and the missing scale moved the curve by only 0.8%.
  *
  * The windows follow a noisy rule, so that the model has something to learn,
  * and one that needs attention (the previous token, not only the current one):
@@ -703,8 +711,8 @@ TEST_T(torch_ref_gpt_adamw_curve, 300) {
     float *lr = malloc(sizeof(float) * (size_t)S);
     ASSERT_TRUE(tok && tgt && lr);
     curve_windows(tok, tgt, S * B, T, V);
-    const struct dp_sched sched = {.kind = DP_SCHED_COSINE, .base_lr = 3e-3f, .total_steps = S,
-                                   .warmup_steps = 20, .min_lr = 3e-4f};
+    const struct dp_sched sched = {.kind = DP_SCHED_COSINE, .base_lr = 1e-2f, .total_steps = S,
+                                   .warmup_steps = 20, .min_lr = 1e-3f};
     ASSERT_OK(dp_sched_check(&sched));
     for (int64_t t = 0; t < S; t++) lr[t] = dp_sched_lr(&sched, t);
     struct dp_optim_params hp = dp_optim_default_params();
