@@ -1,4 +1,4 @@
-/* dptrain against PyTorch 1.13 (issue item A10).
+/* dptrain against PyTorch 1.13 (issue items A10 and 10 F4).
  *
  * torch_ref_{mlp,cnn,resnet}: the same weights and the same batch (B = 8,
  * 1x28x28) go through dptrain and through tests/torch/ref.py; the loss, the
@@ -7,8 +7,13 @@
  * through dp_safetensors_save, so this is also the dptrain -> PyTorch export
  * check (ref.py loads them with a strict load_state_dict).  Before the
  * training pass, eval-mode logits are compared too (BN with running stats).
+ * torch_ref_gpt does the same for the transformer of issue 10 F4 (B = 3
+ * sequences of T = 8 token ids; loss and logits over every position).
  *
- * torch_ref_init_{mlp,cnn,resnet}: the reverse direction.  ref.py writes a
+ * torch_ref_gpt_adamw_curve: 200 AdamW steps from torch's initial weights on
+ * the same windows; the per-step losses agree within 1% (comment there).
+ *
+ * torch_ref_init_{mlp,cnn,resnet,gpt}: the reverse direction.  ref.py writes a
  * freshly initialised torch model's state_dict (torch.manual_seed(0)) as
  * safetensors; dp_safetensors_load (what --init-from uses) must accept it,
  * and dptrain's eval-mode logits with those weights must equal torch's.

@@ -1,12 +1,19 @@
 #!/usr/bin/python3
-"""PyTorch reference for tests/test_torch_ref.c (issue item A10).
+"""PyTorch reference for tests/test_torch_ref.c (issue items A10, 10 F4).
 
 Usage:
     /usr/bin/python3 tests/torch/ref.py MODEL IN.safetensors OUT.safetensors \
         [--inputs INPUTS.safetensors] [--export-init INIT.safetensors]
+    /usr/bin/python3 tests/torch/ref.py MODEL --adamw TRAIN.safetensors OUT.safetensors \
+        --export-init INIT.safetensors
 
-MODEL is mlp, cnn or resnet (the architectures of src/nn/models.c, with the
-same module names, so that state_dict names match dptrain's).
+MODEL is mlp, cnn, resnet or gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V] (the
+architectures of src/nn/models.c, with the same module names, so that
+state_dict names match dptrain's).  gpt is the reference module of issue 10
+F4: tok, pos Embeddings; blocks.i.{ln1, qkv (D->3D), proj, ln2, fc (D->4D),
+fc_out}; ln_f; logits = ln_f(x) @ tok.weight.T (tied, no bias); causal
+attention with q, k, v the three D-wide thirds of qkv's output, each split
+into heads contiguously; exact (erf) GELU; no dropout.
 
 IN holds every state_dict tensor of the model as F32, as written by
 dp_safetensors_save (num_batches_tracked too: it is converted to int64 here).
@@ -14,14 +21,19 @@ The batch is two more tensors, read from IN or, with --inputs, from a separate
 file:
     input.x  F32 (B, C, H, W)   the images
     input.y  I32 (B)            the class labels (F32 and I64 are accepted too)
+or, for gpt,
+    input.tokens   I32 (B, T)   token ids
+    input.targets  I32 (B, T)   the next token at each position
 
 The script loads the weights with load_state_dict(strict=True) (every name
 must match; shapes as torch's loader accepts them, which lets a one-element
 (1) tensor fill a 0-d one such as num_batches_tracked),
 computes eval-mode logits (BN with the running statistics from IN), then
 runs one training-mode forward, loss = F.cross_entropy(logits, y) (the mean
-over the batch), and backward, and writes OUT (all F32):
+over the batch; for gpt over every (sample, position)), and backward, and
+writes OUT (all F32):
     logits_eval             (B, classes) eval-mode logits, weights from IN
+                            (gpt: (B, T, V), and the same as logits: no dropout)
     logits                  (B, classes) training-mode logits
     loss                    (1)
     grad.<param name>       for every parameter (same shape as the parameter)
@@ -30,10 +42,22 @@ over the batch), and backward, and writes OUT (all F32):
                             num_batches_tracked), BN models only
 With --export-init it also writes INIT: the state_dict of a freshly
 initialised torch model (torch.manual_seed(0), PyTorch's own default
-initialisation) with every tensor as F32 and torch's shapes (so
+initialisation; for gpt dptrain's: N(0, 0.02) Linear and Embedding
+weights, zero biases) with every tensor as F32 and torch's shapes (so
 num_batches_tracked is 0-d, shape []), i.e. a file for dptrain's --init-from; and OUT gets one more tensor:
     logits_init             (B, classes) eval-mode logits of that fresh model
                             on input.x
+
+With --adamw (tests/test_torch_ref.c torch_ref_gpt_adamw_curve) nothing is
+read from IN: a fresh model (torch.manual_seed(0), as --export-init, and
+written to INIT first) takes S steps of torch.optim.AdamW (foreach=False) on
+the windows of TRAIN:
+    train.tokens   I32 (S, B, T)  step s's input ids
+    train.targets  I32 (S, B, T)  step s's next tokens
+    train.lr       F32 (S)        step s's learning rate
+    train.hparams  F32 (4)        beta1, beta2, eps, weight_decay
+each step zero_grad, the mean cross-entropy, backward, step; OUT gets
+    losses         F32 (S)        the loss of each step, before its update
 
 CPU only, torch.set_num_threads(1), float32 throughout: the result is
 deterministic (no nondeterministic kernels are used on the CPU).
