@@ -1,4 +1,4 @@
-/* dptrain against PyTorch 1.13 (issue item A10).
+/* dptrain against PyTorch 1.13 (issue items A10 and 10 F4).
  *
  * torch_ref_{mlp,cnn,resnet}: the same weights and the same batch (B = 8,
  * 1x28x28) go through dptrain and through tests/torch/ref.py; the loss, the
@@ -7,8 +7,13 @@
  * through dp_safetensors_save, so this is also the dptrain -> PyTorch export
  * check (ref.py loads them with a strict load_state_dict).  Before the
  * training pass, eval-mode logits are compared too (BN with running stats).
+ * torch_ref_gpt does the same for the transformer of issue 10 F4 (B = 3
+ * sequences of T = 8 token ids; loss and logits over every position).
  *
- * torch_ref_init_{mlp,cnn,resnet}: the reverse direction.  ref.py writes a
+ * torch_ref_gpt_adamw_curve: 200 AdamW steps from torch's initial weights on
+ * the same windows; the per-step losses agree within 1% (comment there).
+ *
+ * torch_ref_init_{mlp,cnn,resnet,gpt}: the reverse direction.  ref.py writes a
  * freshly initialised torch model's state_dict (torch.manual_seed(0)) as
  * safetensors; dp_safetensors_load (what --init-from uses) must accept it,
  * and dptrain's eval-mode logits with those weights must equal torch's.
@@ -49,11 +54,15 @@
 #include <unistd.h>
 
 #include "dp/nn.h"
+#include "dp/optim.h"
 #include "dp/train.h"
 #include "test.h"
 
 #define REF_B 8
 #define REF_SEED 20240611u
+/* gpt: the batch (sequences) and the largest context the setup holds. */
+#define GPT_B 3
+#define GPT_TMAX 64
 /* Tolerances, see the header comment.  A conv weight gradient sums
  * B*H*W = 6272 products; float32 sums in a different order (blocked GEMM vs.
  * torch's mkldnn convolution) differ by ~sqrt(n) * 2^-24 ~ 5e-6 of the
@@ -315,18 +324,16 @@ static int torch_importable(void) {
     return st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
-/* Runs ref.py, which writes OUT; skips the test when torch is missing and
+/* Runs `python ref.py ARGS`; skips the test when torch is missing and
  * DP_SKIP_TORCH=1; fails it otherwise. */
-static void run_ref(const char *model, const char *in, const char *inputs, const char *out,
-                   const char *init) {
+static void run_ref_args(const char *args) {
     if (torch_skip_allowed() && !torch_importable())
         SKIP("%s cannot import torch, and DP_SKIP_TORCH=1", torch_python());
     if (access(torch_ref_script(), R_OK) != 0)
         dp_test_fail(__FILE__, __LINE__, "%s not found (set DP_TORCH_REF)",
                      torch_ref_script());
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' '%s' %s '%s' '%s' --inputs '%s'%s%s%s", torch_python(), torch_ref_script(),
-             model, in, out, inputs, init ? " --export-init '" : "", init ? init : "", init ? "'" : "");
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' '%s' %s", torch_python(), torch_ref_script(), args);
     fflush(stdout);
     fflush(stderr);
     int st = system(cmd);
@@ -338,13 +345,24 @@ static void run_ref(const char *model, const char *in, const char *inputs, const
     dp_test_fail(__FILE__, __LINE__, "the PyTorch reference failed (status %d): %s", st, cmd);
 }
 
+/* Runs ref.py on one batch, which writes OUT (and INIT if not NULL). */
+static void run_ref(const char *model, const char *in, const char *inputs, const char *out,
+                   const char *init) {
+    char args[4096];
+    snprintf(args, sizeof args, "'%s' '%s' '%s' --inputs '%s'%s%s%s", model, in, out, inputs,
+             init ? " --export-init '" : "", init ? init : "", init ? "'" : "");
+    run_ref_args(args);
+}
+
 /* ---- the model, its weights and the batch ------------------------------------------ */
 
 struct ref_setup {
     struct dp_model *m;
     struct dp_replica r;
+    int64_t B, T;  /* samples; positions per sample (token models), else 0 */
     float x[REF_B * 28 * 28];
     int32_t y[REF_B];
+    int32_t tok[GPT_B * GPT_TMAX], tgt[GPT_B * GPT_TMAX]; /* token models: ids, next ids */
     char dir[512];
     char weights[600], inputs[600], out[600], init[600];
 };
@@ -354,14 +372,22 @@ static int ends_with(const char *s, const char *suf) {
     return a >= b && strcmp(s + a - b, suf) == 0;
 }
 
+static int is_gpt(const char *spec) { return strncmp(spec, "gpt:", 4) == 0; }
+
 /* Builds the model with dptrain's initialisation, then perturbs what that
- * leaves constant (BN weight 1 / bias 0, running stats 0 / 1 / 0 batches), so
- * that a layer that ignored gamma, beta or the old running statistics would
- * show up. */
+ * leaves constant (BN/LN weight 1 / bias 0, Linear biases 0, running stats
+ * 0 / 1 / 0 batches), so that a layer that ignored gamma, beta, a bias or the
+ * old running statistics would show up.  gpt: the N(0, 0.02) weights are
+ * scaled to N(0, 0.2), so that attention is far from uniform (with 0.02 the
+ * scores q.k/sqrt(dh) are ~1e-3 and a wrong scale or a swapped k/v would
+ * hardly move the softmax). */
 static void setup(struct ref_setup *s, const char *spec) {
     memset(s, 0, sizeof *s);
     ASSERT_OK(dp_model_from_spec(&s->m, spec, 1, 28, 28));
-    ASSERT_OK(dp_replica_init(&s->r, s->m, REF_B));
+    s->B = is_gpt(spec) ? GPT_B : REF_B;
+    s->T = is_gpt(spec) ? s->m->in_shape.d[0] : 0;
+    ASSERT_TRUE(s->T <= GPT_TMAX);
+    ASSERT_OK(dp_replica_init(&s->r, s->m, s->B));
     dp_model_init_params(s->m, &s->r, REF_SEED);
     for (int i = 0; i < s->m->nparams; i++) {
         const struct dp_param_info *p = &s->m->params[i];
@@ -374,11 +400,18 @@ static void setup(struct ref_setup *s, const char *spec) {
                 else if (ends_with(p->name, "num_batches_tracked")) v[j] = 3.0f;
             } else if (p->init == DP_INIT_CONST || p->init == DP_INIT_ZERO) {
                 v[j] += 0.5f * (u - 0.5f); /* gamma in [0.75, 1.25), beta in [-0.25, 0.25) */
+            } else if (s->T && p->init == DP_INIT_NORMAL) {
+                v[j] *= 10.0f;
             }
         }
     }
     for (int i = 0; i < REF_B * 28 * 28; i++) s->x[i] = dp_rng_normal(REF_SEED, DP_RNG_USER, 1, (uint64_t)i);
     for (int b = 0; b < REF_B; b++) s->y[b] = (int32_t)(dp_rng_u32(REF_SEED, DP_RNG_USER, 2, (uint64_t)b) % 10);
+    const uint32_t V = (uint32_t)dp_model_num_classes(s->m);
+    for (int64_t i = 0; i < s->B * s->T; i++) {
+        s->tok[i] = (int32_t)(dp_rng_u32(REF_SEED, DP_RNG_USER, 3, (uint64_t)i) % V);
+        s->tgt[i] = (int32_t)(dp_rng_u32(REF_SEED, DP_RNG_USER, 4, (uint64_t)i) % V);
+    }
     snprintf(s->dir, sizeof s->dir, "%s", dp_test_tmpdir());
     snprintf(s->weights, sizeof s->weights, "%s/weights.safetensors", s->dir);
     snprintf(s->inputs, sizeof s->inputs, "%s/inputs.safetensors", s->dir);
@@ -389,7 +422,11 @@ static void setup(struct ref_setup *s, const char *spec) {
         {"input.x", "F32", 4, {REF_B, 1, 28, 28}, s->x},
         {"input.y", "I32", 1, {REF_B, 0, 0, 0}, s->y},
     };
-    st_write(s->inputs, in, 2);
+    struct st_tensor tin[2] = {
+        {"input.tokens", "I32", 2, {s->B, s->T, 0, 0}, s->tok},
+        {"input.targets", "I32", 2, {s->B, s->T, 0, 0}, s->tgt},
+    };
+    st_write(s->inputs, s->T ? tin : in, 2);
 }
 
 static void teardown(struct ref_setup *s) {
@@ -401,7 +438,17 @@ static struct dp_batch batch_of(struct ref_setup *s) {
     static int64_t idx[REF_B];
     for (int b = 0; b < REF_B; b++) idx[b] = b;
     struct dp_batch b = {.B = REF_B, .x = s->x, .targets = s->y, .sample_idx = idx, .epoch = 0};
+    if (s->T) b = (struct dp_batch){.B = s->B, .tokens = s->tok, .targets = s->tgt, .sample_idx = idx};
     return b;
+}
+
+/* The logits' shape: (B, V) or, for a token model, (B, T, V). */
+static int logits_shape(const struct ref_setup *s, int64_t *shape) {
+    int64_t V = dp_model_num_classes(s->m);
+    shape[0] = s->B;
+    shape[1] = s->T ? s->T : V;
+    shape[2] = V;
+    return s->T ? 3 : 2;
 }
 
 /* Elementwise |d - t| <= abs + rel * |t|; returns the worst |d - t| / (abs +
@@ -431,8 +478,9 @@ static double cmp_elementwise(const char *what, const float *d, const float *t, 
 /* One comparison of dptrain (with the current GEMM backend) against OUT. */
 static void compare_once(struct ref_setup *s, const struct st_file *o, const char *gemm) {
     const struct dp_model *m = s->m;
-    int64_t V = dp_model_num_classes(m);
-    int64_t lshape[2] = {REF_B, V};
+    int64_t lshape[3];
+    const int lnd = logits_shape(s, lshape);
+    const int64_t R = s->B * (s->T ? s->T : 1), nlogits = R * dp_model_num_classes(m); /* loss rows */
     struct dp_batch b = batch_of(s);
     double worst_logit = 0, worst_grad = 0, worst_buf = 0, worst_eval = 0;
     char worst_grad_name[128] = "";
@@ -440,8 +488,8 @@ static void compare_once(struct ref_setup *s, const struct st_file *o, const cha
     /* Eval mode first, with the (perturbed) running statistics. */
     struct dp_pass pe = {.training = 0, .seed = REF_SEED};
     ASSERT_OK(dp_model_run(m, &s->r, &b, &pe));
-    float *t_eval = st_get_f32(o, "logits_eval", 2, lshape, NULL);
-    cmp_elementwise("eval-mode logits", s->r.acts[m->nlayers], t_eval, REF_B * V, 1e-4, 1e-4, &worst_eval);
+    float *t_eval = st_get_f32(o, "logits_eval", lnd, lshape, NULL);
+    cmp_elementwise("eval-mode logits", s->r.acts[m->nlayers], t_eval, nlogits, 1e-4, 1e-4, &worst_eval);
     free(t_eval);
 
     /* Training mode forward + backward. */
@@ -451,15 +499,15 @@ static void compare_once(struct ref_setup *s, const struct st_file *o, const cha
 
     int64_t one = 1;
     float *t_loss = st_get_f32(o, "loss", 1, &one, NULL);
-    double loss = p.loss_sum / REF_B;
+    double loss = p.loss_sum / (double)R; /* the mean over every row, as F.cross_entropy */
     double loss_rel = fabs(loss - t_loss[0]) / fabs((double)t_loss[0]);
     if (!(loss_rel <= 1e-5))
         dp_test_fail(__FILE__, __LINE__, "loss: dptrain %.9g, torch %.9g (relative error %.2e > 1e-5)", loss,
                      (double)t_loss[0], loss_rel);
     free(t_loss);
 
-    float *t_logits = st_get_f32(o, "logits", 2, lshape, NULL);
-    cmp_elementwise("logits", s->r.acts[m->nlayers], t_logits, REF_B * V, 1e-4, 1e-4, &worst_logit);
+    float *t_logits = st_get_f32(o, "logits", lnd, lshape, NULL);
+    cmp_elementwise("logits", s->r.acts[m->nlayers], t_logits, nlogits, 1e-4, 1e-4, &worst_logit);
     free(t_logits);
 
     int ngrad = 0, nbuf = 0;
@@ -556,6 +604,10 @@ static void torch_ref_compare(const char *spec) {
 TEST_T(torch_ref_mlp, 300) { torch_ref_compare("mlp"); }
 TEST_T(torch_ref_cnn, 300) { torch_ref_compare("cnn"); }
 TEST_T(torch_ref_resnet, 300) { torch_ref_compare("resnet"); }
+/* Issue 10 F4: the transformer (embeddings, causal attention, GELU MLP,
+ * pre-LN blocks, tied head, cross-entropy at every position). */
+#define GPT_REF_SPEC "gpt:layers=2,heads=2,dim=16,ctx=8,vocab=32"
+TEST_T(torch_ref_gpt, 300) { torch_ref_compare(GPT_REF_SPEC); }
 
 /* ---- PyTorch -> dptrain: a torch-initialised state_dict loads with --init-from ---- */
 
@@ -566,7 +618,7 @@ static void torch_ref_init(const char *spec) {
     run_ref(spec, s->weights, s->inputs, s->out, s->init);
     const struct dp_model *m = s->m;
     struct dp_replica r2;
-    ASSERT_OK(dp_replica_init(&r2, m, REF_B));
+    ASSERT_OK(dp_replica_init(&r2, m, s->B));
     ASSERT_OK(dp_safetensors_load(s->init, m, &r2));
     /* The loaded values are the file's, bit for bit. */
     struct st_file fi;
@@ -584,14 +636,15 @@ static void torch_ref_init(const char *spec) {
 
     struct st_file o;
     st_read(&o, s->out);
-    int64_t V = dp_model_num_classes(m);
-    int64_t lshape[2] = {REF_B, V};
+    int64_t lshape[3];
+    const int lnd = logits_shape(s, lshape);
     struct dp_batch b = batch_of(s);
     struct dp_pass pe = {.training = 0, .seed = REF_SEED};
     ASSERT_OK(dp_model_run(m, &r2, &b, &pe));
-    float *t = st_get_f32(&o, "logits_init", 2, lshape, NULL);
+    float *t = st_get_f32(&o, "logits_init", lnd, lshape, NULL);
     double worst = 0;
-    cmp_elementwise("logits with torch's initial weights", r2.acts[m->nlayers], t, REF_B * V, 1e-4, 1e-4, &worst);
+    cmp_elementwise("logits with torch's initial weights", r2.acts[m->nlayers], t,
+                    s->B * (s->T ? s->T : 1) * dp_model_num_classes(m), 1e-4, 1e-4, &worst);
     fprintf(stderr, "    torch_ref_init %s: torch state_dict loaded, eval logits worst rel %.2e\n", spec, worst);
     free(t);
     st_free(&o);
@@ -603,6 +656,150 @@ static void torch_ref_init(const char *spec) {
 TEST_T(torch_ref_init_mlp, 300) { torch_ref_init("mlp"); }
 TEST_T(torch_ref_init_cnn, 300) { torch_ref_init("cnn"); }
 TEST_T(torch_ref_init_resnet, 300) { torch_ref_init("resnet"); }
+TEST_T(torch_ref_init_gpt, 300) { torch_ref_init(GPT_REF_SPEC); }
+
+/* ---- 200 AdamW steps from torch's initial weights: the two loss curves ------------- */
+
+/* Issue 10 F4: from the same initial weights (a fresh torch model exported by
+ * ref.py, loaded with dp_safetensors_load as --init-from does) and the same
+ * windows, dptrain (dp_model_run + dp_optim_step, what the trainer does each
+ * step) and torch.optim.AdamW (foreach=False, the same betas, eps and
+ * decoupled weight decay on every parameter, the same per-step learning rate
+ * from dp_sched_lr: warmup to 1e-2, cosine down to 1e-3) produce loss curves
+ * that agree within CURVE_REL (the issue's 1%) at every step.  Differences
+ * come only from float32 summation order and compound over the steps;
+ * measured worst 2.3e-7 (printed), every backend.  The 1% is coarse next to
+ * that: it is torch_ref_gpt that pins the model to ~1e-6.  What this adds is
+ * the training loop: torch's initial weights loaded, the loss over B T
+ * positions, AdamW with its schedule, 200 steps.  Checked by fault injection
+ * (each breaks this test; the first two break torch_ref_gpt too):
+ * attention without the 1/sqrt(dh) scale (1.1% at step 34), k and v swapped
+ * (3.4% at step 20), AdamW without weight decay (1.3% at step 37), AdamW
+ * without the bias correction of v (1.3% at step 1).  The learning rate is
+ * high for this reason: at 3e-3 the weights stay small, the attention scores
+ * near 0, and the missing scale moved the curve by only 0.8%.
+ *
+ * The windows follow a noisy rule, so that the model has something to learn,
+ * and one that needs attention (the previous token, not only the current one):
+ * w[i+1] = (w[i] + 1 + 2 (w[i-1] mod 2)) mod V with probability 3/4, else a
+ * uniform token.  The curve must fall (the mean of the last 20 losses below
+ * CURVE_DROP x the first; measured 3.50 -> 1.75): a flat curve would compare
+ * little beyond the initial loss. */
+#define CURVE_SPEC "gpt:layers=2,heads=2,dim=32,ctx=16,vocab=32"
+#define CURVE_STEPS 200
+#define CURVE_B 4
+#define CURVE_REL 1e-2
+#define CURVE_DROP 0.7
+
+static void curve_windows(int32_t *tok, int32_t *tgt, int64_t nwin, int64_t T, uint32_t V) {
+    for (int64_t w = 0; w < nwin; w++) {
+        int32_t prev = 0, cur = (int32_t)(dp_rng_u32(REF_SEED, DP_RNG_USER, 10, (uint64_t)w) % V);
+        for (int64_t i = 0; i < T; i++) {
+            const uint64_t k = (uint64_t)(w * T + i);
+            int32_t next = (int32_t)(((uint32_t)cur + 1u + 2u * ((uint32_t)prev & 1u)) % V);
+            if (dp_rng_u32(REF_SEED, DP_RNG_USER, 11, k) % 4 == 0)
+                next = (int32_t)(dp_rng_u32(REF_SEED, DP_RNG_USER, 12, k) % V);
+            tok[w * T + i] = cur;
+            tgt[w * T + i] = next;
+            prev = cur, cur = next;
+        }
+    }
+}
+
+TEST_T(torch_ref_gpt_adamw_curve, 300) {
+    struct dp_model *m;
+    ASSERT_OK(dp_model_from_spec(&m, CURVE_SPEC, 0, 0, 0));
+    const int64_t S = CURVE_STEPS, B = CURVE_B, T = m->in_shape.d[0], n = m->num_params;
+    const uint32_t V = (uint32_t)dp_model_num_classes(m);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(S * B * T));
+    int32_t *tgt = malloc(sizeof(int32_t) * (size_t)(S * B * T));
+    float *lr = malloc(sizeof(float) * (size_t)S);
+    ASSERT_TRUE(tok && tgt && lr);
+    curve_windows(tok, tgt, S * B, T, V);
+    const struct dp_sched sched = {.kind = DP_SCHED_COSINE, .base_lr = 1e-2f, .total_steps = S,
+                                   .warmup_steps = 20, .min_lr = 1e-3f};
+    ASSERT_OK(dp_sched_check(&sched));
+    for (int64_t t = 0; t < S; t++) lr[t] = dp_sched_lr(&sched, t);
+    struct dp_optim_params hp = dp_optim_default_params();
+    hp.kind = DP_OPTIM_ADAMW, hp.beta1 = 0.9f, hp.beta2 = 0.95f, hp.eps = 1e-8f, hp.weight_decay = 0.1f;
+    const float hpv[4] = {hp.beta1, hp.beta2, hp.eps, hp.weight_decay};
+
+    char dir[512], train[600], out[600], init[600], args[2048];
+    snprintf(dir, sizeof dir, "%s", dp_test_tmpdir());
+    snprintf(train, sizeof train, "%s/train.safetensors", dir);
+    snprintf(out, sizeof out, "%s/curve.safetensors", dir);
+    snprintf(init, sizeof init, "%s/init.safetensors", dir);
+    const struct st_tensor tin[4] = {
+        {"train.tokens", "I32", 3, {S, B, T, 0}, tok},
+        {"train.targets", "I32", 3, {S, B, T, 0}, tgt},
+        {"train.lr", "F32", 1, {S, 0, 0, 0}, lr},
+        {"train.hparams", "F32", 1, {4, 0, 0, 0}, hpv},
+    };
+    st_write(train, tin, 4);
+    snprintf(args, sizeof args, "'%s' --adamw '%s' '%s' --export-init '%s'", CURVE_SPEC, train, out, init);
+    run_ref_args(args);
+
+    struct st_file o;
+    st_read(&o, out);
+    float *t_loss = st_get_f32(&o, "losses", 1, &S, NULL);
+    double tail = 0; /* the mean of the last 20 steps (one batch's loss is noisy) */
+    for (int64_t t = S - 20; t < S; t++) tail += t_loss[t] / 20.0;
+    if (!(tail < CURVE_DROP * t_loss[0]))
+        dp_test_fail(__FILE__, __LINE__, "torch's loss goes from %.4f to %.4f (last 20 steps) in %lld steps: too "
+                     "flat a curve", (double)t_loss[0], tail, (long long)S);
+
+    struct dp_replica r;
+    ASSERT_OK(dp_replica_init(&r, m, B));
+    ASSERT_OK(dp_safetensors_load(init, m, &r));
+    float *p0 = malloc(sizeof(float) * (size_t)n);
+    ASSERT_TRUE(p0 != NULL);
+    memcpy(p0, r.params, sizeof(float) * (size_t)n);
+    int64_t idx[CURVE_B];
+    for (int64_t b = 0; b < B; b++) idx[b] = b;
+
+    enum dp_gemm_backend saved = dp_gemm_get_backend();
+    for (int be = 0; be < DP_GEMM_BACKEND_COUNT; be++) {
+        if (!dp_gemm_backend_available((enum dp_gemm_backend)be)) continue;
+        ASSERT_OK(dp_gemm_set_backend((enum dp_gemm_backend)be));
+        memcpy(r.params, p0, sizeof(float) * (size_t)n);
+        struct dp_optim opt;
+        ASSERT_OK(dp_optim_init(&opt, &hp, n));
+        double worst = 0, first = 0, last = 0;
+        int64_t worst_at = 0;
+        for (int64_t t = 0; t < S; t++) {
+            struct dp_batch b = {.B = B, .tokens = tok + t * B * T, .targets = tgt + t * B * T,
+                                 .sample_idx = idx, .epoch = 0};
+            memset(r.grads, 0, sizeof(float) * (size_t)n);
+            struct dp_pass p = {.training = 1, .backward = 1, .seed = REF_SEED};
+            ASSERT_OK(dp_model_run(m, &r, &b, &p));
+            const double loss = p.loss_sum / (double)(B * T); /* mean over every position */
+            const double rel = fabs(loss - t_loss[t]) / fabs((double)t_loss[t]);
+            if (!(rel <= CURVE_REL))
+                dp_test_fail(__FILE__, __LINE__,
+                             "gemm %s, step %lld: loss dptrain %.7g, torch %.7g (relative difference %.2e > %.0e)",
+                             dp_gemm_backend_name((enum dp_gemm_backend)be), (long long)t, loss,
+                             (double)t_loss[t], rel, CURVE_REL);
+            if (rel > worst) worst = rel, worst_at = t;
+            if (t == 0) first = loss;
+            last = loss;
+            ASSERT_OK(dp_optim_step(&opt, r.params, r.grads, n, lr[t]));
+        }
+        fprintf(stderr,
+                "    torch_ref adamw %s (gemm %s): %lld steps, loss %.4f -> %.4f (torch %.4f -> %.4f, last 20 "
+                "mean %.4f), worst rel %.2e at step %lld\n",
+                CURVE_SPEC, dp_gemm_backend_name((enum dp_gemm_backend)be), (long long)S, first, last, (double)t_loss[0], (double)t_loss[S - 1], tail, worst, (long long)worst_at);
+        dp_optim_free(&opt);
+    }
+    ASSERT_OK(dp_gemm_set_backend(saved));
+    free(p0);
+    free(t_loss);
+    st_free(&o);
+    dp_replica_free(&r);
+    dp_model_free(m);
+    free(tok);
+    free(tgt);
+    free(lr);
+}
 
 /* ---- dp_safetensors_load rejects files that do not match the model ------------------ */
 
