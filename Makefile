@@ -81,7 +81,7 @@ Q := $(if $(filter 1,$(V)),,@)
 FLAGS_STAMP := $(BUILD)/.cflags
 $(shell mkdir -p $(BUILD) && echo '$(CC) $(CFLAGS_ALL)' | cmp -s - $(FLAGS_STAMP) || echo '$(CC) $(CFLAGS_ALL)' >$(FLAGS_STAMP))
 
-$(BUILD)/%.o: %.c $(FLAGS_STAMP) $(wildcard include/dp/*.h include/*.h src/*/*.h tests/*.h)
+$(BUILD)/%.o: %.c $(FLAGS_STAMP) $(wildcard include/dp/*.h include/*.h src/*/*.h tests/*.h tools/*/*.h)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC $<",true)
 	$(Q)$(CC) $(CFLAGS_ALL) -c $< -o $@

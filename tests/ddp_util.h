@@ -56,4 +56,29 @@ static inline float *train(const struct dp_train_params *p, int64_t *n) {
  * the same one `dptrain ckpt diff` uses. */
 static inline double rel_diff(const float *a, const float *b, int64_t n) { return dp_rel_diff(a, b, n); }
 
+/* Deterministic mode on recipe p (its det_chunk set): the parameters are the
+ * same bits for every worker count 1..max_workers (also counts that do not
+ * divide the batch), and the same model as ordinary training to float
+ * rounding (1e-5).  `what` names the run in the printed difference. */
+static inline void expect_deterministic(struct dp_train_params p, int max_workers, const char *what) {
+    p.workers = 1;
+    p.deterministic = 1;
+    int64_t n1, n;
+    float *ref = train(&p, &n1);
+    for (int P = 2; P <= max_workers; P++) {
+        p.workers = P;
+        float *got = train(&p, &n);
+        ASSERT_EQ(n, n1);
+        ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
+        free(got);
+    }
+    p.workers = 1;
+    p.deterministic = 0;
+    float *plain = train(&p, &n);
+    double d = rel_diff(plain, ref, n);
+    fprintf(stderr, "    %s deterministic vs ordinary: %.2e\n", what, d);
+    ASSERT_TRUE(d <= 1e-5);
+    free(plain), free(ref);
+}
+
 #endif

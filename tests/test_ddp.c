@@ -155,26 +155,8 @@ static void deterministic(const char *model, int64_t steps) {
     require_data();
     struct dp_train_params p = base(model, 1);
     p.max_steps = steps;
-    p.deterministic = 1;
     p.det_chunk = 8;
-    int64_t n1, n;
-    float *ref = train(&p, &n1);
-    for (int P = 2; P <= 4; P++) {
-        p.workers = P;
-        float *got = train(&p, &n);
-        ASSERT_EQ(n, n1);
-        /* bit for bit, for every P (also P = 3, which does not divide 60) */
-        ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
-        free(got);
-    }
-    /* and the same model as ordinary training, to float rounding */
-    p.workers = 1;
-    p.deterministic = 0;
-    float *plain = train(&p, &n);
-    double d = rel_diff(plain, ref, n);
-    fprintf(stderr, "    %s deterministic vs ordinary: %.2e\n", model, d);
-    ASSERT_TRUE(d <= 1e-5);
-    free(plain), free(ref);
+    expect_deterministic(p, 4, model); /* P = 1..4; 3 does not divide 60 */
 }
 
 TEST_T(ddp_deterministic_mlp_bit_identical, 300) { deterministic("mlp", 17); }

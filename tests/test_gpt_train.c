@@ -132,24 +132,8 @@ TEST_T(gpt_ddp_equivalence, 300) {
  * chunks of 2), and the same model as ordinary training. */
 TEST_T(gpt_ddp_deterministic_bit_identical, 300) {
     struct dp_train_params p = gpt_params(1);
-    p.deterministic = 1;
     p.det_chunk = 2;
-    int64_t n1, n;
-    float *ref = train(&p, &n1);
-    for (int P = 2; P <= 3; P++) {
-        p.workers = P;
-        float *got = train(&p, &n);
-        ASSERT_EQ(n, n1);
-        ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
-        free(got);
-    }
-    p.workers = 1;
-    p.deterministic = 0;
-    float *plain = train(&p, &n);
-    double d = rel_diff(plain, ref, n);
-    fprintf(stderr, "    gpt deterministic vs ordinary: %.2e\n", d);
-    ASSERT_TRUE(d <= 1e-5);
-    free(plain), free(ref);
+    expect_deterministic(p, 3, "gpt");
 }
 
 /* 2 micro-batches of 4 windows = one batch of 8: the window indices are

@@ -227,6 +227,9 @@ void dp_model_free(struct dp_model *m);
  * language model over T token ids (input shape (T), output (T, V) logits);
  * C, H and W are ignored for it. */
 int dp_model_from_spec(struct dp_model **m, const char *spec, int64_t C, int64_t H, int64_t W);
+/* 1 when spec names a language model over token ids (gpt:...): it trains on a
+ * token file and has a loss term per position; 0 for the image models. */
+int dp_model_spec_reads_tokens(const char *spec);
 /* Number of classes (last dim of the output). */
 int64_t dp_model_num_classes(const struct dp_model *m);
 /* A parameter or buffer by full name, or NULL. */

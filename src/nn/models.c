@@ -134,11 +134,13 @@ static int build_gpt(struct dp_model *m, const struct gpt_cfg *c) {
     return rc;
 }
 
+int dp_model_spec_reads_tokens(const char *spec) { return spec && strncmp(spec, "gpt:", 4) == 0; }
+
 int dp_model_from_spec(struct dp_model **out, const char *spec, int64_t C, int64_t H, int64_t W) {
     *out = NULL;
     struct dp_shape in = {3, {C, H, W, 0}};
     struct gpt_cfg gc = {0};
-    const int gpt = strncmp(spec, "gpt:", 4) == 0;
+    const int gpt = dp_model_spec_reads_tokens(spec);
     if (gpt) {
         int rc = parse_gpt(&gc, spec + 4);
         if (rc) return rc;

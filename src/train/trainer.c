@@ -371,7 +371,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
         goto fail;
     }
     /* A language model (gpt:...) reads token ids: its data is a token file. */
-    t->text = strncmp(spec, "gpt:", 4) == 0;
+    t->text = dp_model_spec_reads_tokens(spec);
     if (t->text) {
         if ((rc = load_text(t, spec))) goto fail;
     } else {

@@ -66,8 +66,8 @@
 
 #include "dp/comm.h"
 #include "dp/core.h"
+#include "cli.h"
 
-int dptrain_cmd_bench_allreduce(int argc, char **argv);
 
 static const char *help_bench_allreduce =
     "usage: dptrain bench allreduce [options]\n"
@@ -98,16 +98,7 @@ static const char *help_bench_allreduce =
     "                    all P once (an all-reduce's least memory traffic, without\n"
     "                    synchronisation), and print its busbw as bound_busbw [on]\n";
 
-static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
-static void die(const char *fmt, ...) {
-    va_list ap;
-    fprintf(stderr, "dptrain: error: ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    exit(1);
-}
+#define die dptrain_die
 
 static long long parse_num(const char *opt, const char *s, long long lo, long long hi, int bytes) {
     char *end;

@@ -12,6 +12,7 @@
 
 #include "dp/comm.h"
 #include "dp/train.h"
+#include "cli.h"
 
 #define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
 
@@ -19,8 +20,8 @@ static const char *prog = "dptrain";
 /* The process-level communicator of a multi-process job (MPI), once made. */
 static struct dp_comm *job;
 
-static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
-static void die(const char *fmt, ...) {
+#define die dptrain_die
+void dptrain_die(const char *fmt, ...) {
     va_list ap;
     fprintf(stderr, "%s: error: ", prog);
     if (job && dp_comm_world(job) > 1) fprintf(stderr, "process %d: ", dp_comm_rank(job));
@@ -405,7 +406,7 @@ static int cmd_train(int argc, char **argv) {
     }
     if (!model_given && !tp.resume) tp.model = "mlp";
     /* (a folder given with --data is refused by the library with the same advice) */
-    if (tp.model && !strncmp(tp.model, "gpt:", 4) && !data_given)
+    if (dp_model_spec_reads_tokens(tp.model) && !data_given)
         die("model %s trains on a token file: run 'dptrain prepare-text [FILES or DIR] --out tokens.bin' "
             "first, then pass --data tokens.bin", tp.model);
     if (tp.sched.kind == DP_SCHED_STEP && tp.sched.step_size == 0)
@@ -483,7 +484,7 @@ static int cmd_train(int argc, char **argv) {
     double mfu = peak > 0 ? sps * 3.0 * (double)m->flops_fwd / (peak * tp.threads * ranks) : 0;
     char acc[64] = "n/a (no epoch finished)";
     if (!isnan(prog_state.last_test_acc)) snprintf(acc, sizeof acc, "%.2f%%", 100 * prog_state.last_test_acc);
-    int lm = !strncmp(m->spec, "gpt:", 4); /* a language model reports its validation loss */
+    int lm = dp_model_spec_reads_tokens(m->spec); /* a language model reports its validation loss */
     if (lm && !isnan(prog_state.last_test_loss))
         snprintf(acc, sizeof acc, "%.4f (perplexity %.2f)", prog_state.last_test_loss,
                  exp(prog_state.last_test_loss));
@@ -568,7 +569,7 @@ static int cmd_eval(int argc, char **argv) {
     struct dp_dataset train, test;
     double acc, loss;
     const char *spec = dp_trainer_model(t)->spec;
-    if (!strncmp(spec, "gpt:", 4)) { /* --data is a token file: its validation windows */
+    if (dp_model_spec_reads_tokens(spec)) { /* --data is a token file: its validation windows */
         if ((rc = dp_trainer_evaluate(t, NULL, tp.test_limit, &acc, &loss))) die_rc(rc);
         printf("model %s  val loss %.4f  val ppl %.2f  token acc %.2f%%\n", spec, loss, exp(loss), 100 * acc);
         dp_trainer_free(t);
@@ -712,7 +713,7 @@ static int cmd_ckpt(int argc, char **argv) {
         {"input_preprocessing", "token ids (byte-level: token = byte value), batches (B, T), T <= ctx"},
         {"output", "logits (B, T, vocab) of the next token = ln_f(x) @ tok.weight.T (tied head, no bias)"},
     };
-    int lm = !strncmp(h.model_spec, "gpt:", 4);
+    int lm = dp_model_spec_reads_tokens(h.model_spec);
     if ((rc = dp_safetensors_save_meta(out, m, &r, lm ? meta_lm : meta,
                                        lm ? (int)(sizeof meta_lm / sizeof meta_lm[0])
                                           : (int)(sizeof meta / sizeof meta[0]))))
@@ -722,11 +723,6 @@ static int cmd_ckpt(int argc, char **argv) {
     dp_model_free(m);
     return 0;
 }
-
-/* tools/dptrain/bench_allreduce.c */
-int dptrain_cmd_bench_allreduce(int argc, char **argv);
-/* tools/dptrain/prepare_text.c */
-int dptrain_cmd_prepare_text(int argc, char **argv);
 
 static int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {

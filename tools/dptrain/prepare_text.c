@@ -7,14 +7,13 @@
  * summary line.  The validation split is not stored: it is taken when the
  * file is used (the last 5% of the tokens by default).
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dp/data.h"
+#include "cli.h"
 
-int dptrain_cmd_prepare_text(int argc, char **argv);
 
 static const char *help_prepare_text =
     "usage: dptrain prepare-text [FILE or DIR ...] --out FILE\n"
@@ -28,16 +27,7 @@ static const char *help_prepare_text =
     "\n"
     "  --out FILE   the token file to write (replaced atomically)\n";
 
-static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
-static void die(const char *fmt, ...) {
-    va_list ap;
-    fprintf(stderr, "dptrain: error: ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    exit(1);
-}
+#define die dptrain_die
 
 int dptrain_cmd_prepare_text(int argc, char **argv) {
     const char *out = NULL;

@@ -1,0 +1,16 @@
+/* The CLI's shared pieces (tools/dptrain only): the one error exit and the
+ * subcommands that live in their own files. */
+#ifndef DPTRAIN_CLI_H
+#define DPTRAIN_CLI_H
+
+/* Prints "dptrain: error: MESSAGE" (naming this process in a multi-process
+ * job) and exits 1; in an MPI job it first ends the whole job, so the other
+ * processes do not wait for this one until a timeout.  (main.c) */
+void dptrain_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+/* tools/dptrain/bench_allreduce.c */
+int dptrain_cmd_bench_allreduce(int argc, char **argv);
+/* tools/dptrain/prepare_text.c */
+int dptrain_cmd_prepare_text(int argc, char **argv);
+
+#endif
