@@ -123,7 +123,7 @@ static int selected(const char *name, int argc, char **argv) {
     return 0;
 }
 
-/* CI (CI=true, as CI services and .ci/run set it) installs every dependency,
+/* CI (CI=true, as CI services and scripts/test.sh set it) installs every dependency,
  * so there a skipped test is a failure. */
 static int ci_strict(void) {
     const char *ci = getenv("CI");
