@@ -1206,6 +1206,34 @@ TEST(layer_constructors_survive_allocation_failures) {
  * would be differentiated consistently), the causal mask, and the whole
  * tiny model end to end through dp_model_run. */
 
+/* dp__erff against double-precision erf: within 2 ulp of the correctly
+ * rounded result on a dense grid over [-6, 6] and at tiny arguments, and
+ * erf(+-inf) = +-1, erf(NaN) = NaN. */
+static double ulps_off(float got, double want) {
+    float w = (float)want, aw = fabsf(w);
+    double ulp = (double)nextafterf(aw, INFINITY) - aw;
+    return fabs((double)got - want) / ulp;
+}
+
+TEST(gelu_erf_matches_libm) {
+    double worst = 0.0, worst_x = 0.0;
+    for (int i = -3000000; i <= 3000000; i++) {
+        float x = (float)i * 2e-6f;
+        double u = ulps_off(dp__erff(x), erf((double)x));
+        if (u > worst) worst = u, worst_x = x;
+    }
+    for (float x = 1e-38f; x < 1.0f; x *= 1.01f) {
+        double u = ulps_off(dp__erff(-x), erf(-(double)x));
+        if (u > worst) worst = u, worst_x = -x;
+    }
+    if (worst > 2.0) fprintf(stderr, "dp__erff is %.2f ulp off at x = %.9g\n", worst, worst_x);
+    ASSERT_TRUE(worst <= 2.0);
+    ASSERT_FEQ(dp__erff(INFINITY), 1.0f);
+    ASSERT_FEQ(dp__erff(-INFINITY), -1.0f);
+    ASSERT_FEQ(dp__erff(0.0f), 0.0f);
+    ASSERT_TRUE(isnan(dp__erff(NAN)));
+}
+
 TEST(layer_gelu_erf_grad) {
     struct lt t;
     lt_begin(&t, dp__shape2(3, 8), 2);

@@ -117,14 +117,16 @@ int dp_gelu(struct dp_model *m, const char *name) {
 
 /* Forward:  y = x Phi(x),  Phi(x) = 0.5 (1 + erf(x / sqrt(2)))   (torch.nn.GELU())
  * Backward: dx = dy (Phi(x) + x phi(x)),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
- * erff and expf from libm (correctly rounded to about 1 ulp; not vectorised). */
+ * erf and exp are the vectorisable dp__erff and dp__expf (2 ulp): with libm's
+ * scalar erff and expf the two loops took a quarter of a small transformer's
+ * training step. */
 static int gelu_erf_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x,
                             int64_t B) {
     const int64_t n = B * dp_shape_numel(&l->in_shape);
-#pragma omp parallel for schedule(static) if (n >= DP__OMP_MIN / 4)
+#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN / 4)
     for (int64_t i = 0; i < n; i++) {
         float v = x[i];
-        y[i] = 0.5f * v * (1.0f + erff(v * GELU_RSQRT2));
+        y[i] = 0.5f * v * (1.0f + dp__erff(v * GELU_RSQRT2));
     }
     return DP_OK;
 }
@@ -133,11 +135,11 @@ static int gelu_erf_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, 
                              const float *x, const float *y, int64_t B) {
     if (!dx) return DP_OK;
     const int64_t n = B * dp_shape_numel(&l->in_shape);
-#pragma omp parallel for schedule(static) if (n >= DP__OMP_MIN / 4)
+#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN / 4)
     for (int64_t i = 0; i < n; i++) {
         float v = x[i];
-        float cdf = 0.5f * (1.0f + erff(v * GELU_RSQRT2));
-        float pdf = GELU_RSQRT2PI * expf(-0.5f * v * v);
+        float cdf = 0.5f * (1.0f + dp__erff(v * GELU_RSQRT2));
+        float pdf = GELU_RSQRT2PI * dp__expf(-0.5f * v * v);
         dx[i] = dy[i] * (cdf + v * pdf);
     }
     return DP_OK;
