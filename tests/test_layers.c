@@ -1308,7 +1308,8 @@ static void attention_ref(double *y, const double *x, const float *prm, int64_t 
     const int64_t dh = D / H;
     double *qkv = malloc(sizeof(double) * (size_t)(T * 3 * D));
     double *att = malloc(sizeof(double) * (size_t)(T * D));
-    double s[16];
+    double s[128]; /* one row of scores: T <= 128 */
+    ASSERT_TRUE(T <= 128);
     for (int64_t b = 0; b < B; b++) {
         const double *xb = x + b * T * D;
         for (int64_t i = 0; i < T; i++)
@@ -1362,6 +1363,29 @@ TEST(layer_attention_grad) {
     for (int64_t i = 0; i < t.nout; i++)
         ASSERT_NEAR(t.y[i], ref[i], 1e-5 + 1e-5 * fabs(ref[i]));
     lt_check_grads(&t, 0);
+    lt_free(&t);
+}
+
+/* Longer than the causal row block (32) and not a multiple of it: T = 70 is
+ * blocks 32, 32, 6, so every product runs its skipped-triangle path (rows
+ * [i0, i1) against columns [0, i1), and the transposed ones against rows
+ * [i0, T)).  Forward against the double reference, gradients by FD. */
+TEST(layer_attention_causal_blocks) {
+    const int64_t B = 1, T = 70, D = 8, H = 2;
+    struct lt t;
+    lt_begin(&t, dp__shape2(T, D), B);
+    ASSERT_OK(dp_attention(t.m, "attn", (int)H));
+    lt_end(&t, 25);
+    lt_forward(&t);
+    double *ref = malloc(sizeof(double) * (size_t)t.nout), *xd = malloc(sizeof(double) * (size_t)t.nin);
+    ASSERT_TRUE(ref && xd);
+    for (int64_t i = 0; i < t.nin; i++) xd[i] = t.x[i];
+    attention_ref(ref, xd, t.r.params + t.l->param_off, B, T, D, H);
+    for (int64_t i = 0; i < t.nout; i++)
+        ASSERT_NEAR(t.y[i], ref[i], 1e-5 + 1e-5 * fabs(ref[i]));
+    lt_check_grads(&t, 0);
+    free(ref);
+    free(xd);
     lt_free(&t);
 }
 

@@ -23,8 +23,9 @@
  * next to the activations; a fused (flash-style) kernel would avoid it.
  *
  * The products are dp_gemm calls: one for each projection over all B T rows,
- * and small ones per (sample, head) for Q K^T, P V and their gradients (the
- * masked upper triangle of S is computed and discarded).
+ * and small ones per (sample, head) for Q K^T, P V and their gradients, in
+ * causal row blocks (CAUSAL_BLOCK) that skip the masked upper triangle block
+ * by block.
  *
  * Letters: B batch, T positions, D width, H heads, dh = D / H. */
 #include <math.h>
@@ -44,6 +45,47 @@ struct attention_saved {
     float *att; /* (B, T, D) heads' outputs, concatenated */
 };
 
+/* Rows of the causal products are done in blocks of this many positions,
+ * so that the (almost) all-zero upper triangle is skipped block by block: at
+ * T = 64 that is 3/4 of the full products' work, at T = 256 5/8. */
+#define CAUSAL_BLOCK 32
+
+/* Row i of the causal softmax, in place: row[0..n) (n = i + 1) becomes
+ * softmax(row[0..n)), row[n..T) becomes 0.  Float sums in a fixed order (the
+ * SIMD reduction's), so the result is deterministic. */
+static void softmax_row(float *row, int64_t n, int64_t T) {
+    float mx = row[0];
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 1; j < n; j++)
+        mx = row[j] > mx ? row[j] : mx;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < n; j++) {
+        row[j] = dp__expf(row[j] - mx);
+        s += row[j];
+    }
+    const float inv = 1.0f / s;
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++)
+        row[j] *= inv;
+    for (int64_t j = n; j < T; j++)
+        row[j] = 0.0f;
+}
+
+/* Its backward, in place on dr = dP's row: dS_j = P_j (dP_j - sum_k P_k dP_k)
+ * for j < n, 0 beyond. */
+static void softmax_row_backward(float *dr, const float *pr, int64_t n, int64_t T) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < n; j++)
+        s += pr[j] * dr[j];
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++)
+        dr[j] = pr[j] * (dr[j] - s);
+    for (int64_t j = n; j < T; j++)
+        dr[j] = 0.0f;
+}
+
 static int attn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x,
                         int64_t B) {
     const struct attention *p = l->priv;
@@ -62,24 +104,18 @@ static int attn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const 
             const float *q = sv->qkv + b * T * D3 + h * dh; /* (T, dh), row stride 3D */
             const float *k = q + D, *v = q + 2 * D;
             float *P = sv->P + (b * H + h) * T * T; /* (T, T) */
-            dp_gemm(0, 1, T, T, dh, scale, q, D3, k, D3, 0.0f, P, T);
-            for (int64_t i = 0; i < T; i++) { /* causal softmax of row i over j <= i */
-                float *row = P + i * T;
-                float mx = row[0];
-                for (int64_t j = 1; j <= i; j++)
-                    mx = row[j] > mx ? row[j] : mx;
-                double s = 0.0;
-                for (int64_t j = 0; j <= i; j++) {
-                    row[j] = dp__expf(row[j] - mx);
-                    s += row[j];
-                }
-                const float inv = (float)(1.0 / s);
-                for (int64_t j = 0; j <= i; j++)
-                    row[j] *= inv;
-                for (int64_t j = i + 1; j < T; j++)
-                    row[j] = 0.0f;
+            float *o = sv->att + b * T * D + h * dh;
+            /* causal blocks: rows [i0, i1) need columns [0, i1) only */
+            for (int64_t i0 = 0; i0 < T; i0 += CAUSAL_BLOCK) {
+                const int64_t i1 = i0 + CAUSAL_BLOCK < T ? i0 + CAUSAL_BLOCK : T;
+                dp_gemm(0, 1, i1 - i0, i1, dh, scale, q + i0 * D3, D3, k, D3, 0.0f, P + i0 * T, T);
             }
-            dp_gemm(0, 0, T, dh, T, 1.0f, P, T, v, D3, 0.0f, sv->att + b * T * D + h * dh, D);
+            for (int64_t i = 0; i < T; i++)
+                softmax_row(P + i * T, i + 1, T);
+            for (int64_t i0 = 0; i0 < T; i0 += CAUSAL_BLOCK) {
+                const int64_t i1 = i0 + CAUSAL_BLOCK < T ? i0 + CAUSAL_BLOCK : T;
+                dp_gemm(0, 0, i1 - i0, dh, i1, 1.0f, P + i0 * T, T, v, D3, 0.0f, o + i0 * D, D);
+            }
         }
     if ((rc = p->proj->ops->forward(p->proj, ctx, y, sv->att, B))) return rc;
     ctx->saved[l->id] = sv;
@@ -106,22 +142,26 @@ static int attn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, cons
             float *dq = dqkv + b * T * D3 + h * dh, *dk = dq + D, *dv = dq + 2 * D;
             const float *P = sv->P + (b * H + h) * T * T;
             const float *dO = datt + b * T * D + h * dh; /* (T, dh), row stride D */
-            dp_gemm(1, 0, T, dh, T, 1.0f, P, T, dO, D, 0.0f, dv, D3); /* dV = P^T dO */
-            dp_gemm(0, 1, T, T, dh, 1.0f, dO, D, v, D3, 0.0f, dS, T); /* dP = dO V^T */
-            for (int64_t i = 0; i < T; i++) { /* dS = P (dP - rowsum(P dP)) */
-                const float *pr = P + i * T;
-                float *dr = dS + i * T;
-                double s = 0.0;
-                for (int64_t j = 0; j <= i; j++)
-                    s += (double)pr[j] * dr[j];
-                const float sf = (float)s;
-                for (int64_t j = 0; j <= i; j++)
-                    dr[j] = pr[j] * (dr[j] - sf);
-                for (int64_t j = i + 1; j < T; j++)
-                    dr[j] = 0.0f;
+            /* Blocks of CAUSAL_BLOCK: a product whose rows are query positions
+             * i in [i0, i1) needs key columns [0, i1); one whose rows are key
+             * positions j in [j0, j1) needs query rows [j0, T).  The skipped
+             * entries of P and dS are the zeros above the diagonal. */
+            for (int64_t i0 = 0; i0 < T; i0 += CAUSAL_BLOCK) {
+                const int64_t i1 = i0 + CAUSAL_BLOCK < T ? i0 + CAUSAL_BLOCK : T;
+                dp_gemm(1, 0, i1 - i0, dh, T - i0, 1.0f, P + i0 * T + i0, T, dO + i0 * D, D, 0.0f,
+                        dv + i0 * D3, D3); /* dV = P^T dO */
+                dp_gemm(0, 1, i1 - i0, i1, dh, 1.0f, dO + i0 * D, D, v, D3, 0.0f, dS + i0 * T,
+                        T); /* dP = dO V^T */
             }
-            dp_gemm(0, 0, T, dh, T, scale, dS, T, k, D3, 0.0f, dq, D3); /* dQ = dS K s */
-            dp_gemm(1, 0, T, dh, T, scale, dS, T, q, D3, 0.0f, dk, D3); /* dK = dS^T Q s */
+            for (int64_t i = 0; i < T; i++)
+                softmax_row_backward(dS + i * T, P + i * T, i + 1, T);
+            for (int64_t i0 = 0; i0 < T; i0 += CAUSAL_BLOCK) {
+                const int64_t i1 = i0 + CAUSAL_BLOCK < T ? i0 + CAUSAL_BLOCK : T;
+                dp_gemm(0, 0, i1 - i0, dh, i1, scale, dS + i0 * T, T, k, D3, 0.0f, dq + i0 * D3,
+                        D3); /* dQ = dS K s */
+                dp_gemm(1, 0, i1 - i0, dh, T - i0, scale, dS + i0 * T + i0, T, q + i0 * D3, D3,
+                        0.0f, dk + i0 * D3, D3); /* dK = dS^T Q s */
+            }
         }
     return p->qkv->ops->backward(p->qkv, ctx, dx, dqkv, x, NULL, B);
 }
