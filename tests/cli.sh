@@ -393,8 +393,102 @@ if same_hash "$(hash_of "$T/gpt_d1/checkpoint.bin")" "$(hash_of "$T/gpt_d3/check
   ok gpt_deterministic_1_vs_3_workers
 else bad gpt_deterministic_1_vs_3_workers "$(cat "$T/gd1.log" "$T/gd3.log")"; fi
 expect_error gpt_needs_token_file "run 'dptrain prepare-text" "$BIN" train --model "$GPT" --progress none
-expect_error gpt_folder_data "is a folder: run 'dptrain prepare-text $T/gpt_txt --out tokens.bin' first" \
-  "$BIN" train --model "$GPT" --data "$T/gpt_txt" --progress none
+
+# --data DIR for gpt: the folder is prepared into DIR/tokens.bin on first use (the bytes prepare-text
+# writes), reused next time (not rewritten: same mtime), rebuilt when a source is newer; eval too.
+mkdir -p "$T/gpt_dir"
+cp "$T"/gpt_txt/*.md "$T/gpt_dir/"
+mtime() { stat -c %y "$1" 2>/dev/null; }
+if "$BIN" train "${GPTRUN[@]}" --data "$T/gpt_dir" --workers 1 --max-steps 2 >"$T/gf1.log" 2>"$T/gf1.err" &&
+   [[ $(grep -c "^dptrain: prepared $T/gpt_dir/tokens.bin from [0-9]* files of $T/gpt_dir ([0-9]* tokens): no tokens.bin yet\$" "$T/gf1.err") -eq 1 ]] &&
+   cmp -s "$T/gpt_dir/tokens.bin" "$T/gpt.bin"; then
+  ok gpt_data_folder_prepared_on_first_use
+else bad gpt_data_folder_prepared_on_first_use "$(cat "$T/gf1.err" "$T/gf1.log")"; fi
+m1=$(mtime "$T/gpt_dir/tokens.bin")
+if "$BIN" train "${GPTRUN[@]}" --data "$T/gpt_dir" --workers 1 --max-steps 2 >"$T/gf2.log" 2>"$T/gf2.err" &&
+   grep -q "^dptrain: reusing $T/gpt_dir/tokens.bin ([0-9]* tokens, newer than its [0-9]* source files)\$" "$T/gf2.err" &&
+   ! grep -q prepared "$T/gf2.err" && [[ -n $m1 && $(mtime "$T/gpt_dir/tokens.bin") == "$m1" ]] &&
+   "$BIN" eval --ckpt "$T/gpt_run/checkpoint.bin" --data "$T/gpt_dir" --test-limit 64 >"$T/gfe.log" 2>"$T/gfe.err" &&
+   grep -q "^dptrain: reusing $T/gpt_dir/tokens.bin" "$T/gfe.err" && cmp -s "$T/gfe.log" "$T/ge.log"; then
+  ok gpt_data_folder_reused_by_train_and_eval
+else bad gpt_data_folder_reused_by_train_and_eval "mtime $m1 -> $(mtime "$T/gpt_dir/tokens.bin")" \
+  "$(cat "$T/gf2.err" "$T/gf2.log" "$T/gfe.err" "$T/gfe.log")"; fi
+sleep 0.01 # (a source touched in the same clock tick as the token file counts as newer anyway)
+touch "$T/gpt_dir/text.md"
+if "$BIN" eval --ckpt "$T/gpt_run/checkpoint.bin" --data "$T/gpt_dir" --test-limit 64 >"$T/gf3.log" 2>"$T/gf3.err" &&
+   grep -q "^dptrain: prepared $T/gpt_dir/tokens.bin .*: $T/gpt_dir/text.md is newer than tokens.bin\$" "$T/gf3.err" &&
+   [[ $(mtime "$T/gpt_dir/tokens.bin") != "$m1" ]] && cmp -s "$T/gpt_dir/tokens.bin" "$T/gpt.bin" &&
+   [[ $(ls "$T/gpt_dir" | grep -c tokens) -eq 1 ]]; then
+  ok gpt_data_folder_rebuilt_when_a_source_is_newer
+else bad gpt_data_folder_rebuilt_when_a_source_is_newer "$(cat "$T/gf3.err" "$T/gf3.log")"; fi
+mkdir -p "$T/gpt_nodata"
+touch "$T/gpt_nodata/x.dat"
+expect_error gpt_data_folder_without_text "no text files in $T/gpt_nodata" \
+  "$BIN" train --model "$GPT" --data "$T/gpt_nodata" --progress none
+expect_error gpt_eval_needs_text_data "evaluates on text: pass --data" \
+  "$BIN" eval --ckpt "$T/gpt_run/checkpoint.bin"
+
+# --- dptrain sample --------------------------------------------------------------------------
+# The same seed gives the same text, which starts with the prompt; greedy (temperature 0) too.
+SAMPLE=(--ckpt "$T/gpt_run/checkpoint.bin" --prompt "The model" --tokens 60)
+"$BIN" sample "${SAMPLE[@]}" --seed 4 >"$T/s1.txt" 2>"$T/s1.err"
+"$BIN" sample "${SAMPLE[@]}" --seed 4 >"$T/s2.txt" 2>&1
+"$BIN" sample "${SAMPLE[@]}" --seed 5 --temperature 1.5 --top-k 40 >"$T/s3.txt" 2>&1
+if [[ $(head -c 9 "$T/s1.txt") == "The model" && $(wc -c <"$T/s1.txt") -eq 69 ]] && cmp -s "$T/s1.txt" "$T/s2.txt" &&
+   ! cmp -s "$T/s1.txt" "$T/s3.txt" && [[ ! -s "$T/s1.err" ]]; then
+  ok sample_same_seed_same_text
+else bad sample_same_seed_same_text "$(cat "$T/s1.err")" "$(od -c "$T/s1.txt" | head -5)" "$(od -c "$T/s2.txt" | head -5)"; fi
+"$BIN" sample "${SAMPLE[@]}" --temperature 0 --seed 1 >"$T/g1.txt" 2>&1
+"$BIN" sample "${SAMPLE[@]}" --temperature 0 --seed 2 >"$T/g2.txt" 2>&1
+"$BIN" sample "${SAMPLE[@]}" --top-k 1 --temperature 3 --seed 3 >"$T/g3.txt" 2>&1
+if [[ $(head -c 9 "$T/g1.txt") == "The model" && $(wc -c <"$T/g1.txt") -eq 69 ]] && cmp -s "$T/g1.txt" "$T/g2.txt" &&
+   cmp -s "$T/g1.txt" "$T/g3.txt"; then
+  ok sample_greedy_deterministic
+else bad sample_greedy_deterministic "$(cat "$T/g1.txt")" "$(cat "$T/g2.txt")" "$(cat "$T/g3.txt")"; fi
+# The model is used correctly: trained on "abcabc...", greedy sampling continues the pattern from
+# any phase, also past ctx (8) tokens, where the window slides, and from a prompt longer than ctx.
+mkdir -p "$T/abc"
+python3 -c 'import sys; open(sys.argv[1], "w").write("abc" * 3000)' "$T/abc/abc.txt"
+if "$BIN" train --model "$GPT" --data "$T/abc" --batch 16 --optim adamw --lr 3e-2 --epochs 5 --workers 1 \
+     --progress none --out "$T/abc_run" >"$T/abc.log" 2>&1 &&
+   [[ $("$BIN" sample --ckpt "$T/abc_run/checkpoint.bin" --prompt b --tokens 30 --temperature 0) == "bcabcabcabcabcabcabcabcabcabcab" ]] &&
+   [[ $("$BIN" sample --ckpt "$T/abc_run/checkpoint.bin" --prompt ca --tokens 20 --top-k 1 --seed 9) == "cabcabcabcabcabcabcabc" ]] &&
+   [[ $("$BIN" sample --ckpt "$T/abc_run/checkpoint.bin" --prompt abcabcabcab --tokens 10 --temperature 0) == "abcabcabcabcabcabcabc" ]]; then
+  ok sample_continues_learned_pattern
+else bad sample_continues_learned_pattern "$(tail -3 "$T/abc.log")" \
+  "$("$BIN" sample --ckpt "$T/abc_run/checkpoint.bin" --prompt b --tokens 30 --temperature 0 2>&1)"; fi
+# bad options: one line each.  A model whose vocabulary (128) is below a prompt byte: a token file
+# of vocab 128 written here (the format of docs/text.md).
+python3 - "$T/v128.bin" <<'PY'
+import struct, sys, zlib
+tok = b"".join(struct.pack("<H", b) for b in b"abc" * 400)
+open(sys.argv[1], "wb").write(b"DPTOKENS" + struct.pack("<IIQII", 1, 128, len(tok) // 2, zlib.crc32(tok), 0) + tok)
+PY
+"$BIN" train --model "$GPT,vocab=128" --data "$T/v128.bin" --batch 8 --max-steps 1 --workers 1 --progress none \
+  --out "$T/v128" >"$T/v128.log" 2>&1 || bad sample_vocab128_model "$(cat "$T/v128.log")"
+C=(--ckpt "$T/gpt_run/checkpoint.bin")
+expect_error sample_missing_ckpt "sample needs --ckpt FILE" "$BIN" sample --prompt hi
+expect_error sample_missing_prompt "sample needs --prompt TEXT" "$BIN" sample "${C[@]}"
+expect_error sample_empty_prompt "prompt is empty" "$BIN" sample "${C[@]}" --prompt ""
+expect_error sample_negative_tokens "tokens: '-1' is not an integer" "$BIN" sample "${C[@]}" --prompt hi --tokens -1
+expect_error sample_negative_temperature "temperature: '-0.5' is not a number >= 0" \
+  "$BIN" sample "${C[@]}" --prompt hi --temperature -0.5
+expect_error sample_negative_top_k "top-k: '-1' is not an integer" "$BIN" sample "${C[@]}" --prompt hi --top-k -1
+expect_error sample_top_k_above_vocab "top-k 257 exceeds the model's vocabulary of 256" \
+  "$BIN" sample "${C[@]}" --prompt hi --top-k 257
+expect_error sample_top_k_above_vocab128 "top-k 129 exceeds the model's vocabulary of 128" \
+  "$BIN" sample --ckpt "$T/v128/checkpoint.bin" --prompt hi --top-k 129
+expect_error sample_prompt_byte_outside_vocab "byte 0xc3 at offset 2 is outside the model's vocabulary of 128" \
+  "$BIN" sample --ckpt "$T/v128/checkpoint.bin" --prompt "caé"
+expect_error sample_unknown_option "unknown option '--beam' for sample" "$BIN" sample "${C[@]}" --prompt hi --beam 4
+expect_error sample_missing_file "$T/nope.bin" "$BIN" sample --ckpt "$T/nope.bin" --prompt hi
+if [[ -s "$T/a/checkpoint.bin" ]]; then
+  expect_error sample_not_gpt "holds model 'mlp', not a language model: sample needs a gpt checkpoint" \
+    "$BIN" sample --ckpt "$T/a/checkpoint.bin" --prompt hi
+else skip sample_not_gpt "no mlp checkpoint: the Fashion-MNIST run at the top did not run"; fi
+if "$BIN" sample --help | grep -q -- "--temperature" && "$BIN" help sample | grep -q -- "--top-k" &&
+   "$BIN" --help | grep -q "^  sample "; then ok sample_help
+else bad sample_help "sample missing from the help"; fi
 # === end of gpt checks ===
 
 ci_strict=0

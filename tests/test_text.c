@@ -1,8 +1,10 @@
 /* Text data: token files (round trip, every header field, truncation, bad
  * tokens), the corpus (folders, name order, the default fortunes corpus),
  * the validation split and the training / validation windows. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dp/core.h"
@@ -234,6 +236,120 @@ TEST(text_corpus_folder_in_name_order) {
     const char *in5[] = {a, "/nonexistent/x.txt"};
     ASSERT_ERR(dp_text_corpus_load(&c, in5, 2), DP_ENOENT, "/nonexistent/x.txt: no such file");
     ASSERT_TRUE(c.bytes == NULL);
+}
+
+/* ---- preparing a folder on first use --------------------------------------------- */
+
+static void set_mtime(const char *path, time_t sec) {
+    struct timespec ts[2] = {{sec, 0}, {sec, 0}};
+    ASSERT_EQ(utimensat(AT_FDCWD, path, ts, 0), 0);
+}
+static struct timespec mtime_of(const char *path) {
+    struct stat st;
+    ASSERT_EQ(stat(path, &st), 0);
+    return st.st_mtim;
+}
+static int same_time(struct timespec a, struct timespec b) {
+    return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+/* The tokens of path as bytes into buf; returns the count. */
+static int64_t token_bytes(const char *path, char *buf, int64_t cap) {
+    struct dp_tokens t;
+    ASSERT_OK(dp_tokens_read(path, &t));
+    ASSERT_EQ(t.vocab, 256);
+    ASSERT_TRUE(t.n <= cap);
+    for (int64_t i = 0; i < t.n; i++) buf[i] = (char)t.tok[i];
+    int64_t n = t.n;
+    dp_tokens_free(&t);
+    return n;
+}
+
+/* dp_text_prepare_dir: the first use writes DIR/tokens.bin from the text
+ * files in name order (not tokens.bin itself, nor a writer's temporary, nor
+ * *.dat / *.u8); the next use reuses it untouched; a source newer than it, a
+ * removed source and a corrupt token file each rebuild it. */
+TEST(text_prepare_dir_first_use_then_reuse) {
+    char d[512], p[512], tok[512], buf[64];
+    tpath(d, "prep");
+    ASSERT_EQ(mkdir(d, 0755), 0);
+    write_raw(tpath(p, "prep/b.txt"), "world", 5);
+    set_mtime(p, 1000000000);
+    write_raw(tpath(p, "prep/a.txt"), "hello ", 6);
+    set_mtime(p, 1000000000);
+    write_raw(tpath(p, "prep/a.dat"), "index", 5);
+    write_raw(tpath(p, "prep/a.u8"), "alias", 5);
+    write_raw(tpath(p, "prep/tokens.bin.tmp.99.0"), "stale", 5);
+
+    struct dp_text_prepared info;
+    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
+    ASSERT_TRUE(strcmp(tok, tpath(p, "prep/tokens.bin")) == 0);
+    ASSERT_EQ(info.built, 1);
+    ASSERT_EQ(info.nfiles, 2);
+    ASSERT_EQ(info.tokens, 11);
+    ASSERT_TRUE(strstr(info.why, "no tokens.bin yet") != NULL);
+    ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 11);
+    ASSERT_TRUE(memcmp(buf, "hello world", 11) == 0);
+
+    /* reused: not written again (same mtime), the same count */
+    struct timespec t0 = mtime_of(tok);
+    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
+    ASSERT_EQ(info.built, 0);
+    ASSERT_EQ(info.tokens, 11);
+    ASSERT_EQ(info.nfiles, 2);
+    ASSERT_TRUE(same_time(t0, mtime_of(tok)));
+
+    /* a source newer than the token file: rebuilt with the new text */
+    write_raw(tpath(p, "prep/b.txt"), "there", 5);
+    set_mtime(p, t0.tv_sec + 10);
+    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
+    ASSERT_EQ(info.built, 1);
+    ASSERT_TRUE(strstr(info.why, "b.txt is newer than tokens.bin") != NULL);
+    ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 11);
+    ASSERT_TRUE(memcmp(buf, "hello there", 11) == 0);
+    /* the token file is now newer than both sources (its own mtime is now,
+     * b.txt's t0 + 10 s): make sure, then check it is reused */
+    set_mtime(tok, t0.tv_sec + 20);
+    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
+    ASSERT_EQ(info.built, 0);
+
+    /* a removed source changes no remaining mtime: the count tells */
+    ASSERT_EQ(unlink(tpath(p, "prep/a.txt")), 0);
+    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
+    ASSERT_EQ(info.built, 1);
+    ASSERT_TRUE(strstr(info.why, "holds 11 tokens, the sources 5 bytes") != NULL);
+    ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 5);
+    ASSERT_TRUE(memcmp(buf, "there", 5) == 0);
+
+    /* a corrupt token file, newer than the sources: rebuilt */
+    write_raw(tok, "DPTOKENS", 8);
+    set_mtime(tok, t0.tv_sec + 30);
+    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, NULL));
+    ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 5);
+
+    /* refusals: no text files (only what does not count), not a folder */
+    char e[512];
+    tpath(e, "prep_empty");
+    ASSERT_EQ(mkdir(e, 0755), 0);
+    write_raw(tpath(p, "prep_empty/x.dat"), "x", 1);
+    write_raw(tpath(p, "prep_empty/tokens.bin"), "x", 1);
+    ASSERT_ERR(dp_text_prepare_dir(e, tok, sizeof tok, &info), DP_EINVAL, "no text files in");
+    ASSERT_ERR(dp_text_prepare_dir(tpath(p, "prep/b.txt"), tok, sizeof tok, &info), DP_EINVAL,
+               "is not a folder");
+}
+
+/* dp_text_prepare, the core of prepare-text: inputs -> token file. */
+TEST(text_prepare_inputs_to_token_file) {
+    char a[512], out[512], buf[16];
+    write_raw(tpath(a, "in.txt"), "abc", 3);
+    const char *in[] = {a, a};
+    struct dp_text_prepared info;
+    ASSERT_OK(dp_text_prepare(in, 2, tpath(out, "in.bin"), &info));
+    ASSERT_EQ(info.built, 1);
+    ASSERT_EQ(info.nfiles, 2);
+    ASSERT_EQ(info.tokens, 6);
+    ASSERT_EQ(token_bytes(out, buf, sizeof buf), 6);
+    ASSERT_TRUE(memcmp(buf, "abcabc", 6) == 0);
+    ASSERT_ERR(dp_text_prepare(in, 2, "/nonexistent/dir/x.bin", &info), DP_ENOENT, "does not exist");
 }
 
 /* The default corpus: the plain-text files of Debian's fortunes +

@@ -181,6 +181,26 @@ struct dp_text_corpus {
 int dp_text_corpus_load(struct dp_text_corpus *c, const char *const *inputs, int n);
 void dp_text_corpus_free(struct dp_text_corpus *c);
 
+/* Preparing a token file.  dp_text_prepare loads the inputs as
+ * dp_text_corpus_load does and writes their byte-level tokens to out
+ * (atomically): `dptrain prepare-text`.  dp_text_prepare_dir prepares a
+ * folder of text files for training on first use: its token file is
+ * DIR/DP_TEXT_DIR_TOKENS (written to path[0..cap)), made from the folder's
+ * regular files in name order, leaving out the token file itself (and
+ * temporaries of its writer), *.dat and *.u8.  An existing token file is
+ * reused when it is valid (dp_tokens_read), byte-level, holds as many tokens
+ * as the sources have bytes, and is strictly newer than every source;
+ * otherwise it is rebuilt, atomically.  info (may be NULL) says which. */
+#define DP_TEXT_DIR_TOKENS "tokens.bin"
+struct dp_text_prepared {
+    int built;        /* 1: the token file was written; 0: the existing one reused */
+    int nfiles;       /* source files */
+    int64_t tokens;   /* tokens in the file (= source bytes) */
+    char why[512];    /* built by dp_text_prepare_dir: why ("no tokens.bin yet", "X is newer ...") */
+};
+int dp_text_prepare(const char *const *inputs, int n, const char *out, struct dp_text_prepared *info);
+int dp_text_prepare_dir(const char *dir, char *path, size_t cap, struct dp_text_prepared *info);
+
 /* A fixed split: training tokens [0, train_n), validation tokens
  * [train_n, train_n + val_n), val_n = floor(n * val_frac).  val_frac in
  * [0, 1). */

@@ -200,6 +200,24 @@ struct dp_shape dp_model_cur_shape(const struct dp_model *m);
 int dp_softmax_xent(float *dlogits, double *loss_sum, int64_t *correct, const float *logits,
                     const int32_t *targets, int64_t R, int64_t V, float scale);
 
+/* ---- sampling the next token ------------------------------------------------- */
+
+/* One step of a language model's sampler: the next token from one row of
+ * logits z (V), the temperature T, top-k and a uniform draw u in [0, 1).
+ *   T == 0 or top_k == 1: greedy, the argmax (the lowest index among ties).
+ *   Otherwise p_i ~ exp((z_i - max z) / T) over the top_k largest logits
+ *   (top_k == 0: all V; ties at the k-th value go to the lower index), and
+ *   the token is the first i, in index order, whose cumulative p exceeds
+ *   u * sum p (inverse-CDF sampling).
+ * Returns the token (>= 0) or DP_EINVAL: V < 1, T < 0 or not finite, top_k
+ * outside 0..V, u outside [0, 1), or a logit that is NaN or +Inf (-Inf is a
+ * token that is never drawn). */
+int dp_sample_token(const float *z, int64_t V, double temperature, int64_t top_k, double u);
+/* The uniform draw of dp_sample_token for generated token `step` under
+ * `seed`: Philox at key (seed, DP_RNG_SAMPLE), counter (step, 0), 53 bits,
+ * in [0, 1).  A pure function of (seed, step). */
+double dp_sample_uniform(uint64_t seed, int64_t step);
+
 /* ---- models ---------------------------------------------------------------- */
 
 struct dp_model {

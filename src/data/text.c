@@ -291,12 +291,18 @@ static int ends_with(const char *s, const char *suffix) {
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
+/* What list_dir leaves out by name besides non-regular entries. */
+enum {
+    SKIP_FORTUNE_INDEX = 1, /* *.dat and *.u8 */
+    SKIP_TOKEN_FILE = 2,    /* DP_TEXT_DIR_TOKENS and its writer's temporaries */
+};
+
 /* Appends the regular files of dir to l, in strcmp order of their names.
  * Entries are examined without following symlinks: a link inside the folder
  * may point outside it or at a file already listed (the fortunes packages
  * ship every "x.u8" as a link to "x"), so only the folder's own regular
- * files count.  skip_fortune_index drops *.dat and *.u8 by name as well. */
-static int list_dir(struct namelist *l, const char *dir, int skip_fortune_index) {
+ * files count.  skip (SKIP_*) drops more by name. */
+static int list_dir(struct namelist *l, const char *dir, int skip) {
     DIR *dh = opendir(dir);
     if (!dh) return dp_seterr(DP_EIO, "text: %s: cannot list: %s", dir, strerror(errno));
     struct namelist here = {0};
@@ -305,7 +311,13 @@ static int list_dir(struct namelist *l, const char *dir, int skip_fortune_index)
     while ((e = readdir(dh))) {
         if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
             continue;
-        if (skip_fortune_index && (ends_with(e->d_name, ".dat") || ends_with(e->d_name, ".u8")))
+        if ((skip & SKIP_FORTUNE_INDEX) && (ends_with(e->d_name, ".dat") || ends_with(e->d_name, ".u8")))
+            continue;
+        /* the token file, and "tokens.bin.tmp.<pid>.<n>" that a writer
+         * (dp__write_file_atomic) killed before its rename left behind */
+        if ((skip & SKIP_TOKEN_FILE) &&
+            (!strcmp(e->d_name, DP_TEXT_DIR_TOKENS) ||
+             !strncmp(e->d_name, DP_TEXT_DIR_TOKENS ".tmp.", strlen(DP_TEXT_DIR_TOKENS ".tmp."))))
             continue;
         struct stat st;
         if (fstatat(dirfd(dh), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
@@ -319,6 +331,8 @@ static int list_dir(struct namelist *l, const char *dir, int skip_fortune_index)
     return rc;
 }
 
+static int concat_files(struct dp_text_corpus *c, const struct namelist *files);
+
 int dp_text_corpus_load(struct dp_text_corpus *c, const char *const *inputs, int n) {
     memset(c, 0, sizeof *c);
     struct namelist files = {0};
@@ -330,7 +344,7 @@ int dp_text_corpus_load(struct dp_text_corpus *c, const char *const *inputs, int
                              "text: default corpus %s not found (install the Debian packages "
                              "fortunes fortunes-min: scripts/install-deps.sh)",
                              DP_TEXT_DEFAULT_CORPUS);
-        rc = list_dir(&files, DP_TEXT_DEFAULT_CORPUS, 1);
+        rc = list_dir(&files, DP_TEXT_DEFAULT_CORPUS, SKIP_FORTUNE_INDEX);
         if (!rc && files.n == 0)
             rc = dp_seterr(DP_EINVAL, "text: empty input: no files in %s", DP_TEXT_DEFAULT_CORPUS);
     }
@@ -352,16 +366,27 @@ int dp_text_corpus_load(struct dp_text_corpus *c, const char *const *inputs, int
             rc = dp_seterr(DP_EINVAL, "text: %s: not a regular file or folder", inputs[i]);
         }
     }
-    /* Concatenate, in the order listed. */
+    if (rc) {
+        names_free(&files);
+        return rc;
+    }
+    rc = concat_files(c, &files);
+    names_free(&files);
+    return rc;
+}
+
+/* c = the files of the list, concatenated in the order listed. */
+static int concat_files(struct dp_text_corpus *c, const struct namelist *files) {
+    int rc = DP_OK;
     uint8_t *all = NULL;
     size_t len = 0, cap = 0;
-    for (int i = 0; !rc && i < files.n; i++) {
+    for (int i = 0; !rc && i < files->n; i++) {
         int fd;
         size_t size;
         uint8_t *b;
         size_t blen;
-        if ((rc = open_regular("text", files.v[i], &fd, &size))) break;
-        rc = read_fd(fd, "text", files.v[i], size, &b, &blen);
+        if ((rc = open_regular("text", files->v[i], &fd, &size))) break;
+        rc = read_fd(fd, "text", files->v[i], size, &b, &blen);
         close(fd);
         if (rc) break;
         if (len + blen > cap) {
@@ -383,17 +408,15 @@ int dp_text_corpus_load(struct dp_text_corpus *c, const char *const *inputs, int
         dp_free(b);
     }
     if (!rc && len == 0)
-        rc = dp_seterr(DP_EINVAL, "text: empty input: %d file%s, 0 bytes", files.n,
-                       files.n == 1 ? "" : "s");
+        rc = dp_seterr(DP_EINVAL, "text: empty input: %d file%s, 0 bytes", files->n,
+                       files->n == 1 ? "" : "s");
     if (rc) {
         dp_free(all);
-        names_free(&files);
         return rc;
     }
     c->bytes = all;
     c->len = len;
-    c->nfiles = files.n;
-    names_free(&files);
+    c->nfiles = files->n;
     return DP_OK;
 }
 
@@ -401,6 +424,120 @@ void dp_text_corpus_free(struct dp_text_corpus *c) {
     if (!c) return;
     dp_free(c->bytes);
     memset(c, 0, sizeof *c);
+}
+
+/* ---- preparing a token file ------------------------------------------------------ */
+
+static void prepared_set(struct dp_text_prepared *info, int built, const struct dp_text_corpus *c,
+                         int64_t tokens, const char *why) {
+    if (!info) return;
+    memset(info, 0, sizeof *info);
+    info->built = built;
+    info->nfiles = c->nfiles;
+    info->tokens = tokens;
+    snprintf(info->why, sizeof info->why, "%s", why);
+}
+
+/* Corpus -> byte-level tokens -> token file (atomic). */
+static int write_corpus(const struct dp_text_corpus *c, const char *out) {
+    struct dp_tokens t;
+    int rc = dp_tokens_from_bytes(&t, c->bytes, c->len);
+    if (rc) return rc;
+    rc = dp_tokens_write(out, t.tok, t.n, t.vocab);
+    dp_tokens_free(&t);
+    return rc;
+}
+
+int dp_text_prepare(const char *const *inputs, int n, const char *out, struct dp_text_prepared *info) {
+    if (info) memset(info, 0, sizeof *info);
+    if (!out || !*out) return dp_seterr(DP_EINVAL, "text: no token file to write");
+    struct dp_text_corpus c;
+    int rc = dp_text_corpus_load(&c, inputs, n);
+    if (rc) return rc;
+    if (!(rc = write_corpus(&c, out))) prepared_set(info, 1, &c, (int64_t)c.len, "");
+    dp_text_corpus_free(&c);
+    return rc;
+}
+
+static int ts_after(const struct timespec *a, const struct timespec *b) {
+    return a->tv_sec != b->tv_sec ? a->tv_sec > b->tv_sec : a->tv_nsec > b->tv_nsec;
+}
+
+/* Why DIR's token file cannot be reused, into why[0..cap) ("" when it can):
+ * it must be a valid token file (every check of dp_tokens_read) of byte
+ * level tokens, hold as many tokens as the sources have bytes (a source
+ * removed, or truncated, shows here: a removal touches no source's mtime),
+ * and be strictly newer than every source (a source written in the same
+ * clock tick as the token file counts as newer: rebuilding is the safe side
+ * of a tie). */
+static int stale_reason(const char *path, const struct namelist *src, char *why, size_t cap,
+                        int64_t *tokens) {
+    why[0] = 0;
+    *tokens = 0;
+    struct stat tst;
+    if (stat(path, &tst) != 0) {
+        if (errno != ENOENT) return dp_seterr(DP_EIO, "text: %s: %s", path, strerror(errno));
+        snprintf(why, cap, "no %s yet", DP_TEXT_DIR_TOKENS);
+        return DP_OK;
+    }
+    int64_t bytes = 0;
+    for (int i = 0; i < src->n; i++) {
+        struct stat st;
+        if (stat(src->v[i], &st) != 0)
+            return dp_seterr(DP_EIO, "text: %s: %s", src->v[i], strerror(errno));
+        bytes += (int64_t)st.st_size;
+        if (!why[0] && !ts_after(&tst.st_mtim, &st.st_mtim))
+            snprintf(why, cap, "%s is newer than %s", src->v[i], DP_TEXT_DIR_TOKENS);
+    }
+    if (why[0]) return DP_OK;
+    struct dp_tokens t;
+    if (dp_tokens_read(path, &t) != DP_OK) {
+        snprintf(why, cap, "%s", dp_errmsg());
+        return DP_OK;
+    }
+    if (t.vocab != DP_TOKENS_VOCAB_BYTES)
+        snprintf(why, cap, "%s has vocab %lld, not byte-level", DP_TEXT_DIR_TOKENS, (long long)t.vocab);
+    else if (t.n != bytes)
+        snprintf(why, cap, "%s holds %lld tokens, the sources %lld bytes", DP_TEXT_DIR_TOKENS,
+                 (long long)t.n, (long long)bytes);
+    *tokens = t.n;
+    dp_tokens_free(&t);
+    return DP_OK;
+}
+
+int dp_text_prepare_dir(const char *dir, char *path, size_t cap, struct dp_text_prepared *info) {
+    if (info) memset(info, 0, sizeof *info);
+    if (!dir || !path || cap == 0) return dp_seterr(DP_EINVAL, "text: NULL argument");
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return dp_seterr(DP_EINVAL, "text: %s is not a folder", dir);
+    if (snprintf(path, cap, "%s/%s", dir, DP_TEXT_DIR_TOKENS) >= (int)cap)
+        return dp_seterr(DP_EINVAL, "text: path too long: %s/%s", dir, DP_TEXT_DIR_TOKENS);
+    struct namelist src = {0};
+    int rc = list_dir(&src, dir, SKIP_FORTUNE_INDEX | SKIP_TOKEN_FILE);
+    if (!rc && src.n == 0)
+        rc = dp_seterr(DP_EINVAL, "text: empty input: no text files in %s (%s, *.dat and *.u8 do not count)",
+                       dir, DP_TEXT_DIR_TOKENS);
+    char why[sizeof info->why];
+    int64_t have = 0;
+    if (!rc) rc = stale_reason(path, &src, why, sizeof why, &have);
+    if (rc) {
+        names_free(&src);
+        return rc;
+    }
+    if (!why[0]) { /* reuse */
+        struct dp_text_corpus none = {.nfiles = src.n};
+        prepared_set(info, 0, &none, have, "");
+        names_free(&src);
+        return DP_OK;
+    }
+    struct dp_text_corpus c;
+    rc = concat_files(&c, &src);
+    names_free(&src);
+    if (rc) return rc;
+    if (!(rc = write_corpus(&c, path))) prepared_set(info, 1, &c, (int64_t)c.len, why);
+    dp_text_corpus_free(&c);
+    return rc;
 }
 
 /* ---- split and windows ---------------------------------------------------------- */

@@ -12,5 +12,7 @@ void dptrain_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1
 int dptrain_cmd_bench_allreduce(int argc, char **argv);
 /* tools/dptrain/prepare_text.c */
 int dptrain_cmd_prepare_text(int argc, char **argv);
+/* tools/dptrain/sample.c */
+int dptrain_cmd_sample(int argc, char **argv);
 
 #endif

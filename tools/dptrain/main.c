@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dp/comm.h"
@@ -51,6 +52,28 @@ static void warn_gemm_fallback(void) {
     fflush(stderr);
 }
 
+/* A language model's --data DIR (a folder of text files): its token file
+ * DIR/tokens.bin, written on first use and reused while it is valid and
+ * newer than every source (dp_text_prepare_dir: the core of prepare-text).
+ * One line on stderr says which, when report.  Returns the token file to
+ * read; data itself when it is no folder (a token file: the trainer reads
+ * and checks it). */
+static const char *prepared_text_data(const char *data, int report) {
+    struct stat st;
+    if (stat(data, &st) != 0 || !S_ISDIR(st.st_mode)) return data;
+    static char path[4096];
+    struct dp_text_prepared info;
+    int rc = dp_text_prepare_dir(data, path, sizeof path, &info);
+    if (rc) die_rc(rc);
+    if (report && info.built)
+        fprintf(stderr, "%s: prepared %s from %d file%s of %s (%lld tokens): %s\n", prog, path, info.nfiles,
+                info.nfiles == 1 ? "" : "s", data, (long long)info.tokens, info.why);
+    else if (report)
+        fprintf(stderr, "%s: reusing %s (%lld tokens, newer than its %d source file%s)\n", prog, path,
+                (long long)info.tokens, info.nfiles, info.nfiles == 1 ? "" : "s");
+    return path;
+}
+
 /* ---- help texts --------------------------------------------------------------- */
 
 static const char *help_main =
@@ -66,6 +89,7 @@ static const char *help_main =
     "  ckpt diff      compare two checkpoints (max relative difference, hashes)\n"
     "  bench allreduce  all-reduce time, algorithm and bus bandwidth by message size\n"
     "  prepare-text   write a token file from text files (fortunes by default)\n"
+    "  sample         generate text with a gpt checkpoint (prompt, temperature, top-k, seed)\n"
     "  help CMD       help for one command (same as CMD --help)\n"
     "\n"
     "Run 'dptrain train --help' for the training options.  Several processes:\n"
@@ -77,6 +101,8 @@ static const char *help_train =
     "data and model:\n"
     "  --data DIR          IDX files train-*/t10k-* (plain or .gz) [" DEFAULT_DATA "]\n"
     "  --data FILE         gpt: a token file (dptrain prepare-text; docs/text.md)\n"
+    "  --data DIR          gpt: a folder of text files, prepared into DIR/tokens.bin on first\n"
+    "                      use and reused while newer than every source file\n"
     "  --model SPEC        mlp | cnn | resnet | mlp:784,W1,...,10 |\n"
     "                      gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V] [mlp]\n"
     "  --train-limit N     use only the first N training samples [all]; gpt: N windows per\n"
@@ -136,7 +162,8 @@ static const char *help_eval =
     "\n"
     "Evaluates the checkpoint's model (or the weights of a safetensors file, PyTorch names,\n"
     "as 'ckpt export' writes and 'train --init-from' reads) on the test set and prints\n"
-    "accuracy and loss.  A gpt model: --data is its token file, and the validation windows\n"
+    "accuracy and loss.  A gpt model: --data is its token file (or a folder of text files,\n"
+    "prepared into DIR/tokens.bin on first use as train does), and the validation windows\n"
     "give the loss per token and the perplexity.\n";
 
 static const char *help_ckpt =
@@ -408,7 +435,8 @@ static int cmd_train(int argc, char **argv) {
     /* (a folder given with --data is refused by the library with the same advice) */
     if (dp_model_spec_reads_tokens(tp.model) && !data_given)
         die("model %s trains on a token file: run 'dptrain prepare-text [FILES or DIR] --out tokens.bin' "
-            "first, then pass --data tokens.bin", tp.model);
+            "first, then pass --data tokens.bin (or pass --data DIR, a folder of text files, prepared on first use)",
+            tp.model);
     if (tp.sched.kind == DP_SCHED_STEP && tp.sched.step_size == 0)
         die("--schedule step needs --step-size N");
     /* An option the chosen mode ignores is a mistake (the run would silently
@@ -447,6 +475,14 @@ static int cmd_train(int argc, char **argv) {
         tp.inter = job;
         if (me != 0) prog_state.mode = PROG_NONE; /* rank 0 reports for the job */
     }
+
+    /* a language model's folder of text: its token file, prepared on first
+     * use (every process of a job runs this on its own file system; where
+     * they share one, each writes the same bytes atomically) */
+    struct dp_ckpt_header rh;
+    const char *spec = tp.model ? tp.model
+                       : tp.resume && dp_ckpt_read_header(tp.resume, &rh) == 0 ? rh.model_spec : NULL;
+    if (dp_model_spec_reads_tokens(spec) && data_given) tp.data_dir = prepared_text_data(tp.data_dir, me == 0);
 
     struct dp_trainer *t;
     int rc = dp_trainer_init(&t, &tp);
@@ -530,6 +566,7 @@ static int cmd_eval(int argc, char **argv) {
     tp.epochs = 0;
     tp.prefetch = 0;
     const char *v, *ckpt = NULL, *weights = NULL, *model = NULL;
+    int data_given = 0;
     struct args a = {argc, 0, argv, "eval"};
     for (a.i = 1; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
@@ -538,7 +575,7 @@ static int cmd_eval(int argc, char **argv) {
         } else if (opt(&a, "--ckpt", &v)) ckpt = v;
         else if (opt(&a, "--safetensors", &v)) weights = v;
         else if (opt(&a, "--model", &v)) model = v;
-        else if (opt(&a, "--data", &v)) tp.data_dir = v;
+        else if (opt(&a, "--data", &v)) tp.data_dir = v, data_given = 1;
         else if (opt(&a, "--threads", &v)) tp.threads = (int)parse_int("--threads", v, 1, 256);
         else if (opt(&a, "--test-limit", &v)) tp.test_limit = parse_int("--test-limit", v, 1, INT64_MAX / 2);
         else if (a.argv[a.i][0] != '-' && !ckpt) ckpt = a.argv[a.i];
@@ -563,6 +600,12 @@ static int cmd_eval(int argc, char **argv) {
         tp.optim.dampening = h.dampening;
         tp.optim.weight_decay = h.weight_decay;
         tp.optim.beta1 = h.beta1, tp.optim.beta2 = h.beta2, tp.optim.eps = h.eps;
+    }
+    if (dp_model_spec_reads_tokens(ckpt ? h.model_spec : model)) { /* the default data is images */
+        if (!data_given)
+            die("model %s evaluates on text: pass --data tokens.bin (a token file) or --data DIR (a folder of "
+                "text files)", ckpt ? h.model_spec : model);
+        tp.data_dir = prepared_text_data(tp.data_dir, 1);
     }
     struct dp_trainer *t;
     if ((rc = dp_trainer_init(&t, &tp))) die_rc(rc);
@@ -761,6 +804,10 @@ int main(int argc, char **argv) {
             char *h[] = {"prepare-text", "--help", NULL};
             return dptrain_cmd_prepare_text(2, h);
         }
+        if (!strcmp(what, "sample")) {
+            char *h[] = {"sample", "--help", NULL};
+            return dptrain_cmd_sample(2, h);
+        }
         fputs(!strcmp(what, "train") ? help_train : !strcmp(what, "eval") ? help_eval
               : !strcmp(what, "ckpt") ? help_ckpt : help_main, stdout);
         return 0;
@@ -770,6 +817,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "ckpt")) return cmd_ckpt(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "prepare-text")) return dptrain_cmd_prepare_text(argc - 1, argv + 1);
+    if (!strcmp(cmd, "sample")) return dptrain_cmd_sample(argc - 1, argv + 1);
     fprintf(stderr, "%s: error: unknown command '%s' (see '%s --help')\n", prog, cmd, prog);
     return 2;
 }

@@ -53,16 +53,11 @@ int dptrain_cmd_prepare_text(int argc, char **argv) {
     }
     if (!out || !*out) die("prepare-text needs --out FILE (see 'dptrain prepare-text --help')");
 
-    struct dp_text_corpus c;
-    int rc = dp_text_corpus_load(&c, inputs, n);
-    if (rc) die("%s", dp_errmsg());
-    struct dp_tokens t;
-    if ((rc = dp_tokens_from_bytes(&t, c.bytes, c.len))) die("%s", dp_errmsg());
-    if ((rc = dp_tokens_write(out, t.tok, t.n, t.vocab))) die("%s", dp_errmsg());
-    printf("prepare-text: %d file%s, %zu bytes, %lld tokens (vocab %lld) -> %s\n", c.nfiles,
-           c.nfiles == 1 ? "" : "s", c.len, (long long)t.n, (long long)t.vocab, out);
-    dp_tokens_free(&t);
-    dp_text_corpus_free(&c);
+    struct dp_text_prepared info;
+    if (dp_text_prepare(inputs, n, out, &info)) die("%s", dp_errmsg());
+    printf("prepare-text: %d file%s, %lld bytes, %lld tokens (vocab %d) -> %s\n", info.nfiles,
+           info.nfiles == 1 ? "" : "s", (long long)info.tokens, (long long)info.tokens,
+           DP_TOKENS_VOCAB_BYTES, out);
     free(inputs);
     return 0;
 }
