@@ -29,6 +29,34 @@ TEST(core_arena_grows_then_merges) {
     dp_arena_free(&a);
 }
 
+/* A released scope gives its bytes back: the next allocation reuses them,
+ * blocks chained inside the scope are freed, and the high water keeps the
+ * scope's peak (the next reset sizes the arena by it). */
+TEST(core_arena_mark_release) {
+    struct dp_arena a;
+    ASSERT_OK(dp_arena_init(&a, 4096));
+    char *keep = dp_arena_alloc(&a, 1000);
+    ASSERT_TRUE(keep != NULL);
+    struct dp_arena_mark m = dp_arena_mark(&a);
+    char *s1 = dp_arena_alloc(&a, 1000);
+    ASSERT_TRUE(s1 != NULL);
+    dp_arena_release(&a, m);
+    ASSERT_TRUE(dp_arena_alloc(&a, 1000) == s1); /* same bytes again */
+    ASSERT_EQ(a.used_total, 2048);
+    m = dp_arena_mark(&a);
+    size_t cap = a.capacity_total;
+    ASSERT_TRUE(dp_arena_alloc(&a, 100000) != NULL); /* chains a block */
+    ASSERT_TRUE(a.capacity_total > cap);
+    dp_arena_release(&a, m);
+    ASSERT_EQ(a.capacity_total, cap);
+    ASSERT_EQ(a.used_total, 2048);
+    ASSERT_TRUE(a.high_water >= 2048 + 100000);
+    memset(keep, 7, 1000); /* what was allocated before the mark is still there */
+    dp_arena_reset(&a);
+    ASSERT_TRUE(a.capacity_total >= 2048 + 100000);
+    dp_arena_free(&a);
+}
+
 TEST(core_rng_is_counter_based) {
     float u1 = dp_rng_uniform(42, DP_RNG_DROPOUT, 7, 3);
     float u2 = dp_rng_uniform(42, DP_RNG_DROPOUT, 7, 3);

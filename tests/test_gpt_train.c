@@ -98,6 +98,37 @@ TEST(gpt_train_loss_scale_is_mean_over_positions) {
     dp_trainer_free(t);
 }
 
+/* One layer's backward scratch is given back when the layer is done
+ * (dp_arena_mark/release in dp_model_run): what a training step needs on top
+ * of its forward is then the same for 2 blocks as for 6 (one layer's scratch
+ * plus the gradient buffers), where it used to grow with every block. */
+static size_t arena_peak(const char *spec, int backward) {
+    struct dp_model *m;
+    if (dp_model_from_spec(&m, spec, 1, 1, 1)) return 0;
+    struct dp_replica r;
+    if (dp_replica_init(&r, m, 4)) return 0;
+    dp_model_init_params(m, &r, 1);
+    int32_t x[4 * 32], y[4 * 32];
+    for (int i = 0; i < 4 * 32; i++) x[i] = (i * 7) % 64, y[i] = (i * 5) % 64;
+    struct dp_batch b = {.B = 4, .tokens = x, .targets = y};
+    struct dp_pass pass = {.training = 1, .backward = backward, .seed = 1};
+    size_t hw = dp_model_run(m, &r, &b, &pass) ? 0 : r.arena.high_water;
+    dp_replica_free(&r);
+    dp_model_free(m);
+    return hw;
+}
+
+TEST(gpt_backward_scratch_does_not_grow_with_depth) {
+    size_t f2 = arena_peak("gpt:layers=2,heads=2,dim=32,ctx=32,vocab=64", 0);
+    size_t t2 = arena_peak("gpt:layers=2,heads=2,dim=32,ctx=32,vocab=64", 1);
+    size_t f6 = arena_peak("gpt:layers=6,heads=2,dim=32,ctx=32,vocab=64", 0);
+    size_t t6 = arena_peak("gpt:layers=6,heads=2,dim=32,ctx=32,vocab=64", 1);
+    ASSERT_TRUE(f2 > 0 && t2 > f2 && f6 > f2 && t6 > f6);
+    fprintf(stderr, "    backward on top of forward: %zu bytes (2 blocks), %zu bytes (6 blocks)\n",
+            t2 - f2, t6 - f6);
+    ASSERT_EQ(t6 - f6, t2 - f2);
+}
+
 /* P workers train the same gpt as one, to float rounding: momentum SGD
  * over 2 epochs (8 steps), and AdamW with warmup + cosine. */
 TEST_T(gpt_ddp_equivalence, 300) {

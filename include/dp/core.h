@@ -24,7 +24,10 @@ extern "C" {
 /* A bump allocator.  Allocations are 64-byte aligned and live until the next
  * dp_arena_reset().  When a step needs more than the arena holds, extra blocks
  * are chained; the next reset replaces them with one block of the high-water
- * size, so from the second step on no allocation reaches the system. */
+ * size, so from the second step on no allocation reaches the system.  The
+ * reset block's pages are touched at once (it will all be used); a chained
+ * block's are left to first use, so that an oversized one costs address
+ * space, not memory. */
 struct dp_arena_block;
 struct dp_arena {
     struct dp_arena_block *head; /* current block (most recent) */
@@ -38,6 +41,16 @@ void *dp_arena_alloc(struct dp_arena *a, size_t bytes);
 void *dp_arena_calloc(struct dp_arena *a, size_t bytes);
 void dp_arena_reset(struct dp_arena *a);
 void dp_arena_free(struct dp_arena *a);
+/* A scope inside a step: everything allocated after dp_arena_mark() is given
+ * back by dp_arena_release() (blocks chained since are freed), so scratch
+ * that dies early (one layer's backward temporaries) does not stack up over
+ * the step.  Marks nest like a stack; releasing an older mark drops the newer. */
+struct dp_arena_mark {
+    struct dp_arena_block *block;
+    size_t used, used_total;
+};
+struct dp_arena_mark dp_arena_mark(const struct dp_arena *a);
+void dp_arena_release(struct dp_arena *a, struct dp_arena_mark m);
 
 /* ---- counter-based RNG --------------------------------------------------- */
 

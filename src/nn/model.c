@@ -278,7 +278,13 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
     for (int i = m->nlayers - 1; i >= 0; i--) {
         struct dp_layer *l = m->layers[i];
         float *dx = i > 0 ? buf[i & 1] : NULL;
+        /* a layer's backward scratch is dead once it returns (its results
+         * are dx and the gradients): give it back, so that the step's peak is
+         * the forward's saved activations plus one layer's scratch, not the
+         * sum over all layers */
+        struct dp_arena_mark mk = dp_arena_mark(&r->arena);
         rc = l->ops->backward(l, &ctx, dx, dy, r->acts[i], r->acts[i + 1], B);
+        dp_arena_release(&r->arena, mk);
         if (rc) return dp_adderr(rc, "backward %s", l->name);
         if (l->param_count > 0 && p->grad_ready) p->grad_ready(p->grad_ready_arg, l->param_off, l->param_count);
         dy = dx;
