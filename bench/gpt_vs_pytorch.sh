@@ -36,8 +36,9 @@
 # side), median over the repetitions [min..max].  Targets: dp1/torch1 >= 1.5, dp2/ddp2 >= 1.5,
 # dp2/ind2 >= 0.9.
 #
-# VAL=1: both sides train VAL_STEPS (2000) steps with the same recipe, one epoch of VAL_STEPS x 32
-# windows (--epochs 1 --train-limit VAL_STEPS x 32), AdamW lr 1e-3 with warmup + cosine
+# VAL=1: both sides train VAL_STEPS (2000) steps with the same recipe, VAL_STEPS x 32 windows in
+# equal epochs no longer than the training part allows (2 epochs of 32000 here: --epochs 2
+# --train-limit 32000), AdamW lr 1e-3 with warmup + cosine
 # (--schedule cosine --warmup VAL_WARMUP --min-lr 0; both follow src/optim/sched.c step for step;
 # VAL_SCHEDULE=constant for a constant lr), 1 worker x 1 thread each, and from the same initial
 # weights (PyTorch's N(0, 0.02) draw, exported by pytorch_gpt.py --export-init and read by dptrain
@@ -220,7 +221,16 @@ fi
 
 # ---- VAL=1: validation loss after VAL_STEPS steps, both sides -------------------------
 if [ "$VAL" = 1 ]; then
-    LIMIT=$((VAL_STEPS * BATCH))
+    # VAL_STEPS x BATCH windows in all.  An epoch holds at most W windows (as many as fit side by
+    # side in the training part), so the run is VAL_EPOCHS equal epochs of LIMIT windows each
+    # (2 x 32000 for 2000 steps of 32 here); both sides evaluate at each epoch's end and the last
+    # evaluation is reported.
+    W=$(awk -v n="$NTOK" -v c="$CTX" 'BEGIN { tr = n - int(n * 0.05); print int(tr / (c + 1)) }')
+    TOTAL=$((VAL_STEPS * BATCH))
+    VAL_EPOCHS=$(((TOTAL + W - 1) / W))
+    LIMIT=$((TOTAL / VAL_EPOCHS))
+    [ $((LIMIT * VAL_EPOCHS)) -eq "$TOTAL" ] && [ $((LIMIT % BATCH)) -eq 0 ] ||
+        die "VAL_STEPS=$VAL_STEPS x batch $BATCH = $TOTAL windows does not split into $VAL_EPOCHS equal epochs of whole batches (at most $W windows each): pick another VAL_STEPS"
     SCHED=(--schedule "$VAL_SCHEDULE")
     [ "$VAL_SCHEDULE" = cosine ] && SCHED+=(--warmup "$VAL_WARMUP" --min-lr 0)
     DPINIT=()
@@ -230,9 +240,9 @@ if [ "$VAL" = 1 ]; then
             { cat "$WORK/init.log" >&2; die "pytorch_gpt.py --export-init failed"; }
         DPINIT=(--init-from "$WORK/init.safetensors")
     fi
-    DPCMD=(env "${PIN[@]}" "$DPTRAIN" train "${DPCOMMON[@]}" --workers 1 --batch "$BATCH" --epochs 1
+    DPCMD=(env "${PIN[@]}" "$DPTRAIN" train "${DPCOMMON[@]}" --workers 1 --batch "$BATCH" --epochs "$VAL_EPOCHS"
            --train-limit "$LIMIT" "${SCHED[@]}" "${DPINIT[@]}" --out "$WORK/val-dp")
-    PTCMD=("${PTENV[@]}" "$PY" bench/pytorch_gpt.py "${PTCOMMON[@]}" --world 1 --batch "$BATCH" --epochs 1
+    PTCMD=("${PTENV[@]}" "$PY" bench/pytorch_gpt.py "${PTCOMMON[@]}" --world 1 --batch "$BATCH" --epochs "$VAL_EPOCHS"
            --train-limit "$LIMIT" "${SCHED[@]}")
     [ "$VAL_SAME_INIT" = 1 ] && PTCMD+=(--init-from "$WORK/init.safetensors")
     note "VAL: $VAL_STEPS steps, schedule ${SCHED[*]}, lr $LR, same init: $VAL_SAME_INIT, side by side: $VAL_PARALLEL"
@@ -280,6 +290,7 @@ TORCH_VER=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || ech
 NPARAMS=$(sed -n 's/^dptrain: model .* (\([0-9]*\) parameters.*/\1/p' "$WORK"/*.log 2>/dev/null | head -n 1 || true)
 DPTRAIN_BIN=$DPTRAIN
 export RAW VALRAW REPS STEPS MODEL BATCH LR SEED PT_ENV LOAD0 LOAD1 T_START CPU_MODEL NCPU GIT_REV TORCH_VER
+export VAL_EPOCHS=${VAL_EPOCHS:-1} LIMIT=${LIMIT:-0}
 export DPTRAIN_BIN NPARAMS NTOK VAL VAL_STEPS VAL_WARMUP VAL_SCHEDULE VAL_SAME_INIT VAL_PARALLEL PINNED CPUS
 "$PY" - >"$OUTMD" <<'EOF'
 import os, statistics, time
@@ -311,7 +322,7 @@ def cell(rs, pct=False, target=None):
     if not rs:
         return "n/a"
     m = med(rs)
-    s = f"{100 * m:.1f}% [{100 * min(rs):.0f}..{100 * max(rs):.0f}]" if pct else f"{m:.2f}x [{min(rs):.2f}..{max(rs):.2f}]"
+    s = f"{100 * m:.1f}% [{100 * min(rs):.1f}..{100 * max(rs):.1f}]" if pct else f"{m:.2f}x [{min(rs):.2f}..{max(rs):.2f}]"
     if target is not None:
         s += " ok" if m >= target else " **below target**"
     return s
@@ -367,8 +378,8 @@ else:
     sched = (f"AdamW lr {E['LR']}, linear warmup {E['VAL_WARMUP']} steps then cosine to 0 over the run "
              "(src/optim/sched.c; pytorch_gpt.py applies the same formula per step)"
              if E["VAL_SCHEDULE"] == "cosine" else f"AdamW, constant lr {E['LR']}")
-    p(f"- recipe: {E['VAL_STEPS']} steps, one epoch of {E['VAL_STEPS']} x {E['BATCH']} training windows "
-      f"(`--epochs 1 --train-limit {int(E['VAL_STEPS']) * int(E['BATCH'])}`), {sched}; 1 worker x 1 thread each")
+    p(f"- recipe: {E['VAL_STEPS']} steps, {E['VAL_STEPS']} x {E['BATCH']} training windows in {E['VAL_EPOCHS']} epoch(s) "
+      f"(`--epochs {E['VAL_EPOCHS']} --train-limit {E['LIMIT']}`), {sched}; 1 worker x 1 thread each")
     p("- initial weights: " + ("the same on both sides (PyTorch's N(0, 0.02) draw, `pytorch_gpt.py --export-init`, "
                                 "dptrain `--init-from`)" if E["VAL_SAME_INIT"] == "1" else "each side its own draw")
       + "; training windows: each side its own random draw (same distribution)")
@@ -388,6 +399,8 @@ else:
             p(f"| {name} | n/a | n/a | n/a |")
         else:
             p(f"| {name} | {r[2]} | {float(r[1]):.4f} | {math.exp(float(r[1])):.2f} |")
+            if r[2] != E["VAL_STEPS"]:
+                p(f"\n**{name} ran {r[2]} steps, not the {E['VAL_STEPS']} asked for.**\n")
     d, t = vr.get("dp"), vr.get("pt")
     if d and t and d[1] != "NA" and t[1] != "NA":
         p("")

@@ -65,7 +65,7 @@ if [[ -z "${QUICK:-}" ]]; then
     run cli-asan env ASAN_OPTIONS=detect_leaks=1 bash tests/cli.sh build-asan/dptrain; tally /tmp/dptrain-test-cli-asan.log
   fi
   if build tsan SAN=tsan build-tsan/dptest; then
-    run tsan env TSAN_OPTIONS=halt_on_error=1 ./build-tsan/dptest data_loader comm_ ddp_equivalence_mlp ddp_failure ddp_skip ddp_check; tally /tmp/dptrain-test-tsan.log
+    run tsan env TSAN_OPTIONS=halt_on_error=1 ./build-tsan/dptest data_loader comm_ ddp_equivalence_mlp ddp_failure ddp_skip ddp_check gpt_ddp_; tally /tmp/dptrain-test-tsan.log
   fi
   for f in tests/fuzz/run*.sh; do
     [[ -f $f ]] || continue
