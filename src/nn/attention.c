@@ -54,8 +54,7 @@ struct attention_saved {
  * softmax(row[0..n)), row[n..T) becomes 0.  Float sums in a fixed order (the
  * SIMD reduction's), so the result is deterministic. */
 static void softmax_row(float *row, int64_t n, int64_t T) {
-    float mx = row[0];
-#pragma omp simd reduction(max : mx)
+    float mx = row[0]; /* scalar: a float max does not vectorise without fast-math (NaN) */
     for (int64_t j = 1; j < n; j++)
         mx = row[j] > mx ? row[j] : mx;
     float s = 0.0f;
