@@ -853,8 +853,9 @@ static void paced_grad_ready(void *arg, int64_t offset, int64_t count) {
  * and the last arriver.  The rank that arrives last at a reduction finds
  * the others there and waits least (only for the transfer), so the last
  * arriver is the rank with the smallest wait: no clock is compared across
- * ranks (MPI hosts share none).  One all-gather of G doubles per step, on
- * threads a few microseconds; only when gather_waits (docs/ddp.md). */
+ * ranks (MPI hosts share none).  One all-gather of G doubles per step (a
+ * latency-bound collective, not yet benchmarked), only when gather_waits
+ * (docs/ddp.md). */
 static int gather_waits(struct worker *w, int *last) {
     struct dp_trainer *t = w->t;
     memset(w->waits, 0, sizeof(double) * (size_t)t->G);
