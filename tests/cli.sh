@@ -90,6 +90,36 @@ sys.exit(0 if need <= names else 1)" && grep -q "hidden behind backward" "$T/tl.
   ok timeline_and_breakdown
 else bad timeline_and_breakdown "$(tail -3 "$T/tl.log")"; fi
 
+# slow workers on purpose: bad specs are one-line errors; rank 1 at 3x is the last arriver in most
+# steps (step records have last_rank and wait_s; the timeline has its "slow" and rank 0's "wait"
+# phases); a deterministic run trains the same bits with and without the slowdown
+expect_error simulate_slow_rank_range "rank 2 is out of range 0..1" \
+  "$BIN" train --model mlp "${SMALL[@]}" --workers 2 --simulate-slow 2:2
+expect_error simulate_slow_factor "factor 0.5 must be in 1..1000" "$BIN" train "${SMALL[@]}" --simulate-slow 0:0.5
+expect_error simulate_jitter_p "p must be in \[0, 1\]" "$BIN" train "${SMALL[@]}" --simulate-jitter p=2,ms=5
+expect_error simulate_jitter_ms "ms must be in 0" "$BIN" train "${SMALL[@]}" --simulate-jitter p=0.1,ms=-5
+expect_error simulate_jitter_key "unknown key 'x'" "$BIN" train "${SMALL[@]}" --simulate-jitter x=1
+if "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --simulate-slow 1:3 --out "$T/slow" \
+     --timeline "$T/slow/tl.json" >"$T/slow.log" 2>&1 &&
+   /usr/bin/python3 -c "
+import json, sys
+recs = [json.loads(l) for l in open('$T/slow/metrics.jsonl')]
+steps = [r for r in recs if r['kind'] == 'step']
+assert len(steps) == 20 and all('wait_s' in r and 'slow_s' in r for r in steps)
+assert sum(r['last_rank'] == 1 for r in steps) >= 15, [r['last_rank'] for r in steps]
+ep = [r for r in recs if r['kind'] == 'epoch'][0]
+assert ep['last_rank_steps'][1] >= 15 and sum(ep['last_rank_steps']) == 20
+ev = json.load(open('$T/slow/tl.json'))['traceEvents']
+names = {(e['tid'], e['name']) for e in ev if e.get('ph') == 'X'}
+assert {(2, 'slow'), (0, 'wait'), (2, 'wait')} <= names and (0, 'slow') not in names, names
+"; then ok simulate_slow_last_rank_and_timeline
+else bad simulate_slow_last_rank_and_timeline "$(tail -3 "$T/slow.log")"; fi
+"$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --deterministic --max-steps 5 --out "$T/dslow0" >/dev/null 2>&1
+"$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --deterministic --max-steps 5 --out "$T/dslow1" \
+  --simulate-slow 1:3 --simulate-jitter p=0.5,ms=2 >/dev/null 2>&1
+h0=$(hash_of "$T/dslow0/checkpoint.bin"); h1=$(hash_of "$T/dslow1/checkpoint.bin")
+if same_hash "$h0" "$h1"; then ok simulate_slow_deterministic_same_hash; else bad simulate_slow_deterministic_same_hash "'$h0' vs '$h1'"; fi
+
 # --- checkpoint comparison ----------------------------------------------------------
 if "$BIN" ckpt diff "$T/det1/checkpoint.bin" "$T/det3/checkpoint.bin" >"$T/diff.log" 2>&1 &&
    grep -q "bit-identical" "$T/diff.log" && grep -q "within 1e-05" "$T/diff.log"; then

@@ -50,6 +50,10 @@ struct dp_event {
     int slow_rank;                      /* EPOCH: the rank whose reductions start latest in
                                            its steps, on average (-1 with one worker) */
     double slow_lag;                    /* EPOCH: its lag behind the earliest rank, s per step */
+    int last_rank;                      /* STEP: the rank that arrived last at the step's reduction
+                                           (-1: one worker, or not gathered: see wait_s) */
+    double wait_s;                      /* STEP: rank 0's wait in the step's reduction (docs/ddp.md) */
+    double slow_s;                      /* STEP: rank 0's simulated slowness (sleep) in the step */
     const char *path;     /* CHECKPOINT */
 };
 typedef void (*dp_event_fn)(void *arg, const struct dp_event *ev);
@@ -92,6 +96,14 @@ struct dp_train_params {
      * (a straggler, for the slowest-rank report) */
     int fault_worker;
     int64_t fault_step;
+    /* Slow workers on purpose (docs/ddp.md "Slow workers on purpose"): sleep
+     * proportional to a rank's measured compute.  simulate_slow:
+     * "RANK:FACTOR[,RANK:FACTOR...]" (job ranks, FACTOR >= 1);
+     * simulate_jitter: "p=P,ms=MS" and/or "lognormal=SIGMA", drawn per
+     * (rank, step) from (seed, DP_RNG_SLOW).  NULL = off.  Timing only: the
+     * arithmetic, and so the parameters, are unchanged. */
+    const char *simulate_slow;
+    const char *simulate_jitter;
     const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */
     int64_t epochs;
     int64_t batch;
@@ -114,6 +126,18 @@ struct dp_train_params {
     void *event_arg;
 };
 struct dp_train_params dp_train_default_params(void);
+
+/* The parsers of simulate_slow and simulate_jitter (the trainer calls them;
+ * exposed for the CLI and the tests).  dp_parse_simulate_slow fills
+ * factor[0..world) (1 where not named); world <= 0 checks the syntax only
+ * (factor may then be NULL).  A bad spec is DP_EINVAL with a one-line
+ * message. */
+int dp_parse_simulate_slow(const char *spec, int world, double *factor);
+struct dp_jitter {
+    double p, ms;              /* a stall of ms milliseconds with probability p per (rank, step) */
+    double sigma;              /* compute x exp(sigma z), z ~ N(0, 1), when > 1 (0 = off) */
+};
+int dp_parse_simulate_jitter(const char *spec, struct dp_jitter *j);
 
 struct dp_trainer;
 int dp_trainer_init(struct dp_trainer **t, const struct dp_train_params *p);

@@ -35,6 +35,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -68,6 +69,12 @@ struct worker {
     int64_t arrival_steps;     /* steps summed in arrival */
     int64_t correct, seen, skipped;
     int64_t step, epoch, in_epoch; /* this worker's copy of the position */
+    /* --simulate-slow/--simulate-jitter (see pace below): this micro-batch's
+     * multiplier, stall, start of compute and sleep so far */
+    double pace_mult, pace_stall, pace_t0, pace_slept;
+    double step_wait, step_slow;   /* this step's wait in the reduction, and simulated sleep */
+    double t_wait, t_slow;         /* this epoch's sums of them */
+    double *waits;                 /* (G) every rank's step_wait, gathered per step (gather_waits) */
 };
 
 struct dp_trainer {
@@ -94,6 +101,15 @@ struct dp_trainer {
     atomic_llong eval_next;    /* evaluate_shared: the next chunk of this process's block to claim */
     int slow_rank;             /* the last epoch's straggler (rank 0), -1 if none */
     double slow_lag;
+    /* slow workers on purpose: per job rank, the compute factor (NULL when
+     * no rank is slowed), the jitter, and whether either is on */
+    double *slow_factor;
+    struct dp_jitter jit;
+    int simulate;
+    /* gather every rank's wait after each step, for last_rank (G > 1 and
+     * metrics written or a simulation on; the same on every rank, agreed) */
+    int gather_waits;
+    int64_t *last_count;       /* (G) rank 0: this epoch's steps each rank arrived last */
 };
 
 struct dp_train_params dp_train_default_params(void) {
@@ -136,6 +152,7 @@ void dp_trainer_free(struct dp_trainer *t) {
         dp_free(w->acc);
         dp_free(w->buf_save);
         dp_free(w->arrival);
+        dp_free(w->waits);
         dp_free(w->etok);
         dp_free(w->etgt);
         dp_comm_free(w->comm);
@@ -144,6 +161,8 @@ void dp_trainer_free(struct dp_trainer *t) {
         dp_replica_free(&w->rep);
     }
     dp_free(t->w);
+    dp_free(t->slow_factor);
+    dp_free(t->last_count);
     dp_comm_thread_world_free(t->world);
     dp_model_free(t->model);
     dp_dataset_free(&t->train);
@@ -180,6 +199,9 @@ static int check_params(const struct dp_train_params *p) {
                          "gradient always stops a deterministic run): use one or the other");
     int rc = dp_optim_check(&p->optim);
     if (rc) return rc;
+    struct dp_jitter j;
+    if (p->simulate_slow && (rc = dp_parse_simulate_slow(p->simulate_slow, 0, NULL))) return rc;
+    if (p->simulate_jitter && (rc = dp_parse_simulate_jitter(p->simulate_jitter, &j))) return rc;
     /* total_steps may still be 0 here: it is filled from the epoch count
      * once the data is loaded, and checked again then (dp_trainer_init). */
     struct dp_sched s = p->sched;
@@ -282,7 +304,8 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     rp.algo = (enum dp_comm_algo)p->algo;
     if ((rc = dp_reducer_init(&w->red, t->model, w->comm, w->rep.grads, &rp))) return rc;
     w->arrival = dp_calloc((size_t)w->red.nb + 1, sizeof(double));
-    return w->arrival ? DP_OK : dp_seterr(DP_ENOMEM, "trainer: out of memory");
+    w->waits = dp_calloc((size_t)t->G, sizeof(double));
+    return w->arrival && w->waits ? DP_OK : dp_seterr(DP_ENOMEM, "trainer: out of memory");
 }
 
 /* The schedule against the run's real length, known only once the data is
@@ -411,8 +434,21 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     rc = p->inter ? dp_comm_thread_world_init_hier(&t->world, t->P, &cp, p->inter)
                   : dp_comm_thread_world_init(&t->world, t->P, &cp);
     if (rc) goto fail;
+    if (p->simulate_slow) {
+        t->slow_factor = dp_malloc(sizeof(double) * (size_t)t->G);
+        if (!t->slow_factor) {
+            rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
+            goto fail;
+        }
+        /* the ranks are known now: a rank out of range is an error here */
+        if ((rc = dp_parse_simulate_slow(p->simulate_slow, t->G, t->slow_factor))) goto fail;
+    }
+    if (p->simulate_jitter) (void)dp_parse_simulate_jitter(p->simulate_jitter, &t->jit); /* checked above */
+    t->simulate = p->simulate_slow || p->simulate_jitter;
+    t->gather_waits = t->G > 1 && (p->out_dir || t->simulate);
+    t->last_count = dp_calloc((size_t)t->G, sizeof(int64_t));
     t->w = dp_calloc((size_t)t->P, sizeof *t->w);
-    if (!t->w) {
+    if (!t->w || !t->last_count) {
         rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
         goto fail;
     }
@@ -664,6 +700,173 @@ static int check_replicas(struct worker *w) {
     return rc;
 }
 
+/* ---- slow workers on purpose (--simulate-slow, --simulate-jitter) --------------------------
+ * A slowed rank sleeps (nanosleep: it never spins, so it leaves the core to
+ * the others and a 2-core machine can emulate a cluster with one slow host)
+ * (m - 1) x c per micro-batch, where c is the compute the rank really spent
+ * on it (wall time from the end of its data wait, less the sleep) and
+ * m = FACTOR x max(1, exp(SIGMA z)): a log-normal factor below 1 does
+ * nothing (sleep cannot speed a worker up).  A jitter stall of MS ms is added
+ * once per step, in the last micro-batch.
+ *
+ * Where the sleep goes.  With overlap the reducer starts a bucket's
+ * all-reduce as soon as backward has finished its layers, so sleeping only
+ * after backward would let the slowed rank's buckets start at full speed
+ * (all but the last would not wait for it) and the wait would show up one
+ * step late.  Instead the debt is paid at every grad_ready callback, before
+ * the bucket is handed to the reducer: each bucket becomes ready at
+ * t0 + m x (compute up to it), exactly when an m-times slower host's would,
+ * and the rest (forward's share too when backward reports nothing) is paid
+ * after backward, before the reduction is waited for.  Without a reduction
+ * in the micro-batch (accumulation, one worker) it is all paid at its end;
+ * deterministic mode reduces once after the last chunk, so it pays once,
+ * before that all-reduce.  The draws are (seed, DP_RNG_SLOW, rank, 2 step)
+ * for the stall and (..., 2 step + 1) for z: a run replays exactly. */
+static int slow_err(const char *opt, const char *spec, const char *what) {
+    return dp_seterr(DP_EINVAL, "%s '%s': %s", opt, spec, what);
+}
+
+int dp_parse_simulate_slow(const char *spec, int world, double *factor) {
+    const char *o = "--simulate-slow";
+    if (!spec || !*spec) return slow_err(o, spec ? spec : "", "expected RANK:FACTOR[,RANK:FACTOR...]");
+    if (factor)
+        for (int r = 0; r < world; r++) factor[r] = 0; /* 0: not named yet */
+    char msg[160];
+    for (const char *s = spec;;) {
+        char *end;
+        errno = 0;
+        long r = strtol(s, &end, 10);
+        if (end == s || *end != ':' || errno || (s[0] != '-' && (s[0] < '0' || s[0] > '9')))
+            return slow_err(o, spec, "expected RANK:FACTOR[,RANK:FACTOR...]");
+        const char *fs = end + 1;
+        double f = strtod(fs, &end);
+        if (end == fs || (*end && *end != ',') || (fs[0] != '.' && (fs[0] < '0' || fs[0] > '9')))
+            return slow_err(o, spec, "expected RANK:FACTOR[,RANK:FACTOR...]");
+        if (r < 0 || (world > 0 && r >= world)) {
+            if (world > 0) snprintf(msg, sizeof msg, "rank %ld is out of range 0..%d (the job has %d rank%s)", r,
+                                    world - 1, world, world > 1 ? "s" : "");
+            else snprintf(msg, sizeof msg, "rank %ld is out of range (ranks count from 0)", r);
+            return slow_err(o, spec, msg);
+        }
+        if (!(f >= 1 && f <= 1000)) {
+            snprintf(msg, sizeof msg, "rank %ld: factor %g must be in 1..1000 (1 = full speed)", r, f);
+            return slow_err(o, spec, msg);
+        }
+        if (factor) {
+            if (factor[r] != 0) {
+                snprintf(msg, sizeof msg, "rank %ld is given twice", r);
+                return slow_err(o, spec, msg);
+            }
+            factor[r] = f;
+        }
+        if (!*end) break;
+        s = end + 1;
+    }
+    if (factor)
+        for (int r = 0; r < world; r++)
+            if (factor[r] == 0) factor[r] = 1;
+    return DP_OK;
+}
+
+int dp_parse_simulate_jitter(const char *spec, struct dp_jitter *j) {
+    const char *o = "--simulate-jitter";
+    memset(j, 0, sizeof *j);
+    if (!spec || !*spec) return slow_err(o, spec ? spec : "", "expected p=P,ms=MS and/or lognormal=SIGMA");
+    int have_p = 0, have_ms = 0, have_ln = 0;
+    char msg[160];
+    for (const char *s = spec;;) {
+        const char *eq = strchr(s, '='), *comma = strchr(s, ',');
+        if (!comma) comma = s + strlen(s);
+        if (!eq || eq > comma) return slow_err(o, spec, "expected KEY=VALUE items (p, ms, lognormal)");
+        size_t kl = (size_t)(eq - s);
+        char *end;
+        errno = 0;
+        double v = strtod(eq + 1, &end);
+        if (end == eq + 1 || end != comma || errno || !isfinite(v)) {
+            snprintf(msg, sizeof msg, "'%.*s' is not KEY=NUMBER", (int)(comma - s), s);
+            return slow_err(o, spec, msg);
+        }
+        if (kl == 1 && !strncmp(s, "p", 1)) {
+            if (!(v >= 0 && v <= 1)) return slow_err(o, spec, "p must be in [0, 1]");
+            j->p = v, have_p++;
+        } else if (kl == 2 && !strncmp(s, "ms", 2)) {
+            if (!(v >= 0 && v <= 1e6)) return slow_err(o, spec, "ms must be in 0..1000000");
+            j->ms = v, have_ms++;
+        } else if (kl == 9 && !strncmp(s, "lognormal", 9)) {
+            if (!(v >= 0 && v <= 10)) return slow_err(o, spec, "lognormal SIGMA must be in 0..10");
+            j->sigma = v, have_ln++;
+        } else {
+            snprintf(msg, sizeof msg, "unknown key '%.*s' (expected p, ms or lognormal)", (int)kl, s);
+            return slow_err(o, spec, msg);
+        }
+        if (!*comma) break;
+        s = comma + 1;
+    }
+    if (have_p > 1 || have_ms > 1 || have_ln > 1) return slow_err(o, spec, "a key is given twice");
+    if (have_p != have_ms) return slow_err(o, spec, "p and ms go together (p=P,ms=MS)");
+    return DP_OK;
+}
+
+/* This step's compute multiplier and stall (s) for worker w. */
+static void pace_plan(const struct worker *w, double *mult, double *stall) {
+    const struct dp_trainer *t = w->t;
+    uint64_t a = (uint64_t)w->grank, b = 2 * (uint64_t)w->step;
+    *mult = t->slow_factor ? t->slow_factor[w->grank] : 1;
+    *stall = 0;
+    if (t->jit.sigma > 0) {
+        double f = exp(t->jit.sigma * (double)dp_rng_normal(t->p.seed, DP_RNG_SLOW, a, b + 1));
+        if (f > 1) *mult *= f;
+    }
+    if (t->jit.p > 0 && (double)dp_rng_uniform(t->p.seed, DP_RNG_SLOW, a, b) < t->jit.p) *stall = t->jit.ms * 1e-3;
+}
+
+/* Starts pacing one micro-batch whose compute starts at t0. */
+static void pace_start(struct worker *w, double mult, double stall, double t0) {
+    w->pace_mult = mult, w->pace_stall = stall, w->pace_t0 = t0, w->pace_slept = 0;
+}
+
+/* Sleeps what this micro-batch owes so far: (m - 1) x its compute up to
+ * now, plus the stall, less what it slept already (an oversleep is paid
+ * back at the next point).  Debts under 50 us wait for the next point. */
+static void pace(struct worker *w) {
+    if (!w->t->simulate) return;
+    double now = dp_time();
+    double owed = (w->pace_mult - 1) * (now - w->pace_t0 - w->pace_slept) + w->pace_stall - w->pace_slept;
+    if (owed < 50e-6) return;
+    struct timespec ts = {(time_t)owed, (long)((owed - floor(owed)) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    double t1 = dp_time();
+    dp_timeline_add(&w->tl, "slow", 0, w->step, now, t1);
+    w->pace_slept += t1 - now;
+}
+
+/* The grad_ready callback of a paced worker: pay the debt, then hand the
+ * layer to the reducer (see above). */
+static void paced_grad_ready(void *arg, int64_t offset, int64_t count) {
+    struct worker *w = arg;
+    pace(w);
+    dp_reducer_grad_ready(&w->red, offset, count);
+}
+
+/* After a step: every rank's wait (w->step_wait) gathered into w->waits,
+ * and the last arriver.  The rank that arrives last at a reduction finds
+ * the others there and waits least (only for the transfer), so the last
+ * arriver is the rank with the smallest wait: no clock is compared across
+ * ranks (MPI hosts share none).  One all-gather of G doubles per step (a
+ * latency-bound collective, not yet benchmarked), only when gather_waits
+ * (docs/ddp.md). */
+static int gather_waits(struct worker *w, int *last) {
+    struct dp_trainer *t = w->t;
+    memset(w->waits, 0, sizeof(double) * (size_t)t->G);
+    w->waits[w->grank] = w->step_wait;
+    int rc = dp_comm_allgather(w->comm, w->waits, t->G, DP_DTYPE_F64, DP_ALGO_AUTO);
+    *last = 0;
+    for (int r = 1; r < t->G; r++)
+        if (w->waits[r] < w->waits[*last]) *last = r;
+    return rc;
+}
+
 /* One optimizer step on worker w: `accum` micro-batches, the reduction,
  * the update.  Returns 0, or an error (already with its context). */
 static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
@@ -684,6 +887,9 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
     if (w->buf_save) memcpy(w->buf_save, w->rep.buffers, sizeof(float) * (size_t)m->num_buffers);
     double n_total = 0, loss_sum = 0, n_local = 0;
     int local_bad = 0;
+    double mult = 1, stall = 0;
+    if (t->simulate) pace_plan(w, &mult, &stall);
+    w->step_wait = w->step_slow = 0;
     for (int64_t k = 0; k < nmicro; k++) {
         const struct dp_loader_batch *lb;
         double td = dp_time();
@@ -704,9 +910,10 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         float ls = nmicro == 1 ? (float)(1.0 / ((double)lb->global_B * (double)t->pos)) : 1.0f;
         struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = ls};
         if (t->G > 1) pass.stat_sync = stat_sync, pass.stat_sync_arg = w;
+        pace_start(w, mult, last_micro ? stall : 0, ta);
         if (last) {
-            pass.grad_ready = dp_reducer_grad_ready;
-            pass.grad_ready_arg = &w->red;
+            pass.grad_ready = t->simulate ? paced_grad_ready : dp_reducer_grad_ready;
+            pass.grad_ready_arg = t->simulate ? (void *)w : (void *)&w->red;
             dp_reducer_begin(&w->red);
         }
         int fault = t->p.fault_kind && w->grank == t->p.fault_worker && w->step == t->p.fault_step && last_micro;
@@ -733,11 +940,19 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
             }
             return rc;
         }
+        /* the sleep paid inside backward (grad_ready) is not compute; the
+         * rest of the debt is paid now, before the reduction is waited for */
+        double slept_in_run = w->pace_slept;
+        pace(w);
+        w->step_slow += w->pace_slept;
         dp_timeline_add(&w->tl, "forward", 0, w->step, ta, ta + pass.t_forward);
         dp_timeline_add(&w->tl, "backward", 0, w->step, ta + pass.t_forward, ta + pass.t_forward + pass.t_backward);
         if (last) {
             rc = dp_reducer_finish(&w->red);
-            dp_timeline_add(&w->tl, "wait for all-reduce", 0, w->step, w->red.t_backward_end, w->red.t_end);
+            /* wait: from the end of this rank's compute (backward and its
+             * simulated sleep) to the completion of its last bucket */
+            w->step_wait = w->red.t_end - w->red.t_backward_end;
+            dp_timeline_add(&w->tl, "wait", 0, w->step, w->red.t_backward_end, w->red.t_end);
             for (int i = 0; i < w->red.nb; i++)
                 if (w->red.b[i].t_ready > 0) {
                     dp_timeline_add_bucket(&w->tl, i, (int64_t)sizeof(float) * w->red.b[i].count,
@@ -755,8 +970,9 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         w->seen += b.B;
         n_local += (double)b.B;
         w->t_fwd += pass.t_forward;
-        w->t_bwd += pass.t_backward;
+        w->t_bwd += pass.t_backward - slept_in_run;
     }
+    w->t_wait += w->step_wait, w->t_slow += w->step_slow;
     *n_step = n_total;
     *loss_step = n_local > 0 ? loss_sum / (n_local * (double)t->pos) : 0;
     w->t_comm += w->red.comm_total;
@@ -828,7 +1044,7 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
     const struct dp_model *m = t->model;
     int64_t np = m->num_params, C = t->p.det_chunk;
     memset(w->acc, 0, sizeof(double) * (size_t)np);
-    double n_total = 0, loss_sum = 0, n_local = 0;
+    double n_total = 0, loss_sum = 0, n_local = 0, compute = 0;
     for (int64_t k = 0; k < nmicro; k++) {
         const struct dp_loader_batch *lb;
         int rc = dp_loader_next(w->loader, &lb);
@@ -858,10 +1074,21 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
             w->correct += pass.correct;
             w->t_fwd += pass.t_forward;
             w->t_bwd += pass.t_backward;
+            compute += pass.t_forward + pass.t_backward;
         }
         w->seen += lb->B;
         n_local += (double)lb->B;
         n_total += (double)lb->global_B;
+    }
+    /* the simulated slowness, all paid before the step's one reduction (the
+     * chunks' compute as c; timing only: the sums are the same bits) */
+    w->step_slow = 0;
+    if (t->simulate) {
+        double mult, stall;
+        pace_plan(w, &mult, &stall);
+        pace_start(w, mult, stall, dp_time() - compute);
+        pace(w);
+        w->step_slow = w->pace_slept;
     }
     double tc = dp_time();
     w->arrival[0] += tc - w->t_step0; /* one reduction per step: "bucket" 0 */
@@ -870,6 +1097,9 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
     double t1 = dp_time();
     w->t_comm += t1 - tc;
     w->t_exposed += t1 - tc;
+    w->step_wait = t->G > 1 ? t1 - tc : 0;
+    w->t_wait += w->step_wait, w->t_slow += w->step_slow;
+    if (t->G > 1) dp_timeline_add(&w->tl, "wait", 0, w->step, tc, t1);
     if (rc) return rc;
     *n_step = n_total;
     *loss_step = n_local > 0 ? loss_sum / (n_local * (double)t->pos) : 0;
@@ -962,11 +1192,19 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
             return metrics_error(t);
         for (int r = 0; r < t->G; r++)
             if (fprintf(t->metrics, "%s%.6f", r ? ", " : "", tot[4 + r]) < 0) return metrics_error(t);
+        /* rank 0's wait and simulated sleep in the epoch; with gather_waits,
+         * the steps in which each rank arrived last */
+        if (fprintf(t->metrics, "], \"wait_s\": %.3f, \"slow_s\": %.3f", w->t_wait, w->t_slow) < 0)
+            return metrics_error(t);
+        for (int r = 0; t->gather_waits && r < t->G; r++)
+            if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"last_rank_steps\": [", (long long)t->last_count[r],
+                        r == t->G - 1 ? "]" : "") < 0)
+                return metrics_error(t);
         /* text: the test set is the validation windows; perplexity exp(loss) */
-        if (t->text && fprintf(t->metrics, "], \"val_loss\": %.6f, \"val_ppl\": %.4f, \"tokens_per_s\": %.1f",
+        if (t->text && fprintf(t->metrics, ", \"val_loss\": %.6f, \"val_ppl\": %.4f, \"tokens_per_s\": %.1f",
                                ev.test_loss, exp(ev.test_loss), ev.samples_per_s * (double)t->pos) < 0)
             return metrics_error(t);
-        if (fprintf(t->metrics, t->text ? "}\n" : "]}\n") < 0 || fflush(t->metrics) != 0) return metrics_error(t);
+        if (fprintf(t->metrics, "}\n") < 0 || fflush(t->metrics) != 0) return metrics_error(t);
     }
     emit(t, &ev);
     int last = t->epoch == t->p.epochs;
@@ -1003,16 +1241,18 @@ static void phase_sums(const struct worker *w, double out[6]) {
 /* One "step" line of metrics.jsonl (rank 0): the step's phase times are the
  * differences of the phase sums before (s0) and after it. */
 static int step_record(const struct worker *w, int64_t step, int64_t epoch, double loss, double samples,
-                       double step_s, const double s0[6]) {
+                       double step_s, const double s0[6], int last_rank) {
     double s1[6];
     phase_sums(w, s1);
     errno = 0;
     int n = fprintf(w->t->metrics,
             "{\"kind\": \"step\", \"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"samples\": %lld, "
             "\"step_s\": %.6f, \"data_wait_s\": %.6f, \"forward_s\": %.6f, \"backward_s\": %.6f, "
-            "\"comm_s\": %.6f, \"comm_exposed_s\": %.6f, \"optimizer_s\": %.6f}\n",
+            "\"comm_s\": %.6f, \"comm_exposed_s\": %.6f, \"optimizer_s\": %.6f, \"wait_s\": %.6f, "
+            "\"slow_s\": %.6f, \"last_rank\": %d}\n",
             (long long)step, (long long)epoch + 1, loss, (long long)samples, step_s, s1[0] - s0[0],
-            s1[1] - s0[1], s1[2] - s0[2], s1[3] - s0[3], s1[4] - s0[4], s1[5] - s0[5]);
+            s1[1] - s0[1], s1[2] - s0[2], s1[3] - s0[3], s1[4] - s0[4], s1[5] - s0[5], w->step_wait,
+            w->step_slow, last_rank);
     return n < 0 ? metrics_error(w->t) : DP_OK;
 }
 
@@ -1054,7 +1294,7 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     H(p->sched.kind), H(p->sched.base_lr), H(p->sched.total_steps), H(p->sched.warmup_steps);
     H(p->sched.step_size), H(p->sched.gamma), H(p->sched.min_lr);
     H(p->deterministic), H(p->det_chunk), H(p->algo), H(p->overlap), H(p->skip_nonfinite);
-    H(p->check_replicas), H(p->accum);
+    H(p->check_replicas), H(p->accum), H(t->gather_waits);
     out[AGREE_CONFIG] = h;
     h = 0xcbf29ce484222325ull;
     H(w->step), H(w->epoch), H(w->in_epoch);
@@ -1096,7 +1336,8 @@ static int worker_loop(struct worker *w) {
     while (epoch < t->p.epochs) {
         double t_start = dp_time();
         w->wait0 = dp_loader_wait_time(w->loader);
-        w->loss_sum = w->t_fwd = w->t_bwd = w->t_opt = w->t_comm = w->t_exposed = 0;
+        w->loss_sum = w->t_fwd = w->t_bwd = w->t_opt = w->t_comm = w->t_exposed = w->t_wait = w->t_slow = 0;
+        if (w->grank == 0) memset(t->last_count, 0, sizeof(int64_t) * (size_t)t->G);
         w->correct = w->seen = w->skipped = 0;
         while (in_epoch < t->batches_per_epoch) {
             if (t->p.max_steps && step >= t->p.max_steps) {
@@ -1116,18 +1357,24 @@ static int worker_loop(struct worker *w) {
             if (rc)
                 /* non-finite errors already name the worker and step that caused them */
                 return rc == DP_ENONFINITE ? rc : dp_adderr(rc, "worker %d, step %lld", w->grank, (long long)step);
+            int last_rank = -1;
+            if (t->gather_waits && (rc = gather_waits(w, &last_rank)))
+                return dp_adderr(rc, "worker %d, step %lld", w->grank, (long long)step);
             step++;
             in_epoch += nmicro;
             if (w->grank == 0) {
+                if (last_rank >= 0) t->last_count[last_rank]++;
                 t->step = step;
                 t->step_in_epoch = in_epoch;
                 struct dp_event ev = {.kind = DP_EVENT_STEP, .step = step, .epoch = epoch,
                                       .step_in_epoch = (in_epoch + t->p.accum - 1) / t->p.accum,
                                       .lr = dp_sched_lr(&t->p.sched, step - 1),
                                       .samples = (int64_t)n_step, .loss = loss_step,
-                                      .skipped = w->skipped - skipped_before};
+                                      .skipped = w->skipped - skipped_before,
+                                      .last_rank = last_rank, .wait_s = w->step_wait, .slow_s = w->step_slow};
                 emit(t, &ev);
-                if (t->metrics && (rc = step_record(w, step, epoch, loss_step, n_step, dp_time() - ts, s0)))
+                if (t->metrics &&
+                    (rc = step_record(w, step, epoch, loss_step, n_step, dp_time() - ts, s0, last_rank)))
                     return rc;
             }
             if (t->p.check_replicas && step % t->p.check_replicas == 0 && (rc = check_replicas(w))) return rc;

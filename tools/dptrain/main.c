@@ -144,6 +144,12 @@ static const char *help_train =
     "  --det-chunk N       deterministic mode: samples per chunk [8]\n"
     "  --timeline FILE     write a Chrome trace (Perfetto, chrome://tracing): one compute and one\n"
     "                      all-reduce track per worker\n"
+    "  --simulate-slow RANK:FACTOR[,RANK:FACTOR...]\n"
+    "                      make job rank RANK's compute FACTOR (>= 1) times slower by sleeping\n"
+    "                      (FACTOR - 1) x its measured compute of each step [off]\n"
+    "  --simulate-jitter SPEC  random stalls per (rank, step), replayed by --seed: p=P,ms=MS (a\n"
+    "                      stall of MS ms with probability P) and/or lognormal=SIGMA (compute x\n"
+    "                      exp(SIGMA z) when that is > 1) [off]; docs/ddp.md\n"
     "\n"
     "run:\n"
     "  --seed N            seed for initialisation, shuffling, dropout, augmentation [1]\n"
@@ -405,6 +411,15 @@ static int cmd_train(int argc, char **argv) {
         } else if (opt(&a, "--check-replicas", &v)) tp.check_replicas = parse_int("--check-replicas", v, 0, INT64_MAX / 2);
         else if (opt(&a, "--skip-nonfinite", NULL)) tp.skip_nonfinite = 1;
         else if (opt(&a, "--timeline", &v)) tp.timeline = v;
+        else if (opt(&a, "--simulate-slow", &v)) {
+            /* the syntax now; the ranks against the job's size in the trainer */
+            if (dp_parse_simulate_slow(v, 0, NULL)) die("%s", dp_errmsg());
+            tp.simulate_slow = v;
+        } else if (opt(&a, "--simulate-jitter", &v)) {
+            struct dp_jitter j;
+            if (dp_parse_simulate_jitter(v, &j)) die("%s", dp_errmsg());
+            tp.simulate_jitter = v;
+        }
         else if (opt(&a, "--deterministic", NULL)) tp.deterministic = 1;
         else if (opt(&a, "--det-chunk", &v)) tp.det_chunk = parse_int("--det-chunk", v, 1, 1 << 20), given_det = "--det-chunk";
         else if (opt(&a, "--comm-timeout", &v)) tp.comm_timeout = parse_float("--comm-timeout", v, 0, 1e6);
