@@ -150,7 +150,7 @@ static const char *help_train =
     "  --simulate-jitter SPEC  random stalls per (rank, step), replayed by --seed: p=P,ms=MS (a\n"
     "                      stall of MS ms with probability P) and/or lognormal=SIGMA (compute x\n"
     "                      exp(SIGMA z) when that is > 1) [off]; docs/ddp.md\n"
-    "  --balance[=K]       heterogeneity-aware batches: every K steps [20] re-split the global\n"
+    "  --balance[=K]       heterogeneity-aware batches: every K steps [10] re-split the global\n"
     "                      batch in proportion to each rank's measured throughput (the same\n"
     "                      gradient; whole --det-chunk chunks when deterministic) [off]\n"
     "\n"
@@ -427,7 +427,7 @@ static int cmd_train(int argc, char **argv) {
             if (dp_parse_simulate_jitter(v, &j)) die("%s", dp_errmsg());
             tp.simulate_jitter = v;
         }
-        else if (!strcmp(a.argv[a.i], "--balance")) tp.balance = 20; /* the value is optional */
+        else if (!strcmp(a.argv[a.i], "--balance")) tp.balance = 10; /* the value is optional */
         else if (opt(&a, "--balance", &v)) tp.balance = parse_int("--balance", v, 1, 1000000);
         else if (opt(&a, "--deterministic", NULL)) tp.deterministic = 1;
         else if (opt(&a, "--det-chunk", &v)) tp.det_chunk = parse_int("--det-chunk", v, 1, 1 << 20), given_det = "--det-chunk";
