@@ -398,15 +398,19 @@ int dp_loader_set_shares(struct dp_loader *l, const int64_t *shares) {
     if (shares && sum != U)
         return dp_seterr(DP_EINVAL, "loader: the shares sum to %lld units, a batch has %lld", (long long)sum,
                          (long long)U);
-    if (shares && !l->shares && !(l->shares = dp_malloc(sizeof(int64_t) * (size_t)p->world)))
+    /* The producer reads l->shares (the pointer and the array): both change
+     * only after it has stopped. */
+    int64_t *sh = NULL;
+    if (shares && !(sh = dp_malloc(sizeof(int64_t) * (size_t)p->world)))
         return dp_seterr(DP_ENOMEM, "loader: out of memory");
+    if (sh) memcpy(sh, shares, sizeof(int64_t) * (size_t)p->world);
     int64_t pos;
     pthread_mutex_lock(&l->mu);
     pos = l->start_pos + l->consumed; /* the next batch to hand out */
     pthread_mutex_unlock(&l->mu);
     producer_stop(l);
-    if (shares) memcpy(l->shares, shares, sizeof(int64_t) * (size_t)p->world);
-    else dp_free(l->shares), l->shares = NULL;
+    dp_free(l->shares);
+    l->shares = sh;
     int rc = producer_start(l, pos);
     if (rc) l->p.prefetch = 0; /* as in dp_loader_seek: work synchronously */
     return rc;
