@@ -120,6 +120,25 @@ else bad simulate_slow_last_rank_and_timeline "$(tail -3 "$T/slow.log")"; fi
 h0=$(hash_of "$T/dslow0/checkpoint.bin"); h1=$(hash_of "$T/dslow1/checkpoint.bin")
 if same_hash "$h0" "$h1"; then ok simulate_slow_deterministic_same_hash; else bad simulate_slow_deterministic_same_hash "'$h0' vs '$h1'"; fi
 
+# --balance: the option (bare or =K), the shares on the epoch line and in metrics.jsonl (cnn:
+# the 3x sleep of rank 1 outweighs any noise; mlp's steps are too short to measure reliably)
+expect_error balance_zero "--balance: '0' is not an integer in 1..1000000" "$BIN" train "${SMALL[@]}" --balance=0
+if "$BIN" train --help 2>&1 | grep -- "--balance\[=K\]" >/dev/null &&
+   "$BIN" train --model cnn --epochs 1 "${SMALL[@]}" --workers 2 --simulate-slow 1:3 --balance=2 --out "$T/bal" \
+     >"$T/bal.log" 2>&1 && grep -Eq "^epoch 1/1 .* shares [0-9]+/[0-9]+$" "$T/bal.log" &&
+   /usr/bin/python3 -c "
+import json
+ep = [r for r in map(json.loads, open('$T/bal/metrics.jsonl')) if r['kind'] == 'epoch'][0]
+assert sum(ep['shares']) == 50 and ep['shares'][1] < 20, ep['shares']
+assert sum(ep['rank_samples']) == 1000 and ep['rank_samples'][1] < 400, ep['rank_samples']
+"; then ok balance_shares_in_metrics
+else bad balance_shares_in_metrics "$(tail -3 "$T/bal.log")"; fi
+# deterministic: the bits of one worker (det1, 2 epochs) with 3 workers re-planned every 2 steps
+"$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 3 --deterministic --balance=2 --out "$T/dbal" \
+  --simulate-slow 1:3 >/dev/null 2>&1
+h5=$(hash_of "$T/dbal/checkpoint.bin")
+if same_hash "$d1" "$h5"; then ok balance_deterministic_same_hash; else bad balance_deterministic_same_hash "'$d1' vs '$h5'"; fi
+
 # --- checkpoint comparison ----------------------------------------------------------
 if "$BIN" ckpt diff "$T/det1/checkpoint.bin" "$T/det3/checkpoint.bin" >"$T/diff.log" 2>&1 &&
    grep -q "bit-identical" "$T/diff.log" && grep -q "within 1e-05" "$T/diff.log"; then

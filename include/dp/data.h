@@ -81,6 +81,10 @@ struct dp_loader_params {
      * mode uses it so that chunk boundaries do not depend on world.  0 or 1:
      * split by samples. */
     int64_t align;
+    /* 1: the split may be changed later by dp_loader_set_shares (--balance),
+     * so every batch buffer holds a whole global batch instead of
+     * ceil(batch / world) samples. */
+    int uneven;
 };
 struct dp_loader_params dp_loader_default_params(void);
 
@@ -111,6 +115,14 @@ int dp_loader_init_text(struct dp_loader **l, const struct dp_tokens *t, const s
                         int64_t ctx, int64_t windows, const struct dp_loader_params *p);
 /* Batches per epoch. */
 int64_t dp_loader_steps_per_epoch(const struct dp_loader *l);
+/* Per-rank shares of the global batch (--balance): shares[r] units of align
+ * samples for rank r, summing to ceil(batch / align); NULL = the equal split.
+ * Applies from the next batch returned (src/data/loader.c). */
+int dp_loader_set_shares(struct dp_loader *l, const int64_t *shares);
+/* The split itself: rank's part [*off, *off + *B) of a global batch of G <=
+ * batch samples under shares (NULL: equal), as every loader computes it. */
+void dp_loader_split(int64_t G, int64_t batch, int64_t align, int world, int rank, const int64_t *shares,
+                     int64_t *off, int64_t *B);
 /* Positions the loader at (epoch, step within the epoch); used by resume. */
 int dp_loader_seek(struct dp_loader *l, int64_t epoch, int64_t step);
 /* Returns the next batch (valid until the next call).  Moves to the next

@@ -54,6 +54,10 @@ struct dp_event {
                                            (-1: one worker, or not gathered: see wait_s) */
     double wait_s;                      /* STEP: rank 0's wait in the step's reduction (docs/ddp.md) */
     double slow_s;                      /* STEP: rank 0's simulated slowness (sleep) in the step */
+    const int64_t *shares;              /* EPOCH, with --balance: each rank's share of a full global
+                                           batch (samples) at the epoch's end; NULL otherwise */
+    const int64_t *rank_samples;        /* EPOCH, with --balance: the samples each rank took */
+    int nshares;                        /* EPOCH: entries in shares and rank_samples (the ranks) */
     const char *path;     /* CHECKPOINT */
 };
 typedef void (*dp_event_fn)(void *arg, const struct dp_event *ev);
@@ -104,6 +108,11 @@ struct dp_train_params {
      * arithmetic, and so the parameters, are unchanged. */
     const char *simulate_slow;
     const char *simulate_jitter;
+    /* Heterogeneity-aware batches (docs/ddp.md "Balanced shares"): every
+     * `balance` optimizer steps the ranks all-gather their measured
+     * throughput and re-split the global batch in proportion to it (0 = off:
+     * equal shares).  The gradient stays the exact global-batch one. */
+    int64_t balance;
     const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */
     int64_t epochs;
     int64_t batch;
@@ -138,6 +147,14 @@ struct dp_jitter {
     double sigma;              /* compute x exp(sigma z), z ~ N(0, 1), when > 1 (0 = off) */
 };
 int dp_parse_simulate_jitter(const char *spec, struct dp_jitter *j);
+
+/* The --balance plan (exposed for the tests): `units` units of a full
+ * global batch apportioned to `world` ranks in proportion to rate[r] (an
+ * integer throughput, 1..2^30; <= 0: not measured yet, counted as the mean
+ * of the measured ones), by largest remainders in integer arithmetic, every
+ * rank at least one unit when units >= world.  Integer in, integer out: the
+ * same shares on every rank and every build. */
+void dp_balance_plan(const int64_t *rate, int world, int64_t units, int64_t *share);
 
 struct dp_trainer;
 int dp_trainer_init(struct dp_trainer **t, const struct dp_train_params *p);

@@ -14,7 +14,9 @@
  *     G = 10, world = 3:   rank 0: [0, 4)   rank 1: [4, 7)   rank 2: [7, 10)
  *
  * so the ranks' parts, concatenated in rank order, are exactly the global
- * batch; a rank may get 0 samples when G < world.  The permutation is
+ * batch; a rank may get 0 samples when G < world.  With --balance the
+ * trainer replaces the equal split by per-rank shares (dp_loader_set_shares,
+ * dp_loader_split): still contiguous parts in rank order.  The permutation is
  * dp_rng_permutation(seed, DP_RNG_SHUFFLE, epoch) (identity without shuffle),
  * so every rank derives the same global batches without communicating.
  *
@@ -61,7 +63,11 @@ struct dp_loader {
     int64_t n;               /* samples in the dataset */
     int64_t sample;          /* floats per sample: C * H * W */
     int64_t steps_per_epoch;
-    int64_t max_B;           /* largest part any rank can get: ceil(batch / world) */
+    int64_t max_B;           /* largest part any rank can get: ceil(batch / world), or with
+                                uneven the whole batch (in whole align units) */
+    int64_t *shares;         /* (world) units per rank of a full batch (dp_loader_set_shares),
+                                NULL: the equal split; read by the filler, changed only while
+                                no producer runs */
 
     /* Filler state: touched only by whoever assembles batches (the producer
      * thread while it runs, otherwise the consumer). */
@@ -95,6 +101,34 @@ struct dp_loader_params dp_loader_default_params(void) {
     };
 }
 
+/* ---- the split of a global batch ------------------------------------------------ */
+
+/* Rank `rank`'s part [*off, *off + *B) of a global batch of G samples (G <=
+ * batch), in units of `align` samples (align <= 1: samples; the last unit of
+ * a batch may be short).  shares NULL: the equal split of the header comment
+ * (remainder units to the first ranks).  Otherwise shares[r] units of a full
+ * batch go to rank r (they sum to U = ceil(batch / align)); a shorter batch of
+ * u < U units is split at the scaled boundaries floor(cum[r] * u / U), where
+ * cum[r] is the sum of the shares of the ranks before r: integer arithmetic,
+ * the same on every rank, the parts still contiguous and concatenating to
+ * the batch, and exactly the shares when u = U. */
+void dp_loader_split(int64_t G, int64_t batch, int64_t align, int world, int rank, const int64_t *shares,
+                     int64_t *off, int64_t *B) {
+    int64_t a = align > 1 ? align : 1, units = (G + a - 1) / a, u0, u1;
+    if (!shares) {
+        int64_t base = units / world, rem = units % world;
+        u0 = rank * base + (rank < rem ? rank : rem), u1 = u0 + base + (rank < rem);
+    } else {
+        int64_t U = (batch + a - 1) / a, cum = 0;
+        for (int r = 0; r < rank; r++) cum += shares[r];
+        u0 = cum * units / U;
+        u1 = (cum + shares[rank]) * units / U;
+    }
+    *off = u0 * a;
+    *B = (u1 * a < G ? u1 * a : G) - u0 * a;
+    if (*B < 0) *B = 0;
+}
+
 /* ---- batch assembly ---------------------------------------------------------- */
 
 /* Fills slot s with the rank's part of the global batch at position pos.
@@ -110,12 +144,9 @@ static void fill_batch(struct dp_loader *l, struct slot *s, int64_t pos) {
     int64_t G = l->n - g0 < p->batch ? l->n - g0 : p->batch;
     /* Split in units of `align` samples (align = 1: samples), so that with
      * align > 1 every rank's part is made of whole fixed-size chunks. */
-    int64_t a = p->align > 1 ? p->align : 1, units = (G + a - 1) / a;
-    int64_t base = units / p->world, rem = units % p->world;
-    int64_t u0 = p->rank * base + (p->rank < rem ? p->rank : rem), u1 = u0 + base + (p->rank < rem);
-    int64_t off = g0 + u0 * a;
-    int64_t B = (u1 * a < G ? u1 * a : G) - u0 * a;
-    if (B < 0) B = 0;
+    int64_t off, B;
+    dp_loader_split(G, p->batch, p->align, p->world, p->rank, l->shares, &off, &B);
+    off += g0;
 
     struct dp_loader_batch *b = &s->b;
     if (l->tok) {
@@ -212,6 +243,7 @@ static void loader_release(struct dp_loader *l) {
     }
     dp_free(l->slots);
     dp_free(l->perm);
+    dp_free(l->shares);
     pthread_cond_destroy(&l->ready);
     pthread_cond_destroy(&l->space);
     pthread_mutex_destroy(&l->mu);
@@ -250,6 +282,7 @@ static struct dp_loader *loader_alloc(const struct dp_loader_params *p, int64_t 
     int64_t bmax = p->batch < n ? p->batch : n;
     int64_t al = p->align > 1 ? p->align : 1;
     l->max_B = ((bmax + al - 1) / al + p->world - 1) / p->world * al;
+    if (p->uneven) l->max_B = (bmax + al - 1) / al * al; /* any share, up to the whole batch */
     l->perm_epoch = -1;
     l->nslots = p->prefetch + 1;
     l->slots = dp_calloc((size_t)l->nslots, sizeof(struct slot));
@@ -343,6 +376,43 @@ int dp_loader_seek(struct dp_loader *l, int64_t epoch, int64_t step) {
     producer_stop(l);
     int rc = producer_start(l, epoch * l->steps_per_epoch + step);
     if (rc) l->p.prefetch = 0; /* fall back to assembling in dp_loader_next */
+    return rc;
+}
+
+/* Sets the split of the global batches (dp_loader_split): shares[r] units of
+ * `align` samples of a full batch for rank r, summing to ceil(batch / align),
+ * or NULL for the equal split.  Needs a loader made with p->uneven (its
+ * buffers hold any share).  It applies from the next batch dp_loader_next
+ * returns: batches prefetched with the old split are discarded and the
+ * producer restarts at the same position (as dp_loader_seek does); the batch
+ * returned last becomes invalid.  Errors: DP_EINVAL (not uneven, a negative
+ * share, a wrong sum), DP_ENOMEM, DP_EINTERNAL as for dp_loader_seek. */
+int dp_loader_set_shares(struct dp_loader *l, const int64_t *shares) {
+    const struct dp_loader_params *p = &l->p;
+    int64_t a = p->align > 1 ? p->align : 1, U = (p->batch + a - 1) / a, sum = 0;
+    if (shares && !p->uneven) return dp_seterr(DP_EINVAL, "loader: shares need a loader made with uneven = 1");
+    for (int r = 0; shares && r < p->world; r++) {
+        if (shares[r] < 0) return dp_seterr(DP_EINVAL, "loader: share %lld of rank %d < 0", (long long)shares[r], r);
+        sum += shares[r];
+    }
+    if (shares && sum != U)
+        return dp_seterr(DP_EINVAL, "loader: the shares sum to %lld units, a batch has %lld", (long long)sum,
+                         (long long)U);
+    /* The producer reads l->shares (the pointer and the array): both change
+     * only after it has stopped. */
+    int64_t *sh = NULL;
+    if (shares && !(sh = dp_malloc(sizeof(int64_t) * (size_t)p->world)))
+        return dp_seterr(DP_ENOMEM, "loader: out of memory");
+    if (sh) memcpy(sh, shares, sizeof(int64_t) * (size_t)p->world);
+    int64_t pos;
+    pthread_mutex_lock(&l->mu);
+    pos = l->start_pos + l->consumed; /* the next batch to hand out */
+    pthread_mutex_unlock(&l->mu);
+    producer_stop(l);
+    dp_free(l->shares);
+    l->shares = sh;
+    int rc = producer_start(l, pos);
+    if (rc) l->p.prefetch = 0; /* as in dp_loader_seek: work synchronously */
     return rc;
 }
 

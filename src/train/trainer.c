@@ -75,6 +75,14 @@ struct worker {
     double step_wait, step_slow;   /* this step's wait in the reduction, and simulated sleep */
     double t_wait, t_slow;         /* this epoch's sums of them */
     double *waits;                 /* (G) every rank's step_wait, gathered per step (gather_waits) */
+    /* --balance (see rebalance): samples and compute seconds since the last
+     * re-plan, every rank's throughput EMA, the plan in force (units of
+     * align samples per rank; NULL until the first change: equal) and the
+     * all-gather buffer.  Each worker keeps its own copy; all are equal. */
+    double bal_n, bal_s;
+    int64_t *bal_rate;             /* (G) samples/s x 1024, 0 = not measured yet */
+    int64_t *bal_share, *bal_new;  /* (G) */
+    double *bal_buf;               /* (2G) */
 };
 
 struct dp_trainer {
@@ -110,6 +118,10 @@ struct dp_trainer {
      * metrics written or a simulation on; the same on every rank, agreed) */
     int gather_waits;
     int64_t *last_count;       /* (G) rank 0: this epoch's steps each rank arrived last */
+    int balance;               /* --balance on and G > 1 */
+    int64_t bal_align;         /* split unit: det_chunk, or 1 */
+    int64_t *rank_samples;     /* (G) rank 0: samples each rank took in the epoch (epoch_totals) */
+    int64_t *share_samples;    /* (G) rank 0, with balance: the plan in samples, for the report */
 };
 
 struct dp_train_params dp_train_default_params(void) {
@@ -153,6 +165,10 @@ void dp_trainer_free(struct dp_trainer *t) {
         dp_free(w->buf_save);
         dp_free(w->arrival);
         dp_free(w->waits);
+        dp_free(w->bal_rate);
+        dp_free(w->bal_share);
+        dp_free(w->bal_new);
+        dp_free(w->bal_buf);
         dp_free(w->etok);
         dp_free(w->etgt);
         dp_comm_free(w->comm);
@@ -163,6 +179,8 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_free(t->w);
     dp_free(t->slow_factor);
     dp_free(t->last_count);
+    dp_free(t->rank_samples);
+    dp_free(t->share_samples);
     dp_comm_thread_world_free(t->world);
     dp_model_free(t->model);
     dp_dataset_free(&t->train);
@@ -187,6 +205,9 @@ static int check_params(const struct dp_train_params *p) {
     if (!(p->norm_std > 0)) return dp_seterr(DP_EINVAL, "normalisation std must be > 0");
     if (p->max_steps < 0) return dp_seterr(DP_EINVAL, "--max-steps must be >= 0");
     if (p->check_replicas < 0) return dp_seterr(DP_EINVAL, "--check-replicas must be >= 0");
+    if (p->balance < 0 || p->balance > 1000000)
+        return dp_seterr(DP_EINVAL, "--balance must be in 1..1000000 steps between re-plans (got %lld)",
+                         (long long)p->balance);
     if (p->comm_timeout < 0) return dp_seterr(DP_EINVAL, "--comm-timeout must be >= 0");
     if (p->algo < 0 || p->algo >= DP_ALGO_COUNT) return dp_seterr(DP_EINVAL, "unknown all-reduce algorithm");
     if (p->deterministic && (p->det_chunk < 1 || p->det_chunk > p->batch))
@@ -275,6 +296,7 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     lp.rank = w->grank;
     lp.world = t->G;
     lp.align = p->deterministic ? p->det_chunk : 1;
+    lp.uneven = t->balance;
     if (t->text) {
         rc = dp_loader_init_text(&w->loader, &t->tokens, &t->split, t->ctx, t->windows, &lp);
         if (!rc) {
@@ -305,7 +327,14 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     if ((rc = dp_reducer_init(&w->red, t->model, w->comm, w->rep.grads, &rp))) return rc;
     w->arrival = dp_calloc((size_t)w->red.nb + 1, sizeof(double));
     w->waits = dp_calloc((size_t)t->G, sizeof(double));
-    return w->arrival && w->waits ? DP_OK : dp_seterr(DP_ENOMEM, "trainer: out of memory");
+    if (!w->arrival || !w->waits) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
+    if (t->balance) {
+        w->bal_rate = dp_calloc((size_t)t->G, sizeof(int64_t));
+        w->bal_new = dp_calloc((size_t)t->G, sizeof(int64_t));
+        w->bal_buf = dp_calloc(2 * (size_t)t->G, sizeof(double));
+        if (!w->bal_rate || !w->bal_new || !w->bal_buf) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
+    }
+    return DP_OK;
 }
 
 /* The schedule against the run's real length, known only once the data is
@@ -427,6 +456,9 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     /* A worker's share is at most ceil(batch / P); evaluation uses up to
      * eval_chunk samples. */
     int64_t share = (p->batch + t->G - 1) / t->G;
+    t->balance = p->balance > 0 && t->G > 1;
+    t->bal_align = p->deterministic ? p->det_chunk : 1;
+    if (t->balance) share = p->batch; /* a balanced share may be the whole batch */
     if (p->deterministic) share = p->det_chunk; /* one chunk at a time */
     t->max_batch = share > t->eval_chunk ? share : t->eval_chunk;
     struct dp_comm_params cp = dp_comm_default_params();
@@ -447,8 +479,10 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     t->simulate = p->simulate_slow || p->simulate_jitter;
     t->gather_waits = t->G > 1 && (p->out_dir || t->simulate);
     t->last_count = dp_calloc((size_t)t->G, sizeof(int64_t));
+    t->rank_samples = dp_calloc((size_t)t->G, sizeof(int64_t));
+    t->share_samples = dp_calloc((size_t)t->G, sizeof(int64_t));
     t->w = dp_calloc((size_t)t->P, sizeof *t->w);
-    if (!t->w || !t->last_count) {
+    if (!t->w || !t->last_count || !t->rank_samples || !t->share_samples) {
         rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
         goto fail;
     }
@@ -867,6 +901,93 @@ static int gather_waits(struct worker *w, int *last) {
     return rc;
 }
 
+/* ---- heterogeneity-aware batches (--balance) ------------------------------------------------
+ * Each rank measures its throughput: samples over compute seconds (forward
+ * + backward, plus its simulated slowness; not the data wait nor the wait
+ * in the reduction, which measure the others).  Every `balance` steps the
+ * ranks all-gather (samples, seconds) since the last re-plan, one G x 2
+ * doubles collective at those steps only, and every rank updates the same
+ * EMA and computes the same plan from the same gathered numbers:
+ *
+ *   rate_r = round(1024 n_r / s_r)          (integer, clamped to 1..2^30)
+ *   ema_r  = rate_r the first time, else (ema_r + rate_r) / 2  (integers)
+ *   share  = dp_balance_plan(ema, G, U)     U = ceil(batch / align) units
+ *
+ * From the gathered doubles on, everything is integer arithmetic, so no
+ * rank (nor a rank built by another compiler) can round differently.  A
+ * rank with an empty share measures nothing and keeps its EMA.  The plan is
+ * adopted only when some rank's share moves by max(1, U / 32) units or more:
+ * each change discards the prefetched batches and gives the GEMMs new
+ * shapes, not worth it for a sample or two of noise.  The split itself is
+ * dp_loader_split; the gradient does not depend on it (docs/ddp.md). */
+#define BAL_RATE_MAX ((int64_t)1 << 30)
+
+void dp_balance_plan(const int64_t *rate, int world, int64_t units, int64_t *share) {
+    int64_t known = 0, sum = 0;
+    for (int r = 0; r < world; r++)
+        if (rate[r] > 0) known++, sum += rate[r] < BAL_RATE_MAX ? rate[r] : BAL_RATE_MAX;
+    int64_t fill = known ? sum / known : 1; /* an unmeasured rank counts as the mean */
+    if (fill < 1) fill = 1;
+    /* One unit each first (when there are enough): a rank with no work
+     * measures nothing, so the plan could never see it speed up again. */
+    int64_t min = units >= world ? 1 : 0, free = units - min * world, Q = 0, given = 0;
+    for (int r = 0; r < world; r++) {
+        int64_t q = rate[r] > 0 ? (rate[r] < BAL_RATE_MAX ? rate[r] : BAL_RATE_MAX) : fill;
+        Q += q;
+    }
+    /* Largest remainders: floor(free q_r / Q) each, then one more unit to
+     * the ranks with the largest remainders (ties: the lower rank).
+     * free <= 2^20 and q <= 2^30: the products fit in int64. */
+    for (int r = 0; r < world; r++) {
+        int64_t q = rate[r] > 0 ? (rate[r] < BAL_RATE_MAX ? rate[r] : BAL_RATE_MAX) : fill;
+        share[r] = min + free * q / Q;
+        given += free * q / Q;
+    }
+    for (int64_t left = free - given; left > 0; left--) {
+        int best = -1;
+        int64_t best_rem = -1;
+        for (int r = 0; r < world; r++) {
+            int64_t q = rate[r] > 0 ? (rate[r] < BAL_RATE_MAX ? rate[r] : BAL_RATE_MAX) : fill;
+            int64_t rem = free * q % Q;
+            /* a rank already given its extra unit has share > min + floor */
+            if (share[r] > min + free * q / Q) continue;
+            if (rem > best_rem) best = r, best_rem = rem;
+        }
+        share[best]++;
+    }
+}
+
+/* The re-plan, on every rank after the same steps (see above). */
+static int rebalance(struct worker *w) {
+    struct dp_trainer *t = w->t;
+    int G = t->G;
+    memset(w->bal_buf, 0, 2 * sizeof(double) * (size_t)G);
+    w->bal_buf[2 * w->grank] = w->bal_n, w->bal_buf[2 * w->grank + 1] = w->bal_s;
+    w->bal_n = w->bal_s = 0;
+    int rc = dp_comm_allgather(w->comm, w->bal_buf, 2 * G, DP_DTYPE_F64, DP_ALGO_AUTO);
+    if (rc) return rc;
+    for (int r = 0; r < G; r++) {
+        double n = w->bal_buf[2 * r], sec = w->bal_buf[2 * r + 1];
+        if (!(n > 0 && sec > 0)) continue;
+        double x = n * 1024.0 / sec;
+        int64_t rate = !(x < (double)BAL_RATE_MAX) ? BAL_RATE_MAX : x < 1 ? 1 : (int64_t)llround(x);
+        w->bal_rate[r] = w->bal_rate[r] > 0 ? (w->bal_rate[r] + rate) / 2 : rate;
+    }
+    int64_t a = t->bal_align, U = (t->p.batch + a - 1) / a, move = 0;
+    dp_balance_plan(w->bal_rate, G, U, w->bal_new);
+    for (int r = 0; r < G; r++) {
+        int64_t cur = w->bal_share ? w->bal_share[r] : U / G + (r < U % G); /* NULL: the equal split */
+        int64_t d = w->bal_new[r] - cur;
+        if (d < 0) d = -d;
+        if (d > move) move = d;
+    }
+    if (move < (U / 32 > 1 ? U / 32 : 1)) return DP_OK;
+    if (!w->bal_share && !(w->bal_share = dp_malloc(sizeof(int64_t) * (size_t)G)))
+        return dp_seterr(DP_ENOMEM, "trainer: out of memory");
+    memcpy(w->bal_share, w->bal_new, sizeof(int64_t) * (size_t)G);
+    return dp_loader_set_shares(w->loader, w->bal_share);
+}
+
 /* One optimizer step on worker w: `accum` micro-batches, the reduction,
  * the update.  Returns 0, or an error (already with its context). */
 static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
@@ -945,6 +1066,10 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         double slept_in_run = w->pace_slept;
         pace(w);
         w->step_slow += w->pace_slept;
+        /* --balance: this rank's compute, its simulated slowness included
+         * (a slowed rank is a slower host); the wait for others is not */
+        w->bal_n += (double)b.B;
+        w->bal_s += pass.t_forward + pass.t_backward + (w->pace_slept - slept_in_run);
         dp_timeline_add(&w->tl, "forward", 0, w->step, ta, ta + pass.t_forward);
         dp_timeline_add(&w->tl, "backward", 0, w->step, ta + pass.t_forward, ta + pass.t_forward + pass.t_backward);
         if (last) {
@@ -1090,6 +1215,7 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
         pace(w);
         w->step_slow = w->pace_slept;
     }
+    w->bal_n += n_local, w->bal_s += compute + w->step_slow; /* --balance: as in train_step */
     double tc = dp_time();
     w->arrival[0] += tc - w->t_step0; /* one reduction per step: "bucket" 0 */
     w->arrival_steps++;
@@ -1117,10 +1243,12 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
 
 /* Epoch totals over all workers: out[0..4) = loss, correct, seen, skipped;
  * then, per rank r, out[4 + r] = its mean time per step from the step's
- * start to the start of its buckets' reductions (the mean over buckets). */
+ * start to the start of its buckets' reductions (the mean over buckets),
+ * and out[4 + G + r] = the samples it took (its shares, as observed). */
 static int epoch_totals(struct worker *w, double *out) {
     struct dp_trainer *t = w->t;
-    memset(out, 0, sizeof(double) * (size_t)(4 + t->G));
+    memset(out, 0, sizeof(double) * (size_t)(4 + 2 * t->G));
+    out[4 + t->G + w->grank] = (double)w->seen;
     out[0] = w->loss_sum, out[1] = (double)w->correct, out[2] = (double)w->seen, out[3] = (double)w->skipped;
     int nb = t->p.deterministic ? 1 : w->red.nb;
     double a = 0;
@@ -1128,7 +1256,7 @@ static int epoch_totals(struct worker *w, double *out) {
     if (nb > 0 && w->arrival_steps > 0) out[4 + w->grank] = a / nb / (double)w->arrival_steps;
     memset(w->arrival, 0, sizeof(double) * (size_t)(w->red.nb + 1));
     w->arrival_steps = 0;
-    return dp_comm_allreduce(w->comm, out, 4 + t->G, DP_DTYPE_F64, DP_ALGO_AUTO);
+    return dp_comm_allreduce(w->comm, out, 4 + 2 * t->G, DP_DTYPE_F64, DP_ALGO_AUTO);
 }
 
 /* The straggler: the rank whose reductions start latest after its step's
@@ -1176,6 +1304,15 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
     straggler(t, tot + 4, &ev.slow_rank, &ev.slow_lag);
     t->slow_rank = ev.slow_rank, t->slow_lag = ev.slow_lag;
     ev.test_acc = test_acc, ev.test_loss = test_loss;
+    if (t->balance) {
+        /* the plan in force, as samples of a full global batch */
+        for (int r = 0; r < t->G; r++) {
+            int64_t off;
+            dp_loader_split(t->p.batch, t->p.batch, t->bal_align, t->G, r, w->bal_share, &off, &t->share_samples[r]);
+        }
+        for (int r = 0; r < t->G; r++) t->rank_samples[r] = (int64_t)tot[4 + t->G + r];
+        ev.shares = t->share_samples, ev.rank_samples = t->rank_samples, ev.nshares = t->G;
+    }
     if (t->metrics) {
         errno = 0;
         if (fprintf(t->metrics,
@@ -1200,6 +1337,15 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
             if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"last_rank_steps\": [", (long long)t->last_count[r],
                         r == t->G - 1 ? "]" : "") < 0)
                 return metrics_error(t);
+        /* --balance: the plan at the epoch's end and the samples each rank took */
+        for (int r = 0; t->balance && r < t->G; r++)
+            if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"shares\": [", (long long)t->share_samples[r],
+                        r == t->G - 1 ? "]" : "") < 0)
+                return metrics_error(t);
+        for (int r = 0; t->balance && r < t->G; r++)
+            if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"rank_samples\": [", (long long)t->rank_samples[r],
+                        r == t->G - 1 ? "]" : "") < 0)
+                return metrics_error(t);
         /* text: the test set is the validation windows; perplexity exp(loss) */
         if (t->text && fprintf(t->metrics, ", \"val_loss\": %.6f, \"val_ppl\": %.4f, \"tokens_per_s\": %.1f",
                                ev.test_loss, exp(ev.test_loss), ev.samples_per_s * (double)t->pos) < 0)
@@ -1215,7 +1361,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
 
 static int end_epoch(struct worker *w, double t_start) {
     struct dp_trainer *t = w->t;
-    double *tot = dp_malloc(sizeof(double) * (size_t)(4 + t->G));
+    double *tot = dp_malloc(sizeof(double) * (size_t)(4 + 2 * t->G));
     if (!tot) return dp_seterr(DP_ENOMEM, "out of memory");
     double test_acc = NAN, test_loss = NAN;
     int rc = epoch_totals(w, tot);
@@ -1294,7 +1440,7 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     H(p->sched.kind), H(p->sched.base_lr), H(p->sched.total_steps), H(p->sched.warmup_steps);
     H(p->sched.step_size), H(p->sched.gamma), H(p->sched.min_lr);
     H(p->deterministic), H(p->det_chunk), H(p->algo), H(p->overlap), H(p->skip_nonfinite);
-    H(p->check_replicas), H(p->accum), H(t->gather_waits);
+    H(p->check_replicas), H(p->accum), H(t->gather_waits), H(p->balance);
     out[AGREE_CONFIG] = h;
     h = 0xcbf29ce484222325ull;
     H(w->step), H(w->epoch), H(w->in_epoch);
@@ -1362,6 +1508,9 @@ static int worker_loop(struct worker *w) {
                 return dp_adderr(rc, "worker %d, step %lld", w->grank, (long long)step);
             step++;
             in_epoch += nmicro;
+            /* every rank re-plans after the same steps (the step count is agreed) */
+            if (t->balance && step % t->p.balance == 0 && (rc = rebalance(w)))
+                return dp_adderr(rc, "worker %d, step %lld: --balance", w->grank, (long long)step);
             if (w->grank == 0) {
                 if (last_rank >= 0) t->last_count[last_rank]++;
                 t->step = step;

@@ -150,6 +150,9 @@ static const char *help_train =
     "  --simulate-jitter SPEC  random stalls per (rank, step), replayed by --seed: p=P,ms=MS (a\n"
     "                      stall of MS ms with probability P) and/or lognormal=SIGMA (compute x\n"
     "                      exp(SIGMA z) when that is > 1) [off]; docs/ddp.md\n"
+    "  --balance[=K]       heterogeneity-aware batches: every K steps [10] re-split the global\n"
+    "                      batch in proportion to each rank's measured throughput (the same\n"
+    "                      gradient; whole --det-chunk chunks when deterministic) [off]\n"
     "\n"
     "run:\n"
     "  --seed N            seed for initialisation, shuffling, dropout, augmentation [1]\n"
@@ -296,9 +299,13 @@ static void on_event(void *arg, const struct dp_event *ev) {
             printf("epoch %lld/%lld  train loss %.4f  train acc %.2f%%  test loss %.4f  test acc %.2f%%  "
                    "%.0f samples/s  ", (long long)ev->epoch, (long long)ev->epochs, ev->loss, 100 * ev->train_acc,
                    ev->test_loss, 100 * ev->test_acc, ev->samples_per_s);
-        printf("%.1fs (data %.2f fwd %.2f bwd %.2f comm %.2f exposed %.2f opt %.2f other %.2f)%s\n",
+        printf("%.1fs (data %.2f fwd %.2f bwd %.2f comm %.2f exposed %.2f opt %.2f other %.2f)%s",
                ev->epoch_time, ev->t_data, ev->t_fwd, ev->t_bwd, ev->t_comm, ev->t_comm_exposed, ev->t_opt,
                other > 0 ? other : 0, ev->skipped ? "  [skipped non-finite steps]" : "");
+        /* --balance: the shares, when they fit on the line */
+        for (int r = 0; ev->shares && ev->nshares <= 8 && r < ev->nshares; r++)
+            printf("%s%lld", r ? "/" : "  shares ", (long long)ev->shares[r]);
+        printf("\n");
         p->sum_data += ev->t_data, p->sum_fwd += ev->t_fwd, p->sum_bwd += ev->t_bwd;
         p->sum_comm += ev->t_comm, p->sum_exposed += ev->t_comm_exposed, p->sum_opt += ev->t_opt;
         p->sum_time += ev->epoch_time;
@@ -420,6 +427,8 @@ static int cmd_train(int argc, char **argv) {
             if (dp_parse_simulate_jitter(v, &j)) die("%s", dp_errmsg());
             tp.simulate_jitter = v;
         }
+        else if (!strcmp(a.argv[a.i], "--balance")) tp.balance = 10; /* the value is optional */
+        else if (opt(&a, "--balance", &v)) tp.balance = parse_int("--balance", v, 1, 1000000);
         else if (opt(&a, "--deterministic", NULL)) tp.deterministic = 1;
         else if (opt(&a, "--det-chunk", &v)) tp.det_chunk = parse_int("--det-chunk", v, 1, 1 << 20), given_det = "--det-chunk";
         else if (opt(&a, "--comm-timeout", &v)) tp.comm_timeout = parse_float("--comm-timeout", v, 0, 1e6);
