@@ -71,7 +71,7 @@ fi
 
 # --- dptrain's mpi backend ---
 HAVE_DPMPI=0
-if [[ $HAVE_MPI == 1 && -z "${SKIP_DPMPI:-}" ]] && "$DPTRAIN" bench allreduce --help | grep -q -- --backend; then
+if [[ $HAVE_MPI == 1 && -z "${SKIP_DPMPI:-}" ]] && [[ $("$DPTRAIN" bench allreduce --help 2>&1) == *--backend* ]]; then
   HAVE_DPMPI=1
   DPMPI_CMD=(mpirun --allow-run-as-root -np "$WORKERS" --mca btl self,vader --mca pml ob1
              "$DPTRAIN" bench allreduce --backend mpi)

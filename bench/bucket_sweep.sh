@@ -56,7 +56,7 @@ die() { echo "bucket_sweep: error: $*" >&2; exit 1; }
 note() { echo "bucket_sweep: $*" >&2; }
 
 [ -x "$DPTRAIN" ] || die "$DPTRAIN not found or not executable: build it first (make) or set DPTRAIN=PATH"
-"$DPTRAIN" train --help 2>&1 | grep -q -- '--bucket-cap-mb' || die "'$DPTRAIN train --help' does not list --bucket-cap-mb: is the binary current?"
+[[ $("$DPTRAIN" train --help 2>&1) == *--bucket-cap-mb* ]] || die "'$DPTRAIN train --help' does not list --bucket-cap-mb: is the binary current?"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 
 limit_for() {

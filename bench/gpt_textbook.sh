@@ -31,6 +31,8 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
 MODEL=${MODEL:-gpt:layers=16,heads=16,dim=1024,ctx=256}
 STEPS=${STEPS:-10}
@@ -50,7 +52,7 @@ note() { echo "gpt_textbook: $*" >&2; }
 
 [ -x "$TIME" ] || die "$TIME not found (Debian package 'time')"
 [ -x "$DPTRAIN" ] || die "$DPTRAIN not found or not executable: build it first (make) or set DPTRAIN=PATH"
-"$DPTRAIN" train --help 2>&1 | grep -q -- '--timeline' || die "'$DPTRAIN train --help' lists no --timeline: is the binary current?"
+[[ $("$DPTRAIN" train --help 2>&1) == *--timeline* ]] || die "'$DPTRAIN train --help' lists no --timeline: is the binary current?"
 "$PY" -c 'import json, statistics' 2>/dev/null || die "$PY cannot run (any python3 will do: PY=python3)"
 [[ $MODEL == gpt:* ]] || die "MODEL must be gpt:layers=L,heads=H,dim=D,ctx=T"
 CTX=$(sed -n 's/.*ctx=\([0-9]*\).*/\1/p' <<<"$MODEL")
@@ -85,14 +87,8 @@ cat "$WORK/run.log" >&2
 RSS_KB=$(sed -n 's/.*Maximum resident set size (kbytes): *\([0-9]*\).*/\1/p' "$WORK/time.txt" | tail -n 1)
 WALL=$(sed -n 's/.*Elapsed (wall clock) time (h:mm:ss or m:ss): *//p' "$WORK/time.txt" | tail -n 1)
 
-mkdir -p "$RESULTS"
-STAMP=$(date +%Y-%m-%d-%H%M%S)
-OUTMD=$RESULTS/gpt_textbook-$STAMP.md
-LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
-CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+bench_facts gpt_textbook
 MEM_TOTAL=$(awk '/^MemTotal:/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
-NCPU=$(nproc)
-GIT_REV=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)
 export WORK MODEL STEPS BATCH WORKERS LR CTX RSS_KB WALL LOAD0 LOAD1 T_START CPU_MODEL MEM_TOTAL NCPU GIT_REV
 export DPTRAIN_BIN=$DPTRAIN EXTRA RAWOUT=${OUTMD%.md}.tsv
 "$PY" - >"$OUTMD" <<'EOF'

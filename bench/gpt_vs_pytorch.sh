@@ -59,6 +59,8 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
 REPS=${REPS:-3}
 STEPS=${STEPS:-200}
@@ -86,7 +88,7 @@ note() { echo "gpt_vs_pytorch: $*" >&2; }
 # ---- preconditions ----------------------------------------------------------------
 [ -x "$TIME" ] || die "$TIME not found (Debian package 'time')"
 [ -x "$DPTRAIN" ] || die "$DPTRAIN not found or not executable: build it first (make) or set DPTRAIN=PATH"
-"$DPTRAIN" train --help 2>&1 | grep -q 'gpt:' || die "'$DPTRAIN train --help' does not list gpt: is the binary current?"
+[[ $("$DPTRAIN" train --help 2>&1) == *gpt:* ]] || die "'$DPTRAIN train --help' does not list gpt: is the binary current?"
 "$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
     die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
 case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
@@ -191,8 +193,7 @@ run_one() {
         "$TIME" -f '%e %U %S' -o "$log.time" "${CMD[@]}" >"$log" 2>&1 || rc=$?
         tps=$(parse_tps "$variant" "$log")
     fi
-    read -r el us sy <"$log.time" 2>/dev/null || true
-    cpu=$(awk -v e="${el:-0}" -v u="${us:-0}" -v s="${sy:-0}" 'BEGIN { if (e > 0) printf "%.2f", (u + s) / e; else print "NA" }')
+    cpu=$(cpu_busy "$log.time")
     if [ "$rc" != 0 ] || [ -z "$tps" ]; then
         note "$variant rep=$rep: no throughput (exit $rc); last lines of its output:"
         tail -n 5 "$log" | sed 's/^/    /' >&2
@@ -229,8 +230,9 @@ if [ "$VAL" = 1 ]; then
     TOTAL=$((VAL_STEPS * BATCH))
     VAL_EPOCHS=$(((TOTAL + W - 1) / W))
     LIMIT=$((TOTAL / VAL_EPOCHS))
-    [ $((LIMIT * VAL_EPOCHS)) -eq "$TOTAL" ] && [ $((LIMIT % BATCH)) -eq 0 ] ||
+    if [ $((LIMIT * VAL_EPOCHS)) -ne "$TOTAL" ] || [ $((LIMIT % BATCH)) -ne 0 ]; then
         die "VAL_STEPS=$VAL_STEPS x batch $BATCH = $TOTAL windows does not split into $VAL_EPOCHS equal epochs of whole batches (at most $W windows each): pick another VAL_STEPS"
+    fi
     SCHED=(--schedule "$VAL_SCHEDULE")
     [ "$VAL_SCHEDULE" = cosine ] && SCHED+=(--warmup "$VAL_WARMUP" --min-lr 0)
     DPINIT=()
@@ -278,14 +280,8 @@ if [ "$VAL" = 1 ]; then
 fi
 
 # ---- report -----------------------------------------------------------------------
-mkdir -p "$RESULTS"
-STAMP=$(date +%Y-%m-%d-%H%M%S)
-OUTMD=$RESULTS/gpt_vs_pytorch-$STAMP.md
+bench_facts gpt_vs_pytorch
 [ "$VAL" = 1 ] && OUTMD=$RESULTS/gpt_vs_pytorch-val-$STAMP.md
-LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
-CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
-NCPU=$(nproc)
-GIT_REV=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)
 TORCH_VER=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo unknown)
 NPARAMS=$(sed -n 's/^dptrain: model .* (\([0-9]*\) parameters.*/\1/p' "$WORK"/*.log 2>/dev/null | head -n 1 || true)
 DPTRAIN_BIN=$DPTRAIN

@@ -102,7 +102,7 @@ for v in $HOSTS $REPS $STEPS $PERHOST $CAL_STEPS; do [[ $v =~ ^[1-9][0-9]*$ ]] |
 source tests/netns/cluster.sh
 why=$(cluster_check) || die "$why"
 [[ -x $DPTRAIN ]] || die "$DPTRAIN not built (make)"
-"$DPTRAIN" --help | grep -q "mpi (built in)" || die "$DPTRAIN was built without MPI"
+[[ $("$DPTRAIN" --help 2>&1) == *"mpi (built in)"* ]] || die "$DPTRAIN was built without MPI"
 for r in $RATES; do
   [[ $r == auto ]] || _cl_rate_bytes "$r" >/dev/null || die "bad rate '$r' (tc syntax: 1gbit, 200mbit; or auto)"
 done

@@ -48,6 +48,8 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
 REPS=${REPS:-3}
 STEPS_MLP=${STEPS_MLP:-400}
@@ -73,7 +75,7 @@ note() { echo "scaling: $*" >&2; }
 # ---- preconditions ----------------------------------------------------------------
 [ -x "$TIME" ] || die "$TIME not found (Debian package 'time')"
 [ -x "$DPTRAIN" ] || die "$DPTRAIN not found or not executable: build it first (make) or set DPTRAIN=PATH"
-"$DPTRAIN" train --help 2>&1 | grep -q -- '--workers' || die "'$DPTRAIN train --help' does not list --workers: is the binary current?"
+[[ $("$DPTRAIN" train --help 2>&1) == *--workers* ]] || die "'$DPTRAIN train --help' does not list --workers: is the binary current?"
 "$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
     die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
 case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
@@ -146,8 +148,7 @@ run_one() {
         "$TIME" -f '%e %U %S' -o "$log.time" "${CMD[@]}" >"$log" 2>&1 || rc=$?
         sps=$(parse_sps "$variant" "$log")
     fi
-    read -r el us sy <"$log.time" 2>/dev/null || true
-    cpu=$(awk -v e="${el:-0}" -v u="${us:-0}" -v s="${sy:-0}" 'BEGIN { if (e > 0) printf "%.2f", (u + s) / e; else print "NA" }')
+    cpu=$(cpu_busy "$log.time")
     if [ "$rc" != 0 ] || [ -z "$sps" ]; then
         note "$variant $model rep=$rep: no throughput (exit $rc); last lines of its output:"
         tail -n 5 "$log" | sed 's/^/    /' >&2
@@ -213,13 +214,7 @@ if [ "$ACCURACY" = 1 ]; then
 fi
 
 # ---- report -----------------------------------------------------------------------
-mkdir -p "$RESULTS"
-STAMP=$(date +%Y-%m-%d-%H%M%S)
-OUTMD=$RESULTS/scaling-$STAMP.md
-LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
-CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
-NCPU=$(nproc)
-GIT_REV=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)
+bench_facts scaling
 TORCH_VER=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo unknown)
 DPTRAIN_BIN=$DPTRAIN
 export RAW ACCRAW REPS STEPS_MLP STEPS_CNN LOAD0 LOAD1 T_START CPU_MODEL NCPU GIT_REV TORCH_VER DPTRAIN_BIN

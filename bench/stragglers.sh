@@ -35,6 +35,8 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
 REPS=${REPS:-3}
 STEPS=${STEPS:-150}
@@ -153,13 +155,7 @@ if [ "$ACC" = 1 ]; then
 fi
 
 # ---- report -----------------------------------------------------------------------
-mkdir -p "$RESULTS"
-STAMP=$(date +%Y-%m-%d-%H%M%S)
-OUTMD=$RESULTS/stragglers-$STAMP.md
-LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
-CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
-NCPU=$(nproc)
-GIT_REV=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)
+bench_facts stragglers
 export RAW ACCRAW REPS STEPS WARMUP SLOW LOAD0 LOAD1 T_START CPU_MODEL NCPU GIT_REV DPTRAIN SEED
 export ACC_EPOCHS ACC_TOL ACC_EXTRA BALANCE_K
 "$PY" - >"$OUTMD" <<'EOF'

@@ -34,6 +34,8 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
 REPS=${REPS:-3}
 STEPS_MLP=${STEPS_MLP:-300}
@@ -114,9 +116,9 @@ run_one() {
     "$TIME" -f '%e %U %S %M' -o "$log.time" "${CMD[@]}" >"$log" 2>&1 || rc=$?
     local sps cpu rss
     sps=$(parse_sps "$variant" "$log")
-    read -r el us sy rss <"$log.time" 2>/dev/null || true
+    read -r _ _ _ rss <"$log.time" 2>/dev/null || true
     rss=${rss:-NA}
-    cpu=$(awk -v e="${el:-0}" -v u="${us:-0}" -v s="${sy:-0}" 'BEGIN { if (e > 0) printf "%.2f", (u + s) / e; else print "NA" }')
+    cpu=$(cpu_busy "$log.time")
     if [ "$rc" != 0 ] || [ -z "$sps" ]; then
         note "$variant $model threads=$threads rep=$rep: no throughput (exit $rc); last lines of its output:"
         tail -n 5 "$log" | sed 's/^/    /' >&2
@@ -167,19 +169,13 @@ if [ "$MEM" = 1 ]; then
 fi
 
 # ---- report -----------------------------------------------------------------------
-mkdir -p "$RESULTS"
-STAMP=$(date +%Y-%m-%d-%H%M%S)
-OUTMD=$RESULTS/train_vs_pytorch-$STAMP.md
+bench_facts train_vs_pytorch
 # The per-core peak dptrain measured (its "MFU ... of T x P GFLOP/s (measured, ISA)" line), median
 # over its runs: the same figure its own MFU uses, measured on this machine in this run.
 PEAK_GFLOPS=$(cat "$WORK"/dptrain-*.log 2>/dev/null | sed -n 's/.* x \([0-9.]*\) GFLOP\/s (measured.*/\1/p' | sort -n |
     awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }')
 export PEAK_GFLOPS
 export RAW MEMRAW REPS STEPS_MLP STEPS_CNN LOAD0 T_START
-LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
-CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
-NCPU=$(nproc)
-GIT_REV=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)
 TORCH_VER=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo unknown)
 DPTRAIN_BIN=$DPTRAIN
 export LOAD1 CPU_MODEL NCPU GIT_REV TORCH_VER DPTRAIN_BIN

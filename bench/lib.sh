@@ -1,0 +1,24 @@
+# shellcheck shell=bash
+# Shared by the bench scripts (sourced, not run): the facts every report prints beside its
+# figures, and the CPU time of a timed command.
+
+# bench_facts NAME: STAMP (date-time), OUTMD ($RESULTS/NAME-STAMP.md), LOAD1 (load average now),
+# CPU_MODEL (lscpu's model name, as /proc/cpuinfo has it), NCPU, GIT_REV (of $ROOT).
+# shellcheck disable=SC2034  # the sourcing script prints them
+bench_facts() {
+    mkdir -p "$RESULTS"
+    STAMP=$(date +%Y-%m-%d-%H%M%S)
+    OUTMD=$RESULTS/$1-$STAMP.md
+    LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
+    CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+    NCPU=$(nproc)
+    GIT_REV=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)
+}
+
+# cpu_busy FILE: the cores a command kept busy, (user + sys) / wall, from the
+# `/usr/bin/time -f '%e %U %S' -o FILE` line it left; NA without one.
+cpu_busy() {
+    local el us sy _
+    read -r el us sy _ <"$1" 2>/dev/null || true
+    awk -v e="${el:-0}" -v u="${us:-0}" -v s="${sy:-0}" 'BEGIN { if (e > 0) printf "%.2f", (u + s) / e; else print "NA" }'
+}
