@@ -1332,6 +1332,8 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         /* backup workers: the first P - b ranks' mean gradient (backup_step);
          * the wait runs from the end of this rank's compute to the update */
         double tw = dp_time();
+        w->arrival[0] += tw - w->t_step0; /* one arrival per step: "bucket" 0, as in det_step */
+        w->arrival_steps++;
         int rc = backup_step(w, n_local, &n_acc, &bk_bad);
         double te = dp_time();
         w->step_wait = t->G > 1 ? te - tw : 0;
@@ -1504,7 +1506,7 @@ static int epoch_totals(struct worker *w, double *out) {
     memset(out, 0, sizeof(double) * (size_t)(4 + 2 * t->G));
     out[4 + t->G + w->grank] = (double)w->seen;
     out[0] = w->loss_sum, out[1] = (double)w->correct, out[2] = (double)w->seen, out[3] = (double)w->skipped;
-    int nb = t->p.deterministic ? 1 : w->red.nb;
+    int nb = t->p.deterministic || t->bk_on ? 1 : w->red.nb;
     double a = 0;
     for (int i = 0; i < nb; i++) a += w->arrival[i];
     if (nb > 0 && w->arrival_steps > 0) out[4 + w->grank] = a / nb / (double)w->arrival_steps;
