@@ -171,3 +171,29 @@ TEST(backup_rejects_bad_settings) {
     p.backup = 1, p.backup_workers = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "BatchNorm");
 }
+
+/* Empty shares: batch 2 on P = 4 leaves two ranks without samples in every
+ * step.  With b = 3 the one accepted rank is often an empty one (it has no
+ * compute): such a step applies no update, on every replica alike (checked
+ * every step); with b = 1 the accepted samples are weighted as usual.  Both
+ * runs end cleanly with finite parameters. */
+TEST_T(backup_empty_shares, 120) {
+    require_data();
+    for (int b = 1; b <= 3; b += 2) {
+        struct dp_train_params p = base("mlp", 4);
+        struct seen s = {0};
+        p.batch = 2;
+        p.train_limit = 40;
+        p.epochs = 2;
+        p.backup = 1, p.backup_workers = b;
+        p.check_replicas = 1;
+        p.comm_timeout = 60;
+        p.on_event = on_event, p.event_arg = &s;
+        int64_t n;
+        float *got = train(&p, &n);
+        ASSERT_EQ(s.steps, 40);
+        ASSERT_EQ(s.dropped_events, 40 * b);
+        for (int64_t i = 0; i < n; i++) ASSERT_TRUE(isfinite(got[i]));
+        free(got);
+    }
+}
