@@ -139,6 +139,27 @@ else bad balance_shares_in_metrics "$(tail -3 "$T/bal.log")"; fi
 h5=$(hash_of "$T/dbal/checkpoint.bin")
 if same_hash "$d1" "$h5"; then ok balance_deterministic_same_hash; else bad balance_deterministic_same_hash "'$d1' vs '$h5'"; fi
 
+# --backup-workers: the range, the refusals, the dropped ranks in metrics.jsonl and on the epoch
+# line (cnn, rank 1 four times slower: dropped in most steps; replicas checked every step)
+expect_error backup_workers_negative "--backup-workers: '-1' is not an integer in 0..255" \
+  "$BIN" train "${SMALL[@]}" --workers 2 --backup-workers -1
+expect_error backup_workers_range "--backup-workers must be in 0..1" "$BIN" train "${SMALL[@]}" --workers 2 --backup-workers 2
+expect_error backup_workers_deterministic "does not work with --deterministic" \
+  "$BIN" train "${SMALL[@]}" --workers 2 --backup-workers 1 --deterministic
+if "$BIN" train --help 2>&1 | grep -- "--backup-workers B" >/dev/null &&
+   "$BIN" train --model cnn --epochs 1 "${SMALL[@]}" --workers 2 --simulate-slow 1:4 --backup-workers 1 \
+     --check-replicas 1 --comm-timeout 60 --out "$T/bk" >"$T/bk.log" 2>&1 &&
+   grep -Eq "^epoch 1/1 .* dropped [0-9]+/[0-9]+$" "$T/bk.log" &&
+   /usr/bin/python3 -c "
+import json
+recs = list(map(json.loads, open('$T/bk/metrics.jsonl')))
+steps = [r for r in recs if r['kind'] == 'step']
+ep = [r for r in recs if r['kind'] == 'epoch'][0]
+assert len(steps) == 20 and all(len(r['dropped']) == 1 for r in steps), [r['dropped'] for r in steps]
+assert sum(ep['dropped_steps']) == 20 and ep['dropped_steps'][1] > 10, ep['dropped_steps']
+"; then ok backup_workers_dropped_in_metrics
+else bad backup_workers_dropped_in_metrics "$(tail -3 "$T/bk.log")"; fi
+
 # --- checkpoint comparison ----------------------------------------------------------
 if "$BIN" ckpt diff "$T/det1/checkpoint.bin" "$T/det3/checkpoint.bin" >"$T/diff.log" 2>&1 &&
    grep -q "bit-identical" "$T/diff.log" && grep -q "within 1e-05" "$T/diff.log"; then

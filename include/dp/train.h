@@ -58,6 +58,9 @@ struct dp_event {
                                            batch (samples) at the epoch's end; NULL otherwise */
     const int64_t *rank_samples;        /* EPOCH, with --balance: the samples each rank took */
     int nshares;                        /* EPOCH: entries in shares and rank_samples (the ranks) */
+    int ndropped;                       /* STEP, with backup workers: ranks whose gradient was dropped */
+    const int64_t *dropped_steps;       /* EPOCH, with backup workers: per rank, the steps in which
+                                           its gradient was dropped (nshares entries); NULL otherwise */
     const char *path;     /* CHECKPOINT */
 };
 typedef void (*dp_event_fn)(void *arg, const struct dp_event *ev);
@@ -113,6 +116,15 @@ struct dp_train_params {
      * throughput and re-split the global batch in proportion to it (0 = off:
      * equal shares).  The gradient stays the exact global-batch one. */
     int64_t balance;
+    /* Backup workers (docs/ddp.md "Backup workers"): with backup = 1 each
+     * synchronous step takes the gradients of the first workers - b ranks
+     * to finish their compute (b = backup_workers, 0 <= b < workers; 0
+     * accepts every rank through the same path) and drops the others'; the
+     * step's gradient is the mean over the accepted ranks' samples and every
+     * replica applies it.  Thread backend in one process only (not with
+     * `inter`), and not with --deterministic unless b = 0. */
+    int backup;
+    int backup_workers;
     const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */
     int64_t epochs;
     int64_t batch;

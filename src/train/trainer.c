@@ -44,6 +44,31 @@
 #include "dp/train.h"
 #include "timeline.h"
 
+/* Backup workers (--backup-workers b; see "backup workers" below): the
+ * process's step slot, shared by its P workers under mu.  Published
+ * gradients live in a ring of BACKUP_DEPTH slots (step s in s % D), so the
+ * ranks that close a step may run up to D steps ahead of a late rank. */
+#define BACKUP_DEPTH 2
+struct backup {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int init;                       /* mu and cv initialised */
+    int need;                       /* P - b: gradients accepted per step */
+    int64_t open;                   /* the step collecting gradients; all before it are published */
+    int count;                      /* gradients accepted for `open` so far */
+    const float **src;              /* (P) the accepted ranks' gradient sums for `open`, else NULL */
+    double *n;                      /* (P) their sample counts */
+    int64_t *arrived;               /* (P) the last step each rank arrived at (-1: none) */
+    float *upd[BACKUP_DEPTH];       /* step s's gradient (the accepted samples' mean) */
+    int64_t upd_step[BACKUP_DEPTH]; /* the step a slot holds (-1: none) */
+    int consumed[BACKUP_DEPTH];     /* workers that have taken it: the slot is free again at P */
+    double upd_n[BACKUP_DEPTH];     /* samples accepted (0: no update to apply) */
+    int upd_bad[BACKUP_DEPTH];      /* the gradient is not finite */
+    unsigned char *acc[BACKUP_DEPTH]; /* (P) 1: the rank's gradient was accepted */
+    int failed;                     /* a worker failed: every wait returns DP_ECANCELED */
+    char why[400];
+};
+
 struct worker {
     struct dp_trainer *t;
     int rank;                  /* index in this process: w[rank] */
@@ -83,6 +108,8 @@ struct worker {
     int64_t *bal_rate;             /* (G) samples/s x 1024, 0 = not measured yet */
     int64_t *bal_share, *bal_new;  /* (G) */
     double *bal_buf;               /* (2G) */
+    unsigned char *dropped;        /* (P) backup workers: this step's dropped ranks (1 = dropped) */
+    int ndropped;
 };
 
 struct dp_trainer {
@@ -122,6 +149,9 @@ struct dp_trainer {
     int64_t bal_align;         /* split unit: det_chunk, or 1 */
     int64_t *rank_samples;     /* (G) rank 0: samples each rank took in the epoch (epoch_totals) */
     int64_t *share_samples;    /* (G) rank 0, with balance: the plan in samples, for the report */
+    int bk_on;                 /* backup workers: steps go through bk, not the reducer */
+    struct backup bk;
+    int64_t *dropped_count;    /* (G) rank 0, with bk_on: this epoch's steps each rank was dropped */
 };
 
 struct dp_train_params dp_train_default_params(void) {
@@ -169,6 +199,7 @@ void dp_trainer_free(struct dp_trainer *t) {
         dp_free(w->bal_share);
         dp_free(w->bal_new);
         dp_free(w->bal_buf);
+        dp_free(w->dropped);
         dp_free(w->etok);
         dp_free(w->etgt);
         dp_comm_free(w->comm);
@@ -181,6 +212,12 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_free(t->last_count);
     dp_free(t->rank_samples);
     dp_free(t->share_samples);
+    dp_free(t->dropped_count);
+    dp_free(t->bk.src);
+    dp_free(t->bk.n);
+    dp_free(t->bk.arrived);
+    for (int k = 0; k < BACKUP_DEPTH; k++) dp_free(t->bk.upd[k]), dp_free(t->bk.acc[k]);
+    if (t->bk.init) pthread_mutex_destroy(&t->bk.mu), pthread_cond_destroy(&t->bk.cv);
     dp_comm_thread_world_free(t->world);
     dp_model_free(t->model);
     dp_dataset_free(&t->train);
@@ -209,6 +246,17 @@ static int check_params(const struct dp_train_params *p) {
         return dp_seterr(DP_EINVAL, "--balance must be in 1..1000000 steps between re-plans (got %lld)",
                          (long long)p->balance);
     if (p->comm_timeout < 0) return dp_seterr(DP_EINVAL, "--comm-timeout must be >= 0");
+    if (p->backup && (p->backup_workers < 0 || p->backup_workers >= p->workers))
+        return dp_seterr(DP_EINVAL, "--backup-workers must be in 0..%d (fewer than the %d worker%s; got %d)",
+                         p->workers - 1, p->workers, p->workers > 1 ? "s" : "", p->backup_workers);
+    if (p->backup && p->inter)
+        return dp_seterr(DP_ENOTSUP, "--backup-workers works on the thread backend only: on MPI a step "
+                         "that takes the first P - b gradients needs a gather-based or server scheme (not "
+                         "implemented yet)");
+    /* which ranks are accepted depends on timing: not deterministic */
+    if (p->backup && p->deterministic && p->backup_workers > 0)
+        return dp_seterr(DP_EINVAL, "--backup-workers %d does not work with --deterministic: which ranks are "
+                         "dropped depends on timing (only --backup-workers 0 does)", p->backup_workers);
     if (p->algo < 0 || p->algo >= DP_ALGO_COUNT) return dp_seterr(DP_EINVAL, "unknown all-reduce algorithm");
     if (p->deterministic && (p->det_chunk < 1 || p->det_chunk > p->batch))
         return dp_seterr(DP_EINVAL, "--det-chunk must be in 1..batch (got %lld)", (long long)p->det_chunk);
@@ -328,6 +376,7 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     w->arrival = dp_calloc((size_t)w->red.nb + 1, sizeof(double));
     w->waits = dp_calloc((size_t)t->G, sizeof(double));
     if (!w->arrival || !w->waits) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
+    if (t->bk_on && !(w->dropped = dp_calloc((size_t)t->P, 1))) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
     if (t->balance) {
         w->bal_rate = dp_calloc((size_t)t->G, sizeof(int64_t));
         w->bal_new = dp_calloc((size_t)t->G, sizeof(int64_t));
@@ -396,6 +445,31 @@ static int load_text(struct dp_trainer *t, const char *spec) {
     return DP_OK;
 }
 
+/* The backup workers' step slot (the protocol is at backup_step). */
+static int backup_init(struct dp_trainer *t) {
+    struct backup *bk = &t->bk;
+    size_t np = (size_t)(t->model->num_params ? t->model->num_params : 1);
+    bk->need = t->P - t->p.backup_workers;
+    bk->src = dp_calloc((size_t)t->P, sizeof *bk->src);
+    bk->n = dp_calloc((size_t)t->P, sizeof(double));
+    bk->arrived = dp_calloc((size_t)t->P, sizeof(int64_t));
+    t->dropped_count = dp_calloc((size_t)t->G, sizeof(int64_t));
+    int bad = !bk->src || !bk->n || !bk->arrived || !t->dropped_count;
+    for (int k = 0; k < BACKUP_DEPTH; k++) {
+        bk->upd[k] = dp_malloc_big(sizeof(float) * np);
+        bk->acc[k] = dp_calloc((size_t)t->P, 1);
+        bad |= !bk->upd[k] || !bk->acc[k];
+    }
+    if (bad) return dp_seterr(DP_ENOMEM, "--backup-workers: out of memory");
+    if (pthread_mutex_init(&bk->mu, NULL) != 0) return dp_seterr(DP_ENOMEM, "--backup-workers: cannot create a mutex");
+    if (pthread_cond_init(&bk->cv, NULL) != 0) {
+        pthread_mutex_destroy(&bk->mu);
+        return dp_seterr(DP_ENOMEM, "--backup-workers: cannot create a condition variable");
+    }
+    bk->init = 1;
+    return DP_OK;
+}
+
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     *out = NULL;
     int rc = check_params(p);
@@ -453,6 +527,14 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
                        "their batch statistics are summed in floating point across workers", spec);
         goto fail;
     }
+    if (p->backup && t->model->num_buffers > 0) {
+        rc = dp_seterr(DP_ENOTSUP, "--backup-workers does not support models with BatchNorm ('%s'): their "
+                       "statistics are synchronised across every worker in forward", spec);
+        goto fail;
+    }
+    /* --backup-workers 0 with --deterministic is plain deterministic sync */
+    t->bk_on = p->backup && !p->deterministic;
+    if (t->bk_on && (rc = backup_init(t))) goto fail;
     /* A worker's share is at most ceil(batch / P); evaluation uses up to
      * eval_chunk samples. */
     int64_t share = (p->batch + t->G - 1) / t->G;
@@ -477,7 +559,8 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     }
     if (p->simulate_jitter) (void)dp_parse_simulate_jitter(p->simulate_jitter, &t->jit); /* checked above */
     t->simulate = p->simulate_slow || p->simulate_jitter;
-    t->gather_waits = t->G > 1 && (p->out_dir || t->simulate);
+    /* (not with backup workers: a per-step all-gather would wait for the late) */
+    t->gather_waits = t->G > 1 && (p->out_dir || t->simulate) && !t->bk_on;
     t->last_count = dp_calloc((size_t)t->G, sizeof(int64_t));
     t->rank_samples = dp_calloc((size_t)t->G, sizeof(int64_t));
     t->share_samples = dp_calloc((size_t)t->G, sizeof(int64_t));
@@ -901,6 +984,152 @@ static int gather_waits(struct worker *w, int *last) {
     return rc;
 }
 
+/* ---- backup workers (--backup-workers b) ---------------------------------------------------
+ * Each synchronous step takes the gradients of the first P - b workers to
+ * finish their compute and drops the others'.  No collective is involved
+ * (an all-reduce needs every rank): the P workers of this process meet in
+ * t->bk under one mutex.  Every worker runs every step, in order:
+ *
+ *   compute its gradient sum g_r over its n_r samples (loss scale 1)
+ *   arrive at step s:  if s is still open and fewer than P - b ranks were
+ *       accepted, it is accepted (the slot keeps a pointer to g_r, which
+ *       it leaves untouched until s is published); else it is dropped
+ *   the (P - b)-th accepted rank closes s: once ring slot s % D is free
+ *       (every worker took step s - D), it writes
+ *           u = (sum over accepted r, in rank order, of g_r) / (sum n_r x pos)
+ *       the mean gradient over the accepted samples, whatever the arrival
+ *       order within the accepted set, marks the others dropped, and opens
+ *       s + 1
+ *   every worker, accepted or late, waits for step s's u, copies it, and
+ *   applies it with its own optimizer: the same bits on every replica
+ *
+ * So a late worker finishes its (dropped) compute, applies the step's update
+ * and starts step s + 1 from the new parameters.  The ranks that close steps
+ * run at most D steps ahead of the latest one (the ring), and since every
+ * worker runs the same sequence of steps, the collectives between steps
+ * (--check-replicas, the epoch's totals, --balance) stay matched.  No step
+ * ends half-done: a worker that fails sets bk.failed (backup_abort, from
+ * worker_main) and every waiter returns DP_ECANCELED; a wait longer than
+ * --comm-timeout fails the run naming the ranks that did not arrive.  A step
+ * whose accepted ranks had no samples (empty shares) applies no update, on
+ * every replica alike. */
+
+/* Wakes every waiter of the slot with an error (idempotent; any thread). */
+static void backup_abort(struct dp_trainer *t, const char *why) {
+    struct backup *bk = &t->bk;
+    if (!t->bk_on) return;
+    pthread_mutex_lock(&bk->mu);
+    if (!bk->failed) {
+        bk->failed = 1;
+        snprintf(bk->why, sizeof bk->why, "%.300s", why);
+    }
+    pthread_cond_broadcast(&bk->cv);
+    pthread_mutex_unlock(&bk->mu);
+}
+
+/* One wait on the slot (mu held) until deadline (dp_time; 0 = none).  At
+ * the deadline it marks the slot failed with a message naming the ranks
+ * that have not arrived at the open step, and returns 1 (the caller then
+ * aborts the communicator too, as a collective's timeout does). */
+static int backup_wait(struct worker *w, double deadline) {
+    struct backup *bk = &w->t->bk;
+    if (deadline <= 0) {
+        pthread_cond_wait(&bk->cv, &bk->mu);
+        return 0;
+    }
+    double left = deadline - dp_time();
+    if (left > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double a = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + left;
+        ts.tv_sec = (time_t)a;
+        ts.tv_nsec = (long)((a - floor(a)) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+        if (pthread_cond_timedwait(&bk->cv, &bk->mu, &ts) != ETIMEDOUT) return 0;
+    }
+    if (bk->failed) return 0;
+    char who[200] = "";
+    size_t len = 0;
+    for (int r = 0; r < w->t->P && len + 16 < sizeof who; r++)
+        if (bk->arrived[r] < bk->open) len += (size_t)snprintf(who + len, sizeof who - len, "%s%d", len ? ", " : "", w->t->base + r);
+    snprintf(bk->why, sizeof bk->why, "comm: timeout after %.1f s in backup-workers step %lld on rank %d: %s",
+             w->t->p.comm_timeout, (long long)bk->open, w->grank,
+             len ? "rank(s) did not arrive: " : "a rank did not take the previous update");
+    if (len) snprintf(bk->why + strlen(bk->why), sizeof bk->why - strlen(bk->why), "%s", who);
+    bk->failed = 1;
+    pthread_cond_broadcast(&bk->cv);
+    return 1;
+}
+
+/* Worker w's arrival at its step w->step with its gradient sum in
+ * w->rep.grads over n_local samples; on return w->rep.grads holds the step's
+ * gradient (see above), *n_acc the accepted samples (0: apply nothing) and
+ * *bad whether it is not finite; w->dropped the dropped ranks. */
+static int backup_step(struct worker *w, double n_local, double *n_acc, int *bad) {
+    struct dp_trainer *t = w->t;
+    struct backup *bk = &t->bk;
+    const int64_t s = w->step, np = t->model->num_params;
+    const int k = (int)(s % BACKUP_DEPTH), P = t->P;
+    double deadline = t->p.comm_timeout > 0 ? dp_time() + t->p.comm_timeout : 0;
+    int timed = 0;
+    pthread_mutex_lock(&bk->mu);
+    bk->arrived[w->rank] = s;
+    pthread_cond_broadcast(&bk->cv); /* a timeout message reads `arrived` */
+    if (bk->open == s && bk->count < bk->need) {
+        bk->src[w->rank] = w->rep.grads, bk->n[w->rank] = n_local;
+        if (++bk->count == bk->need) {
+            /* the closer: ring slot k must be free (every worker took step s - D) */
+            while (!bk->failed && bk->upd_step[k] >= 0 && bk->consumed[k] < P) timed |= backup_wait(w, deadline);
+            if (!bk->failed) {
+                float *u = bk->upd[k];
+                double n = 0;
+                int first = 1;
+                for (int r = 0; r < P; r++) {
+                    bk->acc[k][r] = bk->src[r] != NULL;
+                    if (!bk->src[r]) continue;
+                    n += bk->n[r];
+                    if (first) memcpy(u, bk->src[r], sizeof(float) * (size_t)np), first = 0;
+                    else {
+                        const float *g = bk->src[r];
+#pragma omp simd
+                        for (int64_t i = 0; i < np; i++) u[i] += g[i];
+                    }
+                    bk->src[r] = NULL;
+                }
+                /* sum -> mean over the accepted samples x positions */
+                float scale = n > 0 ? (float)(1.0 / (n * (double)t->pos)) : 0.0f;
+#pragma omp simd
+                for (int64_t i = 0; i < np; i++) u[i] *= scale;
+                bk->upd_n[k] = n;
+                bk->upd_bad[k] = n > 0 && any_nonfinite(u, np);
+                bk->upd_step[k] = s;
+                bk->consumed[k] = 0;
+                bk->open = s + 1;
+                bk->count = 0;
+                pthread_cond_broadcast(&bk->cv);
+            }
+        }
+    }
+    while (!bk->failed && bk->upd_step[k] != s) timed |= backup_wait(w, deadline);
+    if (bk->failed) {
+        char why[sizeof bk->why];
+        snprintf(why, sizeof why, "%s", bk->why);
+        pthread_mutex_unlock(&bk->mu);
+        if (timed) dp_comm_abort(w->comm, why); /* wake the ranks blocked in collectives */
+        return dp_seterr(DP_ECANCELED, "%s", why);
+    }
+    *n_acc = bk->upd_n[k], *bad = bk->upd_bad[k];
+    w->ndropped = 0;
+    for (int r = 0; r < P; r++) w->dropped[r] = !bk->acc[k][r], w->ndropped += !bk->acc[k][r];
+    pthread_mutex_unlock(&bk->mu);
+    /* the slot is not rewritten before every worker has taken it (consumed) */
+    memcpy(w->rep.grads, bk->upd[k], sizeof(float) * (size_t)np);
+    pthread_mutex_lock(&bk->mu);
+    if (++bk->consumed[k] == P) pthread_cond_broadcast(&bk->cv);
+    pthread_mutex_unlock(&bk->mu);
+    return DP_OK;
+}
+
 /* ---- heterogeneity-aware batches (--balance) ------------------------------------------------
  * Each rank measures its throughput: samples over compute seconds (forward
  * + backward, plus its simulated slowness; not the data wait nor the wait
@@ -1021,16 +1250,16 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         int last_micro = k == nmicro - 1;
         /* with one worker there is nothing to reduce: no reducer, no
          * progress thread to wake */
-        int last = last_micro && t->G > 1;
+        int last = last_micro && t->G > 1 && !t->bk_on; /* backup workers: no reducer (backup_step) */
         struct dp_batch b = {.B = lb->B, .x = lb->x, .tokens = lb->tokens, .targets = lb->y,
                              .sample_idx = lb->idx, .epoch = lb->epoch};
         /* With one micro-batch the global batch size is known before
          * backward, so the 1/N of the mean (N = samples x positions) is
          * folded into the loss gradient (no extra pass); with accumulation
          * the sum is scaled at the end. */
-        float ls = nmicro == 1 ? (float)(1.0 / ((double)lb->global_B * (double)t->pos)) : 1.0f;
+        float ls = nmicro == 1 && !t->bk_on ? (float)(1.0 / ((double)lb->global_B * (double)t->pos)) : 1.0f;
         struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = ls};
-        if (t->G > 1) pass.stat_sync = stat_sync, pass.stat_sync_arg = w;
+        if (t->G > 1 && !t->bk_on) pass.stat_sync = stat_sync, pass.stat_sync_arg = w;
         pace_start(w, mult, last_micro ? stall : 0, ta);
         if (last) {
             pass.grad_ready = t->simulate ? paced_grad_ready : dp_reducer_grad_ready;
@@ -1097,6 +1326,21 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         w->t_fwd += pass.t_forward;
         w->t_bwd += pass.t_backward - slept_in_run;
     }
+    double n_acc = 0;
+    int bk_bad = 0;
+    if (t->bk_on) {
+        /* backup workers: the first P - b ranks' mean gradient (backup_step);
+         * the wait runs from the end of this rank's compute to the update */
+        double tw = dp_time();
+        w->arrival[0] += tw - w->t_step0; /* one arrival per step: "bucket" 0, as in det_step */
+        w->arrival_steps++;
+        int rc = backup_step(w, n_local, &n_acc, &bk_bad);
+        double te = dp_time();
+        w->step_wait = t->G > 1 ? te - tw : 0;
+        w->t_comm += te - tw, w->t_exposed += te - tw;
+        if (t->G > 1) dp_timeline_add(&w->tl, "wait", 0, w->step, tw, te);
+        if (rc) return rc;
+    }
     w->t_wait += w->step_wait, w->t_slow += w->step_slow;
     *n_step = n_total;
     *loss_step = n_local > 0 ? loss_sum / (n_local * (double)t->pos) : 0;
@@ -1105,7 +1349,19 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
     double t1 = dp_time();
     /* sum -> mean over the global batch */
     float *g = w->rep.grads;
-    if (nmicro > 1) {
+    if (t->bk_on) {
+        /* every replica has the same update, n_acc and flag: the same decision */
+        if (bk_bad) {
+            if (t->p.skip_nonfinite) {
+                (*skipped)++;
+                return DP_OK;
+            }
+            return dp_seterr(DP_ENONFINITE, "step %lld (epoch %lld): the gradient of the accepted workers is not "
+                             "finite; try a lower --lr, --clip, or --skip-nonfinite", (long long)w->step,
+                             (long long)w->epoch + 1);
+        }
+        if (n_acc == 0) return DP_OK; /* the accepted ranks had no samples: no update */
+    } else if (nmicro > 1) {
         float scale = (float)(1.0 / (n_total * (double)t->pos));
 #pragma omp simd
         for (int64_t i = 0; i < m->num_params; i++) g[i] *= scale;
@@ -1115,7 +1371,7 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
      * the same decision here without talking to the others.  The buffers
      * are checked too: a running statistic must not become non-finite even
      * when the gradient stays finite. */
-    if (any_nonfinite(g, m->num_params) || any_nonfinite(w->rep.buffers, m->num_buffers)) {
+    if (!t->bk_on && (any_nonfinite(g, m->num_params) || any_nonfinite(w->rep.buffers, m->num_buffers))) {
         /* Which worker? Each contributes a flag for its own loss. */
         double *flags = dp_calloc((size_t)t->G, sizeof(double));
         if (!flags) return dp_seterr(DP_ENOMEM, "out of memory");
@@ -1250,7 +1506,7 @@ static int epoch_totals(struct worker *w, double *out) {
     memset(out, 0, sizeof(double) * (size_t)(4 + 2 * t->G));
     out[4 + t->G + w->grank] = (double)w->seen;
     out[0] = w->loss_sum, out[1] = (double)w->correct, out[2] = (double)w->seen, out[3] = (double)w->skipped;
-    int nb = t->p.deterministic ? 1 : w->red.nb;
+    int nb = t->p.deterministic || t->bk_on ? 1 : w->red.nb;
     double a = 0;
     for (int i = 0; i < nb; i++) a += w->arrival[i];
     if (nb > 0 && w->arrival_steps > 0) out[4 + w->grank] = a / nb / (double)w->arrival_steps;
@@ -1313,6 +1569,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
         for (int r = 0; r < t->G; r++) t->rank_samples[r] = (int64_t)tot[4 + t->G + r];
         ev.shares = t->share_samples, ev.rank_samples = t->rank_samples, ev.nshares = t->G;
     }
+    if (t->bk_on) ev.dropped_steps = t->dropped_count, ev.nshares = t->G;
     if (t->metrics) {
         errno = 0;
         if (fprintf(t->metrics,
@@ -1344,6 +1601,11 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
                 return metrics_error(t);
         for (int r = 0; t->balance && r < t->G; r++)
             if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"rank_samples\": [", (long long)t->rank_samples[r],
+                        r == t->G - 1 ? "]" : "") < 0)
+                return metrics_error(t);
+        /* backup workers: the steps in which each rank's gradient was dropped */
+        for (int r = 0; t->bk_on && r < t->G; r++)
+            if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"dropped_steps\": [", (long long)t->dropped_count[r],
                         r == t->G - 1 ? "]" : "") < 0)
                 return metrics_error(t);
         /* text: the test set is the validation windows; perplexity exp(loss) */
@@ -1395,10 +1657,18 @@ static int step_record(const struct worker *w, int64_t step, int64_t epoch, doub
             "{\"kind\": \"step\", \"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"samples\": %lld, "
             "\"step_s\": %.6f, \"data_wait_s\": %.6f, \"forward_s\": %.6f, \"backward_s\": %.6f, "
             "\"comm_s\": %.6f, \"comm_exposed_s\": %.6f, \"optimizer_s\": %.6f, \"wait_s\": %.6f, "
-            "\"slow_s\": %.6f, \"last_rank\": %d}\n",
+            "\"slow_s\": %.6f, \"last_rank\": %d",
             (long long)step, (long long)epoch + 1, loss, (long long)samples, step_s, s1[0] - s0[0],
             s1[1] - s0[1], s1[2] - s0[2], s1[3] - s0[3], s1[4] - s0[4], s1[5] - s0[5], w->step_wait,
             w->step_slow, last_rank);
+    /* backup workers: the ranks whose gradient this step dropped */
+    if (n >= 0 && w->t->bk_on) {
+        n = fprintf(w->t->metrics, ", \"dropped\": [");
+        for (int r = 0, k = 0; n >= 0 && r < w->t->P; r++)
+            if (w->dropped[r]) n = fprintf(w->t->metrics, "%s%d", k++ ? ", " : "", r);
+        if (n >= 0) n = fprintf(w->t->metrics, "]");
+    }
+    if (n >= 0) n = fprintf(w->t->metrics, "}\n");
     return n < 0 ? metrics_error(w->t) : DP_OK;
 }
 
@@ -1440,7 +1710,7 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     H(p->sched.kind), H(p->sched.base_lr), H(p->sched.total_steps), H(p->sched.warmup_steps);
     H(p->sched.step_size), H(p->sched.gamma), H(p->sched.min_lr);
     H(p->deterministic), H(p->det_chunk), H(p->algo), H(p->overlap), H(p->skip_nonfinite);
-    H(p->check_replicas), H(p->accum), H(t->gather_waits), H(p->balance);
+    H(p->check_replicas), H(p->accum), H(t->gather_waits), H(p->balance), H(p->backup), H(p->backup_workers);
     out[AGREE_CONFIG] = h;
     h = 0xcbf29ce484222325ull;
     H(w->step), H(w->epoch), H(w->in_epoch);
@@ -1484,6 +1754,7 @@ static int worker_loop(struct worker *w) {
         w->wait0 = dp_loader_wait_time(w->loader);
         w->loss_sum = w->t_fwd = w->t_bwd = w->t_opt = w->t_comm = w->t_exposed = w->t_wait = w->t_slow = 0;
         if (w->grank == 0) memset(t->last_count, 0, sizeof(int64_t) * (size_t)t->G);
+        if (w->grank == 0 && t->bk_on) memset(t->dropped_count, 0, sizeof(int64_t) * (size_t)t->G);
         w->correct = w->seen = w->skipped = 0;
         while (in_epoch < t->batches_per_epoch) {
             if (t->p.max_steps && step >= t->p.max_steps) {
@@ -1513,6 +1784,7 @@ static int worker_loop(struct worker *w) {
                 return dp_adderr(rc, "worker %d, step %lld: --balance", w->grank, (long long)step);
             if (w->grank == 0) {
                 if (last_rank >= 0) t->last_count[last_rank]++;
+                for (int r = 0; t->bk_on && r < t->P; r++) t->dropped_count[r] += w->dropped[r];
                 t->step = step;
                 t->step_in_epoch = in_epoch;
                 struct dp_event ev = {.kind = DP_EVENT_STEP, .step = step, .epoch = epoch,
@@ -1520,7 +1792,8 @@ static int worker_loop(struct worker *w) {
                                       .lr = dp_sched_lr(&t->p.sched, step - 1),
                                       .samples = (int64_t)n_step, .loss = loss_step,
                                       .skipped = w->skipped - skipped_before,
-                                      .last_rank = last_rank, .wait_s = w->step_wait, .slow_s = w->step_slow};
+                                      .last_rank = last_rank, .wait_s = w->step_wait, .slow_s = w->step_slow,
+                                      .ndropped = t->bk_on ? w->ndropped : 0};
                 emit(t, &ev);
                 if (t->metrics &&
                     (rc = step_record(w, step, epoch, loss_step, n_step, dp_time() - ts, s0, last_rank)))
@@ -1544,6 +1817,7 @@ static void *worker_main(void *arg) {
         /* Unblock every other worker: their pending and future collectives
          * fail at once, so a failure never hangs the run. */
         if (w->rc != DP_ECANCELED) dp_comm_abort(w->comm, w->err);
+        backup_abort(w->t, w->err); /* and the backup workers' step slot */
     }
     return NULL;
 }
@@ -1551,6 +1825,11 @@ static void *worker_main(void *arg) {
 int dp_trainer_run(struct dp_trainer *t) {
     t->t_origin = dp_time();
     for (int r = 0; r < t->P; r++) t->w[r].step = t->step, t->w[r].epoch = t->epoch, t->w[r].in_epoch = t->step_in_epoch;
+    if (t->bk_on) { /* the step slot opens at the first step */
+        t->bk.open = t->step, t->bk.count = 0, t->bk.failed = 0;
+        for (int r = 0; r < t->P; r++) t->bk.arrived[r] = -1;
+        for (int k = 0; k < BACKUP_DEPTH; k++) t->bk.upd_step[k] = -1, t->bk.consumed[k] = 0;
+    }
     for (int r = 1; r < t->P; r++) {
         if (pthread_create(&t->w[r].thread, NULL, worker_main, &t->w[r]) != 0) {
             dp_comm_abort(t->w[0].comm, "cannot start worker threads");

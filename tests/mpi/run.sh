@@ -95,10 +95,23 @@ bench_cli() {
   if [[ $out -eq 0 ]]; then echo "ok   mpi_bench_allreduce (native, ring, rhd, auto)"; pass=$((pass + 1)); else fail=$((fail + 1)); fi
 }
 
+# --backup-workers is thread-backend only: on MPI every process refuses it with one clear line
+backup_refused() {
+  local log=$T/backup
+  OMPI_MCA_btl=self,vader timeout 120 mpirun --oversubscribe -np 2 "$BUILD/dptrain" train --backend mpi \
+    --train-limit 200 --batch 50 --progress none --backup-workers 0 >"$log" 2>&1
+  local rc=$?
+  if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "dptrain: error: .*--backup-workers works on the thread backend only" "$log"; then
+    echo "ok   mpi_backup_workers_refused"; pass=$((pass + 1))
+  else echo "FAIL mpi_backup_workers_refused: exit $rc"; sed 's/^/    /' "$log" | head -10; fail=$((fail + 1)); fi
+}
+
 for P in 1 2 3 4; do suite self,vader "$P"; done
 suite self,tcp 3
 if [[ -x $BUILD/dptrain ]]; then bench_cli
 else echo "skip mpi_bench_allreduce (no $BUILD/dptrain)"; skipped=$((skipped + 1)); fi
+if [[ -x $BUILD/dptrain ]]; then backup_refused
+else echo "skip mpi_backup_workers_refused (no $BUILD/dptrain)"; skipped=$((skipped + 1)); fi
 timeout_case timeout-sleep 2
 timeout_case timeout-stop 2
 timeout_case timeout-elsewhere 3

@@ -153,6 +153,9 @@ static const char *help_train =
     "  --balance[=K]       heterogeneity-aware batches: every K steps [10] re-split the global\n"
     "                      batch in proportion to each rank's measured throughput (the same\n"
     "                      gradient; whole --det-chunk chunks when deterministic) [off]\n"
+    "  --backup-workers B  each step takes the gradients of the first workers - B ranks to finish\n"
+    "                      (their samples' mean) and drops the late ones' [off]; thread backend\n"
+    "                      only, no BatchNorm; docs/ddp.md\n"
     "\n"
     "run:\n"
     "  --seed N            seed for initialisation, shuffling, dropout, augmentation [1]\n"
@@ -305,6 +308,9 @@ static void on_event(void *arg, const struct dp_event *ev) {
         /* --balance: the shares, when they fit on the line */
         for (int r = 0; ev->shares && ev->nshares <= 8 && r < ev->nshares; r++)
             printf("%s%lld", r ? "/" : "  shares ", (long long)ev->shares[r]);
+        /* --backup-workers: the steps each rank was dropped */
+        for (int r = 0; ev->dropped_steps && ev->nshares <= 8 && r < ev->nshares; r++)
+            printf("%s%lld", r ? "/" : "  dropped ", (long long)ev->dropped_steps[r]);
         printf("\n");
         p->sum_data += ev->t_data, p->sum_fwd += ev->t_fwd, p->sum_bwd += ev->t_bwd;
         p->sum_comm += ev->t_comm, p->sum_exposed += ev->t_comm_exposed, p->sum_opt += ev->t_opt;
@@ -429,6 +435,8 @@ static int cmd_train(int argc, char **argv) {
         }
         else if (!strcmp(a.argv[a.i], "--balance")) tp.balance = 10; /* the value is optional */
         else if (opt(&a, "--balance", &v)) tp.balance = parse_int("--balance", v, 1, 1000000);
+        else if (opt(&a, "--backup-workers", &v)) /* the upper bound (< workers) is the trainer's check */
+            tp.backup = 1, tp.backup_workers = (int)parse_int("--backup-workers", v, 0, 255);
         else if (opt(&a, "--deterministic", NULL)) tp.deterministic = 1;
         else if (opt(&a, "--det-chunk", &v)) tp.det_chunk = parse_int("--det-chunk", v, 1, 1 << 20), given_det = "--det-chunk";
         else if (opt(&a, "--comm-timeout", &v)) tp.comm_timeout = parse_float("--comm-timeout", v, 0, 1e6);
