@@ -48,7 +48,7 @@
  * process's step slot, shared by its P workers under mu.  Published
  * gradients live in a ring of BACKUP_DEPTH slots (step s in s % D), so the
  * ranks that close a step may run up to D steps ahead of a late rank. */
-#define BACKUP_DEPTH 2
+#define BACKUP_DEPTH 4
 struct backup {
     pthread_mutex_t mu;
     pthread_cond_t cv;
