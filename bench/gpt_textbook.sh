@@ -62,13 +62,7 @@ CTX=$(sed -n 's/.*ctx=\([0-9]*\).*/\1/p' <<<"$MODEL")
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpt_textbook.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
-if [ -z "$TOKENS" ]; then
-    TOKENS=$WORK/fortunes.bin
-    "$DPTRAIN" prepare-text --out "$TOKENS" >"$WORK/prepare.log" 2>&1 ||
-        { cat "$WORK/prepare.log" >&2; die "dptrain prepare-text failed (the fortunes packages: scripts/install-deps.sh)"; }
-    note "$(cat "$WORK/prepare.log")"
-fi
-[ -r "$TOKENS" ] || die "token file $TOKENS not readable"
+bench_tokens
 
 # shellcheck disable=SC2206
 extra=($EXTRA)

@@ -121,13 +121,7 @@ VALRAW=$WORK/val.tsv   # side val_loss steps time_s
 : >"$RAW"
 : >"$VALRAW"
 
-if [ -z "$TOKENS" ]; then
-    TOKENS=$WORK/fortunes.bin
-    "$DPTRAIN" prepare-text --out "$TOKENS" >"$WORK/prepare.log" 2>&1 ||
-        { cat "$WORK/prepare.log" >&2; die "dptrain prepare-text failed (the fortunes packages: scripts/install-deps.sh)"; }
-    note "$(cat "$WORK/prepare.log")"
-fi
-[ -r "$TOKENS" ] || die "token file $TOKENS not readable"
+bench_tokens
 # The split and epoch as dptrain takes them (docs/text.md): count = (size - 32) / 2, the last
 # floor(count x 0.05) validate, an epoch is floor(train_n / (ctx + 1)) windows.
 NTOK=$(( ($(stat -c %s "$TOKENS") - 32) / 2 ))

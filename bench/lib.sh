@@ -22,3 +22,16 @@ cpu_busy() {
     read -r el us sy _ <"$1" 2>/dev/null || true
     awk -v e="${el:-0}" -v u="${us:-0}" -v s="${sy:-0}" 'BEGIN { if (e > 0) printf "%.2f", (u + s) / e; else print "NA" }'
 }
+
+# bench_tokens: TOKENS, the default corpus (the fortunes packages) prepared into $WORK by
+# `$DPTRAIN prepare-text` unless TOKENS already names a token file; dies (the script's die)
+# when it cannot be made or read.
+bench_tokens() {
+    if [ -z "$TOKENS" ]; then
+        TOKENS=$WORK/fortunes.bin
+        "$DPTRAIN" prepare-text --out "$TOKENS" >"$WORK/prepare.log" 2>&1 ||
+            { cat "$WORK/prepare.log" >&2; die "dptrain prepare-text failed (the fortunes packages: scripts/install-deps.sh)"; }
+        note "$(cat "$WORK/prepare.log")"
+    fi
+    [ -r "$TOKENS" ] || die "token file $TOKENS not readable"
+}
