@@ -65,12 +65,20 @@ if [[ -z "${QUICK:-}" ]]; then
     run cli-asan env ASAN_OPTIONS=detect_leaks=1 bash tests/cli.sh build-asan/dptrain; tally /tmp/dptrain-test-cli-asan.log
   fi
   if build tsan SAN=tsan build-tsan/dptest; then
-    run tsan env TSAN_OPTIONS=halt_on_error=1 ./build-tsan/dptest data_loader comm_ ddp_equivalence_mlp ddp_failure ddp_skip ddp_check gpt_ddp_; tally /tmp/dptrain-test-tsan.log
+    run tsan env TSAN_OPTIONS=halt_on_error=1 ./build-tsan/dptest data_loader '^comm_' ddp_equivalence_mlp ddp_failure ddp_skip ddp_check gpt_ddp_; tally /tmp/dptrain-test-tsan.log
   fi
+  # The fuzzers are single-threaded and time-boxed: they run side by side
+  # (each for FUZZ_SECONDS of wall time), then their results are read in order.
+  fuzz_pids=() fuzz_names=()
   for f in tests/fuzz/run*.sh; do
     [[ -f $f ]] || continue
     n=$(basename "$f" .sh)
-    if bash "$f" "${FUZZ_SECONDS:-20}" >/tmp/dptrain-fuzz-$n.log 2>&1; then
+    bash "$f" "${FUZZ_SECONDS:-20}" >/tmp/dptrain-fuzz-$n.log 2>&1 &
+    fuzz_pids+=($!) fuzz_names+=("$n")
+  done
+  for i in "${!fuzz_pids[@]}"; do
+    n=${fuzz_names[$i]}
+    if wait "${fuzz_pids[$i]}"; then
       echo "ok   fuzz $n"; total_pass=$((total_pass + 1))
     else
       tail -20 /tmp/dptrain-fuzz-$n.log; echo "FAIL fuzz $n"; total_fail=$((total_fail + 1))

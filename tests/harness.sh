@@ -37,6 +37,17 @@ if [[ $RC -ne 0 ]] && grep -q "no test matches 'no_such_test_xyz'" "$T/out" && !
   ok "one_filter_of_several_matching_nothing (exit $RC, nothing run)"
 else bad one_filter_of_several_matching_nothing "exit $RC" "$(head -5 "$T/out")"; fi
 
+# "^NAME" anchors a filter at the start of the name: "^passes" matches nothing
+# (selftest_passes only contains it), "^selftest_pass" runs exactly selftest_passes
+st "$BIN" '^passes'
+if [[ $RC -ne 0 ]] && grep -q "no test matches '^passes'" "$T/out" && ! grep -qE '^(ok|FAIL|skip) ' "$T/out"; then
+  ok "anchored_filter_matching_nothing (exit $RC)"
+else bad anchored_filter_matching_nothing "exit $RC" "$(head -5 "$T/out")"; fi
+st "$BIN" '^selftest_pass'
+if [[ $RC -eq 0 ]] && [[ $(grep -cE '^(ok|FAIL|skip) ' "$T/out") -eq 1 ]] && grep -qE '^ok   selftest_passes ' "$T/out"; then
+  ok "anchored_filter_selects_prefix ($(closing))"
+else bad anchored_filter_selects_prefix "exit $RC" "$(head -5 "$T/out")"; fi
+
 st "$BIN" selftest_skips selftest_passes
 if [[ $RC -eq 0 ]] && grep -qE '^skip selftest_skips +\(selftest: this test always skips\)' "$T/out" &&
    ! grep -q '^ok   selftest_skips' "$T/out" && [[ $(closing) == "1 passed, 0 failed, 1 skipped" ]]; then

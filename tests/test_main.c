@@ -116,10 +116,18 @@ static int cmp_entry(const void *a, const void *b) {
     return strcmp(((const struct entry *)a)->name, ((const struct entry *)b)->name);
 }
 
+/* A filter selects the tests whose name contains it; "^comm_" only those
+ * whose name starts with "comm_" (so that a stage's filter does not pick up
+ * ddp_evaluation_within_comm_timeout by accident). */
+static int matches(const char *name, const char *filter) {
+    if (filter[0] == '^') return strncmp(name, filter + 1, strlen(filter + 1)) == 0;
+    return strstr(name, filter) != NULL;
+}
+
 static int selected(const char *name, int argc, char **argv) {
     if (argc <= 1) return 1;
     for (int i = 1; i < argc; i++)
-        if (strstr(name, argv[i])) return 1;
+        if (matches(name, argv[i])) return 1;
     return 0;
 }
 
@@ -150,7 +158,7 @@ int main(int argc, char **argv) {
     int unmatched = 0;
     for (int a = 1; a < argc; a++) {
         int hits = 0;
-        for (int i = 0; i < ntests && !hits; i++) hits = strstr(tests[i].name, argv[a]) != NULL;
+        for (int i = 0; i < ntests && !hits; i++) hits = matches(tests[i].name, argv[a]);
         if (!hits) {
             fprintf(stderr, "dptest: no test matches '%s' (dptest --list lists them)\n", argv[a]);
             unmatched++;
