@@ -220,6 +220,24 @@ if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [
     --out "$T/hyb" >"$T/hyb.log" 2>&1
   if "$BIN" ckpt diff "$T/flat4/checkpoint.bin" "$T/hyb/checkpoint.bin" >"$T/hyb.diff" 2>&1; then ok mpi_hybrid_equals_flat
   else bad mpi_hybrid_equals_flat "$(cat "$T/hyb.diff")" "$(tail -3 "$T/hyb.log")"; fi
+  # --balance across processes: the throughput all-gather and the re-split span the job.
+  # Deterministic: 2 processes, rank 1 three times slower, re-planned every 2 steps, give the
+  # bits of one worker (det1); normal mode: the slow process's share shrinks (cnn: the sleep
+  # outweighs noise) and the epoch still covers every sample
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --deterministic \
+    --balance=2 --simulate-slow 1:3 --out "$T/mpibal" >"$T/mpibal.log" 2>&1
+  h=$(hash_of "$T/mpibal/checkpoint.bin")
+  if same_hash "$h" "$d1" && grep -q "2 processes (mpi)" "$T/mpibal.log"; then ok mpi_balance_deterministic_same_hash
+  else bad mpi_balance_deterministic_same_hash "'$h' vs '$d1'" "$(tail -3 "$T/mpibal.log")"; fi
+  if timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model cnn --epochs 1 "${SMALL[@]}" --workers 1 \
+       --simulate-slow 1:3 --balance=2 --out "$T/mpibal2" >"$T/mpibal2.log" 2>&1 &&
+     /usr/bin/python3 -c "
+import json
+ep = [r for r in map(json.loads, open('$T/mpibal2/metrics.jsonl')) if r['kind'] == 'epoch'][0]
+assert sum(ep['shares']) == 50 and ep['shares'][1] < 20, ep['shares']
+assert sum(ep['rank_samples']) == 1000 and ep['rank_samples'][1] < 400, ep['rank_samples']
+"; then ok mpi_balance_shares_follow_speed
+  else bad mpi_balance_shares_follow_speed "$(tail -3 "$T/mpibal2.log")"; fi
   # a process started with other options: one clear error naming the rank, the job ends
   t0=$(date +%s)
   timeout 60 "${MPIRUN[@]}" -np 2 sh -c "exec \"$BIN\" train --model mlp --epochs 1 --data \"$DATA\" --train-limit 1000 \
