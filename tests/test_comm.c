@@ -531,6 +531,134 @@ TEST_T(comm_timeout_names_missing_rank, 20) {
     team(3, &cp, timeout_member, NULL);
 }
 
+/* ---- point-to-point messages ---------------------------------------------------------------- */
+
+/* Every rank sends 3 messages of its own to every other rank (tags 1 and 2,
+ * interleaved with a collective), then receives: by source and tag in an
+ * order other than the sending one (tag 2 first), then the rest from any
+ * source.  Checked: the bytes, the sender and length reported, and that one
+ * sender's messages with one tag arrive in sending order. */
+static void p2p_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    int r = dp_comm_rank(c), P = dp_comm_world(c);
+    struct dp_comm_msg *sent[3 * 16];
+    int ns = 0;
+    int32_t out[16][3][4];
+    for (int q = 0; q < P; q++) {
+        if (q == r) continue;
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < 4; i++) out[q][k][i] = 1000 * r + 100 * q + 10 * k + i;
+            /* message k: tag 1 for k = 0, 2; tag 2 for k = 1 */
+            ASSERT_OK(dp_comm_isend(c, out[q][k], (int64_t)sizeof out[q][k], q, k == 1 ? 2 : 1, &sent[ns++]));
+        }
+    }
+    /* a collective in between: messages are apart from the issue order */
+    float x = 1;
+    ASSERT_OK(dp_comm_allreduce(c, &x, 1, DP_DTYPE_F32, DP_ALGO_AUTO));
+    ASSERT_TRUE(x == (float)P);
+    int32_t in[4] = {0};
+    int from = -2;
+    int64_t got = -1;
+    for (int q = 0; q < P; q++) {
+        if (q == r) continue;
+        /* tag 2 first, although it was sent second */
+        ASSERT_OK(dp_comm_recv(c, in, sizeof in, q, 2, &from, &got));
+        ASSERT_EQ(from, q);
+        ASSERT_EQ(got, (int64_t)sizeof in);
+        ASSERT_EQ(in[3], 1000 * q + 100 * r + 10 * 1 + 3);
+    }
+    /* then the tag-1 messages from anyone: per sender, k = 0 before k = 2 */
+    int seen[16] = {0};
+    for (int n = 0; n < 2 * (P - 1); n++) {
+        struct dp_comm_msg *m;
+        int done = 0;
+        ASSERT_OK(dp_comm_irecv(c, in, sizeof in, DP_ANY_SOURCE, 1, &m));
+        ASSERT_OK(dp_comm_msg_test(c, m, &done)); /* may or may not be there yet; never blocks */
+        ASSERT_OK(dp_comm_msg_wait(c, m, &from, &got));
+        ASSERT_TRUE(from >= 0 && from < P && from != r);
+        int k = seen[from]++ == 0 ? 0 : 2;
+        ASSERT_EQ(in[0], 1000 * from + 100 * r + 10 * k);
+    }
+    for (int q = 0; q < P; q++) ASSERT_EQ(seen[q], q == r ? 0 : 2);
+    for (int i = 0; i < ns; i++) {
+        int done = 0;
+        ASSERT_OK(dp_comm_msg_test(c, sent[i], &done));
+        ASSERT_OK(dp_comm_msg_wait(c, sent[i], NULL, NULL));
+    }
+    /* to itself, and an empty message */
+    ASSERT_OK(dp_comm_send(c, NULL, 0, r, 7));
+    ASSERT_OK(dp_comm_recv(c, NULL, 0, r, 7, &from, &got));
+    ASSERT_EQ(from, r);
+    ASSERT_EQ(got, 0);
+    ASSERT_OK(dp_comm_barrier(c));
+}
+
+TEST(comm_p2p_order_tags_any_source) {
+    for (int P = 1; P <= 4; P++) team(P, NULL, p2p_member, NULL);
+}
+
+/* Bad arguments are refused before anything is sent; a message longer than
+ * the buffer fails the receive and names both sizes. */
+static void p2p_args_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    int r = dp_comm_rank(c);
+    struct dp_comm_msg *m = (struct dp_comm_msg *)1;
+    char b[8] = {0};
+    ASSERT_ERR(dp_comm_isend(c, b, 8, 2, 0, &m), DP_EINVAL, "rank 2 out of range 0..1");
+    ASSERT_TRUE(m == NULL);
+    ASSERT_ERR(dp_comm_isend(c, b, 8, DP_ANY_SOURCE, 0, &m), DP_EINVAL, "rank -1 out of range");
+    ASSERT_ERR(dp_comm_irecv(c, b, 8, 0, DP_COMM_TAG_MAX + 1, &m), DP_EINVAL, "tag 32768 out of range");
+    ASSERT_ERR(dp_comm_irecv(c, b, -1, 0, 0, &m), DP_EINVAL, "negative length");
+    ASSERT_ERR(dp_comm_isend(c, NULL, 8, 0, 0, &m), DP_EINVAL, "NULL buffer");
+    ASSERT_ERR(dp_comm_isend(c, b, 8, 0, 0, NULL), DP_EINVAL, "NULL message pointer");
+    if (r == 0) ASSERT_OK(dp_comm_send(c, "12345678", 8, 1, 3));
+    if (r == 1) ASSERT_ERR(dp_comm_recv(c, b, 4, 0, 3, NULL, NULL), DP_EINVAL,
+                           "a message of 8 bytes from rank 0 (tag 3) does not fit the 4-byte buffer");
+}
+
+TEST(comm_p2p_arguments) { team(2, NULL, p2p_args_member, NULL); }
+
+/* A receive that nobody answers: the timeout names the rank and tag and
+ * aborts the world, so the other rank's collective fails too; an abort wakes
+ * a receive blocked without a timeout. */
+static void p2p_timeout_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    int r = dp_comm_rank(c);
+    char b[4];
+    float x = 0;
+    if (r == 0) {
+        double t0 = dp_time();
+        ASSERT_ERR(dp_comm_recv(c, b, 4, 1, 9, NULL, NULL), DP_ECANCELED,
+                   "timeout after 0.25 s in recv on rank 0: no message from rank 1 with tag 9");
+        double dt = dp_time() - t0;
+        ASSERT_TRUE(dt >= 0.2 && dt < 2.5);
+    } else {
+        ASSERT_ERR(dp_comm_allreduce(c, &x, 1, DP_DTYPE_F32, DP_ALGO_DIRECT), DP_ECANCELED, "no message from rank 1");
+        ASSERT_ERR(dp_comm_send(c, b, 4, 0, 9), DP_ECANCELED, "no message from rank 1");
+    }
+}
+
+static atomic_int p2p_waiting;
+static void p2p_abort_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    char b[4];
+    if (dp_comm_rank(c) == 0) {
+        atomic_store(&p2p_waiting, 1);
+        ASSERT_ERR(dp_comm_recv(c, b, 4, DP_ANY_SOURCE, 0, NULL, NULL), DP_ECANCELED, "rank 1 aborted: stop");
+    } else {
+        while (!atomic_load(&p2p_waiting)) usleep(1000);
+        usleep(50 * 1000); /* rank 0 is (almost surely) asleep in its receive */
+        ASSERT_ERR(dp_comm_abort(c, "stop"), DP_ECANCELED, "rank 1 aborted: stop");
+    }
+}
+
+TEST_T(comm_p2p_timeout_and_abort, 20) {
+    struct dp_comm_params cp = dp_comm_default_params();
+    cp.timeout_s = 0.25;
+    team(2, &cp, p2p_timeout_member, NULL);
+    team(2, NULL, p2p_abort_member, NULL);
+}
+
 static void mismatch_member(struct dp_comm *c, void *arg) {
     (void)arg;
     float x[20] = {0};

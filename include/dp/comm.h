@@ -353,6 +353,57 @@ int dp_comm_test(struct dp_comm *c, struct dp_comm_req *req, int *done);
  * thread runs it itself (no hand-off latency for blocking calls). */
 int dp_comm_wait(struct dp_comm *c, struct dp_comm_req *req);
 
+/* ---- point-to-point messages ---------------------------------------------------- */
+
+/*
+ * Messages between two ranks, for the protocols that are not collectives (a
+ * parameter server's pushes and pulls, backup workers across processes).
+ * They are apart from the collectives' issue order: a rank may send or
+ * receive between any two collectives, and have several messages in flight.
+ *
+ *     struct dp_comm_msg *m;
+ *     dp_comm_isend(c, grad, bytes, 0, tag, &m);  ...  dp_comm_msg_wait(c, m, NULL, NULL);
+ *     dp_comm_recv(c, buf, cap, DP_ANY_SOURCE, tag, &from, &got);
+ *
+ * Matching.  A receive takes the first message that arrived from `src` (any
+ * rank with DP_ANY_SOURCE) carrying `tag` (0..DP_COMM_TAG_MAX).  Messages
+ * from one sender with one tag are received in the order they were sent
+ * (non-overtaking, as in MPI).  thread: a receive is matched when it is
+ * tested or waited for, not when it is posted; mpi: in posting order (MPI's
+ * rule).  The two agree when a rank has at most one receive per (src, tag)
+ * in flight, which is how the project uses them.
+ * Buffers.  The send buffer must stay unchanged and the receive buffer
+ * untouched until the message's wait (thread copies the bytes at once
+ * (eager), mpi may read the buffer until the receiver has taken it).  A
+ * message longer than the receive buffer fails the receive (DP_EINVAL,
+ * naming both sizes); a shorter one is fine (*bytes says how many came).
+ * Every message must be waited for exactly once (dp_comm_msg_wait releases
+ * it); test does not release.
+ * Failure.  Abort and timeout work as for collectives: after an abort every
+ * message operation fails with DP_ECANCELED; a wait blocked longer than
+ * params.timeout_s fails, names the peer and the tag, and aborts the world
+ * (mpi: this rank's communicator).  Not available in a hierarchical world
+ * (DP_ENOTSUP: its ranks span processes through one leader).
+ */
+#define DP_ANY_SOURCE (-1)
+#define DP_COMM_TAG_MAX 32767 /* the least upper bound MPI guarantees */
+struct dp_comm_msg;           /* one message in flight; released by dp_comm_msg_wait */
+
+int dp_comm_isend(struct dp_comm *c, const void *buf, int64_t bytes, int dest, int tag,
+                  struct dp_comm_msg **msg);
+int dp_comm_irecv(struct dp_comm *c, void *buf, int64_t bytes, int src, int tag,
+                  struct dp_comm_msg **msg);
+/* *done = 1 once the message has completed (received into the buffer, or,
+ * for a send, handed over).  Does not block or release. */
+int dp_comm_msg_test(struct dp_comm *c, struct dp_comm_msg *msg, int *done);
+/* Blocks until msg completes and releases it; for a receive, *src and *bytes
+ * (either may be NULL) tell the sender and the length received. */
+int dp_comm_msg_wait(struct dp_comm *c, struct dp_comm_msg *msg, int *src, int64_t *bytes);
+/* isend/irecv followed by dp_comm_msg_wait. */
+int dp_comm_send(struct dp_comm *c, const void *buf, int64_t bytes, int dest, int tag);
+int dp_comm_recv(struct dp_comm *c, void *buf, int64_t bytes, int src, int tag, int *from,
+                 int64_t *got);
+
 #ifdef __cplusplus
 }
 #endif

@@ -277,3 +277,55 @@ int dp_comm_broadcast(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype
 int dp_comm_barrier(struct dp_comm *c) {
     return run(c, DP_COLL_BARRIER, NULL, 0, DP_DTYPE_F32, 0, DP_ALGO_AUTO);
 }
+
+/* ---- point-to-point messages ----------------------------------------------------------- */
+
+static int msg_args(struct dp_comm *c, const char *what, const void *buf, int64_t bytes, int peer,
+                    int any_ok, int tag, struct dp_comm_msg **msg) {
+    if (msg) *msg = NULL;
+    if (!c) return dp_seterr(DP_EINVAL, "comm: %s on a NULL communicator", what);
+    if (!msg) return dp_seterr(DP_EINVAL, "comm: %s: NULL message pointer", what);
+    if (bytes < 0) return dp_seterr(DP_EINVAL, "comm: %s: negative length %lld", what, (long long)bytes);
+    if (bytes > 0 && !buf) return dp_seterr(DP_EINVAL, "comm: %s: NULL buffer", what);
+    if (bytes > INT32_MAX)
+        return dp_seterr(DP_EINVAL, "comm: %s: %lld bytes (at most 2^31 - 1 per message)", what,
+                         (long long)bytes);
+    if (!(any_ok && peer == DP_ANY_SOURCE) && (peer < 0 || peer >= c->nranks))
+        return dp_seterr(DP_EINVAL, "comm: %s: rank %d out of range 0..%d", what, peer, c->nranks - 1);
+    if (tag < 0 || tag > DP_COMM_TAG_MAX)
+        return dp_seterr(DP_EINVAL, "comm: %s: tag %d out of range 0..%d", what, tag, DP_COMM_TAG_MAX);
+    if (!c->ops->isend)
+        return dp_seterr(DP_ENOTSUP, "comm: %s: the %s backend has no point-to-point messages", what,
+                         c->ops->name);
+    return 0;
+}
+
+int dp_comm_isend(struct dp_comm *c, const void *buf, int64_t bytes, int dest, int tag,
+                  struct dp_comm_msg **msg) {
+    int rc = msg_args(c, "send", buf, bytes, dest, 0, tag, msg);
+    return rc ? rc : c->ops->isend(c, buf, bytes, dest, tag, msg);
+}
+int dp_comm_irecv(struct dp_comm *c, void *buf, int64_t bytes, int src, int tag,
+                  struct dp_comm_msg **msg) {
+    int rc = msg_args(c, "recv", buf, bytes, src, 1, tag, msg);
+    return rc ? rc : c->ops->irecv(c, buf, bytes, src, tag, msg);
+}
+int dp_comm_msg_test(struct dp_comm *c, struct dp_comm_msg *msg, int *done) {
+    if (!c || !msg || !done) return dp_seterr(DP_EINVAL, "comm: msg_test: NULL argument");
+    return c->ops->msg_test(c, msg, done);
+}
+int dp_comm_msg_wait(struct dp_comm *c, struct dp_comm_msg *msg, int *src, int64_t *bytes) {
+    if (!c || !msg) return dp_seterr(DP_EINVAL, "comm: msg_wait: NULL argument");
+    return c->ops->msg_wait(c, msg, src, bytes);
+}
+int dp_comm_send(struct dp_comm *c, const void *buf, int64_t bytes, int dest, int tag) {
+    struct dp_comm_msg *m;
+    int rc = dp_comm_isend(c, buf, bytes, dest, tag, &m);
+    return rc ? rc : c->ops->msg_wait(c, m, NULL, NULL);
+}
+int dp_comm_recv(struct dp_comm *c, void *buf, int64_t bytes, int src, int tag, int *from,
+                 int64_t *got) {
+    struct dp_comm_msg *m;
+    int rc = dp_comm_irecv(c, buf, bytes, src, tag, &m);
+    return rc ? rc : c->ops->msg_wait(c, m, from, got);
+}

@@ -62,6 +62,14 @@ struct dp_comm_ops {
     int (*kill_job)(struct dp_comm *c, int code);
     /* (optional) This host's ranks; NULL: every rank on one host. */
     void (*host_ranks)(const struct dp_comm *c, int *local_rank, int *local_size);
+    /* (optional) Point-to-point messages, arguments validated by comm.c;
+     * NULL: DP_ENOTSUP. */
+    int (*isend)(struct dp_comm *c, const void *buf, int64_t bytes, int dest, int tag,
+                 struct dp_comm_msg **msg);
+    int (*irecv)(struct dp_comm *c, void *buf, int64_t bytes, int src, int tag,
+                 struct dp_comm_msg **msg);
+    int (*msg_test)(struct dp_comm *c, struct dp_comm_msg *msg, int *done);
+    int (*msg_wait)(struct dp_comm *c, struct dp_comm_msg *msg, int *src, int64_t *bytes);
 };
 
 /* The base every backend's communicator starts with. */

@@ -129,7 +129,7 @@ struct dp_comm_req {
 
 struct mpi_comm {
     struct dp_comm base;
-    MPI_Comm coll, p2p, side;
+    MPI_Comm coll, p2p, side, msgc; /* msgc: dp_comm_isend/irecv, apart from the schedules' p2p */
     MPI_Op bf16_sum;
     int tag_ub;
     int local_rank, local_size;
@@ -1106,6 +1106,7 @@ static void m_free(struct dp_comm *c) {
     MPI_Comm_free(&m->coll);
     MPI_Comm_free(&m->p2p);
     MPI_Comm_free(&m->side);
+    MPI_Comm_free(&m->msgc);
     dp_free(m->scratch);
     if (m->diag_sent != 2) dp_free(m->diag_out); /* else MPI may still read it */
     pthread_mutex_destroy(&m->mu);
@@ -1125,8 +1126,129 @@ static void m_free(struct dp_comm *c) {
     pthread_mutex_unlock(&g_mu);
 }
 
+/* ---- point-to-point messages ----------------------------------------------------------------- */
+
+/* MPI_Isend / MPI_Irecv of bytes on their own communicator (msgc), so that
+ * they never match the ring and rhd schedules' messages on p2p.  A wait
+ * polls MPI_Test, spinning, then sleeping (2 µs doubling to 256 µs), checks
+ * the abort flag, and gives up after timeout_s: a receive is then
+ * cancelled, and MPI_Finalize skipped (a send cannot be taken back). */
+struct dp_comm_msg {
+    MPI_Request req;
+    int send, done, rc;
+    int peer, tag, from;
+    int64_t cap, got;
+    char err[MSG_LEN];
+};
+
+static int m_post(struct mpi_comm *m, int send, void *buf, int64_t bytes, int peer, int tag,
+                  struct dp_comm_msg **msg) {
+    int rc = aborted_status(m);
+    if (rc) return rc;
+    struct dp_comm_msg *g = dp_calloc(1, sizeof *g);
+    if (!g) return dp_seterr(DP_ENOMEM, "comm: mpi: out of memory");
+    g->send = send, g->peer = peer, g->tag = tag, g->cap = bytes, g->from = -1;
+    int err = send ? MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, m->msgc, &g->req)
+                   : MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer == DP_ANY_SOURCE ? MPI_ANY_SOURCE : peer,
+                               tag, m->msgc, &g->req);
+    if (err != MPI_SUCCESS) {
+        dp_free(g);
+        return mpi_fail(m, err, send ? "MPI_Isend" : "MPI_Irecv");
+    }
+    *msg = g;
+    return 0;
+}
+
+static int m_isend(struct dp_comm *c, const void *buf, int64_t bytes, int dest, int tag,
+                   struct dp_comm_msg **msg) {
+    return m_post((struct mpi_comm *)c, 1, (void *)buf, bytes, dest, tag, msg);
+}
+static int m_irecv(struct dp_comm *c, void *buf, int64_t bytes, int src, int tag,
+                   struct dp_comm_msg **msg) {
+    return m_post((struct mpi_comm *)c, 0, buf, bytes, src, tag, msg);
+}
+
+static void msg_poll(struct mpi_comm *m, struct dp_comm_msg *g) {
+    if (g->done) return;
+    int flag = 0;
+    MPI_Status st;
+    int err = MPI_Test(&g->req, &flag, &st);
+    if (err == MPI_SUCCESS && !flag) return;
+    g->done = 1;
+    if (err == MPI_SUCCESS && !g->send) {
+        int n = 0;
+        MPI_Get_count(&st, MPI_BYTE, &n);
+        g->from = st.MPI_SOURCE, g->got = n;
+    } else if (err == MPI_SUCCESS) {
+        g->got = g->cap;
+    }
+    if (err == MPI_SUCCESS) return;
+    int cls = 0;
+    MPI_Error_class(err, &cls);
+    if (cls == MPI_ERR_TRUNCATE) {
+        g->rc = DP_EINVAL;
+        snprintf(g->err, sizeof g->err, "comm: recv on rank %d: a message from rank %d (tag %d) does "
+                 "not fit the %lld-byte buffer", m->base.rank, st.MPI_SOURCE, g->tag, (long long)g->cap);
+    } else {
+        g->rc = mpi_fail(m, err, "MPI_Test");
+        snprintf(g->err, sizeof g->err, "%s", dp_errmsg());
+    }
+}
+
+static int m_msg_test(struct dp_comm *c, struct dp_comm_msg *g, int *done) {
+    msg_poll((struct mpi_comm *)c, g);
+    *done = g->done;
+    return 0;
+}
+
+static int m_msg_wait(struct dp_comm *c, struct dp_comm_msg *g, int *src, int64_t *bytes) {
+    struct mpi_comm *m = (struct mpi_comm *)c;
+    double t0 = dp_time(), spin_end = t0 + m->spin_s;
+    long sleep_ns = SLEEP_MIN_NS;
+    int rc = 0;
+    for (msg_poll(m, g); !g->done; msg_poll(m, g)) {
+        double now = dp_time();
+        if ((rc = aborted_status(m)) == 0 && m->timeout_s > 0 && now - t0 >= m->timeout_s) {
+            char msg[MSG_LEN], peer[32] = "any rank";
+            if (g->peer != DP_ANY_SOURCE) snprintf(peer, sizeof peer, "rank %d", g->peer);
+            if (g->send)
+                snprintf(msg, sizeof msg, "comm: timeout after %.3g s in send on rank %d: %s did not "
+                         "take the message with tag %d", m->timeout_s, c->rank, peer, g->tag);
+            else
+                snprintf(msg, sizeof msg, "comm: timeout after %.3g s in recv on rank %d: no message "
+                         "from %s with tag %d", m->timeout_s, c->rank, peer, g->tag);
+            set_aborted(m, msg);
+            rc = aborted_status(m);
+        }
+        if (rc) { /* abandon it: a receive must not write the buffer later */
+            int flag = 0;
+            if (!g->send) MPI_Cancel(&g->req);
+            MPI_Test(&g->req, &flag, MPI_STATUS_IGNORE);
+            if (!flag) {
+                MPI_Request_free(&g->req);
+                pthread_mutex_lock(&g_mu);
+                g_orphans = 1;
+                pthread_mutex_unlock(&g_mu);
+            }
+            break;
+        }
+        if (now >= spin_end) {
+            nap(sleep_ns);
+            if (sleep_ns < SLEEP_MAX_NS) sleep_ns *= 2;
+        }
+    }
+    if (!rc && g->rc) rc = dp_seterr(g->rc, "%s", g->err);
+    if (!rc) {
+        if (src) *src = g->send ? c->rank : g->from;
+        if (bytes) *bytes = g->got;
+    }
+    dp_free(g);
+    return rc;
+}
+
 static const struct dp_comm_ops mpi_ops = {
-    "mpi", m_start, m_test, m_wait, m_abort, m_status, m_free, m_kill_job, m_host_ranks,
+    "mpi",   m_start,      m_test,  m_wait,  m_abort,    m_status,   m_free,
+    m_kill_job, m_host_ranks, m_isend, m_irecv, m_msg_test, m_msg_wait,
 };
 
 /* ---- init ---------------------------------------------------------------------------------------- */
@@ -1164,7 +1286,7 @@ int dp__comm_mpi_init(struct dp_comm **cp, const struct dp_comm_params *params) 
                                      "needs at least MPI_THREAD_SERIALIZED", provided);
     struct mpi_comm *m = dp_calloc(1, sizeof *m);
     if (!m) return dp_seterr(DP_ENOMEM, "comm: mpi: out of memory");
-    m->coll = m->p2p = m->side = MPI_COMM_NULL;
+    m->coll = m->p2p = m->side = m->msgc = MPI_COMM_NULL;
     m->bf16_sum = MPI_OP_NULL;
     pthread_mutex_init(&m->mu, NULL);
     atomic_init(&m->aborted, 0);
@@ -1179,6 +1301,7 @@ int dp__comm_mpi_init(struct dp_comm **cp, const struct dp_comm_params *params) 
     int rc = dup_world(m, &m->coll);
     if (!rc) rc = dup_world(m, &m->p2p);
     if (!rc) rc = dup_world(m, &m->side);
+    if (!rc) rc = dup_world(m, &m->msgc);
     if (!rc) {
         int *ub = NULL, flag = 0;
         MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
@@ -1208,6 +1331,7 @@ int dp__comm_mpi_init(struct dp_comm **cp, const struct dp_comm_params *params) 
         if (m->coll != MPI_COMM_NULL) MPI_Comm_free(&m->coll);
         if (m->p2p != MPI_COMM_NULL) MPI_Comm_free(&m->p2p);
         if (m->side != MPI_COMM_NULL) MPI_Comm_free(&m->side);
+        if (m->msgc != MPI_COMM_NULL) MPI_Comm_free(&m->msgc);
         dp_free(m->scratch), dp_free(m->diag_out);
         pthread_mutex_destroy(&m->mu);
         dp_free(m);

@@ -43,6 +43,15 @@
 
 /* ---- shared state --------------------------------------------------------------------------- */
 
+/* A point-to-point message in the receiver's mailbox: the bytes, copied by
+ * the sender (eager), so a send completes as soon as it is posted. */
+struct envelope {
+    struct envelope *next;
+    int src, tag;
+    int64_t bytes;
+    char data[];
+};
+
 struct slot {
     /* The two words every peer polls get 128 bytes to themselves (a pair of
      * cache lines, as adjacent-line prefetchers see them); dp_calloc gives
@@ -54,6 +63,11 @@ struct slot {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int present;                              /* rank initialised (under world mu) */
+    /* point-to-point: the messages sent to this rank and not yet received,
+     * in arrival order (under mb_mu; mb_cv: a message arrived, or abort) */
+    pthread_mutex_t mb_mu;
+    pthread_cond_t mb_cv;
+    struct envelope *mb_head, *mb_tail;
 };
 
 struct dp_comm_world {
@@ -113,6 +127,9 @@ static int world_abort(struct dp_comm_world *w, const char *msg) {
         pthread_mutex_lock(&w->slots[r].mu);
         pthread_cond_broadcast(&w->slots[r].cv);
         pthread_mutex_unlock(&w->slots[r].mu);
+        pthread_mutex_lock(&w->slots[r].mb_mu);
+        pthread_cond_broadcast(&w->slots[r].mb_cv);
+        pthread_mutex_unlock(&w->slots[r].mb_mu);
     }
     return dp_seterr(DP_ECANCELED, "%s", w->abort_msg);
 }
@@ -528,8 +545,150 @@ static void t_host_ranks(const struct dp_comm *c, int *local_rank, int *local_si
 }
 
 /* kill_job: NULL, i.e. dp_comm_abort (the process's ranks are all there is). */
+/* ---- point-to-point messages --------------------------------------------------------------- */
+
+/* Protocol: a send copies its bytes into an envelope and appends it to the
+ * destination slot's mailbox (mb_mu), waking the receiver (mb_cv); it is
+ * complete at once.  A receive scans its own mailbox for the first envelope
+ * from src (or any rank) with its tag: arrival order per mailbox keeps the
+ * messages of one sender and tag in sending order.  Aborts broadcast every
+ * mb_cv, so a blocked receive never outlives an abort. */
+struct dp_comm_msg {
+    int send, done, rc;
+    void *buf;
+    int64_t cap, got;
+    int src, tag, from;
+    char err[MSG_LEN];
+};
+
+static struct dp_comm_msg *new_msg(int send, void *buf, int64_t cap, int src, int tag) {
+    struct dp_comm_msg *m = dp_calloc(1, sizeof *m);
+    if (m) m->send = send, m->buf = buf, m->cap = cap, m->src = src, m->tag = tag, m->from = -1;
+    return m;
+}
+
+static int t_isend(struct dp_comm *c, const void *buf, int64_t bytes, int dest, int tag,
+                   struct dp_comm_msg **msg) {
+    struct thread_comm *tc = (struct thread_comm *)c;
+    struct dp_comm_world *w = tc->w;
+    if (w->inter)
+        return dp_seterr(DP_ENOTSUP, "comm: send: point-to-point messages are not available in a "
+                                     "hierarchical (processes x threads) world");
+    int rc = world_status(w);
+    if (rc) return rc;
+    struct dp_comm_msg *m = new_msg(1, (void *)buf, bytes, dest, tag);
+    struct envelope *e = dp_malloc(sizeof *e + (size_t)bytes);
+    if (!m || !e) {
+        dp_free(m), dp_free(e);
+        return dp_seterr(DP_ENOMEM, "comm: send: out of memory for %lld bytes", (long long)bytes);
+    }
+    e->next = NULL, e->src = c->rank, e->tag = tag, e->bytes = bytes;
+    if (bytes) memcpy(e->data, buf, (size_t)bytes);
+    struct slot *s = &w->slots[dest];
+    pthread_mutex_lock(&s->mb_mu);
+    if (s->mb_tail) s->mb_tail->next = e;
+    else s->mb_head = e;
+    s->mb_tail = e;
+    pthread_cond_broadcast(&s->mb_cv);
+    pthread_mutex_unlock(&s->mb_mu);
+    m->done = 1, m->got = bytes, m->from = c->rank;
+    *msg = m;
+    return 0;
+}
+
+static int t_irecv(struct dp_comm *c, void *buf, int64_t bytes, int src, int tag,
+                   struct dp_comm_msg **msg) {
+    struct thread_comm *tc = (struct thread_comm *)c;
+    if (tc->w->inter)
+        return dp_seterr(DP_ENOTSUP, "comm: recv: point-to-point messages are not available in a "
+                                     "hierarchical (processes x threads) world");
+    int rc = world_status(tc->w);
+    if (rc) return rc;
+    struct dp_comm_msg *m = new_msg(0, buf, bytes, src, tag);
+    if (!m) return dp_seterr(DP_ENOMEM, "comm: recv: out of memory");
+    *msg = m;
+    return 0;
+}
+
+/* Takes the first matching envelope out of the mailbox (mb_mu held) and
+ * completes m with it.  1 if one was found. */
+static int take(struct thread_comm *tc, struct slot *s, struct dp_comm_msg *m) {
+    struct envelope *prev = NULL, *e = s->mb_head;
+    while (e && !((m->src == DP_ANY_SOURCE || e->src == m->src) && e->tag == m->tag)) prev = e, e = e->next;
+    if (!e) return 0;
+    if (prev) prev->next = e->next;
+    else s->mb_head = e->next;
+    if (s->mb_tail == e) s->mb_tail = prev;
+    m->done = 1, m->from = e->src, m->got = e->bytes;
+    if (e->bytes > m->cap) {
+        m->rc = DP_EINVAL;
+        snprintf(m->err, sizeof m->err, "comm: recv on rank %d: a message of %lld bytes from rank %d "
+                 "(tag %d) does not fit the %lld-byte buffer", tc->base.rank, (long long)e->bytes, e->src,
+                 e->tag, (long long)m->cap);
+    } else if (e->bytes) {
+        memcpy(m->buf, e->data, (size_t)e->bytes);
+    }
+    dp_free(e);
+    return 1;
+}
+
+static int t_msg_test(struct dp_comm *c, struct dp_comm_msg *m, int *done) {
+    struct thread_comm *tc = (struct thread_comm *)c;
+    if (!m->done) {
+        struct slot *s = &tc->w->slots[tc->local];
+        pthread_mutex_lock(&s->mb_mu);
+        take(tc, s, m);
+        pthread_mutex_unlock(&s->mb_mu);
+    }
+    *done = m->done;
+    return 0;
+}
+
+static int t_msg_wait(struct dp_comm *c, struct dp_comm_msg *m, int *src, int64_t *bytes) {
+    struct thread_comm *tc = (struct thread_comm *)c;
+    struct dp_comm_world *w = tc->w;
+    int rc = 0, late = 0;
+    if (!m->done) {
+        struct slot *s = &w->slots[tc->local];
+        double deadline = w->params.timeout_s > 0 ? dp_time() + w->params.timeout_s : 0;
+        pthread_mutex_lock(&s->mb_mu);
+        while (!take(tc, s, m)) {
+            if ((rc = world_status(w))) break;
+            if (deadline > 0) {
+                struct timespec ts;
+                ts.tv_sec = (time_t)deadline;
+                ts.tv_nsec = (long)((deadline - (double)ts.tv_sec) * 1e9);
+                if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+                if (pthread_cond_timedwait(&s->mb_cv, &s->mb_mu, &ts) == ETIMEDOUT && !take(tc, s, m)) {
+                    late = 1;
+                    break;
+                }
+                if (m->done) break;
+            } else {
+                pthread_cond_wait(&s->mb_cv, &s->mb_mu);
+            }
+        }
+        pthread_mutex_unlock(&s->mb_mu);
+        if (late) {
+            char msg[MSG_LEN], from[32] = "any rank";
+            if (m->src != DP_ANY_SOURCE) snprintf(from, sizeof from, "rank %d", m->src);
+            snprintf(msg, sizeof msg, "comm: timeout after %.3g s in recv on rank %d: no message from %s "
+                     "with tag %d", w->params.timeout_s, c->rank, from, m->tag);
+            rc = world_abort(w, msg);
+        }
+    }
+    if (!rc && m->rc) rc = dp_seterr(m->rc, "%s", m->err);
+    if (!rc) {
+        if (src) *src = m->from;
+        if (bytes) *bytes = m->got;
+    }
+    dp_free(m);
+    return rc;
+}
+
 static const struct dp_comm_ops thread_ops = {
-    "thread", t_start, t_test, t_wait, t_abort, t_status, t_free, NULL, t_host_ranks,
+    "thread", t_start,  t_test,  t_wait,     t_abort,    t_status, t_free,
+    NULL,     t_host_ranks, t_isend, t_irecv, t_msg_test, t_msg_wait,
 };
 
 /* ---- world and rank lifetime ---------------------------------------------------------------- */
@@ -573,8 +732,16 @@ int dp_comm_thread_world_init(struct dp_comm_world **wp, int nranks,
         atomic_init(&s->prog, 0);
         atomic_init(&s->nwait, 0);
         pthread_mutex_init(&s->mu, NULL);
+        pthread_mutex_init(&s->mb_mu, NULL);
         if (cond_init_monotonic(&s->cv)) {
             pthread_mutex_destroy(&s->mu);
+            pthread_mutex_destroy(&s->mb_mu);
+            break;
+        }
+        if (cond_init_monotonic(&s->mb_cv)) {
+            pthread_mutex_destroy(&s->mu);
+            pthread_mutex_destroy(&s->mb_mu);
+            pthread_cond_destroy(&s->cv);
             break;
         }
     }
@@ -582,6 +749,8 @@ int dp_comm_thread_world_init(struct dp_comm_world **wp, int nranks,
         while (r-- > 0) {
             pthread_mutex_destroy(&w->slots[r].mu);
             pthread_cond_destroy(&w->slots[r].cv);
+            pthread_mutex_destroy(&w->slots[r].mb_mu);
+            pthread_cond_destroy(&w->slots[r].mb_cv);
         }
         pthread_mutex_destroy(&w->mu);
         dp_free(w->slots);
@@ -601,6 +770,10 @@ void dp_comm_thread_world_free(struct dp_comm_world *w) {
     for (int r = 0; r < w->nranks; r++) {
         pthread_mutex_destroy(&w->slots[r].mu);
         pthread_cond_destroy(&w->slots[r].cv);
+        /* messages sent and never received */
+        for (struct envelope *e = w->slots[r].mb_head, *nx; e; e = nx) nx = e->next, dp_free(e);
+        pthread_mutex_destroy(&w->slots[r].mb_mu);
+        pthread_cond_destroy(&w->slots[r].mb_cv);
     }
     pthread_mutex_destroy(&w->mu);
     dp_free(w->slots);

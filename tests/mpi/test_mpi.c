@@ -449,6 +449,96 @@ static void test_two_communicators(void) {
     dp_comm_free(a);
 }
 
+/* ---- point-to-point messages ----------------------------------------------------------------- */
+
+/* As comm_p2p_order_tags_any_source in tests/test_comm.c: 3 messages to every
+ * other rank (tags 1, 2, 1) around a collective, received by source and tag
+ * out of sending order, then from any source (one sender's tag-1 messages in
+ * sending order); a 4 MiB ring shift (past the eager limit: the send
+ * completes only once the receiver takes it); an empty message to itself. */
+static void test_p2p(void) {
+    struct dp_comm *c = new_comm(TIMEOUT_S);
+    int r = g_rank, P = g_P;
+    struct dp_comm_msg **sent = calloc((size_t)(3 * P), sizeof *sent);
+    int32_t(*out)[3][4] = calloc((size_t)P, sizeof *out);
+    int ns = 0;
+    for (int q = 0; q < P; q++) {
+        if (q == r) continue;
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < 4; i++) out[q][k][i] = 1000 * r + 100 * q + 10 * k + i;
+            CHECK_OK(dp_comm_isend(c, out[q][k], (int64_t)sizeof out[q][k], q, k == 1 ? 2 : 1, &sent[ns++]));
+        }
+    }
+    double x = 1;
+    CHECK_OK(dp_comm_allreduce(c, &x, 1, DP_DTYPE_F64, DP_ALGO_AUTO));
+    CHECK(x == P);
+    int32_t in[4] = {0};
+    int from = -2;
+    int64_t got = -1;
+    for (int q = 0; q < P; q++) {
+        if (q == r) continue;
+        CHECK_OK(dp_comm_recv(c, in, sizeof in, q, 2, &from, &got));
+        CHECK_EQ(from, q);
+        CHECK_EQ(got, (int64_t)sizeof in);
+        CHECK_EQ(in[3], 1000 * q + 100 * r + 10 * 1 + 3);
+    }
+    int *seen = calloc((size_t)P, sizeof *seen);
+    for (int n = 0; n < 2 * (P - 1); n++) {
+        CHECK_OK(dp_comm_recv(c, in, sizeof in, DP_ANY_SOURCE, 1, &from, &got));
+        if (from < 0 || from >= P || from == r) {
+            CHECK(0);
+            break;
+        }
+        int k = seen[from]++ == 0 ? 0 : 2;
+        CHECK_EQ(in[0], 1000 * from + 100 * r + 10 * k);
+    }
+    for (int q = 0; q < P; q++) CHECK_EQ(seen[q], q == r ? 0 : 2);
+    for (int i = 0; i < ns; i++) CHECK_OK(dp_comm_msg_wait(c, sent[i], NULL, NULL));
+    /* 4 MiB to the next rank, from the previous one */
+    int64_t n = 1 << 20;
+    float *big = malloc(sizeof(float) * (size_t)n), *back = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) big[i] = (float)(r * 7 + i % 1000);
+    struct dp_comm_msg *m;
+    int done = 0;
+    CHECK_OK(dp_comm_isend(c, big, (int64_t)sizeof(float) * n, (r + 1) % P, 5, &m));
+    CHECK_OK(dp_comm_msg_test(c, m, &done));
+    CHECK_OK(dp_comm_recv(c, back, (int64_t)sizeof(float) * n, (r + P - 1) % P, 5, &from, &got));
+    CHECK_OK(dp_comm_msg_wait(c, m, NULL, NULL));
+    CHECK_EQ(from, (r + P - 1) % P);
+    CHECK_EQ(got, (int64_t)sizeof(float) * n);
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += back[i] != (float)(from * 7 + i % 1000);
+    CHECK_EQ(bad, 0);
+    CHECK_OK(dp_comm_send(c, NULL, 0, r, 7));
+    CHECK_OK(dp_comm_recv(c, NULL, 0, r, 7, &from, &got));
+    CHECK_EQ(from, r);
+    CHECK_EQ(got, 0);
+    /* too long for the buffer: the receive fails and says so */
+    char b4[4];
+    if (P > 1 && r == 0) CHECK_OK(dp_comm_send(c, "12345678", 8, 1, 3));
+    if (P > 1 && r == 1) CHECK_ERR(dp_comm_recv(c, b4, 4, 0, 3, NULL, NULL), DP_EINVAL, "does not fit the 4-byte buffer");
+    CHECK_OK(dp_comm_barrier(c));
+    free(big), free(back), free(seen), free(out), free(sent);
+    dp_comm_free(c);
+}
+
+/* A receive nobody answers fails after the timeout, naming the rank and tag
+ * (the receive is cancelled: nothing is left in flight). */
+static void test_p2p_timeout(void) {
+    struct dp_comm *c = new_comm(0.3);
+    char b[4];
+    if (g_rank == 0 && g_P > 1) {
+        double t0 = dp_time();
+        CHECK_ERR(dp_comm_recv(c, b, 4, 1, 9, NULL, NULL), DP_ECANCELED,
+                  "timeout after 0.3 s in recv on rank 0: no message from rank 1 with tag 9");
+        double dt = dp_time() - t0;
+        CHECK(dt >= 0.25 && dt < 5);
+        CHECK_ERR(dp_comm_send(c, b, 4, 1, 9), DP_ECANCELED, "no message from rank 1");
+    }
+    dp_comm_free(c);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 /* ---- abort ------------------------------------------------------------------------------------ */
 
 static void test_abort_is_local_and_final(void) {
@@ -568,6 +658,8 @@ static const struct test tests[] = {
     {"mpi_nonblocking_in_order", test_nonblocking_in_order},
     {"mpi_comm_thread", test_comm_thread},
     {"mpi_two_communicators", test_two_communicators},
+    {"mpi_p2p", test_p2p},
+    {"mpi_p2p_timeout", test_p2p_timeout},
     {"mpi_abort_is_local_and_final", test_abort_is_local_and_final},
 };
 
