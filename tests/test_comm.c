@@ -611,6 +611,13 @@ static void p2p_args_member(struct dp_comm *c, void *arg) {
     ASSERT_ERR(dp_comm_irecv(c, b, -1, 0, 0, &m), DP_EINVAL, "negative length");
     ASSERT_ERR(dp_comm_isend(c, NULL, 8, 0, 0, &m), DP_EINVAL, "NULL buffer");
     ASSERT_ERR(dp_comm_isend(c, b, 8, 0, 0, NULL), DP_EINVAL, "NULL message pointer");
+    /* a receive withdrawn before any message: the next one takes the message */
+    ASSERT_OK(dp_comm_irecv(c, b, 8, 1 - r, 4, &m));
+    ASSERT_OK(dp_comm_msg_cancel(c, m));
+    ASSERT_OK(dp_comm_barrier(c));
+    ASSERT_OK(dp_comm_send(c, r ? "BBBBBBBB" : "AAAAAAAA", 8, 1 - r, 4));
+    ASSERT_OK(dp_comm_recv(c, b, 8, 1 - r, 4, NULL, NULL));
+    ASSERT_TRUE(b[0] == (r ? 'A' : 'B'));
     if (r == 0) ASSERT_OK(dp_comm_send(c, "12345678", 8, 1, 3));
     if (r == 1) ASSERT_ERR(dp_comm_recv(c, b, 4, 0, 3, NULL, NULL), DP_EINVAL,
                            "a message of 8 bytes from rank 0 (tag 3) does not fit the 4-byte buffer");

@@ -377,8 +377,10 @@ int dp_comm_wait(struct dp_comm *c, struct dp_comm_req *req);
  * (eager), mpi may read the buffer until the receiver has taken it).  A
  * message longer than the receive buffer fails the receive (DP_EINVAL,
  * naming both sizes); a shorter one is fine (*bytes says how many came).
- * Every message must be waited for exactly once (dp_comm_msg_wait releases
- * it); test does not release.
+ * Every message must be waited for (dp_comm_msg_wait) or cancelled
+ * (dp_comm_msg_cancel) exactly once, which releases it; test does not.
+ * mpi: the messages may be used from a thread other than the one issuing
+ * the collectives (MPI_THREAD_MULTIPLE is required: DP_ENOTSUP otherwise).
  * Failure.  Abort and timeout work as for collectives: after an abort every
  * message operation fails with DP_ECANCELED; a wait blocked longer than
  * params.timeout_s fails, names the peer and the tag, and aborts the world
@@ -399,6 +401,11 @@ int dp_comm_msg_test(struct dp_comm *c, struct dp_comm_msg *msg, int *done);
 /* Blocks until msg completes and releases it; for a receive, *src and *bytes
  * (either may be NULL) tell the sender and the length received. */
 int dp_comm_msg_wait(struct dp_comm *c, struct dp_comm_msg *msg, int *src, int64_t *bytes);
+/* Releases a message without waiting: a receive not yet matched is
+ * withdrawn (nothing will be written into its buffer), one already matched
+ * is dropped; a send must have completed (it cannot be taken back).  For the
+ * end of a protocol, whose last posted receives will never be answered. */
+int dp_comm_msg_cancel(struct dp_comm *c, struct dp_comm_msg *msg);
 /* isend/irecv followed by dp_comm_msg_wait. */
 int dp_comm_send(struct dp_comm *c, const void *buf, int64_t bytes, int dest, int tag);
 int dp_comm_recv(struct dp_comm *c, void *buf, int64_t bytes, int src, int tag, int *from,

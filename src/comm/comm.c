@@ -318,6 +318,10 @@ int dp_comm_msg_wait(struct dp_comm *c, struct dp_comm_msg *msg, int *src, int64
     if (!c || !msg) return dp_seterr(DP_EINVAL, "comm: msg_wait: NULL argument");
     return c->ops->msg_wait(c, msg, src, bytes);
 }
+int dp_comm_msg_cancel(struct dp_comm *c, struct dp_comm_msg *msg) {
+    if (!c || !msg) return dp_seterr(DP_EINVAL, "comm: msg_cancel: NULL argument");
+    return c->ops->msg_cancel(c, msg);
+}
 int dp_comm_send(struct dp_comm *c, const void *buf, int64_t bytes, int dest, int tag) {
     struct dp_comm_msg *m;
     int rc = dp_comm_isend(c, buf, bytes, dest, tag, &m);

@@ -70,6 +70,7 @@ struct dp_comm_ops {
                  struct dp_comm_msg **msg);
     int (*msg_test)(struct dp_comm *c, struct dp_comm_msg *msg, int *done);
     int (*msg_wait)(struct dp_comm *c, struct dp_comm_msg *msg, int *src, int64_t *bytes);
+    int (*msg_cancel)(struct dp_comm *c, struct dp_comm_msg *msg);
 };
 
 /* The base every backend's communicator starts with. */

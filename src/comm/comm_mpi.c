@@ -132,6 +132,7 @@ struct mpi_comm {
     MPI_Comm coll, p2p, side, msgc; /* msgc: dp_comm_isend/irecv, apart from the schedules' p2p */
     MPI_Op bf16_sum;
     int tag_ub;
+    int provided;             /* MPI's thread level */
     int local_rank, local_size;
     double timeout_s, spin_s;
     struct dp_comm_req *head, *tail, *freelist;
@@ -1145,6 +1146,10 @@ static int m_post(struct mpi_comm *m, int send, void *buf, int64_t bytes, int pe
                   struct dp_comm_msg **msg) {
     int rc = aborted_status(m);
     if (rc) return rc;
+    /* messages may come from a thread other than the collectives' one */
+    if (m->provided < MPI_THREAD_MULTIPLE)
+        return dp_seterr(DP_ENOTSUP, "comm: mpi: point-to-point messages need MPI_THREAD_MULTIPLE (MPI "
+                                     "provides thread level %d)", m->provided);
     struct dp_comm_msg *g = dp_calloc(1, sizeof *g);
     if (!g) return dp_seterr(DP_ENOMEM, "comm: mpi: out of memory");
     g->send = send, g->peer = peer, g->tag = tag, g->cap = bytes, g->from = -1;
@@ -1246,9 +1251,26 @@ static int m_msg_wait(struct dp_comm *c, struct dp_comm_msg *g, int *src, int64_
     return rc;
 }
 
+static int m_msg_cancel(struct dp_comm *c, struct dp_comm_msg *g) {
+    (void)c;
+    int flag = 0;
+    if (!g->done) {
+        MPI_Cancel(&g->req);
+        MPI_Test(&g->req, &flag, MPI_STATUS_IGNORE);
+        if (!flag) {
+            MPI_Request_free(&g->req);
+            pthread_mutex_lock(&g_mu);
+            g_orphans = 1;
+            pthread_mutex_unlock(&g_mu);
+        }
+    }
+    dp_free(g);
+    return 0;
+}
+
 static const struct dp_comm_ops mpi_ops = {
     "mpi",   m_start,      m_test,  m_wait,  m_abort,    m_status,   m_free,
-    m_kill_job, m_host_ranks, m_isend, m_irecv, m_msg_test, m_msg_wait,
+    m_kill_job, m_host_ranks, m_isend, m_irecv, m_msg_test, m_msg_wait, m_msg_cancel,
 };
 
 /* ---- init ---------------------------------------------------------------------------------------- */
@@ -1291,6 +1313,7 @@ int dp__comm_mpi_init(struct dp_comm **cp, const struct dp_comm_params *params) 
     pthread_mutex_init(&m->mu, NULL);
     atomic_init(&m->aborted, 0);
     m->base.ops = &mpi_ops;
+    m->provided = provided;
     MPI_Comm_rank(MPI_COMM_WORLD, &m->base.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &m->base.nranks);
     m->timeout_s = params->timeout_s;

@@ -513,6 +513,15 @@ static void test_p2p(void) {
     CHECK_OK(dp_comm_recv(c, NULL, 0, r, 7, &from, &got));
     CHECK_EQ(from, r);
     CHECK_EQ(got, 0);
+    /* a receive withdrawn before any message: the next receive takes it */
+    char c8[8] = {0};
+    CHECK_OK(dp_comm_irecv(c, c8, 8, (r + 1) % P, 4, &m));
+    CHECK_OK(dp_comm_msg_cancel(c, m));
+    CHECK_OK(dp_comm_barrier(c));
+    CHECK_OK(dp_comm_isend(c, r % 2 ? "BBBBBBBB" : "AAAAAAAA", 8, (r + P - 1) % P, 4, &m));
+    CHECK_OK(dp_comm_recv(c, c8, 8, (r + 1) % P, 4, NULL, NULL));
+    CHECK_OK(dp_comm_msg_wait(c, m, NULL, NULL));
+    CHECK(c8[0] == (((r + 1) % P) % 2 ? 'B' : 'A'));
     /* too long for the buffer: the receive fails and says so */
     char b4[4];
     if (P > 1 && r == 0) CHECK_OK(dp_comm_send(c, "12345678", 8, 1, 3));
