@@ -238,6 +238,43 @@ assert sum(ep['shares']) == 50 and ep['shares'][1] < 20, ep['shares']
 assert sum(ep['rank_samples']) == 1000 and ep['rank_samples'][1] < 400, ep['rank_samples']
 "; then ok mpi_balance_shares_follow_speed
   else bad mpi_balance_shares_follow_speed "$(tail -3 "$T/mpibal2.log")"; fi
+  # --backup-workers across processes (through rank 0, point-to-point): b = 0 gives the bits of
+  # the thread slot with 2 workers; b = 1 with rank 1 four times slower drops rank 1 in most
+  # steps while every replica stays equal (checked every step); a rank that never arrives is
+  # named by --comm-timeout and the job ends; --workers 2 per process is refused
+  "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 2 --backup-workers 0 --out "$T/bk0t" >/dev/null 2>&1
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --backup-workers 0 \
+    --out "$T/bk0m" >"$T/bk0m.log" 2>&1
+  h=$(hash_of "$T/bk0m/checkpoint.bin"); h0=$(hash_of "$T/bk0t/checkpoint.bin")
+  if same_hash "$h" "$h0"; then ok mpi_backup_zero_equals_threads
+  else bad mpi_backup_zero_equals_threads "'$h' vs '$h0'" "$(tail -3 "$T/bk0m.log")"; fi
+  if timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train --model cnn --epochs 1 "${SMALL[@]}" --workers 1 --backup-workers 1 \
+       --simulate-slow 1:4 --check-replicas 1 --comm-timeout 60 --out "$T/bkm" >"$T/bkm.log" 2>&1 &&
+     /usr/bin/python3 -c "
+import json
+recs = [json.loads(l) for l in open('$T/bkm/metrics.jsonl')]
+st = [r for r in recs if r['kind'] == 'step']
+assert len(st) == 20 and all(len(r['dropped']) == 1 for r in st), [r['dropped'] for r in st]
+assert sum(r['dropped'] == [1] for r in st) >= 14, [r['dropped'] for r in st]
+ep = [r for r in recs if r['kind'] == 'epoch'][0]
+assert ep['dropped_steps'][1] >= 14 and sum(ep['dropped_steps']) == 20, ep['dropped_steps']
+assert st[-1]['loss'] < st[0]['loss'], (st[0]['loss'], st[-1]['loss'])
+"; then ok mpi_backup_drops_slow_rank
+  else bad mpi_backup_drops_slow_rank "$(tail -3 "$T/bkm.log")"; fi
+  t0=$(date +%s)
+  timeout 60 "${MPIRUN[@]}" -np 3 "$BIN" train --model cnn --epochs 1 "${SMALL[@]}" --workers 1 --backup-workers 0 \
+    --simulate-slow 1:1000 --comm-timeout 1 >"$T/bkto.log" 2>&1
+  rc=$?
+  if [[ $rc -ne 0 && $rc -ne 124 ]] && (( $(date +%s) - t0 < 40 )) &&
+     grep -q "timeout after 1.0 s in backup-workers step 0 on rank 0: rank(s) did not arrive: 1" "$T/bkto.log"; then
+    ok mpi_backup_timeout_names_rank
+  else bad mpi_backup_timeout_names_rank "exit $rc" "$(grep -v '^\[' "$T/bkto.log" | head -5)"; fi
+  timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --backup-workers 1 \
+    >"$T/bkh.log" 2>&1
+  rc=$?
+  if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "backup-workers across processes needs one worker per process" "$T/bkh.log"; then
+    ok mpi_backup_hybrid_refused
+  else bad mpi_backup_hybrid_refused "exit $rc" "$(head -3 "$T/bkh.log")"; fi
   # a process started with other options: one clear error naming the rank, the job ends
   t0=$(date +%s)
   timeout 60 "${MPIRUN[@]}" -np 2 sh -c "exec \"$BIN\" train --model mlp --epochs 1 --data \"$DATA\" --train-limit 1000 \

@@ -78,6 +78,28 @@ void dp_reducer_grad_ready(void *arg, int64_t offset, int64_t count);
  * behind backward (from the end of backward to the last completion). */
 int dp_reducer_finish(struct dp_reducer *r);
 
+/* Backup workers across processes (src/ddp/backup_star.c has the protocol):
+ * each step takes the gradients of the first G - b ranks to arrive, through
+ * rank 0, with point-to-point messages on c (one worker per process).
+ *     dp_backup_star_init(&bs, comm, num_params, b, positions, timeout_s);
+ *     dp_backup_star_start(bs, first_step);        // rank 0: the collector thread
+ *     each step: g = this rank's gradient SUM over its n samples (loss scale 1);
+ *     dp_backup_star_step(bs, step, g, n, &n_acc, &bad, accepted);
+ *         // g = the mean over the accepted samples x positions; accepted[r] (G)
+ *     dp_backup_star_free(bs);                      // after the last step
+ * Every rank gets the same update, n_acc and flags.  Up to DP_BACKUP_DEPTH
+ * steps may be open between the fastest and the slowest rank. */
+#define DP_BACKUP_DEPTH 4
+struct dp_backup_star;
+int dp_backup_star_init(struct dp_backup_star **bs, struct dp_comm *c, int64_t num_params, int backup,
+                        double positions, double timeout_s);
+int dp_backup_star_start(struct dp_backup_star *bs, int64_t first_step);
+int dp_backup_star_step(struct dp_backup_star *bs, int64_t step, float *g, double n_local, double *n_acc,
+                        int *bad, unsigned char *accepted);
+/* Fails rank 0's waits and stops its collector (any thread; idempotent). */
+void dp_backup_star_abort(struct dp_backup_star *bs, const char *why);
+void dp_backup_star_free(struct dp_backup_star *bs);
+
 #ifdef __cplusplus
 }
 #endif

@@ -48,7 +48,7 @@
  * process's step slot, shared by its P workers under mu.  Published
  * gradients live in a ring of BACKUP_DEPTH slots (step s in s % D), so the
  * ranks that close a step may run up to D steps ahead of a late rank. */
-#define BACKUP_DEPTH 4
+#define BACKUP_DEPTH DP_BACKUP_DEPTH
 struct backup {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -150,6 +150,7 @@ struct dp_trainer {
     int64_t *rank_samples;     /* (G) rank 0: samples each rank took in the epoch (epoch_totals) */
     int64_t *share_samples;    /* (G) rank 0, with balance: the plan in samples, for the report */
     int bk_on;                 /* backup workers: steps go through bk, not the reducer */
+    struct dp_backup_star *star; /* ... across processes (with `inter`): through rank 0 instead */
     struct backup bk;
     int64_t *dropped_count;    /* (G) rank 0, with bk_on: this epoch's steps each rank was dropped */
 };
@@ -213,6 +214,7 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_free(t->rank_samples);
     dp_free(t->share_samples);
     dp_free(t->dropped_count);
+    dp_backup_star_free(t->star); /* stops rank 0's collector */
     dp_free(t->bk.src);
     dp_free(t->bk.n);
     dp_free(t->bk.arrived);
@@ -246,13 +248,16 @@ static int check_params(const struct dp_train_params *p) {
         return dp_seterr(DP_EINVAL, "--balance must be in 1..1000000 steps between re-plans (got %lld)",
                          (long long)p->balance);
     if (p->comm_timeout < 0) return dp_seterr(DP_EINVAL, "--comm-timeout must be >= 0");
-    if (p->backup && (p->backup_workers < 0 || p->backup_workers >= p->workers))
+    int G = p->inter ? p->workers * dp_comm_world(p->inter) : p->workers;
+    if (p->backup && (p->backup_workers < 0 || p->backup_workers >= G))
         return dp_seterr(DP_EINVAL, "--backup-workers must be in 0..%d (fewer than the %d worker%s; got %d)",
-                         p->workers - 1, p->workers, p->workers > 1 ? "s" : "", p->backup_workers);
-    if (p->backup && p->inter)
-        return dp_seterr(DP_ENOTSUP, "--backup-workers works on the thread backend only: on MPI a step "
-                         "that takes the first P - b gradients needs a gather-based or server scheme (not "
-                         "implemented yet)");
+                         G - 1, G, G > 1 ? "s" : "", p->backup_workers);
+    /* across processes the step goes through rank 0 (dp_backup_star): one
+     * worker per process, as a slot shared by threads and messages between
+     * processes would make two protocols of one step */
+    if (p->backup && p->inter && p->workers > 1)
+        return dp_seterr(DP_ENOTSUP, "--backup-workers across processes needs one worker per process "
+                         "(--workers 1 under mpirun; got %d)", p->workers);
     /* which ranks are accepted depends on timing: not deterministic */
     if (p->backup && p->deterministic && p->backup_workers > 0)
         return dp_seterr(DP_EINVAL, "--backup-workers %d does not work with --deterministic: which ranks are "
@@ -376,7 +381,7 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     w->arrival = dp_calloc((size_t)w->red.nb + 1, sizeof(double));
     w->waits = dp_calloc((size_t)t->G, sizeof(double));
     if (!w->arrival || !w->waits) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
-    if (t->bk_on && !(w->dropped = dp_calloc((size_t)t->P, 1))) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
+    if (t->bk_on && !(w->dropped = dp_calloc((size_t)t->G, 1))) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
     if (t->balance) {
         w->bal_rate = dp_calloc((size_t)t->G, sizeof(int64_t));
         w->bal_new = dp_calloc((size_t)t->G, sizeof(int64_t));
@@ -534,7 +539,16 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     }
     /* --backup-workers 0 with --deterministic is plain deterministic sync */
     t->bk_on = p->backup && !p->deterministic;
-    if (t->bk_on && (rc = backup_init(t))) goto fail;
+    if (t->bk_on && !p->inter && (rc = backup_init(t))) goto fail;
+    if (t->bk_on && p->inter) {
+        if (!(t->dropped_count = dp_calloc((size_t)t->G, sizeof(int64_t)))) {
+            rc = dp_seterr(DP_ENOMEM, "--backup-workers: out of memory");
+            goto fail;
+        }
+        if ((rc = dp_backup_star_init(&t->star, p->inter, t->model->num_params, p->backup_workers,
+                                      (double)t->pos, p->comm_timeout)))
+            goto fail;
+    }
     /* A worker's share is at most ceil(batch / P); evaluation uses up to
      * eval_chunk samples. */
     int64_t share = (p->batch + t->G - 1) / t->G;
@@ -1017,7 +1031,8 @@ static int gather_waits(struct worker *w, int *last) {
 /* Wakes every waiter of the slot with an error (idempotent; any thread). */
 static void backup_abort(struct dp_trainer *t, const char *why) {
     struct backup *bk = &t->bk;
-    if (!t->bk_on) return;
+    if (t->star) dp_backup_star_abort(t->star, why);
+    if (!t->bk_on || !bk->init) return;
     pthread_mutex_lock(&bk->mu);
     if (!bk->failed) {
         bk->failed = 1;
@@ -1127,6 +1142,16 @@ static int backup_step(struct worker *w, double n_local, double *n_acc, int *bad
     pthread_mutex_lock(&bk->mu);
     if (++bk->consumed[k] == P) pthread_cond_broadcast(&bk->cv);
     pthread_mutex_unlock(&bk->mu);
+    return DP_OK;
+}
+
+/* The same step across processes, through rank 0 (src/ddp/backup_star.c). */
+static int backup_star(struct worker *w, double n_local, double *n_acc, int *bad) {
+    struct dp_trainer *t = w->t;
+    int rc = dp_backup_star_step(t->star, w->step, w->rep.grads, n_local, n_acc, bad, w->dropped);
+    if (rc) return rc;
+    w->ndropped = 0;
+    for (int r = 0; r < t->G; r++) w->dropped[r] = !w->dropped[r], w->ndropped += w->dropped[r];
     return DP_OK;
 }
 
@@ -1334,7 +1359,7 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         double tw = dp_time();
         w->arrival[0] += tw - w->t_step0; /* one arrival per step: "bucket" 0, as in det_step */
         w->arrival_steps++;
-        int rc = backup_step(w, n_local, &n_acc, &bk_bad);
+        int rc = t->star ? backup_star(w, n_local, &n_acc, &bk_bad) : backup_step(w, n_local, &n_acc, &bk_bad);
         double te = dp_time();
         w->step_wait = t->G > 1 ? te - tw : 0;
         w->t_comm += te - tw, w->t_exposed += te - tw;
@@ -1664,7 +1689,7 @@ static int step_record(const struct worker *w, int64_t step, int64_t epoch, doub
     /* backup workers: the ranks whose gradient this step dropped */
     if (n >= 0 && w->t->bk_on) {
         n = fprintf(w->t->metrics, ", \"dropped\": [");
-        for (int r = 0, k = 0; n >= 0 && r < w->t->P; r++)
+        for (int r = 0, k = 0; n >= 0 && r < w->t->G; r++)
             if (w->dropped[r]) n = fprintf(w->t->metrics, "%s%d", k++ ? ", " : "", r);
         if (n >= 0) n = fprintf(w->t->metrics, "]");
     }
@@ -1784,7 +1809,7 @@ static int worker_loop(struct worker *w) {
                 return dp_adderr(rc, "worker %d, step %lld: --balance", w->grank, (long long)step);
             if (w->grank == 0) {
                 if (last_rank >= 0) t->last_count[last_rank]++;
-                for (int r = 0; t->bk_on && r < t->P; r++) t->dropped_count[r] += w->dropped[r];
+                for (int r = 0; t->bk_on && r < t->G; r++) t->dropped_count[r] += w->dropped[r];
                 t->step = step;
                 t->step_in_epoch = in_epoch;
                 struct dp_event ev = {.kind = DP_EVENT_STEP, .step = step, .epoch = epoch,
@@ -1825,7 +1850,10 @@ static void *worker_main(void *arg) {
 int dp_trainer_run(struct dp_trainer *t) {
     t->t_origin = dp_time();
     for (int r = 0; r < t->P; r++) t->w[r].step = t->step, t->w[r].epoch = t->epoch, t->w[r].in_epoch = t->step_in_epoch;
-    if (t->bk_on) { /* the step slot opens at the first step */
+    if (t->star) { /* rank 0's collector opens the first step */
+        int rc = dp_backup_star_start(t->star, t->step);
+        if (rc) return rc;
+    } else if (t->bk_on) { /* the step slot opens at the first step */
         t->bk.open = t->step, t->bk.count = 0, t->bk.failed = 0;
         for (int r = 0; r < t->P; r++) t->bk.arrived[r] = -1;
         for (int k = 0; k < BACKUP_DEPTH; k++) t->bk.upd_step[k] = -1, t->bk.consumed[k] = 0;

@@ -95,13 +95,14 @@ bench_cli() {
   if [[ $out -eq 0 ]]; then echo "ok   mpi_bench_allreduce (native, ring, rhd, auto)"; pass=$((pass + 1)); else fail=$((fail + 1)); fi
 }
 
-# --backup-workers is thread-backend only: on MPI every process refuses it with one clear line
+# --backup-workers across processes needs one worker per process: with 2 threads per process
+# every process refuses it with one clear line (tests/cli.sh runs the supported case)
 backup_refused() {
   local log=$T/backup
   OMPI_MCA_btl=self,vader timeout 120 mpirun --oversubscribe -np 2 "$BUILD/dptrain" train --backend mpi \
-    --train-limit 200 --batch 50 --progress none --backup-workers 0 >"$log" 2>&1
+    --train-limit 200 --batch 50 --progress none --workers 2 --backup-workers 0 >"$log" 2>&1
   local rc=$?
-  if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "dptrain: error: .*--backup-workers works on the thread backend only" "$log"; then
+  if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "dptrain: error: .*--backup-workers across processes needs one worker per process" "$log"; then
     echo "ok   mpi_backup_workers_refused"; pass=$((pass + 1))
   else echo "FAIL mpi_backup_workers_refused: exit $rc"; sed 's/^/    /' "$log" | head -10; fail=$((fail + 1)); fi
 }
