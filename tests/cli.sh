@@ -561,6 +561,40 @@ if "$BIN" sample --help | grep -q -- "--temperature" && "$BIN" help sample | gre
 else bad sample_help "sample missing from the help"; fi
 # === end of gpt checks ===
 
+# === plan, simulate, plot checks (tools/dptrain/plan.c) ===
+# simulate: the closed form of sync (step = compute + comm), the same output
+# for the same seed, the trainer's spec syntax and its errors, a trace
+sim=$("$BIN" simulate --workers 4 --steps 10 --compute-ms 100 --comm-ms 20 2>&1)
+if grep -q "^throughput: 8.33333 steps/s  1066.67 samples/s" <<<"$sim"; then ok simulate_sync_closed_form
+else bad simulate_sync_closed_form "$sim"; fi
+s1=$("$BIN" simulate --mode async --workers 50 --steps 20 --compute-sd-ms 30 --simulate-jitter p=0.05,ms=200 --seed 5 2>&1)
+s2=$("$BIN" simulate --mode async --workers 50 --steps 20 --compute-sd-ms 30 --simulate-jitter p=0.05,ms=200 --seed 5 2>&1)
+s3=$("$BIN" simulate --mode async --workers 50 --steps 20 --compute-sd-ms 30 --simulate-jitter p=0.05,ms=200 --seed 6 2>&1)
+if [[ -n $s1 && $s1 == "$s2" && $s1 != "$s3" ]] && grep -q "^staleness (pushes): mean" <<<"$s1"; then ok simulate_deterministic
+else bad simulate_deterministic "$s1" "$s3"; fi
+# backup 1 with worker 2 five times slower: the fast rate 1 / (0.1 + 0.02 s)
+sim=$("$BIN" simulate --mode backup --backup 1 --workers 6 --steps 20 --compute-ms 100 --comm-ms 20 --simulate-slow 2:5 2>&1)
+if grep -q "^throughput: 8.33333 steps/s" <<<"$sim"; then ok simulate_backup; else bad simulate_backup "$sim"; fi
+expect_error simulate_slow_range "rank 9 is out of range 0..3" "$BIN" simulate --workers 4 --simulate-slow 9:2
+expect_error simulate_bad_jitter "p and ms go together" "$BIN" simulate --simulate-jitter p=0.1
+expect_error simulate_bad_mode "unknown mode 'fast'" "$BIN" simulate --mode fast
+expect_error simulate_backup_too_many "needs at least 5 workers" "$BIN" simulate --mode backup --backup 4 --workers 4
+# a trace: two step records of 0.1 + 0.2 s compute and 0.3 + 0.1 s; the epoch record is skipped
+mkdir -p "$T/trace"
+{ echo '{"kind": "step", "step": 1, "forward_s": 0.1, "backward_s": 0.2, "step_s": 0.4}'
+  echo '{"kind": "epoch", "epoch": 1, "forward_s": 9, "backward_s": 9}'
+  echo '{"kind": "step", "step": 2, "forward_s": 0.3, "backward_s": 0.1, "step_s": 0.5}'; } >"$T/trace/metrics.jsonl"
+sim=$("$BIN" simulate --workers 1 --steps 1000 --trace "$T/trace" 2>&1)
+# one worker: the mean step is the mean of 0.3 and 0.4 s (a bootstrap draw): 2.86 steps/s within 5%
+rate=$(awk '/^throughput:/ {print $2}' <<<"$sim")
+if awk -v r="${rate:-0}" 'BEGIN {exit !(r > 2.72 && r < 3.0)}'; then ok simulate_trace; else bad simulate_trace "$sim"; fi
+echo '{"kind": "step", "forward_s": 0.1, ' >"$T/trace/metrics.jsonl"
+expect_error simulate_trace_bad "metrics.jsonl:1: json: column" "$BIN" simulate --trace "$T/trace"
+if "$BIN" simulate --help | grep -q -- "--bound" && "$BIN" help simulate | grep -q -- "--server-ms" &&
+   "$BIN" --help | grep -q "^  simulate "; then ok simulate_help
+else bad simulate_help "simulate missing from the help"; fi
+# === end of plan checks ===
+
 ci_strict=0
 [[ -n ${CI:-} && $CI != 0 && ${CI,,} != false ]] && ci_strict=1
 if [[ $skipped -gt 0 && $ci_strict -eq 1 ]]; then echo "CI=$CI: $skipped skipped fail the run"; fi
