@@ -593,6 +593,31 @@ expect_error simulate_trace_bad "metrics.jsonl:1: json: column" "$BIN" simulate 
 if "$BIN" simulate --help | grep -q -- "--bound" && "$BIN" help simulate | grep -q -- "--server-ms" &&
    "$BIN" --help | grep -q "^  simulate "; then ok simulate_help
 else bad simulate_help "simulate missing from the help"; fi
+# plan: the textbook ring (200M fp32 on 8 workers at 100 Gbit/s: 1.4 GB sent per
+# worker, 24 buckets x 14 x 5 us latency + 112 ms), a model counted by the
+# library's builder, the sweep's crossover, errors
+pl=$("$BIN" plan --params 2e8 --workers 8 --batch 1600 --algo ring --link-gbps 100 --flops 1e14 --tokens 1024 2>&1)
+if grep -q "sent per worker per step: 1.4 GB" <<<"$pl" && grep -q "^communication 113.68 ms" <<<"$pl" &&
+   grep -q "zero1 1.8 GB  zero2 1.1 GB  zero3 400 MB" <<<"$pl"; then ok plan_textbook
+else bad plan_textbook "$pl"; fi
+pl=$("$BIN" plan --model cnn --workers 2 --batch 64 --flops 5e10 --json 2>&1)
+if python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["workers"] == 2 and d["mem_plain"] == 16 * d["grad_bytes"] / 4 and len(d["bucket_bytes"]) >= 1' "$pl" 2>/dev/null
+then ok plan_model_json; else bad plan_model_json "$pl"; fi
+pl=$("$BIN" plan --params 2e8 --batch 1600 --flops 1e14 --tokens 1024 --sweep 1024 2>&1)
+if grep -q "^communication exceeds compute from 256 workers on" <<<"$pl"; then ok plan_sweep; else bad plan_sweep "$pl"; fi
+expect_error plan_no_model "give --params N or --model SPEC" "$BIN" plan --workers 4
+expect_error plan_bad_algo "unknown algorithm 'mesh'" "$BIN" plan --params 1e6 --algo mesh
+expect_error plan_hier_hosts "hier needs --per-host" "$BIN" plan --params 1e6 --workers 8 --algo hier
+expect_error plan_bad_model "--model nope" "$BIN" plan --model nope
+echo '{"beta_s": 8e-10, "alpha_s": 0.001' >"$T/prof.json"
+expect_error plan_bad_profile "prof.json: json: column" "$BIN" plan --params 1e6 --profile "$T/prof.json"
+# a profile's link: 10 Gbit/s (8e-10 s/B), 1 ms: 2 workers, one 4 MB bucket -> 2 ms + 3.2 ms
+echo '{"beta_s": 8e-10, "alpha_s": 0.001}' >"$T/prof.json"
+pl=$("$BIN" plan --params 1e6 --layers 1 --workers 2 --batch 2 --algo ring --profile "$T/prof.json" 2>&1)
+if grep -q "^communication 5.2 ms" <<<"$pl"; then ok plan_profile; else bad plan_profile "$pl"; fi
+if "$BIN" plan --help | grep -q -- "--per-host" && "$BIN" help plan | grep -q -- "--sweep" &&
+   "$BIN" --help | grep -q "^  plan "; then ok plan_help
+else bad plan_help "plan missing from the help"; fi
 # === end of plan checks ===
 
 ci_strict=0

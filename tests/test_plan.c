@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "dp/core.h"
+#include "dp/ddp.h"
+#include "dp/nn.h"
 #include "dp/plan.h"
 #include "test.h"
 
@@ -235,4 +237,179 @@ TEST(json_fuzz_mutations) {
         dp_free(buf);
     }
     ASSERT_TRUE(ok > 0 && bad > 0);
+}
+
+/* ---- cost model ------------------------------------------------------------------ */
+
+static struct dp_plan_net net_of(int P, double alpha, double bytes_per_s) {
+    struct dp_plan_net n;
+    memset(&n, 0, sizeof n);
+    n.workers = P, n.shards = 1;
+    dp_plan_net_link(&n, alpha, bytes_per_s);
+    return n;
+}
+
+/* The formulas of DESIGN §4 on the textbook case: 800 MB (200M fp32) on 8
+ * workers at 100 Gbit/s (12.5 GB/s), 5 us per message. */
+TEST(plan_allreduce_formulas) {
+    double n = 800e6, a = 5e-6, B = 12.5e9;
+    struct dp_plan_net net = net_of(8, a, B);
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RING, n, &net), 14 * a + 1.75 * n / B, 1e-12); /* 112.07 ms */
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RING, n, &net), 0.11207, 1e-9);
+    ASSERT_NEAR(dp_plan_sent_bytes(DP_PLAN_RING, n, &net), 1.4e9, 1e-3);
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RHD, n, &net), 6 * a + 1.75 * n / B, 1e-12);
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_TREE, n, &net), 6 * (a + n / B), 1e-12);
+    ASSERT_TRUE(isinf(dp_plan_allreduce_s(DP_PLAN_HIER, n, &net))); /* no hosts given */
+    /* ps, 2 shards: each shard moves 2 x 8 x n / 2 bytes, the bottleneck */
+    net.shards = 2;
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_PS, n, &net), 2 * 4 * a + 8 * n / B, 1e-12);
+    net.shards = 8; /* the worker's own 2n is the bottleneck now, one message each way per shard */
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_PS, n, &net), 2 * a + 2 * n / B, 1e-12);
+    /* rhd on 6 workers: 4 in the power-of-two core plus a fold in and out */
+    net = net_of(6, a, B);
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RHD, n, &net), 4 * a + 1.5 * n / B + 2 * (a + n / B), 1e-12);
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_TREE, n, &net), 6 * (a + n / B), 1e-12); /* ceil(log2 6) = 3 */
+    /* hier: 2 hosts of 4, 1 us / 100 GB/s inside: reduce-scatter and
+     * all-gather inside (3 steps of n/4 each), a ring of n/4 between hosts */
+    net = net_of(8, a, B);
+    net.per_host = 4, net.intra_alpha_s = 1e-6, net.intra_beta_s = 1 / 100e9;
+    double intra = 3 * (1e-6 + n / 4 / 100e9), inter = 2 * a + 2 * 0.5 * (n / 4) / B;
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_HIER, n, &net), 2 * intra + inter, 1e-12);
+    /* gamma: the ring reduces (p-1)/p n bytes */
+    net = net_of(8, a, B);
+    net.gamma_s = 1 / 10e9;
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RING, n, &net), 14 * a + 1.75 * n / B + 0.875 * n / 10e9, 1e-12);
+    /* one worker: nothing to do */
+    net = net_of(1, a, B);
+    ASSERT_FEQ(dp_plan_allreduce_s(DP_PLAN_RING, n, &net), 0);
+    /* the reducer's auto cap: a quarter of the gradient within [1 MiB, 25 MiB] */
+    ASSERT_EQ(dp_plan_auto_cap(100000), 1 << 20);
+    ASSERT_EQ(dp_plan_auto_cap(2000000), 2000000);
+    ASSERT_EQ(dp_plan_auto_cap(1000000000), 25 << 20);
+    int al = 0;
+    ASSERT_OK(dp_plan_algo_parse("best", &al));
+    ASSERT_EQ(al, -1);
+    ASSERT_OK(dp_plan_algo_parse("hier", &al));
+    ASSERT_EQ(al, DP_PLAN_HIER);
+    ASSERT_EQ(dp_plan_algo_parse("mesh", &al), DP_EINVAL);
+}
+
+/* The planner's buckets are the reducer's, bucket for bucket, on real models
+ * and caps (the reducer plans them without a communicator). */
+TEST(plan_buckets_match_reducer) {
+    const char *specs[] = {"mlp", "cnn", "gpt:layers=2,heads=2,dim=32,ctx=16"};
+    size_t caps[] = {0, 4096, 65536, 1u << 20};
+    for (size_t s = 0; s < DP_ARRAY_LEN(specs); s++) {
+        struct dp_model *m;
+        ASSERT_OK(dp_model_from_spec(&m, specs[s], 1, 28, 28));
+        int64_t lp[256];
+        ASSERT_TRUE(m->nlayers <= 256);
+        for (int i = 0; i < m->nlayers; i++) lp[i] = m->layers[i]->param_count;
+        for (size_t c = 0; c < DP_ARRAY_LEN(caps); c++)
+            for (size_t first = 1024; first <= (1u << 20); first *= 1024) {
+                struct dp_reducer_params rp = dp_reducer_default_params();
+                rp.bucket_cap_bytes = caps[c], rp.first_bucket_bytes = first;
+                struct dp_reducer red;
+                ASSERT_OK(dp_reducer_init(&red, m, NULL, NULL, &rp));
+                struct dp_plan_bucket *b;
+                size_t cap = caps[c] ? caps[c] : dp_plan_auto_cap(m->num_params);
+                int nb = dp_plan_buckets(lp, m->nlayers, cap, first, &b);
+                ASSERT_EQ(nb, red.nb);
+                for (int k = 0; k < nb; k++) {
+                    ASSERT_EQ(b[k].off, red.b[k].off);
+                    ASSERT_EQ(b[k].count, red.b[k].count);
+                    ASSERT_EQ(b[k].nlayers, red.b[k].nlayers);
+                }
+                dp_free(b);
+                dp_reducer_free(&red);
+            }
+        dp_model_free(m);
+    }
+}
+
+/* Four layers of 1M floats (4 MB, each over the 1 MiB cap: a bucket each),
+ * 2 workers x 1 sample at 1 GFLOP/s: forward 2 x 4M FLOPs = 8 ms, each
+ * layer's backward 4 ms, so buckets are ready at 12, 16, 20, 24 ms.  A ring
+ * of 2 with α = 0 takes n β = 4 MB x 1.5 ns = 6 ms per bucket: they run
+ * 12-18, 18-24, 24-30, 30-36 ms; exposed 36 - 24 = 12 ms.  Without overlap
+ * all four start at 24 ms: exposed 24 ms. */
+TEST(plan_overlap_timeline) {
+    struct dp_plan_params p = dp_plan_default_params();
+    p.params = 4000000, p.nlayers = 4, p.flops = 1e9, p.batch = 2, p.algo = DP_PLAN_RING;
+    p.bucket_cap_bytes = 1u << 20;
+    p.net = net_of(2, 0, 1 / 1.5e-9);
+    struct dp_plan_result r;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_EQ(r.nb, 4);
+    ASSERT_NEAR(r.fwd_s, 8e-3, 1e-12);
+    ASSERT_NEAR(r.bwd_s, 16e-3, 1e-12);
+    double ready[4] = {12e-3, 16e-3, 20e-3, 24e-3}, start[4] = {12e-3, 18e-3, 24e-3, 30e-3};
+    for (int k = 0; k < 4; k++) {
+        ASSERT_NEAR(r.b[k].ready_s, ready[k], 1e-12);
+        ASSERT_NEAR(r.b[k].start_s, start[k], 1e-12);
+        ASSERT_NEAR(r.b[k].done_s, start[k] + 6e-3, 1e-12);
+        ASSERT_EQ(r.b[k].algo, DP_PLAN_RING);
+    }
+    ASSERT_NEAR(r.comm_s, 24e-3, 1e-12);
+    ASSERT_NEAR(r.exposed_s, 12e-3, 1e-12);
+    ASSERT_NEAR(r.step_s, 36e-3, 1e-12);
+    ASSERT_NEAR(r.efficiency, 24.0 / 36, 1e-12);
+    ASSERT_NEAR(r.samples_per_s, 2 / 36e-3, 1e-9);
+    ASSERT_NEAR(r.grad_bytes, 16e6, 1e-6);
+    ASSERT_NEAR(r.sent_bytes, 16e6, 1e-6); /* 2 (p-1)/p n = n for p = 2 */
+    dp_plan_result_free(&r);
+    p.overlap = 0;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.exposed_s, 24e-3, 1e-12);
+    dp_plan_result_free(&r);
+    /* compression 4: 1.5 ms per bucket, all hidden but the last one's */
+    p.overlap = 1, p.compress = 4;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.exposed_s, 1.5e-3, 1e-12);
+    dp_plan_result_free(&r);
+    /* measured 12 ms per sample (fwd + bwd) instead of FLOPs: 4 + 8 ms */
+    p.sample_s = 12e-3;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.fwd_s, 4e-3, 1e-12);
+    ASSERT_NEAR(r.bwd_s, 8e-3, 1e-12);
+    dp_plan_result_free(&r);
+}
+
+/* AdamW in fp32, Ψ = 1M on 4 workers: 16Ψ, 8Ψ + 8Ψ/P, 4Ψ + 12Ψ/P, 16Ψ/P. */
+TEST(plan_zero_memory) {
+    struct dp_plan_params p = dp_plan_default_params();
+    p.params = 1000000, p.nlayers = 3, p.batch = 4;
+    p.net = net_of(4, 0, 1e9);
+    struct dp_plan_result r;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.mem_bytes[0], 16e6, 1e-6);
+    ASSERT_NEAR(r.mem_bytes[1], 10e6, 1e-6);
+    ASSERT_NEAR(r.mem_bytes[2], 7e6, 1e-6);
+    ASSERT_NEAR(r.mem_bytes[3], 4e6, 1e-6);
+    dp_plan_result_free(&r);
+    p.opt_state_bytes = 4; /* SGD with momentum: 12Ψ plain */
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.mem_bytes[0], 12e6, 1e-6);
+    dp_plan_result_free(&r);
+}
+
+/* Best per bucket: small buckets go to the latency-light algorithm (rhd,
+ * 2 log2 p messages), and a forced one is used as asked. */
+TEST(plan_best_algorithm_per_bucket) {
+    struct dp_plan_params p = dp_plan_default_params();
+    p.params = 1000, p.nlayers = 1, p.batch = 64;
+    p.net = net_of(64, 10e-6, 12.5e9);
+    struct dp_plan_result r;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_EQ(r.b[0].algo, DP_PLAN_RHD);
+    ASSERT_NEAR(r.comm_s, 12 * 10e-6 + 2 * 63.0 / 64 * 4000 / 12.5e9, 1e-12);
+    dp_plan_result_free(&r);
+    p.algo = DP_PLAN_TREE;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_EQ(r.b[0].algo, DP_PLAN_TREE);
+    dp_plan_result_free(&r);
+    p.batch = 10; /* fewer samples than workers */
+    ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
+    p.batch = 64, p.algo = DP_PLAN_HIER;
+    ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
 }

@@ -96,6 +96,106 @@ struct dp_sim_result {
 int dp_sim_run(const struct dp_sim_params *p, struct dp_sim_result *r);
 void dp_sim_result_free(struct dp_sim_result *r);
 
+/* ---- the analytic cost model (DESIGN §4) ------------------------------------------ */
+
+/* Collective algorithms as the model knows them, n bytes, p workers, α s per
+ * message, β s per byte, γ s per byte reduced:
+ *   ring  2(p-1)α + 2(p-1)/p nβ + (p-1)/p nγ             (bandwidth-optimal)
+ *   rhd   2 log2(p')α + 2(p'-1)/p' nβ + (p'-1)/p' nγ,     p' = 2^floor(log2 p),
+ *         + 2(α + nβ) + nγ when p is not a power of two   (Rabenseifner with a fold)
+ *   tree  2 ceil(log2 p)(α + nβ) + ceil(log2 p) nγ       (binary tree reduce + broadcast)
+ *   hier  g workers per host, H = p/g hosts: reduce-scatter inside the host
+ *         (g-1)(α' + n/g β') + (g-1)/g nγ, ring all-reduce of n/g between hosts,
+ *         all-gather inside the host (g-1)(α' + n/g β')   (α', β': the intra-host link)
+ *   ps    S shards on their own hosts: each worker pushes and pulls n, each shard
+ *         receives and sends p n/S in p/S messages each way, whose per-message
+ *         costs queue at the shard: 2 max(1, p/S)α + max(2n, 2pn/S)β + (pn/S)γ
+ */
+enum dp_plan_algo { DP_PLAN_RING = 0, DP_PLAN_RHD, DP_PLAN_TREE, DP_PLAN_HIER, DP_PLAN_PS, DP_PLAN_ALGO_COUNT };
+const char *dp_plan_algo_name(int algo);
+/* Sets *algo to the algorithm's index, or -1 for "best" (per bucket);
+ * returns 0 or DP_EINVAL. */
+int dp_plan_algo_parse(const char *name, int *algo);
+
+struct dp_plan_net {
+    int workers;                          /* p >= 1 */
+    int per_host;                         /* hier: g workers per host (p a multiple of g); 0 or 1: hier unavailable */
+    int shards;                           /* ps: S >= 1 */
+    double alpha_s[DP_PLAN_ALGO_COUNT];   /* per message, per algorithm (hier, ps: between hosts) */
+    double beta_s[DP_PLAN_ALGO_COUNT];    /* per byte, per algorithm */
+    double intra_alpha_s, intra_beta_s;   /* hier: inside a host */
+    double gamma_s;                       /* per byte reduced (0: free) */
+};
+/* Fills every algorithm with one link: latency_s and bytes_per_s. */
+void dp_plan_net_link(struct dp_plan_net *n, double latency_s, double bytes_per_s);
+/* Time of one all-reduce of `bytes` bytes by algo; INFINITY where the algo
+ * does not apply (hier without per_host >= 2 dividing p). */
+double dp_plan_allreduce_s(int algo, double bytes, const struct dp_plan_net *n);
+/* Bytes one worker sends in that all-reduce (the busiest worker for tree). */
+double dp_plan_sent_bytes(int algo, double bytes, const struct dp_plan_net *n);
+
+/* One bucket of the reducer, as the model plans and times it. */
+struct dp_plan_bucket {
+    int64_t off, count;       /* range of the gradient slab in elements, as dp_reducer plans it */
+    int first_layer, nlayers; /* its layers: first_layer .. first_layer + nlayers - 1 */
+    double bytes;             /* on the wire: count x bytes_per_elem / compress */
+    double ready_s, start_s, done_s; /* from the step's start */
+    int algo;                 /* the algorithm used (the fastest, unless forced) */
+    double algo_s[DP_PLAN_ALGO_COUNT];
+};
+
+/* The reducer's bucket cap for a model of num_params floats when asked for
+ * 0 (auto): a quarter of the gradient, clamped to [1 MiB, 25 MiB] (the rule
+ * in dp_reducer_init, src/ddp/reducer.c). */
+size_t dp_plan_auto_cap(int64_t num_params);
+/* Plans buckets exactly as dp_reducer does: from the last layer backwards, a
+ * bucket closes when the next layer would push it past its cap (the first
+ * bucket's cap is first_bytes; a layer larger than the cap gets its own).
+ * layers[i] = parameter floats of top-level layer i (0 allowed, skipped).
+ * *out (dp_malloc) gets the buckets, output side first; returns their count
+ * or < 0. */
+int dp_plan_buckets(const int64_t *layers, int nlayers, size_t cap_bytes, size_t first_bytes,
+                    struct dp_plan_bucket **out);
+
+struct dp_plan_params {
+    int64_t params;           /* Ψ; with layers, their sum is used */
+    const int64_t *layers;    /* (nlayers) floats per top-level layer in slab order, or NULL: nlayers equal layers */
+    const double *layer_flops;/* (nlayers) forward FLOPs per sample, or NULL: 2 x layer params x tokens */
+    int nlayers;
+    double tokens;            /* tokens per sample (for the default FLOPs) [1] */
+    struct dp_plan_net net;
+    double flops;             /* achieved FLOP/s per worker */
+    double sample_s;          /* > 0: measured forward + backward seconds per sample (overrides flops) */
+    int64_t batch;            /* global batch; each worker computes batch / p */
+    int bytes_per_elem;       /* of the gradient on the wire: 4 (fp32) or 2 (bf16) */
+    double compress;          /* >= 1: the wire carries bytes / compress */
+    size_t bucket_cap_bytes;  /* 0: auto (dp_plan_auto_cap) */
+    size_t first_bucket_bytes;/* 1 MiB */
+    int overlap;              /* 1: a bucket starts when its last layer's backward ends */
+    int algo;                 /* -1: the fastest per bucket; else forced */
+    double opt_s;             /* optimizer time per step */
+    double opt_state_bytes;   /* optimizer state per parameter: 8 for AdamW (m, v), 4 for SGD momentum */
+};
+struct dp_plan_params dp_plan_default_params(void);
+
+struct dp_plan_result {
+    double fwd_s, bwd_s, opt_s;   /* per step per worker */
+    double comm_s;                /* sum of the buckets' all-reduce times */
+    double exposed_s;             /* communication left after backward */
+    double step_s;                /* fwd + bwd + exposed + opt */
+    double efficiency;            /* (fwd + bwd + opt) / step: throughput over p x the no-communication rate */
+    double samples_per_s;         /* batch / step */
+    double grad_bytes;            /* on the wire per all-reduce of the whole gradient */
+    double sent_bytes;            /* one worker sends per step */
+    double mem_bytes[4];          /* weights + grads + optimizer state per worker: plain, ZeRO 1, 2, 3 */
+    int nb;
+    struct dp_plan_bucket *b;     /* (nb), output side first */
+};
+/* Predicts one step.  0, DP_EINVAL (a bad parameter, with a message) or
+ * DP_ENOMEM.  The result owns b: dp_plan_result_free. */
+int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r);
+void dp_plan_result_free(struct dp_plan_result *r);
+
 /* ---- a reader of flat JSON lines (metrics.jsonl) ---------------------------------- */
 
 /* One line of metrics.jsonl is one flat object: string keys, values that are

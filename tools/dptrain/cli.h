@@ -16,5 +16,6 @@ int dptrain_cmd_prepare_text(int argc, char **argv);
 int dptrain_cmd_sample(int argc, char **argv);
 /* tools/dptrain/plan.c */
 int dptrain_cmd_simulate(int argc, char **argv);
+int dptrain_cmd_plan(int argc, char **argv);
 
 #endif

@@ -90,6 +90,7 @@ static const char *help_main =
     "  bench allreduce  all-reduce time, algorithm and bus bandwidth by message size\n"
     "  prepare-text   write a token file from text files (fortunes by default)\n"
     "  sample         generate text with a gpt checkpoint (prompt, temperature, top-k, seed)\n"
+    "  plan           predict a step: buckets, all-reduce algorithms, overlap, ZeRO memory\n"
     "  simulate       discrete-event simulation of steps: sync, ssp, async, backup workers\n"
     "  help CMD       help for one command (same as CMD --help)\n"
     "\n"
@@ -837,6 +838,10 @@ int main(int argc, char **argv) {
             char *h[] = {"prepare-text", "--help", NULL};
             return dptrain_cmd_prepare_text(2, h);
         }
+        if (!strcmp(what, "plan")) {
+            char *h[] = {"plan", "--help", NULL};
+            return dptrain_cmd_plan(2, h);
+        }
         if (!strcmp(what, "simulate")) {
             char *h[] = {"simulate", "--help", NULL};
             return dptrain_cmd_simulate(2, h);
@@ -855,6 +860,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "prepare-text")) return dptrain_cmd_prepare_text(argc - 1, argv + 1);
     if (!strcmp(cmd, "sample")) return dptrain_cmd_sample(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plan")) return dptrain_cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "simulate")) return dptrain_cmd_simulate(argc - 1, argv + 1);
     fprintf(stderr, "%s: error: unknown command '%s' (see '%s --help')\n", prog, cmd, prog);
     return 2;

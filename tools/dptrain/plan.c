@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "dp/nn.h"
 #include "dp/plan.h"
 #include "dp/train.h"
 #include "cli.h"
@@ -238,5 +239,267 @@ int dptrain_cmd_simulate(int argc, char **argv) {
     dp_sim_result_free(&r);
     free(tr.t);
     free(factor);
+    return 0;
+}
+
+/* ---- plan ---------------------------------------------------------------------------- */
+
+static const char *help_plan =
+    "usage: dptrain plan (--params N | --model SPEC) --workers P [options]\n"
+    "\n"
+    "The analytic cost model of one synchronous data-parallel step (docs/plan.md): the\n"
+    "reducer's buckets (the rule of src/ddp/reducer.c), each bucket's all-reduce by ring,\n"
+    "recursive halving-doubling, tree, hierarchical (intra + inter host) or a parameter\n"
+    "server with S shards (alpha-beta-gamma), overlapped with backward.  Prints the step\n"
+    "time, the exposed communication, the scaling efficiency, the bytes on the wire and\n"
+    "the memory per worker plain and under ZeRO 1/2/3 (weights, grads, optimizer state).\n"
+    "\n"
+    "model:\n"
+    "  --params N            parameters (1e6, 2e8 accepted); with --layers L equal layers [24]\n"
+    "  --model SPEC          count them with the library's model builder (mlp, cnn,\n"
+    "                        gpt:layers=..,heads=..,dim=..,ctx=..), per layer, with FLOPs\n"
+    "  --input C,H,W         input shape of an image model [1,28,28]\n"
+    "  --tokens T            tokens per sample for --params FLOPs (2 x params x T forward) [1]\n"
+    "  --batch B             global batch [P x 32]\n"
+    "  --dtype fp32|bf16     gradient on the wire [fp32]\n"
+    "  --compress R          the wire carries 1/R of the bytes [1]\n"
+    "  --opt-state-bytes S   optimizer state per parameter: 8 AdamW, 4 SGD momentum [8]\n"
+    "  --opt-ms MS           optimizer time per step [0]\n"
+    "compute:\n"
+    "  --flops F             achieved FLOP/s per worker [1e12]\n"
+    "  --sample-ms MS        or measured forward + backward per sample (overrides --flops)\n"
+    "network:\n"
+    "  --workers P           [1]\n"
+    "  --link-gbps G         link rate per worker, Gbit/s [100]\n"
+    "  --latency-us U        per message [5]\n"
+    "  --reduce-gbs R        reduction rate, GB/s (gamma = 1/R); 0 = free [0]\n"
+    "  --per-host G          workers per host for hier [0 = hier not considered]\n"
+    "  --intra-gbps G        link inside a host [800]   --intra-latency-us U [1]\n"
+    "  --shards S            parameter-server shards [1]\n"
+    "  --algo A              ring | rhd | tree | hier | ps | best (per bucket) [best]\n"
+    "  --bucket-mb M         bucket cap (0 = the reducer's auto rule) [0]\n"
+    "  --first-bucket-mb M   [1]\n"
+    "  --no-overlap          all buckets after backward\n"
+    "  --profile FILE        a JSON profile (dptrain calibrate writes one): alpha_s, beta_s,\n"
+    "                        gamma_s, flops, sample_s, <algo>_alpha_s, <algo>_beta_s;\n"
+    "                        options after it override it\n"
+    "output:\n"
+    "  --buckets             the bucket table (times from the step's start)\n"
+    "  --sweep MAX           the same global batch on P = 1, 2, 4 .. MAX workers, and the\n"
+    "                        first P where communication exceeds compute\n"
+    "  --json                one JSON object instead of text\n";
+
+static double si_arg(const char *name, const char *v, double lo, double hi) { return num_arg(name, v, lo, hi); }
+
+static void print_bytes(const char *label, double b) {
+    const char *u[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+    int i = 0;
+    double x = b;
+    while (fabs(x) >= 1000 && i < 5) x /= 1000, i++;
+    printf("%s%.4g %s", label, x, u[i]);
+}
+
+static void load_profile(const char *path, struct dp_plan_params *p) {
+    FILE *f = fopen(path, "r");
+    if (!f) die("%s: %s", path, strerror(errno));
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    int full = n == sizeof buf;
+    fclose(f);
+    if (full) die("%s: larger than 64 KiB", path);
+    struct dp_json_obj o;
+    if (dp_json_parse(buf, n, &o)) die("%s: %s", path, dp_errmsg());
+    double a = dp_json_num(&o, "alpha_s", NAN), b = dp_json_num(&o, "beta_s", NAN);
+    for (int k = 0; k < DP_PLAN_ALGO_COUNT; k++) {
+        char ka[64], kb[64];
+        snprintf(ka, sizeof ka, "%s_alpha_s", dp_plan_algo_name(k));
+        snprintf(kb, sizeof kb, "%s_beta_s", dp_plan_algo_name(k));
+        double ak = dp_json_num(&o, ka, a), bk = dp_json_num(&o, kb, b);
+        if (ak == ak) p->net.alpha_s[k] = ak;
+        if (bk == bk) p->net.beta_s[k] = bk;
+    }
+    double g = dp_json_num(&o, "gamma_s", NAN), fl = dp_json_num(&o, "flops", NAN), ss = dp_json_num(&o, "sample_s", NAN);
+    if (g == g) p->net.gamma_s = g;
+    if (fl == fl) p->flops = fl;
+    if (ss == ss) p->sample_s = ss;
+    double ia = dp_json_num(&o, "intra_alpha_s", NAN), ib = dp_json_num(&o, "intra_beta_s", NAN);
+    if (ia == ia) p->net.intra_alpha_s = ia;
+    if (ib == ib) p->net.intra_beta_s = ib;
+    dp_json_obj_free(&o);
+}
+
+static void print_plan_text(const struct dp_plan_params *p, const struct dp_plan_result *r, int buckets) {
+    double psi = 0;
+    for (int k = 0; k < r->nb; k++) psi += (double)r->b[k].count;
+    printf("model %.6g parameters in %d buckets  workers %d  global batch %lld (%.6g per worker)\n", psi, r->nb,
+           p->net.workers, (long long)p->batch, (double)p->batch / p->net.workers);
+    print_bytes("gradient on the wire per step: ", r->grad_bytes);
+    print_bytes("  sent per worker per step: ", r->sent_bytes);
+    print_bytes("  all workers per second: ", r->sent_bytes * p->net.workers / r->step_s);
+    printf("/s\n");
+    printf("step %.6g ms = forward %.6g + backward %.6g + exposed comm %.6g + optimizer %.6g ms\n", r->step_s * 1e3,
+           r->fwd_s * 1e3, r->bwd_s * 1e3, r->exposed_s * 1e3, r->opt_s * 1e3);
+    printf("communication %.6g ms (%.1f%% hidden behind backward)  efficiency %.4f  %.6g samples/s\n",
+           r->comm_s * 1e3, r->comm_s > 0 ? 100 * (1 - r->exposed_s / r->comm_s) : 100.0, r->efficiency,
+           r->samples_per_s);
+    int count[DP_PLAN_ALGO_COUNT] = {0};
+    for (int k = 0; k < r->nb; k++) count[r->b[k].algo]++;
+    printf("algorithm per bucket:");
+    for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++)
+        if (count[a]) printf(" %s x%d", dp_plan_algo_name(a), count[a]);
+    printf("\n");
+    printf("memory per worker (weights, grads, optimizer):");
+    print_bytes(" plain ", r->mem_bytes[0]);
+    print_bytes("  zero1 ", r->mem_bytes[1]);
+    print_bytes("  zero2 ", r->mem_bytes[2]);
+    print_bytes("  zero3 ", r->mem_bytes[3]);
+    printf("\n");
+    if (!buckets) return;
+    printf("bucket  layers    elements      bytes   ready_ms   start_ms    done_ms  algo");
+    for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) printf(" %8s_ms", dp_plan_algo_name(a));
+    printf("\n");
+    for (int k = 0; k < r->nb; k++) {
+        const struct dp_plan_bucket *b = &r->b[k];
+        printf("%6d  %3d..%-3d %10lld %10.4g %10.4g %10.4g %10.4g  %-4s", k, b->first_layer,
+               b->first_layer + b->nlayers - 1, (long long)b->count, b->bytes, b->ready_s * 1e3, b->start_s * 1e3,
+               b->done_s * 1e3, dp_plan_algo_name(b->algo));
+        for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) printf(" %11.4g", isinf(b->algo_s[a]) ? -1 : b->algo_s[a] * 1e3);
+        printf("\n");
+    }
+}
+
+static void print_plan_json(const struct dp_plan_params *p, const struct dp_plan_result *r) {
+    printf("{\"kind\": \"plan\", \"workers\": %d, \"batch\": %lld, \"step_s\": %.9g, \"fwd_s\": %.9g, "
+           "\"bwd_s\": %.9g, \"opt_s\": %.9g, \"comm_s\": %.9g, \"exposed_s\": %.9g, \"efficiency\": %.6f, "
+           "\"samples_per_s\": %.9g, \"grad_bytes\": %.9g, \"sent_bytes\": %.9g, \"mem_plain\": %.9g, "
+           "\"mem_zero1\": %.9g, \"mem_zero2\": %.9g, \"mem_zero3\": %.9g",
+           p->net.workers, (long long)p->batch, r->step_s, r->fwd_s, r->bwd_s, r->opt_s, r->comm_s, r->exposed_s,
+           r->efficiency, r->samples_per_s, r->grad_bytes, r->sent_bytes, r->mem_bytes[0], r->mem_bytes[1],
+           r->mem_bytes[2], r->mem_bytes[3]);
+    const char *keys[] = {"bucket_bytes", "bucket_ready_s", "bucket_start_s", "bucket_done_s"};
+    for (int f = 0; f < 4; f++) {
+        printf(", \"%s\": [", keys[f]);
+        for (int k = 0; k < r->nb; k++) {
+            const struct dp_plan_bucket *b = &r->b[k];
+            double v = f == 0 ? b->bytes : f == 1 ? b->ready_s : f == 2 ? b->start_s : b->done_s;
+            printf("%s%.9g", k ? ", " : "", v);
+        }
+        printf("]");
+    }
+    printf(", \"bucket_algo\": [");
+    for (int k = 0; k < r->nb; k++) printf("%s%d", k ? ", " : "", r->b[k].algo);
+    printf("]}\n");
+}
+
+int dptrain_cmd_plan(int argc, char **argv) {
+    struct dp_plan_params p = dp_plan_default_params();
+    p.nlayers = 24;
+    p.net.intra_beta_s = 8 / 800e9;
+    double gbps = 100, lat_us = 5;
+    int gbps_given = 0, lat_given = 0, batch_given = 0, buckets = 0, json = 0;
+    long long sweep = 0;
+    const char *model = NULL, *input = "1,28,28", *v;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(help_plan, stdout);
+            return 0;
+        }
+        if (take(argc, argv, &i, "--params", &v)) p.params = (int64_t)si_arg(a, v, 1, 1e15);
+        else if (take(argc, argv, &i, "--layers", &v)) p.nlayers = (int)int_arg(a, v, 1, 1000000);
+        else if (take(argc, argv, &i, "--model", &v)) model = v;
+        else if (take(argc, argv, &i, "--input", &v)) input = v;
+        else if (take(argc, argv, &i, "--tokens", &v)) p.tokens = num_arg(a, v, 1, 1e9);
+        else if (take(argc, argv, &i, "--batch", &v)) p.batch = int_arg(a, v, 1, 1LL << 40), batch_given = 1;
+        else if (take(argc, argv, &i, "--dtype", &v)) {
+            if (!strcmp(v, "fp32")) p.bytes_per_elem = 4;
+            else if (!strcmp(v, "bf16")) p.bytes_per_elem = 2;
+            else die("--dtype: '%s' (expected fp32 or bf16)", v);
+        } else if (take(argc, argv, &i, "--compress", &v)) p.compress = num_arg(a, v, 1, 1e6);
+        else if (take(argc, argv, &i, "--opt-state-bytes", &v)) p.opt_state_bytes = num_arg(a, v, 0, 64);
+        else if (take(argc, argv, &i, "--opt-ms", &v)) p.opt_s = num_arg(a, v, 0, 1e9) / 1e3;
+        else if (take(argc, argv, &i, "--flops", &v)) p.flops = num_arg(a, v, 1, 1e20), p.sample_s = 0;
+        else if (take(argc, argv, &i, "--sample-ms", &v)) p.sample_s = num_arg(a, v, 1e-9, 1e9) / 1e3;
+        else if (take(argc, argv, &i, "--workers", &v)) p.net.workers = (int)int_arg(a, v, 1, 100000000);
+        else if (take(argc, argv, &i, "--link-gbps", &v)) gbps = num_arg(a, v, 1e-6, 1e9), gbps_given = 1;
+        else if (take(argc, argv, &i, "--latency-us", &v)) lat_us = num_arg(a, v, 0, 1e9), lat_given = 1;
+        else if (take(argc, argv, &i, "--reduce-gbs", &v)) {
+            double g = num_arg(a, v, 0, 1e9);
+            p.net.gamma_s = g > 0 ? 1 / (g * 1e9) : 0;
+        } else if (take(argc, argv, &i, "--per-host", &v)) p.net.per_host = (int)int_arg(a, v, 0, 1000000);
+        else if (take(argc, argv, &i, "--intra-gbps", &v)) p.net.intra_beta_s = 8 / (num_arg(a, v, 1e-6, 1e9) * 1e9);
+        else if (take(argc, argv, &i, "--intra-latency-us", &v)) p.net.intra_alpha_s = num_arg(a, v, 0, 1e9) / 1e6;
+        else if (take(argc, argv, &i, "--shards", &v)) p.net.shards = (int)int_arg(a, v, 1, 1000000);
+        else if (take(argc, argv, &i, "--algo", &v)) {
+            if (dp_plan_algo_parse(v, &p.algo)) die("--algo: %s", dp_errmsg());
+        } else if (take(argc, argv, &i, "--bucket-mb", &v)) p.bucket_cap_bytes = (size_t)(num_arg(a, v, 0, 1e6) * (1 << 20));
+        else if (take(argc, argv, &i, "--first-bucket-mb", &v))
+            p.first_bucket_bytes = (size_t)(num_arg(a, v, 1e-5, 1e6) * (1 << 20));
+        else if (!strcmp(a, "--no-overlap")) p.overlap = 0;
+        else if (take(argc, argv, &i, "--profile", &v)) {
+            load_profile(v, &p);
+            gbps_given = lat_given = 0; /* the profile's link, unless given again after it */
+        } else if (!strcmp(a, "--buckets")) buckets = 1;
+        else if (take(argc, argv, &i, "--sweep", &v)) sweep = int_arg(a, v, 1, 100000000);
+        else if (!strcmp(a, "--json")) json = 1;
+        else die("unknown option '%s' (see 'dptrain plan --help')", a);
+        /* a link given on the command line applies to every algorithm */
+        if (gbps_given || lat_given) {
+            for (int k = 0; k < DP_PLAN_ALGO_COUNT; k++) {
+                if (gbps_given) p.net.beta_s[k] = 8 / (gbps * 1e9);
+                if (lat_given) p.net.alpha_s[k] = lat_us / 1e6;
+            }
+        }
+    }
+    if (!model && !p.params) die("give --params N or --model SPEC (see 'dptrain plan --help')");
+    if (model && p.params) die("--params and --model exclude each other");
+    if (p.algo == DP_PLAN_HIER && p.net.per_host < 2) die("--algo hier needs --per-host G (G >= 2)");
+    if (!batch_given) p.batch = 32LL * p.net.workers;
+    int64_t *lp = NULL;
+    double *lf = NULL;
+    if (model) {
+        long long c = 1, h = 28, w = 28;
+        if (sscanf(input, "%lld,%lld,%lld", &c, &h, &w) != 3 || c < 1 || h < 1 || w < 1)
+            die("--input: '%s' is not C,H,W", input);
+        struct dp_model *m;
+        if (dp_model_from_spec(&m, model, c, h, w)) die("--model %s: %s", model, dp_errmsg());
+        lp = malloc(sizeof *lp * (size_t)m->nlayers);
+        lf = malloc(sizeof *lf * (size_t)m->nlayers);
+        if (!lp || !lf) die("out of memory");
+        for (int i = 0; i < m->nlayers; i++) lp[i] = m->layers[i]->param_count, lf[i] = (double)m->layers[i]->flops_fwd;
+        p.layers = lp, p.layer_flops = lf, p.nlayers = m->nlayers;
+        dp_model_free(m);
+    }
+    struct dp_plan_result r;
+    if (!sweep) {
+        if (dp_plan_run(&p, &r)) die("%s", dp_errmsg());
+        if (json) print_plan_json(&p, &r);
+        else print_plan_text(&p, &r, buckets);
+        dp_plan_result_free(&r);
+    } else {
+        if (!json) printf("%8s %12s %12s %12s %12s %14s %10s\n", "workers", "compute_ms", "comm_ms", "exposed_ms",
+                          "step_ms", "samples_s", "eff");
+        long long cross = 0;
+        for (long long P = 1; P <= sweep; P *= 2) {
+            p.net.workers = (int)P;
+            if (p.net.per_host > 1 && P % p.net.per_host) continue;
+            if (p.batch < P) break;
+            if (dp_plan_run(&p, &r)) die("%s", dp_errmsg());
+            double comp = r.fwd_s + r.bwd_s;
+            if (!cross && r.comm_s > comp) cross = P;
+            if (json) printf("{\"kind\": \"plan_sweep\", \"workers\": %lld, \"compute_s\": %.9g, \"comm_s\": %.9g, "
+                             "\"exposed_s\": %.9g, \"step_s\": %.9g, \"samples_per_s\": %.9g, \"efficiency\": %.6f}\n",
+                             P, comp, r.comm_s, r.exposed_s, r.step_s, r.samples_per_s, r.efficiency);
+            else printf("%8lld %12.5g %12.5g %12.5g %12.5g %14.6g %10.4f\n", P, comp * 1e3, r.comm_s * 1e3,
+                        r.exposed_s * 1e3, r.step_s * 1e3, r.samples_per_s, r.efficiency);
+            dp_plan_result_free(&r);
+        }
+        if (!json) {
+            if (cross) printf("communication exceeds compute from %lld workers on\n", cross);
+            else printf("communication stays under compute up to %lld workers\n", sweep);
+        }
+    }
+    free(lp);
+    free(lf);
     return 0;
 }
