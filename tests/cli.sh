@@ -618,6 +618,15 @@ if grep -q "^communication 5.2 ms" <<<"$pl"; then ok plan_profile; else bad plan
 if "$BIN" plan --help | grep -q -- "--per-host" && "$BIN" help plan | grep -q -- "--sweep" &&
    "$BIN" --help | grep -q "^  plan "; then ok plan_help
 else bad plan_help "plan missing from the help"; fi
+# cross-check: where both apply (sync, no overlap, constant times) the simulator's
+# step is the plan's: feed plan's compute and comm to simulate
+pj=$("$BIN" plan --params 2e8 --workers 8 --batch 1600 --tokens 1024 --flops 1e14 --no-overlap --json 2>&1)
+args=$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(1e3*(d["fwd_s"]+d["bwd_s"]), 1e3*d["comm_s"], 1/d["step_s"])' "$pj" 2>/dev/null)
+read -r cms ams want <<<"$args"
+sim=$("$BIN" simulate --workers 8 --steps 10 --compute-ms "${cms:-0}" --comm-ms "${ams:-0}" 2>&1)
+got=$(awk '/^throughput:/ {print $2}' <<<"$sim")
+if awk -v a="${got:-0}" -v b="${want:-1}" 'BEGIN {exit !(a > 0 && (a - b) / b < 1e-5 && (b - a) / b < 1e-5)}'; then ok plan_simulate_agree
+else bad plan_simulate_agree "plan $want steps/s, simulate ${got:-none}" "$sim"; fi
 # === end of plan checks ===
 
 ci_strict=0

@@ -340,7 +340,7 @@ static void print_plan_text(const struct dp_plan_params *p, const struct dp_plan
     printf("step %.6g ms = forward %.6g + backward %.6g + exposed comm %.6g + optimizer %.6g ms\n", r->step_s * 1e3,
            r->fwd_s * 1e3, r->bwd_s * 1e3, r->exposed_s * 1e3, r->opt_s * 1e3);
     printf("communication %.6g ms (%.1f%% hidden behind backward)  efficiency %.4f  %.6g samples/s\n",
-           r->comm_s * 1e3, r->comm_s > 0 ? 100 * (1 - r->exposed_s / r->comm_s) : 100.0, r->efficiency,
+           r->comm_s * 1e3, r->comm_s > 0 ? fmax(0, 100 * (1 - r->exposed_s / r->comm_s)) : 100.0, r->efficiency,
            r->samples_per_s);
     int count[DP_PLAN_ALGO_COUNT] = {0};
     for (int k = 0; k < r->nb; k++) count[r->b[k].algo]++;
