@@ -627,6 +627,36 @@ sim=$("$BIN" simulate --workers 8 --steps 10 --compute-ms "${cms:-0}" --comm-ms 
 got=$(awk '/^throughput:/ {print $2}' <<<"$sim")
 if awk -v a="${got:-0}" -v b="${want:-1}" 'BEGIN {exit !(a > 0 && (a - b) / b < 1e-5 && (b - a) / b < 1e-5)}'; then ok plan_simulate_agree
 else bad plan_simulate_agree "plan $want steps/s, simulate ${got:-none}" "$sim"; fi
+# plot: a synthetic 2-rank run (step and epoch records as the trainer writes them),
+# simulate, plan and sweep outputs -> every plot, each parsing as XML with
+# units on both axes; a run alone skips the planning plots with a note
+mkdir -p "$T/prun"
+{ for s in 1 2 3 4; do
+    echo "{\"kind\": \"step\", \"step\": $s, \"epoch\": 1, \"loss\": 2.$((5 - s)), \"samples\": 50, \"step_s\": 0.01, \"data_wait_s\": 0.001, \"forward_s\": 0.002, \"backward_s\": 0.004, \"comm_s\": 0.002, \"comm_exposed_s\": 0.001, \"optimizer_s\": 0.001, \"wait_s\": 0.0, \"slow_s\": 0.0, \"last_rank\": 1}"
+    [[ $s == 2 || $s == 4 ]] && echo "{\"kind\": \"epoch\", \"epoch\": $((s / 2)), \"step\": $s, \"workers\": 2, \"test_acc\": 0.$((6 + s)), \"samples_per_s\": 5000.0, \"epoch_time_s\": 0.02, \"rank_arrival_s\": [0.001, 0.004]}"
+  done; } >"$T/prun/metrics.jsonl"
+"$BIN" simulate --mode ssp --bound 2 --workers 6 --steps 30 --compute-sd-ms 20 --per-worker --json >"$T/sim.json" 2>&1
+"$BIN" plan --model mlp --workers 2 --batch 64 --json >"$T/plan.json" 2>&1
+"$BIN" plan --model mlp --batch 64 --sweep 8 --json >"$T/sweep.jsonl" 2>&1
+if "$BIN" plot --out "$T/svg" "$T/prun" "$T/sim.json" "$T/plan.json" "$T/sweep.jsonl" >"$T/plot.log" 2>&1 &&
+   [[ $(ls "$T/svg"/*.svg 2>/dev/null | wc -l) -eq 10 ]] &&
+   python3 - "$T/svg" <<'PY' 2>>"$T/plot.log"
+import glob, sys, xml.dom.minidom as m
+for f in sorted(glob.glob(sys.argv[1] + "/*.svg")):
+    d = m.parse(f)
+    labels = [t.firstChild.data for t in d.getElementsByTagName("text") if t.firstChild]
+    units = [l for l in labels if "(" in l and l.endswith(")")]
+    assert len(units) >= 2, (f, labels)
+PY
+then ok plot_all; else bad plot_all "$(cat "$T/plot.log")"; fi
+pl=$("$BIN" plot --out "$T/svg2" "$T/prun" 2>&1)
+if grep -q "^skipped staleness.svg: no staleness" <<<"$pl" && grep -q "^skipped scaling.svg" <<<"$pl" &&
+   grep -q "^wrote .*/wait.svg" <<<"$pl"; then ok plot_skips; else bad plot_skips "$pl"; fi
+printf '{"kind": "step", "loss": [1, {}]}\n' >"$T/bad.jsonl"
+expect_error plot_bad_input "bad.jsonl:1: json: column" "$BIN" plot --out "$T/svg3" "$T/bad.jsonl"
+expect_error plot_no_out "give --out DIR" "$BIN" plot "$T/prun"
+if "$BIN" plot --help | grep -q "staleness.svg" && "$BIN" --help | grep -q "^  plot "; then ok plot_help
+else bad plot_help "plot missing from the help"; fi
 # === end of plan checks ===
 
 ci_strict=0

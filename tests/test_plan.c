@@ -1,6 +1,8 @@
 /* Tests of src/plan: the simulator against closed forms, the cost model
  * against hand-computed values, the JSON reader and the SVG writer. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dp/core.h"
@@ -412,4 +414,88 @@ TEST(plan_best_algorithm_per_bucket) {
     ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
     p.batch = 64, p.algo = DP_PLAN_HIER;
     ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
+}
+
+/* ---- SVG writer ------------------------------------------------------------------- */
+
+const char *dp_test_fixtures(void);
+const char *dp_test_tmpdir(void);
+
+/* Renders a plot into a string (dp_malloc'd) through a temporary file. */
+static char *render(const struct dp_svg_plot *p, const struct dp_svg_series *s, int ns, int *rc) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/plot.svg", dp_test_tmpdir());
+    FILE *f = fopen(path, "w+");
+    if (!f) return NULL;
+    *rc = dp_svg_write(f, p, s, ns);
+    long n = ftell(f);
+    rewind(f);
+    char *buf = dp_malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    buf[got] = 0;
+    fclose(f);
+    return buf;
+}
+
+/* The golden file: two short series, one with a gap (NaN), and a title
+ * that needs escaping.  DP_UPDATE_GOLDEN=1 rewrites the fixture (then check
+ * the diff by eye). */
+TEST(svg_golden_small_plot) {
+    double x[5] = {0, 1, 2, 3, 4}, a[5] = {2.5, 1.8, 1.2, 0.9, 0.7}, b[5] = {2.4, 2.0, NAN, 1.1, 0.8};
+    struct dp_svg_series s[2] = {{"run a", x, a, 5}, {"run <b>", x, b, 5}};
+    struct dp_svg_plot p = {DP_SVG_LINES, "Loss & friends", "step (steps)", "loss (nats)", 320, 200, 1};
+    int rc = -99;
+    char *got = render(&p, s, 2, &rc);
+    ASSERT_TRUE(got != NULL);
+    ASSERT_OK(rc);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/plot_small.svg", dp_test_fixtures());
+    if (getenv("DP_UPDATE_GOLDEN")) {
+        FILE *f = fopen(path, "w");
+        ASSERT_TRUE(f != NULL);
+        fputs(got, f);
+        fclose(f);
+    }
+    FILE *f = fopen(path, "r");
+    if (!f) SKIP("golden file %s missing", path);
+    char want[1 << 14];
+    size_t n = fread(want, 1, sizeof want - 1, f);
+    want[n] = 0;
+    fclose(f);
+    if (strcmp(got, want)) dp_test_fail(__FILE__, __LINE__, "plot differs from %s:\n%s", path, got);
+    /* what the golden file must show, independent of the layout */
+    ASSERT_TRUE(strstr(got, "Loss &amp; friends") && strstr(got, "run &lt;b&gt;"));
+    ASSERT_TRUE(strstr(got, ">step (steps)<") && strstr(got, ">loss (nats)<"));
+    int polylines = 0;
+    for (const char *q = got; (q = strstr(q, "<polyline")); q++) polylines++;
+    ASSERT_EQ(polylines, 3); /* a, and b broken in two by its NaN */
+    dp_free(got);
+}
+
+TEST(svg_rejects_bad_plots) {
+    double x[3] = {0, 1, 2}, y[3] = {1, 2, 3}, z[2] = {1, 2}, nan3[3] = {NAN, NAN, NAN};
+    struct dp_svg_series s[2] = {{"a", x, y, 3}, {"b", x, z, 2}};
+    struct dp_svg_plot p = {DP_SVG_LINES, "t", "step", "loss (nats)", 0, 0, 0};
+    int rc = 0;
+    char *o = render(&p, s, 1, &rc); /* x label without a unit */
+    dp_free(o);
+    ASSERT_EQ(rc, DP_EINVAL);
+    ASSERT_TRUE(strstr(dp_errmsg(), "carries no unit") != NULL);
+    p.xlabel = "step (steps)", p.kind = DP_SVG_STACKED;
+    o = render(&p, s, 2, &rc); /* stacked series of different lengths */
+    dp_free(o);
+    ASSERT_EQ(rc, DP_EINVAL);
+    p.kind = DP_SVG_LINES, s[0].y = nan3;
+    o = render(&p, s, 1, &rc); /* nothing finite */
+    dp_free(o);
+    ASSERT_EQ(rc, DP_EINVAL);
+    /* every kind renders a simple input */
+    s[0].y = y;
+    for (int k = 0; k < DP_SVG_KIND_COUNT; k++) {
+        p.kind = (enum dp_svg_kind)k;
+        o = render(&p, s, 1, &rc);
+        ASSERT_OK(rc);
+        ASSERT_TRUE(o && strstr(o, "</svg>"));
+        dp_free(o);
+    }
 }

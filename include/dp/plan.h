@@ -24,6 +24,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dp/common.h"
 
@@ -225,6 +226,31 @@ const struct dp_json_field *dp_json_get(const struct dp_json_obj *o, const char 
 double dp_json_num(const struct dp_json_obj *o, const char *key, double dflt);
 /* 1 when the string at key equals val. */
 int dp_json_str_is(const struct dp_json_obj *o, const char *key, const char *val);
+
+/* ---- a small SVG writer ----------------------------------------------------------- */
+
+/* Self-contained SVG plots (no dependency): axes with ticks, labels that
+ * must carry a unit in parentheses ("time (s)"), a title and a legend.
+ *   LINES    one polyline per series (non-finite points break the line)
+ *   STACKED  areas stacked in series order over series 0's x (all series the same n)
+ *   BARS     one bar per point of series 0 (x = position, y = height); more series: side by side
+ *   SPANS    one row per point: a bar from x[i] to y[i] (a timeline), every series on the same rows
+ * The output is a pure function of the input (fixed number formats). */
+enum dp_svg_kind { DP_SVG_LINES = 0, DP_SVG_STACKED, DP_SVG_BARS, DP_SVG_SPANS, DP_SVG_KIND_COUNT };
+struct dp_svg_series {
+    const char *name;
+    const double *x, *y;      /* (n) */
+    int64_t n;
+};
+struct dp_svg_plot {
+    enum dp_svg_kind kind;
+    const char *title, *xlabel, *ylabel;
+    int width, height;        /* pixels; 0: 640 x 400 */
+    int markers;              /* LINES: a dot at each point */
+};
+/* Writes the plot to f (a file the caller opened).  0, DP_EINVAL (no data,
+ * a label without a unit, unequal stacked series) or DP_EIO. */
+int dp_svg_write(FILE *f, const struct dp_svg_plot *p, const struct dp_svg_series *s, int ns);
 
 #ifdef __cplusplus
 }

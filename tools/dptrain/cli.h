@@ -17,5 +17,12 @@ int dptrain_cmd_sample(int argc, char **argv);
 /* tools/dptrain/plan.c */
 int dptrain_cmd_simulate(int argc, char **argv);
 int dptrain_cmd_plan(int argc, char **argv);
+/* Calls fn on every line of PATH (or PATH/metrics.jsonl for a folder), parsed
+ * as a flat JSON object; a bad line ends the program with one error naming
+ * the file and line. */
+struct dp_json_obj;
+void dptrain_each_record(const char *path, void (*fn)(const struct dp_json_obj *, void *), void *arg);
+/* tools/dptrain/plot.c */
+int dptrain_cmd_plot(int argc, char **argv);
 
 #endif

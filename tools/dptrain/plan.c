@@ -61,8 +61,8 @@ static void metrics_path(const char *path, char *out, size_t n) {
 }
 
 /* Calls fn on every line of a metrics file, parsed; a bad line ends with one
- * error naming the file and line. */
-static void each_record(const char *path, void (*fn)(const struct dp_json_obj *, void *), void *arg) {
+ * error naming the file and line.  (cli.h) */
+void dptrain_each_record(const char *path, void (*fn)(const struct dp_json_obj *, void *), void *arg) {
     char file[4096];
     metrics_path(path, file, sizeof file);
     FILE *f = fopen(file, "r");
@@ -188,7 +188,10 @@ int dptrain_cmd_simulate(int argc, char **argv) {
     if (slow) {
         factor = malloc(sizeof(double) * (size_t)p.workers);
         if (!factor) die("out of memory");
-        if (dp_parse_simulate_slow(slow, p.workers, factor)) die("%s", dp_errmsg());
+        if (dp_parse_simulate_slow(slow, p.workers, factor)) {
+            free(factor); /* die exits: leave nothing for the leak checker */
+            die("%s", dp_errmsg());
+        }
         p.slow = factor;
     }
     if (jitter) {
@@ -196,14 +199,20 @@ int dptrain_cmd_simulate(int argc, char **argv) {
         if (dp_parse_simulate_jitter(jitter, &j)) die("%s", dp_errmsg());
         p.stall_p = j.p, p.stall_s = j.ms / 1e3, p.sigma = j.sigma;
     }
-    struct trace tr = {0};
+    static struct trace tr; /* static: reachable if a bad line ends the program mid-read */
     if (trace) {
-        each_record(trace, trace_add, &tr);
-        if (!tr.n) die("--trace %s: no step records with forward_s and backward_s", trace);
+        dptrain_each_record(trace, trace_add, &tr);
+        if (!tr.n) {
+            free(factor);
+            die("--trace %s: no step records with forward_s and backward_s", trace);
+        }
         p.trace = tr.t, p.trace_len = tr.n;
     }
     struct dp_sim_result r;
-    if (dp_sim_run(&p, &r)) die("%s", dp_errmsg());
+    if (dp_sim_run(&p, &r)) {
+        free(factor), free(tr.t);
+        die("%s", dp_errmsg());
+    }
     int stale = p.mode == DP_SIM_SSP || p.mode == DP_SIM_ASYNC;
     if (json) {
         printf("{\"kind\": \"simulate\", \"mode\": \"%s\", \"workers\": %d, \"steps\": %lld, \"time_s\": %.9g, "
@@ -238,6 +247,7 @@ int dptrain_cmd_simulate(int argc, char **argv) {
     }
     dp_sim_result_free(&r);
     free(tr.t);
+    tr = (struct trace){0};
     free(factor);
     return 0;
 }
@@ -308,7 +318,12 @@ static void load_profile(const char *path, struct dp_plan_params *p) {
     fclose(f);
     if (full) die("%s: larger than 64 KiB", path);
     struct dp_json_obj o;
-    if (dp_json_parse(buf, n, &o)) die("%s: %s", path, dp_errmsg());
+    if (dp_json_parse(buf, n, &o)) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", dp_errmsg());
+        dp_json_obj_free(&o);
+        die("%s: %s", path, msg);
+    }
     double a = dp_json_num(&o, "alpha_s", NAN), b = dp_json_num(&o, "beta_s", NAN);
     for (int k = 0; k < DP_PLAN_ALGO_COUNT; k++) {
         char ka[64], kb[64];
@@ -363,7 +378,10 @@ static void print_plan_text(const struct dp_plan_params *p, const struct dp_plan
         printf("%6d  %3d..%-3d %10lld %10.4g %10.4g %10.4g %10.4g  %-4s", k, b->first_layer,
                b->first_layer + b->nlayers - 1, (long long)b->count, b->bytes, b->ready_s * 1e3, b->start_s * 1e3,
                b->done_s * 1e3, dp_plan_algo_name(b->algo));
-        for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) printf(" %11.4g", isinf(b->algo_s[a]) ? -1 : b->algo_s[a] * 1e3);
+        for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) {
+            if (isinf(b->algo_s[a])) printf(" %11s", "-"); /* does not apply (hier without hosts) */
+            else printf(" %11.4g", b->algo_s[a] * 1e3);
+        }
         printf("\n");
     }
 }
@@ -472,7 +490,10 @@ int dptrain_cmd_plan(int argc, char **argv) {
     }
     struct dp_plan_result r;
     if (!sweep) {
-        if (dp_plan_run(&p, &r)) die("%s", dp_errmsg());
+        if (dp_plan_run(&p, &r)) {
+            free(lp), free(lf);
+            die("%s", dp_errmsg());
+        }
         if (json) print_plan_json(&p, &r);
         else print_plan_text(&p, &r, buckets);
         dp_plan_result_free(&r);
@@ -484,7 +505,10 @@ int dptrain_cmd_plan(int argc, char **argv) {
             p.net.workers = (int)P;
             if (p.net.per_host > 1 && P % p.net.per_host) continue;
             if (p.batch < P) break;
-            if (dp_plan_run(&p, &r)) die("%s", dp_errmsg());
+            if (dp_plan_run(&p, &r)) {
+                free(lp), free(lf);
+                die("%s", dp_errmsg());
+            }
             double comp = r.fwd_s + r.bwd_s;
             if (!cross && r.comm_s > comp) cross = P;
             if (json) printf("{\"kind\": \"plan_sweep\", \"workers\": %lld, \"compute_s\": %.9g, \"comm_s\": %.9g, "
