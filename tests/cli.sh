@@ -657,6 +657,15 @@ expect_error plot_bad_input "bad.jsonl:1: json: column" "$BIN" plot --out "$T/sv
 expect_error plot_no_out "give --out DIR" "$BIN" plot "$T/prun"
 if "$BIN" plot --help | grep -q "staleness.svg" && "$BIN" --help | grep -q "^  plot "; then ok plot_help
 else bad plot_help "plot missing from the help"; fi
+# calibrate: a profile from the thread backend (small sizes, few iterations: the fitted
+# values are noise on a loaded machine, so only their presence and sign are checked) and the
+# synthetic run's step records (0.006 s fwd+bwd for 50 samples on 2 workers = 0.24 ms
+# per sample: 32 per worker at batch 64 are 2.56 ms forward, 5.12 backward), that plan then reads
+if "$BIN" calibrate --workers 2 --max-bytes 262144 --iters 3 --run "$T/prun" --out "$T/cal.json" >"$T/cal.log" 2>&1 &&
+   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); import math; k = [a + "_" + b for a in ("ring", "rhd") for b in ("alpha_s", "beta_s")] + ["gamma_s"]; assert all(math.isfinite(d[x]) and d[x] >= 0 for x in k) and len(d["ring_measured_s"]) == 4 and abs(d["sample_s"] - 0.00024) < 1e-9, d' "$T/cal.json" 2>>"$T/cal.log" &&
+   "$BIN" plan --model mlp --workers 2 --batch 64 --profile "$T/cal.json" | grep -q " = forward 2.56 + backward 5.12 + exposed comm"
+then ok calibrate_profile; else bad calibrate_profile "$(cat "$T/cal.log")"; fi
+expect_error calibrate_run_missing "no-such-run" "$BIN" calibrate --run "$T/no-such-run" --max-bytes 16384
 # === end of plan checks ===
 
 ci_strict=0

@@ -499,3 +499,25 @@ TEST(svg_rejects_bad_plots) {
         dp_free(o);
     }
 }
+
+/* The fit recovers α and β from times the model itself made (ring and rhd,
+ * with a γ term), and from the same times with ±2% noise within 10%. */
+TEST(plan_fit_recovers_alpha_beta) {
+    double bytes[7], t[7];
+    for (int algo = DP_PLAN_RING; algo <= DP_PLAN_RHD; algo++)
+        for (int noisy = 0; noisy < 2; noisy++) {
+            struct dp_plan_net n = net_of(4, 20e-6, 2e9);
+            n.gamma_s = 1 / 8e9;
+            for (int i = 0; i < 7; i++) {
+                bytes[i] = 4096.0 * pow(4, i);
+                t[i] = dp_plan_allreduce_s(algo, bytes[i], &n) * (noisy ? 1 + 0.02 * ((i % 3) - 1) : 1);
+            }
+            double a, b;
+            ASSERT_OK(dp_plan_fit(algo, 4, n.gamma_s, bytes, t, 7, &a, &b));
+            ASSERT_NEAR(a, 20e-6, noisy ? 2e-6 : 1e-12);
+            ASSERT_NEAR(b, 1 / 2e9, noisy ? 0.05 / 2e9 : 1e-18);
+        }
+    double a, b;
+    ASSERT_EQ(dp_plan_fit(DP_PLAN_RING, 4, 0, bytes, t, 1, &a, &b), DP_EINVAL);
+    ASSERT_EQ(dp_plan_fit(DP_PLAN_HIER, 4, 0, bytes, t, 7, &a, &b), DP_EINVAL);
+}

@@ -197,6 +197,16 @@ struct dp_plan_result {
 int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r);
 void dp_plan_result_free(struct dp_plan_result *r);
 
+/* Least-squares α and β of algorithm algo on p workers from measured
+ * all-reduce times t[i] of bytes[i] (n >= 2 sizes), with γ given (its term
+ * is subtracted first).  The model is linear in α and β, so this is a 2 x 2
+ * weighted least-squares problem; the weights 1/t[i]^2 minimise the relative
+ * error, so the small sizes (which carry α) count as much as the large ones
+ * (which carry β).  A negative α (noise) is clamped to 0 and β refitted
+ * alone.  0 or DP_EINVAL. */
+int dp_plan_fit(int algo, int p, double gamma_s, const double *bytes, const double *t, int n, double *alpha_s,
+                double *beta_s);
+
 /* ---- a reader of flat JSON lines (metrics.jsonl) ---------------------------------- */
 
 /* One line of metrics.jsonl is one flat object: string keys, values that are

@@ -264,3 +264,31 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
     dp_free(own);
     return DP_OK;
 }
+
+/* ---- calibration ----------------------------------------------------------------------- */
+
+int dp_plan_fit(int algo, int p, double gamma_s, const double *bytes, const double *t, int n, double *alpha_s,
+                double *beta_s) {
+    if (algo < 0 || algo == DP_PLAN_HIER || algo >= DP_PLAN_ALGO_COUNT || p < 2 || n < 2)
+        return dp_seterr(DP_EINVAL, "fit: needs ring, rhd, tree or ps, p >= 2 and two sizes or more");
+    /* the coefficients of α, β and the γ term at each size, from the model itself */
+    struct dp_plan_net unit = {.workers = p, .shards = 1};
+    double saa = 0, sab = 0, sbb = 0, say = 0, sby = 0;
+    for (int i = 0; i < n; i++) {
+        if (!(t[i] > 0 && bytes[i] > 0)) return dp_seterr(DP_EINVAL, "fit: size %d: time %g s, %g bytes", i, t[i], bytes[i]);
+        unit.alpha_s[algo] = 1, unit.beta_s[algo] = 0, unit.gamma_s = 0;
+        double A = dp_plan_allreduce_s(algo, bytes[i], &unit);
+        unit.alpha_s[algo] = 0, unit.beta_s[algo] = 1;
+        double B = dp_plan_allreduce_s(algo, bytes[i], &unit);
+        unit.beta_s[algo] = 0, unit.gamma_s = gamma_s;
+        double y = t[i] - dp_plan_allreduce_s(algo, bytes[i], &unit), w = 1 / (t[i] * t[i]);
+        saa += w * A * A, sab += w * A * B, sbb += w * B * B, say += w * A * y, sby += w * B * y;
+    }
+    double det = saa * sbb - sab * sab;
+    if (!(fabs(det) > 1e-300 * (saa * sbb)) || !(sbb > 0)) return dp_seterr(DP_EINVAL, "fit: the sizes do not separate α from β");
+    double a = (say * sbb - sab * sby) / det, b = (saa * sby - sab * say) / det;
+    if (a < 0) a = 0, b = sby / sbb; /* β alone */
+    if (b < 0) b = 0;
+    *alpha_s = a, *beta_s = b;
+    return DP_OK;
+}

@@ -10,6 +10,11 @@ void dptrain_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1
 
 /* tools/dptrain/bench_allreduce.c */
 int dptrain_cmd_bench_allreduce(int argc, char **argv);
+/* Median all-reduce time per size of the thread backend, measured as bench
+ * allreduce does (for dptrain calibrate; algo is an enum dp_comm_algo). */
+#include "dp/comm.h"
+#include <stddef.h>
+void dptrain_allreduce_medians(int P, enum dp_comm_algo algo, const size_t *sizes, int n, int iters, double *med);
 /* tools/dptrain/prepare_text.c */
 int dptrain_cmd_prepare_text(int argc, char **argv);
 /* tools/dptrain/sample.c */
@@ -22,6 +27,8 @@ int dptrain_cmd_plan(int argc, char **argv);
  * the file and line. */
 struct dp_json_obj;
 void dptrain_each_record(const char *path, void (*fn)(const struct dp_json_obj *, void *), void *arg);
+/* tools/dptrain/plan.c */
+int dptrain_cmd_calibrate(int argc, char **argv);
 /* tools/dptrain/plot.c */
 int dptrain_cmd_plot(int argc, char **argv);
 

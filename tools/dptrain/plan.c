@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "dp/core.h"
 #include "dp/nn.h"
 #include "dp/plan.h"
 #include "dp/train.h"
@@ -525,5 +526,140 @@ int dptrain_cmd_plan(int argc, char **argv) {
     }
     free(lp);
     free(lf);
+    return 0;
+}
+
+/* ---- calibrate --------------------------------------------------------------------------- */
+
+static const char *help_calibrate =
+    "usage: dptrain calibrate [--workers P] [--min-bytes N] [--max-bytes N] [--iters N]\n"
+    "                         [--run RUN] [--out FILE]\n"
+    "\n"
+    "Measures this machine for `dptrain plan --profile FILE`: the thread backend's\n"
+    "all-reduce at sizes --min-bytes .. --max-bytes (x4 steps), timed as `dptrain bench\n"
+    "allreduce` times it, for the ring and rhd algorithms; gamma (seconds per byte reduced)\n"
+    "from a sum of two buffers; alpha and beta per algorithm by a least-squares fit\n"
+    "(relative error) of the plan's own formulas; and, with --run, the forward + backward\n"
+    "seconds per sample of a run's step records (median).  Writes one JSON object.\n"
+    "\n"
+    "  --workers P      threads [2]\n"
+    "  --min-bytes N    [4096]   --max-bytes N [16777216]   --iters N per size [20]\n"
+    "  --run RUN        a run folder or metrics.jsonl (dptrain train --out RUN)\n"
+    "  --out FILE       write the profile there (and a summary to stdout) [stdout]\n";
+
+/* γ: seconds per byte of a[i] += b[i] over n floats (the reduction's own
+ * work: read two, write one), the fastest of 5 passes after one warm-up. */
+static double measure_gamma(size_t n) {
+    float *a = dp_malloc_big(n * sizeof(float)), *b = dp_malloc_big(n * sizeof(float));
+    if (!a || !b) die("out of memory");
+    for (size_t i = 0; i < n; i++) a[i] = 0, b[i] = 1;
+    double best = INFINITY;
+    for (int pass = 0; pass < 6; pass++) {
+        double t0 = dp_time();
+        for (size_t i = 0; i < n; i++) a[i] += b[i];
+        double t = dp_time() - t0;
+        if (pass && t < best) best = t;
+    }
+    volatile float sink = a[n / 2]; /* keep the sums */
+    (void)sink;
+    dp_free(a), dp_free(b);
+    return best / (double)(n * sizeof(float));
+}
+
+/* A step record's "samples" is the global batch and its forward_s and
+ * backward_s are rank 0's, so rank 0's seconds per sample are
+ * (forward + backward) / (samples / workers), workers from the epoch
+ * records (equal shares: not for --balance runs). */
+struct per_sample {
+    double *v;
+    int64_t n, cap;
+    double workers;
+};
+static void sample_add(const struct dp_json_obj *o, void *arg) {
+    struct per_sample *ps = arg;
+    if (dp_json_str_is(o, "kind", "epoch")) ps->workers = dp_json_num(o, "workers", ps->workers);
+    if (!dp_json_str_is(o, "kind", "step")) return;
+    double f = dp_json_num(o, "forward_s", NAN), b = dp_json_num(o, "backward_s", NAN), n = dp_json_num(o, "samples", NAN);
+    if (!(f >= 0 && b >= 0 && n > 0)) return;
+    if (ps->n == ps->cap) {
+        ps->cap = ps->cap ? 2 * ps->cap : 256;
+        ps->v = realloc(ps->v, sizeof(double) * (size_t)ps->cap);
+        if (!ps->v) die("out of memory");
+    }
+    ps->v[ps->n++] = (f + b) / n;
+}
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int dptrain_cmd_calibrate(int argc, char **argv) {
+    int P = 2, iters = 20;
+    long long lo = 4096, hi = 16 << 20;
+    const char *run = NULL, *out = NULL, *v;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(help_calibrate, stdout);
+            return 0;
+        }
+        if (take(argc, argv, &i, "--workers", &v)) P = (int)int_arg(a, v, 2, 64);
+        else if (take(argc, argv, &i, "--min-bytes", &v)) lo = int_arg(a, v, 64, 1LL << 32);
+        else if (take(argc, argv, &i, "--max-bytes", &v)) hi = int_arg(a, v, 64, 1LL << 32);
+        else if (take(argc, argv, &i, "--iters", &v)) iters = (int)int_arg(a, v, 1, 500);
+        else if (take(argc, argv, &i, "--run", &v)) run = v;
+        else if (take(argc, argv, &i, "--out", &v)) out = v;
+        else die("unknown option '%s' (see 'dptrain calibrate --help')", a);
+    }
+    size_t sizes[64];
+    double bytes[64], t[64];
+    int n = 0;
+    for (long long s = lo; s <= hi && n < 64; s *= 4) sizes[n] = (size_t)s, bytes[n] = (double)(s / 4 * 4), n++;
+    if (n < 2) die("--min-bytes .. --max-bytes must hold two sizes at least (x4 apart)");
+    double per_sample = NAN;
+    if (run) {
+        struct per_sample ps = {.workers = NAN};
+        dptrain_each_record(run, sample_add, &ps);
+        if (!ps.n || !(ps.workers >= 1)) {
+            free(ps.v);
+            die("--run %s: needs step records (forward_s, backward_s, samples) and an epoch record (workers)", run);
+        }
+        qsort(ps.v, (size_t)ps.n, sizeof(double), cmp_d);
+        per_sample = (ps.n % 2 ? ps.v[ps.n / 2] : 0.5 * (ps.v[ps.n / 2 - 1] + ps.v[ps.n / 2])) * ps.workers;
+        free(ps.v);
+    }
+    double gamma = measure_gamma((size_t)4 << 20);
+    const enum dp_comm_algo comm_algo[2] = {DP_ALGO_RING, DP_ALGO_RHD};
+    const int plan_algo[2] = {DP_PLAN_RING, DP_PLAN_RHD};
+    double alpha[2], beta[2], tt[2][64];
+    for (int k = 0; k < 2; k++) {
+        dptrain_allreduce_medians(P, comm_algo[k], sizes, n, iters, tt[k]);
+        for (int s = 0; s < n; s++) t[s] = tt[k][s];
+        if (dp_plan_fit(plan_algo[k], P, gamma, bytes, t, n, &alpha[k], &beta[k])) die("%s", dp_errmsg());
+    }
+    FILE *f = out ? fopen(out, "w") : stdout;
+    if (!f) die("%s: %s", out, strerror(errno));
+    fprintf(f, "{\"kind\": \"profile\", \"backend\": \"thread\", \"workers\": %d, \"gamma_s\": %.6g, "
+               "\"alpha_s\": %.6g, \"beta_s\": %.6g", P, gamma, alpha[0], beta[0]);
+    for (int k = 0; k < 2; k++)
+        fprintf(f, ", \"%s_alpha_s\": %.6g, \"%s_beta_s\": %.6g", dp_plan_algo_name(plan_algo[k]), alpha[k],
+                dp_plan_algo_name(plan_algo[k]), beta[k]);
+    if (per_sample == per_sample) fprintf(f, ", \"sample_s\": %.6g", per_sample);
+    fprintf(f, ", \"sizes\": [");
+    for (int s = 0; s < n; s++) fprintf(f, "%s%.0f", s ? ", " : "", bytes[s]);
+    for (int k = 0; k < 2; k++) {
+        fprintf(f, "], \"%s_measured_s\": [", dp_plan_algo_name(plan_algo[k]));
+        for (int s = 0; s < n; s++) fprintf(f, "%s%.6g", s ? ", " : "", tt[k][s]);
+    }
+    fprintf(f, "]}\n");
+    if (out) {
+        if (fclose(f) != 0) die("%s: %s", out, strerror(errno));
+        printf("wrote %s: gamma %.3g ns/B", out, gamma * 1e9);
+        for (int k = 0; k < 2; k++)
+            printf("  %s alpha %.3g us beta %.3g ns/B (%.3g GB/s)", dp_plan_algo_name(plan_algo[k]), alpha[k] * 1e6,
+                   beta[k] * 1e9, beta[k] > 0 ? 1 / beta[k] / 1e9 : INFINITY);
+        if (per_sample == per_sample) printf("  %.4g ms per sample", per_sample * 1e3);
+        printf("\n");
+    }
     return 0;
 }
