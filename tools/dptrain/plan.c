@@ -300,8 +300,6 @@ static const char *help_plan =
     "                        first P where communication exceeds compute\n"
     "  --json                one JSON object instead of text\n";
 
-static double si_arg(const char *name, const char *v, double lo, double hi) { return num_arg(name, v, lo, hi); }
-
 static void print_bytes(const char *label, double b) {
     const char *u[] = {"B", "KB", "MB", "GB", "TB", "PB"};
     int i = 0;
@@ -424,7 +422,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
             fputs(help_plan, stdout);
             return 0;
         }
-        if (take(argc, argv, &i, "--params", &v)) p.params = (int64_t)si_arg(a, v, 1, 1e15);
+        if (take(argc, argv, &i, "--params", &v)) p.params = (int64_t)num_arg(a, v, 1, 1e15);
         else if (take(argc, argv, &i, "--layers", &v)) p.nlayers = (int)int_arg(a, v, 1, 1000000);
         else if (take(argc, argv, &i, "--model", &v)) model = v;
         else if (take(argc, argv, &i, "--input", &v)) input = v;
