@@ -21,8 +21,8 @@
  *           ring for the staleness), O(P + s) memory.  s = 0 is exactly sync.
  *   async   pushes reach the server in time order through a binary heap of
  *           the P next arrivals: O(K P log P) time, O(P) memory.
- * 20,000 workers x 1,000 steps is 2e7 worker-steps: about 1-3 s on one core
- * (bench figures in docs/plan.md). */
+ * 20,000 workers x 1,000 steps is 2e7 worker-steps: 1.4 s (sync) to 4.3 s
+ * (async) of CPU on one core here (bench/simulate_speed.sh, docs/plan.md). */
 #include <math.h>
 #include <string.h>
 
