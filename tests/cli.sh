@@ -616,6 +616,113 @@ if "$BIN" sample --help | grep -q -- "--temperature" && "$BIN" help sample | gre
 else bad sample_help "sample missing from the help"; fi
 # === end of gpt checks ===
 
+# === plan, simulate, plot checks (tools/dptrain/plan.c) ===
+# simulate: the closed form of sync (step = compute + comm), the same output
+# for the same seed, the trainer's spec syntax and its errors, a trace
+sim=$("$BIN" simulate --workers 4 --steps 10 --compute-ms 100 --comm-ms 20 2>&1)
+if grep -q "^throughput: 8.33333 steps/s  1066.67 samples/s" <<<"$sim"; then ok simulate_sync_closed_form
+else bad simulate_sync_closed_form "$sim"; fi
+s1=$("$BIN" simulate --mode async --workers 50 --steps 20 --compute-sd-ms 30 --simulate-jitter p=0.05,ms=200 --seed 5 2>&1)
+s2=$("$BIN" simulate --mode async --workers 50 --steps 20 --compute-sd-ms 30 --simulate-jitter p=0.05,ms=200 --seed 5 2>&1)
+s3=$("$BIN" simulate --mode async --workers 50 --steps 20 --compute-sd-ms 30 --simulate-jitter p=0.05,ms=200 --seed 6 2>&1)
+if [[ -n $s1 && $s1 == "$s2" && $s1 != "$s3" ]] && grep -q "^staleness (pushes): mean" <<<"$s1"; then ok simulate_deterministic
+else bad simulate_deterministic "$s1" "$s3"; fi
+# backup 1 with worker 2 five times slower: the fast rate 1 / (0.1 + 0.02 s)
+sim=$("$BIN" simulate --mode backup --backup 1 --workers 6 --steps 20 --compute-ms 100 --comm-ms 20 --simulate-slow 2:5 2>&1)
+if grep -q "^throughput: 8.33333 steps/s" <<<"$sim"; then ok simulate_backup; else bad simulate_backup "$sim"; fi
+expect_error simulate_slow_range "rank 9 is out of range 0..3" "$BIN" simulate --workers 4 --simulate-slow 9:2
+expect_error simulate_bad_jitter "p and ms go together" "$BIN" simulate --simulate-jitter p=0.1
+expect_error simulate_bad_mode "unknown mode 'fast'" "$BIN" simulate --mode fast
+expect_error simulate_backup_too_many "needs at least 5 workers" "$BIN" simulate --mode backup --backup 4 --workers 4
+# a trace: two step records of 0.1 + 0.2 s compute and 0.3 + 0.1 s; the epoch record is skipped
+mkdir -p "$T/trace"
+{ echo '{"kind": "step", "step": 1, "forward_s": 0.1, "backward_s": 0.2, "step_s": 0.4}'
+  echo '{"kind": "epoch", "epoch": 1, "forward_s": 9, "backward_s": 9}'
+  echo '{"kind": "step", "step": 2, "forward_s": 0.3, "backward_s": 0.1, "step_s": 0.5}'; } >"$T/trace/metrics.jsonl"
+sim=$("$BIN" simulate --workers 1 --steps 1000 --trace "$T/trace" 2>&1)
+# one worker: the mean step is the mean of 0.3 and 0.4 s (a bootstrap draw): 2.86 steps/s within 5%
+rate=$(awk '/^throughput:/ {print $2}' <<<"$sim")
+if awk -v r="${rate:-0}" 'BEGIN {exit !(r > 2.72 && r < 3.0)}'; then ok simulate_trace; else bad simulate_trace "$sim"; fi
+echo '{"kind": "step", "forward_s": 0.1, ' >"$T/trace/metrics.jsonl"
+expect_error simulate_trace_bad "metrics.jsonl:1: json: column" "$BIN" simulate --trace "$T/trace"
+if "$BIN" simulate --help | grep -q -- "--bound" && "$BIN" help simulate | grep -q -- "--server-ms" &&
+   "$BIN" --help | grep -q "^  simulate "; then ok simulate_help
+else bad simulate_help "simulate missing from the help"; fi
+# plan: the textbook ring (200M fp32 on 8 workers at 100 Gbit/s: 1.4 GB sent per
+# worker, 24 buckets x 14 x 5 us latency + 112 ms), a model counted by the
+# library's builder, the sweep's crossover, errors
+pl=$("$BIN" plan --params 2e8 --workers 8 --batch 1600 --algo ring --link-gbps 100 --flops 1e14 --tokens 1024 2>&1)
+if grep -q "sent per worker per step: 1.4 GB" <<<"$pl" && grep -q "^communication 113.68 ms" <<<"$pl" &&
+   grep -q "zero1 1.8 GB  zero2 1.1 GB  zero3 400 MB" <<<"$pl"; then ok plan_textbook
+else bad plan_textbook "$pl"; fi
+pl=$("$BIN" plan --model cnn --workers 2 --batch 64 --flops 5e10 --json 2>&1)
+if python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["workers"] == 2 and d["mem_plain"] == 16 * d["grad_bytes"] / 4 and len(d["bucket_bytes"]) >= 1' "$pl" 2>/dev/null
+then ok plan_model_json; else bad plan_model_json "$pl"; fi
+pl=$("$BIN" plan --params 2e8 --batch 1600 --flops 1e14 --tokens 1024 --sweep 1024 2>&1)
+if grep -q "^communication exceeds compute from 256 workers on" <<<"$pl"; then ok plan_sweep; else bad plan_sweep "$pl"; fi
+expect_error plan_no_model "give --params N or --model SPEC" "$BIN" plan --workers 4
+expect_error plan_bad_algo "unknown algorithm 'mesh'" "$BIN" plan --params 1e6 --algo mesh
+expect_error plan_hier_hosts "hier needs --per-host" "$BIN" plan --params 1e6 --workers 8 --algo hier
+expect_error plan_bad_model "--model nope" "$BIN" plan --model nope
+echo '{"beta_s": 8e-10, "alpha_s": 0.001' >"$T/prof.json"
+expect_error plan_bad_profile "prof.json: json: column" "$BIN" plan --params 1e6 --profile "$T/prof.json"
+# a profile's link: 10 Gbit/s (8e-10 s/B), 1 ms: 2 workers, one 4 MB bucket -> 2 ms + 3.2 ms
+echo '{"beta_s": 8e-10, "alpha_s": 0.001}' >"$T/prof.json"
+pl=$("$BIN" plan --params 1e6 --layers 1 --workers 2 --batch 2 --algo ring --profile "$T/prof.json" 2>&1)
+if grep -q "^communication 5.2 ms" <<<"$pl"; then ok plan_profile; else bad plan_profile "$pl"; fi
+if "$BIN" plan --help | grep -q -- "--per-host" && "$BIN" help plan | grep -q -- "--sweep" &&
+   "$BIN" --help | grep -q "^  plan "; then ok plan_help
+else bad plan_help "plan missing from the help"; fi
+# cross-check: where both apply (sync, no overlap, constant times) the simulator's
+# step is the plan's: feed plan's compute and comm to simulate
+pj=$("$BIN" plan --params 2e8 --workers 8 --batch 1600 --tokens 1024 --flops 1e14 --no-overlap --json 2>&1)
+args=$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(1e3*(d["fwd_s"]+d["bwd_s"]), 1e3*d["comm_s"], 1/d["step_s"])' "$pj" 2>/dev/null)
+read -r cms ams want <<<"$args"
+sim=$("$BIN" simulate --workers 8 --steps 10 --compute-ms "${cms:-0}" --comm-ms "${ams:-0}" 2>&1)
+got=$(awk '/^throughput:/ {print $2}' <<<"$sim")
+if awk -v a="${got:-0}" -v b="${want:-1}" 'BEGIN {exit !(a > 0 && (a - b) / b < 1e-5 && (b - a) / b < 1e-5)}'; then ok plan_simulate_agree
+else bad plan_simulate_agree "plan $want steps/s, simulate ${got:-none}" "$sim"; fi
+# plot: a synthetic 2-rank run (step and epoch records as the trainer writes them),
+# simulate, plan and sweep outputs -> every plot, each parsing as XML with
+# units on both axes; a run alone skips the planning plots with a note
+mkdir -p "$T/prun"
+{ for s in 1 2 3 4; do
+    echo "{\"kind\": \"step\", \"step\": $s, \"epoch\": 1, \"loss\": 2.$((5 - s)), \"samples\": 50, \"step_s\": 0.01, \"data_wait_s\": 0.001, \"forward_s\": 0.002, \"backward_s\": 0.004, \"comm_s\": 0.002, \"comm_exposed_s\": 0.001, \"optimizer_s\": 0.001, \"wait_s\": 0.0, \"slow_s\": 0.0, \"last_rank\": 1}"
+    [[ $s == 2 || $s == 4 ]] && echo "{\"kind\": \"epoch\", \"epoch\": $((s / 2)), \"step\": $s, \"workers\": 2, \"test_acc\": 0.$((6 + s)), \"samples_per_s\": 5000.0, \"epoch_time_s\": 0.02, \"rank_arrival_s\": [0.001, 0.004]}"
+  done; } >"$T/prun/metrics.jsonl"
+"$BIN" simulate --mode ssp --bound 2 --workers 6 --steps 30 --compute-sd-ms 20 --per-worker --json >"$T/sim.json" 2>&1
+"$BIN" plan --model mlp --workers 2 --batch 64 --json >"$T/plan.json" 2>&1
+"$BIN" plan --model mlp --batch 64 --sweep 8 --json >"$T/sweep.jsonl" 2>&1
+if "$BIN" plot --out "$T/svg" "$T/prun" "$T/sim.json" "$T/plan.json" "$T/sweep.jsonl" >"$T/plot.log" 2>&1 &&
+   [[ $(ls "$T/svg"/*.svg 2>/dev/null | wc -l) -eq 10 ]] &&
+   python3 - "$T/svg" <<'PY' 2>>"$T/plot.log"
+import glob, sys, xml.dom.minidom as m
+for f in sorted(glob.glob(sys.argv[1] + "/*.svg")):
+    d = m.parse(f)
+    labels = [t.firstChild.data for t in d.getElementsByTagName("text") if t.firstChild]
+    units = [l for l in labels if "(" in l and l.endswith(")")]
+    assert len(units) >= 2, (f, labels)
+PY
+then ok plot_all; else bad plot_all "$(cat "$T/plot.log")"; fi
+pl=$("$BIN" plot --out "$T/svg2" "$T/prun" 2>&1)
+if grep -q "^skipped staleness.svg: no staleness" <<<"$pl" && grep -q "^skipped scaling.svg" <<<"$pl" &&
+   grep -q "^wrote .*/wait.svg" <<<"$pl"; then ok plot_skips; else bad plot_skips "$pl"; fi
+printf '{"kind": "step", "loss": [1, {}]}\n' >"$T/bad.jsonl"
+expect_error plot_bad_input "bad.jsonl:1: json: column" "$BIN" plot --out "$T/svg3" "$T/bad.jsonl"
+expect_error plot_no_out "give --out DIR" "$BIN" plot "$T/prun"
+if "$BIN" plot --help | grep -q "staleness.svg" && "$BIN" --help | grep -q "^  plot "; then ok plot_help
+else bad plot_help "plot missing from the help"; fi
+# calibrate: a profile from the thread backend (small sizes, few iterations: the fitted
+# values are noise on a loaded machine, so only their presence and sign are checked) and the
+# synthetic run's step records (0.006 s fwd+bwd for 50 samples on 2 workers = 0.24 ms
+# per sample: 32 per worker at batch 64 are 2.56 ms forward, 5.12 backward), that plan then reads
+if "$BIN" calibrate --workers 2 --max-bytes 262144 --iters 3 --run "$T/prun" --out "$T/cal.json" >"$T/cal.log" 2>&1 &&
+   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); import math; k = [a + "_" + b for a in ("ring", "rhd") for b in ("alpha_s", "beta_s")] + ["gamma_s"]; assert all(math.isfinite(d[x]) and d[x] >= 0 for x in k) and len(d["ring_measured_s"]) == 4 and abs(d["sample_s"] - 0.00024) < 1e-9, d' "$T/cal.json" 2>>"$T/cal.log" &&
+   "$BIN" plan --model mlp --workers 2 --batch 64 --profile "$T/cal.json" | grep -q " = forward 2.56 + backward 5.12 + exposed comm"
+then ok calibrate_profile; else bad calibrate_profile "$(cat "$T/cal.log")"; fi
+expect_error calibrate_run_missing "no-such-run" "$BIN" calibrate --run "$T/no-such-run" --max-bytes 16384
+# === end of plan checks ===
+
 ci_strict=0
 [[ -n ${CI:-} && $CI != 0 && ${CI,,} != false ]] && ci_strict=1
 if [[ $skipped -gt 0 && $ci_strict -eq 1 ]]; then echo "CI=$CI: $skipped skipped fail the run"; fi

@@ -684,3 +684,45 @@ int dptrain_cmd_bench_allreduce(int argc, char **argv) {
     pthread_mutex_destroy(&b.mu);
     return 0;
 }
+
+/* ---- for dptrain calibrate -------------------------------------------------------------- */
+
+/* The thread backend's all-reduce of each size in sizes[0..n) (bytes, f32,
+ * ascending, n <= 64) on P pinned-if-they-fit workers with algorithm algo:
+ * into med[s] the median over `iters` iterations of the slowest rank's time,
+ * measured exactly as `bench allreduce` measures it (worker_main, iter_times;
+ * no bound kernel).  Ends the program with one error line on a failure. */
+void dptrain_allreduce_medians(int P, enum dp_comm_algo algo, const size_t *sizes, int n, int iters,
+                               double *med) {
+    struct bench b = {0};
+    b.P = P, b.warmup = 2, b.algo = algo, b.dtype = DP_DTYPE_F32, b.failed_rank = -1;
+    if (P < 1 || P > 64 || n < 1 || n > 64 || iters < 1 || iters > MAX_ITERS) die("allreduce medians: bad arguments");
+    for (int s = 0; s < n; s++) b.sizes[s] = sizes[s] / 4 * 4, b.iters[s] = iters;
+    b.nsizes = n, b.min_bytes = b.sizes[0], b.max_bytes = b.sizes[n - 1];
+    cpu_set_t allowed;
+    b.pin = !sched_getaffinity(0, sizeof allowed, &allowed) && b.P <= CPU_COUNT(&allowed);
+    struct dp_comm_params cp = dp_comm_default_params();
+    cp.timeout_s = 120;
+    b.times = calloc((size_t)b.P * 64 * MAX_ITERS, sizeof(double));
+    double *it = malloc(sizeof(double) * MAX_ITERS);
+    if (!b.times || !it) die("out of memory");
+    pthread_mutex_init(&b.mu, NULL);
+    if (dp_comm_thread_world_init(&b.w, b.P, &cp)) die("%s", dp_errmsg());
+    pthread_t th[64];
+    struct worker wk[64];
+    for (int r = 0; r < b.P; r++) {
+        wk[r] = (struct worker){&b, r};
+        if (pthread_create(&th[r], NULL, worker_main, &wk[r])) die("cannot start worker threads");
+    }
+    for (int r = 0; r < b.P; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < b.P; r++) dp_free(b.bufs[r]);
+    dp_comm_thread_world_free(b.w);
+    if (b.failed_rank >= 0) die("%s", b.err);
+    for (int s = 0; s < n; s++) {
+        iter_times(&b, b.times, MAX_ITERS, s, iters, it);
+        med[s] = iters % 2 ? it[iters / 2] : 0.5 * (it[iters / 2 - 1] + it[iters / 2]);
+    }
+    free(it);
+    free(b.times);
+    pthread_mutex_destroy(&b.mu);
+}

@@ -3,6 +3,10 @@
 #ifndef DPTRAIN_CLI_H
 #define DPTRAIN_CLI_H
 
+#include <stddef.h>
+
+#include "dp/comm.h"
+
 /* Prints "dptrain: error: MESSAGE" (naming this process in a multi-process
  * job) and exits 1; in an MPI job it first ends the whole job, so the other
  * processes do not wait for this one until a timeout.  (main.c) */
@@ -10,9 +14,23 @@ void dptrain_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1
 
 /* tools/dptrain/bench_allreduce.c */
 int dptrain_cmd_bench_allreduce(int argc, char **argv);
+/* Median all-reduce time per size of the thread backend, measured as bench
+ * allreduce does (for dptrain calibrate). */
+void dptrain_allreduce_medians(int P, enum dp_comm_algo algo, const size_t *sizes, int n, int iters, double *med);
 /* tools/dptrain/prepare_text.c */
 int dptrain_cmd_prepare_text(int argc, char **argv);
 /* tools/dptrain/sample.c */
 int dptrain_cmd_sample(int argc, char **argv);
+/* tools/dptrain/plan.c: simulate, plan, calibrate */
+int dptrain_cmd_simulate(int argc, char **argv);
+int dptrain_cmd_plan(int argc, char **argv);
+int dptrain_cmd_calibrate(int argc, char **argv);
+/* Calls fn on every line of PATH (or PATH/metrics.jsonl for a folder), parsed
+ * as a flat JSON object; a bad line ends the program with one error naming
+ * the file and line. */
+struct dp_json_obj;
+void dptrain_each_record(const char *path, void (*fn)(const struct dp_json_obj *, void *), void *arg);
+/* tools/dptrain/plot.c */
+int dptrain_cmd_plot(int argc, char **argv);
 
 #endif

@@ -90,6 +90,10 @@ static const char *help_main =
     "  bench allreduce  all-reduce time, algorithm and bus bandwidth by message size\n"
     "  prepare-text   write a token file from text files (fortunes by default)\n"
     "  sample         generate text with a gpt checkpoint (prompt, temperature, top-k, seed)\n"
+    "  plan           predict a step: buckets, all-reduce algorithms, overlap, ZeRO memory\n"
+    "  calibrate      measure alpha, beta, gamma and compute per sample: a profile for plan\n"
+    "  simulate       discrete-event simulation of steps: sync, ssp, async, backup workers\n"
+    "  plot           SVG plots of runs (metrics.jsonl) and of plan/simulate outputs\n"
     "  help CMD       help for one command (same as CMD --help)\n"
     "\n"
     "Run 'dptrain train --help' for the training options.  Several processes:\n"
@@ -836,6 +840,22 @@ int main(int argc, char **argv) {
             char *h[] = {"prepare-text", "--help", NULL};
             return dptrain_cmd_prepare_text(2, h);
         }
+        if (!strcmp(what, "plan")) {
+            char *h[] = {"plan", "--help", NULL};
+            return dptrain_cmd_plan(2, h);
+        }
+        if (!strcmp(what, "calibrate")) {
+            char *h[] = {"calibrate", "--help", NULL};
+            return dptrain_cmd_calibrate(2, h);
+        }
+        if (!strcmp(what, "plot")) {
+            char *h[] = {"plot", "--help", NULL};
+            return dptrain_cmd_plot(2, h);
+        }
+        if (!strcmp(what, "simulate")) {
+            char *h[] = {"simulate", "--help", NULL};
+            return dptrain_cmd_simulate(2, h);
+        }
         if (!strcmp(what, "sample")) {
             char *h[] = {"sample", "--help", NULL};
             return dptrain_cmd_sample(2, h);
@@ -850,6 +870,10 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "prepare-text")) return dptrain_cmd_prepare_text(argc - 1, argv + 1);
     if (!strcmp(cmd, "sample")) return dptrain_cmd_sample(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plan")) return dptrain_cmd_plan(argc - 1, argv + 1);
+    if (!strcmp(cmd, "calibrate")) return dptrain_cmd_calibrate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plot")) return dptrain_cmd_plot(argc - 1, argv + 1);
+    if (!strcmp(cmd, "simulate")) return dptrain_cmd_simulate(argc - 1, argv + 1);
     fprintf(stderr, "%s: error: unknown command '%s' (see '%s --help')\n", prog, cmd, prog);
     return 2;
 }

@@ -1,0 +1,268 @@
+/*
+ * dp/plan.h — predicting a data-parallel run before it happens: a
+ * discrete-event simulator of training steps (dp_sim_*), the analytic
+ * α-β-γ cost model of the communicator and the reducer (dp_plan_*), and the
+ * small readers and writers the CLI's plan, simulate and plot commands use
+ * (a flat JSON-line reader, an SVG writer).
+ *
+ * The planner depends on src/core only: it models the communicator and the
+ * reducer (their algorithms, their bucket rule) without calling them, so it
+ * runs for 20,000 workers on one core.  The trainer's --simulate-slow and
+ * --simulate-jitter specs are parsed by the CLI (dp/train.h) and handed in
+ * as plain numbers.
+ *
+ *     struct dp_sim_params p = dp_sim_default_params();
+ *     p.mode = DP_SIM_SYNC, p.workers = 1000, p.steps = 100;
+ *     p.compute_mean_s = 0.1, p.comm_s = 0.02;
+ *     struct dp_sim_result r;
+ *     if (dp_sim_run(&p, &r)) fprintf(stderr, "%s\n", dp_errmsg());
+ *     else printf("%.2f steps/s\n", r.steps_per_s);
+ *     dp_sim_result_free(&r);
+ */
+#ifndef DP_PLAN_H
+#define DP_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "dp/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the simulator ------------------------------------------------------------ */
+
+enum dp_sim_mode {
+    DP_SIM_SYNC = 0, /* every step waits for all P workers, then one all-reduce of comm_s */
+    DP_SIM_SSP,      /* stale-synchronous: a worker may run at most `bound` steps ahead of the slowest */
+    DP_SIM_ASYNC,    /* parameter server: each worker pushes and pulls on its own; the server is a queue */
+    DP_SIM_BACKUP,   /* synchronous, but a step closes when the first P - backup gradients arrived */
+    DP_SIM_MODE_COUNT
+};
+/* "sync", "ssp", "async", "backup"; parse returns the mode or DP_EINVAL. */
+const char *dp_sim_mode_name(enum dp_sim_mode m);
+int dp_sim_mode_parse(const char *name);
+
+/* The random stream of the simulator's normal compute draws (a = worker,
+ * b = step).  Stalls and the lognormal factor use the trainer's own draws,
+ * DP_RNG_SLOW at (worker, 2 step) and (worker, 2 step + 1), so a simulated
+ * worker stalls in the same steps as the trainer's --simulate-jitter would. */
+#define DP_RNG_SIM 17
+
+struct dp_sim_params {
+    enum dp_sim_mode mode;
+    int workers;            /* P >= 1 */
+    int64_t steps;          /* steps per worker (async: P x steps pushes in all) */
+    int64_t batch;          /* samples per worker per step (for samples/s) */
+    /* Compute time of worker w in its step k:
+     *   c = max(0, mean + sd z) x slow[w] x max(1, exp(sigma z')) + (stall_s with probability stall_p)
+     * or, with a trace, trace[u mod trace_len] in place of max(0, mean + sd z)
+     * (a bootstrap draw from a measured run's per-step compute). */
+    double compute_mean_s, compute_sd_s;
+    const double *slow;     /* (P) factors >= 1, or NULL: all 1 (--simulate-slow) */
+    double stall_p, stall_s, sigma; /* --simulate-jitter p, ms / 1000, lognormal */
+    const double *trace;    /* (trace_len) measured compute times in s, or NULL */
+    int64_t trace_len;
+    double comm_s;          /* sync, backup: the all-reduce; ssp, async: one push + pull transfer */
+    int bound;              /* ssp: s >= 0 */
+    int backup;             /* backup: b, 0 <= b < P */
+    int shards;             /* async: S >= 1 */
+    double server_s;        /* async: time one server takes to apply one whole push (a shard: server_s / S) */
+    uint64_t seed;
+};
+struct dp_sim_params dp_sim_default_params(void);
+
+struct dp_sim_result {
+    double time_s;          /* simulated wall time */
+    int64_t updates;        /* model updates: steps (sync, ssp, backup) or pushes (async) */
+    double steps_per_s;     /* steps per worker per second (async: pushes / P / s) */
+    double samples_per_s;   /* samples that reached the model per second (backup: P - b per step) */
+    double *idle;           /* (P) fraction of time_s each worker neither computed nor sent */
+    double idle_mean, idle_min, idle_max;
+    int idle_max_worker;
+    /* Staleness of each update (ssp: in steps, k - 1 - the last step every
+     * worker had committed when the worker read; async: pushes applied by the
+     * server between the worker's read and its push).  Zero for sync and backup. */
+    double stale_mean;
+    int64_t stale_p50, stale_p99, stale_max;
+    int64_t *stale_hist;    /* (stale_hist_len) counts of staleness 0, 1, ...; the last bin also counts larger values */
+    int64_t stale_hist_len;
+};
+
+/* Runs the simulation.  0 or DP_EINVAL (a bad parameter, with a message) or
+ * DP_ENOMEM.  Deterministic: a pure function of the parameters (seed
+ * included).  The result owns idle and stale_hist: dp_sim_result_free. */
+int dp_sim_run(const struct dp_sim_params *p, struct dp_sim_result *r);
+void dp_sim_result_free(struct dp_sim_result *r);
+
+/* ---- the analytic cost model (DESIGN §4) ------------------------------------------ */
+
+/* Collective algorithms as the model knows them, n bytes, p workers, α s per
+ * message, β s per byte, γ s per byte reduced:
+ *   ring  2(p-1)α + 2(p-1)/p nβ + (p-1)/p nγ             (bandwidth-optimal)
+ *   rhd   2 log2(p')α + 2(p'-1)/p' nβ + (p'-1)/p' nγ,     p' = 2^floor(log2 p),
+ *         + 2(α + nβ) + nγ when p is not a power of two   (Rabenseifner with a fold)
+ *   tree  2 ceil(log2 p)(α + nβ) + ceil(log2 p) nγ       (binary tree reduce + broadcast)
+ *   hier  g workers per host, H = p/g hosts: reduce-scatter inside the host
+ *         (g-1)(α' + n/g β') + (g-1)/g nγ, ring all-reduce of n/g between hosts,
+ *         all-gather inside the host (g-1)(α' + n/g β')   (α', β': the intra-host link)
+ *   ps    S shards on their own hosts: each worker pushes and pulls n, each shard
+ *         receives and sends p n/S in p/S messages each way, whose per-message
+ *         costs queue at the shard: 2 max(1, p/S)α + max(2n, 2pn/S)β + (pn/S)γ
+ */
+enum dp_plan_algo { DP_PLAN_RING = 0, DP_PLAN_RHD, DP_PLAN_TREE, DP_PLAN_HIER, DP_PLAN_PS, DP_PLAN_ALGO_COUNT };
+const char *dp_plan_algo_name(int algo);
+/* Sets *algo to the algorithm's index, or -1 for "best" (per bucket);
+ * returns 0 or DP_EINVAL. */
+int dp_plan_algo_parse(const char *name, int *algo);
+
+struct dp_plan_net {
+    int workers;                          /* p >= 1 */
+    int per_host;                         /* hier: g workers per host (p a multiple of g); 0 or 1: hier unavailable */
+    int shards;                           /* ps: S >= 1 */
+    double alpha_s[DP_PLAN_ALGO_COUNT];   /* per message, per algorithm (hier, ps: between hosts) */
+    double beta_s[DP_PLAN_ALGO_COUNT];    /* per byte, per algorithm */
+    double intra_alpha_s, intra_beta_s;   /* hier: inside a host */
+    double gamma_s;                       /* per byte reduced (0: free) */
+};
+/* Fills every algorithm with one link: latency_s and bytes_per_s. */
+void dp_plan_net_link(struct dp_plan_net *n, double latency_s, double bytes_per_s);
+/* Time of one all-reduce of `bytes` bytes by algo; INFINITY where the algo
+ * does not apply (hier without per_host >= 2 dividing p). */
+double dp_plan_allreduce_s(int algo, double bytes, const struct dp_plan_net *n);
+/* Bytes one worker sends in that all-reduce (the busiest worker for tree). */
+double dp_plan_sent_bytes(int algo, double bytes, const struct dp_plan_net *n);
+
+/* One bucket of the reducer, as the model plans and times it. */
+struct dp_plan_bucket {
+    int64_t off, count;       /* range of the gradient slab in elements, as dp_reducer plans it */
+    int first_layer, nlayers; /* its layers: first_layer .. first_layer + nlayers - 1 */
+    double bytes;             /* on the wire: count x bytes_per_elem / compress */
+    double ready_s, start_s, done_s; /* from the step's start */
+    int algo;                 /* the algorithm used (the fastest, unless forced) */
+    double algo_s[DP_PLAN_ALGO_COUNT];
+};
+
+/* The reducer's bucket cap for a model of num_params floats when asked for
+ * 0 (auto): a quarter of the gradient, clamped to [1 MiB, 25 MiB] (the rule
+ * in dp_reducer_init, src/ddp/reducer.c). */
+size_t dp_plan_auto_cap(int64_t num_params);
+/* Plans buckets exactly as dp_reducer does: from the last layer backwards, a
+ * bucket closes when the next layer would push it past its cap (the first
+ * bucket's cap is first_bytes; a layer larger than the cap gets its own).
+ * layers[i] = parameter floats of top-level layer i (0 allowed, skipped).
+ * *out (dp_malloc) gets the buckets, output side first; returns their count
+ * or < 0. */
+int dp_plan_buckets(const int64_t *layers, int nlayers, size_t cap_bytes, size_t first_bytes,
+                    struct dp_plan_bucket **out);
+
+struct dp_plan_params {
+    int64_t params;           /* Ψ; with layers, their sum is used */
+    const int64_t *layers;    /* (nlayers) floats per top-level layer in slab order, or NULL: nlayers equal layers */
+    const double *layer_flops;/* (nlayers) forward FLOPs per sample, or NULL: 2 x layer params x tokens */
+    int nlayers;
+    double tokens;            /* tokens per sample (for the default FLOPs) [1] */
+    struct dp_plan_net net;
+    double flops;             /* achieved FLOP/s per worker */
+    double sample_s;          /* > 0: measured forward + backward seconds per sample (overrides flops) */
+    int64_t batch;            /* global batch; each worker computes batch / p */
+    int bytes_per_elem;       /* of the gradient on the wire: 4 (fp32) or 2 (bf16) */
+    double compress;          /* >= 1: the wire carries bytes / compress */
+    size_t bucket_cap_bytes;  /* 0: auto (dp_plan_auto_cap) */
+    size_t first_bucket_bytes;/* 1 MiB */
+    int overlap;              /* 1: a bucket starts when its last layer's backward ends */
+    int algo;                 /* -1: the fastest per bucket; else forced */
+    double opt_s;             /* optimizer time per step */
+    double opt_state_bytes;   /* optimizer state per parameter: 8 for AdamW (m, v), 4 for SGD momentum */
+};
+struct dp_plan_params dp_plan_default_params(void);
+
+struct dp_plan_result {
+    double fwd_s, bwd_s, opt_s;   /* per step per worker */
+    double comm_s;                /* sum of the buckets' all-reduce times */
+    double exposed_s;             /* communication left after backward */
+    double step_s;                /* fwd + bwd + exposed + opt */
+    double efficiency;            /* (fwd + bwd + opt) / step: throughput over p x the no-communication rate */
+    double samples_per_s;         /* batch / step */
+    double grad_bytes;            /* on the wire per all-reduce of the whole gradient */
+    double sent_bytes;            /* one worker sends per step */
+    double mem_bytes[4];          /* weights + grads + optimizer state per worker: plain, ZeRO 1, 2, 3 */
+    int nb;
+    struct dp_plan_bucket *b;     /* (nb), output side first */
+};
+/* Predicts one step.  0, DP_EINVAL (a bad parameter, with a message) or
+ * DP_ENOMEM.  The result owns b: dp_plan_result_free. */
+int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r);
+void dp_plan_result_free(struct dp_plan_result *r);
+
+/* Least-squares α and β of algorithm algo on p workers from measured
+ * all-reduce times t[i] of bytes[i] (n >= 2 sizes), with γ given (its term
+ * is subtracted first).  The model is linear in α and β, so this is a 2 x 2
+ * weighted least-squares problem; the weights 1/t[i]^2 minimise the relative
+ * error, so the small sizes (which carry α) count as much as the large ones
+ * (which carry β).  A negative α (noise) is clamped to 0 and β refitted
+ * alone.  0 or DP_EINVAL. */
+int dp_plan_fit(int algo, int p, double gamma_s, const double *bytes, const double *t, int n, double *alpha_s,
+                double *beta_s);
+
+/* ---- a reader of flat JSON lines (metrics.jsonl) ---------------------------------- */
+
+/* One line of metrics.jsonl is one flat object: string keys, values that are
+ * numbers, strings, true/false/null or arrays of numbers.  Nothing nested
+ * deeper is accepted.  Bad input is DP_EFORMAT with a message naming the
+ * column; never a crash (tests/test_plan.c feeds it mutated lines). */
+enum dp_json_type { DP_JSON_NUM = 0, DP_JSON_STR, DP_JSON_ARR, DP_JSON_BOOL, DP_JSON_NULL, DP_JSON_TYPE_COUNT };
+struct dp_json_field {
+    char *key;
+    enum dp_json_type type;
+    double num;             /* NUM, BOOL (0 or 1) */
+    char *str;              /* STR (escapes decoded; \u beyond ASCII becomes '?') */
+    double *arr;            /* ARR (n) */
+    int64_t n;
+};
+struct dp_json_obj {
+    struct dp_json_field *f;
+    int n, cap;
+};
+/* Parses s[0..len) (one object; surrounding white space allowed) into o,
+ * which the caller frees with dp_json_obj_free (also after a failure). */
+int dp_json_parse(const char *s, size_t len, struct dp_json_obj *o);
+void dp_json_obj_free(struct dp_json_obj *o);
+/* The field named key, or NULL. */
+const struct dp_json_field *dp_json_get(const struct dp_json_obj *o, const char *key);
+/* The number at key, or dflt when absent or not a number. */
+double dp_json_num(const struct dp_json_obj *o, const char *key, double dflt);
+/* 1 when the string at key equals val. */
+int dp_json_str_is(const struct dp_json_obj *o, const char *key, const char *val);
+
+/* ---- a small SVG writer ----------------------------------------------------------- */
+
+/* Self-contained SVG plots (no dependency): axes with ticks, labels that
+ * must carry a unit in parentheses ("time (s)"), a title and a legend.
+ *   LINES    one polyline per series (non-finite points break the line)
+ *   STACKED  areas stacked in series order over series 0's x (all series the same n)
+ *   BARS     one bar per point of series 0 (x = position, y = height); more series: side by side
+ *   SPANS    one row per point: a bar from x[i] to y[i] (a timeline), every series on the same rows
+ * The output is a pure function of the input (fixed number formats). */
+enum dp_svg_kind { DP_SVG_LINES = 0, DP_SVG_STACKED, DP_SVG_BARS, DP_SVG_SPANS, DP_SVG_KIND_COUNT };
+struct dp_svg_series {
+    const char *name;
+    const double *x, *y;      /* (n) */
+    int64_t n;
+};
+struct dp_svg_plot {
+    enum dp_svg_kind kind;
+    const char *title, *xlabel, *ylabel;
+    int width, height;        /* pixels; 0: 640 x 400 */
+    int markers;              /* LINES: a dot at each point */
+};
+/* Writes the plot to f (a file the caller opened).  0, DP_EINVAL (no data,
+ * a label without a unit, unequal stacked series) or DP_EIO. */
+int dp_svg_write(FILE *f, const struct dp_svg_plot *p, const struct dp_svg_series *s, int ns);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,294 @@
+/* The analytic α-β-γ cost model of one data-parallel step (dp/plan.h,
+ * DESIGN §4): the collectives' formulas, the reducer's bucket plan, and the
+ * overlap of bucket all-reduces with backward.
+ *
+ * The step, per worker, with b = batch / p samples:
+ *
+ *   0 ──forward──► F ──backward: layers L-1 .. 0──► F + B ──exposed──► + opt
+ *                     │ layer i ends at F + (backward of layers L-1..i)
+ *                     └─ bucket k is ready when its lowest layer ends; the
+ *                        buckets' all-reduces run one after another (one
+ *                        progress thread): start_k = max(ready_k, done_k-1)
+ *
+ * exposed = max(0, done_last - (F + B)).  Backward costs twice forward per
+ * layer (dense layers: 2Ψ FLOPs per sample forward, 4Ψ backward), and a
+ * layer's forward is layer_flops[i] (from the model) or 2 x its parameters
+ * x tokens per sample.  What the model leaves out: data loading, contention
+ * between the all-reduce and compute for memory bandwidth, and the
+ * polling resolution of the real reducer (one layer). */
+#include <math.h>
+#include <string.h>
+
+#include "dp/plan.h"
+
+static const char *const algo_names[DP_PLAN_ALGO_COUNT] = {"ring", "rhd", "tree", "hier", "ps"};
+
+const char *dp_plan_algo_name(int algo) {
+    return algo >= 0 && algo < DP_PLAN_ALGO_COUNT ? algo_names[algo] : "best";
+}
+
+int dp_plan_algo_parse(const char *name, int *algo) {
+    if (name && !strcmp(name, "best")) return *algo = -1, DP_OK;
+    for (int i = 0; name && i < DP_PLAN_ALGO_COUNT; i++)
+        if (!strcmp(name, algo_names[i])) return *algo = i, DP_OK;
+    return dp_seterr(DP_EINVAL, "unknown algorithm '%s' (expected ring, rhd, tree, hier, ps or best)",
+                     name ? name : "");
+}
+
+void dp_plan_net_link(struct dp_plan_net *n, double latency_s, double bytes_per_s) {
+    for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) n->alpha_s[a] = latency_s, n->beta_s[a] = 1 / bytes_per_s;
+}
+
+static int ilog2_floor(int p) {
+    int l = 0;
+    while ((2 << l) <= p) l++;
+    return l;
+}
+static int ilog2_ceil(int p) {
+    int l = 0;
+    while ((1 << l) < p) l++;
+    return l;
+}
+
+/* The ring's three terms for `bytes` over p workers with link (a, b). */
+static double ring_s(double n, int p, double a, double b, double g) {
+    if (p <= 1) return 0;
+    double f = (double)(p - 1) / p;
+    return 2 * (p - 1) * a + 2 * f * n * b + f * n * g;
+}
+
+double dp_plan_allreduce_s(int algo, double n, const struct dp_plan_net *net) {
+    int p = net->workers;
+    if (p <= 1) return 0;
+    double a = net->alpha_s[algo < 0 || algo >= DP_PLAN_ALGO_COUNT ? 0 : algo];
+    double b = net->beta_s[algo < 0 || algo >= DP_PLAN_ALGO_COUNT ? 0 : algo], g = net->gamma_s;
+    switch (algo) {
+    case DP_PLAN_RING: return ring_s(n, p, a, b, g);
+    case DP_PLAN_RHD: {
+        int l = ilog2_floor(p), q = 1 << l;
+        double f = (double)(q - 1) / q;
+        double t = 2 * l * a + 2 * f * n * b + f * n * g;
+        if (q != p) t += 2 * (a + n * b) + n * g; /* fold the p - q extra ranks in and out */
+        return t;
+    }
+    case DP_PLAN_TREE: {
+        int l = ilog2_ceil(p);
+        return 2 * l * (a + n * b) + l * n * g;
+    }
+    case DP_PLAN_HIER: {
+        int gsz = net->per_host;
+        if (gsz < 2 || p % gsz) return INFINITY;
+        int H = p / gsz;
+        double slice = n / gsz, fi = (double)(gsz - 1);
+        double intra = fi * (net->intra_alpha_s + slice * net->intra_beta_s);
+        return intra + fi / gsz * n * g + ring_s(slice, H, a, b, g) + intra;
+    }
+    case DP_PLAN_PS: {
+        int S = net->shards < 1 ? 1 : net->shards;
+        /* a shard receives and answers p/S messages: their per-message costs
+         * queue there (incast), so the latency term is 2 max(1, p/S) α */
+        double worker = 2 * n, server = 2 * (double)p * n / S, q = (double)p / S;
+        return 2 * (q > 1 ? q : 1) * a + (worker > server ? worker : server) * b + (double)p * n / S * g;
+    }
+    default: return INFINITY;
+    }
+}
+
+double dp_plan_sent_bytes(int algo, double n, const struct dp_plan_net *net) {
+    int p = net->workers;
+    if (p <= 1) return 0;
+    switch (algo) {
+    case DP_PLAN_RING: return 2.0 * (p - 1) / p * n;
+    case DP_PLAN_RHD: {
+        int q = 1 << ilog2_floor(p);
+        return 2.0 * (q - 1) / q * n + (q != p ? n : 0);
+    }
+    case DP_PLAN_TREE: return p > 2 ? 3 * n : n; /* an inner node: n up, n to each of two children */
+    case DP_PLAN_HIER: {
+        int gsz = net->per_host;
+        if (gsz < 2 || p % gsz) return INFINITY;
+        int H = p / gsz;
+        return 2.0 * (gsz - 1) / gsz * n + 2.0 * (H - 1) / H * n / gsz;
+    }
+    case DP_PLAN_PS: return n;
+    default: return INFINITY;
+    }
+}
+
+/* ---- buckets ------------------------------------------------------------------------ */
+
+size_t dp_plan_auto_cap(int64_t num_params) {
+    size_t q = (size_t)num_params * sizeof(float) / 4;
+    return q < (1u << 20) ? 1u << 20 : q > (25u << 20) ? 25u << 20 : q;
+}
+
+int dp_plan_buckets(const int64_t *layers, int nlayers, size_t cap_bytes, size_t first_bytes,
+                    struct dp_plan_bucket **out) {
+    *out = NULL;
+    if (nlayers < 1) return dp_seterr(DP_EINVAL, "plan: no layers");
+    if (cap_bytes < sizeof(float) || first_bytes < sizeof(float))
+        return dp_seterr(DP_EINVAL, "plan: bucket sizes must be at least 4 bytes");
+    struct dp_plan_bucket *b = dp_calloc((size_t)nlayers, sizeof *b);
+    if (!b) return dp_seterr(DP_ENOMEM, "plan: out of memory");
+    int64_t off = 0;
+    for (int i = 0; i < nlayers; i++) off += layers[i];
+    int nb = 0;
+    struct dp_plan_bucket *cur = NULL;
+    for (int i = nlayers - 1; i >= 0; i--) { /* off: the end of layer i */
+        int64_t c = layers[i];
+        off -= c;
+        if (c == 0) continue;
+        size_t limit = cur == b ? first_bytes : cap_bytes;
+        if (cur && (size_t)(cur->count + c) * sizeof(float) > limit) cur = NULL;
+        if (!cur) cur = &b[nb++];
+        cur->off = off, cur->count += c;
+        cur->first_layer = i, cur->nlayers++;
+    }
+    *out = b;
+    return nb;
+}
+
+/* ---- one step ------------------------------------------------------------------------ */
+
+struct dp_plan_params dp_plan_default_params(void) {
+    struct dp_plan_params p = {.tokens = 1, .bytes_per_elem = 4, .compress = 1, .first_bucket_bytes = 1u << 20,
+                               .overlap = 1, .algo = -1, .opt_state_bytes = 8, .batch = 1};
+    p.net.workers = 1, p.net.shards = 1;
+    dp_plan_net_link(&p.net, 5e-6, 100e9 / 8);
+    p.net.intra_alpha_s = 1e-6, p.net.intra_beta_s = 1 / 100e9;
+    p.flops = 1e12;
+    return p;
+}
+
+void dp_plan_result_free(struct dp_plan_result *r) {
+    if (!r) return;
+    dp_free(r->b);
+    memset(r, 0, sizeof *r);
+}
+
+static int check(const struct dp_plan_params *p) {
+#define BAD(...) return dp_seterr(DP_EINVAL, "plan: " __VA_ARGS__)
+    const struct dp_plan_net *n = &p->net;
+    if (n->workers < 1 || n->workers > 100000000) BAD("workers %d: expected 1..1e8", n->workers);
+    if (n->per_host < 0 || (n->per_host > 1 && n->workers % n->per_host))
+        BAD("workers %d is not a multiple of %d per host", n->workers, n->per_host);
+    if (n->shards < 1) BAD("shards %d: expected >= 1", n->shards);
+    for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++)
+        if (!(n->alpha_s[a] >= 0 && n->alpha_s[a] < 1e3 && n->beta_s[a] >= 0 && n->beta_s[a] < 1e3))
+            BAD("%s: latency %g s, %g s per byte", algo_names[a], n->alpha_s[a], n->beta_s[a]);
+    if (!(n->intra_alpha_s >= 0 && n->intra_beta_s >= 0 && n->gamma_s >= 0 && n->gamma_s < 1e3))
+        BAD("bad intra-host link or reduction rate");
+    if (!p->layers && !(p->params >= 1 && p->params <= (int64_t)1 << 50)) BAD("params %lld: expected 1..2^50", (long long)p->params);
+    if (p->nlayers < 1 || p->nlayers > 10000000) BAD("layers %d: expected 1..1e7", p->nlayers);
+    if (!(p->tokens >= 1 && p->tokens < 1e9)) BAD("tokens per sample %g", p->tokens);
+    if (!(p->flops > 0 && p->flops < 1e20) && !(p->sample_s > 0)) BAD("flops %g: expected > 0", p->flops);
+    if (!(p->sample_s >= 0 && p->sample_s < 1e6)) BAD("seconds per sample %g", p->sample_s);
+    if (p->batch < n->workers) BAD("global batch %lld is smaller than the %d workers", (long long)p->batch, n->workers);
+    if (p->bytes_per_elem != 2 && p->bytes_per_elem != 4) BAD("bytes per element %d: expected 2 or 4", p->bytes_per_elem);
+    if (!(p->compress >= 1 && p->compress <= 1e6)) BAD("compression ratio %g: expected >= 1", p->compress);
+    if (p->algo < -1 || p->algo >= DP_PLAN_ALGO_COUNT) BAD("algorithm %d", p->algo);
+    if (p->algo == DP_PLAN_HIER && n->per_host < 2) BAD("hier needs workers per host >= 2");
+    if (!(p->opt_s >= 0 && p->opt_s < 1e6) || !(p->opt_state_bytes >= 0 && p->opt_state_bytes <= 64))
+        BAD("bad optimizer time or state bytes");
+#undef BAD
+    return DP_OK;
+}
+
+int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
+    memset(r, 0, sizeof *r);
+    int rc = check(p);
+    if (rc) return rc;
+    int L = p->nlayers, P = p->net.workers;
+    int64_t *own = NULL;
+    const int64_t *layers = p->layers;
+    if (!layers) { /* nlayers equal layers (the first ones take the remainder) */
+        if (p->params < L) return dp_seterr(DP_EINVAL, "plan: %d layers of %lld parameters", L, (long long)p->params);
+        own = dp_malloc(sizeof *own * (size_t)L);
+        if (!own) return dp_seterr(DP_ENOMEM, "plan: out of memory");
+        for (int i = 0; i < L; i++) own[i] = p->params / L + (i < p->params % L);
+        layers = own;
+    }
+    double psi = 0, fwd_flops = 0;
+    for (int i = 0; i < L; i++) {
+        psi += (double)layers[i];
+        fwd_flops += p->layer_flops ? p->layer_flops[i] : 2.0 * (double)layers[i] * p->tokens;
+    }
+    double b_local = (double)p->batch / P;
+    /* seconds per forward FLOP of this worker's share */
+    double sec_per_flop = p->sample_s > 0 ? p->sample_s * b_local / (3 * fwd_flops) : b_local / p->flops;
+    r->fwd_s = fwd_flops * sec_per_flop;
+    r->bwd_s = 2 * r->fwd_s;
+    r->opt_s = p->opt_s;
+
+    size_t cap = p->bucket_cap_bytes ? p->bucket_cap_bytes : dp_plan_auto_cap((int64_t)psi);
+    int nb = dp_plan_buckets(layers, L, cap, p->first_bucket_bytes ? p->first_bucket_bytes : 1u << 20, &r->b);
+    if (nb < 0) {
+        dp_free(own);
+        return nb;
+    }
+    r->nb = nb;
+    /* the backward end time of each layer, visited from the last */
+    double t = r->fwd_s, prev_done = 0, bwd_end = r->fwd_s + r->bwd_s;
+    int k = 0;
+    for (int i = L - 1; i >= 0 && k < nb; i--) {
+        double lf = p->layer_flops ? p->layer_flops[i] : 2.0 * (double)layers[i] * p->tokens;
+        t += 2 * lf * sec_per_flop;
+        if (i != r->b[k].first_layer) continue;
+        struct dp_plan_bucket *b = &r->b[k++];
+        b->bytes = (double)b->count * p->bytes_per_elem / p->compress;
+        b->ready_s = p->overlap ? t : bwd_end;
+        int best = 0;
+        for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) {
+            b->algo_s[a] = dp_plan_allreduce_s(a, b->bytes, &p->net);
+            if (b->algo_s[a] < b->algo_s[best]) best = a;
+        }
+        b->algo = p->algo >= 0 ? p->algo : best;
+        b->start_s = b->ready_s > prev_done ? b->ready_s : prev_done;
+        b->done_s = prev_done = b->start_s + b->algo_s[b->algo];
+        r->comm_s += b->algo_s[b->algo];
+        r->sent_bytes += dp_plan_sent_bytes(b->algo, b->bytes, &p->net);
+        r->grad_bytes += b->bytes;
+    }
+    r->exposed_s = prev_done > bwd_end ? prev_done - bwd_end : 0;
+    r->step_s = bwd_end + r->exposed_s + r->opt_s;
+    r->efficiency = r->step_s > 0 ? (r->fwd_s + r->bwd_s + r->opt_s) / r->step_s : 1;
+    r->samples_per_s = r->step_s > 0 ? (double)p->batch / r->step_s : INFINITY;
+    /* fp32 weights and gradients (4 bytes each) and S bytes of optimizer
+     * state per parameter; ZeRO shards the state (1), the gradients (2) and
+     * the weights (3) over the P workers */
+    double S = p->opt_state_bytes;
+    r->mem_bytes[0] = (8 + S) * psi;
+    r->mem_bytes[1] = 8 * psi + S * psi / P;
+    r->mem_bytes[2] = 4 * psi + (4 + S) * psi / P;
+    r->mem_bytes[3] = (8 + S) * psi / P;
+    dp_free(own);
+    return DP_OK;
+}
+
+/* ---- calibration ----------------------------------------------------------------------- */
+
+int dp_plan_fit(int algo, int p, double gamma_s, const double *bytes, const double *t, int n, double *alpha_s,
+                double *beta_s) {
+    if (algo < 0 || algo == DP_PLAN_HIER || algo >= DP_PLAN_ALGO_COUNT || p < 2 || n < 2)
+        return dp_seterr(DP_EINVAL, "fit: needs ring, rhd, tree or ps, p >= 2 and two sizes or more");
+    /* the coefficients of α, β and the γ term at each size, from the model itself */
+    struct dp_plan_net unit = {.workers = p, .shards = 1};
+    double saa = 0, sab = 0, sbb = 0, say = 0, sby = 0;
+    for (int i = 0; i < n; i++) {
+        if (!(t[i] > 0 && bytes[i] > 0)) return dp_seterr(DP_EINVAL, "fit: size %d: time %g s, %g bytes", i, t[i], bytes[i]);
+        unit.alpha_s[algo] = 1, unit.beta_s[algo] = 0, unit.gamma_s = 0;
+        double A = dp_plan_allreduce_s(algo, bytes[i], &unit);
+        unit.alpha_s[algo] = 0, unit.beta_s[algo] = 1;
+        double B = dp_plan_allreduce_s(algo, bytes[i], &unit);
+        unit.beta_s[algo] = 0, unit.gamma_s = gamma_s;
+        double y = t[i] - dp_plan_allreduce_s(algo, bytes[i], &unit), w = 1 / (t[i] * t[i]);
+        saa += w * A * A, sab += w * A * B, sbb += w * B * B, say += w * A * y, sby += w * B * y;
+    }
+    double det = saa * sbb - sab * sab;
+    if (!(fabs(det) > 1e-300 * (saa * sbb)) || !(sbb > 0)) return dp_seterr(DP_EINVAL, "fit: the sizes do not separate α from β");
+    double a = (say * sbb - sab * sby) / det, b = (saa * sby - sab * say) / det;
+    if (a < 0) a = 0, b = sby / sbb; /* β alone */
+    if (b < 0) b = 0;
+    *alpha_s = a, *beta_s = b;
+    return DP_OK;
+}

@@ -1,0 +1,663 @@
+/*
+ * `dptrain simulate` and `dptrain plan`: the CLI of the simulator and of the
+ * analytic cost model (include/dp/plan.h, src/plan/).  This file parses
+ * options, reads metrics.jsonl traces and prints; the models are in the
+ * library.  The --simulate-slow and --simulate-jitter specs are parsed by the
+ * trainer's own parsers (dp_parse_simulate_slow/_jitter, dp/train.h), so the
+ * simulator accepts exactly what `dptrain train` accepts.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dp/core.h"
+#include "dp/nn.h"
+#include "dp/plan.h"
+#include "dp/train.h"
+#include "cli.h"
+
+#define die dptrain_die
+
+/* "--name VALUE" or "--name=VALUE": 1 and *val when argv[*i] is the option. */
+static int take(int argc, char **argv, int *i, const char *name, const char **val) {
+    size_t n = strlen(name);
+    const char *s = argv[*i];
+    if (strncmp(s, name, n) != 0) return 0;
+    if (s[n] == '=') {
+        *val = s + n + 1;
+        return 1;
+    }
+    if (s[n] != 0) return 0;
+    if (*i + 1 >= argc) die("option %s needs a value", name);
+    *val = argv[++*i];
+    return 1;
+}
+
+static long long int_arg(const char *name, const char *v, long long lo, long long hi) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) die("%s: '%s' is not an integer in %lld..%lld", name, v, lo, hi);
+    return x;
+}
+
+static double num_arg(const char *name, const char *v, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x >= lo && x <= hi)) die("%s: '%s' is not a number in %g..%g", name, v, lo, hi);
+    return x;
+}
+
+/* ---- metrics.jsonl ---------------------------------------------------------------- */
+
+/* The metrics file of a run: PATH itself, or PATH/metrics.jsonl for a folder. */
+static void metrics_path(const char *path, char *out, size_t n) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(out, n, "%s/metrics.jsonl", path);
+    else snprintf(out, n, "%s", path);
+}
+
+/* Calls fn on every line of a metrics file, parsed; a bad line ends with one
+ * error naming the file and line.  (cli.h) */
+void dptrain_each_record(const char *path, void (*fn)(const struct dp_json_obj *, void *), void *arg) {
+    char file[4096];
+    metrics_path(path, file, sizeof file);
+    FILE *f = fopen(file, "r");
+    if (!f) die("%s: %s", file, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    long ln = 0;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        ln++;
+        if (len == 0 || (len == 1 && line[0] == '\n')) continue;
+        struct dp_json_obj o;
+        if (dp_json_parse(line, (size_t)len, &o)) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s", dp_errmsg());
+            dp_json_obj_free(&o);
+            free(line);
+            fclose(f);
+            die("%s:%ld: %s", file, ln, msg);
+        }
+        fn(&o, arg);
+        dp_json_obj_free(&o);
+    }
+    free(line);
+    fclose(f);
+}
+
+struct trace {
+    double *t;
+    int64_t n, cap;
+};
+
+/* A step record's compute: forward + backward (the trainer's --simulate-*
+ * pacing included, communication and waits not). */
+static void trace_add(const struct dp_json_obj *o, void *arg) {
+    struct trace *tr = arg;
+    if (!dp_json_str_is(o, "kind", "step")) return;
+    double f = dp_json_num(o, "forward_s", NAN), b = dp_json_num(o, "backward_s", NAN);
+    if (!(f >= 0 && b >= 0)) return;
+    if (tr->n == tr->cap) {
+        tr->cap = tr->cap ? 2 * tr->cap : 256;
+        tr->t = realloc(tr->t, sizeof(double) * (size_t)tr->cap);
+        if (!tr->t) die("out of memory");
+    }
+    tr->t[tr->n++] = f + b;
+}
+
+/* ---- simulate ----------------------------------------------------------------------- */
+
+static const char *help_simulate =
+    "usage: dptrain simulate [options]\n"
+    "\n"
+    "A discrete-event simulation of data-parallel training steps: P workers whose compute\n"
+    "time per step is drawn (normal, plus the trainer's slow factors and stalls) or taken\n"
+    "from a run's metrics.jsonl, under one of four schemes.  Prints throughput, the idle\n"
+    "fraction per worker and, for ssp and async, the staleness distribution.  The same\n"
+    "options and seed give the same output.  Cost: O(P K) for sync and backup, O(P K log s)\n"
+    "for ssp, O(P K log P) for async (K steps); 20,000 workers x 1,000 steps takes seconds.\n"
+    "\n"
+    "  --mode M              sync | ssp | async | backup [sync]\n"
+    "  --workers P           workers [8]\n"
+    "  --steps K             steps per worker (async: K pushes per worker) [100]\n"
+    "  --batch B             samples per worker per step, for samples/s [32]\n"
+    "  --compute-ms MS       mean compute time per step [100]\n"
+    "  --compute-sd-ms MS    its standard deviation (normal, cut at 0) [0]\n"
+    "  --trace RUN           draw compute times from RUN/metrics.jsonl's step records\n"
+    "                        (forward_s + backward_s) instead of the normal\n"
+    "  --simulate-slow R:F[,R:F...]   worker R computes F times slower (as train accepts)\n"
+    "  --simulate-jitter p=P,ms=MS[,lognormal=S]   stalls and lognormal noise (as train),\n"
+    "                        with the trainer's own draws for the same --seed\n"
+    "  --comm-ms MS          sync/backup: the all-reduce; ssp/async: one push + pull [0]\n"
+    "  --bound S             ssp: how many steps a worker may run ahead [1]\n"
+    "  --backup B            backup: a step closes at the first P-B gradients [1]\n"
+    "  --shards S            async: parameter-server shards [1]\n"
+    "  --server-ms MS        async: time one server takes to apply one push (a shard: MS/S) [0]\n"
+    "  --seed N              [1]\n"
+    "  --per-worker          print every worker's idle fraction\n"
+    "  --json                print one JSON object (dptrain plot reads it) instead of text\n";
+
+static void print_hist_json(const struct dp_sim_result *r) {
+    printf(", \"stale_hist\": [");
+    int64_t n = r->stale_hist_len < 10000 ? r->stale_hist_len : 10000;
+    for (int64_t i = 0; i < n; i++) printf("%s%lld", i ? ", " : "", (long long)r->stale_hist[i]);
+    printf("]");
+}
+
+int dptrain_cmd_simulate(int argc, char **argv) {
+    struct dp_sim_params p = dp_sim_default_params();
+    p.workers = 8, p.batch = 32, p.bound = 1, p.backup = 1;
+    const char *slow = NULL, *jitter = NULL, *trace = NULL, *v;
+    int per_worker = 0, json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(help_simulate, stdout);
+            return 0;
+        }
+        if (take(argc, argv, &i, "--mode", &v)) {
+            int m = dp_sim_mode_parse(v);
+            if (m < 0) die("--mode: %s", dp_errmsg());
+            p.mode = (enum dp_sim_mode)m;
+        } else if (take(argc, argv, &i, "--workers", &v)) p.workers = (int)int_arg(a, v, 1, 10000000);
+        else if (take(argc, argv, &i, "--steps", &v)) p.steps = int_arg(a, v, 1, 100000000);
+        else if (take(argc, argv, &i, "--batch", &v)) p.batch = int_arg(a, v, 1, 1LL << 40);
+        else if (take(argc, argv, &i, "--compute-ms", &v)) p.compute_mean_s = num_arg(a, v, 0, 1e9) / 1e3;
+        else if (take(argc, argv, &i, "--compute-sd-ms", &v)) p.compute_sd_s = num_arg(a, v, 0, 1e9) / 1e3;
+        else if (take(argc, argv, &i, "--trace", &v)) trace = v;
+        else if (take(argc, argv, &i, "--simulate-slow", &v)) slow = v;
+        else if (take(argc, argv, &i, "--simulate-jitter", &v)) jitter = v;
+        else if (take(argc, argv, &i, "--comm-ms", &v)) p.comm_s = num_arg(a, v, 0, 1e9) / 1e3;
+        else if (take(argc, argv, &i, "--bound", &v)) p.bound = (int)int_arg(a, v, 0, 1000000000);
+        else if (take(argc, argv, &i, "--backup", &v)) p.backup = (int)int_arg(a, v, 0, 10000000);
+        else if (take(argc, argv, &i, "--shards", &v)) p.shards = (int)int_arg(a, v, 1, 1000000);
+        else if (take(argc, argv, &i, "--server-ms", &v)) p.server_s = num_arg(a, v, 0, 1e9) / 1e3;
+        else if (take(argc, argv, &i, "--seed", &v)) p.seed = (uint64_t)int_arg(a, v, 0, INT64_MAX);
+        else if (!strcmp(a, "--per-worker")) per_worker = 1;
+        else if (!strcmp(a, "--json")) json = 1;
+        else die("unknown option '%s' (see 'dptrain simulate --help')", a);
+    }
+    if (p.mode != DP_SIM_BACKUP) p.backup = 0;
+    else if (p.backup >= p.workers) die("--backup %d: needs at least %d workers", p.backup, p.backup + 1);
+    double *factor = NULL;
+    if (slow) {
+        factor = malloc(sizeof(double) * (size_t)p.workers);
+        if (!factor) die("out of memory");
+        if (dp_parse_simulate_slow(slow, p.workers, factor)) {
+            free(factor); /* die exits: leave nothing for the leak checker */
+            die("%s", dp_errmsg());
+        }
+        p.slow = factor;
+    }
+    if (jitter) {
+        struct dp_jitter j;
+        if (dp_parse_simulate_jitter(jitter, &j)) die("%s", dp_errmsg());
+        p.stall_p = j.p, p.stall_s = j.ms / 1e3, p.sigma = j.sigma;
+    }
+    static struct trace tr; /* static: reachable if a bad line ends the program mid-read */
+    if (trace) {
+        dptrain_each_record(trace, trace_add, &tr);
+        if (!tr.n) {
+            free(factor);
+            die("--trace %s: no step records with forward_s and backward_s", trace);
+        }
+        p.trace = tr.t, p.trace_len = tr.n;
+    }
+    struct dp_sim_result r;
+    if (dp_sim_run(&p, &r)) {
+        free(factor), free(tr.t);
+        die("%s", dp_errmsg());
+    }
+    int stale = p.mode == DP_SIM_SSP || p.mode == DP_SIM_ASYNC;
+    if (json) {
+        printf("{\"kind\": \"simulate\", \"mode\": \"%s\", \"workers\": %d, \"steps\": %lld, \"time_s\": %.9g, "
+               "\"steps_per_s\": %.9g, \"samples_per_s\": %.9g, \"idle_mean\": %.6f, \"idle_min\": %.6f, "
+               "\"idle_max\": %.6f",
+               dp_sim_mode_name(p.mode), p.workers, (long long)p.steps, r.time_s, r.steps_per_s, r.samples_per_s,
+               r.idle_mean, r.idle_min, r.idle_max);
+        if (per_worker) {
+            printf(", \"idle\": [");
+            for (int w = 0; w < p.workers; w++) printf("%s%.6f", w ? ", " : "", r.idle[w]);
+            printf("]");
+        }
+        if (stale) {
+            printf(", \"stale_mean\": %.6f, \"stale_p50\": %lld, \"stale_p99\": %lld, \"stale_max\": %lld",
+                   r.stale_mean, (long long)r.stale_p50, (long long)r.stale_p99, (long long)r.stale_max);
+            print_hist_json(&r);
+        }
+        printf("}\n");
+    } else {
+        printf("mode %s  workers %d  steps %lld  simulated time %.6g s\n", dp_sim_mode_name(p.mode), p.workers,
+               (long long)p.steps, r.time_s);
+        printf("throughput: %.6g steps/s  %.6g samples/s", r.steps_per_s, r.samples_per_s);
+        if (p.mode == DP_SIM_ASYNC) printf("  (%.6g pushes/s)", r.steps_per_s * p.workers);
+        printf("\n");
+        printf("idle fraction: mean %.4f  min %.4f  max %.4f (worker %d)\n", r.idle_mean, r.idle_min, r.idle_max,
+               r.idle_max_worker);
+        if (stale)
+            printf("staleness (%s): mean %.4g  p50 %lld  p99 %lld  max %lld\n",
+                   p.mode == DP_SIM_SSP ? "steps" : "pushes", r.stale_mean, (long long)r.stale_p50,
+                   (long long)r.stale_p99, (long long)r.stale_max);
+        for (int w = 0; per_worker && w < p.workers; w++) printf("worker %d idle %.6f\n", w, r.idle[w]);
+    }
+    dp_sim_result_free(&r);
+    free(tr.t);
+    tr = (struct trace){0};
+    free(factor);
+    return 0;
+}
+
+/* ---- plan ---------------------------------------------------------------------------- */
+
+static const char *help_plan =
+    "usage: dptrain plan (--params N | --model SPEC) --workers P [options]\n"
+    "\n"
+    "The analytic cost model of one synchronous data-parallel step (docs/plan.md): the\n"
+    "reducer's buckets (the rule of src/ddp/reducer.c), each bucket's all-reduce by ring,\n"
+    "recursive halving-doubling, tree, hierarchical (intra + inter host) or a parameter\n"
+    "server with S shards (alpha-beta-gamma), overlapped with backward.  Prints the step\n"
+    "time, the exposed communication, the scaling efficiency, the bytes on the wire and\n"
+    "the memory per worker plain and under ZeRO 1/2/3 (weights, grads, optimizer state).\n"
+    "\n"
+    "model:\n"
+    "  --params N            parameters (1e6, 2e8 accepted); with --layers L equal layers [24]\n"
+    "  --model SPEC          count them with the library's model builder (mlp, cnn,\n"
+    "                        gpt:layers=..,heads=..,dim=..,ctx=..), per layer, with FLOPs\n"
+    "  --input C,H,W         input shape of an image model [1,28,28]\n"
+    "  --tokens T            tokens per sample for --params FLOPs (2 x params x T forward) [1]\n"
+    "  --batch B             global batch [P x 32]\n"
+    "  --dtype fp32|bf16     gradient on the wire [fp32]\n"
+    "  --compress R          the wire carries 1/R of the bytes [1]\n"
+    "  --opt-state-bytes S   optimizer state per parameter: 8 AdamW, 4 SGD momentum [8]\n"
+    "  --opt-ms MS           optimizer time per step [0]\n"
+    "compute:\n"
+    "  --flops F             achieved FLOP/s per worker [1e12]\n"
+    "  --sample-ms MS        or measured forward + backward per sample (overrides --flops)\n"
+    "network:\n"
+    "  --workers P           [1]\n"
+    "  --link-gbps G         link rate per worker, Gbit/s [100]\n"
+    "  --latency-us U        per message [5]\n"
+    "  --reduce-gbs R        reduction rate, GB/s (gamma = 1/R); 0 = free [0]\n"
+    "  --per-host G          workers per host for hier [0 = hier not considered]\n"
+    "  --intra-gbps G        link inside a host [800]   --intra-latency-us U [1]\n"
+    "  --shards S            parameter-server shards [1]\n"
+    "  --algo A              ring | rhd | tree | hier | ps | best (per bucket) [best]\n"
+    "  --bucket-mb M         bucket cap (0 = the reducer's auto rule) [0]\n"
+    "  --first-bucket-mb M   [1]\n"
+    "  --no-overlap          all buckets after backward\n"
+    "  --profile FILE        a JSON profile (dptrain calibrate writes one): alpha_s, beta_s,\n"
+    "                        gamma_s, flops, sample_s, <algo>_alpha_s, <algo>_beta_s;\n"
+    "                        options after it override it\n"
+    "output:\n"
+    "  --buckets             the bucket table (times from the step's start)\n"
+    "  --sweep MAX           the same global batch on P = 1, 2, 4 .. MAX workers, and the\n"
+    "                        first P where communication exceeds compute\n"
+    "  --json                one JSON object instead of text\n";
+
+static void print_bytes(const char *label, double b) {
+    const char *u[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+    int i = 0;
+    double x = b;
+    while (fabs(x) >= 1000 && i < 5) x /= 1000, i++;
+    printf("%s%.4g %s", label, x, u[i]);
+}
+
+static void load_profile(const char *path, struct dp_plan_params *p) {
+    FILE *f = fopen(path, "r");
+    if (!f) die("%s: %s", path, strerror(errno));
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    int full = n == sizeof buf;
+    fclose(f);
+    if (full) die("%s: larger than 64 KiB", path);
+    struct dp_json_obj o;
+    if (dp_json_parse(buf, n, &o)) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", dp_errmsg());
+        dp_json_obj_free(&o);
+        die("%s: %s", path, msg);
+    }
+    double a = dp_json_num(&o, "alpha_s", NAN), b = dp_json_num(&o, "beta_s", NAN);
+    for (int k = 0; k < DP_PLAN_ALGO_COUNT; k++) {
+        char ka[64], kb[64];
+        snprintf(ka, sizeof ka, "%s_alpha_s", dp_plan_algo_name(k));
+        snprintf(kb, sizeof kb, "%s_beta_s", dp_plan_algo_name(k));
+        double ak = dp_json_num(&o, ka, a), bk = dp_json_num(&o, kb, b);
+        if (ak == ak) p->net.alpha_s[k] = ak;
+        if (bk == bk) p->net.beta_s[k] = bk;
+    }
+    double g = dp_json_num(&o, "gamma_s", NAN), fl = dp_json_num(&o, "flops", NAN), ss = dp_json_num(&o, "sample_s", NAN);
+    if (g == g) p->net.gamma_s = g;
+    if (fl == fl) p->flops = fl;
+    if (ss == ss) p->sample_s = ss;
+    double ia = dp_json_num(&o, "intra_alpha_s", NAN), ib = dp_json_num(&o, "intra_beta_s", NAN);
+    if (ia == ia) p->net.intra_alpha_s = ia;
+    if (ib == ib) p->net.intra_beta_s = ib;
+    dp_json_obj_free(&o);
+}
+
+static void print_plan_text(const struct dp_plan_params *p, const struct dp_plan_result *r, int buckets) {
+    double psi = 0;
+    for (int k = 0; k < r->nb; k++) psi += (double)r->b[k].count;
+    printf("model %.6g parameters in %d buckets  workers %d  global batch %lld (%.6g per worker)\n", psi, r->nb,
+           p->net.workers, (long long)p->batch, (double)p->batch / p->net.workers);
+    print_bytes("gradient on the wire per step: ", r->grad_bytes);
+    print_bytes("  sent per worker per step: ", r->sent_bytes);
+    print_bytes("  all workers per second: ", r->sent_bytes * p->net.workers / r->step_s);
+    printf("/s\n");
+    printf("step %.6g ms = forward %.6g + backward %.6g + exposed comm %.6g + optimizer %.6g ms\n", r->step_s * 1e3,
+           r->fwd_s * 1e3, r->bwd_s * 1e3, r->exposed_s * 1e3, r->opt_s * 1e3);
+    printf("communication %.6g ms (%.1f%% hidden behind backward)  efficiency %.4f  %.6g samples/s\n",
+           r->comm_s * 1e3, r->comm_s > 0 ? fmax(0, 100 * (1 - r->exposed_s / r->comm_s)) : 100.0, r->efficiency,
+           r->samples_per_s);
+    int count[DP_PLAN_ALGO_COUNT] = {0};
+    for (int k = 0; k < r->nb; k++) count[r->b[k].algo]++;
+    printf("algorithm per bucket:");
+    for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++)
+        if (count[a]) printf(" %s x%d", dp_plan_algo_name(a), count[a]);
+    printf("\n");
+    printf("memory per worker (weights, grads, optimizer):");
+    print_bytes(" plain ", r->mem_bytes[0]);
+    print_bytes("  zero1 ", r->mem_bytes[1]);
+    print_bytes("  zero2 ", r->mem_bytes[2]);
+    print_bytes("  zero3 ", r->mem_bytes[3]);
+    printf("\n");
+    if (!buckets) return;
+    printf("bucket  layers    elements      bytes   ready_ms   start_ms    done_ms  algo");
+    for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) printf(" %8s_ms", dp_plan_algo_name(a));
+    printf("\n");
+    for (int k = 0; k < r->nb; k++) {
+        const struct dp_plan_bucket *b = &r->b[k];
+        printf("%6d  %3d..%-3d %10lld %10.4g %10.4g %10.4g %10.4g  %-4s", k, b->first_layer,
+               b->first_layer + b->nlayers - 1, (long long)b->count, b->bytes, b->ready_s * 1e3, b->start_s * 1e3,
+               b->done_s * 1e3, dp_plan_algo_name(b->algo));
+        for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) {
+            if (isinf(b->algo_s[a])) printf(" %11s", "-"); /* does not apply (hier without hosts) */
+            else printf(" %11.4g", b->algo_s[a] * 1e3);
+        }
+        printf("\n");
+    }
+}
+
+static void print_plan_json(const struct dp_plan_params *p, const struct dp_plan_result *r) {
+    printf("{\"kind\": \"plan\", \"workers\": %d, \"batch\": %lld, \"step_s\": %.9g, \"fwd_s\": %.9g, "
+           "\"bwd_s\": %.9g, \"opt_s\": %.9g, \"comm_s\": %.9g, \"exposed_s\": %.9g, \"efficiency\": %.6f, "
+           "\"samples_per_s\": %.9g, \"grad_bytes\": %.9g, \"sent_bytes\": %.9g, \"mem_plain\": %.9g, "
+           "\"mem_zero1\": %.9g, \"mem_zero2\": %.9g, \"mem_zero3\": %.9g",
+           p->net.workers, (long long)p->batch, r->step_s, r->fwd_s, r->bwd_s, r->opt_s, r->comm_s, r->exposed_s,
+           r->efficiency, r->samples_per_s, r->grad_bytes, r->sent_bytes, r->mem_bytes[0], r->mem_bytes[1],
+           r->mem_bytes[2], r->mem_bytes[3]);
+    const char *keys[] = {"bucket_bytes", "bucket_ready_s", "bucket_start_s", "bucket_done_s"};
+    for (int f = 0; f < 4; f++) {
+        printf(", \"%s\": [", keys[f]);
+        for (int k = 0; k < r->nb; k++) {
+            const struct dp_plan_bucket *b = &r->b[k];
+            double v = f == 0 ? b->bytes : f == 1 ? b->ready_s : f == 2 ? b->start_s : b->done_s;
+            printf("%s%.9g", k ? ", " : "", v);
+        }
+        printf("]");
+    }
+    printf(", \"bucket_algo\": [");
+    for (int k = 0; k < r->nb; k++) printf("%s%d", k ? ", " : "", r->b[k].algo);
+    printf("]}\n");
+}
+
+int dptrain_cmd_plan(int argc, char **argv) {
+    struct dp_plan_params p = dp_plan_default_params();
+    p.nlayers = 24;
+    p.net.intra_beta_s = 8 / 800e9;
+    double gbps = 100, lat_us = 5;
+    int gbps_given = 0, lat_given = 0, batch_given = 0, buckets = 0, json = 0;
+    long long sweep = 0;
+    const char *model = NULL, *input = "1,28,28", *v;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(help_plan, stdout);
+            return 0;
+        }
+        if (take(argc, argv, &i, "--params", &v)) p.params = (int64_t)num_arg(a, v, 1, 1e15);
+        else if (take(argc, argv, &i, "--layers", &v)) p.nlayers = (int)int_arg(a, v, 1, 1000000);
+        else if (take(argc, argv, &i, "--model", &v)) model = v;
+        else if (take(argc, argv, &i, "--input", &v)) input = v;
+        else if (take(argc, argv, &i, "--tokens", &v)) p.tokens = num_arg(a, v, 1, 1e9);
+        else if (take(argc, argv, &i, "--batch", &v)) p.batch = int_arg(a, v, 1, 1LL << 40), batch_given = 1;
+        else if (take(argc, argv, &i, "--dtype", &v)) {
+            if (!strcmp(v, "fp32")) p.bytes_per_elem = 4;
+            else if (!strcmp(v, "bf16")) p.bytes_per_elem = 2;
+            else die("--dtype: '%s' (expected fp32 or bf16)", v);
+        } else if (take(argc, argv, &i, "--compress", &v)) p.compress = num_arg(a, v, 1, 1e6);
+        else if (take(argc, argv, &i, "--opt-state-bytes", &v)) p.opt_state_bytes = num_arg(a, v, 0, 64);
+        else if (take(argc, argv, &i, "--opt-ms", &v)) p.opt_s = num_arg(a, v, 0, 1e9) / 1e3;
+        else if (take(argc, argv, &i, "--flops", &v)) p.flops = num_arg(a, v, 1, 1e20), p.sample_s = 0;
+        else if (take(argc, argv, &i, "--sample-ms", &v)) p.sample_s = num_arg(a, v, 1e-9, 1e9) / 1e3;
+        else if (take(argc, argv, &i, "--workers", &v)) p.net.workers = (int)int_arg(a, v, 1, 100000000);
+        else if (take(argc, argv, &i, "--link-gbps", &v)) gbps = num_arg(a, v, 1e-6, 1e9), gbps_given = 1;
+        else if (take(argc, argv, &i, "--latency-us", &v)) lat_us = num_arg(a, v, 0, 1e9), lat_given = 1;
+        else if (take(argc, argv, &i, "--reduce-gbs", &v)) {
+            double g = num_arg(a, v, 0, 1e9);
+            p.net.gamma_s = g > 0 ? 1 / (g * 1e9) : 0;
+        } else if (take(argc, argv, &i, "--per-host", &v)) p.net.per_host = (int)int_arg(a, v, 0, 1000000);
+        else if (take(argc, argv, &i, "--intra-gbps", &v)) p.net.intra_beta_s = 8 / (num_arg(a, v, 1e-6, 1e9) * 1e9);
+        else if (take(argc, argv, &i, "--intra-latency-us", &v)) p.net.intra_alpha_s = num_arg(a, v, 0, 1e9) / 1e6;
+        else if (take(argc, argv, &i, "--shards", &v)) p.net.shards = (int)int_arg(a, v, 1, 1000000);
+        else if (take(argc, argv, &i, "--algo", &v)) {
+            if (dp_plan_algo_parse(v, &p.algo)) die("--algo: %s", dp_errmsg());
+        } else if (take(argc, argv, &i, "--bucket-mb", &v)) p.bucket_cap_bytes = (size_t)(num_arg(a, v, 0, 1e6) * (1 << 20));
+        else if (take(argc, argv, &i, "--first-bucket-mb", &v))
+            p.first_bucket_bytes = (size_t)(num_arg(a, v, 1e-5, 1e6) * (1 << 20));
+        else if (!strcmp(a, "--no-overlap")) p.overlap = 0;
+        else if (take(argc, argv, &i, "--profile", &v)) {
+            load_profile(v, &p);
+            gbps_given = lat_given = 0; /* the profile's link, unless given again after it */
+        } else if (!strcmp(a, "--buckets")) buckets = 1;
+        else if (take(argc, argv, &i, "--sweep", &v)) sweep = int_arg(a, v, 1, 100000000);
+        else if (!strcmp(a, "--json")) json = 1;
+        else die("unknown option '%s' (see 'dptrain plan --help')", a);
+        /* a link given on the command line applies to every algorithm */
+        if (gbps_given || lat_given) {
+            for (int k = 0; k < DP_PLAN_ALGO_COUNT; k++) {
+                if (gbps_given) p.net.beta_s[k] = 8 / (gbps * 1e9);
+                if (lat_given) p.net.alpha_s[k] = lat_us / 1e6;
+            }
+        }
+    }
+    if (!model && !p.params) die("give --params N or --model SPEC (see 'dptrain plan --help')");
+    if (model && p.params) die("--params and --model exclude each other");
+    if (p.algo == DP_PLAN_HIER && p.net.per_host < 2) die("--algo hier needs --per-host G (G >= 2)");
+    if (!batch_given) p.batch = 32LL * p.net.workers;
+    int64_t *lp = NULL;
+    double *lf = NULL;
+    if (model) {
+        long long c = 1, h = 28, w = 28;
+        if (sscanf(input, "%lld,%lld,%lld", &c, &h, &w) != 3 || c < 1 || h < 1 || w < 1)
+            die("--input: '%s' is not C,H,W", input);
+        struct dp_model *m;
+        if (dp_model_from_spec(&m, model, c, h, w)) die("--model %s: %s", model, dp_errmsg());
+        lp = malloc(sizeof *lp * (size_t)m->nlayers);
+        lf = malloc(sizeof *lf * (size_t)m->nlayers);
+        if (!lp || !lf) die("out of memory");
+        for (int i = 0; i < m->nlayers; i++) lp[i] = m->layers[i]->param_count, lf[i] = (double)m->layers[i]->flops_fwd;
+        p.layers = lp, p.layer_flops = lf, p.nlayers = m->nlayers;
+        dp_model_free(m);
+    }
+    struct dp_plan_result r;
+    if (!sweep) {
+        if (dp_plan_run(&p, &r)) {
+            free(lp), free(lf);
+            die("%s", dp_errmsg());
+        }
+        if (json) print_plan_json(&p, &r);
+        else print_plan_text(&p, &r, buckets);
+        dp_plan_result_free(&r);
+    } else {
+        if (!json) printf("%8s %12s %12s %12s %12s %14s %10s\n", "workers", "compute_ms", "comm_ms", "exposed_ms",
+                          "step_ms", "samples_s", "eff");
+        long long cross = 0;
+        for (long long P = 1; P <= sweep; P *= 2) {
+            p.net.workers = (int)P;
+            if (p.net.per_host > 1 && P % p.net.per_host) continue;
+            if (p.batch < P) break;
+            if (dp_plan_run(&p, &r)) {
+                free(lp), free(lf);
+                die("%s", dp_errmsg());
+            }
+            double comp = r.fwd_s + r.bwd_s;
+            if (!cross && r.comm_s > comp) cross = P;
+            if (json) printf("{\"kind\": \"plan_sweep\", \"workers\": %lld, \"compute_s\": %.9g, \"comm_s\": %.9g, "
+                             "\"exposed_s\": %.9g, \"step_s\": %.9g, \"samples_per_s\": %.9g, \"efficiency\": %.6f}\n",
+                             P, comp, r.comm_s, r.exposed_s, r.step_s, r.samples_per_s, r.efficiency);
+            else printf("%8lld %12.5g %12.5g %12.5g %12.5g %14.6g %10.4f\n", P, comp * 1e3, r.comm_s * 1e3,
+                        r.exposed_s * 1e3, r.step_s * 1e3, r.samples_per_s, r.efficiency);
+            dp_plan_result_free(&r);
+        }
+        if (!json) {
+            if (cross) printf("communication exceeds compute from %lld workers on\n", cross);
+            else printf("communication stays under compute up to %lld workers\n", sweep);
+        }
+    }
+    free(lp);
+    free(lf);
+    return 0;
+}
+
+/* ---- calibrate --------------------------------------------------------------------------- */
+
+static const char *help_calibrate =
+    "usage: dptrain calibrate [--workers P] [--min-bytes N] [--max-bytes N] [--iters N]\n"
+    "                         [--run RUN] [--out FILE]\n"
+    "\n"
+    "Measures this machine for `dptrain plan --profile FILE`: the thread backend's\n"
+    "all-reduce at sizes --min-bytes .. --max-bytes (x4 steps), timed as `dptrain bench\n"
+    "allreduce` times it, for the ring and rhd algorithms; gamma (seconds per byte reduced)\n"
+    "from a sum of two buffers; alpha and beta per algorithm by a least-squares fit\n"
+    "(relative error) of the plan's own formulas; and, with --run, the forward + backward\n"
+    "seconds per sample of a run's step records (median).  Writes one JSON object.\n"
+    "\n"
+    "  --workers P      threads [2]\n"
+    "  --min-bytes N    [4096]   --max-bytes N [16777216]   --iters N per size [20]\n"
+    "  --run RUN        a run folder or metrics.jsonl (dptrain train --out RUN)\n"
+    "  --out FILE       write the profile there (and a summary to stdout) [stdout]\n";
+
+/* γ: seconds per byte of a[i] += b[i] over n floats (the reduction's own
+ * work: read two, write one), the fastest of 5 passes after one warm-up. */
+static double measure_gamma(size_t n) {
+    float *a = dp_malloc_big(n * sizeof(float)), *b = dp_malloc_big(n * sizeof(float));
+    if (!a || !b) die("out of memory");
+    for (size_t i = 0; i < n; i++) a[i] = 0, b[i] = 1;
+    double best = INFINITY;
+    for (int pass = 0; pass < 6; pass++) {
+        double t0 = dp_time();
+        for (size_t i = 0; i < n; i++) a[i] += b[i];
+        double t = dp_time() - t0;
+        if (pass && t < best) best = t;
+    }
+    volatile float sink = a[n / 2]; /* keep the sums */
+    (void)sink;
+    dp_free(a), dp_free(b);
+    return best / (double)(n * sizeof(float));
+}
+
+/* A step record's "samples" is the global batch and its forward_s and
+ * backward_s are rank 0's, so rank 0's seconds per sample are
+ * (forward + backward) / (samples / workers), workers from the epoch
+ * records (equal shares: not for --balance runs). */
+struct per_sample {
+    double *v;
+    int64_t n, cap;
+    double workers;
+};
+static void sample_add(const struct dp_json_obj *o, void *arg) {
+    struct per_sample *ps = arg;
+    if (dp_json_str_is(o, "kind", "epoch")) ps->workers = dp_json_num(o, "workers", ps->workers);
+    if (!dp_json_str_is(o, "kind", "step")) return;
+    double f = dp_json_num(o, "forward_s", NAN), b = dp_json_num(o, "backward_s", NAN), n = dp_json_num(o, "samples", NAN);
+    if (!(f >= 0 && b >= 0 && n > 0)) return;
+    if (ps->n == ps->cap) {
+        ps->cap = ps->cap ? 2 * ps->cap : 256;
+        ps->v = realloc(ps->v, sizeof(double) * (size_t)ps->cap);
+        if (!ps->v) die("out of memory");
+    }
+    ps->v[ps->n++] = (f + b) / n;
+}
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int dptrain_cmd_calibrate(int argc, char **argv) {
+    int P = 2, iters = 20;
+    long long lo = 4096, hi = 16 << 20;
+    const char *run = NULL, *out = NULL, *v;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(help_calibrate, stdout);
+            return 0;
+        }
+        if (take(argc, argv, &i, "--workers", &v)) P = (int)int_arg(a, v, 2, 64);
+        else if (take(argc, argv, &i, "--min-bytes", &v)) lo = int_arg(a, v, 64, 1LL << 32);
+        else if (take(argc, argv, &i, "--max-bytes", &v)) hi = int_arg(a, v, 64, 1LL << 32);
+        else if (take(argc, argv, &i, "--iters", &v)) iters = (int)int_arg(a, v, 1, 500);
+        else if (take(argc, argv, &i, "--run", &v)) run = v;
+        else if (take(argc, argv, &i, "--out", &v)) out = v;
+        else die("unknown option '%s' (see 'dptrain calibrate --help')", a);
+    }
+    size_t sizes[64];
+    double bytes[64], t[64];
+    int n = 0;
+    for (long long s = lo; s <= hi && n < 64; s *= 4) sizes[n] = (size_t)s, bytes[n] = (double)(s / 4 * 4), n++;
+    if (n < 2) die("--min-bytes .. --max-bytes must hold two sizes at least (x4 apart)");
+    double per_sample = NAN;
+    if (run) {
+        struct per_sample ps = {.workers = NAN};
+        dptrain_each_record(run, sample_add, &ps);
+        if (!ps.n || !(ps.workers >= 1)) {
+            free(ps.v);
+            die("--run %s: needs step records (forward_s, backward_s, samples) and an epoch record (workers)", run);
+        }
+        qsort(ps.v, (size_t)ps.n, sizeof(double), cmp_d);
+        per_sample = (ps.n % 2 ? ps.v[ps.n / 2] : 0.5 * (ps.v[ps.n / 2 - 1] + ps.v[ps.n / 2])) * ps.workers;
+        free(ps.v);
+    }
+    double gamma = measure_gamma((size_t)4 << 20);
+    const enum dp_comm_algo comm_algo[2] = {DP_ALGO_RING, DP_ALGO_RHD};
+    const int plan_algo[2] = {DP_PLAN_RING, DP_PLAN_RHD};
+    double alpha[2], beta[2], tt[2][64];
+    for (int k = 0; k < 2; k++) {
+        dptrain_allreduce_medians(P, comm_algo[k], sizes, n, iters, tt[k]);
+        for (int s = 0; s < n; s++) t[s] = tt[k][s];
+        if (dp_plan_fit(plan_algo[k], P, gamma, bytes, t, n, &alpha[k], &beta[k])) die("%s", dp_errmsg());
+    }
+    FILE *f = out ? fopen(out, "w") : stdout;
+    if (!f) die("%s: %s", out, strerror(errno));
+    fprintf(f, "{\"kind\": \"profile\", \"backend\": \"thread\", \"workers\": %d, \"gamma_s\": %.6g, "
+               "\"alpha_s\": %.6g, \"beta_s\": %.6g", P, gamma, alpha[0], beta[0]);
+    for (int k = 0; k < 2; k++)
+        fprintf(f, ", \"%s_alpha_s\": %.6g, \"%s_beta_s\": %.6g", dp_plan_algo_name(plan_algo[k]), alpha[k],
+                dp_plan_algo_name(plan_algo[k]), beta[k]);
+    if (per_sample == per_sample) fprintf(f, ", \"sample_s\": %.6g", per_sample);
+    fprintf(f, ", \"sizes\": [");
+    for (int s = 0; s < n; s++) fprintf(f, "%s%.0f", s ? ", " : "", bytes[s]);
+    for (int k = 0; k < 2; k++) {
+        fprintf(f, "], \"%s_measured_s\": [", dp_plan_algo_name(plan_algo[k]));
+        for (int s = 0; s < n; s++) fprintf(f, "%s%.6g", s ? ", " : "", tt[k][s]);
+    }
+    fprintf(f, "]}\n");
+    if (out) {
+        if (fclose(f) != 0) die("%s: %s", out, strerror(errno));
+        printf("wrote %s: gamma %.3g ns/B", out, gamma * 1e9);
+        for (int k = 0; k < 2; k++)
+            printf("  %s alpha %.3g us beta %.3g ns/B (%.3g GB/s)", dp_plan_algo_name(plan_algo[k]), alpha[k] * 1e6,
+                   beta[k] * 1e9, beta[k] > 0 ? 1 / beta[k] / 1e9 : INFINITY);
+        if (per_sample == per_sample) printf("  %.4g ms per sample", per_sample * 1e3);
+        printf("\n");
+    }
+    return 0;
+}
