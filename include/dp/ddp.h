@@ -102,6 +102,11 @@ struct dp_reducer {
     struct dp_compressor *cz;  /* NULL: plain fp32 all-reduce */
     int64_t step;              /* the optimizer step being reduced: set by the caller before
                                   dp_reducer_begin (powersgd_start compares with it) */
+    float grad_unit;           /* what the caller multiplies the reduced slab by to get the
+                                  gradient (1, the default, when it already is; 1/N with
+                                  accumulation): residuals are kept in gradient units, so a
+                                  step of another size does not misread them.  Set before
+                                  dp_reducer_begin. */
     /* the last step's accounting: bytes this worker sent and received on the
      * wire (the collectives' ring/rhd volume: all-reduce of B bytes moves
      * 2 (P-1)/P B each way, all-gather of P blocks totalling B bytes

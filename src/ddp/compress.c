@@ -167,11 +167,12 @@ void dp__gram_schmidt(float *P, int64_t n, int64_t r) {
      * 1e-30 (P rank-deficient, e.g. a zero gradient) is zeroed: its
      * direction then contributes nothing to P Q^T. */
     for (int64_t j = 0; j < r; j++) {
-        for (int64_t i = 0; i < j; i++) {
-            double d = 0;
-            for (int64_t k = 0; k < n; k++) d += (double)P[k * r + i] * P[k * r + j];
-            for (int64_t k = 0; k < n; k++) P[k * r + j] -= (float)(d * P[k * r + i]);
-        }
+        for (int pass = 0; pass < 2; pass++) /* twice: orthogonal to rounding even when P is ill-conditioned */
+            for (int64_t i = 0; i < j; i++) {
+                double d = 0;
+                for (int64_t k = 0; k < n; k++) d += (double)P[k * r + i] * P[k * r + j];
+                for (int64_t k = 0; k < n; k++) P[k * r + j] -= (float)(d * P[k * r + i]);
+            }
         double s = 0;
         for (int64_t k = 0; k < n; k++) s += (double)P[k * r + j] * P[k * r + j];
         double inv = s > 1e-60 ? 1.0 / sqrt(s) : 0.0;
@@ -353,7 +354,22 @@ int dp__compress_mode(const struct dp_compressor *c, int64_t step) {
 
 /* ---- per-bucket schemes ---- */
 
-int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, enum dp_comm_algo algo,
+/* The residual is kept in the units of the gradient the optimizer sees:
+ * the slab times `unit` (1 when the slab is already the mean; with
+ * accumulation the slab holds sums and the caller scales after the
+ * reduction, and the last step of an epoch may have fewer samples).  These
+ * two convert a range of e to this step's slab units and back. */
+static void e_to_slab(float *e, int64_t n, float unit) {
+    if (unit == 1.0f) return;
+    const float inv = 1.0f / unit;
+    for (int64_t j = 0; j < n; j++) e[j] *= inv;
+}
+static void e_from_slab(float *e, int64_t n, float unit) {
+    if (unit == 1.0f) return;
+    for (int64_t j = 0; j < n; j++) e[j] *= unit;
+}
+
+int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, float unit, enum dp_comm_algo algo,
                               struct dp_comm_req **req, double *sent, double *recv) {
     struct cz_bucket *z = &c->b[i];
     float *g = grads + z->off;
@@ -402,6 +418,7 @@ int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, enum
          * ranks of the pairs, added in rank order. */
         float *e = c->e + z->off;
         uint32_t *idx = c->idx;
+        e_to_slab(e, n, unit);
         for (int64_t j = 0; j < n; j++) e[j] += g[j], idx[j] = (uint32_t)j;
         dp__topk_select(e, idx, n, z->k);
         for (int64_t j = 0; j < z->k; j++) {
@@ -410,6 +427,7 @@ int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, enum
             memcpy(pay + 8 * j + 4, &e[at], 4);
             e[at] = 0;
         }
+        e_from_slab(e, n, unit);
     } else { /* DP_COMPRESS_SIGN */
         /* EF-signSGD: p = g + e (kept in e); scale = |p|_1 / count; send
          * fp32 scale | sign bits (1 = negative, LSB first), ceil(count/8)
@@ -417,11 +435,13 @@ int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, enum
          * sum over ranks of scale_r sign_r, in rank order. */
         float *e = c->e + z->off;
         double l1 = 0;
+        e_to_slab(e, n, unit);
         for (int64_t j = 0; j < n; j++) e[j] += g[j], l1 += fabs((double)e[j]);
         float scale = n ? (float)(l1 / (double)n) : 0;
         memcpy(pay, &scale, 4);
         dp__sign_pack(e, n, pay + 4);
         for (int64_t j = 0; j < n; j++) e[j] -= e[j] < 0 ? -scale : scale;
+        e_from_slab(e, n, unit);
     }
     float *blk = z->wire + z->words * c->me;
     dp__wire_pack(pay, z->payload, blk);
@@ -483,7 +503,7 @@ void dp__compress_bucket_end(struct dp_compressor *c, int i, float *grads) {
  * uncompressed in the same all-reduce as the P's, after them.  Wire per
  * step: all-reduce of sum(n r) + uncompressed floats, then of sum(m r).
  * This runs after backward (in dp_reducer_finish), not overlapped. */
-int dp__compress_powersgd(struct dp_compressor *c, float *grads, enum dp_comm_algo algo, double *sent,
+int dp__compress_powersgd(struct dp_compressor *c, float *grads, float unit, enum dp_comm_algo algo, double *sent,
                           double *recv, double *tc, double *td, double t[4]) {
     t[0] = dp_time();
     float *A = c->abuf, *U = c->abuf + c->na;
@@ -491,6 +511,7 @@ int dp__compress_powersgd(struct dp_compressor *c, float *grads, enum dp_comm_al
         const struct pz_tensor *x = &c->t[k];
         float *M = c->e + x->off;
         const float *g = grads + x->off;
+        e_to_slab(M, x->n * x->m, unit);
         for (int64_t j = 0; j < x->n * x->m; j++) M[j] += g[j];
         dp_gemm(0, 0, x->n, x->r, x->m, 1.0f, M, x->m, c->q + x->qoff, x->r, 0.0f, A + x->poff, x->r);
     }
@@ -520,6 +541,7 @@ int dp__compress_powersgd(struct dp_compressor *c, float *grads, enum dp_comm_al
         float *g = grads + x->off, *M = c->e + x->off;
         dp_gemm(0, 1, x->n, x->m, x->r, 1.0f, A + x->poff, x->r, c->q + x->qoff, x->r, 0.0f, g, x->m);
         for (int64_t j = 0; j < x->n * x->m; j++) M[j] -= g[j] * invW;
+        e_from_slab(M, x->n * x->m, unit);
     }
     for (int64_t k = 0, u = 0; k < c->np; u += c->plain[k][1], k++)
         memcpy(grads + c->plain[k][0], U + u, sizeof(float) * (size_t)c->plain[k][1]);

@@ -21,8 +21,8 @@ int dp__compress_mode(const struct dp_compressor *c, int64_t step);
  * becomes ready): compresses bucket i of grads, starts its collective on the
  * wire buffer and adds the wire bytes to *sent and *recv.  bucket_end (after
  * the request completed): decompresses the collective's result into
- * grads[b.off, b.off + b.count). */
-int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, enum dp_comm_algo algo,
+ * grads[b.off, b.off + b.count).  unit: see dp_reducer.grad_unit. */
+int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, float unit, enum dp_comm_algo algo,
                               struct dp_comm_req **req, double *sent, double *recv);
 void dp__compress_bucket_end(struct dp_compressor *c, int i, float *grads);
 
@@ -30,7 +30,7 @@ void dp__compress_bucket_end(struct dp_compressor *c, int i, float *grads);
  * Times the compression and decompression compute into *tc and *td
  * (seconds) and the phases into t[0..4): compress start, compress end,
  * decompress start, decompress end (dp_time). */
-int dp__compress_powersgd(struct dp_compressor *c, float *grads, enum dp_comm_algo algo, double *sent,
+int dp__compress_powersgd(struct dp_compressor *c, float *grads, float unit, enum dp_comm_algo algo, double *sent,
                           double *recv, double *tc, double *td, double t[4]);
 
 int64_t dp__compress_state_len(const struct dp_compressor *c);

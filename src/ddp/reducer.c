@@ -52,6 +52,7 @@ int dp_reducer_init(struct dp_reducer *r, const struct dp_model *m, struct dp_co
         return dp_seterr(DP_EINVAL, "reducer: bucket sizes must be at least 4 bytes");
     r->comm = comm;
     r->grads = grads;
+    r->grad_unit = 1.0f;
     int n = plan(r, m);
     if (n < 0) return n;
     return dp__compress_init(&r->cz, m, comm, &r->p.compress, r->b, r->nb);
@@ -86,7 +87,7 @@ static void start(struct dp_reducer *r, struct dp_bucket *b) {
     r->bytes_fp32 += 2.0 * (P - 1) / P * 4.0 * (double)b->count;
     if (dp__compress_mode(r->cz, r->step) == 1) {
         b->t_c0 = dp_time();
-        rc = dp__compress_bucket_start(r->cz, (int)(b - r->b), r->grads, r->p.algo, &b->req, &r->bytes_sent,
+        rc = dp__compress_bucket_start(r->cz, (int)(b - r->b), r->grads, r->grad_unit, r->p.algo, &b->req, &r->bytes_sent,
                                        &r->bytes_recv);
         b->t_c1 = b->t_ready = dp_time();
         r->t_compress += b->t_c1 - b->t_c0;
@@ -129,7 +130,7 @@ static int finish_powersgd(struct dp_reducer *r) {
     int P = dp_comm_world(r->comm);
     r->bytes_fp32 = 2.0 * (P - 1) / P * 4.0 * (double)(r->nb ? r->b[0].off + r->b[0].count : 0);
     double t[4] = {0, 0, 0, 0};
-    int rc = dp__compress_powersgd(r->cz, r->grads, r->p.algo, &r->bytes_sent, &r->bytes_recv, &r->t_compress,
+    int rc = dp__compress_powersgd(r->cz, r->grads, r->grad_unit, r->p.algo, &r->bytes_sent, &r->bytes_recv, &r->t_compress,
                                    &r->t_decompress, t);
     r->t_end = dp_time();
     if (r->nb) {

@@ -1339,6 +1339,9 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
             pass.grad_ready = t->simulate ? paced_grad_ready : dp_reducer_grad_ready;
             pass.grad_ready_arg = t->simulate ? (void *)w : (void *)&w->red;
             w->red.step = w->step;
+            /* the scale applied after the reduction (below): 1 when folded into the loss */
+            w->red.grad_unit = nmicro == 1 ? 1.0f
+                               : (float)(1.0 / ((n_total + (double)lb->global_B) * (double)t->pos));
             dp_reducer_begin(&w->red);
         }
         int fault = t->p.fault_kind && w->grank == t->p.fault_worker && w->step == t->p.fault_step && last_micro;
