@@ -723,6 +723,38 @@ then ok calibrate_profile; else bad calibrate_profile "$(cat "$T/cal.log")"; fi
 expect_error calibrate_run_missing "no-such-run" "$BIN" calibrate --run "$T/no-such-run" --max-bytes 16384
 # === end of plan checks ===
 
+# --- gradient compression (docs/ddp.md "Gradient compression") ---
+expect_error compress_topk_zero "topk:FRACTION needs 0 < FRACTION <= 1 (got '0')" "$BIN" train --compress topk:0
+expect_error compress_topk_two "topk:FRACTION needs 0 < FRACTION <= 1 (got '2')" "$BIN" train --compress topk:2
+expect_error compress_powersgd_zero "powersgd:RANK needs an integer RANK in 1..1024 (got '0')" "$BIN" train --compress powersgd:0
+expect_error compress_unknown "unknown scheme 'zip'" "$BIN" train --compress zip
+expect_error compress_powersgd_start_alone "powersgd-start applies to --compress powersgd:RANK only" \
+  "$BIN" train --compress topk:0.1 --powersgd-start 3
+expect_error compress_with_deterministic "compress bf16 does not work with --deterministic" \
+  "$BIN" train --model mlp "${SMALL[@]}" --workers 2 --compress bf16 --deterministic
+if "$BIN" train --help | grep -q -- "--compress SPEC" && "$BIN" train --help | grep -q -- "--powersgd-start"; then
+  ok compress_help
+else bad compress_help "--compress missing from train --help"; fi
+if [[ -r "$DATA/train-images-idx3-ubyte.gz" ]]; then
+  # the traffic is in the metrics, the epoch line and the summary; EF state resumes
+  "$BIN" train --model mlp "${SMALL[@]}" --workers 2 --compress topk:0.01 --out "$T/cz" >"$T/cz.out" 2>&1
+  if grep -q '"kind": "step".*"bytes_sent": [1-9].*"compress_ratio"' "$T/cz/metrics.jsonl" &&
+     grep -q '"kind": "epoch".*"compress": "topk".*"compress_ratio": [1-9]' "$T/cz/metrics.jsonl" &&
+     grep -q "x less than fp32" "$T/cz.out" && grep -q "^gradient traffic (worker 0, --compress topk:0.01)" "$T/cz.out"; then
+    ok compress_metrics
+  else bad compress_metrics "$(tail -5 "$T/cz.out")"; fi
+  "$BIN" train --model mlp "${SMALL[@]}" --workers 3 --compress topk:0.01 --resume "$T/cz/checkpoint.bin" --epochs 2 \
+    >"$T/cz2.out" 2>&1
+  if grep -q "^note: .*saved by 2 workers, this run has 3: the error-feedback residuals are reset" "$T/cz2.out"; then
+    ok compress_resume_other_workers_note
+  else bad compress_resume_other_workers_note "$(head -5 "$T/cz2.out")"; fi
+  if "$BIN" ckpt info "$T/cz/checkpoint.bin" >/dev/null; then ok compress_ckpt_info
+  else bad compress_ckpt_info "ckpt info cannot read a checkpoint with an error-feedback section"; fi
+else
+  skip compress_metrics "$DATA missing"; skip compress_resume_other_workers_note "$DATA missing"
+  skip compress_ckpt_info "$DATA missing"
+fi
+
 ci_strict=0
 [[ -n ${CI:-} && $CI != 0 && ${CI,,} != false ]] && ci_strict=1
 if [[ $skipped -gt 0 && $ci_strict -eq 1 ]]; then echo "CI=$CI: $skipped skipped fail the run"; fi

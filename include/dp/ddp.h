@@ -34,6 +34,38 @@
 extern "C" {
 #endif
 
+/* Gradient compression (docs/ddp.md "Gradient compression"; the math and
+ * the wire format of each scheme are beside its code in src/ddp/compress.c).
+ * With one worker nothing is communicated, so nothing is compressed. */
+enum dp_compress {
+    DP_COMPRESS_NONE = 0,
+    DP_COMPRESS_BF16,     /* bf16 all-reduce (fp32 sums inside the comm), per bucket, overlapped */
+    DP_COMPRESS_FP16,     /* fp16 + a power-of-two scale per rank and bucket, all-gathered, fp32 sum */
+    DP_COMPRESS_POWERSGD, /* rank-r PowerSGD with error feedback, after backward (not overlapped) */
+    DP_COMPRESS_TOPK,     /* top-k of |g + e| per bucket, (index, value) all-gathered, error feedback */
+    DP_COMPRESS_SIGN,     /* EF-signSGD: 1 bit per element + one scale per bucket, all-gathered */
+    DP_COMPRESS_COUNT
+};
+struct dp_compress_params {
+    enum dp_compress kind;
+    int rank;                  /* powersgd: the rank r (>= 1) */
+    double fraction;           /* topk: the fraction kept per bucket, in (0, 1] */
+    int64_t powersgd_start;    /* powersgd: plain all-reduce before this optimizer step */
+    uint64_t seed;             /* powersgd: Q's initial values, from (seed, DP_RNG_POWERSGD, tensor) */
+    int compress_all;          /* powersgd, for tests: compress every matrix, even where
+                                  r (n + m) is not 2x smaller than n m */
+};
+/* "none", "bf16", "fp16", "powersgd", "topk", "sign" ("unknown" out of range). */
+const char *dp_compress_name(enum dp_compress k);
+/* Parses "none|bf16|fp16|powersgd:RANK|topk:FRACTION|sign" into p->kind,
+ * p->rank, p->fraction (other fields untouched).  DP_EINVAL with one line for
+ * a bad spec. */
+int dp_compress_parse(const char *spec, struct dp_compress_params *p);
+/* The spec back as text ("topk:0.01"), into buf. */
+void dp_compress_format(const struct dp_compress_params *p, char *buf, size_t len);
+
+struct dp_compressor; /* src/ddp/compress.c: per-bucket wire buffers, error-feedback state */
+
 struct dp_reducer_params {
     size_t bucket_cap_bytes;   /* 0 (the default) = auto: a quarter of the gradient, at least
                                   1 MiB and at most 25 MiB (PyTorch DDP's fixed cap), so that a
@@ -41,6 +73,7 @@ struct dp_reducer_params {
     size_t first_bucket_bytes; /* default 1 MiB */
     int overlap;               /* 1: start buckets during backward; 0: all after it */
     enum dp_comm_algo algo;        /* all-reduce algorithm (AUTO) */
+    struct dp_compress_params compress; /* gradient compression (kind NONE: off) */
 };
 struct dp_reducer_params dp_reducer_default_params(void);
 
@@ -49,6 +82,8 @@ struct dp_bucket {
     int64_t nlayers;           /* top-level layers in it */
     struct dp_comm_req *req;   /* in flight, or NULL */
     double t_ready, t_done;    /* when it was started / found complete (dp_time) */
+    double t_c0, t_c1;         /* compression: when its compress ran (0: none) */
+    double t_d0, t_d1;         /* and its decompress */
 };
 
 struct dp_reducer {
@@ -63,6 +98,21 @@ struct dp_reducer {
     /* timing of the last step */
     double t_begin, t_backward_end, t_end;
     double comm_total, comm_exposed;
+    /* compression (see struct dp_compress_params) */
+    struct dp_compressor *cz;  /* NULL: plain fp32 all-reduce */
+    int64_t step;              /* the optimizer step being reduced: set by the caller before
+                                  dp_reducer_begin (powersgd_start compares with it) */
+    float grad_unit;           /* what the caller multiplies the reduced slab by to get the
+                                  gradient (1, the default, when it already is; 1/N with
+                                  accumulation): residuals are kept in gradient units, so a
+                                  step of another size does not misread them.  Set before
+                                  dp_reducer_begin. */
+    /* the last step's accounting: bytes this worker sent and received on the
+     * wire (the collectives' ring/rhd volume: all-reduce of B bytes moves
+     * 2 (P-1)/P B each way, all-gather of P blocks totalling B bytes
+     * (P-1)/P B), what a plain fp32 all-reduce would have moved, and the
+     * seconds spent compressing and decompressing */
+    double bytes_sent, bytes_recv, bytes_fp32, t_compress, t_decompress;
 };
 
 int dp_reducer_init(struct dp_reducer *r, const struct dp_model *m, struct dp_comm *comm, float *grads,
@@ -99,6 +149,18 @@ int dp_backup_star_step(struct dp_backup_star *bs, int64_t step, float *g, doubl
 /* Fails rank 0's waits and stops its collector (any thread; idempotent). */
 void dp_backup_star_abort(struct dp_backup_star *bs, const char *why);
 void dp_backup_star_free(struct dp_backup_star *bs);
+
+/* Error-feedback state (per worker, kept across steps: the residuals of
+ * topk, sign and powersgd, and powersgd's warm-started Q), for checkpoints:
+ * its length in floats (0 when the scheme keeps none), a copy out, and a
+ * restore.  dp_reducer_reset_state zeroes the residuals and re-draws Q. */
+int64_t dp_reducer_state_len(const struct dp_reducer *r);
+void dp_reducer_state_get(const struct dp_reducer *r, float *out);
+void dp_reducer_state_set(struct dp_reducer *r, const float *in);
+void dp_reducer_reset_state(struct dp_reducer *r);
+/* The residual e over the gradient slab (num_params floats), or NULL when
+ * the scheme keeps none (tests check sum(updates) + e = sum(gradients)). */
+const float *dp_reducer_residual(const struct dp_reducer *r);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,7 @@
 
 #include "comm.h"
 #include "data.h"
+#include "ddp.h"
 #include "nn.h"
 #include "optim.h"
 
@@ -47,6 +48,11 @@ struct dp_event {
     double t_comm, t_comm_exposed;      /* EPOCH: all-reduce time in total, and the part
                                            not hidden behind backward (rank 0) */
     int64_t skipped;                    /* EPOCH: steps skipped as non-finite */
+    /* EPOCH: gradient traffic of rank 0 per reducing step, averaged over the
+     * epoch (bytes sent and received on the wire, what fp32 would have
+     * moved: bytes_fp32 / bytes_sent is the compression ratio), and the
+     * epoch's seconds compressing and decompressing */
+    double bytes_sent, bytes_recv, bytes_fp32, t_compress, t_decompress;
     int slow_rank;                      /* EPOCH: the rank whose reductions start latest in
                                            its steps, on average (-1 with one worker) */
     double slow_lag;                    /* EPOCH: its lag behind the earliest rank, s per step */
@@ -86,6 +92,10 @@ struct dp_train_params {
     size_t bucket_cap_bytes;   /* reducer bucket cap (default 0 = auto, see dp/ddp.h) */
     size_t first_bucket_bytes; /* reducer first bucket (default 1 MiB) */
     int overlap;               /* 1: all-reduce buckets during backward (default) */
+    /* gradient compression (--compress, --powersgd-start; docs/ddp.md
+     * "Gradient compression"); kind NONE = off.  Not with deterministic or
+     * backup workers.  compress.seed is ignored (the run's seed is used). */
+    struct dp_compress_params compress;
     int algo;                  /* enum dp_comm_algo (default AUTO) */
     int64_t check_replicas;    /* compare replica hashes every N steps (0 = off) */
     int skip_nonfinite;        /* skip steps whose loss or gradient is not finite */
@@ -180,6 +190,9 @@ int dp_trainer_evaluate(struct dp_trainer *t, const struct dp_dataset *ds, int64
 /* Writes a checkpoint of the current state to path (atomically). */
 int dp_trainer_save(struct dp_trainer *t, const char *path);
 uint64_t dp_trainer_param_hash(const struct dp_trainer *t);
+/* A note about the resume for the caller to show (NULL: none), e.g. the
+ * error-feedback state reset because the worker count changed. */
+const char *dp_trainer_note(const struct dp_trainer *t);
 const struct dp_model *dp_trainer_model(const struct dp_trainer *t);
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t);
 void dp_trainer_free(struct dp_trainer *t);
@@ -189,7 +202,12 @@ void dp_trainer_free(struct dp_trainer *t);
  *   struct dp_ckpt_header (fixed size, with its own CRC-32)
  *   payload: params (num_params f32) | buffers (num_buffers f32) |
  *            optimizer state (optim_state_len f32)
- * The header's payload_crc covers the whole payload. */
+ * The header's payload_crc covers the whole payload.
+ * Optional sections may follow the payload (a file without any is the
+ * format as it always was): each is a struct dp_ckpt_section and `size`
+ * bytes of data.  "DPEFSTAT": the gradient compressor's error-feedback state
+ * of every worker (struct dp_ckpt_ef, then workers x len f32).  A reader
+ * checks every section's CRCs; unknown tags are skipped. */
 #define DP_CKPT_MAGIC "DPTRCKPT"
 #define DP_CKPT_VERSION 1u
 
@@ -216,8 +234,29 @@ struct dp_ckpt_header {
 
 /* Writes header + payload to path via a temporary file, fsync and rename, so
  * that an interrupted write never leaves a broken file at path. */
+struct dp_ckpt_section {
+    char tag[8];               /* e.g. "DPEFSTAT" */
+    uint64_t size;             /* bytes of data after this header */
+    uint32_t data_crc;         /* CRC-32 of the data */
+    uint32_t header_crc;       /* CRC-32 of this header with header_crc = 0 */
+};
+#define DP_CKPT_EF_TAG "DPEFSTAT"
+struct dp_ckpt_ef {            /* the data of a "DPEFSTAT" section starts with this */
+    uint32_t kind;             /* enum dp_compress */
+    uint32_t workers;          /* job ranks whose state follows, in rank order */
+    int64_t len;               /* floats per worker (dp_reducer_state_len) */
+};
 int dp_ckpt_write(const char *path, struct dp_ckpt_header *h, const float *params,
                   const float *buffers, const float *optim_state);
+/* The same, with one optional section (tag, data, size bytes) after the
+ * payload (tag NULL: none). */
+int dp_ckpt_write_section(const char *path, struct dp_ckpt_header *h, const float *params,
+                          const float *buffers, const float *optim_state, const char *tag, const void *data,
+                          uint64_t size);
+/* Reads and checks the whole file, and returns the data of section `tag`
+ * (*data: caller frees with dp_free; NULL and *size 0 when the file has no
+ * such section). */
+int dp_ckpt_read_section(const char *path, const char *tag, void **data, uint64_t *size);
 /* Reads and validates the header (magic, version, sizes, header CRC, file
  * size). */
 int dp_ckpt_read_header(const char *path, struct dp_ckpt_header *h);

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ddp/compress_impl.h"
 #include "dp/ddp.h"
 
 struct dp_reducer_params dp_reducer_default_params(void) {
@@ -51,12 +52,15 @@ int dp_reducer_init(struct dp_reducer *r, const struct dp_model *m, struct dp_co
         return dp_seterr(DP_EINVAL, "reducer: bucket sizes must be at least 4 bytes");
     r->comm = comm;
     r->grads = grads;
+    r->grad_unit = 1.0f;
     int n = plan(r, m);
-    return n < 0 ? n : DP_OK;
+    if (n < 0) return n;
+    return dp__compress_init(&r->cz, m, comm, &r->p.compress, r->b, r->nb);
 }
 
 void dp_reducer_free(struct dp_reducer *r) {
     if (!r) return;
+    dp__compress_free(r->cz);
     dp_free(r->b);
     memset(r, 0, sizeof *r);
 }
@@ -66,13 +70,33 @@ void dp_reducer_begin(struct dp_reducer *r) {
     r->rc = 0;
     r->t_begin = dp_time();
     r->t_backward_end = 0;
-    for (int i = 0; i < r->nb; i++) r->b[i].req = NULL, r->b[i].t_ready = r->b[i].t_done = 0;
+    r->bytes_sent = r->bytes_recv = r->bytes_fp32 = r->t_compress = r->t_decompress = 0;
+    for (int i = 0; i < r->nb; i++) {
+        struct dp_bucket *b = &r->b[i];
+        b->req = NULL, b->t_ready = b->t_done = b->t_c0 = b->t_c1 = b->t_d0 = b->t_d1 = 0;
+    }
 }
 
+/* Starts bucket b: a plain fp32 all-reduce in place, or (per-bucket
+ * compression) the compressed form's collective on its wire buffer; the
+ * compression runs here, on the compute thread, so t_ready (the
+ * collective's start) follows it. */
 static void start(struct dp_reducer *r, struct dp_bucket *b) {
     if (r->rc) return;
-    b->t_ready = dp_time();
-    int rc = dp_comm_iallreduce(r->comm, r->grads + b->off, b->count, DP_DTYPE_F32, r->p.algo, &b->req);
+    int P = r->comm ? dp_comm_world(r->comm) : 1, rc;
+    r->bytes_fp32 += 2.0 * (P - 1) / P * 4.0 * (double)b->count;
+    if (dp__compress_mode(r->cz, r->step) == 1) {
+        b->t_c0 = dp_time();
+        rc = dp__compress_bucket_start(r->cz, (int)(b - r->b), r->grads, r->grad_unit, r->p.algo, &b->req, &r->bytes_sent,
+                                       &r->bytes_recv);
+        b->t_c1 = b->t_ready = dp_time();
+        r->t_compress += b->t_c1 - b->t_c0;
+    } else {
+        b->t_ready = dp_time();
+        double v = 2.0 * (P - 1) / P * 4.0 * (double)b->count;
+        r->bytes_sent += v, r->bytes_recv += v;
+        rc = dp_comm_iallreduce(r->comm, r->grads + b->off, b->count, DP_DTYPE_F32, r->p.algo, &b->req);
+    }
     if (rc) {
         r->rc = rc;
         snprintf(r->err, sizeof r->err, "%s", dp_errmsg());
@@ -94,14 +118,35 @@ static void poll(struct dp_reducer *r) {
 void dp_reducer_grad_ready(void *arg, int64_t offset, int64_t count) {
     struct dp_reducer *r = arg;
     (void)count;
-    if (!r->p.overlap) return;
+    if (!r->p.overlap || dp__compress_mode(r->cz, r->step) == 2) return;
     poll(r);
     /* Every bucket whose lowest offset has been reached is complete. */
     while (r->next < r->nb && offset <= r->b[r->next].off) start(r, &r->b[r->next++]);
 }
 
+/* PowerSGD: the whole gradient after backward (dp__compress_powersgd);
+ * bucket 0 carries the phase times for the timeline. */
+static int finish_powersgd(struct dp_reducer *r) {
+    int P = dp_comm_world(r->comm);
+    r->bytes_fp32 = 2.0 * (P - 1) / P * 4.0 * (double)(r->nb ? r->b[0].off + r->b[0].count : 0);
+    double t[4] = {0, 0, 0, 0};
+    int rc = dp__compress_powersgd(r->cz, r->grads, r->grad_unit, r->p.algo, &r->bytes_sent, &r->bytes_recv, &r->t_compress,
+                                   &r->t_decompress, t);
+    r->t_end = dp_time();
+    if (r->nb) {
+        struct dp_bucket *b = &r->b[0];
+        b->t_c0 = t[0], b->t_c1 = t[1], b->t_d0 = t[2], b->t_d1 = t[3];
+    }
+    /* all of it after backward: the communication is exposed */
+    r->comm_total = r->comm_exposed = r->t_end - r->t_backward_end - r->t_compress - r->t_decompress;
+    if (r->comm_total < 0) r->comm_total = r->comm_exposed = 0;
+    return rc;
+}
+
 int dp_reducer_finish(struct dp_reducer *r) {
     r->t_backward_end = dp_time();
+    if (dp__compress_mode(r->cz, r->step) == 2) return finish_powersgd(r);
+    int cmode = dp__compress_mode(r->cz, r->step);
     while (r->next < r->nb) start(r, &r->b[r->next++]);
     int rc = r->rc;
     if (rc) dp_seterr(rc, "%s", r->err);
@@ -115,6 +160,12 @@ int dp_reducer_finish(struct dp_reducer *r) {
         b->req = NULL;
         if (b->t_done == 0) b->t_done = dp_time();
         if (w && !rc) rc = w;
+        if (!w && cmode == 1) {
+            b->t_d0 = dp_time();
+            dp__compress_bucket_end(r->cz, i, r->grads);
+            b->t_d1 = dp_time();
+            r->t_decompress += b->t_d1 - b->t_d0;
+        }
     }
     r->t_end = dp_time();
     /* Communication time: the buckets run one after the other on the
@@ -129,6 +180,12 @@ int dp_reducer_finish(struct dp_reducer *r) {
         prev_done = b->t_done;
     }
     r->comm_total = total;
-    r->comm_exposed = r->t_end - r->t_backward_end;
+    r->comm_exposed = r->t_end - r->t_backward_end - r->t_decompress; /* decompress is compute */
     return rc;
 }
+
+int64_t dp_reducer_state_len(const struct dp_reducer *r) { return dp__compress_state_len(r->cz); }
+void dp_reducer_state_get(const struct dp_reducer *r, float *out) { dp__compress_state_get(r->cz, out); }
+void dp_reducer_state_set(struct dp_reducer *r, const float *in) { dp__compress_state_set(r->cz, in); }
+void dp_reducer_reset_state(struct dp_reducer *r) { dp__compress_reset(r->cz); }
+const float *dp_reducer_residual(const struct dp_reducer *r) { return dp__compress_residual(r->cz); }

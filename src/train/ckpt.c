@@ -17,9 +17,16 @@
 #include "dp/train.h"
 
 _Static_assert(sizeof(struct dp_ckpt_header) % 8 == 0, "header is 8-byte aligned");
+_Static_assert(sizeof(struct dp_ckpt_section) == 24, "section header is 24 bytes");
 
 int dp_ckpt_write(const char *path, struct dp_ckpt_header *h, const float *params,
                   const float *buffers, const float *optim_state) {
+    return dp_ckpt_write_section(path, h, params, buffers, optim_state, NULL, NULL, 0);
+}
+
+int dp_ckpt_write_section(const char *path, struct dp_ckpt_header *h, const float *params,
+                          const float *buffers, const float *optim_state, const char *tag, const void *data,
+                          uint64_t size) {
     size_t np = (size_t)h->num_params * 4, nb = (size_t)h->num_buffers * 4,
            no = (size_t)h->optim_state_len * 4;
     memcpy(h->magic, DP_CKPT_MAGIC, 8);
@@ -32,8 +39,17 @@ int dp_ckpt_write(const char *path, struct dp_ckpt_header *h, const float *param
     h->payload_crc = crc;
     h->header_crc = 0;
     h->header_crc = dp_crc32(0, h, sizeof *h);
-    const struct dp__wpart parts[] = {{h, sizeof *h}, {params, np}, {buffers, nb}, {optim_state, no}};
-    return dp__write_file_atomic(path, parts, 4, "checkpoint");
+    struct dp_ckpt_section sec;
+    memset(&sec, 0, sizeof sec);
+    if (tag) {
+        memcpy(sec.tag, tag, 8);
+        sec.size = size;
+        sec.data_crc = dp_crc32(0, data, (size_t)size);
+        sec.header_crc = dp_crc32(0, &sec, sizeof sec);
+    }
+    const struct dp__wpart parts[] = {{h, sizeof *h}, {params, np}, {buffers, nb}, {optim_state, no},
+                                      {&sec, sizeof sec}, {data, (size_t)size}};
+    return dp__write_file_atomic(path, parts, tag ? 6 : 4, "checkpoint");
 }
 
 /* Checks every header field that can be checked without the payload. */
@@ -64,10 +80,38 @@ static int check_header(const struct dp_ckpt_header *hin, uint64_t file_size, co
     if (h.payload_size != want_payload)
         return dp_seterr(DP_EFORMAT, "%s: payload size %llu does not match the tensor sizes (%llu)",
                          what, (unsigned long long)h.payload_size, (unsigned long long)want_payload);
-    if (file_size != sizeof h + h.payload_size)
+    if (file_size < sizeof h + h.payload_size)
         return dp_seterr(DP_EFORMAT, "%s: file is %llu bytes, header says %llu (truncated?)", what,
                          (unsigned long long)file_size,
                          (unsigned long long)(sizeof h + h.payload_size));
+    /* the rest, if any, is sections: check_sections reads them */
+    return DP_OK;
+}
+
+/* The bytes after the payload: whole sections, each with valid CRCs.  With
+ * tag non-NULL, *found points at that section's data (NULL if absent). */
+static int check_sections(const uint8_t *p, size_t n, const char *what, const char *tag, const uint8_t **found,
+                          uint64_t *found_size) {
+    if (found) *found = NULL, *found_size = 0;
+    while (n > 0) {
+        struct dp_ckpt_section s;
+        if (n < sizeof s)
+            return dp_seterr(DP_EFORMAT, "%s: %zu bytes after the payload, too short for a section (extra bytes?)",
+                             what, n);
+        memcpy(&s, p, sizeof s);
+        uint32_t want = s.header_crc;
+        s.header_crc = 0;
+        if (dp_crc32(0, &s, sizeof s) != want)
+            return dp_seterr(DP_EFORMAT, "%s: %zu bytes after the payload are not a valid section (bad checksum)",
+                             what, n);
+        if (s.size > n - sizeof s)
+            return dp_seterr(DP_EFORMAT, "%s: section %.8s of %llu bytes is truncated", what, s.tag,
+                             (unsigned long long)s.size);
+        if (dp_crc32(0, p + sizeof s, (size_t)s.size) != s.data_crc)
+            return dp_seterr(DP_EFORMAT, "%s: section %.8s checksum mismatch (corrupt file)", what, s.tag);
+        if (tag && found && !memcmp(s.tag, tag, 8)) *found = p + sizeof s, *found_size = s.size;
+        p += sizeof s + s.size, n -= sizeof s + (size_t)s.size;
+    }
     return DP_OK;
 }
 
@@ -78,6 +122,8 @@ int dp_ckpt_parse(const uint8_t *buf, size_t len, struct dp_ckpt_header *h, cons
     if (rc) return rc;
     if (dp_crc32(0, buf + sizeof *h, (size_t)h->payload_size) != h->payload_crc)
         return dp_seterr(DP_EFORMAT, "checkpoint: payload checksum mismatch (corrupt file)");
+    size_t base = sizeof *h + (size_t)h->payload_size;
+    if ((rc = check_sections(buf + base, len - base, "checkpoint", NULL, NULL, NULL))) return rc;
     if (payload) *payload = (const float *)(const void *)(buf + sizeof *h);
     return DP_OK;
 }
@@ -111,6 +157,44 @@ int dp_ckpt_read_header(const char *path, struct dp_ckpt_header *h) {
     return rc;
 }
 
+/* The bytes after the payload of an open file (positioned there), checked;
+ * with tag, that section's data copied into *data. */
+static int read_sections(FILE *f, const char *path, const char *tag, void **data, uint64_t *size) {
+    long at = ftell(f);
+    if (at < 0 || fseek(f, 0, SEEK_END) != 0) return dp_seterr(DP_EIO, "%s: cannot seek", path);
+    long end = ftell(f);
+    if (end < at || fseek(f, at, SEEK_SET) != 0) return dp_seterr(DP_EIO, "%s: cannot seek", path);
+    size_t n = (size_t)(end - at);
+    if (n == 0) return DP_OK;
+    uint8_t *buf = dp_malloc(n);
+    if (!buf) return dp_seterr(DP_ENOMEM, "%s: cannot allocate %zu bytes", path, n);
+    if (fread(buf, 1, n, f) != n) {
+        dp_free(buf);
+        return dp_seterr(DP_EIO, "%s: short read", path);
+    }
+    const uint8_t *found;
+    uint64_t fsize;
+    int rc = check_sections(buf, n, path, tag, &found, &fsize);
+    if (!rc && tag && found) {
+        if (!(*data = dp_malloc((size_t)fsize + 1))) rc = dp_seterr(DP_ENOMEM, "%s: out of memory", path);
+        else memcpy(*data, found, (size_t)fsize), *size = fsize;
+    }
+    dp_free(buf);
+    return rc;
+}
+
+int dp_ckpt_read_section(const char *path, const char *tag, void **data, uint64_t *size) {
+    *data = NULL, *size = 0;
+    struct dp_ckpt_header h;
+    FILE *f;
+    int rc = open_checked(path, &h, &f);
+    if (rc) return rc;
+    if (fseek(f, (long)(sizeof h + h.payload_size), SEEK_SET) != 0) rc = dp_seterr(DP_EIO, "%s: cannot seek", path);
+    else rc = read_sections(f, path, tag, data, size);
+    fclose(f);
+    return rc;
+}
+
 int dp_ckpt_read(const char *path, struct dp_ckpt_header *h, float **payload) {
     *payload = NULL;
     FILE *f;
@@ -122,6 +206,11 @@ int dp_ckpt_read(const char *path, struct dp_ckpt_header *h, float **payload) {
         return dp_seterr(DP_ENOMEM, "%s: cannot allocate %llu bytes", path, (unsigned long long)h->payload_size);
     }
     size_t got = fread(p, 1, (size_t)h->payload_size, f);
+    if (got == h->payload_size && (rc = read_sections(f, path, NULL, NULL, NULL))) {
+        fclose(f);
+        dp_free(p);
+        return rc;
+    }
     fclose(f);
     if (got != h->payload_size) {
         dp_free(p);

@@ -98,6 +98,10 @@ struct worker {
      * multiplier, stall, start of compute and sleep so far */
     double pace_mult, pace_stall, pace_t0, pace_slept;
     double step_wait, step_slow;   /* this step's wait in the reduction, and simulated sleep */
+    /* this epoch's gradient traffic (sums over its reducing steps, from the
+     * reducer's per-step accounting) and compression times */
+    double b_sent, b_recv, b_fp32, t_cz, t_dz;
+    int64_t reduce_steps;
     double t_wait, t_slow;         /* this epoch's sums of them */
     double *waits;                 /* (G) every rank's step_wait, gathered per step (gather_waits) */
     /* --balance (see rebalance): samples and compute seconds since the last
@@ -153,6 +157,7 @@ struct dp_trainer {
     struct dp_backup_star *star; /* ... across processes (with `inter`): through rank 0 instead */
     struct backup bk;
     int64_t *dropped_count;    /* (G) rank 0, with bk_on: this epoch's steps each rank was dropped */
+    char note[256];            /* for the caller: what the resume changed (dp_trainer_note) */
 };
 
 struct dp_train_params dp_train_default_params(void) {
@@ -185,6 +190,7 @@ struct dp_train_params dp_train_default_params(void) {
 const struct dp_model *dp_trainer_model(const struct dp_trainer *t) { return t->model; }
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t) { return &t->w[0].rep; }
 uint64_t dp_trainer_param_hash(const struct dp_trainer *t) { return dp_replica_hash(&t->w[0].rep); }
+const char *dp_trainer_note(const struct dp_trainer *t) { return t->note[0] ? t->note : NULL; }
 
 void dp_trainer_free(struct dp_trainer *t) {
     if (!t) return;
@@ -263,6 +269,18 @@ static int check_params(const struct dp_train_params *p) {
         return dp_seterr(DP_EINVAL, "--backup-workers %d does not work with --deterministic: which ranks are "
                          "dropped depends on timing (only --backup-workers 0 does)", p->backup_workers);
     if (p->algo < 0 || p->algo >= DP_ALGO_COUNT) return dp_seterr(DP_EINVAL, "unknown all-reduce algorithm");
+    /* Deterministic mode promises the same bits for any worker count.  Every
+     * compression scheme rounds (bf16, fp16), selects (topk, sign) or
+     * projects (powersgd) each worker's partial gradient, which depends on
+     * how the batch is split, so none can keep that promise; for a fixed
+     * worker count they are all reproducible (sums in a fixed order). */
+    if (p->compress.kind != DP_COMPRESS_NONE && p->deterministic)
+        return dp_seterr(DP_EINVAL, "--compress %s does not work with --deterministic: the compressed gradient "
+                         "depends on how the batch is split across workers (runs with a fixed --workers are "
+                         "reproducible without --deterministic)", dp_compress_name(p->compress.kind));
+    if (p->compress.kind != DP_COMPRESS_NONE && p->backup)
+        return dp_seterr(DP_EINVAL, "--compress does not work with --backup-workers (their steps do not go "
+                         "through the reducer)");
     if (p->deterministic && (p->det_chunk < 1 || p->det_chunk > p->batch))
         return dp_seterr(DP_EINVAL, "--det-chunk must be in 1..batch (got %lld)", (long long)p->det_chunk);
     /* Deterministic mode stops at the first non-finite chunk gradient (it
@@ -281,6 +299,44 @@ static int check_params(const struct dp_train_params *p) {
     struct dp_sched s = p->sched;
     if (s.total_steps <= 0) s.total_steps = s.warmup_steps + 1;
     return dp_sched_check(&s);
+}
+
+/* The error-feedback state of a resumed run (a "DPEFSTAT" section, see
+ * dp_trainer_save): worker r takes job rank r's state when the checkpoint
+ * holds the same scheme, worker count and length; otherwise the residuals
+ * start at zero and t->note says why (a different worker count splits the
+ * batch differently, so the old per-worker residuals would not fit). */
+static int load_ef_state(struct dp_trainer *t, const char *path) {
+    int64_t len = dp_reducer_state_len(&t->w[0].red);
+    if (len == 0) return DP_OK;
+    void *data;
+    uint64_t size;
+    int rc = dp_ckpt_read_section(path, DP_CKPT_EF_TAG, &data, &size);
+    if (rc) return rc;
+    struct dp_ckpt_ef ef;
+    if (!data) {
+        snprintf(t->note, sizeof t->note, "%s has no error-feedback state for --compress %s: the residuals start "
+                 "at zero", path, dp_compress_name(t->p.compress.kind));
+        return DP_OK;
+    }
+    memcpy(&ef, data, size >= sizeof ef ? sizeof ef : 0);
+    if (size < sizeof ef || ef.len < 0 || size != sizeof ef + 4u * (uint64_t)ef.len * ef.workers) {
+        dp_free(data);
+        return dp_seterr(DP_EFORMAT, "%s: the error-feedback section is malformed", path);
+    }
+    if (ef.kind != (uint32_t)t->p.compress.kind || ef.len != len)
+        snprintf(t->note, sizeof t->note, "%s holds error-feedback state of --compress %s, this run uses %s: the "
+                 "residuals start at zero", path, dp_compress_name((enum dp_compress)ef.kind),
+                 dp_compress_name(t->p.compress.kind));
+    else if ((int)ef.workers != t->G)
+        snprintf(t->note, sizeof t->note, "%s was saved by %u workers, this run has %d: the error-feedback "
+                 "residuals are reset to zero", path, ef.workers, t->G);
+    else
+        for (int r = 0; r < t->P; r++)
+            dp_reducer_state_set(&t->w[r].red, (const float *)(const void *)((const char *)data + sizeof ef) +
+                                                   (size_t)len * (size_t)t->w[r].grank);
+    dp_free(data);
+    return DP_OK;
 }
 
 /* Restores the state saved by dp_trainer_save into every worker.  Every
@@ -329,6 +385,7 @@ static int load_checkpoint(struct dp_trainer *t, const char *path) {
         t->step_in_epoch = h.step_in_epoch;
     }
     dp_free(payload);
+    if (!rc) rc = load_ef_state(t, path);
     return rc;
 }
 
@@ -377,6 +434,8 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     rp.first_bucket_bytes = p->first_bucket_bytes;
     rp.overlap = p->overlap;
     rp.algo = (enum dp_comm_algo)p->algo;
+    rp.compress = p->compress;
+    rp.compress.seed = p->seed;
     if ((rc = dp_reducer_init(&w->red, t->model, w->comm, w->rep.grads, &rp))) return rc;
     w->arrival = dp_calloc((size_t)w->red.nb + 1, sizeof(double));
     w->waits = dp_calloc((size_t)t->G, sizeof(double));
@@ -650,7 +709,22 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
     h.optim_step = w->opt.step;
     h.optim_state_len = w->opt.state_len;
     h.param_hash = dp_replica_hash(&w->rep);
-    return dp_ckpt_write(path, &h, w->rep.params, w->rep.buffers, w->opt.state);
+    /* The compressor's per-worker state (residuals, PowerSGD's Q), every
+     * worker's in rank order, as a section after the payload.  Only when
+     * this process holds every worker: a multi-process job (mpi) saves
+     * none, and its resume starts the residuals at zero (with a note). */
+    int64_t len = dp_reducer_state_len(&w->red);
+    if (len == 0 || t->G != t->P) return dp_ckpt_write(path, &h, w->rep.params, w->rep.buffers, w->opt.state);
+    size_t size = sizeof(struct dp_ckpt_ef) + sizeof(float) * (size_t)len * (size_t)t->P;
+    char *data = dp_malloc_big(size);
+    if (!data) return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the error-feedback state");
+    struct dp_ckpt_ef ef = {.kind = (uint32_t)t->p.compress.kind, .workers = (uint32_t)t->P, .len = len};
+    memcpy(data, &ef, sizeof ef);
+    for (int r = 0; r < t->P; r++)
+        dp_reducer_state_get(&t->w[r].red, (float *)(void *)(data + sizeof ef) + (size_t)len * (size_t)r);
+    int rc = dp_ckpt_write_section(path, &h, w->rep.params, w->rep.buffers, w->opt.state, DP_CKPT_EF_TAG, data, size);
+    dp_free(data);
+    return rc;
 }
 
 /* ---- evaluation ----------------------------------------------------------------------------
@@ -1289,6 +1363,10 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         if (last) {
             pass.grad_ready = t->simulate ? paced_grad_ready : dp_reducer_grad_ready;
             pass.grad_ready_arg = t->simulate ? (void *)w : (void *)&w->red;
+            w->red.step = w->step;
+            /* the scale applied after the reduction (below): 1 when folded into the loss */
+            w->red.grad_unit = nmicro == 1 ? 1.0f
+                               : (float)(1.0 / ((n_total + (double)lb->global_B) * (double)t->pos));
             dp_reducer_begin(&w->red);
         }
         int fault = t->p.fault_kind && w->grank == t->p.fault_worker && w->step == t->p.fault_step && last_micro;
@@ -1339,6 +1417,15 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
                     w->arrival[i] += w->red.b[i].t_ready - w->t_step0;
                 }
             w->arrival_steps++;
+            /* compression: its own phase on the compute track */
+            for (int i = 0; i < w->red.nb; i++) {
+                const struct dp_bucket *bk = &w->red.b[i];
+                if (bk->t_c1 > 0) dp_timeline_add(&w->tl, "compress", 0, w->step, bk->t_c0, bk->t_c1);
+                if (bk->t_d1 > 0) dp_timeline_add(&w->tl, "decompress", 0, w->step, bk->t_d0, bk->t_d1);
+            }
+            w->b_sent += w->red.bytes_sent, w->b_recv += w->red.bytes_recv, w->b_fp32 += w->red.bytes_fp32;
+            w->t_cz += w->red.t_compress, w->t_dz += w->red.t_decompress;
+            w->reduce_steps++;
             if (rc) return rc;
         }
         n_total += (double)lb->global_B;
@@ -1582,6 +1669,11 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
     ev.t_data = dp_loader_wait_time(w->loader) - w->wait0;
     ev.t_fwd = w->t_fwd, ev.t_bwd = w->t_bwd, ev.t_opt = w->t_opt;
     ev.t_comm = w->t_comm, ev.t_comm_exposed = w->t_exposed;
+    if (w->reduce_steps > 0) {
+        double k = (double)w->reduce_steps;
+        ev.bytes_sent = w->b_sent / k, ev.bytes_recv = w->b_recv / k, ev.bytes_fp32 = w->b_fp32 / k;
+    }
+    ev.t_compress = w->t_cz, ev.t_decompress = w->t_dz;
     straggler(t, tot + 4, &ev.slow_rank, &ev.slow_lag);
     t->slow_rank = ev.slow_rank, t->slow_lag = ev.slow_lag;
     ev.test_acc = test_acc, ev.test_loss = test_loss;
@@ -1614,6 +1706,12 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
         /* rank 0's wait and simulated sleep in the epoch; with gather_waits,
          * the steps in which each rank arrived last */
         if (fprintf(t->metrics, "], \"wait_s\": %.3f, \"slow_s\": %.3f", w->t_wait, w->t_slow) < 0)
+            return metrics_error(t);
+        /* gradient traffic per reducing step (rank 0) and compression */
+        if (fprintf(t->metrics, ", \"compress\": \"%s\", \"bytes_sent\": %.0f, \"bytes_recv\": %.0f, "
+                    "\"compress_ratio\": %.4g, \"compress_s\": %.4f, \"decompress_s\": %.4f",
+                    dp_compress_name(t->p.compress.kind), ev.bytes_sent, ev.bytes_recv,
+                    ev.bytes_sent > 0 ? ev.bytes_fp32 / ev.bytes_sent : 1.0, ev.t_compress, ev.t_decompress) < 0)
             return metrics_error(t);
         for (int r = 0; t->gather_waits && r < t->G; r++)
             if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"last_rank_steps\": [", (long long)t->last_count[r],
@@ -1682,10 +1780,13 @@ static int step_record(const struct worker *w, int64_t step, int64_t epoch, doub
             "{\"kind\": \"step\", \"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"samples\": %lld, "
             "\"step_s\": %.6f, \"data_wait_s\": %.6f, \"forward_s\": %.6f, \"backward_s\": %.6f, "
             "\"comm_s\": %.6f, \"comm_exposed_s\": %.6f, \"optimizer_s\": %.6f, \"wait_s\": %.6f, "
-            "\"slow_s\": %.6f, \"last_rank\": %d",
+            "\"slow_s\": %.6f, \"last_rank\": %d, \"bytes_sent\": %.0f, \"bytes_recv\": %.0f, "
+            "\"compress_ratio\": %.4g, \"compress_s\": %.6f, \"decompress_s\": %.6f",
             (long long)step, (long long)epoch + 1, loss, (long long)samples, step_s, s1[0] - s0[0],
             s1[1] - s0[1], s1[2] - s0[2], s1[3] - s0[3], s1[4] - s0[4], s1[5] - s0[5], w->step_wait,
-            w->step_slow, last_rank);
+            w->step_slow, last_rank, w->red.bytes_sent, w->red.bytes_recv,
+            w->red.bytes_sent > 0 ? w->red.bytes_fp32 / w->red.bytes_sent : 1.0, w->red.t_compress,
+            w->red.t_decompress);
     /* backup workers: the ranks whose gradient this step dropped */
     if (n >= 0 && w->t->bk_on) {
         n = fprintf(w->t->metrics, ", \"dropped\": [");
@@ -1736,6 +1837,7 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     H(p->sched.step_size), H(p->sched.gamma), H(p->sched.min_lr);
     H(p->deterministic), H(p->det_chunk), H(p->algo), H(p->overlap), H(p->skip_nonfinite);
     H(p->check_replicas), H(p->accum), H(t->gather_waits), H(p->balance), H(p->backup), H(p->backup_workers);
+    H(p->compress.kind), H(p->compress.rank), H(p->compress.fraction), H(p->compress.powersgd_start);
     out[AGREE_CONFIG] = h;
     h = 0xcbf29ce484222325ull;
     H(w->step), H(w->epoch), H(w->in_epoch);
@@ -1778,6 +1880,7 @@ static int worker_loop(struct worker *w) {
         double t_start = dp_time();
         w->wait0 = dp_loader_wait_time(w->loader);
         w->loss_sum = w->t_fwd = w->t_bwd = w->t_opt = w->t_comm = w->t_exposed = w->t_wait = w->t_slow = 0;
+        w->b_sent = w->b_recv = w->b_fp32 = w->t_cz = w->t_dz = 0, w->reduce_steps = 0;
         if (w->grank == 0) memset(t->last_count, 0, sizeof(int64_t) * (size_t)t->G);
         if (w->grank == 0 && t->bk_on) memset(t->dropped_count, 0, sizeof(int64_t) * (size_t)t->G);
         w->correct = w->seen = w->skipped = 0;

@@ -141,6 +141,10 @@ static const char *help_train =
     "  --no-overlap        all-reduce only after backward (for comparison)\n"
     "  --algo NAME         all-reduce algorithm: auto | ring | rhd | direct | native [auto];\n"
     "                      with mpi it applies between processes (native = MPI's own)\n"
+    "  --compress SPEC     gradient compression: none | bf16 | fp16 | powersgd:RANK | topk:FRACTION |\n"
+    "                      sign [none]; topk, sign and powersgd keep an error-feedback residual\n"
+    "                      per worker (saved in checkpoints); see docs/ddp.md\n"
+    "  --powersgd-start N  powersgd: plain all-reduce before optimizer step N [0]\n"
     "  --check-replicas N  compare every replica's parameter hash every N steps [off]\n"
     "  --skip-nonfinite    skip steps whose loss or gradient is NaN/Inf instead of stopping\n"
     "  --comm-timeout S    fail a collective that blocks longer than S seconds [off]\n"
@@ -255,6 +259,9 @@ struct progress {
     double tp_t0, tp_t1;
     /* per-phase totals over the epochs (rank 0) */
     double sum_data, sum_fwd, sum_bwd, sum_comm, sum_exposed, sum_opt, sum_time;
+    /* gradient traffic per step (epoch means, summed) and compression times */
+    double sum_sent, sum_recv, sum_fp32, sum_cz, sum_dz;
+    int nepochs;
     int slow_rank;     /* the last epoch's straggler, -1 if none */
     double slow_lag;
     const struct dp_model *model;
@@ -309,6 +316,12 @@ static void on_event(void *arg, const struct dp_event *ev) {
         printf("%.1fs (data %.2f fwd %.2f bwd %.2f comm %.2f exposed %.2f opt %.2f other %.2f)%s",
                ev->epoch_time, ev->t_data, ev->t_fwd, ev->t_bwd, ev->t_comm, ev->t_comm_exposed, ev->t_opt,
                other > 0 ? other : 0, ev->skipped ? "  [skipped non-finite steps]" : "");
+        /* gradient compression: wire bytes per step and the ratio to fp32 */
+        if (ev->bytes_sent > 0 && ev->bytes_fp32 != ev->bytes_sent)
+            printf("  wire %.3g MB/step (%.1fx less than fp32, compress %.2fs decompress %.2fs)",
+                   ev->bytes_sent / 1e6, ev->bytes_fp32 / ev->bytes_sent, ev->t_compress, ev->t_decompress);
+        p->sum_sent += ev->bytes_sent, p->sum_recv += ev->bytes_recv, p->sum_fp32 += ev->bytes_fp32;
+        p->sum_cz += ev->t_compress, p->sum_dz += ev->t_decompress, p->nepochs++;
         /* --balance: the shares, when they fit on the line */
         for (int r = 0; ev->shares && ev->nshares <= 8 && r < ev->nshares; r++)
             printf("%s%lld", r ? "/" : "  shares ", (long long)ev->shares[r]);
@@ -361,6 +374,7 @@ static int cmd_train(int argc, char **argv) {
      * the chosen mode would ignore it */
     const char *given_cosine = NULL, *given_step = NULL, *given_sgd = NULL, *given_adamw = NULL;
     const char *given_det = NULL;
+    int given_psgd_start = 0;
     struct args a = {argc, 0, argv, "train"};
     for (a.i = 1; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
@@ -425,7 +439,11 @@ static int cmd_train(int argc, char **argv) {
             int k = dp_comm_algo_parse(v);
             if (k < 0) die("--algo: unknown algorithm '%s' (expected auto, ring, rhd, direct or native)", v);
             tp.algo = k;
-        } else if (opt(&a, "--check-replicas", &v)) tp.check_replicas = parse_int("--check-replicas", v, 0, INT64_MAX / 2);
+        } else if (opt(&a, "--compress", &v)) {
+            if (dp_compress_parse(v, &tp.compress)) die("%s", dp_errmsg());
+        } else if (opt(&a, "--powersgd-start", &v))
+            tp.compress.powersgd_start = parse_int("--powersgd-start", v, 0, INT64_MAX / 2), given_psgd_start = 1;
+        else if (opt(&a, "--check-replicas", &v)) tp.check_replicas = parse_int("--check-replicas", v, 0, INT64_MAX / 2);
         else if (opt(&a, "--skip-nonfinite", NULL)) tp.skip_nonfinite = 1;
         else if (opt(&a, "--timeline", &v)) tp.timeline = v;
         else if (opt(&a, "--simulate-slow", &v)) {
@@ -490,6 +508,9 @@ static int cmd_train(int argc, char **argv) {
         die("%s applies to --optim adamw only (this run's optimizer is %s)", given_adamw,
             dp_optim_kind_name(tp.optim.kind));
     if (given_det && !tp.deterministic) die("%s applies to --deterministic runs only", given_det);
+    if (given_psgd_start && tp.compress.kind != DP_COMPRESS_POWERSGD)
+        die("--powersgd-start applies to --compress powersgd:RANK only (this run's is %s)",
+            dp_compress_name(tp.compress.kind));
     if (prog_state.mode == PROG_AUTO) prog_state.mode = isatty(2) ? PROG_BAR : PROG_LINES;
     tp.on_event = on_event;
     tp.event_arg = &prog_state;
@@ -524,6 +545,7 @@ static int cmd_train(int argc, char **argv) {
     int rc = dp_trainer_init(&t, &tp);
     if (rc) die_rc(rc);
     const struct dp_model *m = dp_trainer_model(t);
+    if (me == 0 && dp_trainer_note(t)) printf("note: %s\n", dp_trainer_note(t));
     int ranks = tp.workers * nprocs; /* data-parallel ranks in the job */
     char procs[64] = "";
     if (job) snprintf(procs, sizeof procs, "%d process%s (mpi) x ", nprocs, nprocs > 1 ? "es" : "");
@@ -576,6 +598,15 @@ static int cmd_train(int argc, char **argv) {
                "communication %.2fs of which exposed %.2fs (%.0f%% hidden behind backward)  optimizer %.1f%%\n",
                100 * q->sum_data / tot, 100 * q->sum_fwd / tot, 100 * q->sum_bwd / tot, q->sum_comm, q->sum_exposed,
                q->sum_comm > 0 ? 100 * (1 - q->sum_exposed / q->sum_comm) : 100.0, 100 * q->sum_opt / tot);
+    }
+    if (prog_state.nepochs > 0 && prog_state.sum_sent > 0) {
+        struct progress *q = &prog_state;
+        char cspec[64];
+        dp_compress_format(&tp.compress, cspec, sizeof cspec);
+        printf("gradient traffic (worker 0, --compress %s): %.3g MB sent and %.3g MB received per step, "
+               "%.2fx less than fp32; compress %.2fs, decompress %.2fs\n",
+               cspec, q->sum_sent / q->nepochs / 1e6, q->sum_recv / q->nepochs / 1e6, q->sum_fp32 / q->sum_sent,
+               q->sum_cz, q->sum_dz);
     }
     if (prog_state.slow_rank >= 0)
         printf("slowest rank (last epoch): %d, its reductions start %.3g ms per step after the earliest rank's\n",

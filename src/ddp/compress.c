@@ -1,0 +1,584 @@
+/* Gradient compression: the schemes behind --compress, called by the reducer
+ * per bucket (compress -> collective -> decompress into the gradient slab)
+ * or, for PowerSGD, once per step after backward.
+ *
+ * Units.  The slab the reducer sums holds each worker's share of the
+ * global-batch gradient (its samples' gradients times 1/N; with accumulation
+ * the plain sums, scaled after the reduction), so the SUM over ranks is the
+ * gradient.  Every scheme below therefore puts the SUM over ranks of the
+ * decompressed contributions into the slab, and a residual e is what this
+ * worker has not yet sent of its own share: summed over steps and workers,
+ * (applied sums) + (final residuals) = (gradients), to rounding
+ * (tests/test_compress.c checks it).
+ *
+ * The byte transport.  The sparse and packed schemes (fp16, topk, sign)
+ * exchange byte payloads by all-gather, in equal blocks (every rank sends the
+ * same number of bytes).  The communicator's all-gather is typed, and in a
+ * hierarchical world (--backend mpi) it is an all-reduce of zero-padded
+ * blocks (dp/comm.h): raw bytes reinterpreted as floats would not survive
+ * (x + 0 turns -0.0 into +0.0 and quiets signalling NaNs).  So the payload
+ * travels 3 bytes per fp32 word, as the integer b0 + 256 b1 + 65536 b2
+ * (< 2^24, exact in fp32, never -0, NaN or subnormal): exact under a copy or
+ * a sum with zeros, at 4/3 the bytes.  The accounting counts the words. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddp/compress_impl.h"
+
+/* ---- names and specs ---- */
+
+static const char *const kind_names[DP_COMPRESS_COUNT] = {"none", "bf16", "fp16", "powersgd", "topk", "sign"};
+
+const char *dp_compress_name(enum dp_compress k) {
+    return (unsigned)k < DP_COMPRESS_COUNT ? kind_names[k] : "unknown";
+}
+
+int dp_compress_parse(const char *spec, struct dp_compress_params *p) {
+    if (!spec || !spec[0])
+        return dp_seterr(DP_EINVAL, "--compress: empty spec (expected none, bf16, fp16, powersgd:RANK, "
+                         "topk:FRACTION or sign)");
+    const char *colon = strchr(spec, ':');
+    size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
+    int kind = -1;
+    for (int k = 0; k < DP_COMPRESS_COUNT; k++)
+        if (strlen(kind_names[k]) == nlen && !strncmp(spec, kind_names[k], nlen)) kind = k;
+    if (kind < 0)
+        return dp_seterr(DP_EINVAL, "--compress: unknown scheme '%.*s' (expected none, bf16, fp16, "
+                         "powersgd:RANK, topk:FRACTION or sign)", (int)nlen, spec);
+    int needs = kind == DP_COMPRESS_POWERSGD || kind == DP_COMPRESS_TOPK;
+    if (needs && !colon)
+        return dp_seterr(DP_EINVAL, "--compress %s needs a value: %s", spec,
+                         kind == DP_COMPRESS_TOPK ? "topk:FRACTION, 0 < FRACTION <= 1 (e.g. topk:0.01)"
+                                                  : "powersgd:RANK, RANK >= 1 (e.g. powersgd:4)");
+    if (!needs && colon) return dp_seterr(DP_EINVAL, "--compress %s takes no value (got '%s')", kind_names[kind], spec);
+    if (kind == DP_COMPRESS_TOPK) {
+        char *end;
+        double f = strtod(colon + 1, &end);
+        if (end == colon + 1 || *end || !(f > 0 && f <= 1))
+            return dp_seterr(DP_EINVAL, "--compress topk:FRACTION needs 0 < FRACTION <= 1 (got '%s')", colon + 1);
+        p->fraction = f;
+    } else if (kind == DP_COMPRESS_POWERSGD) {
+        char *end;
+        long r = strtol(colon + 1, &end, 10);
+        if (end == colon + 1 || *end || r < 1 || r > 1024)
+            return dp_seterr(DP_EINVAL, "--compress powersgd:RANK needs an integer RANK in 1..1024 (got '%s')",
+                             colon + 1);
+        p->rank = (int)r;
+    }
+    p->kind = (enum dp_compress)kind;
+    return DP_OK;
+}
+
+void dp_compress_format(const struct dp_compress_params *p, char *buf, size_t len) {
+    if (p->kind == DP_COMPRESS_TOPK) snprintf(buf, len, "topk:%g", p->fraction);
+    else if (p->kind == DP_COMPRESS_POWERSGD) snprintf(buf, len, "powersgd:%d", p->rank);
+    else snprintf(buf, len, "%s", dp_compress_name(p->kind));
+}
+
+/* ---- pure helpers ---- */
+
+uint16_t dp__f16_from_f32(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t a = x & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u;   /* NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00u;  /* >= 65520 rounds to infinity */
+    if (a < 0x38800000u) {                        /* below 2^-14: subnormal (units of 2^-24) */
+        float v;
+        memcpy(&v, &a, 4);
+        return sign | (uint16_t)lrintf(v * 16777216.0f); /* exact scaling, rint = nearest even */
+    }
+    uint32_t r = a - (112u << 23); /* exponent bias 127 -> 15 */
+    uint32_t h = r >> 13, rem = r & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* a carry into the exponent is right */
+    return sign | (uint16_t)h;
+}
+
+float dp__f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+    if (e == 0) {
+        float v = ldexpf((float)m, -24);
+        return sign ? -v : v;
+    }
+    bits = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112u) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+size_t dp__wire_words(size_t bytes) { return (bytes + 2) / 3; }
+
+void dp__wire_pack(const uint8_t *src, size_t bytes, float *words) {
+    size_t full = bytes / 3, j;
+    for (j = 0; j < full; j++)
+        words[j] = (float)((uint32_t)src[3 * j] | (uint32_t)src[3 * j + 1] << 8 | (uint32_t)src[3 * j + 2] << 16);
+    if (bytes % 3) {
+        uint32_t u = 0;
+        for (size_t k = 0; 3 * j + k < bytes; k++) u |= (uint32_t)src[3 * j + k] << (8 * k);
+        words[j] = (float)u;
+    }
+}
+
+void dp__wire_unpack(const float *words, size_t bytes, uint8_t *dst) {
+    for (size_t j = 0; 3 * j < bytes; j++) {
+        uint32_t u = (uint32_t)words[j];
+        for (size_t k = 0; k < 3 && 3 * j + k < bytes; k++) dst[3 * j + k] = (uint8_t)(u >> (8 * k));
+    }
+}
+
+static inline float topk_key(float v) { return isnan(v) ? INFINITY : fabsf(v); }
+
+void dp__topk_select(const float *v, uint32_t *idx, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n;
+    if (k <= 0 || k >= n) return;
+    /* Invariant: idx[0..lo) hold keys >= every key in [lo, hi), and
+     * idx[hi..n) keys <= them; the k-th boundary lies in [lo, hi]. */
+    while (hi - lo > 1) {
+        float a = topk_key(v[idx[lo]]), b = topk_key(v[idx[lo + (hi - lo) / 2]]), c = topk_key(v[idx[hi - 1]]);
+        float pv = a < b ? (b < c ? b : a < c ? c : a) : (a < c ? a : b < c ? c : b); /* median of 3 */
+        /* three-way partition of [lo, hi): > pv | == pv | < pv */
+        int64_t lt = lo, i = lo, gt = hi;
+        while (i < gt) {
+            float x = topk_key(v[idx[i]]);
+            uint32_t t;
+            if (x > pv) t = idx[lt], idx[lt++] = idx[i], idx[i++] = t;
+            else if (x < pv) t = idx[--gt], idx[gt] = idx[i], idx[i] = t;
+            else i++;
+        }
+        if (k <= lt) hi = lt;
+        else if (k >= gt) lo = gt;
+        else return; /* the boundary falls among keys equal to pv */
+    }
+}
+
+void dp__sign_pack(const float *p, int64_t n, uint8_t *bits) {
+    memset(bits, 0, (size_t)((n + 7) / 8));
+    for (int64_t i = 0; i < n; i++) bits[i >> 3] |= (uint8_t)((p[i] < 0) << (i & 7));
+}
+
+void dp__gram_schmidt(float *P, int64_t n, int64_t r) {
+    /* Modified Gram-Schmidt on the columns p_0..p_{r-1} (stride r):
+     *     for j: for i < j: p_j -= (p_i . p_j) p_i;  p_j /= |p_j|
+     * in double accumulation.  Every rank runs it on the same all-reduced P,
+     * so every rank gets the same bits.  A column whose norm falls below
+     * 1e-30 (P rank-deficient, e.g. a zero gradient) is zeroed: its
+     * direction then contributes nothing to P Q^T. */
+    for (int64_t j = 0; j < r; j++) {
+        for (int pass = 0; pass < 2; pass++) /* twice: orthogonal to rounding even when P is ill-conditioned */
+            for (int64_t i = 0; i < j; i++) {
+                double d = 0;
+                for (int64_t k = 0; k < n; k++) d += (double)P[k * r + i] * P[k * r + j];
+                for (int64_t k = 0; k < n; k++) P[k * r + j] -= (float)(d * P[k * r + i]);
+            }
+        double s = 0;
+        for (int64_t k = 0; k < n; k++) s += (double)P[k * r + j] * P[k * r + j];
+        double inv = s > 1e-60 ? 1.0 / sqrt(s) : 0.0;
+        for (int64_t k = 0; k < n; k++) P[k * r + j] = (float)(P[k * r + j] * inv);
+    }
+}
+
+/* ---- the compressor ---- */
+
+struct cz_bucket {
+    int64_t off, count;
+    int64_t k;                 /* topk: elements kept */
+    size_t payload;            /* bytes each rank sends (fp16, topk, sign) */
+    int64_t words;             /* wire words per rank block */
+    float *wire;               /* (P x words) all-gather buffer, or bf16: (count) uint16 */
+};
+
+struct pz_tensor {             /* powersgd: one compressed matrix (n, m), row-major in the slab */
+    int64_t off, n, m, r;
+    int64_t qoff, poff;        /* its Q (m, r) in q, its P (n, r) in abuf */
+    int64_t pidx;              /* parameter index (the RNG key of Q's initial values) */
+};
+
+struct dp_compressor {
+    struct dp_compress_params p;
+    struct dp_comm *comm;
+    int P, me;
+    int64_t num_params;
+    struct cz_bucket *b;
+    int nb;
+    float *e;                  /* (num_params) residual (topk, sign, powersgd), else NULL */
+    uint8_t *bytes;            /* (max payload) encode/decode scratch, compute thread only */
+    uint32_t *idx;             /* (max bucket count) topk scratch */
+    /* powersgd */
+    struct pz_tensor *t;
+    int nt;
+    int64_t (*plain)[2];       /* (np) the slab's uncompressed ranges (off, count) */
+    int np;
+    float *q;                  /* (nq) every tensor's Q, warm-started step to step */
+    int64_t nq;
+    float *abuf;               /* (na) P's then the uncompressed gradients */
+    int64_t na, nplain;
+};
+
+static void ring_bytes(const struct dp_compressor *c, double bytes, int allgather, double *sent, double *recv) {
+    /* all-reduce of B bytes: 2 (P-1)/P B each way; all-gather of B bytes in
+     * all: (P-1)/P B (ring and rhd move the same volume) */
+    double v = (allgather ? 1.0 : 2.0) * (c->P - 1) / c->P * bytes;
+    *sent += v, *recv += v;
+}
+
+static int powersgd_plan(struct dp_compressor *c, const struct dp_model *m) {
+    int cap = m->nparams + 1;
+    c->t = dp_calloc((size_t)cap, sizeof *c->t);
+    c->plain = dp_calloc((size_t)cap + 1, sizeof *c->plain);
+    if (!c->t || !c->plain) return dp_seterr(DP_ENOMEM, "powersgd: out of memory");
+    int64_t at = 0; /* the slab below `at` is planned */
+    for (int i = 0; i < m->nparams; i++) {
+        const struct dp_param_info *pi = &m->params[i];
+        if (pi->is_buffer || pi->shape.ndim < 2) continue;
+        /* a layer's weight (out, in) or conv weight (out, in, kh, kw) as (out, in kh kw) */
+        int64_t n = pi->shape.d[0], mm = pi->count / (n ? n : 1);
+        int64_t r = c->p.rank < (n < mm ? n : mm) ? c->p.rank : (n < mm ? n : mm);
+        /* worth it when r (n + m) is at least 2x smaller than n m */
+        if (!c->p.compress_all && 2 * r * (n + mm) > n * mm) continue;
+        if (pi->offset < at) continue; /* (params are registered in slab order) */
+        if (pi->offset > at) c->plain[c->np][0] = at, c->plain[c->np][1] = pi->offset - at, c->np++;
+        c->t[c->nt++] = (struct pz_tensor){.off = pi->offset, .n = n, .m = mm, .r = r, .qoff = c->nq,
+                                           .poff = c->na, .pidx = i};
+        c->nq += mm * r, c->na += n * r;
+        at = pi->offset + pi->count;
+    }
+    if (at < c->num_params) c->plain[c->np][0] = at, c->plain[c->np][1] = c->num_params - at, c->np++;
+    for (int i = 0; i < c->np; i++) c->nplain += c->plain[i][1];
+    c->q = dp_malloc(sizeof(float) * (size_t)(c->nq + 1));
+    c->abuf = dp_malloc_big(sizeof(float) * (size_t)(c->na + c->nplain + 1));
+    if (!c->q || !c->abuf) return dp_seterr(DP_ENOMEM, "powersgd: out of memory");
+    return DP_OK;
+}
+
+int dp__compress_init(struct dp_compressor **out, const struct dp_model *m, struct dp_comm *comm,
+                      const struct dp_compress_params *p, const struct dp_bucket *b, int nb) {
+    *out = NULL;
+    if ((unsigned)p->kind >= DP_COMPRESS_COUNT) return dp_seterr(DP_EINVAL, "compress: unknown scheme");
+    if (p->kind == DP_COMPRESS_NONE) return DP_OK;
+    if (p->kind == DP_COMPRESS_TOPK && !(p->fraction > 0 && p->fraction <= 1))
+        return dp_seterr(DP_EINVAL, "--compress topk:FRACTION needs 0 < FRACTION <= 1 (got %g)", p->fraction);
+    if (p->kind == DP_COMPRESS_POWERSGD && p->rank < 1)
+        return dp_seterr(DP_EINVAL, "--compress powersgd:RANK needs RANK >= 1 (got %d)", p->rank);
+    if (p->powersgd_start < 0) return dp_seterr(DP_EINVAL, "--powersgd-start must be >= 0");
+    struct dp_compressor *c = dp_calloc(1, sizeof *c);
+    if (!c) return dp_seterr(DP_ENOMEM, "compress: out of memory");
+    c->p = *p;
+    c->comm = comm;
+    c->P = comm ? dp_comm_world(comm) : 1;
+    c->me = comm ? dp_comm_rank(comm) : 0;
+    c->num_params = m->num_params;
+    int rc = DP_OK;
+    int ef = p->kind == DP_COMPRESS_TOPK || p->kind == DP_COMPRESS_SIGN || p->kind == DP_COMPRESS_POWERSGD;
+    if (ef && !(c->e = dp_malloc_big(sizeof(float) * (size_t)(m->num_params + 1)))) {
+        rc = dp_seterr(DP_ENOMEM, "compress: out of memory");
+        goto fail;
+    }
+    if (p->kind == DP_COMPRESS_POWERSGD) {
+        if ((rc = powersgd_plan(c, m))) goto fail;
+    } else {
+        c->b = dp_calloc((size_t)(nb ? nb : 1), sizeof *c->b);
+        if (!c->b) {
+            rc = dp_seterr(DP_ENOMEM, "compress: out of memory");
+            goto fail;
+        }
+        c->nb = nb;
+        size_t maxpay = 1;
+        int64_t maxcount = 1;
+        for (int i = 0; i < nb; i++) {
+            struct cz_bucket *z = &c->b[i];
+            z->off = b[i].off, z->count = b[i].count;
+            if (z->count > (int64_t)UINT32_MAX) {
+                rc = dp_seterr(DP_EINVAL, "compress: a bucket of %lld floats is too large (max 2^32 - 1)",
+                               (long long)z->count);
+                goto fail;
+            }
+            if (z->count > maxcount) maxcount = z->count;
+            size_t nwire;
+            if (p->kind == DP_COMPRESS_BF16) {
+                nwire = (size_t)(z->count + 1) / 2; /* uint16 values in float-sized storage */
+            } else {
+                if (p->kind == DP_COMPRESS_FP16) z->payload = 4 + 2 * (size_t)z->count;
+                else if (p->kind == DP_COMPRESS_SIGN) z->payload = 4 + (size_t)(z->count + 7) / 8;
+                else {
+                    z->k = (int64_t)ceil(p->fraction * (double)z->count);
+                    if (z->k < 1) z->k = 1;
+                    if (z->k > z->count) z->k = z->count;
+                    z->payload = 8 * (size_t)z->k;
+                }
+                z->words = (int64_t)dp__wire_words(z->payload);
+                nwire = (size_t)(z->words * c->P);
+                if (z->payload > maxpay) maxpay = z->payload;
+            }
+            if (!(z->wire = dp_malloc_big(sizeof(float) * (nwire + 1)))) {
+                rc = dp_seterr(DP_ENOMEM, "compress: out of memory");
+                goto fail;
+            }
+        }
+        c->bytes = dp_malloc_big(maxpay + 8);
+        if (p->kind == DP_COMPRESS_TOPK) c->idx = dp_malloc_big(sizeof(uint32_t) * (size_t)maxcount);
+        if (!c->bytes || (p->kind == DP_COMPRESS_TOPK && !c->idx)) {
+            rc = dp_seterr(DP_ENOMEM, "compress: out of memory");
+            goto fail;
+        }
+    }
+    dp__compress_reset(c);
+    *out = c;
+    return DP_OK;
+fail:
+    dp__compress_free(c);
+    return rc;
+}
+
+void dp__compress_free(struct dp_compressor *c) {
+    if (!c) return;
+    for (int i = 0; c->b && i < c->nb; i++) dp_free(c->b[i].wire);
+    dp_free(c->b);
+    dp_free(c->e);
+    dp_free(c->bytes);
+    dp_free(c->idx);
+    dp_free(c->t);
+    dp_free(c->plain);
+    dp_free(c->q);
+    dp_free(c->abuf);
+    dp_free(c);
+}
+
+int dp__compress_mode(const struct dp_compressor *c, int64_t step) {
+    if (!c || c->p.kind == DP_COMPRESS_NONE || c->P < 2) return 0;
+    if (c->p.kind == DP_COMPRESS_POWERSGD) return step >= c->p.powersgd_start ? 2 : 0;
+    return 1;
+}
+
+/* ---- per-bucket schemes ---- */
+
+/* The residual is kept in the units of the gradient the optimizer sees:
+ * the slab times `unit` (1 when the slab is already the mean; with
+ * accumulation the slab holds sums and the caller scales after the
+ * reduction, and the last step of an epoch may have fewer samples).  These
+ * two convert a range of e to this step's slab units and back. */
+static void e_to_slab(float *e, int64_t n, float unit) {
+    if (unit == 1.0f) return;
+    const float inv = 1.0f / unit;
+    for (int64_t j = 0; j < n; j++) e[j] *= inv;
+}
+static void e_from_slab(float *e, int64_t n, float unit) {
+    if (unit == 1.0f) return;
+    for (int64_t j = 0; j < n; j++) e[j] *= unit;
+}
+
+int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, float unit, enum dp_comm_algo algo,
+                              struct dp_comm_req **req, double *sent, double *recv) {
+    struct cz_bucket *z = &c->b[i];
+    float *g = grads + z->off;
+    const int64_t n = z->count;
+    if (c->p.kind == DP_COMPRESS_BF16) {
+        /* bf16: the wire is the bucket rounded to bf16 (round to nearest
+         * even), all-reduced by the comm with fp32 partial sums, rounded to
+         * bf16 once per hop (dp/comm.h); 2 bytes per element.  No residual:
+         * the rounding error is below 2^-8 relative and unbiased. */
+        uint16_t *h = (uint16_t *)(void *)z->wire;
+        for (int64_t j = 0; j < n; j++) h[j] = dp_bf16_from_f32(g[j]);
+        ring_bytes(c, 2.0 * (double)n, 0, sent, recv);
+        return dp_comm_iallreduce(c->comm, h, n, DP_DTYPE_BF16, algo, req);
+    }
+    uint8_t *pay = c->bytes;
+    if (c->p.kind == DP_COMPRESS_FP16) {
+        /* fp16: this rank's bucket times 2^s, s chosen from its own
+         * max |g| so that the largest value lands in [2^14, 2^15): no
+         * overflow (fp16 max 65504), and everything above 2^-24 of the
+         * largest stays representable (2^-39 relative with subnormals).
+         * Wire per rank: int32 s | count x fp16; the receivers decode each
+         * rank's block with its own s and sum in fp32 in rank order.  The
+         * comm has no fp16 sum, so this is an all-gather: (P-1) x 2 bytes
+         * per element received, less than fp32's all-reduce (2 (P-1)/P x 4)
+         * for P < 4 only (with the 4/3 transport, P < 3).  No residual. */
+        float mx = 0;
+        for (int64_t j = 0; j < n; j++) {
+            float a = fabsf(g[j]);
+            if (!(a <= mx)) mx = a; /* NaN wins: it stays NaN through the wire */
+        }
+        int32_t s = 0, ex;
+        if (mx > 0 && isfinite(mx)) (void)frexpf(mx, &ex), s = 15 - ex;
+        if (s > 127) s = 127; /* (2^s must be a normal float: below 2^-112 values underflow anyway) */
+        memcpy(pay, &s, 4);
+        const float sc = ldexpf(1.0f, s); /* a power of two: the product is exact */
+        for (int64_t j = 0; j < n; j++) {
+            uint16_t h = dp__f16_from_f32(g[j] * sc);
+            memcpy(pay + 4 + 2 * j, &h, 2);
+        }
+    } else if (c->p.kind == DP_COMPRESS_TOPK) {
+        /* topk with error feedback: e += g; keep the k = ceil(f count)
+         * largest |e| (quickselect, not a sort); send them as (uint32 index
+         * in the bucket, fp32 value) pairs, k x 8 bytes per rank (every rank
+         * sends exactly k, so the all-gather's blocks are equal); e -= sent
+         * (the kept entries become exactly 0).  The slab gets the sum over
+         * ranks of the pairs, added in rank order. */
+        float *e = c->e + z->off;
+        uint32_t *idx = c->idx;
+        e_to_slab(e, n, unit);
+        for (int64_t j = 0; j < n; j++) e[j] += g[j], idx[j] = (uint32_t)j;
+        dp__topk_select(e, idx, n, z->k);
+        for (int64_t j = 0; j < z->k; j++) {
+            uint32_t at = idx[j];
+            memcpy(pay + 8 * j, &at, 4);
+            memcpy(pay + 8 * j + 4, &e[at], 4);
+            e[at] = 0;
+        }
+        e_from_slab(e, n, unit);
+    } else { /* DP_COMPRESS_SIGN */
+        /* EF-signSGD: p = g + e (kept in e); scale = |p|_1 / count; send
+         * fp32 scale | sign bits (1 = negative, LSB first), ceil(count/8)
+         * bytes; e = p - scale sign(p) (sign(0) = +1).  The slab gets
+         * sum over ranks of scale_r sign_r, in rank order. */
+        float *e = c->e + z->off;
+        double l1 = 0;
+        e_to_slab(e, n, unit);
+        for (int64_t j = 0; j < n; j++) e[j] += g[j], l1 += fabs((double)e[j]);
+        float scale = n ? (float)(l1 / (double)n) : 0;
+        memcpy(pay, &scale, 4);
+        dp__sign_pack(e, n, pay + 4);
+        for (int64_t j = 0; j < n; j++) e[j] -= e[j] < 0 ? -scale : scale;
+        e_from_slab(e, n, unit);
+    }
+    float *blk = z->wire + z->words * c->me;
+    dp__wire_pack(pay, z->payload, blk);
+    ring_bytes(c, 4.0 * (double)(z->words * c->P), 1, sent, recv);
+    return dp_comm_iallgather(c->comm, z->wire, z->words * c->P, DP_DTYPE_F32, algo, req);
+}
+
+void dp__compress_bucket_end(struct dp_compressor *c, int i, float *grads) {
+    struct cz_bucket *z = &c->b[i];
+    float *g = grads + z->off;
+    const int64_t n = z->count;
+    if (c->p.kind == DP_COMPRESS_BF16) {
+        const uint16_t *h = (const uint16_t *)(const void *)z->wire;
+        for (int64_t j = 0; j < n; j++) g[j] = dp_bf16_to_f32(h[j]);
+        return;
+    }
+    uint8_t *pay = c->bytes;
+    memset(g, 0, sizeof(float) * (size_t)n);
+    for (int r = 0; r < c->P; r++) {
+        dp__wire_unpack(z->wire + z->words * r, z->payload, pay);
+        if (c->p.kind == DP_COMPRESS_FP16) {
+            int32_t s;
+            memcpy(&s, pay, 4);
+            const float inv = ldexpf(1.0f, -s); /* exact: 2^-s is at least 2^-127 */
+            for (int64_t j = 0; j < n; j++) {
+                uint16_t h;
+                memcpy(&h, pay + 4 + 2 * j, 2);
+                g[j] += dp__f16_to_f32(h) * inv;
+            }
+        } else if (c->p.kind == DP_COMPRESS_TOPK) {
+            for (int64_t j = 0; j < z->k; j++) {
+                uint32_t at;
+                float v;
+                memcpy(&at, pay + 8 * j, 4);
+                memcpy(&v, pay + 8 * j + 4, 4);
+                if (at < (uint64_t)n) g[at] += v;
+            }
+        } else {
+            float s;
+            memcpy(&s, pay, 4);
+            const uint8_t *bits = pay + 4;
+            for (int64_t j = 0; j < n; j++) g[j] += (bits[j >> 3] >> (j & 7)) & 1 ? -s : s;
+        }
+    }
+}
+
+/* ---- PowerSGD (Vogels, Karimireddy, Jaggi 2019) ----
+ * For each matrix-shaped gradient (n, m) of this worker, with its residual e
+ * and the warm-started Q (m, r):
+ *     M = g + e
+ *     P = M Q                  (n, r)    all-reduce (sum) P
+ *     P = orthonormalise(P)              (same bits on every rank)
+ *     Q = M^T P                (m, r)    all-reduce (sum) Q: Q = (sum_w M_w)^T P
+ *     M^ = P Q^T               (n, m)    = P P^T sum_w M_w, the rank-r projection of the sum
+ *     slab = M^   (a sum over ranks, as the plain all-reduce gives)
+ *     e = M - M^ / W           (this worker's share of what was not sent)
+ * Q stays for the next step (warm start).  Tensors where r (n + m) is not
+ * at least 2x smaller than n m, and 1-D ones (biases, norms), travel
+ * uncompressed in the same all-reduce as the P's, after them.  Wire per
+ * step: all-reduce of sum(n r) + uncompressed floats, then of sum(m r).
+ * This runs after backward (in dp_reducer_finish), not overlapped. */
+int dp__compress_powersgd(struct dp_compressor *c, float *grads, float unit, enum dp_comm_algo algo, double *sent,
+                          double *recv, double *tc, double *td, double t[4]) {
+    t[0] = dp_time();
+    float *A = c->abuf, *U = c->abuf + c->na;
+    for (int k = 0; k < c->nt; k++) {
+        const struct pz_tensor *x = &c->t[k];
+        float *M = c->e + x->off;
+        const float *g = grads + x->off;
+        e_to_slab(M, x->n * x->m, unit);
+        for (int64_t j = 0; j < x->n * x->m; j++) M[j] += g[j];
+        dp_gemm(0, 0, x->n, x->r, x->m, 1.0f, M, x->m, c->q + x->qoff, x->r, 0.0f, A + x->poff, x->r);
+    }
+    for (int64_t k = 0, u = 0; k < c->np; u += c->plain[k][1], k++)
+        memcpy(U + u, grads + c->plain[k][0], sizeof(float) * (size_t)c->plain[k][1]);
+    double c0 = dp_time() - t[0];
+    int rc = dp_comm_allreduce(c->comm, A, c->na + c->nplain, DP_DTYPE_F32, algo);
+    ring_bytes(c, 4.0 * (double)(c->na + c->nplain), 0, sent, recv);
+    if (rc) return rc;
+    double t1 = dp_time();
+    for (int k = 0; k < c->nt; k++) {
+        const struct pz_tensor *x = &c->t[k];
+        dp__gram_schmidt(A + x->poff, x->n, x->r);
+        dp_gemm(1, 0, x->m, x->r, x->n, 1.0f, c->e + x->off, x->m, A + x->poff, x->r, 0.0f, c->q + x->qoff, x->r);
+    }
+    t[1] = dp_time();
+    *tc += c0 + (t[1] - t1);
+    if (c->nq > 0) {
+        rc = dp_comm_allreduce(c->comm, c->q, c->nq, DP_DTYPE_F32, algo);
+        ring_bytes(c, 4.0 * (double)c->nq, 0, sent, recv);
+        if (rc) return rc;
+    }
+    t[2] = dp_time();
+    const float invW = 1.0f / (float)c->P;
+    for (int k = 0; k < c->nt; k++) {
+        const struct pz_tensor *x = &c->t[k];
+        float *g = grads + x->off, *M = c->e + x->off;
+        dp_gemm(0, 1, x->n, x->m, x->r, 1.0f, A + x->poff, x->r, c->q + x->qoff, x->r, 0.0f, g, x->m);
+        for (int64_t j = 0; j < x->n * x->m; j++) M[j] -= g[j] * invW;
+        e_from_slab(M, x->n * x->m, unit);
+    }
+    for (int64_t k = 0, u = 0; k < c->np; u += c->plain[k][1], k++)
+        memcpy(grads + c->plain[k][0], U + u, sizeof(float) * (size_t)c->plain[k][1]);
+    t[3] = dp_time();
+    *td += t[3] - t[2];
+    return DP_OK;
+}
+
+/* ---- error-feedback state: residual (num_params) then Q (nq) ---- */
+
+int64_t dp__compress_state_len(const struct dp_compressor *c) {
+    if (!c || !c->e) return 0;
+    return c->num_params + c->nq;
+}
+
+void dp__compress_state_get(const struct dp_compressor *c, float *out) {
+    if (!c || !c->e) return;
+    memcpy(out, c->e, sizeof(float) * (size_t)c->num_params);
+    if (c->nq) memcpy(out + c->num_params, c->q, sizeof(float) * (size_t)c->nq);
+}
+
+void dp__compress_state_set(struct dp_compressor *c, const float *in) {
+    if (!c || !c->e) return;
+    memcpy(c->e, in, sizeof(float) * (size_t)c->num_params);
+    if (c->nq) memcpy(c->q, in + c->num_params, sizeof(float) * (size_t)c->nq);
+}
+
+void dp__compress_reset(struct dp_compressor *c) {
+    if (!c) return;
+    if (c->e) memset(c->e, 0, sizeof(float) * (size_t)c->num_params);
+    /* Q's first values: N(0, 1) from (seed, DP_RNG_POWERSGD, parameter
+     * index, element), the same on every rank without a broadcast */
+    for (int k = 0; k < c->nt; k++) {
+        const struct pz_tensor *x = &c->t[k];
+        for (int64_t j = 0; j < x->m * x->r; j++)
+            c->q[x->qoff + j] = dp_rng_normal(c->p.seed, DP_RNG_POWERSGD, (uint64_t)x->pidx, (uint64_t)j);
+    }
+}
+
+const float *dp__compress_residual(const struct dp_compressor *c) { return c ? c->e : NULL; }
