@@ -56,7 +56,8 @@ struct dp_event {
     double slow_s;                      /* STEP: rank 0's simulated slowness (sleep) in the step */
     const int64_t *shares;              /* EPOCH, with --balance: each rank's share of a full global
                                            batch (samples) at the epoch's end; NULL otherwise */
-    const int64_t *rank_samples;        /* EPOCH, with --balance: the samples each rank took */
+    const int64_t *rank_samples;        /* EPOCH, with --balance or the parameter server: the samples
+                                           each rank took */
     int nshares;                        /* EPOCH: entries in shares and rank_samples (the ranks) */
     int ndropped;                       /* STEP, with backup workers: ranks whose gradient was dropped */
     const int64_t *dropped_steps;       /* EPOCH, with backup workers: per rank, the steps in which

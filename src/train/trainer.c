@@ -1670,6 +1670,10 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
         ev.shares = t->share_samples, ev.rank_samples = t->rank_samples, ev.nshares = t->G;
     }
     if (t->bk_on) ev.dropped_steps = t->dropped_count, ev.nshares = t->G;
+    if (t->ps) { /* plain async: a faster worker takes more batches */
+        for (int r = 0; r < t->G; r++) t->rank_samples[r] = (int64_t)tot[4 + t->G + r];
+        ev.rank_samples = t->rank_samples, ev.nshares = t->G;
+    }
     const struct dp_ps_hist *sh = &t->ps_hist;
     if (t->ps) {
         ev.pushes = sh->count, ev.stale_max = sh->max;
@@ -1705,7 +1709,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
             if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"shares\": [", (long long)t->share_samples[r],
                         r == t->G - 1 ? "]" : "") < 0)
                 return metrics_error(t);
-        for (int r = 0; t->balance && r < t->G; r++)
+        for (int r = 0; (t->balance || t->ps) && r < t->G; r++)
             if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"rank_samples\": [", (long long)t->rank_samples[r],
                         r == t->G - 1 ? "]" : "") < 0)
                 return metrics_error(t);
@@ -1927,6 +1931,9 @@ static int ps_loop(struct worker *w) {
     int64_t epoch = w->epoch, pushes = 0, reported = 0;
     int rc = t->ps_dynamic ? DP_OK : dp_loader_seek(w->loader, epoch, 0);
     if (!rc) rc = dp_ps_pull(ps, w->rank, epoch * spe, w->rep.params);
+    /* nobody pushes before everyone has pulled the starting version (the
+     * replay's pulls must not depend on timing) */
+    if (!rc) rc = dp_comm_barrier(w->comm);
     while (!rc && epoch < t->p.epochs) {
         double t_start = dp_time();
         w->wait0 = dp_loader_wait_time(w->loader);
