@@ -339,3 +339,24 @@ TEST(ps_refusals) {
     p = base("mlp", 2), p.async = 1, p.inter = (struct dp_comm *)&p;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "not built yet on MPI");
 }
+
+/* A worker that fails (here: a non-finite gradient at a huge lr) ends the
+ * run with its error, and the others, waiting for its turn (the replay) or
+ * its clock (SSP), are cancelled instead of hanging. */
+TEST_T(ps_failure_cancels_waits, 120) {
+    require_data();
+    for (int mode = 0; mode < 3; mode++) {
+        struct dp_train_params p = base("mlp", 3);
+        p.train_limit = 600, p.optim.momentum = 0, p.sched.base_lr = 1e8f;
+        if (mode == 0) p.async = 1;
+        else if (mode == 1) p.async = 1, p.deterministic = 1;
+        else p.staleness = 1;
+        p.comm_timeout = 60;
+        struct dp_trainer *t;
+        ASSERT_OK(dp_trainer_init(&t, &p));
+        int rc = dp_trainer_run(t);
+        fprintf(stderr, "    mode %d: %s\n", mode, dp_errmsg());
+        ASSERT_EQ(rc, DP_ENONFINITE);
+        dp_trainer_free(t);
+    }
+}
