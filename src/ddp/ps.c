@@ -2,9 +2,10 @@
  * lock, applying the workers' pushes (dp/ps.h).
  *
  * Protocol, per shard i (slice [off_i, off_i + len_i) of the slab), all of
- * it under shard i's mutex; a worker walks the shards 0..S-1 in order and
- * holds one lock at a time, so two workers pushing at once overlap on
- * different shards (a pipeline) and nothing waits on a global lock.
+ * it under shard i's mutex; a push visits every shard once, holding one lock
+ * at a time (in any order, taking free shards first: next_shard), so
+ * workers pushing at once work on different shards and nothing waits on a
+ * global lock.
  *
  *   version_i     updates applied to the shard (async: pushes; SSP: clocks)
  *   pulled[r][i]  the version_i rank r last copied out of the shard
@@ -72,6 +73,7 @@ struct dp_ps {
     float *params;             /* (n) the master parameters; slice i under shard i's lock */
     struct shard *sh;
     int64_t *pulled;           /* (P x S) pulled[r * S + i] */
+    unsigned char *done;       /* (P x S) a push's shards done so far (next_shard) */
     struct dp_ps_hist *hist;   /* (P) each written only by its rank's pushes */
     atomic_int failed;
     pthread_mutex_t why_mu;
@@ -122,6 +124,7 @@ void dp_ps_free(struct dp_ps *ps) {
     dp_free(ps->sh);
     dp_free(ps->params);
     dp_free(ps->pulled);
+    dp_free(ps->done);
     dp_free(ps->hist);
     dp_free(ps);
 }
@@ -145,8 +148,9 @@ int dp_ps_init(struct dp_ps **out, const struct dp_ps_params *p, int64_t n) {
     ps->params = dp_malloc_big(sizeof(float) * (size_t)n);
     ps->sh = dp_calloc((size_t)ps->S, sizeof *ps->sh);
     ps->pulled = dp_calloc((size_t)ps->S * (size_t)ps->P, sizeof(int64_t));
+    ps->done = dp_calloc((size_t)ps->S * (size_t)ps->P, 1);
     ps->hist = dp_calloc((size_t)ps->P, sizeof *ps->hist);
-    if (!ps->params || !ps->sh || !ps->pulled || !ps->hist) {
+    if (!ps->params || !ps->sh || !ps->pulled || !ps->done || !ps->hist) {
         dp_ps_free(ps);
         return dp_seterr(DP_ENOMEM, "parameter server: out of memory");
     }
@@ -350,14 +354,41 @@ static int push_ssp(struct dp_ps *ps, struct shard *sh, int rank, const float *g
     return rc;
 }
 
+/* Which shard next.  The replay walks the shards in order (each waits for
+ * its turn anyway).  Otherwise the order does not matter (every shard's
+ * update is independent), so the walk is work-conserving: starting at a
+ * rank-dependent shard, it takes any shard not yet done whose lock is free
+ * (trylock), and blocks only when every shard left is busy, on the first of
+ * them.  Workers then rarely queue behind one another on the same lock.
+ * Returns the shard, its lock held. */
+static int next_shard(struct dp_ps *ps, int rank, unsigned char *done, int k) {
+    const int S = ps->S;
+    if (ps->p.ordered || S == 1) {
+        pthread_mutex_lock(&ps->sh[k].mu);
+        return k;
+    }
+    int start = (int)((int64_t)rank * S / ps->P), first = -1;
+    for (int j = 0; j < S; j++) {
+        int i = (start + j) % S;
+        if (done[i]) continue;
+        if (first < 0) first = i;
+        if (pthread_mutex_trylock(&ps->sh[i].mu) == 0) return i;
+    }
+    pthread_mutex_lock(&ps->sh[first].mu);
+    return first;
+}
+
 int dp_ps_push(struct dp_ps *ps, int rank, const float *g, double n, int64_t clock, float *dst, int64_t *staleness) {
     double deadline = ps->p.timeout_s > 0 ? dp_time() + ps->p.timeout_s : 0;
     int ssp = ps->p.staleness >= 0, rc = DP_OK;
     int64_t smax = 0;
-    for (int i = 0; i < ps->S && !rc; i++) {
+    unsigned char *done = ps->done + (size_t)rank * (size_t)ps->S;
+    memset(done, 0, (size_t)ps->S);
+    for (int k = 0; k < ps->S && !rc; k++) {
+        int i = next_shard(ps, rank, done, k);
         struct shard *sh = &ps->sh[i];
         int64_t st = 0;
-        pthread_mutex_lock(&sh->mu);
+        done[i] = 1;
         if (atomic_load(&ps->failed)) rc = DP_ECANCELED;
         else if (ssp) rc = push_ssp(ps, sh, rank, g, n, clock, &st);
         else if (ps->p.ordered && (rc = wait_for(ps, sh, i, rank, clock * ps->P + rank, 1, deadline))) {
