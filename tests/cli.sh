@@ -160,6 +160,56 @@ assert sum(ep['dropped_steps']) == 20 and ep['dropped_steps'][1] > 10, ep['dropp
 "; then ok backup_workers_dropped_in_metrics
 else bad backup_workers_dropped_in_metrics "$(tail -3 "$T/bk.log")"; fi
 
+# --mode async / --staleness (the parameter server): the options' ranges and refusals, the
+# staleness on the epoch line and in metrics.jsonl, the replay's hash twice, its resume
+expect_error ps_mode_unknown "--mode: expected sync or async, got 'fast'" "$BIN" train "${SMALL[@]}" --mode fast
+expect_error ps_servers_zero "--servers: '0' is not an integer in 1.." "$BIN" train "${SMALL[@]}" --mode async --servers 0
+expect_error ps_servers_above_params "--servers must be in 1..669706 (the parameters of 'mlp'" \
+  "$BIN" train "${SMALL[@]}" --mode async --servers 1000000
+expect_error ps_staleness_negative "--staleness: '-1' is not an integer in 0..1000" \
+  "$BIN" train "${SMALL[@]}" --staleness -1
+expect_error ps_servers_without_async "--servers needs --mode async" "$BIN" train "${SMALL[@]}" --servers 2
+expect_error ps_backup_refused "--backup-workers does not work with --mode async" \
+  "$BIN" train "${SMALL[@]}" --workers 2 --mode async --backup-workers 1
+expect_error ps_balance_refused "--balance does not work with --mode async" \
+  "$BIN" train "${SMALL[@]}" --workers 2 --mode async --balance
+expect_error ps_accum_refused "--accum > 1 is not supported with --staleness" \
+  "$BIN" train "${SMALL[@]}" --workers 2 --staleness 2 --accum 2
+expect_error ps_batchnorm_refused "--mode async does not support models with BatchNorm" \
+  "$BIN" train "${SMALL[@]}" --model resnet --workers 2 --mode async
+expect_error ps_ssp_deterministic_refused "--staleness 1 with --deterministic is not built" \
+  "$BIN" train "${SMALL[@]}" --workers 2 --staleness 1 --deterministic
+if "$BIN" --help | grep -q "mpi (built in)"; then
+  expect_error ps_mpi_refused "--mode async is not built yet on MPI" \
+    "$BIN" train "${SMALL[@]}" --backend mpi --workers 2 --mode async
+else skip ps_mpi_refused "MPI not built into $BIN"; fi
+if "$BIN" train --help 2>&1 | grep -q -- "--mode NAME" && "$BIN" train --help 2>&1 | grep -q -- "--staleness-lr" &&
+   "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 3 --mode async --servers 2 --out "$T/ps" >"$T/ps.log" 2>&1 &&
+   [[ $(grep -Ec "^epoch [12]/2 .* staleness mean [0-9.]+ p50 [0-9]+ p99 [0-9]+ max [0-9]+$" "$T/ps.log") -eq 2 ]] &&
+   /usr/bin/python3 -c "
+import json
+recs = list(map(json.loads, open('$T/ps/metrics.jsonl')))
+ep = [r for r in recs if r['kind'] == 'epoch']
+assert len(ep) == 2 and all(e['mode'] == 'async' and e['servers'] == 2 for e in ep), ep
+for e in ep:
+    st = e['staleness']
+    assert st['pushes'] == 59 and sum(st['hist']) + st['overflow'] == 59, st   # batches of 17: 59 per epoch
+    assert st['p50'] <= st['p99'] <= st['max'] and sum(e['rank_samples']) == 1000, e
+steps = [r for r in recs if r['kind'] == 'step']
+assert steps and all('staleness' in r for r in steps)
+"; then ok ps_async_staleness_reported
+else bad ps_async_staleness_reported "$(tail -3 "$T/ps.log")"; fi
+for i in 1 2; do
+  "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 3 --mode async --deterministic --out "$T/psd$i" >"$T/psd$i.log" 2>&1
+done
+"$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 3 --mode async --deterministic --out "$T/psr" >/dev/null 2>&1
+"$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 3 --mode async --deterministic --out "$T/psr" \
+  --resume "$T/psr/checkpoint.bin" >"$T/psr.log" 2>&1
+p1=$(hash_of "$T/psd1/checkpoint.bin"); p2=$(hash_of "$T/psd2/checkpoint.bin"); pr=$(hash_of "$T/psr/checkpoint.bin")
+if same_hash "$p1" "$p2" && grep -q "staleness mean 1.95 p50 2 p99 2 max 2$" "$T/psd1.log"; then ok ps_replay_same_hash
+else bad ps_replay_same_hash "'$p1' vs '$p2'" "$(tail -2 "$T/psd1.log")"; fi
+if same_hash "$p1" "$pr"; then ok ps_replay_resume_exact; else bad ps_replay_resume_exact "'$p1' vs '$pr'" "$(tail -2 "$T/psr.log")"; fi
+
 # --- checkpoint comparison ----------------------------------------------------------
 if "$BIN" ckpt diff "$T/det1/checkpoint.bin" "$T/det3/checkpoint.bin" >"$T/diff.log" 2>&1 &&
    grep -q "bit-identical" "$T/diff.log" && grep -q "within 1e-05" "$T/diff.log"; then

@@ -62,11 +62,19 @@ struct dp_event {
     double slow_s;                      /* STEP: rank 0's simulated slowness (sleep) in the step */
     const int64_t *shares;              /* EPOCH, with --balance: each rank's share of a full global
                                            batch (samples) at the epoch's end; NULL otherwise */
-    const int64_t *rank_samples;        /* EPOCH, with --balance: the samples each rank took */
+    const int64_t *rank_samples;        /* EPOCH, with --balance or the parameter server: the samples
+                                           each rank took */
     int nshares;                        /* EPOCH: entries in shares and rank_samples (the ranks) */
     int ndropped;                       /* STEP, with backup workers: ranks whose gradient was dropped */
     const int64_t *dropped_steps;       /* EPOCH, with backup workers: per rank, the steps in which
                                            its gradient was dropped (nshares entries); NULL otherwise */
+    /* parameter server (--mode async, --staleness): STEP: the staleness of rank 0's push; EPOCH:
+       the epoch's pushes (0 in sync mode) and their staleness (updates between a worker's pull and
+       the apply of its push; docs/ddp.md) */
+    int64_t staleness;                  /* STEP */
+    int64_t pushes;                     /* EPOCH */
+    double stale_mean;                  /* EPOCH */
+    int64_t stale_p50, stale_p99, stale_max; /* EPOCH */
     const char *path;     /* CHECKPOINT */
 };
 typedef void (*dp_event_fn)(void *arg, const struct dp_event *ev);
@@ -135,6 +143,18 @@ struct dp_train_params {
      * `inter`), and not with --deterministic unless b = 0. */
     int backup;
     int backup_workers;
+    /* Parameter server (docs/ddp.md "Parameter server and bounded staleness"), thread backend in
+     * one process: with async = 1 every worker loops pull -> forward/backward -> push through a
+     * server of `servers` shards (0 = min(workers, 4)) and never waits for another.  staleness < 0:
+     * plain async (workers claim the epoch's batches of batch / workers samples as they go);
+     * staleness = s >= 0: stale-synchronous, the P pushes of a clock (worker r's share of global
+     * batch c) summed into one update, a worker at most s clocks ahead of the slowest (s = 0 is
+     * synchronous training).  staleness_lr scales the lr by 1 / (1 + staleness).  With
+     * deterministic, async applies pushes in the fixed order clock x P + rank (a replay). */
+    int async;
+    int staleness;             /* default -1 (unbounded) */
+    int staleness_lr;
+    int servers;
     const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */
     int64_t epochs;
     int64_t batch;

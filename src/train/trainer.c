@@ -41,6 +41,7 @@
 #include <time.h>
 
 #include "dp/ddp.h"
+#include "dp/ps.h"
 #include "dp/train.h"
 #include "timeline.h"
 
@@ -114,6 +115,7 @@ struct worker {
     double *bal_buf;               /* (2G) */
     unsigned char *dropped;        /* (P) backup workers: this step's dropped ranks (1 = dropped) */
     int ndropped;
+    int64_t ps_stale;              /* parameter server: the staleness of this worker's last push */
 };
 
 struct dp_trainer {
@@ -158,6 +160,15 @@ struct dp_trainer {
     struct backup bk;
     int64_t *dropped_count;    /* (G) rank 0, with bk_on: this epoch's steps each rank was dropped */
     char note[256];            /* for the caller: what the resume changed (dp_trainer_note) */
+    /* parameter server (--mode async; see ps_loop): the server, whether the workers claim
+     * batches dynamically (plain async) and the epoch's next batch to claim, batches per
+     * epoch in that case, the divisor from server versions to schedule steps, the samples
+     * pushed so far (for rank 0's step events) and the epoch's staleness (rank 0) */
+    struct dp_ps *ps;
+    int ps_dynamic;
+    atomic_llong ps_next, ps_samples;
+    int64_t ps_batches, ps_div;
+    struct dp_ps_hist ps_hist;
 };
 
 struct dp_train_params dp_train_default_params(void) {
@@ -179,6 +190,7 @@ struct dp_train_params dp_train_default_params(void) {
     p.sched.base_lr = 0.05f;
     p.sched.gamma = 0.1f;
     p.seed = 1;
+    p.staleness = -1;
     p.threads = 1;
     p.prefetch = 2;
     /* Fashion-MNIST pixel statistics (train set, after /255). */
@@ -221,6 +233,7 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_free(t->share_samples);
     dp_free(t->dropped_count);
     dp_backup_star_free(t->star); /* stops rank 0's collector */
+    dp_ps_free(t->ps);
     dp_free(t->bk.src);
     dp_free(t->bk.n);
     dp_free(t->bk.arrived);
@@ -235,7 +248,44 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_free(t);
 }
 
+/* The parameter server's settings, and what it does not combine with (one
+ * line each; see ps_loop). */
+static int check_ps(const struct dp_train_params *p) {
+    int async = p->async || p->staleness >= 0;
+    if (p->servers < 0) return dp_seterr(DP_EINVAL, "--servers must be >= 1 (got %d)", p->servers);
+    if (!async && (p->servers || p->staleness_lr))
+        return dp_seterr(DP_EINVAL, "%s needs --mode async or --staleness S (the parameter server)",
+                         p->servers ? "--servers" : "--staleness-lr");
+    if (!async) return DP_OK;
+    const char *mode = p->staleness >= 0 ? "--staleness" : "--mode async";
+    if (p->inter)
+        return dp_seterr(DP_ENOTSUP, "%s is not built yet on MPI (several processes): the parameter server runs "
+                         "on the thread backend in one process (--backend thread)", mode);
+    if (p->staleness > DP_PS_MAX_STALENESS)
+        return dp_seterr(DP_EINVAL, "--staleness must be in 0..%d (got %d); for no bound use --mode async",
+                         DP_PS_MAX_STALENESS, p->staleness);
+    if (p->backup) return dp_seterr(DP_EINVAL, "--backup-workers does not work with %s: no worker waits for another "
+                                    "there, so there is nothing to drop", mode);
+    if (p->balance) return dp_seterr(DP_EINVAL, "--balance does not work with %s: %s", mode, p->staleness >= 0 ?
+                                     "its clocks take static shares" : "async workers already take batches at "
+                                     "their own pace");
+    if (p->accum > 1) return dp_seterr(DP_ENOTSUP, "--accum > 1 is not supported with %s", mode);
+    if (p->max_steps) return dp_seterr(DP_ENOTSUP, "--max-steps is not supported with %s: it stops at epoch "
+                                       "boundaries only (where every push is applied)", mode);
+    if (p->check_replicas) return dp_seterr(DP_EINVAL, "--check-replicas does not work with %s: the replicas "
+                                            "differ by design between pulls", mode);
+    if (p->skip_nonfinite) return dp_seterr(DP_ENOTSUP, "--skip-nonfinite is not supported with %s", mode);
+    if (p->staleness >= 0 && p->clip_norm > 0)
+        return dp_seterr(DP_ENOTSUP, "--clip does not work with --staleness: a clock's update is summed shard by "
+                         "shard, and clipping needs the norm of the whole gradient (plain --mode async clips each push)");
+    if (p->staleness > 0 && p->deterministic)
+        return dp_seterr(DP_ENOTSUP, "--staleness %d with --deterministic is not built: which version a worker "
+                         "pulls depends on timing (--staleness 0 and --mode async are deterministic)", p->staleness);
+    return DP_OK;
+}
+
 static int check_params(const struct dp_train_params *p) {
+    int rc;
     if (p->epochs < 0) return dp_seterr(DP_EINVAL, "--epochs must be >= 0 (got %lld)", (long long)p->epochs);
     if (p->batch <= 0 || p->batch > (1 << 20))
         return dp_seterr(DP_EINVAL, "--batch must be in 1..1048576 (got %lld)", (long long)p->batch);
@@ -268,6 +318,7 @@ static int check_params(const struct dp_train_params *p) {
     if (p->backup && p->deterministic && p->backup_workers > 0)
         return dp_seterr(DP_EINVAL, "--backup-workers %d does not work with --deterministic: which ranks are "
                          "dropped depends on timing (only --backup-workers 0 does)", p->backup_workers);
+    if ((rc = check_ps(p))) return rc;
     if (p->algo < 0 || p->algo >= DP_ALGO_COUNT) return dp_seterr(DP_EINVAL, "unknown all-reduce algorithm");
     /* Deterministic mode promises the same bits for any worker count.  Every
      * compression scheme rounds (bf16, fp16), selects (topk, sign) or
@@ -289,7 +340,7 @@ static int check_params(const struct dp_train_params *p) {
     if (p->deterministic && p->skip_nonfinite)
         return dp_seterr(DP_EINVAL, "--skip-nonfinite does not work with --deterministic (a non-finite "
                          "gradient always stops a deterministic run): use one or the other");
-    int rc = dp_optim_check(&p->optim);
+    rc = dp_optim_check(&p->optim);
     if (rc) return rc;
     struct dp_jitter j;
     if (p->simulate_slow && (rc = dp_parse_simulate_slow(p->simulate_slow, 0, NULL))) return rc;
@@ -405,8 +456,15 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     lp.prefetch = p->prefetch;
     lp.rank = w->grank;
     lp.world = t->G;
-    lp.align = p->deterministic ? p->det_chunk : 1;
+    lp.align = p->deterministic && !p->async ? p->det_chunk : 1;
     lp.uneven = t->balance;
+    if (t->ps_dynamic) {
+        /* plain async: this worker reads whichever batch k of ceil(batch / P)
+         * samples it claims (dp_loader_seek, then next); no prefetch, as the
+         * next batch it will read is not known in advance (ps_loop) */
+        lp.batch = (p->batch + t->P - 1) / t->P;
+        lp.rank = 0, lp.world = 1, lp.prefetch = 0;
+    }
     if (t->text) {
         rc = dp_loader_init_text(&w->loader, &t->tokens, &t->split, t->ctx, t->windows, &lp);
         if (!rc) {
@@ -534,6 +592,31 @@ static int backup_init(struct dp_trainer *t) {
     return DP_OK;
 }
 
+/* The parameter server (after the model and any checkpoint are loaded; its
+ * state is set from worker 0's when the run starts).  Default shards:
+ * min(P, 4): a push holds one shard at a time, so up to S workers apply at
+ * once (bench/ps_shards.sh measures it).  Schedule: async applies about P
+ * updates per global batch, so lr = sched(version / P) spans the same
+ * epochs as sync; SSP's version counts clocks (global batches). */
+static int ps_init(struct dp_trainer *t) {
+    const struct dp_train_params *p = &t->p;
+    struct dp_ps_params pp = {.shards = p->servers ? p->servers : (t->P < 4 ? t->P : 4), .workers = t->P,
+                              .staleness = p->staleness, .staleness_lr = p->staleness_lr,
+                              .ordered = p->deterministic && p->staleness < 0,
+                              .exact = p->deterministic, .timeout_s = p->comm_timeout, .optim = p->optim,
+                              .sched = p->sched, .lr_div = p->staleness < 0 ? t->P : 1};
+    if (p->servers > t->model->num_params)
+        return dp_seterr(DP_EINVAL, "--servers must be in 1..%lld (the parameters of '%s'; got %d)",
+                         (long long)t->model->num_params, t->model->spec, p->servers);
+    if (t->step_in_epoch != 0)
+        return dp_seterr(DP_ENOTSUP, "the parameter server resumes only from an epoch boundary (the checkpoint "
+                         "is at step %lld of epoch %lld)", (long long)t->step_in_epoch, (long long)t->epoch + 1);
+    t->ps_div = pp.lr_div;
+    atomic_init(&t->ps_next, 0);
+    atomic_init(&t->ps_samples, 0);
+    return dp_ps_init(&t->ps, &pp, t->model->num_params);
+}
+
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     *out = NULL;
     int rc = check_params(p);
@@ -541,6 +624,8 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     struct dp_trainer *t = dp_calloc(1, sizeof *t);
     if (!t) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
     t->p = *p;
+    if (p->staleness >= 0) t->p.async = 1; /* --staleness implies the parameter server */
+    p = &t->p;
     t->P = p->workers;
     t->G = p->inter ? t->P * dp_comm_world(p->inter) : t->P;
     t->base = p->inter ? t->P * dp_comm_rank(p->inter) : 0;
@@ -596,6 +681,14 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
                        "statistics are synchronised across every worker in forward", spec);
         goto fail;
     }
+    if (p->async && t->model->num_buffers > 0) {
+        rc = dp_seterr(DP_ENOTSUP, "%s does not support models with BatchNorm ('%s'): their statistics are "
+                       "synchronised across every worker in forward", p->staleness >= 0 ? "--staleness" : "--mode async",
+                       spec);
+        goto fail;
+    }
+    /* plain async claims batches as it goes; SSP and the replay take static shares */
+    t->ps_dynamic = p->async && p->staleness < 0 && !p->deterministic;
     /* --backup-workers 0 with --deterministic is plain deterministic sync */
     t->bk_on = p->backup && !p->deterministic;
     if (t->bk_on && !p->inter && (rc = backup_init(t))) goto fail;
@@ -614,7 +707,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     t->balance = p->balance > 0 && t->G > 1;
     t->bal_align = p->deterministic ? p->det_chunk : 1;
     if (t->balance) share = p->batch; /* a balanced share may be the whole batch */
-    if (p->deterministic) share = p->det_chunk; /* one chunk at a time */
+    if (p->deterministic && !p->async) share = p->det_chunk; /* one chunk at a time */
     t->max_batch = share > t->eval_chunk ? share : t->eval_chunk;
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = p->comm_timeout;
@@ -633,7 +726,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (p->simulate_jitter) (void)dp_parse_simulate_jitter(p->simulate_jitter, &t->jit); /* checked above */
     t->simulate = p->simulate_slow || p->simulate_jitter;
     /* (not with backup workers: a per-step all-gather would wait for the late) */
-    t->gather_waits = t->G > 1 && (p->out_dir || t->simulate) && !t->bk_on;
+    t->gather_waits = t->G > 1 && (p->out_dir || t->simulate) && !t->bk_on && !p->async;
     t->last_count = dp_calloc((size_t)t->G, sizeof(int64_t));
     t->rank_samples = dp_calloc((size_t)t->G, sizeof(int64_t));
     t->share_samples = dp_calloc((size_t)t->G, sizeof(int64_t));
@@ -654,11 +747,17 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     dp_model_init_params(t->model, &t->w[0].rep, p->seed);
     if (p->init_from && (rc = dp_safetensors_load(p->init_from, t->model, &t->w[0].rep))) goto fail;
     t->batches_per_epoch = dp_loader_steps_per_epoch(t->w[0].loader);
+    if (t->ps_dynamic) { /* the loader's batches are batch / P: the schedule counts global batches */
+        int64_t n = t->text ? t->windows : t->train.n;
+        t->ps_batches = t->batches_per_epoch;
+        t->batches_per_epoch = (n + p->batch - 1) / p->batch;
+    }
     t->steps_per_epoch = (t->batches_per_epoch + p->accum - 1) / p->accum;
     if (t->p.sched.total_steps <= 0) t->p.sched.total_steps = t->steps_per_epoch * p->epochs;
     if ((rc = check_schedule(t))) goto fail;
 
     if (p->resume && (rc = load_checkpoint(t, p->resume))) goto fail;
+    if (p->async && (rc = ps_init(t))) goto fail;
     /* Only the job's rank 0 writes metrics and checkpoints. */
     if (p->out_dir && t->base == 0) {
         if (mkdir(p->out_dir, 0755) != 0 && errno != EEXIST) {
@@ -1658,8 +1757,9 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
     int rc;
     t->epoch++;
     t->step_in_epoch = 0;
+    int64_t sstep = t->ps ? t->step / t->ps_div : t->step; /* the server's version counts pushes */
     struct dp_event ev = {.kind = DP_EVENT_EPOCH, .step = t->step, .epoch = t->epoch,
-                          .lr = dp_sched_lr(&t->p.sched, t->step > 0 ? t->step - 1 : 0)};
+                          .lr = dp_sched_lr(&t->p.sched, sstep > 0 ? sstep - 1 : 0)};
     ev.positions = t->pos;
     ev.loss = tot[2] > 0 ? tot[0] / (tot[2] * (double)t->pos) : NAN;
     ev.train_acc = tot[2] > 0 ? tot[1] / (tot[2] * (double)t->pos) : NAN;
@@ -1687,6 +1787,16 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
         ev.shares = t->share_samples, ev.rank_samples = t->rank_samples, ev.nshares = t->G;
     }
     if (t->bk_on) ev.dropped_steps = t->dropped_count, ev.nshares = t->G;
+    if (t->ps) { /* plain async: a faster worker takes more batches */
+        for (int r = 0; r < t->G; r++) t->rank_samples[r] = (int64_t)tot[4 + t->G + r];
+        ev.rank_samples = t->rank_samples, ev.nshares = t->G;
+    }
+    const struct dp_ps_hist *sh = &t->ps_hist;
+    if (t->ps) {
+        ev.pushes = sh->count, ev.stale_max = sh->max;
+        ev.stale_mean = sh->count ? sh->sum / (double)sh->count : 0;
+        ev.stale_p50 = dp_ps_hist_quantile(sh, 0.5), ev.stale_p99 = dp_ps_hist_quantile(sh, 0.99);
+    }
     if (t->metrics) {
         errno = 0;
         if (fprintf(t->metrics,
@@ -1722,7 +1832,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
             if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"shares\": [", (long long)t->share_samples[r],
                         r == t->G - 1 ? "]" : "") < 0)
                 return metrics_error(t);
-        for (int r = 0; t->balance && r < t->G; r++)
+        for (int r = 0; (t->balance || t->ps) && r < t->G; r++)
             if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"rank_samples\": [", (long long)t->rank_samples[r],
                         r == t->G - 1 ? "]" : "") < 0)
                 return metrics_error(t);
@@ -1731,6 +1841,22 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
             if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"dropped_steps\": [", (long long)t->dropped_count[r],
                         r == t->G - 1 ? "]" : "") < 0)
                 return metrics_error(t);
+        /* parameter server: the epoch's staleness histogram (bucket k: pushes of staleness k, up to
+         * the largest nonempty one; overflow: staleness >= DP_PS_HIST_BUCKETS; max exact) */
+        if (t->ps) {
+            if (fprintf(t->metrics, ", \"mode\": \"%s\", \"servers\": %d, \"staleness\": {\"pushes\": %lld, "
+                        "\"mean\": %.4f, \"p50\": %lld, \"p99\": %lld, \"max\": %lld, \"overflow\": %lld, \"hist\": [",
+                        t->p.staleness >= 0 ? "ssp" : "async", dp_ps_shards(t->ps), (long long)ev.pushes,
+                        ev.stale_mean, (long long)ev.stale_p50, (long long)ev.stale_p99, (long long)ev.stale_max,
+                        (long long)sh->overflow) < 0)
+                return metrics_error(t);
+            int top = 0;
+            for (int k = 0; k < DP_PS_HIST_BUCKETS; k++)
+                if (sh->bucket[k]) top = k + 1;
+            for (int k = 0; k < top; k++)
+                if (fprintf(t->metrics, "%s%lld", k ? ", " : "", (long long)sh->bucket[k]) < 0) return metrics_error(t);
+            if (fprintf(t->metrics, "]}") < 0) return metrics_error(t);
+        }
         /* text: the test set is the validation windows; perplexity exp(loss) */
         if (t->text && fprintf(t->metrics, ", \"val_loss\": %.6f, \"val_ppl\": %.4f, \"tokens_per_s\": %.1f",
                                ev.test_loss, exp(ev.test_loss), ev.samples_per_s * (double)t->pos) < 0)
@@ -1794,6 +1920,8 @@ static int step_record(const struct worker *w, int64_t step, int64_t epoch, doub
             if (w->dropped[r]) n = fprintf(w->t->metrics, "%s%d", k++ ? ", " : "", r);
         if (n >= 0) n = fprintf(w->t->metrics, "]");
     }
+    /* parameter server: the staleness of rank 0's push */
+    if (n >= 0 && w->t->ps) n = fprintf(w->t->metrics, ", \"staleness\": %lld", (long long)w->ps_stale);
     if (n >= 0) n = fprintf(w->t->metrics, "}\n");
     return n < 0 ? metrics_error(w->t) : DP_OK;
 }
@@ -1838,6 +1966,7 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     H(p->deterministic), H(p->det_chunk), H(p->algo), H(p->overlap), H(p->skip_nonfinite);
     H(p->check_replicas), H(p->accum), H(t->gather_waits), H(p->balance), H(p->backup), H(p->backup_workers);
     H(p->compress.kind), H(p->compress.rank), H(p->compress.fraction), H(p->compress.powersgd_start);
+    H(p->async), H(p->staleness), H(p->staleness_lr), H(p->servers);
     out[AGREE_CONFIG] = h;
     h = 0xcbf29ce484222325ull;
     H(w->step), H(w->epoch), H(w->in_epoch);
@@ -1861,8 +1990,135 @@ static int agree(struct worker *w) {
     return rc;
 }
 
+/* ---- the parameter server's workers (--mode async, --staleness) --------------------------------
+ * The server and its protocol are src/ddp/ps.c.  A worker loops
+ *
+ *     [SSP: pull for clock c (waits until the slowest is at most s behind)]
+ *     read its batch -> forward -> backward (its own batch, see below) -> push
+ *
+ * and never takes part in a collective until the epoch ends: every worker
+ * has pushed its last batch there (a barrier), pulls the server's
+ * parameters (all replicas are then equal), and the epoch ends as in sync
+ * mode (end_epoch: totals, the shared evaluation, rank 0's report and
+ * checkpoint of the server's state).
+ *
+ * Which batch.  Plain async: the epoch is cut into K = ceil(n / b) batches
+ * of b = ceil(batch / P) samples, and the workers claim them from one atomic
+ * counter, so a fast worker simply takes more of them (a worker may get none:
+ * it waits at the epoch's barrier).  Its gradient is its batch's mean (loss
+ * scale 1 / (B x positions)), applied by the server as one update.  SSP and
+ * the deterministic replay: worker r's clock c is its share of global batch
+ * c, as in sync mode (static: the comparison with sync is exact); SSP's
+ * gradient is scaled by 1 / (samples of the global batch x positions), so
+ * the server's sum of a clock's P pushes is the global-batch gradient.
+ *
+ * Clocks: the c-th batch of epoch e is clock e x steps_per_epoch + c (the
+ * replay applies push (clock, r) at version clock x P + r). */
+static int ps_batch(struct worker *w, int64_t epoch, int64_t k, double *n, double *loss) {
+    struct dp_trainer *t = w->t;
+    const struct dp_model *m = t->model;
+    int rc;
+    const struct dp_loader_batch *lb;
+    double td = dp_time();
+    if (t->ps_dynamic && (rc = dp_loader_seek(w->loader, epoch, k))) return rc;
+    if ((rc = dp_loader_next(w->loader, &lb))) return rc;
+    double ta = dp_time();
+    dp_timeline_add(&w->tl, "data", 0, w->step, td, ta);
+    memset(w->rep.grads, 0, sizeof(float) * (size_t)m->num_params);
+    *n = (double)lb->B, *loss = 0;
+    w->step_slow = 0;
+    if (lb->B == 0) return DP_OK; /* an empty share: an empty push */
+    double denom = (double)(t->p.staleness >= 0 ? lb->global_B : lb->B) * (double)t->pos;
+    struct dp_batch b = {.B = lb->B, .x = lb->x, .tokens = lb->tokens, .targets = lb->y, .sample_idx = lb->idx,
+                         .epoch = lb->epoch};
+    struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = (float)(1.0 / denom)};
+    double mult = 1, stall = 0;
+    if (t->simulate) pace_plan(w, &mult, &stall);
+    pace_start(w, mult, stall, ta);
+    if ((rc = dp_model_run(m, &w->rep, &b, &pass))) return rc;
+    pace(w); /* the simulated slowness, all after backward (no bucket to time) */
+    w->step_slow = w->pace_slept;
+    w->t_slow += w->step_slow;
+    dp_timeline_add(&w->tl, "forward", 0, w->step, ta, ta + pass.t_forward);
+    dp_timeline_add(&w->tl, "backward", 0, w->step, ta + pass.t_forward, ta + pass.t_forward + pass.t_backward);
+    w->t_fwd += pass.t_forward, w->t_bwd += pass.t_backward;
+    w->loss_sum += pass.loss_sum, w->correct += pass.correct, w->seen += lb->B;
+    *loss = pass.loss_sum / ((double)lb->B * (double)t->pos);
+    if (!isfinite(pass.loss_sum) || any_nonfinite(w->rep.grads, m->num_params))
+        return dp_seterr(DP_ENONFINITE, "worker %d, epoch %lld: the loss or gradient of its batch is not finite; "
+                         "try a lower --lr or --clip", w->grank, (long long)epoch + 1);
+    if (t->p.clip_norm > 0) dp_clip_grad_norm(w->rep.grads, m->num_params, t->p.clip_norm);
+    return DP_OK;
+}
+
+static int ps_loop(struct worker *w) {
+    struct dp_trainer *t = w->t;
+    struct dp_ps *ps = t->ps;
+    const int64_t spe = t->steps_per_epoch;
+    int64_t epoch = w->epoch, pushes = 0, reported = 0;
+    int rc = t->ps_dynamic ? DP_OK : dp_loader_seek(w->loader, epoch, 0);
+    if (!rc) rc = dp_ps_pull(ps, w->rank, epoch * spe, w->rep.params);
+    /* nobody pushes before everyone has pulled the starting version (the
+     * replay's pulls must not depend on timing) */
+    if (!rc) rc = dp_comm_barrier(w->comm);
+    while (!rc && epoch < t->p.epochs) {
+        double t_start = dp_time();
+        w->wait0 = dp_loader_wait_time(w->loader);
+        w->loss_sum = w->t_fwd = w->t_bwd = w->t_opt = w->t_comm = w->t_exposed = w->t_wait = w->t_slow = 0;
+        w->correct = w->seen = w->skipped = 0;
+        for (int64_t c = 0;; c++) {
+            int64_t k = t->ps_dynamic ? atomic_fetch_add(&t->ps_next, 1) : c;
+            if (k >= (t->ps_dynamic ? t->ps_batches : t->batches_per_epoch)) break;
+            int64_t clock = epoch * spe + c;
+            double s0[6], ts = dp_time(), n, loss;
+            phase_sums(w, s0);
+            w->step = pushes; /* the simulated slowness is drawn per (rank, push) */
+            if (t->p.staleness >= 0 && (rc = dp_ps_pull(ps, w->rank, clock, w->rep.params))) break;
+            double tw = dp_time();
+            w->t_wait += tw - ts;
+            if ((rc = ps_batch(w, epoch, k, &n, &loss))) break;
+            double tp = dp_time();
+            rc = dp_ps_push(ps, w->rank, w->rep.grads, n, clock, w->rep.params, &w->ps_stale);
+            double te = dp_time();
+            w->t_comm += te - tp, w->t_exposed += te - tp;
+            dp_timeline_add(&w->tl, "push", 0, w->step, tp, te);
+            if (rc) break;
+            pushes++;
+            long long done = atomic_fetch_add(&t->ps_samples, (long long)n) + (long long)n;
+            if (w->grank == 0) {
+                /* rank 0's pushes stand for all: samples = what every worker pushed since its last event */
+                int64_t in_epoch = t->ps_dynamic ? ((k + 1) * spe + t->ps_batches - 1) / t->ps_batches : c + 1;
+                struct dp_event ev = {.kind = DP_EVENT_STEP, .step = epoch * spe + in_epoch, .epoch = epoch,
+                                      .step_in_epoch = in_epoch, .samples = done - reported, .loss = loss,
+                                      .lr = dp_sched_lr(&t->p.sched, epoch * spe + in_epoch - 1),
+                                      .last_rank = -1, .slow_s = w->step_slow, .staleness = w->ps_stale};
+                reported = done;
+                emit(t, &ev);
+                if (t->metrics && (rc = step_record(w, epoch * spe + in_epoch, epoch, loss, n, te - ts, s0, -1)))
+                    break;
+            }
+        }
+        if (rc) break;
+        /* every push of the epoch is applied once all are here */
+        if ((rc = dp_comm_barrier(w->comm))) break;
+        if ((rc = dp_ps_pull(ps, w->rank, (epoch + 1) * spe, w->rep.params))) break;
+        if (w->rank == 0) {
+            int64_t version;
+            dp_ps_get_state(ps, w->rep.params, w->opt.state, &w->opt.step, &version);
+            t->step = version;
+            dp_ps_hist_get(ps, &t->ps_hist);
+            dp_ps_hist_reset(ps);
+            atomic_store(&t->ps_next, 0); /* nobody claims before end_epoch's barrier */
+        }
+        if ((rc = end_epoch(w, t_start))) break;
+        epoch++;
+    }
+    return rc;
+}
+
 static int worker_loop(struct worker *w) {
     struct dp_trainer *t = w->t;
+    if (t->ps) return ps_loop(w); /* the parameter server's loop (above) */
     const struct dp_model *m = t->model;
     /* Every worker advances its own copy of the position; they stay equal
      * because every worker runs the same sequence of steps.  Only rank 0
@@ -1946,6 +2202,7 @@ static void *worker_main(void *arg) {
          * fail at once, so a failure never hangs the run. */
         if (w->rc != DP_ECANCELED) dp_comm_abort(w->comm, w->err);
         backup_abort(w->t, w->err); /* and the backup workers' step slot */
+        if (w->t->ps && w->rc != DP_ECANCELED) dp_ps_abort(w->t->ps, w->err); /* and the server's waits */
     }
     return NULL;
 }
@@ -1960,6 +2217,11 @@ int dp_trainer_run(struct dp_trainer *t) {
         t->bk.open = t->step, t->bk.count = 0, t->bk.failed = 0;
         for (int r = 0; r < t->P; r++) t->bk.arrived[r] = -1;
         for (int k = 0; k < BACKUP_DEPTH; k++) t->bk.upd_step[k] = -1, t->bk.consumed[k] = 0;
+    }
+    if (t->ps) { /* the server starts from worker 0's state (initial, or the checkpoint's) */
+        dp_ps_set_state(t->ps, t->w[0].rep.params, t->w[0].opt.state, t->w[0].opt.step, t->step);
+        dp_ps_hist_reset(t->ps);
+        atomic_store(&t->ps_next, 0);
     }
     for (int r = 1; r < t->P; r++) {
         if (pthread_create(&t->w[r].thread, NULL, worker_main, &t->w[r]) != 0) {

@@ -164,6 +164,14 @@ static const char *help_train =
     "  --backup-workers B  each step takes the gradients of the first workers - B ranks to finish\n"
     "                      (their samples' mean) and drops the late ones' [off]; under mpirun\n"
     "                      with --workers 1 (through rank 0); no BatchNorm; docs/ddp.md\n"
+    "  --mode NAME         sync | async [sync]: async trains through a parameter server; each\n"
+    "                      worker loops pull, forward/backward on its own batch of batch/workers,\n"
+    "                      push, never waiting for another (thread backend, no BatchNorm)\n"
+    "  --servers S         parameter-server shards, each with its own lock [min(workers, 4)]\n"
+    "  --staleness S       stale-synchronous (implies async): a clock's pushes make one update,\n"
+    "                      a worker at most S clocks ahead of the slowest (0 = synchronous)\n"
+    "  --staleness-lr      scale each update's lr by 1 / (1 + its staleness) [off]\n"
+    "                      (epoch lines and metrics.jsonl report the staleness; docs/ddp.md)\n"
     "\n"
     "run:\n"
     "  --seed N            seed for initialisation, shuffling, dropout, augmentation [1]\n"
@@ -328,6 +336,10 @@ static void on_event(void *arg, const struct dp_event *ev) {
         /* --backup-workers: the steps each rank was dropped */
         for (int r = 0; ev->dropped_steps && ev->nshares <= 8 && r < ev->nshares; r++)
             printf("%s%lld", r ? "/" : "  dropped ", (long long)ev->dropped_steps[r]);
+        /* the parameter server: the staleness of the epoch's pushes */
+        if (ev->pushes)
+            printf("  staleness mean %.2f p50 %lld p99 %lld max %lld", ev->stale_mean, (long long)ev->stale_p50,
+                   (long long)ev->stale_p99, (long long)ev->stale_max);
         printf("\n");
         p->sum_data += ev->t_data, p->sum_fwd += ev->t_fwd, p->sum_bwd += ev->t_bwd;
         p->sum_comm += ev->t_comm, p->sum_exposed += ev->t_comm_exposed, p->sum_opt += ev->t_opt;
@@ -459,6 +471,13 @@ static int cmd_train(int argc, char **argv) {
         else if (opt(&a, "--balance", &v)) tp.balance = parse_int("--balance", v, 1, 1000000);
         else if (opt(&a, "--backup-workers", &v)) /* the upper bound (< workers) is the trainer's check */
             tp.backup = 1, tp.backup_workers = (int)parse_int("--backup-workers", v, 0, 255);
+        else if (opt(&a, "--mode", &v)) {
+            if (!strcmp(v, "async")) tp.async = 1;
+            else if (!strcmp(v, "sync")) tp.async = 0;
+            else die("--mode: expected sync or async, got '%s'", v);
+        } else if (opt(&a, "--servers", &v)) tp.servers = (int)parse_int("--servers", v, 1, INT32_MAX);
+        else if (opt(&a, "--staleness", &v)) tp.staleness = (int)parse_int("--staleness", v, 0, 1000);
+        else if (opt(&a, "--staleness-lr", NULL)) tp.staleness_lr = 1;
         else if (opt(&a, "--deterministic", NULL)) tp.deterministic = 1;
         else if (opt(&a, "--det-chunk", &v)) tp.det_chunk = parse_int("--det-chunk", v, 1, 1 << 20), given_det = "--det-chunk";
         else if (opt(&a, "--comm-timeout", &v)) tp.comm_timeout = parse_float("--comm-timeout", v, 0, 1e6);

@@ -1,0 +1,106 @@
+/*
+ * dp/ps.h — the parameter server on the thread backend (docs/ddp.md
+ * "Parameter server and bounded staleness").
+ *
+ * The server holds the master parameters and the optimizer state, split
+ * into S contiguous shards (dp_comm_split over the parameter slab).  Each
+ * shard has its own mutex and condition variable, its own optimizer over its
+ * slice (its own step counter) and its own version (updates applied to it).
+ * There is no global lock: a push walks the shards in order, holding one
+ * shard's lock at a time.  Workers are threads of the process, ranks
+ * 0..P-1; the server is passive (the pushing threads apply the updates).
+ *
+ *     struct dp_ps *ps;
+ *     dp_ps_init(&ps, &pp, num_params);
+ *     dp_ps_set_state(ps, params, optim_state, optim_step, version);
+ *     dp_ps_pull(ps, rank, 0, replica_params);             // the first pull
+ *     loop: compute grad on replica_params
+ *           dp_ps_push(ps, rank, grad, n, clock, replica_params, &staleness);
+ *
+ * Modes (struct dp_ps_params):
+ *   async (staleness < 0): each push is applied at once with the run's lr,
+ *       and the fresh slice is copied back in the same lock hold.
+ *   async + ordered (deterministic replay): push `clock` of rank r is
+ *       applied exactly when the shard's version is clock * P + r.
+ *   SSP (staleness = s >= 0): the P pushes of clock c are summed into one
+ *       update, applied when the last one arrives; dp_ps_pull(c) waits until
+ *       version >= c - s.
+ */
+#ifndef DP_PS_H
+#define DP_PS_H
+
+#include "optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Staleness histogram: bucket k counts pushes of staleness k for k <
+ * DP_PS_HIST_BUCKETS; larger ones go to `overflow`; max is exact. */
+#define DP_PS_HIST_BUCKETS 64
+struct dp_ps_hist {
+    int64_t bucket[DP_PS_HIST_BUCKETS];
+    int64_t overflow;
+    int64_t count, max;
+    double sum;
+};
+void dp_ps_hist_add(struct dp_ps_hist *h, int64_t staleness);
+void dp_ps_hist_merge(struct dp_ps_hist *into, const struct dp_ps_hist *h);
+/* q-quantile (0 < q <= 1) as an integer staleness: the smallest k with at
+ * least ceil(q count) pushes <= k; in the overflow bucket, the exact max.
+ * 0 for an empty histogram. */
+int64_t dp_ps_hist_quantile(const struct dp_ps_hist *h, double q);
+
+struct dp_ps_params {
+    int shards;                /* S >= 1 (at most the parameter count) */
+    int workers;               /* P >= 1 */
+    int staleness;             /* < 0: async; s >= 0: SSP with bound s (at most DP_PS_MAX_STALENESS) */
+    int staleness_lr;          /* scale the lr by 1 / (1 + staleness) (async: per push and shard;
+                                  SSP: per clock, by the mean staleness of its pushes) */
+    int ordered;               /* async: deterministic replay (apply order clock * P + rank) */
+    int exact;                 /* SSP: sum the pushes in fixed point (order-independent bits) */
+    double timeout_s;          /* a wait longer than this fails the run (0 = none) */
+    struct dp_optim_params optim;
+    struct dp_sched sched;     /* lr = dp_sched_lr(sched, version / lr_div) */
+    int64_t lr_div;            /* async: P (the schedule spans the sync run's epochs); SSP: 1 */
+};
+#define DP_PS_MAX_STALENESS 1000
+
+struct dp_ps;
+int dp_ps_init(struct dp_ps **ps, const struct dp_ps_params *p, int64_t n);
+void dp_ps_free(struct dp_ps *ps);
+/* Loads the server (no worker may be running): params (n), the optimizer
+ * state in the whole-slab layout of dp_optim (NULL: zero) with its step, and
+ * every shard's version.  Resets the workers' pulled versions to it. */
+void dp_ps_set_state(struct dp_ps *ps, const float *params, const float *optim_state, int64_t optim_step,
+                     int64_t version);
+/* Copies the server out (at a point where no push is in flight): params,
+ * the optimizer state in the whole-slab layout, its step (every shard has
+ * taken the same number of steps there) and the version (of shard 0). */
+void dp_ps_get_state(const struct dp_ps *ps, float *params, float *optim_state, int64_t *optim_step,
+                     int64_t *version);
+/* Rank's pull into dst (n floats), shard by shard; in SSP mode for clock c
+ * it first waits until the shard's version >= c - s (async: c is ignored). */
+int dp_ps_pull(struct dp_ps *ps, int rank, int64_t clock, float *dst);
+/* Rank's push of gradient g (n floats) over n_samples samples (0: an empty
+ * push: async applies no update but still takes its turn; SSP adds nothing).
+ * Async: g is the mean gradient of the worker's batch; each shard applies it
+ * and copies the fresh slice into dst (push and pull in one lock hold).
+ * SSP: g is the worker's part of the global-batch mean (1/N-scaled sum);
+ * clock is the worker's clock; dst is untouched (pull for the next clock).
+ * *staleness: the push's staleness, the max over shards of (the shard's
+ * version at apply, or SSP: the clock) - (the version the worker pulled). */
+int dp_ps_push(struct dp_ps *ps, int rank, const float *g, double n_samples, int64_t clock, float *dst,
+               int64_t *staleness);
+/* Fails every present and future wait with DP_ECANCELED (idempotent). */
+void dp_ps_abort(struct dp_ps *ps, const char *why);
+/* Per-rank histograms of the pushes since the last reset, merged; reset
+ * clears them (only where no push is in flight). */
+void dp_ps_hist_get(const struct dp_ps *ps, struct dp_ps_hist *out);
+void dp_ps_hist_reset(struct dp_ps *ps);
+int dp_ps_shards(const struct dp_ps *ps);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
