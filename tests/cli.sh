@@ -169,6 +169,7 @@ expect_error ps_servers_above_params "--servers must be in 1..669706 (the parame
 expect_error ps_staleness_negative "--staleness: '-1' is not an integer in 0..1000" \
   "$BIN" train "${SMALL[@]}" --staleness -1
 expect_error ps_servers_without_async "--servers needs --mode async" "$BIN" train "${SMALL[@]}" --servers 2
+expect_error ps_compress_refused "--compress does not work with --mode async" "$BIN" train "${SMALL[@]}" --mode async --compress bf16
 expect_error ps_backup_refused "--backup-workers does not work with --mode async" \
   "$BIN" train "${SMALL[@]}" --workers 2 --mode async --backup-workers 1
 expect_error ps_balance_refused "--balance does not work with --mode async" \

@@ -269,6 +269,9 @@ static int check_ps(const struct dp_train_params *p) {
     if (p->balance) return dp_seterr(DP_EINVAL, "--balance does not work with %s: %s", mode, p->staleness >= 0 ?
                                      "its clocks take static shares" : "async workers already take batches at "
                                      "their own pace");
+    if (p->compress.kind != DP_COMPRESS_NONE)
+        return dp_seterr(DP_ENOTSUP, "--compress does not work with %s: pushes go to the server uncompressed "
+                         "(compression is a strategy of the all-reduce path)", mode);
     if (p->accum > 1) return dp_seterr(DP_ENOTSUP, "--accum > 1 is not supported with %s", mode);
     if (p->max_steps) return dp_seterr(DP_ENOTSUP, "--max-steps is not supported with %s: it stops at epoch "
                                        "boundaries only (where every push is applied)", mode);
