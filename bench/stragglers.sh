@@ -13,6 +13,12 @@
 #            the reference a perfect remedy would reach
 #   sync     ... --simulate-slow 1:SLOW                                          (SLOW = 2)
 #   balance  ... --simulate-slow 1:SLOW --balance[=BALANCE_K]                    (default K)
+#   async    ... --simulate-slow 1:SLOW --mode async (the parameter server; async stops only at
+#            epoch ends, so its run is one epoch of --train-limit STEPS x 128 samples: the same
+#            samples; its step records are rank 0's pushes, each carrying every worker's samples
+#            since the one before, so the same sum of samples / sum of step_s is global samples/s)
+# VARIANTS_LIST="sync0 sync balance async" picks variants.  ACC=1 also runs async for 5 epochs
+# (its accuracy is reported; the target is the throughput, >= 1.35x sync).
 #
 # Throughput: global samples/s over the steps after the WARMUP-th (25: past the first
 # re-plans of --balance, whose shares start equal), from the step records of
@@ -72,7 +78,7 @@ ACCRAW=$WORK/acc.tsv   # variant acc% epoch time_s shares
 PIN=(OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1)
 BAL=(--balance)
 [ -n "$BALANCE_K" ] && BAL=(--balance="$BALANCE_K")
-VARIANTS=(sync0 sync balance)
+VARIANTS=(${VARIANTS_LIST:-sync0 sync balance async})
 
 # The command line of one variant, into CMD (the run's own flags after it).
 build_cmd() {
@@ -82,6 +88,7 @@ build_cmd() {
     sync0) ;;
     sync) CMD+=(--simulate-slow "1:$SLOW") ;;
     balance) CMD+=(--simulate-slow "1:$SLOW" "${BAL[@]}") ;;
+    async) CMD+=(--simulate-slow "1:$SLOW" --mode async) ;;
     esac
 }
 
@@ -103,7 +110,12 @@ run_one() {
     local dir=$WORK/$variant-r$rep log=$WORK/$variant-r$rep.log
     build_cmd "$variant"
     local rc=0
-    "${CMD[@]}" --epochs 1 --max-steps "$STEPS" --out "$dir" >"$log" 2>&1 || rc=$?
+    # async stops at epoch ends only: one epoch of STEPS global batches instead of --max-steps
+    if [ "$variant" = async ]; then
+        "${CMD[@]}" --epochs 1 --train-limit $((STEPS * 128)) --out "$dir" >"$log" 2>&1 || rc=$?
+    else
+        "${CMD[@]}" --epochs 1 --max-steps "$STEPS" --out "$dir" >"$log" 2>&1 || rc=$?
+    fi
     local sps="NA" k=0
     [ -f "$dir/metrics.jsonl" ] && read -r sps k <<<"$(parse_metrics "$dir/metrics.jsonl")"
     if [ "$rc" != 0 ] || [ "$sps" = NA ]; then
@@ -133,7 +145,7 @@ last_shares() { sed -n 's/^epoch .*  shares \([0-9/]*\)$/\1/p' "$1" | tail -n 1;
 if [ "$ACC" = 1 ]; then
     # shellcheck disable=SC2206
     extra=($ACC_EXTRA)
-    for variant in sync0 balance; do
+    for variant in sync0 balance async; do
         log=$WORK/acc-$variant.log
         build_cmd "$variant"
         note "accuracy: $variant, cnn $ACC_EPOCHS epochs"
@@ -201,8 +213,9 @@ p("")
 p("| variant | samples/s (median) |")
 p("|---|---:|")
 names = {"sync0": "synchronous, no slow worker (reference)", "sync": f"synchronous, rank 1 {E['SLOW']}x slow",
-         "balance": f"--balance, rank 1 {E['SLOW']}x slow"}
-for v in ("sync0", "sync", "balance"):
+         "balance": f"--balance, rank 1 {E['SLOW']}x slow",
+         "async": f"--mode async (parameter server), rank 1 {E['SLOW']}x slow"}
+for v in ("sync0", "sync", "balance", "async"):
     m = med(list(data.get(v, {}).values()))
     p(f"| {names[v]} | {m:.0f} |" if m is not None else f"| {names[v]} | n/a |")
 p("")
@@ -210,6 +223,8 @@ p("| ratio | value |")
 p("|---|---:|")
 p(f"| balance / sync (target >= 1.35x, ideal 1.5x at 2x slow) | {cell(ratios('balance', 'sync'), 1.35)} |")
 p(f"| balance / sync0 (the unslowed run) | {cell(ratios('balance', 'sync0'))} |")
+if data.get("async"):
+    p(f"| async / sync (target >= 1.35x) | {cell(ratios('async', 'sync'), 1.35)} |")
 p(f"| sync / sync0 (what the slow worker costs) | {cell(ratios('sync', 'sync0'))} |")
 p("")
 acc = [l.rstrip("\n").split("\t") for l in open(E["ACCRAW"]) if l.strip()]
@@ -217,7 +232,7 @@ if acc:
     tol = float(E["ACC_TOL"])
     ne = int(E["ACC_EPOCHS"])
     extra = f", extra flags `{E['ACC_EXTRA']}`" if E["ACC_EXTRA"].strip() else ""
-    p(f"## Accuracy: cnn, {ne} epochs, --balance (rank 1 {E['SLOW']}x slow) vs synchronous unslowed{extra}")
+    p(f"## Accuracy: cnn, {ne} epochs, --balance and async (rank 1 {E['SLOW']}x slow) vs synchronous unslowed{extra}")
     p("")
     p("| variant | test acc | epochs | time | shares at the end |")
     p("|---|---:|---:|---:|---|")

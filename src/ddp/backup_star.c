@@ -334,14 +334,42 @@ int dp_backup_star_step(struct dp_backup_star *bs, int64_t step, float *g, doubl
         struct grad_hdr gh = {step, n_local};
         memcpy(bs->sendbuf, &gh, sizeof gh);
         memcpy(bs->sendbuf + sizeof gh, g, sizeof(float) * (size_t)bs->n);
-        struct dp_comm_msg *m;
+        struct dp_comm_msg *m, *um;
         int rc = dp_comm_isend(bs->c, bs->sendbuf, (int64_t)bs->grad_bytes, 0, TAG_GRAD, &m);
         if (rc) return rc;
-        int rc2 = dp_comm_recv(bs->c, bs->recvbuf, (int64_t)bs->upd_bytes, 0, TAG_UPD, NULL, NULL);
-        /* the gradient was taken before its update came (or the wait failed) */
-        if (rc2) dp_comm_msg_cancel(bs->c, m);
-        else rc = dp_comm_msg_wait(bs->c, m, NULL, NULL);
-        if (rc2 || rc) return rc2 ? rc2 : rc;
+        if ((rc = dp_comm_irecv(bs->c, bs->recvbuf, (int64_t)bs->upd_bytes, 0, TAG_UPD, &um))) {
+            dp_comm_msg_cancel(bs->c, m);
+            return rc;
+        }
+        /* Wait for the update by polling, up to twice the timeout: rank 0's
+         * collector names a stalled rank after one timeout, and that message
+         * (the cause) should end the job before this rank's (which could
+         * only name rank 0). */
+        double t0 = dp_time();
+        long sleep_ns = 2000;
+        int done = 0;
+        while (!rc && !(rc = dp_comm_msg_test(bs->c, um, &done)) && !done) {
+            if ((rc = dp_comm_status(bs->c))) break;
+            if (bs->timeout_s > 0 && dp_time() - t0 > 2 * bs->timeout_s) {
+                rc = dp_seterr(DP_ECANCELED, "backup workers: rank %d received no update of step %lld from rank 0 "
+                               "within %.1f s", bs->rank, (long long)step, 2 * bs->timeout_s);
+                break;
+            }
+            nap(sleep_ns);
+            if (sleep_ns < 256000) sleep_ns *= 2;
+        }
+        if (rc) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "%s", dp_errmsg());
+            dp_comm_msg_cancel(bs->c, um), dp_comm_msg_cancel(bs->c, m);
+            return dp_seterr(rc, "%s", msg);
+        }
+        if ((rc = dp_comm_msg_wait(bs->c, um, NULL, NULL))) {
+            dp_comm_msg_cancel(bs->c, m);
+            return rc;
+        }
+        /* the gradient was taken before its update was sent */
+        if ((rc = dp_comm_msg_wait(bs->c, m, NULL, NULL))) return rc;
         u = bs->recvbuf;
         h = (const struct upd_hdr *)u;
         if (h->step != step)

@@ -2059,6 +2059,7 @@ static int ps_loop(struct worker *w) {
     struct dp_ps *ps = t->ps;
     const int64_t spe = t->steps_per_epoch;
     int64_t epoch = w->epoch, pushes = 0, reported = 0;
+    double last_loss = 0;
     int rc = t->ps_dynamic ? DP_OK : dp_loader_seek(w->loader, epoch, 0);
     if (!rc) rc = dp_ps_pull(ps, w->rank, epoch * spe, w->rep.params);
     /* nobody pushes before everyone has pulled the starting version (the
@@ -2091,19 +2092,40 @@ static int ps_loop(struct worker *w) {
             if (w->grank == 0) {
                 /* rank 0's pushes stand for all: samples = what every worker pushed since its last event */
                 int64_t in_epoch = t->ps_dynamic ? ((k + 1) * spe + t->ps_batches - 1) / t->ps_batches : c + 1;
+                int64_t since = done - reported;
                 struct dp_event ev = {.kind = DP_EVENT_STEP, .step = epoch * spe + in_epoch, .epoch = epoch,
-                                      .step_in_epoch = in_epoch, .samples = done - reported, .loss = loss,
+                                      .step_in_epoch = in_epoch, .samples = since, .loss = loss,
                                       .lr = dp_sched_lr(&t->p.sched, epoch * spe + in_epoch - 1),
                                       .last_rank = -1, .slow_s = w->step_slow, .staleness = w->ps_stale};
-                reported = done;
+                reported = done, last_loss = loss;
                 emit(t, &ev);
-                if (t->metrics && (rc = step_record(w, epoch * spe + in_epoch, epoch, loss, n, te - ts, s0, -1)))
+                /* the record's samples too (so samples / step_s over the records is the job's rate) */
+                if (t->metrics && (rc = step_record(w, epoch * spe + in_epoch, epoch, loss, (double)since, te - ts, s0, -1)))
                     break;
             }
         }
         if (rc) break;
         /* every push of the epoch is applied once all are here */
+        double s0[6], tb = dp_time();
+        phase_sums(w, s0);
         if ((rc = dp_comm_barrier(w->comm))) break;
+        /* The pushes the others made after rank 0's last one: one more step
+         * event and record, whose time is rank 0's wait for them, so that
+         * the records' samples add up to the epoch and samples / step_s over
+         * them is the job's training rate. */
+        int64_t tail = (int64_t)atomic_load(&t->ps_samples) - reported;
+        if (w->grank == 0 && tail > 0) {
+            double te = dp_time();
+            w->t_wait += te - tb;
+            struct dp_event ev = {.kind = DP_EVENT_STEP, .step = (epoch + 1) * spe, .epoch = epoch,
+                                  .step_in_epoch = spe, .samples = tail, .loss = last_loss,
+                                  .lr = dp_sched_lr(&t->p.sched, (epoch + 1) * spe - 1), .last_rank = -1,
+                                  .staleness = w->ps_stale};
+            reported += tail;
+            emit(t, &ev);
+            if (t->metrics && (rc = step_record(w, (epoch + 1) * spe, epoch, last_loss, (double)tail, te - tb, s0, -1)))
+                break;
+        }
         if ((rc = dp_ps_pull(ps, w->rank, (epoch + 1) * spe, w->rep.params))) break;
         if (w->rank == 0) {
             int64_t version;
