@@ -19,6 +19,7 @@
 # so it is reported, not set; the accuracies do not depend on speed except through that.
 #
 # Environment: WORKERS=4 EPOCHS=5 LR=0.05 BOUNDS="0 1 4 16 inf" LRMODES="plain staleness-lr"
+#              REFERENCE=1 (0: skip the all-reduce run, e.g. when completing an earlier file)
 #              SEED=1 EXTRA="" DPTRAIN=./build/dptrain RESULTS=bench/results
 set -euo pipefail
 
@@ -32,6 +33,7 @@ EPOCHS=${EPOCHS:-5}
 LR=${LR:-0.05}
 BOUNDS=${BOUNDS:-0 1 4 16 inf}
 LRMODES=${LRMODES:-plain staleness-lr}
+REFERENCE=${REFERENCE:-1}
 SEED=${SEED:-1}
 EXTRA=${EXTRA:-}
 DPTRAIN=${DPTRAIN:-./build/dptrain}
@@ -79,7 +81,7 @@ run() { # run NAME BOUND LRRULE FLAGS...
     printf '%s %s %s %s %.1f\n' "$bound" "$rule" "$acc" "${st:-- - - -}" "$(echo "$t1 - $t0" | bc)" | tee -a "$OUT"
 }
 
-run sync sync all-reduce
+[ "$REFERENCE" = 1 ] && run sync sync all-reduce
 for s in $BOUNDS; do
     for rule in $LRMODES; do
         flags=()
