@@ -292,7 +292,9 @@ int dp_ps_net_claim(struct dp_ps_net *net, int64_t *k) {
 
 int dp_ps_net_push(struct dp_ps_net *net, const float *g, double n, float *params, int64_t *staleness, int64_t *k) {
     int rc = exchange(net, REQ_PUSH, g, n, 1);
-    if (rc) return dp_adderr(rc, "worker %d: push to the parameter servers", net->rank);
+    if (rc)
+        return dp_adderr(rc, "worker %d: push to the parameter servers (ranks %d..%d)", net->rank, net->W,
+                         net->ranks - 1);
     int64_t smax = 0;
     for (int i = 0; i < net->S; i++) {
         int64_t off, len;
