@@ -122,8 +122,9 @@ struct dp_ps_net_params {
     int servers;               /* S in 1..ranks - 1 */
     int64_t n;                 /* parameters */
     int64_t batches;           /* claims per epoch (batches of the dynamic split) */
-    double slow;               /* this server's --simulate-slow factor (>= 1): it sleeps (slow - 1) x
-                                  each apply's time (a stalled server, for the timeout tests) */
+    double slow;               /* this server's --simulate-slow factor (>= 1): after each push's
+                                  apply and reply it sleeps (slow - 1) x their time (a stalled
+                                  server, for the timeout tests) */
     struct dp_ps_params ps;    /* .workers = W, .shards ignored (one per server), async only */
 };
 /* Meta words of dp_ps_net_collect: version, optimizer step, staleness count,

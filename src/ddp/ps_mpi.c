@@ -22,6 +22,7 @@
  *                    the fresh shard]; the worker posts its receives before
  *                    it sends, so a server's reply never waits for a buffer
  *   END              worker -> every server [hdr]            after its last push
+ *   CLOSE            server 0 -> every worker (tag CLOSE)   once all W ended
  *
  * A server serves requests in arrival order (DP_ANY_SOURCE) until all W
  * workers sent END; a worker sends END only once server 0 answered -1, so
@@ -44,7 +45,7 @@
 #include "dp/comm.h"
 #include "dp/ps.h"
 
-enum { TAG_REQ = 111, TAG_REP = 112 };
+enum { TAG_REQ = 111, TAG_REP = 112, TAG_CLOSE = 113 };
 enum { REQ_CLAIM = 1, REQ_PUSH = 2, REQ_END = 3 };
 
 /* 8-byte words, so the floats after it are aligned */
@@ -183,32 +184,43 @@ static void not_ended(const struct dp_ps_net *net, char *out, size_t cap) {
         if (!net->ended[r]) used += (size_t)snprintf(out + used, cap - used, "%s%d", used ? ", " : "", r);
 }
 
-/* Waits for the next request (polling, so that a timeout can name the
- * workers that have not ended the epoch rather than "any rank"). */
-static int next_request(struct dp_ps_net *net, int *from, int64_t *got) {
-    struct dp_comm_msg *m;
-    int rc = dp_comm_irecv(net->c, net->buf, (int64_t)req_bytes(net->maxlen), DP_ANY_SOURCE, TAG_REQ, &m);
-    if (rc) return rc;
-    double t0 = dp_time(), timeout = net->p.ps.timeout_s;
+/* Waits for a posted receive by polling, with its own timeout (0: none),
+ * so that the message can say what was awaited.  Returns 0, DP_ETIMEDOUT
+ * (the receive withdrawn; the caller sets the message) or the error. */
+#define POLL_TIMEOUT 1
+static int poll_recv(struct dp_ps_net *net, struct dp_comm_msg *m, double timeout, int *from, int64_t *got) {
+    double t0 = dp_time();
     long nap_ns = 2000;
+    int rc;
     for (;;) {
         int done = 0;
         if ((rc = dp_comm_msg_test(net->c, m, &done))) break;
         if (done) return dp_comm_msg_wait(net->c, m, from, got);
         if ((rc = dp_comm_status(net->c))) break;
         if (timeout > 0 && dp_time() - t0 >= timeout) {
-            char who[256];
-            not_ended(net, who, sizeof who);
-            rc = dp_seterr(DP_ECANCELED, "comm: timeout after %.1f s on parameter-server rank %d: no push from "
-                           "rank(s) %s, which have not ended the epoch (stalled or lost)", timeout, net->rank, who);
+            rc = POLL_TIMEOUT;
             break;
         }
         struct timespec ts = {0, nap_ns};
         nanosleep(&ts, NULL);
-        if (nap_ns < 200000) nap_ns *= 2; /* at most 0.2 ms late to a request */
+        if (nap_ns < 200000) nap_ns *= 2; /* at most 0.2 ms late to a message */
     }
     (void)dp_comm_msg_cancel(net->c, m);
     return rc;
+}
+
+/* Waits for the next request; past the timeout it names the workers that
+ * have not ended the epoch rather than "any rank". */
+static int next_request(struct dp_ps_net *net, int *from, int64_t *got) {
+    struct dp_comm_msg *m;
+    int rc = dp_comm_irecv(net->c, net->buf, (int64_t)req_bytes(net->maxlen), DP_ANY_SOURCE, TAG_REQ, &m);
+    if (rc) return rc;
+    double timeout = net->p.ps.timeout_s;
+    if ((rc = poll_recv(net, m, timeout, from, got)) != POLL_TIMEOUT) return rc;
+    char who[256];
+    not_ended(net, who, sizeof who);
+    return dp_seterr(DP_ECANCELED, "comm: timeout after %.1f s on parameter-server rank %d: no push from rank(s) %s, "
+                     "which have not ended the epoch (stalled or lost)", timeout, net->rank, who);
 }
 
 int dp_ps_net_serve(struct dp_ps_net *net) {
@@ -227,26 +239,34 @@ int dp_ps_net_serve(struct dp_ps_net *net) {
             if (!net->ended[from]) net->ended[from] = 1, left--;
             continue;
         }
+        const int64_t type = h->type; /* (the reply header overwrites the request's) */
         struct rep_hdr rh = {0, -1};
         int64_t bytes = sizeof rh;
+        double t0 = dp_time();
         if (h->type == REQ_PUSH) {
             if (got != (int64_t)req_bytes(net->len))
                 return dp_seterr(DP_EMISMATCH, "parameter server rank %d: rank %d pushed %lld bytes, the shard takes %lld",
                                  net->rank, from, (long long)got, (long long)req_bytes(net->len));
-            double t0 = dp_time();
             float *g = (float *)(net->buf + sizeof *h);
             /* the fresh shard goes in place of the gradient, after the reply header */
             float *dst = (float *)(net->buf + sizeof rh);
             if ((rc = dp_ps_push(net->ps, from, g, h->n, 0, g, &rh.staleness))) return rc;
             memmove(dst, g, sizeof(float) * (size_t)net->len);
             bytes = (int64_t)rep_bytes(net->len);
-            if (net->p.slow > 1) sleep_s((net->p.slow - 1) * (dp_time() - t0));
         } else if (h->type != REQ_CLAIM)
             return dp_seterr(DP_EMISMATCH, "parameter server rank %d: request type %lld from rank %d", net->rank,
                              (long long)h->type, from);
         if (net->server == 0 && net->next < net->p.batches) rh.next = net->next++;
         memcpy(net->buf, &rh, sizeof rh);
         if ((rc = dp_comm_send(net->c, net->buf, bytes, from, TAG_REP))) return rc;
+        /* --simulate-slow on a server rank: its handling of a push (apply and reply) takes F x as
+         * long; the sleep holds up the next request */
+        if (net->p.slow > 1 && type == REQ_PUSH) sleep_s((net->p.slow - 1) * (dp_time() - t0));
+    }
+    /* server 0 closes the epoch: the workers may enter the epoch-end collectives */
+    for (int r = 0; net->server == 0 && r < net->W && !rc; r++) {
+        int64_t word = 0;
+        rc = dp_comm_send(net->c, &word, sizeof word, r, TAG_CLOSE);
     }
     /* every worker takes the full state at the epoch's end: its next pull is this version */
     for (int r = 0; r < net->W && !rc; r++) rc = dp_ps_pull(net->ps, r, 0, (float *)(net->buf + sizeof(struct rep_hdr)));
@@ -309,14 +329,30 @@ int dp_ps_net_push(struct dp_ps_net *net, const float *g, double n, float *param
     return DP_OK;
 }
 
+/* END to every server, then the wait for server 0's CLOSE (every worker has
+ * ended).  That wait allows twice the timeout: a stalled worker is then
+ * named by the servers (after one timeout) rather than by the other
+ * workers' epoch-end collective, which would also name the servers (they
+ * are not in it yet). */
 int dp_ps_net_end(struct dp_ps_net *net) {
-    int rc = DP_OK;
+    struct dp_comm_msg *m;
+    int64_t word;
+    int rc = dp_comm_irecv(net->c, &word, sizeof word, net->W, TAG_CLOSE, &m);
+    if (rc) return dp_adderr(rc, "worker %d: ending the epoch", net->rank);
     for (int i = 0; i < net->S && !rc; i++) {
         struct req_hdr h = {REQ_END, 0};
         memcpy(net->sbuf[i], &h, sizeof h);
         rc = dp_comm_send(net->c, net->sbuf[i], sizeof h, net->W + i, TAG_REQ);
     }
-    return rc ? dp_adderr(rc, "worker %d: ending the epoch at the parameter servers", net->rank) : DP_OK;
+    if (rc) {
+        (void)dp_comm_msg_cancel(net->c, m);
+        return dp_adderr(rc, "worker %d: ending the epoch at the parameter servers", net->rank);
+    }
+    double timeout = 2 * net->p.ps.timeout_s;
+    if ((rc = poll_recv(net, m, timeout, NULL, NULL)) == POLL_TIMEOUT)
+        return dp_seterr(DP_ECANCELED, "comm: timeout after %.1f s on rank %d: parameter-server rank %d did not "
+                         "close the epoch (stalled or lost)", timeout, net->rank, net->W);
+    return rc ? dp_adderr(rc, "worker %d: ending the epoch", net->rank) : DP_OK;
 }
 
 /* ---- epoch end ---------------------------------------------------------------------------- */
