@@ -100,6 +100,65 @@ void dp_ps_hist_get(const struct dp_ps *ps, struct dp_ps_hist *out);
 void dp_ps_hist_reset(struct dp_ps *ps);
 int dp_ps_shards(const struct dp_ps *ps);
 
+/* ---- across processes (src/ddp/ps_mpi.c; docs/ddp.md "The parameter server under MPI") ----
+ *
+ * `mpirun -np W + S ... --mode async --servers S`: job ranks 0..W-1 are the
+ * workers (one worker each), ranks W..W+S-1 the servers; server i holds
+ * shard i (dp_comm_split of the slab over S) in a local struct dp_ps of one
+ * shard, which does the apply, the version, the lr schedule.  Messages go
+ * over `c` (the job's process communicator, point-to-point).  Per epoch:
+ *
+ *   worker:  dp_ps_net_claim (the first batch), then per batch
+ *            dp_ps_net_push (push-and-pull, and the next claim), and
+ *            dp_ps_net_end once the claims are exhausted
+ *   server:  dp_ps_net_serve serves until every worker has ended the epoch
+ *   all:     dp_ps_net_collect fills the full parameters, the optimizer
+ *            state and the staleness counters with this rank's part (zeros
+ *            elsewhere) for the trainer's all-reduce (sum over ranks). */
+struct dp_comm;
+struct dp_ps_net;
+struct dp_ps_net_params {
+    struct dp_comm *c;         /* one rank per process; W + S ranks */
+    int servers;               /* S in 1..ranks - 1 */
+    int64_t n;                 /* parameters */
+    int64_t batches;           /* claims per epoch (batches of the dynamic split) */
+    double slow;               /* this server's --simulate-slow factor (>= 1): after each push's
+                                  apply and reply it sleeps (slow - 1) x their time (a stalled
+                                  server, for the timeout tests) */
+    struct dp_ps_params ps;    /* .workers = W, .shards ignored (one per server), async only */
+};
+/* Meta words of dp_ps_net_collect: version, optimizer step, staleness count,
+ * sum, overflow, then the DP_PS_HIST_BUCKETS buckets, then one max per job
+ * rank (a sum of the ranks' words is then every count, and every rank's max). */
+#define DP_PS_NET_META(ranks) (5 + DP_PS_HIST_BUCKETS + (int64_t)(ranks))
+int dp_ps_net_init(struct dp_ps_net **out, const struct dp_ps_net_params *p);
+void dp_ps_net_free(struct dp_ps_net *net);
+int dp_ps_net_is_server(const struct dp_ps_net *net);
+/* Server: loads its shard's slice of params (n), of the optimizer state
+ * (whole-slab layout; NULL: zero), the step and the version. */
+int dp_ps_net_set_state(struct dp_ps_net *net, const float *params, const float *optim_state, int64_t optim_step,
+                        int64_t version);
+/* Server: one epoch of requests, until all W workers have ended it.  A wait
+ * longer than the timeout names the workers that have not ended the epoch. */
+int dp_ps_net_serve(struct dp_ps_net *net);
+/* Worker: the epoch's first batch to compute (*k = -1: none left). */
+int dp_ps_net_claim(struct dp_ps_net *net, int64_t *k);
+/* Worker: pushes the mean gradient g (n floats) of n_samples samples to
+ * every server, receives every fresh shard into params (n floats), the
+ * push's staleness (the max over the servers) and the next batch *k. */
+int dp_ps_net_push(struct dp_ps_net *net, const float *g, double n_samples, float *params, int64_t *staleness,
+                   int64_t *k);
+/* Worker: tells every server it has ended the epoch. */
+int dp_ps_net_end(struct dp_ps_net *net);
+/* Every rank, at an epoch's end: params (n), optim_state (state_len, may be
+ * NULL when 0) and meta (DP_PS_NET_META(ranks) doubles) hold this rank's
+ * part: a server its slices, version and optimizer step (server 0 only for
+ * the scalars); a worker its staleness counters of the epoch, which it then
+ * resets.  The sum over ranks is the server's full state. */
+void dp_ps_net_collect(struct dp_ps_net *net, float *params, float *optim_state, int64_t state_len, double *meta);
+/* The merged histogram from the summed meta words. */
+void dp_ps_net_hist(const double *meta, int ranks, struct dp_ps_hist *h, int64_t *version, int64_t *optim_step);
+
 #ifdef __cplusplus
 }
 #endif

@@ -165,6 +165,10 @@ struct dp_trainer {
      * epoch in that case, the divisor from server versions to schedule steps, the samples
      * pushed so far (for rank 0's step events) and the epoch's staleness (rank 0) */
     struct dp_ps *ps;
+    struct dp_ps_net *psn;     /* ... across processes (`inter`, --servers S ranks): see ps_net_loop */
+    int ps_on;                 /* either of them */
+    int ps_servers;            /* shards (threads) or server ranks (mpi) */
+    int ps_W;                  /* the job's workers: P on threads, processes - S on mpi */
     int ps_dynamic;
     atomic_llong ps_next, ps_samples;
     int64_t ps_batches, ps_div;
@@ -234,6 +238,7 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_free(t->dropped_count);
     dp_backup_star_free(t->star); /* stops rank 0's collector */
     dp_ps_free(t->ps);
+    dp_ps_net_free(t->psn);
     dp_free(t->bk.src);
     dp_free(t->bk.n);
     dp_free(t->bk.arrived);
@@ -258,9 +263,20 @@ static int check_ps(const struct dp_train_params *p) {
                          p->servers ? "--servers" : "--staleness-lr");
     if (!async) return DP_OK;
     const char *mode = p->staleness >= 0 ? "--staleness" : "--mode async";
-    if (p->inter)
-        return dp_seterr(DP_ENOTSUP, "%s is not built yet on MPI (several processes): the parameter server runs "
-                         "on the thread backend in one process (--backend thread)", mode);
+    /* across processes: plain async over --servers S dedicated ranks (ps_net_loop) */
+    if (p->inter && p->staleness >= 0)
+        return dp_seterr(DP_ENOTSUP, "--staleness is not built yet on MPI (several processes): use --mode async "
+                         "there, or --staleness on the thread backend in one process (--backend thread)");
+    if (p->inter && p->deterministic)
+        return dp_seterr(DP_ENOTSUP, "--mode async with --deterministic is not built on MPI (several processes): "
+                         "the replay order across server ranks is not implemented; use --backend thread");
+    if (p->inter && p->workers > 1)
+        return dp_seterr(DP_ENOTSUP, "--mode async across processes needs one worker per process (--workers 1 "
+                         "under mpirun; got %d)", p->workers);
+    if (p->inter && (p->servers ? p->servers : 1) >= dp_comm_world(p->inter))
+        return dp_seterr(DP_EINVAL, "--servers %d leaves no worker: under mpirun the last S of the %d processes "
+                         "serve and the others work, so S must be below %d", p->servers ? p->servers : 1,
+                         dp_comm_world(p->inter), dp_comm_world(p->inter));
     if (p->staleness > DP_PS_MAX_STALENESS)
         return dp_seterr(DP_EINVAL, "--staleness must be in 0..%d (got %d); for no bound use --mode async",
                          DP_PS_MAX_STALENESS, p->staleness);
@@ -465,7 +481,7 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
         /* plain async: this worker reads whichever batch k of ceil(batch / P)
          * samples it claims (dp_loader_seek, then next); no prefetch, as the
          * next batch it will read is not known in advance (ps_loop) */
-        lp.batch = (p->batch + t->P - 1) / t->P;
+        lp.batch = (p->batch + t->ps_W - 1) / t->ps_W;
         lp.rank = 0, lp.world = 1, lp.prefetch = 0;
     }
     if (t->text) {
@@ -615,8 +631,17 @@ static int ps_init(struct dp_trainer *t) {
         return dp_seterr(DP_ENOTSUP, "the parameter server resumes only from an epoch boundary (the checkpoint "
                          "is at step %lld of epoch %lld)", (long long)t->step_in_epoch, (long long)t->epoch + 1);
     t->ps_div = pp.lr_div;
+    t->ps_on = 1;
     atomic_init(&t->ps_next, 0);
     atomic_init(&t->ps_samples, 0);
+    if (p->inter) { /* server ranks: the last S processes; one shard each (src/ddp/ps_mpi.c) */
+        struct dp_ps_net_params np = {.c = p->inter, .servers = t->ps_servers, .n = t->model->num_params,
+                                      .batches = t->ps_batches, .ps = pp};
+        np.ps.workers = pp.workers = t->ps_W, np.ps.lr_div = t->ps_div = t->ps_W;
+        np.slow = t->slow_factor ? t->slow_factor[t->base] : 1;
+        return dp_ps_net_init(&t->psn, &np);
+    }
+    t->ps_servers = pp.shards;
     return dp_ps_init(&t->ps, &pp, t->model->num_params);
 }
 
@@ -633,6 +658,9 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     t->G = p->inter ? t->P * dp_comm_world(p->inter) : t->P;
     t->base = p->inter ? t->P * dp_comm_rank(p->inter) : 0;
     t->slow_rank = -1;
+    /* the parameter server under mpirun: the last S ranks serve (check_ps: one worker each) */
+    t->ps_servers = p->inter && p->async ? (p->servers ? p->servers : 1) : 0;
+    t->ps_W = t->G - t->ps_servers;
     atomic_init(&t->eval_next, 0);
     dp_set_num_threads(p->threads);
 
@@ -1760,7 +1788,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
     int rc;
     t->epoch++;
     t->step_in_epoch = 0;
-    int64_t sstep = t->ps ? t->step / t->ps_div : t->step; /* the server's version counts pushes */
+    int64_t sstep = t->ps_on ? t->step / t->ps_div : t->step; /* the server's version counts pushes */
     struct dp_event ev = {.kind = DP_EVENT_EPOCH, .step = t->step, .epoch = t->epoch,
                           .lr = dp_sched_lr(&t->p.sched, sstep > 0 ? sstep - 1 : 0)};
     ev.positions = t->pos;
@@ -1790,12 +1818,12 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
         ev.shares = t->share_samples, ev.rank_samples = t->rank_samples, ev.nshares = t->G;
     }
     if (t->bk_on) ev.dropped_steps = t->dropped_count, ev.nshares = t->G;
-    if (t->ps) { /* plain async: a faster worker takes more batches */
+    if (t->ps_on) { /* plain async: a faster worker takes more batches (server ranks: 0) */
         for (int r = 0; r < t->G; r++) t->rank_samples[r] = (int64_t)tot[4 + t->G + r];
         ev.rank_samples = t->rank_samples, ev.nshares = t->G;
     }
     const struct dp_ps_hist *sh = &t->ps_hist;
-    if (t->ps) {
+    if (t->ps_on) {
         ev.pushes = sh->count, ev.stale_max = sh->max;
         ev.stale_mean = sh->count ? sh->sum / (double)sh->count : 0;
         ev.stale_p50 = dp_ps_hist_quantile(sh, 0.5), ev.stale_p99 = dp_ps_hist_quantile(sh, 0.99);
@@ -1835,7 +1863,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
             if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"shares\": [", (long long)t->share_samples[r],
                         r == t->G - 1 ? "]" : "") < 0)
                 return metrics_error(t);
-        for (int r = 0; (t->balance || t->ps) && r < t->G; r++)
+        for (int r = 0; (t->balance || t->ps_on) && r < t->G; r++)
             if (fprintf(t->metrics, "%s%lld%s", r ? ", " : ", \"rank_samples\": [", (long long)t->rank_samples[r],
                         r == t->G - 1 ? "]" : "") < 0)
                 return metrics_error(t);
@@ -1846,10 +1874,10 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
                 return metrics_error(t);
         /* parameter server: the epoch's staleness histogram (bucket k: pushes of staleness k, up to
          * the largest nonempty one; overflow: staleness >= DP_PS_HIST_BUCKETS; max exact) */
-        if (t->ps) {
+        if (t->ps_on) {
             if (fprintf(t->metrics, ", \"mode\": \"%s\", \"servers\": %d, \"staleness\": {\"pushes\": %lld, "
                         "\"mean\": %.4f, \"p50\": %lld, \"p99\": %lld, \"max\": %lld, \"overflow\": %lld, \"hist\": [",
-                        t->p.staleness >= 0 ? "ssp" : "async", dp_ps_shards(t->ps), (long long)ev.pushes,
+                        t->p.staleness >= 0 ? "ssp" : "async", t->ps_servers, (long long)ev.pushes,
                         ev.stale_mean, (long long)ev.stale_p50, (long long)ev.stale_p99, (long long)ev.stale_max,
                         (long long)sh->overflow) < 0)
                 return metrics_error(t);
@@ -1924,7 +1952,7 @@ static int step_record(const struct worker *w, int64_t step, int64_t epoch, doub
         if (n >= 0) n = fprintf(w->t->metrics, "]");
     }
     /* parameter server: the staleness of rank 0's push */
-    if (n >= 0 && w->t->ps) n = fprintf(w->t->metrics, ", \"staleness\": %lld", (long long)w->ps_stale);
+    if (n >= 0 && w->t->ps_on) n = fprintf(w->t->metrics, ", \"staleness\": %lld", (long long)w->ps_stale);
     if (n >= 0) n = fprintf(w->t->metrics, "}\n");
     return n < 0 ? metrics_error(w->t) : DP_OK;
 }
@@ -2141,8 +2169,87 @@ static int ps_loop(struct worker *w) {
     return rc;
 }
 
+/* The parameter server across processes (src/ddp/ps_mpi.c): every process
+ * runs this with its one worker thread.  Worker ranks claim batches from
+ * server 0 and push-and-pull as ps_loop does; server ranks serve until
+ * every worker has ended the epoch.  Then all ranks, servers included, end
+ * the epoch together: the server's parameters, optimizer state and version
+ * and the workers' staleness counters are summed over the job (each rank
+ * contributes its part, zeros elsewhere: x + 0 = x exactly), so every rank
+ * holds the server's state for end_epoch's shared evaluation and rank 0's
+ * report and checkpoint (today's format).  The server ranks take part in
+ * end_epoch with zero totals (their rank_samples are 0). */
+static int ps_net_loop(struct worker *w) {
+    struct dp_trainer *t = w->t;
+    struct dp_ps_net *net = t->psn;
+    const struct dp_model *m = t->model;
+    const int64_t spe = t->steps_per_epoch;
+    const int server = dp_ps_net_is_server(net);
+    int64_t epoch = w->epoch, pushes = 0, reported = 0, nmeta = DP_PS_NET_META(t->G);
+    double *meta = dp_malloc(sizeof(double) * (size_t)nmeta);
+    if (!meta) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
+    /* every rank starts from rank 0's parameters (a resume loaded the same
+     * checkpoint everywhere); the servers take their shard of them */
+    int rc = dp_comm_broadcast(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, 0, DP_ALGO_AUTO);
+    if (!rc && server) rc = dp_ps_net_set_state(net, w->rep.params, w->opt.state, w->opt.step, t->step);
+    while (!rc && epoch < t->p.epochs) {
+        double t_start = dp_time();
+        w->wait0 = dp_loader_wait_time(w->loader);
+        w->loss_sum = w->t_fwd = w->t_bwd = w->t_opt = w->t_comm = w->t_exposed = w->t_wait = w->t_slow = 0;
+        w->correct = w->seen = w->skipped = 0;
+        if (server) rc = dp_ps_net_serve(net);
+        else {
+            int64_t k;
+            rc = dp_ps_net_claim(net, &k);
+            while (!rc && k >= 0) {
+                double s0[6], ts = dp_time(), n, loss;
+                phase_sums(w, s0);
+                w->step = pushes; /* the simulated slowness is drawn per (rank, push) */
+                if ((rc = ps_batch(w, epoch, k, &n, &loss))) break;
+                double tp = dp_time();
+                int64_t done_k = k;
+                rc = dp_ps_net_push(net, w->rep.grads, n, w->rep.params, &w->ps_stale, &k);
+                double te = dp_time();
+                w->t_comm += te - tp, w->t_exposed += te - tp;
+                dp_timeline_add(&w->tl, "push", 0, w->step, tp, te);
+                if (rc) break;
+                pushes++;
+                long long done = atomic_fetch_add(&t->ps_samples, (long long)n) + (long long)n;
+                if (w->grank == 0) { /* rank 0's own pushes (the others' are not seen here) */
+                    int64_t in_epoch = ((done_k + 1) * spe + t->ps_batches - 1) / t->ps_batches;
+                    struct dp_event ev = {.kind = DP_EVENT_STEP, .step = epoch * spe + in_epoch, .epoch = epoch,
+                                          .step_in_epoch = in_epoch, .samples = done - reported, .loss = loss,
+                                          .lr = dp_sched_lr(&t->p.sched, epoch * spe + in_epoch - 1),
+                                          .last_rank = -1, .slow_s = w->step_slow, .staleness = w->ps_stale};
+                    reported = done;
+                    emit(t, &ev);
+                    if (t->metrics && (rc = step_record(w, epoch * spe + in_epoch, epoch, loss, n, te - ts, s0, -1)))
+                        break;
+                }
+            }
+            if (!rc) rc = dp_ps_net_end(net);
+        }
+        if (rc) break;
+        /* the server's state on every rank */
+        dp_ps_net_collect(net, w->rep.params, w->opt.state, w->opt.state_len, meta);
+        if ((rc = dp_comm_allreduce(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, DP_ALGO_AUTO)) ||
+            (w->opt.state_len &&
+             (rc = dp_comm_allreduce(w->comm, w->opt.state, w->opt.state_len, DP_DTYPE_F32, DP_ALGO_AUTO))) ||
+            (rc = dp_comm_allreduce(w->comm, meta, nmeta, DP_DTYPE_F64, DP_ALGO_AUTO)))
+            break;
+        int64_t version;
+        dp_ps_net_hist(meta, t->G, &t->ps_hist, &version, &w->opt.step);
+        t->step = version;
+        if ((rc = end_epoch(w, t_start))) break;
+        epoch++;
+    }
+    dp_free(meta);
+    return rc;
+}
+
 static int worker_loop(struct worker *w) {
     struct dp_trainer *t = w->t;
+    if (t->psn) return ps_net_loop(w); /* across processes (above) */
     if (t->ps) return ps_loop(w); /* the parameter server's loop (above) */
     const struct dp_model *m = t->model;
     /* Every worker advances its own copy of the position; they stay equal
