@@ -201,15 +201,20 @@ recs = list(map(json.loads, open('$T/ps/metrics.jsonl')))
 ep = [r for r in recs if r['kind'] == 'epoch']
 assert len(ep) == 2 and all(e['mode'] == 'async' and e['servers'] == 2 for e in ep), ep
 for e in ep:
-    st = e['staleness']
-    assert st['pushes'] == 59 and sum(st['hist']) + st['overflow'] == 59, st   # batches of 17: 59 per epoch
-    assert st['p50'] <= st['p99'] <= st['max'] and sum(e['rank_samples']) == 1000, e
+    assert e['stale_pushes'] == 59 and sum(e['stale_hist']) + e['stale_overflow'] == 59, e   # batches of 17: 59 per epoch
+    assert e['stale_p50'] <= e['stale_p99'] <= e['stale_max'] and sum(e['rank_samples']) == 1000, e
 steps = [r for r in recs if r['kind'] == 'step']
 assert steps and all('staleness' in r for r in steps)
 # rank 0's records stand for every worker: their samples add up to the epochs' samples
 assert sum(r['samples'] for r in steps) == 2000, sum(r['samples'] for r in steps)
 "; then ok ps_async_staleness_reported
 else bad ps_async_staleness_reported "$(tail -3 "$T/ps.log")"; fi
+# dptrain plot reads an async run (flat records) and draws its staleness histogram
+if [[ -s $T/ps/metrics.jsonl ]] && "$BIN" plot --out "$T/psplot" "$T/ps" >"$T/psplot.log" 2>&1 &&
+   grep -q "^wrote .*/staleness.svg" "$T/psplot.log" &&
+   /usr/bin/python3 -c "import xml.dom.minidom, sys; xml.dom.minidom.parse(sys.argv[1])" "$T/psplot/staleness.svg"; then
+  ok ps_async_run_plotted
+else bad ps_async_run_plotted "$(tail -3 "$T/psplot.log")"; fi
 for i in 1 2; do
   "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 3 --mode async --deterministic --out "$T/psd$i" >"$T/psd$i.log" 2>&1
 done
@@ -350,8 +355,8 @@ recs = [json.loads(l) for l in open('$T/psm/metrics.jsonl')]
 ep = [r for r in recs if r['kind'] == 'epoch']
 assert len(ep) == 2 and ep[1]['train_loss'] < ep[0]['train_loss'] and ep[1]['test_acc'] > 0.6, ep
 for e in ep:
-    assert e['mode'] == 'async' and e['servers'] == 1 and e['staleness']['pushes'] == 40, e
-    assert sum(e['staleness']['hist']) == 40 and e['rank_samples'][2] == 0 and sum(e['rank_samples']) == 1000, e
+    assert e['mode'] == 'async' and e['servers'] == 1 and e['stale_pushes'] == 40, e
+    assert sum(e['stale_hist']) == 40 and e['rank_samples'][2] == 0 and sum(e['rank_samples']) == 1000, e
 assert ep[1]['step'] == 80, ep[1]['step']
 st = [r for r in recs if r['kind'] == 'step']
 assert st and all('staleness' in r for r in st)
@@ -370,7 +375,7 @@ import json
 recs = [json.loads(l) for l in open('$T/psm2/metrics.jsonl')]
 ep = [r for r in recs if r['kind'] == 'epoch']
 assert len(ep) == 1 and ep[0]['epoch'] == 3 and ep[0]['step'] == 120 and ep[0]['servers'] == 2, ep
-assert ep[0]['staleness']['pushes'] == 40 and ep[0]['rank_samples'][2:] == [0, 0], ep[0]
+assert ep[0]['stale_pushes'] == 40 and ep[0]['rank_samples'][2:] == [0, 0], ep[0]
 assert abs(100 * ep[0]['test_acc'] - float('$(test_acc_of "$T/psme.log")')) <= 1.0, ep[0]['test_acc']
 " && "$BIN" eval --ckpt "$T/psm2/checkpoint.bin" --data "$DATA" --test-limit 500 >"$T/psm2e.log" 2>&1 &&
      [[ "$(test_acc_of "$T/psm2e.log")" == "$(test_acc_of <(grep '^epoch' "$T/psm2.log"))" ]]; then

@@ -1875,8 +1875,10 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
         /* parameter server: the epoch's staleness histogram (bucket k: pushes of staleness k, up to
          * the largest nonempty one; overflow: staleness >= DP_PS_HIST_BUCKETS; max exact) */
         if (t->ps_on) {
-            if (fprintf(t->metrics, ", \"mode\": \"%s\", \"servers\": %d, \"staleness\": {\"pushes\": %lld, "
-                        "\"mean\": %.4f, \"p50\": %lld, \"p99\": %lld, \"max\": %lld, \"overflow\": %lld, \"hist\": [",
+            /* flat keys: metrics.jsonl lines are flat objects (dptrain plot reads them) */
+            if (fprintf(t->metrics, ", \"mode\": \"%s\", \"servers\": %d, \"stale_pushes\": %lld, "
+                        "\"stale_mean\": %.4f, \"stale_p50\": %lld, \"stale_p99\": %lld, \"stale_max\": %lld, "
+                        "\"stale_overflow\": %lld, \"stale_hist\": [",
                         t->p.staleness >= 0 ? "ssp" : "async", t->ps_servers, (long long)ev.pushes,
                         ev.stale_mean, (long long)ev.stale_p50, (long long)ev.stale_p99, (long long)ev.stale_max,
                         (long long)sh->overflow) < 0)
@@ -1886,7 +1888,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
                 if (sh->bucket[k]) top = k + 1;
             for (int k = 0; k < top; k++)
                 if (fprintf(t->metrics, "%s%lld", k ? ", " : "", (long long)sh->bucket[k]) < 0) return metrics_error(t);
-            if (fprintf(t->metrics, "]}") < 0) return metrics_error(t);
+            if (fprintf(t->metrics, "]") < 0) return metrics_error(t);
         }
         /* text: the test set is the validation windows; perplexity exp(loss) */
         if (t->text && fprintf(t->metrics, ", \"val_loss\": %.6f, \"val_ppl\": %.4f, \"tokens_per_s\": %.1f",

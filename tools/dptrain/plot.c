@@ -69,6 +69,8 @@ static void take_record(const struct dp_json_obj *o, void *arg) {
         push(&in->e_step, num(o, "step")), push(&in->e_time, in->et), push(&in->acc, 100 * num(o, "test_acc"));
         copy_arr(&in->arrival, dp_json_get(o, "rank_arrival_s"));
         in->workers = num(o, "workers"), in->rate = num(o, "samples_per_s");
+        /* a parameter-server run: the epoch's staleness histogram (the last epoch's is drawn) */
+        if (dp_json_get(o, "stale_hist")) copy_arr(&in->stale, dp_json_get(o, "stale_hist"));
     } else if (dp_json_str_is(o, "kind", "simulate")) {
         copy_arr(&in->idle, dp_json_get(o, "idle"));
         copy_arr(&in->stale, dp_json_get(o, "stale_hist"));
@@ -128,7 +130,8 @@ static const char *help_plot =
     "  breakdown.svg     per-step data, forward, backward, exposed comm, optimizer (first run)\n"
     "  wait.svg          per-rank wait for the slowest rank per step (runs with several ranks)\n"
     "  idle.svg          per-worker idle fraction (simulate --json --per-worker)\n"
-    "  staleness.svg     staleness histogram (simulate --json of ssp or async)\n"
+    "  staleness.svg     staleness histogram (simulate --json of ssp or async, or the last\n"
+    "                    epoch of a --mode async / --staleness run)\n"
     "  scaling.svg       predicted samples/s against workers (plan --sweep --json), and each\n"
     "                    run's measured rate at its worker count\n"
     "  timeline.svg      the buckets of one planned step (plan --json)\n"
@@ -224,7 +227,7 @@ int dptrain_cmd_plot(int argc, char **argv) {
         for (int64_t k = 0; k < sh->stale.n; k++) push(&hx, (double)k);
         s[0] = (struct dp_svg_series){sh->name, hx.v, sh->stale.v, hx.n};
         emit("staleness.svg", &(struct dp_svg_plot){DP_SVG_BARS, "Staleness histogram", "staleness (updates)", "updates (count)", 0, 0, 0}, s, 1);
-    } else skip("staleness.svg", "no staleness in the inputs (simulate --json of ssp or async)");
+    } else skip("staleness.svg", "no staleness in the inputs (simulate --json of ssp or async, or an async run)");
     free(ix.v), free(iy.v), free(hx.v);
     /* scaling: predicted curves and measured points (one per run: its last epoch) */
     int npred = ns = gather(s, in, nin, OFF(sw_workers), OFF(sw_rate));
