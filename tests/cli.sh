@@ -806,6 +806,29 @@ else
   skip compress_ckpt_info "$DATA missing"
 fi
 
+# --- ZeRO (docs/ddp.md "ZeRO") ---
+expect_error zero_three_not_built "--zero 3 is not built yet" "$BIN" train --model mlp "${SMALL[@]}" --zero 3
+expect_error zero_range "--zero: '4' is not an integer in 0..3" "$BIN" train --zero 4
+expect_error zero_reduce_alone "--zero-reduce applies to --zero 1 only" "$BIN" train --zero-reduce scatter
+expect_error zero_async "--zero does not work with --mode async" "$BIN" train --model mlp "${SMALL[@]}" --zero 1 --mode async
+if "$BIN" train --help | grep -q -- "--zero N" && "$BIN" train --help | grep -q -- "--zero-reduce HOW"; then ok zero_help
+else bad zero_help "--zero missing from train --help"; fi
+if [[ -r "$DATA/train-images-idx3-ubyte.gz" ]]; then
+  ZS=(--data "$DATA" --train-limit 1000 --test-limit 500 --batch 50 --progress none --optim adamw --lr 0.001)
+  # deterministic: --zero 1 at P = 2 is plain P = 1's bits; its checkpoint (whole-slab optimizer
+  # state) reads with ckpt info and resumes at P = 3 --zero 0 to the same bits as a plain 2-epoch run
+  "$BIN" train --model mlp "${ZS[@]}" --deterministic --epochs 2 --out "$T/z0" >/dev/null 2>&1
+  "$BIN" train --model mlp "${ZS[@]}" --deterministic --workers 2 --zero 1 \
+    --zero-reduce scatter --out "$T/z1" >/dev/null 2>&1
+  "$BIN" train --model mlp "${ZS[@]}" --deterministic --workers 3 --epochs 2 \
+    --resume "$T/z1/checkpoint.bin" --out "$T/z1r" >/dev/null 2>&1
+  if same_hash "$(hash_of "$T/z0/checkpoint.bin")" "$(hash_of "$T/z1r/checkpoint.bin")" &&
+     "$BIN" ckpt info "$T/z1/checkpoint.bin" | grep -q "optimizer"; then ok zero_checkpoint_resumes_plain
+  else bad zero_checkpoint_resumes_plain "$("$BIN" ckpt info "$T/z1/checkpoint.bin" 2>&1 | head -3)"; fi
+else
+  skip zero_checkpoint_resumes_plain "$DATA missing"
+fi
+
 ci_strict=0
 [[ -n ${CI:-} && $CI != 0 && ${CI,,} != false ]] && ci_strict=1
 if [[ $skipped -gt 0 && $ci_strict -eq 1 ]]; then echo "CI=$CI: $skipped skipped fail the run"; fi
