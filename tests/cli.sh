@@ -271,6 +271,27 @@ if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [
     --out "$T/hyb" >"$T/hyb.log" 2>&1
   if "$BIN" ckpt diff "$T/flat4/checkpoint.bin" "$T/hyb/checkpoint.bin" >"$T/hyb.diff" 2>&1; then ok mpi_hybrid_equals_flat
   else bad mpi_hybrid_equals_flat "$(cat "$T/hyb.diff")" "$(tail -3 "$T/hyb.log")"; fi
+  # ZeRO across processes: the shard update and the parameters' all-gather span the job, and
+  # the checkpoint's optimizer state is gathered from every process. Deterministic: 2 processes
+  # with --zero 1 give the bits of one worker (d1), also when the first epoch's --zero 1
+  # checkpoint is resumed by 3 processes with --zero 1 (each takes its shard); hybrid 2 x 2
+  # threads --zero 1 against 4 plain threads
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --deterministic \
+    --zero 1 --out "$T/mpiz" >"$T/mpiz.log" 2>&1
+  h=$(hash_of "$T/mpiz/checkpoint.bin")
+  if same_hash "$h" "$d1"; then ok mpi_zero_deterministic_equals_threads
+  else bad mpi_zero_deterministic_equals_threads "'$h' vs '$d1'" "$(tail -3 "$T/mpiz.log")"; fi
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 1 --deterministic \
+    --zero 1 --out "$T/mpizr" >/dev/null 2>&1
+  timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --deterministic \
+    --zero 1 --out "$T/mpizr" --resume "$T/mpizr/checkpoint.bin" >"$T/mpizr.log" 2>&1
+  h=$(hash_of "$T/mpizr/checkpoint.bin")
+  if same_hash "$h" "$d1"; then ok mpi_zero_resume_on_more_processes
+  else bad mpi_zero_resume_on_more_processes "'$h' vs '$d1'" "$(tail -3 "$T/mpizr.log")"; fi
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --zero 1 \
+    --check-replicas 1 --out "$T/hybz" >"$T/hybz.log" 2>&1
+  if "$BIN" ckpt diff "$T/flat4/checkpoint.bin" "$T/hybz/checkpoint.bin" >"$T/hybz.diff" 2>&1; then ok mpi_zero_hybrid_equals_flat
+  else bad mpi_zero_hybrid_equals_flat "$(cat "$T/hybz.diff")" "$(tail -3 "$T/hybz.log")"; fi
   # --balance across processes: the throughput all-gather and the re-split span the job.
   # Deterministic: 2 processes, rank 1 three times slower, re-planned every 2 steps, give the
   # bits of one worker (det1); normal mode: the slow process's share shrinks (cnn: the sleep
