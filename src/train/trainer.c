@@ -172,6 +172,7 @@ struct dp_trainer {
     struct dp_ps_hist ps_hist;
     float *zstate;             /* ZeRO, rank 0 with out_dir: the whole optimizer state gathered for a
                                   checkpoint (zero_gather_state), in dp_optim's whole-slab layout */
+    int64_t zstate_step;       /* the optimizer step zstate was gathered at (-1: never) */
 };
 
 struct dp_train_params dp_train_default_params(void) {
@@ -653,6 +654,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     t->G = p->inter ? t->P * dp_comm_world(p->inter) : t->P;
     t->base = p->inter ? t->P * dp_comm_rank(p->inter) : 0;
     t->slow_rank = -1;
+    t->zstate_step = -1;
     atomic_init(&t->eval_next, 0);
     dp_set_num_threads(p->threads);
 
@@ -834,8 +836,9 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
     if (t->p.zero) { /* the whole state, gathered by zero_gather_state */
         h.optim_state_len = (int64_t)w->zero.parts * m->num_params;
         state = t->zstate;
-        if (h.optim_state_len && !state)
-            return dp_seterr(DP_EINVAL, "checkpoint: the ZeRO optimizer state was not gathered");
+        if (h.optim_state_len && (!state || t->zstate_step != w->opt.step))
+            return dp_seterr(DP_EINVAL, "checkpoint: the ZeRO optimizer state was not gathered at this step "
+                             "(checkpoints are written at epoch ends and --max-steps)");
     }
     h.param_hash = dp_replica_hash(&w->rep);
     /* The compressor's per-worker state (residuals, PowerSGD's Q), every
@@ -1488,6 +1491,7 @@ static int zero_gather_state(struct worker *w) {
     size_t full = (size_t)w->zero.parts * (size_t)t->model->num_params;
     if (w->grank == 0 && !t->zstate && !(t->zstate = dp_malloc_big(sizeof(float) * full)))
         return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the optimizer state");
+    if (w->grank == 0) t->zstate_step = w->opt.step;
     return dp_zero_state_gather(&w->zero, &w->opt, w->rep.grads, w->grank == 0 ? t->zstate : NULL);
 }
 
