@@ -262,4 +262,11 @@ TEST_T(zero_nonfinite_gradient_named, 120) {
     fprintf(stderr, "    %s\n", dp_errmsg());
     ASSERT_TRUE(strstr(dp_errmsg(), "step 3 ") != NULL);
     ASSERT_TRUE(strstr(dp_errmsg(), "worker 2") != NULL);
+    /* with --skip-nonfinite every worker skips that step alike: the run ends, replicas equal */
+    p.skip_nonfinite = 1;
+    p.check_replicas = 1;
+    p.max_steps = 5;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    ASSERT_OK(dp_trainer_run(t));
+    dp_trainer_free(t);
 }
