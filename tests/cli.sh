@@ -286,6 +286,27 @@ if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [
     --out "$T/hyb" >"$T/hyb.log" 2>&1
   if "$BIN" ckpt diff "$T/flat4/checkpoint.bin" "$T/hyb/checkpoint.bin" >"$T/hyb.diff" 2>&1; then ok mpi_hybrid_equals_flat
   else bad mpi_hybrid_equals_flat "$(cat "$T/hyb.diff")" "$(tail -3 "$T/hyb.log")"; fi
+  # ZeRO across processes: the shard update and the parameters' all-gather span the job, and
+  # the checkpoint's optimizer state is gathered from every process. Deterministic: 2 processes
+  # with --zero 1 give the bits of one worker (d1), also when the first epoch's --zero 1
+  # checkpoint is resumed by 3 processes with --zero 1 (each takes its shard); hybrid 2 x 2
+  # threads --zero 1 against 4 plain threads
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --deterministic \
+    --zero 1 --out "$T/mpiz" >"$T/mpiz.log" 2>&1
+  h=$(hash_of "$T/mpiz/checkpoint.bin")
+  if same_hash "$h" "$d1"; then ok mpi_zero_deterministic_equals_threads
+  else bad mpi_zero_deterministic_equals_threads "'$h' vs '$d1'" "$(tail -3 "$T/mpiz.log")"; fi
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 1 --deterministic \
+    --zero 1 --out "$T/mpizr" >/dev/null 2>&1
+  timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --deterministic \
+    --zero 1 --out "$T/mpizr" --resume "$T/mpizr/checkpoint.bin" >"$T/mpizr.log" 2>&1
+  h=$(hash_of "$T/mpizr/checkpoint.bin")
+  if same_hash "$h" "$d1"; then ok mpi_zero_resume_on_more_processes
+  else bad mpi_zero_resume_on_more_processes "'$h' vs '$d1'" "$(tail -3 "$T/mpizr.log")"; fi
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --zero 1 \
+    --check-replicas 1 --out "$T/hybz" >"$T/hybz.log" 2>&1
+  if "$BIN" ckpt diff "$T/flat4/checkpoint.bin" "$T/hybz/checkpoint.bin" >"$T/hybz.diff" 2>&1; then ok mpi_zero_hybrid_equals_flat
+  else bad mpi_zero_hybrid_equals_flat "$(cat "$T/hybz.diff")" "$(tail -3 "$T/hybz.log")"; fi
   # --balance across processes: the throughput all-gather and the re-split span the job.
   # Deterministic: 2 processes, rank 1 three times slower, re-planned every 2 steps, give the
   # bits of one worker (det1); normal mode: the slow process's share shrinks (cnn: the sleep
@@ -908,6 +929,29 @@ if [[ -r "$DATA/train-images-idx3-ubyte.gz" ]]; then
 else
   skip compress_metrics "$DATA missing"; skip compress_resume_other_workers_note "$DATA missing"
   skip compress_ckpt_info "$DATA missing"
+fi
+
+# --- ZeRO (docs/ddp.md "ZeRO") ---
+expect_error zero_three_not_built "--zero 3 is not built yet" "$BIN" train --model mlp "${SMALL[@]}" --zero 3
+expect_error zero_range "--zero: '4' is not an integer in 0..3" "$BIN" train --zero 4
+expect_error zero_reduce_alone "--zero-reduce applies to --zero 1 only" "$BIN" train --zero-reduce scatter
+expect_error zero_async "--zero does not work with --mode async" "$BIN" train --model mlp "${SMALL[@]}" --zero 1 --mode async
+if "$BIN" train --help | grep -q -- "--zero N" && "$BIN" train --help | grep -q -- "--zero-reduce HOW"; then ok zero_help
+else bad zero_help "--zero missing from train --help"; fi
+if [[ -r "$DATA/train-images-idx3-ubyte.gz" ]]; then
+  ZS=(--data "$DATA" --train-limit 1000 --test-limit 500 --batch 50 --progress none --optim adamw --lr 0.001)
+  # deterministic: --zero 1 at P = 2 is plain P = 1's bits; its checkpoint (whole-slab optimizer
+  # state) reads with ckpt info and resumes at P = 3 --zero 0 to the same bits as a plain 2-epoch run
+  "$BIN" train --model mlp "${ZS[@]}" --deterministic --epochs 2 --out "$T/z0" >/dev/null 2>&1
+  "$BIN" train --model mlp "${ZS[@]}" --deterministic --workers 2 --zero 1 \
+    --zero-reduce scatter --out "$T/z1" >/dev/null 2>&1
+  "$BIN" train --model mlp "${ZS[@]}" --deterministic --workers 3 --epochs 2 \
+    --resume "$T/z1/checkpoint.bin" --out "$T/z1r" >/dev/null 2>&1
+  if same_hash "$(hash_of "$T/z0/checkpoint.bin")" "$(hash_of "$T/z1r/checkpoint.bin")" &&
+     "$BIN" ckpt info "$T/z1/checkpoint.bin" | grep -q "optimizer"; then ok zero_checkpoint_resumes_plain
+  else bad zero_checkpoint_resumes_plain "$("$BIN" ckpt info "$T/z1/checkpoint.bin" 2>&1 | head -3)"; fi
+else
+  skip zero_checkpoint_resumes_plain "$DATA missing"
 fi
 
 ci_strict=0

@@ -29,6 +29,7 @@
 
 #include "comm.h"
 #include "nn.h"
+#include "optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -74,6 +75,10 @@ struct dp_reducer_params {
     int overlap;               /* 1: start buckets during backward; 0: all after it */
     enum dp_comm_algo algo;        /* all-reduce algorithm (AUTO) */
     struct dp_compress_params compress; /* gradient compression (kind NONE: off) */
+    int scatter;               /* ZeRO: instead of the buckets, one reduce-scatter of the whole slab
+                                  after backward (dp_comm_reduce_scatter: rank r's block
+                                  dp_comm_split(n, P, r) holds the sum, the rest is scratch);
+                                  not with compression */
 };
 struct dp_reducer_params dp_reducer_default_params(void);
 
@@ -161,6 +166,56 @@ void dp_reducer_reset_state(struct dp_reducer *r);
 /* The residual e over the gradient slab (num_params floats), or NULL when
  * the scheme keeps none (tests check sum(updates) + e = sum(gradients)). */
 const float *dp_reducer_residual(const struct dp_reducer *r);
+
+/* ---- ZeRO: sharded optimizer state (src/ddp/zero.c; docs/ddp.md "ZeRO") ----
+ * Stage 1.  Worker r of G owns the contiguous shard [off, off + len) =
+ * dp_comm_split(n, G, r) of the flat parameter slab, and keeps the optimizer
+ * state (momentum; AdamW's m and v) of that shard only: the optimizer is
+ * initialised over len floats, not n.  After the reduction (the shard of the
+ * gradient slab holds the global-batch gradient: an all-reduce or a
+ * reduce-scatter of the slab both give it), every worker updates its shard,
+ * then the parameters are all-gathered (dp_comm_allgather over the whole slab
+ * uses exactly this partition), so every replica holds the same full
+ * parameters again.  The update is elementwise, so shard by shard it is the
+ * same bits as the whole-slab update on the same gradient.
+ *
+ *     struct dp_zero z;
+ *     dp_zero_init(&z, comm, n, 1, &optim_params);   // z.off, z.len, z.parts
+ *     dp_optim_init(&opt, &optim_params, z.len);
+ *     each step, after the reduction:
+ *     dp_zero_sumsq(&z, g, &ss);                     // ||g||^2 of the global gradient
+ *     dp_zero_step(&z, &opt, params, g, lr, clip, ss); // shard update + all-gather
+ *
+ * Stage 0 is off (dp_zero_init sets off 0, len n and never communicates). */
+struct dp_zero {
+    int stage;                 /* 0 (off) or 1 */
+    struct dp_comm *comm;
+    int64_t n;                 /* parameters in the slab */
+    int64_t off, len;          /* this worker's shard */
+    int parts;                 /* optimizer state slabs of the layout: 0, 1 (momentum), 2 (AdamW m, v) */
+    double t_g0, t_g1;         /* the last step's all-gather (dp_time) */
+};
+int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, const struct dp_optim_params *op);
+/* *sumsq = the sum over the whole slab of g^2, in double: each worker sums its
+ * shard, one all-reduce of one double adds the G partial sums (so its bits
+ * depend on G; a NaN or Inf anywhere makes it non-finite on every worker,
+ * which is also the step's non-finite check).  Collective. */
+int dp_zero_sumsq(struct dp_zero *z, const float *g, double *sumsq);
+/* The shard update: clip_norm > 0 scales the shard of g by
+ * coef = clip_norm / (sqrt(sumsq) + 1e-6) when coef < 1 (dp_clip_grad_norm's
+ * rule, with the norm from dp_zero_sumsq), then dp_optim_step over the shard
+ * (o initialised over z->len), then the all-gather of params (n floats).
+ * Collective. */
+int dp_zero_step(struct dp_zero *z, struct dp_optim *o, float *params, float *g, float lr, double clip_norm,
+                 double sumsq);
+/* Checkpoints keep today's whole-slab layout (parts slabs of n floats).
+ * dp_zero_state_gather: every worker calls it (collective); part k of the
+ * sharded state is placed in scratch (n floats, any contents: the gradient
+ * slab between steps will do) and all-gathered, and where `full` is not NULL
+ * (the writer) it is copied to full[k n, (k+1) n).  dp_zero_state_take: the
+ * worker's shard of a whole-slab state `full` into o->state. */
+int dp_zero_state_gather(struct dp_zero *z, const struct dp_optim *o, float *scratch, float *full);
+void dp_zero_state_take(const struct dp_zero *z, struct dp_optim *o, const float *full);
 
 #ifdef __cplusplus
 }

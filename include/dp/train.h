@@ -109,6 +109,14 @@ struct dp_train_params {
     int skip_nonfinite;        /* skip steps whose loss or gradient is not finite */
     double comm_timeout;       /* seconds a collective may block before the run fails (0 = off) */
     int deterministic;         /* bit-identical results for any worker count (docs/ddp.md) */
+    /* ZeRO (docs/ddp.md "ZeRO"; dp/ddp.h): 1 = each worker keeps the optimizer state of its
+     * 1/G shard of the parameters, updates that shard and all-gathers the parameters (0 = off;
+     * 2 and 3 are not built yet).  zero_scatter: the gradient is reduce-scattered after backward
+     * (each worker needs only its shard's sum: half an all-reduce's bytes, no overlap) instead
+     * of all-reduced bucket by bucket during backward.  Not with --backup-workers or the
+     * parameter server. */
+    int zero;
+    int zero_scatter;
     int64_t det_chunk;         /* deterministic mode: samples per fixed chunk (default 8) */
     const char *timeline;      /* write a Chrome trace-event file of the run here (NULL = off) */
     /* Fault injection, for the tests of failure handling: at optimizer step

@@ -118,7 +118,7 @@ static void poll(struct dp_reducer *r) {
 void dp_reducer_grad_ready(void *arg, int64_t offset, int64_t count) {
     struct dp_reducer *r = arg;
     (void)count;
-    if (!r->p.overlap || dp__compress_mode(r->cz, r->step) == 2) return;
+    if (!r->p.overlap || r->p.scatter || dp__compress_mode(r->cz, r->step) == 2) return;
     poll(r);
     /* Every bucket whose lowest offset has been reached is complete. */
     while (r->next < r->nb && offset <= r->b[r->next].off) start(r, &r->b[r->next++]);
@@ -143,8 +143,26 @@ static int finish_powersgd(struct dp_reducer *r) {
     return rc;
 }
 
+/* ZeRO (p.scatter): one reduce-scatter of the whole slab after backward.
+ * The ring/rhd reduce-scatter moves (P-1)/P of the bytes each way, half an
+ * all-reduce's; it is not overlapped with backward.  Bucket 0 carries the
+ * timing (the timeline shows one "bucket"). */
+static int finish_scatter(struct dp_reducer *r) {
+    int P = dp_comm_world(r->comm);
+    int64_t n = r->nb ? r->b[0].off + r->b[0].count : 0;
+    double v = (double)(P - 1) / P * 4.0 * (double)n;
+    r->bytes_fp32 = 2 * v, r->bytes_sent = r->bytes_recv = v;
+    double t0 = dp_time();
+    int rc = dp_comm_reduce_scatter(r->comm, r->grads, n, DP_DTYPE_F32, r->p.algo);
+    r->t_end = dp_time();
+    if (r->nb) r->b[0].t_ready = t0, r->b[0].t_done = r->t_end;
+    r->comm_total = r->comm_exposed = r->t_end - t0;
+    return rc;
+}
+
 int dp_reducer_finish(struct dp_reducer *r) {
     r->t_backward_end = dp_time();
+    if (r->p.scatter) return finish_scatter(r);
     if (dp__compress_mode(r->cz, r->step) == 2) return finish_powersgd(r);
     int cmode = dp__compress_mode(r->cz, r->step);
     while (r->next < r->nb) start(r, &r->b[r->next++]);

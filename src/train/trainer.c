@@ -75,7 +75,8 @@ struct worker {
     int rank;                  /* index in this process: w[rank] */
     int grank;                 /* rank in the whole job (= rank with one process) */
     struct dp_replica rep;
-    struct dp_optim opt;
+    struct dp_optim opt;       /* over zero.len floats: the whole slab, or with ZeRO this worker's shard */
+    struct dp_zero zero;
     struct dp_loader *loader;
     struct dp_comm *comm;
     struct dp_reducer red;
@@ -173,6 +174,9 @@ struct dp_trainer {
     atomic_llong ps_next, ps_samples;
     int64_t ps_batches, ps_div;
     struct dp_ps_hist ps_hist;
+    float *zstate;             /* ZeRO, rank 0 with out_dir: the whole optimizer state gathered for a
+                                  checkpoint (zero_gather_state), in dp_optim's whole-slab layout */
+    int64_t zstate_step;       /* the optimizer step zstate was gathered at (-1: never) */
 };
 
 struct dp_train_params dp_train_default_params(void) {
@@ -236,6 +240,7 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_free(t->rank_samples);
     dp_free(t->share_samples);
     dp_free(t->dropped_count);
+    dp_free(t->zstate);
     dp_backup_star_free(t->star); /* stops rank 0's collector */
     dp_ps_free(t->ps);
     dp_ps_net_free(t->psn);
@@ -338,6 +343,18 @@ static int check_params(const struct dp_train_params *p) {
         return dp_seterr(DP_EINVAL, "--backup-workers %d does not work with --deterministic: which ranks are "
                          "dropped depends on timing (only --backup-workers 0 does)", p->backup_workers);
     if ((rc = check_ps(p))) return rc;
+    if (p->zero < 0 || p->zero > 3) return dp_seterr(DP_EINVAL, "--zero must be in 0..3 (got %d)", p->zero);
+    if (p->zero > 1)
+        return dp_seterr(DP_ENOTSUP, "--zero %d is not built yet (ZeRO stage 1, --zero 1, is)", p->zero);
+    if (p->zero && (p->async || p->staleness >= 0))
+        return dp_seterr(DP_EINVAL, "--zero does not work with %s: the parameter server already holds the only "
+                         "optimizer state", p->staleness >= 0 ? "--staleness" : "--mode async");
+    if (p->zero && p->backup)
+        return dp_seterr(DP_ENOTSUP, "--zero does not work with --backup-workers (their steps do not go through "
+                         "the reducer)");
+    if (p->zero_scatter && p->compress.kind != DP_COMPRESS_NONE)
+        return dp_seterr(DP_ENOTSUP, "--compress does not work with --zero-reduce scatter (the compressed forms "
+                         "are all-reduces): use --zero-reduce allreduce");
     if (p->algo < 0 || p->algo >= DP_ALGO_COUNT) return dp_seterr(DP_EINVAL, "unknown all-reduce algorithm");
     /* Deterministic mode promises the same bits for any worker count.  Every
      * compression scheme rounds (bf16, fp16), selects (topk, sign) or
@@ -419,7 +436,8 @@ static int load_checkpoint(struct dp_trainer *t, const char *path) {
     int rc = dp_ckpt_read(path, &h, &payload);
     if (rc) return rc;
     const struct dp_model *m = t->model;
-    struct worker *w0 = &t->w[0];
+    /* the whole-slab layout whatever the stage: with ZeRO each worker takes its shard */
+    int64_t full_state = (int64_t)t->w[0].zero.parts * m->num_params;
     if (strcmp(h.model_spec, m->spec) != 0)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint is for model '%s', this run builds '%s'", path,
                        h.model_spec, m->spec);
@@ -429,10 +447,10 @@ static int load_checkpoint(struct dp_trainer *t, const char *path) {
     else if (h.in_shape[0] != m->in_shape.d[0] || h.in_shape[1] != m->in_shape.d[1] ||
              h.in_shape[2] != m->in_shape.d[2])
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint input shape differs from the data's", path);
-    else if ((int)h.optim_kind != (int)t->p.optim.kind || h.optim_state_len != w0->opt.state_len)
+    else if ((int)h.optim_kind != (int)t->p.optim.kind || h.optim_state_len != full_state)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint optimizer is %s (state %lld floats), this run uses %s (%lld)",
                        path, dp_optim_kind_name((enum dp_optim_kind)h.optim_kind), (long long)h.optim_state_len,
-                       dp_optim_kind_name(t->p.optim.kind), (long long)w0->opt.state_len);
+                       dp_optim_kind_name(t->p.optim.kind), (long long)full_state);
     else if (h.batch != t->p.batch)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint was trained with batch %lld, this run uses %lld "
                        "(the data order would differ)", path, (long long)h.batch, (long long)t->p.batch);
@@ -443,8 +461,7 @@ static int load_checkpoint(struct dp_trainer *t, const char *path) {
         struct worker *w = &t->w[r];
         memcpy(w->rep.params, payload, sizeof(float) * (size_t)h.num_params);
         memcpy(w->rep.buffers, payload + h.num_params, sizeof(float) * (size_t)h.num_buffers);
-        if (h.optim_state_len)
-            memcpy(w->opt.state, payload + h.num_params + h.num_buffers, sizeof(float) * (size_t)h.optim_state_len);
+        if (h.optim_state_len) dp_zero_state_take(&w->zero, &w->opt, payload + h.num_params + h.num_buffers);
         w->opt.step = h.optim_step;
         if (dp_replica_hash(&w->rep) != h.param_hash)
             rc = dp_seterr(DP_EFORMAT, "%s: parameter hash mismatch", path);
@@ -465,8 +482,12 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     w->rank = rank;
     w->grank = t->base + rank;
     int rc = dp_replica_init(&w->rep, t->model, t->max_batch);
-    if (!rc) rc = dp_optim_init(&w->opt, &p->optim, t->model->num_params);
     if (rc) return rc;
+    if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
+    /* ZeRO: the optimizer state of this worker's shard only (the memory win) */
+    if ((rc = dp_zero_init(&w->zero, w->comm, t->model->num_params, p->zero, &p->optim)) ||
+        (rc = dp_optim_init(&w->opt, &p->optim, w->zero.len)))
+        return rc;
     struct dp_loader_params lp = dp_loader_default_params();
     lp.batch = p->batch;
     lp.shuffle = 1;
@@ -495,7 +516,6 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     } else
         rc = dp_loader_init(&w->loader, &t->train, &lp);
     if (rc) return rc;
-    if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
     /* ~10 events per step: 200k covers long runs; later events are counted, not kept */
     if ((rc = dp_timeline_init(&w->tl, p->timeline ? 200000 : 0))) return rc;
     if (p->deterministic) {
@@ -513,6 +533,7 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     rp.algo = (enum dp_comm_algo)p->algo;
     rp.compress = p->compress;
     rp.compress.seed = p->seed;
+    rp.scatter = p->zero && p->zero_scatter;
     if ((rc = dp_reducer_init(&w->red, t->model, w->comm, w->rep.grads, &rp))) return rc;
     w->arrival = dp_calloc((size_t)w->red.nb + 1, sizeof(double));
     w->waits = dp_calloc((size_t)t->G, sizeof(double));
@@ -661,6 +682,8 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     /* the parameter server under mpirun: the last S ranks serve (check_ps: one worker each) */
     t->ps_servers = p->inter && p->async ? (p->servers ? p->servers : 1) : 0;
     t->ps_W = t->G - t->ps_servers;
+
+    t->zstate_step = -1;
     atomic_init(&t->eval_next, 0);
     dp_set_num_threads(p->threads);
 
@@ -838,13 +861,21 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
     h.sched_kind = (uint32_t)t->p.sched.kind;
     h.optim_step = w->opt.step;
     h.optim_state_len = w->opt.state_len;
+    const float *state = w->opt.state;
+    if (t->p.zero) { /* the whole state, gathered by zero_gather_state */
+        h.optim_state_len = (int64_t)w->zero.parts * m->num_params;
+        state = t->zstate;
+        if (h.optim_state_len && (!state || t->zstate_step != w->opt.step))
+            return dp_seterr(DP_EINVAL, "checkpoint: the ZeRO optimizer state was not gathered at this step "
+                             "(checkpoints are written at epoch ends and --max-steps)");
+    }
     h.param_hash = dp_replica_hash(&w->rep);
     /* The compressor's per-worker state (residuals, PowerSGD's Q), every
      * worker's in rank order, as a section after the payload.  Only when
      * this process holds every worker: a multi-process job (mpi) saves
      * none, and its resume starts the residuals at zero (with a note). */
     int64_t len = dp_reducer_state_len(&w->red);
-    if (len == 0 || t->G != t->P) return dp_ckpt_write(path, &h, w->rep.params, w->rep.buffers, w->opt.state);
+    if (len == 0 || t->G != t->P) return dp_ckpt_write(path, &h, w->rep.params, w->rep.buffers, state);
     size_t size = sizeof(struct dp_ckpt_ef) + sizeof(float) * (size_t)len * (size_t)t->P;
     char *data = dp_malloc_big(size);
     if (!data) return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the error-feedback state");
@@ -852,7 +883,7 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
     memcpy(data, &ef, sizeof ef);
     for (int r = 0; r < t->P; r++)
         dp_reducer_state_get(&t->w[r].red, (float *)(void *)(data + sizeof ef) + (size_t)len * (size_t)r);
-    int rc = dp_ckpt_write_section(path, &h, w->rep.params, w->rep.buffers, w->opt.state, DP_CKPT_EF_TAG, data, size);
+    int rc = dp_ckpt_write_section(path, &h, w->rep.params, w->rep.buffers, state, DP_CKPT_EF_TAG, data, size);
     dp_free(data);
     return rc;
 }
@@ -1446,6 +1477,53 @@ static int rebalance(struct worker *w) {
     return dp_loader_set_shares(w->loader, w->bal_share);
 }
 
+/* ---- the update after the reduction -------------------------------------------------------
+ * Plain: every worker checks, clips and updates the whole slab.  ZeRO
+ * (dp/ddp.h): only this worker's shard of g is used (with --zero-reduce
+ * scatter it is the only part that holds the sum), so the non-finite check
+ * and the clipping norm come from the all-reduced shard sums of squares, and
+ * after the shard update the parameters are all-gathered. */
+
+/* *bad = 1 when the reduced gradient is not finite, on every worker alike;
+ * *ss = ||g||^2 with ZeRO (0 otherwise). */
+static int grad_nonfinite(struct worker *w, const float *g, double *ss, int *bad) {
+    *ss = 0;
+    if (!w->t->p.zero) {
+        *bad = any_nonfinite(g, w->t->model->num_params);
+        return DP_OK;
+    }
+    int rc = dp_zero_sumsq(&w->zero, g, ss);
+    *bad = !isfinite(*ss);
+    return rc;
+}
+
+/* [clip to clip_norm] -> optimizer step at lr (ss: ZeRO's ||g||^2). */
+static int update(struct worker *w, float *g, float lr, double clip_norm, double ss) {
+    struct dp_trainer *t = w->t;
+    int64_t np = t->model->num_params;
+    if (!t->p.zero) {
+        if (clip_norm > 0) dp_clip_grad_norm(g, np, clip_norm);
+        return dp_optim_step(&w->opt, w->rep.params, g, np, lr);
+    }
+    int rc = dp_zero_step(&w->zero, &w->opt, w->rep.params, g, lr, clip_norm, ss);
+    if (w->zero.t_g1 > w->zero.t_g0) dp_timeline_add(&w->tl, "gather", 0, w->step, w->zero.t_g0, w->zero.t_g1);
+    return rc;
+}
+
+/* ZeRO checkpoints keep the whole-slab format: every worker takes part in
+ * gathering the optimizer state (dp_zero_state_gather, through its gradient
+ * slab, which is free between steps), and rank 0 keeps it in t->zstate for
+ * dp_trainer_save.  Called by every worker where rank 0 then writes one. */
+static int zero_gather_state(struct worker *w) {
+    struct dp_trainer *t = w->t;
+    if (!t->p.zero || !t->p.out_dir || !w->zero.parts) return DP_OK;
+    size_t full = (size_t)w->zero.parts * (size_t)t->model->num_params;
+    if (w->grank == 0 && !t->zstate && !(t->zstate = dp_malloc_big(sizeof(float) * full)))
+        return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the optimizer state");
+    if (w->grank == 0) t->zstate_step = w->opt.step;
+    return dp_zero_state_gather(&w->zero, &w->opt, w->rep.grads, w->grank == 0 ? t->zstate : NULL);
+}
+
 /* One optimizer step on worker w: `accum` micro-batches, the reduction,
  * the update.  Returns 0, or an error (already with its context). */
 static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
@@ -1613,7 +1691,13 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
      * the same decision here without talking to the others.  The buffers
      * are checked too: a running statistic must not become non-finite even
      * when the gradient stays finite. */
-    if (!t->bk_on && (any_nonfinite(g, m->num_params) || any_nonfinite(w->rep.buffers, m->num_buffers))) {
+    double ss = 0; /* ZeRO: ||g||^2, from the shards */
+    int gbad = 0;
+    if (!t->bk_on) {
+        int rc = grad_nonfinite(w, g, &ss, &gbad);
+        if (rc) return rc;
+    }
+    if (!t->bk_on && (gbad || any_nonfinite(w->rep.buffers, m->num_buffers))) {
         /* Which worker? Each contributes a flag for its own loss. */
         double *flags = dp_calloc((size_t)t->G, sizeof(double));
         if (!flags) return dp_seterr(DP_ENOMEM, "out of memory");
@@ -1637,9 +1721,8 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
                          "statistic) is not finite; try a lower --lr, --clip, or --skip-nonfinite",
                          (long long)w->step, (long long)w->epoch + 1);
     }
-    if (t->p.clip_norm > 0) dp_clip_grad_norm(g, m->num_params, t->p.clip_norm);
     float lr = dp_sched_lr(&t->p.sched, w->step);
-    int rc = dp_optim_step(&w->opt, w->rep.params, g, m->num_params, lr);
+    int rc = update(w, g, lr, t->p.clip_norm, ss);
     if (t->p.fault_kind == DP_FAULT_DIVERGE && w->grank == t->p.fault_worker && w->step == t->p.fault_step)
         w->rep.params[m->num_params / 2] += 1e-3f;
     double t2 = dp_time();
@@ -1733,8 +1816,10 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
     for (int64_t i = 0; i < np; i++) g[i] = (float)(w->acc[i] * scale);
     if (any_nonfinite(g, np))
         return dp_seterr(DP_ENONFINITE, "step %lld: the gradient is not finite", (long long)w->step);
+    /* the whole gradient is here (the accumulators were all-reduced): the
+     * norm is the plain run's, and ZeRO's shard update then gives its bits */
     if (t->p.clip_norm > 0) dp_clip_grad_norm(g, np, t->p.clip_norm);
-    rc = dp_optim_step(&w->opt, w->rep.params, g, np, dp_sched_lr(&t->p.sched, w->step));
+    rc = update(w, g, dp_sched_lr(&t->p.sched, w->step), 0, 0);
     w->t_opt += dp_time() - t1;
     return rc;
 }
@@ -1910,6 +1995,9 @@ static int end_epoch(struct worker *w, double t_start) {
     double test_acc = NAN, test_loss = NAN;
     int rc = epoch_totals(w, tot);
     double dt = dp_time() - t_start;
+    /* the epoch count after this one, as report_epoch will see it: a checkpoint then? */
+    int64_t e = w->epoch + 1;
+    if (!rc && (e == t->p.epochs || (t->p.ckpt_every > 0 && e % t->p.ckpt_every == 0))) rc = zero_gather_state(w);
     if (!rc) rc = evaluate_shared(w, &test_acc, &test_loss);
     if (!rc && w->grank == 0) rc = report_epoch(w, dt, tot, test_acc, test_loss);
     dp_free(tot);
@@ -1999,7 +2087,7 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     H(p->deterministic), H(p->det_chunk), H(p->algo), H(p->overlap), H(p->skip_nonfinite);
     H(p->check_replicas), H(p->accum), H(t->gather_waits), H(p->balance), H(p->backup), H(p->backup_workers);
     H(p->compress.kind), H(p->compress.rank), H(p->compress.fraction), H(p->compress.powersgd_start);
-    H(p->async), H(p->staleness), H(p->staleness_lr), H(p->servers);
+    H(p->async), H(p->staleness), H(p->staleness_lr), H(p->servers), H(p->zero), H(p->zero_scatter);
     out[AGREE_CONFIG] = h;
     h = 0xcbf29ce484222325ull;
     H(w->step), H(w->epoch), H(w->in_epoch);
@@ -2276,6 +2364,7 @@ static int worker_loop(struct worker *w) {
         w->correct = w->seen = w->skipped = 0;
         while (in_epoch < t->batches_per_epoch) {
             if (t->p.max_steps && step >= t->p.max_steps) {
+                if ((rc = zero_gather_state(w))) return rc;
                 if (w->grank == 0) rc = checkpoint(t);
                 return rc ? rc : dp_comm_barrier(w->comm);
             }

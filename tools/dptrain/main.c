@@ -150,6 +150,10 @@ static const char *help_train =
     "  --comm-timeout S    fail a collective that blocks longer than S seconds [off]\n"
     "  --deterministic     bit-identical results for any --workers (fixed chunks, exact sums)\n"
     "  --det-chunk N       deterministic mode: samples per chunk [8]\n"
+    "  --zero N            ZeRO stage: 0 off | 1 each worker keeps the optimizer state of its 1/P\n"
+    "                      shard, updates it and all-gathers the parameters | 2, 3 not built yet [0]\n"
+    "  --zero-reduce HOW   --zero 1's gradient reduction: allreduce (bucketed, overlapped with\n"
+    "                      backward) | scatter (one reduce-scatter after backward) [allreduce]\n"
     "  --timeline FILE     write a Chrome trace (Perfetto, chrome://tracing): one compute and one\n"
     "                      all-reduce track per worker\n"
     "  --simulate-slow RANK:FACTOR[,RANK:FACTOR...]\n"
@@ -388,6 +392,7 @@ static int cmd_train(int argc, char **argv) {
      * the chosen mode would ignore it */
     const char *given_cosine = NULL, *given_step = NULL, *given_sgd = NULL, *given_adamw = NULL;
     const char *given_det = NULL;
+    int given_zr = 0; /* --zero-reduce given */
     int given_psgd_start = 0;
     struct args a = {argc, 0, argv, "train"};
     for (a.i = 1; a.i < argc; a.i++) {
@@ -481,6 +486,13 @@ static int cmd_train(int argc, char **argv) {
         else if (opt(&a, "--staleness", &v)) tp.staleness = (int)parse_int("--staleness", v, 0, 1000);
         else if (opt(&a, "--staleness-lr", NULL)) tp.staleness_lr = 1;
         else if (opt(&a, "--deterministic", NULL)) tp.deterministic = 1;
+        else if (opt(&a, "--zero", &v)) tp.zero = (int)parse_int("--zero", v, 0, 3);
+        else if (opt(&a, "--zero-reduce", &v)) {
+            if (!strcmp(v, "allreduce")) tp.zero_scatter = 0;
+            else if (!strcmp(v, "scatter")) tp.zero_scatter = 1;
+            else die("--zero-reduce: expected allreduce or scatter, got '%s'", v);
+            given_zr = 1;
+        }
         else if (opt(&a, "--det-chunk", &v)) tp.det_chunk = parse_int("--det-chunk", v, 1, 1 << 20), given_det = "--det-chunk";
         else if (opt(&a, "--comm-timeout", &v)) tp.comm_timeout = parse_float("--comm-timeout", v, 0, 1e6);
         else if (opt(&a, "--prefetch", &v)) tp.prefetch = (int)parse_int("--prefetch", v, 0, 64);
@@ -528,6 +540,7 @@ static int cmd_train(int argc, char **argv) {
     if (given_adamw && tp.optim.kind != DP_OPTIM_ADAMW)
         die("%s applies to --optim adamw only (this run's optimizer is %s)", given_adamw,
             dp_optim_kind_name(tp.optim.kind));
+    if (given_zr && !tp.zero) die("--zero-reduce applies to --zero 1 only");
     if (given_det && !tp.deterministic) die("%s applies to --deterministic runs only", given_det);
     if (given_psgd_start && tp.compress.kind != DP_COMPRESS_POWERSGD)
         die("--powersgd-start applies to --compress powersgd:RANK only (this run's is %s)",

@@ -1,0 +1,273 @@
+/* ZeRO stage 1 (--zero 1; src/ddp/zero.c): each worker keeps the optimizer
+ * state of its 1/P shard, and the run trains the same model as plain data
+ * parallelism (the same bits under --deterministic); checkpoints keep the
+ * whole-slab format, so any stage and worker count resumes them. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp/comm.h"
+#include "dp/ddp.h"
+#include "dp/train.h"
+#include "test.h"
+
+#include "ddp_util.h"
+
+/* The same recipe with ZeRO off and on (both reductions) at P = 1..maxP: the
+ * parameters and buffers agree to 1e-6 relative.  mlp has 669706
+ * parameters: shards of 223236/223235 at P = 3 and 167427/167426 at P = 4.
+ * The all-reduce form sums exactly as plain does (the same buckets), so it
+ * differs only through the clipping norm's summation order; the
+ * reduce-scatter form also sums in another order. */
+static void equivalence(struct dp_train_params p, int minP, int maxP, const char *what) {
+    require_data();
+    for (int P = minP; P <= maxP; P++) {
+        p.workers = P;
+        p.zero = 0, p.zero_scatter = 0;
+        p.check_replicas = 0;
+        int64_t n0, n;
+        float *ref = train(&p, &n0);
+        for (int sc = 0; sc <= (P > 1); sc++) { /* one worker reduces nothing: no scatter form */
+            p.zero = 1, p.zero_scatter = sc;
+            p.check_replicas = 1; /* the all-gather leaves every replica the same bits */
+            float *got = train(&p, &n);
+            ASSERT_EQ(n, n0);
+            double d = rel_diff(ref, got, n);
+            fprintf(stderr, "    %s P=%d --zero 1 (%s) vs --zero 0: %.2e\n", what, P, sc ? "scatter" : "allreduce", d);
+            ASSERT_TRUE(d <= 1e-6);
+            free(got);
+        }
+        free(ref);
+    }
+}
+
+/* AdamW with clipping (the shard-norm path) on a cosine schedule. */
+TEST_T(zero_equivalence_mlp_adamw_clip, 300) {
+    struct dp_train_params p = base("mlp", 1);
+    p.optim.kind = DP_OPTIM_ADAMW;
+    p.optim.weight_decay = 0.01f;
+    p.sched.base_lr = 1e-3f;
+    p.sched.kind = DP_SCHED_COSINE;
+    p.sched.warmup_steps = 3;
+    p.clip_norm = 0.5; /* below the gradient's norm: every step clips */
+    p.max_steps = 4;
+    equivalence(p, 1, 4, "mlp adamw clip");
+}
+/* Nesterov SGD with accumulation (the reduced sum scaled after the reduction). */
+TEST_T(zero_equivalence_mlp_nesterov_accum, 300) {
+    struct dp_train_params p = base("mlp", 1);
+    p.optim.nesterov = 1;
+    p.batch = 30;
+    p.accum = 2;
+    p.max_steps = 4;
+    equivalence(p, 3, 4, "mlp nesterov accum");
+}
+TEST_T(zero_equivalence_cnn, 300) {
+    struct dp_train_params p = base("cnn", 1);
+    p.max_steps = 2;
+    equivalence(p, 2, 3, "cnn");
+}
+/* SyncBatchNorm: the buffers are compared too (lr 0.01: see test_ddp.c). */
+TEST_T(zero_equivalence_resnet, 300) {
+    struct dp_train_params p = base("resnet", 1);
+    p.sched.base_lr = 0.01f;
+    p.max_steps = 2;
+    equivalence(p, 3, 3, "resnet");
+}
+
+/* Deterministic mode: exact sums give exact shards, so --zero 1 is the same
+ * bits as plain deterministic training at P = 1, for P = 1..4 (AdamW and
+ * clipping included). */
+TEST_T(zero_deterministic_bit_identical, 300) {
+    require_data();
+    struct dp_train_params p = base("mlp", 1);
+    p.optim.kind = DP_OPTIM_ADAMW;
+    p.sched.base_lr = 1e-3f;
+    p.clip_norm = 0.5;
+    p.deterministic = 1;
+    p.max_steps = 3;
+    int64_t n0, n;
+    float *ref = train(&p, &n0);
+    for (int P = 1; P <= 4; P++) {
+        p.workers = P;
+        p.zero = 1;
+        float *got = train(&p, &n);
+        ASSERT_EQ(n, n0);
+        fprintf(stderr, "    deterministic P=%d --zero 1: %s\n", P,
+                memcmp(ref, got, sizeof(float) * (size_t)n) ? "differs" : "same bits");
+        ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
+        free(got);
+    }
+    free(ref);
+}
+
+/* A checkpoint written by --zero 1 at P = 2 holds the whole optimizer state
+ * (today's format): resumed at P = 3 --zero 0, at P = 1, and at P = 3
+ * --zero 1, the run ends with the very bits of an uninterrupted plain run
+ * (deterministic mode, AdamW: both moments must come back in place). */
+TEST_T(zero_checkpoint_any_stage_any_workers, 300) {
+    require_data();
+    struct dp_train_params p = base("mlp", 1);
+    p.optim.kind = DP_OPTIM_ADAMW;
+    p.sched.base_lr = 1e-3f;
+    p.deterministic = 1;
+    p.train_limit = 480; /* 8 steps */
+    int64_t n0, n;
+    float *ref = train(&p, &n0); /* the whole epoch, plain */
+    char dir[512], ck[600];
+    snprintf(dir, sizeof dir, "%s/zero", dp_test_tmpdir());
+    snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
+    struct dp_train_params a = p;
+    a.workers = 2, a.zero = 1, a.max_steps = 5, a.out_dir = dir;
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &a));
+    ASSERT_OK(dp_trainer_run(t));
+    dp_trainer_free(t);
+    struct dp_ckpt_header h;
+    float *payload;
+    ASSERT_OK(dp_ckpt_read(ck, &h, &payload));
+    ASSERT_EQ(h.step, 5);
+    ASSERT_EQ(h.optim_state_len, 2 * h.num_params); /* m and v of the whole slab */
+    dp_free(payload);
+    const int workers[3] = {3, 1, 3}, zero[3] = {0, 0, 1};
+    for (int k = 0; k < 3; k++) {
+        struct dp_train_params b = p;
+        b.workers = workers[k], b.zero = zero[k], b.resume = ck;
+        float *got = train(&b, &n);
+        ASSERT_EQ(n, n0);
+        fprintf(stderr, "    saved P=2 --zero 1, resumed P=%d --zero %d: %s\n", workers[k], zero[k],
+                memcmp(ref, got, sizeof(float) * (size_t)n) ? "differs" : "same bits as uninterrupted");
+        ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
+        free(got);
+    }
+    free(ref);
+}
+
+/* Compression composes with the all-reduce form (the reducer still hands
+ * every worker the whole reduced gradient): --zero 1 --compress bf16 trains
+ * the model of --compress bf16. */
+TEST_T(zero_with_bf16_compression, 300) {
+    require_data();
+    struct dp_train_params p = base("mlp", 2);
+    p.max_steps = 6;
+    p.compress.kind = DP_COMPRESS_BF16;
+    int64_t n0, n;
+    float *ref = train(&p, &n0);
+    p.zero = 1;
+    float *got = train(&p, &n);
+    double d = rel_diff(ref, got, n);
+    fprintf(stderr, "    bf16 --zero 1 vs --zero 0: %.2e\n", d);
+    ASSERT_TRUE(d <= 1e-6);
+    free(ref), free(got);
+}
+
+/* --check-replicas still catches a replica that drifts after the all-gather. */
+TEST_T(zero_check_replicas_names_diverged_worker, 120) {
+    require_data();
+    struct dp_train_params p = base("mlp", 3);
+    p.zero = 1;
+    p.fault_kind = DP_FAULT_DIVERGE;
+    p.fault_worker = 1;
+    p.fault_step = 2;
+    p.check_replicas = 3;
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    int rc = dp_trainer_run(t);
+    dp_trainer_free(t);
+    ASSERT_EQ(rc, DP_EMISMATCH);
+    ASSERT_TRUE(strstr(dp_errmsg(), "replica of worker 1 diverged") != NULL);
+}
+
+/* The memory win, counted by the allocator: with AdamW (two moments of 4
+ * bytes) the P workers of --zero 1 hold 8 (n - n / P) x P bytes of optimizer
+ * state less than plain workers (n = parameters). */
+static size_t live_bytes;
+static void *count_alloc(size_t size, void *user) {
+    (void)user;
+    char *p = NULL;
+    if (posix_memalign((void **)&p, 64, size + 64) != 0) return NULL;
+    memcpy(p, &size, sizeof size);
+    live_bytes += size;
+    return p + 64;
+}
+static void count_free(void *q, void *user) {
+    (void)user;
+    char *p = (char *)q - 64;
+    size_t size;
+    memcpy(&size, p, sizeof size);
+    live_bytes -= size;
+    free(p);
+}
+static size_t live_after_init(struct dp_train_params p) {
+    struct dp_allocator a = {count_alloc, count_free, NULL};
+    dp_set_allocator(&a);
+    size_t before = live_bytes;
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    size_t live = live_bytes - before;
+    dp_trainer_free(t);
+    dp_set_allocator(NULL);
+    return live;
+}
+TEST_T(zero_optimizer_state_is_sharded, 120) {
+    require_data();
+    struct dp_train_params p = base("mlp", 4);
+    p.optim.kind = DP_OPTIM_ADAMW;
+    size_t plain = live_after_init(p);
+    p.zero = 1;
+    size_t zero = live_after_init(p);
+    double n = 669706, saved = 8.0 * (n - n / 4) * 4;
+    fprintf(stderr, "    live bytes after init, P=4 adamw: --zero 0 %zu, --zero 1 %zu (saved %.0f, expected %.0f)\n",
+            plain, zero, (double)plain - (double)zero, saved);
+    ASSERT_TRUE(fabs(((double)plain - (double)zero) - saved) < 1024.0); /* allocation rounding only */
+}
+
+TEST(zero_refusals_one_line) {
+    require_data();
+    struct dp_train_params p = base("mlp", 2);
+    struct dp_trainer *t;
+    p.zero = 3;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "not built yet");
+    p.zero = 2;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "not built yet");
+    p.zero = 4;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--zero must be in 0..3");
+    p.zero = 1;
+    p.async = 1;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--mode async");
+    p.async = 0;
+    p.backup = 1, p.backup_workers = 1;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--backup-workers");
+    p.backup = 0, p.backup_workers = 0;
+    p.zero_scatter = 1;
+    p.compress.kind = DP_COMPRESS_BF16;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--zero-reduce allreduce");
+}
+
+/* The non-finite check comes from the all-reduced shard sums of squares
+ * (with --zero-reduce scatter only the shard holds the sum): a NaN in one
+ * worker's input stops the run at that step, naming the worker. */
+TEST_T(zero_nonfinite_gradient_named, 120) {
+    require_data();
+    struct dp_train_params p = base("mlp", 3);
+    p.zero = 1, p.zero_scatter = 1;
+    p.fault_kind = DP_FAULT_NAN;
+    p.fault_worker = 2;
+    p.fault_step = 3;
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    int rc = dp_trainer_run(t);
+    dp_trainer_free(t);
+    ASSERT_EQ(rc, DP_ENONFINITE);
+    fprintf(stderr, "    %s\n", dp_errmsg());
+    ASSERT_TRUE(strstr(dp_errmsg(), "step 3 ") != NULL);
+    ASSERT_TRUE(strstr(dp_errmsg(), "worker 2") != NULL);
+    /* with --skip-nonfinite every worker skips that step alike: the run ends, replicas equal */
+    p.skip_nonfinite = 1;
+    p.check_replicas = 1;
+    p.max_steps = 5;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    ASSERT_OK(dp_trainer_run(t));
+    dp_trainer_free(t);
+}
