@@ -682,7 +682,6 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     /* the parameter server under mpirun: the last S ranks serve (check_ps: one worker each) */
     t->ps_servers = p->inter && p->async ? (p->servers ? p->servers : 1) : 0;
     t->ps_W = t->G - t->ps_servers;
-
     t->zstate_step = -1;
     atomic_init(&t->eval_next, 0);
     dp_set_num_threads(p->threads);
