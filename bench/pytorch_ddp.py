@@ -85,6 +85,16 @@ def parse_args(argv=None):
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket_cap_mb [25, the default]")
     p.add_argument("--ddp-at-1", action="store_true", help="with --world 1: still wrap the model in DDP")
     p.add_argument("--port", type=int, default=0, help="TCP port of the rendezvous [a free one]")
+    p.add_argument("--master-addr", default="127.0.0.1",
+                   help="address of rank 0's rendezvous [127.0.0.1]; with ranks started by hand (--rank) on "
+                        "other hosts, e.g. bench/compression.sh's emulated hosts")
+    p.add_argument("--comm-hook", default="none", choices=["none", "bf16", "fp16", "powersgd"],
+                   help="DDP communication hook from torch.distributed.algorithms.ddp_comm_hooks: "
+                        "bf16_compress_hook, fp16_compress_hook or powerSGD_hook [none]")
+    p.add_argument("--powersgd-rank", type=int, default=4, help="powerSGD_hook's matrix_approximation_rank [4]")
+    p.add_argument("--powersgd-start", type=int, default=2,
+                   help="powerSGD_hook's start_powerSGD_iter (plain all-reduce before; PyTorch needs >= 2 "
+                        "with error feedback) [2]")
     p.add_argument("--timeout", type=float, default=1800, help="collective timeout in seconds [1800]")
     p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the launcher
     return p.parse_args(argv)
@@ -164,7 +174,7 @@ def worker(args):
 
     use_pg = world > 1 or args.ddp_at_1
     if use_pg:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank,
+        dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.port}", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=args.timeout))
 
     torch.manual_seed(args.seed)                       # same initial weights on every rank
@@ -180,6 +190,17 @@ def worker(args):
     net = pt.build_model(args.model)
     nparams = sum(p.numel() for p in net.parameters())
     model = DDP(net, bucket_cap_mb=args.bucket_cap_mb) if use_pg else net
+    if use_pg and args.comm_hook != "none":
+        # PyTorch's own hooks: bf16/fp16 cast each bucket and all-reduce it at 16 bits;
+        # PowerSGD (rank r, error feedback, warm start, min_compression_rate 2) as its docs set it up
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+        if args.comm_hook == "powersgd":
+            st = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
+                                             start_powerSGD_iter=args.powersgd_start, random_seed=args.seed)
+            model.register_comm_hook(st, powerSGD_hook.powerSGD_hook)
+        else:
+            model.register_comm_hook(None, default_hooks.bf16_compress_hook if args.comm_hook == "bf16"
+                                     else default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum, nesterov=args.nesterov,
                           weight_decay=args.weight_decay)
     n = xtr.shape[0]
@@ -188,6 +209,7 @@ def worker(args):
     if rank == 0:
         print(f"pytorch {torch.__version__}: model {args.model} ({nparams} parameters), global batch "
               f"{args.batch} over {world} process(es){' (DDP, gloo)' if use_pg else ' (no DDP)'}, "
+              f"comm hook {args.comm_hook}, "
               f"sgd lr {args.lr} momentum {args.momentum}{' nesterov' if args.nesterov else ''} "
               f"wd {args.weight_decay} schedule {args.schedule}, {args.threads} thread(s) per process "
               f"(torch {torch.get_num_threads()}), {n} train / {xte.shape[0]} test samples "

@@ -906,9 +906,14 @@ expect_error compress_powersgd_zero "powersgd:RANK needs an integer RANK in 1..1
 expect_error compress_unknown "unknown scheme 'zip'" "$BIN" train --compress zip
 expect_error compress_powersgd_start_alone "powersgd-start applies to --compress powersgd:RANK only" \
   "$BIN" train --compress topk:0.1 --powersgd-start 3
+expect_error compress_no_ef_bf16 "--no-error-feedback applies to --compress topk, sign and powersgd only (bf16 keeps no residual)" \
+  "$BIN" train --compress bf16 --no-error-feedback
+expect_error compress_no_ef_alone "--no-error-feedback applies to --compress topk, sign and powersgd only (none keeps no residual)" \
+  "$BIN" train --no-error-feedback
 expect_error compress_with_deterministic "compress bf16 does not work with --deterministic" \
   "$BIN" train --model mlp "${SMALL[@]}" --workers 2 --compress bf16 --deterministic
-if "$BIN" train --help | grep -q -- "--compress SPEC" && "$BIN" train --help | grep -q -- "--powersgd-start"; then
+if "$BIN" train --help | grep -q -- "--compress SPEC" && "$BIN" train --help | grep -q -- "--powersgd-start" &&
+   "$BIN" train --help | grep -q -- "--no-error-feedback"; then
   ok compress_help
 else bad compress_help "--compress missing from train --help"; fi
 if [[ -r "$DATA/train-images-idx3-ubyte.gz" ]]; then

@@ -310,6 +310,44 @@ TEST(compress_powersgd_error_feedback_conserves) {
                         "powersgd:2");
 }
 
+/* --no-error-feedback (cp.no_ef): each step compresses its gradient alone,
+ * so the last step's slab plus the residuals (what that step left out)
+ * equals the last step's gradients; with error feedback it does not (the
+ * residual also carries the earlier steps), which the test checks too, so
+ * it can tell the two apart. */
+static double last_step_gap(struct dp_compress_params cp, double *scale) {
+    struct team t = {.cp = cp, .P = 2, .steps = STEPS};
+    run_team(&t);
+    double worst = 0;
+    *scale = 0;
+    for (int64_t i = 0; i < t.n; i++) {
+        double g = t.lastg[i] + t.lastg[t.n + i], e = t.resid[i] + t.resid[t.n + i];
+        worst = fmax(worst, fabs(t.last[i] + e - g));
+        *scale = fmax(*scale, fabs(g));
+    }
+    team_free(&t);
+    return worst;
+}
+
+TEST(compress_no_error_feedback_drops_the_residual) {
+    const struct dp_compress_params cps[] = {
+        {.kind = DP_COMPRESS_TOPK, .fraction = 0.05},
+        {.kind = DP_COMPRESS_SIGN},
+        {.kind = DP_COMPRESS_POWERSGD, .rank = 1, .compress_all = 1},
+    };
+    for (size_t k = 0; k < sizeof cps / sizeof cps[0]; k++) {
+        struct dp_compress_params cp = cps[k];
+        double s_ef, s_no;
+        double with_ef = last_step_gap(cp, &s_ef);
+        cp.no_ef = 1;
+        double without = last_step_gap(cp, &s_no);
+        fprintf(stderr, "    %s: last step |slab + residual - gradient| %.3g without EF, %.3g with (scale %.3g)\n",
+                dp_compress_name(cp.kind), without, with_ef, s_no);
+        ASSERT_TRUE(without <= 1e-5 * s_no);
+        ASSERT_TRUE(with_ef > 1e-2 * s_ef);
+    }
+}
+
 TEST(compress_powersgd_full_rank_reconstructs) {
     /* rank >= every matrix's smaller side: P spans the row space of the
      * summed M, so P P^T M = M: the exact sum up to rounding */

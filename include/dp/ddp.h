@@ -55,6 +55,9 @@ struct dp_compress_params {
     uint64_t seed;             /* powersgd: Q's initial values, from (seed, DP_RNG_POWERSGD, tensor) */
     int compress_all;          /* powersgd, for tests: compress every matrix, even where
                                   r (n + m) is not 2x smaller than n m */
+    int no_ef;                 /* topk, sign, powersgd: no error feedback (--no-error-feedback,
+                                  to measure what it buys): each step compresses g alone; the
+                                  residual then holds only what that step left out */
 };
 /* "none", "bf16", "fp16", "powersgd", "topk", "sign" ("unknown" out of range). */
 const char *dp_compress_name(enum dp_compress k);

@@ -418,6 +418,7 @@ int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, floa
          * ranks of the pairs, added in rank order. */
         float *e = c->e + z->off;
         uint32_t *idx = c->idx;
+        if (c->p.no_ef) memset(e, 0, sizeof(float) * (size_t)n); /* no feedback: e = g */
         e_to_slab(e, n, unit);
         for (int64_t j = 0; j < n; j++) e[j] += g[j], idx[j] = (uint32_t)j;
         dp__topk_select(e, idx, n, z->k);
@@ -435,6 +436,7 @@ int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, floa
          * sum over ranks of scale_r sign_r, in rank order. */
         float *e = c->e + z->off;
         double l1 = 0;
+        if (c->p.no_ef) memset(e, 0, sizeof(float) * (size_t)n); /* no feedback: p = g */
         e_to_slab(e, n, unit);
         for (int64_t j = 0; j < n; j++) e[j] += g[j], l1 += fabs((double)e[j]);
         float scale = n ? (float)(l1 / (double)n) : 0;
@@ -511,6 +513,7 @@ int dp__compress_powersgd(struct dp_compressor *c, float *grads, float unit, enu
         const struct pz_tensor *x = &c->t[k];
         float *M = c->e + x->off;
         const float *g = grads + x->off;
+        if (c->p.no_ef) memset(M, 0, sizeof(float) * (size_t)(x->n * x->m)); /* no feedback: M = g */
         e_to_slab(M, x->n * x->m, unit);
         for (int64_t j = 0; j < x->n * x->m; j++) M[j] += g[j];
         dp_gemm(0, 0, x->n, x->r, x->m, 1.0f, M, x->m, c->q + x->qoff, x->r, 0.0f, A + x->poff, x->r);

@@ -145,6 +145,8 @@ static const char *help_train =
     "                      sign [none]; topk, sign and powersgd keep an error-feedback residual\n"
     "                      per worker (saved in checkpoints); see docs/ddp.md\n"
     "  --powersgd-start N  powersgd: plain all-reduce before optimizer step N [0]\n"
+    "  --no-error-feedback topk, sign, powersgd: drop the residual instead of adding it to the next\n"
+    "                      step's gradient (to measure what error feedback buys)\n"
     "  --check-replicas N  compare every replica's parameter hash every N steps [off]\n"
     "  --skip-nonfinite    skip steps whose loss or gradient is NaN/Inf instead of stopping\n"
     "  --comm-timeout S    fail a collective that blocks longer than S seconds [off]\n"
@@ -393,7 +395,7 @@ static int cmd_train(int argc, char **argv) {
     const char *given_cosine = NULL, *given_step = NULL, *given_sgd = NULL, *given_adamw = NULL;
     const char *given_det = NULL;
     int given_zr = 0; /* --zero-reduce given */
-    int given_psgd_start = 0;
+    int given_psgd_start = 0, given_no_ef = 0;
     struct args a = {argc, 0, argv, "train"};
     for (a.i = 1; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
@@ -462,6 +464,8 @@ static int cmd_train(int argc, char **argv) {
             if (dp_compress_parse(v, &tp.compress)) die("%s", dp_errmsg());
         } else if (opt(&a, "--powersgd-start", &v))
             tp.compress.powersgd_start = parse_int("--powersgd-start", v, 0, INT64_MAX / 2), given_psgd_start = 1;
+        else if (opt(&a, "--no-error-feedback", NULL))
+            tp.compress.no_ef = 1, given_no_ef = 1;
         else if (opt(&a, "--check-replicas", &v)) tp.check_replicas = parse_int("--check-replicas", v, 0, INT64_MAX / 2);
         else if (opt(&a, "--skip-nonfinite", NULL)) tp.skip_nonfinite = 1;
         else if (opt(&a, "--timeline", &v)) tp.timeline = v;
@@ -544,6 +548,10 @@ static int cmd_train(int argc, char **argv) {
     if (given_det && !tp.deterministic) die("%s applies to --deterministic runs only", given_det);
     if (given_psgd_start && tp.compress.kind != DP_COMPRESS_POWERSGD)
         die("--powersgd-start applies to --compress powersgd:RANK only (this run's is %s)",
+            dp_compress_name(tp.compress.kind));
+    if (given_no_ef && tp.compress.kind != DP_COMPRESS_TOPK && tp.compress.kind != DP_COMPRESS_SIGN &&
+        tp.compress.kind != DP_COMPRESS_POWERSGD)
+        die("--no-error-feedback applies to --compress topk, sign and powersgd only (%s keeps no residual)",
             dp_compress_name(tp.compress.kind));
     if (prog_state.mode == PROG_AUTO) prog_state.mode = isatty(2) ? PROG_BAR : PROG_LINES;
     tp.on_event = on_event;
