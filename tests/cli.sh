@@ -209,6 +209,20 @@ assert steps and all('staleness' in r for r in steps)
 assert sum(r['samples'] for r in steps) == 2000, sum(r['samples'] for r in steps)
 "; then ok ps_async_staleness_reported
 else bad ps_async_staleness_reported "$(tail -3 "$T/ps.log")"; fi
+# a checkpoint of another mode resumes at this mode's position in the schedule, with a note: async
+# counts pushes (40 per epoch of mlp at 2 workers, batches of 25), sync global batches (20)
+"$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 2 --mode async --out "$T/xm" >/dev/null 2>&1
+"$BIN" train --model mlp --epochs 3 "${SMALL[@]}" --workers 2 --resume "$T/xm/checkpoint.bin" --out "$T/xm" >"$T/xm.log" 2>&1
+"$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 2 --out "$T/xs" >/dev/null 2>&1
+"$BIN" train --model mlp --epochs 3 "${SMALL[@]}" --workers 2 --mode async --resume "$T/xs/checkpoint.bin" --out "$T/xs" \
+  >"$T/xs.log" 2>&1
+if grep -q "^note: the checkpoint's step 80 .* is 40 in this run (synchronous, 2 workers)" "$T/xm.log" &&
+   "$BIN" ckpt info "$T/xm/checkpoint.bin" | grep -q "^step: *60 (epoch 3, step 0 in epoch)" &&
+   grep -q "^note: the checkpoint's step 40 .* is 80 in this run (--mode async, 2 workers)" "$T/xs.log" &&
+   "$BIN" ckpt info "$T/xs/checkpoint.bin" | grep -q "^step: *120 (epoch 3, step 0 in epoch)" &&
+   ! grep -q "^note:" "$T/ps.log"; then
+  ok ps_resume_across_modes
+else bad ps_resume_across_modes "$(grep note "$T/xm.log" "$T/xs.log")"; fi
 # dptrain plot reads an async run (flat records) and draws its staleness histogram
 if [[ -s $T/ps/metrics.jsonl ]] && "$BIN" plot --out "$T/psplot" "$T/ps" >"$T/psplot.log" 2>&1 &&
    grep -q "^wrote .*/staleness.svg" "$T/psplot.log" &&

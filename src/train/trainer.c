@@ -160,7 +160,7 @@ struct dp_trainer {
     struct dp_backup_star *star; /* ... across processes (with `inter`): through rank 0 instead */
     struct backup bk;
     int64_t *dropped_count;    /* (G) rank 0, with bk_on: this epoch's steps each rank was dropped */
-    char note[256];            /* for the caller: what the resume changed (dp_trainer_note) */
+    char note[512];            /* for the caller: what the resume changed (dp_trainer_note) */
     /* parameter server (--mode async; see ps_loop): the server, whether the workers claim
      * batches dynamically (plain async) and the epoch's next batch to claim, batches per
      * epoch in that case, the divisor from server versions to schedule steps, the samples
@@ -474,6 +474,30 @@ static int load_checkpoint(struct dp_trainer *t, const char *path) {
     dp_free(payload);
     if (!rc) rc = load_ef_state(t, path);
     return rc;
+}
+
+/* At an epoch boundary the position in the schedule follows from the epoch,
+ * and each mode counts it its own way: synchronous and SSP in global batches
+ * (steps_per_epoch per epoch), plain async in pushes (ps_batches per epoch:
+ * batches of batch / P), the replay in clock x P + r (steps_per_epoch x P).
+ * The checkpoint's step is its own mode's count; one saved by another mode,
+ * worker count or --train-limit would put this run at a wrong point of its
+ * schedule, so it continues from this mode's count for the epoch, and says
+ * so.  (The optimizer's own step, AdamW's bias correction, is kept.) */
+static void resume_position(struct dp_trainer *t) {
+    const struct dp_train_params *p = &t->p;
+    int64_t per = t->steps_per_epoch;
+    const char *mode = "synchronous";
+    if (p->staleness >= 0) mode = "--staleness";
+    else if (p->async && p->deterministic) per = t->steps_per_epoch * (p->inter ? t->ps_W : t->P), mode = "the replay";
+    else if (p->async) per = t->ps_batches, mode = "--mode async";
+    int64_t want = t->epoch * per;
+    if (t->step == want) return;
+    size_t len = strlen(t->note);
+    snprintf(t->note + len, sizeof t->note - len, "%sthe checkpoint's step %lld (its mode's count at the start of "
+             "epoch %lld) is %lld in this run (%s, %d worker%s): the schedule continues from there", len ? "; " : "",
+             (long long)t->step, (long long)t->epoch + 1, (long long)want, mode, t->G, t->G > 1 ? "s" : "");
+    t->step = want;
 }
 
 static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
@@ -810,6 +834,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if ((rc = check_schedule(t))) goto fail;
 
     if (p->resume && (rc = load_checkpoint(t, p->resume))) goto fail;
+    if (p->resume && t->step_in_epoch == 0) resume_position(t);
     if (p->async && (rc = ps_init(t))) goto fail;
     /* Only the job's rank 0 writes metrics and checkpoints. */
     if (p->out_dir && t->base == 0) {
