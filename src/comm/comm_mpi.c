@@ -1142,6 +1142,21 @@ struct dp_comm_msg {
     char err[MSG_LEN];
 };
 
+/* Gives a message up: a receive is cancelled (it must not write the buffer
+ * later; a send cannot be taken back); one MPI still holds is released to
+ * it, and MPI_Finalize is then skipped (it could wait for the peer). */
+static void abandon(struct dp_comm_msg *g) {
+    int flag = 0;
+    if (!g->send) MPI_Cancel(&g->req);
+    MPI_Test(&g->req, &flag, MPI_STATUS_IGNORE);
+    if (!flag) {
+        MPI_Request_free(&g->req);
+        pthread_mutex_lock(&g_mu);
+        g_orphans = 1;
+        pthread_mutex_unlock(&g_mu);
+    }
+}
+
 static int m_post(struct mpi_comm *m, int send, void *buf, int64_t bytes, int peer, int tag,
                   struct dp_comm_msg **msg) {
     int rc = aborted_status(m);
@@ -1226,15 +1241,7 @@ static int m_msg_wait(struct dp_comm *c, struct dp_comm_msg *g, int *src, int64_
             rc = aborted_status(m);
         }
         if (rc) { /* abandon it: a receive must not write the buffer later */
-            int flag = 0;
-            if (!g->send) MPI_Cancel(&g->req);
-            MPI_Test(&g->req, &flag, MPI_STATUS_IGNORE);
-            if (!flag) {
-                MPI_Request_free(&g->req);
-                pthread_mutex_lock(&g_mu);
-                g_orphans = 1;
-                pthread_mutex_unlock(&g_mu);
-            }
+            abandon(g);
             break;
         }
         if (now >= spin_end) {
@@ -1253,17 +1260,7 @@ static int m_msg_wait(struct dp_comm *c, struct dp_comm_msg *g, int *src, int64_
 
 static int m_msg_cancel(struct dp_comm *c, struct dp_comm_msg *g) {
     (void)c;
-    int flag = 0;
-    if (!g->done) {
-        MPI_Cancel(&g->req);
-        MPI_Test(&g->req, &flag, MPI_STATUS_IGNORE);
-        if (!flag) {
-            MPI_Request_free(&g->req);
-            pthread_mutex_lock(&g_mu);
-            g_orphans = 1;
-            pthread_mutex_unlock(&g_mu);
-        }
-    }
+    if (!g->done) abandon(g);
     dp_free(g);
     return 0;
 }

@@ -12,6 +12,15 @@
  * processes do not wait for this one until a timeout.  (main.c) */
 void dptrain_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
+/* A subcommand's options (main.c), for commands called with argv[0] = their
+ * name: "--name VALUE" or "--name=VALUE" gives 1 and *val when argv[*i] is
+ * option `name` (a missing value ends the program, naming the command's
+ * help); the number parsers end it on a value that is not a number in
+ * [lo, hi], naming the option. */
+int dptrain_take(int argc, char **argv, int *i, const char *name, const char **val);
+long long dptrain_int_arg(const char *name, const char *v, long long lo, long long hi);
+double dptrain_num_arg(const char *name, const char *v, double lo, double hi);
+
 /* tools/dptrain/bench_allreduce.c */
 int dptrain_cmd_bench_allreduce(int argc, char **argv);
 /* Median all-reduce time per size of the thread backend, measured as bench

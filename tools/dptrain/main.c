@@ -37,6 +37,38 @@ void dptrain_die(const char *fmt, ...) {
     dp_comm_free(job);
     exit(1);
 }
+
+int dptrain_take(int argc, char **argv, int *i, const char *name, const char **val) {
+    size_t n = strlen(name);
+    const char *s = argv[*i];
+    if (strncmp(s, name, n) != 0) return 0;
+    if (s[n] == '=') {
+        *val = s + n + 1;
+        return 1;
+    }
+    if (s[n] != 0) return 0;
+    if (*i + 1 >= argc) dptrain_die("option %s needs a value (see 'dptrain %s --help')", name, argv[0]);
+    *val = argv[++*i];
+    return 1;
+}
+
+long long dptrain_int_arg(const char *name, const char *v, long long lo, long long hi) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        dptrain_die("%s: '%s' is not an integer in %lld..%lld", name, v, lo, hi);
+    return x;
+}
+
+double dptrain_num_arg(const char *name, const char *v, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x >= lo && x <= hi))
+        dptrain_die("%s: '%s' is not a number in %g..%g", name, v, lo, hi);
+    return x;
+}
 /* A library error: its detailed message, or the code's text. */
 static void die_rc(int rc) { die("%s", dp_errmsg()[0] ? dp_errmsg() : dp_strerror(rc)); }
 

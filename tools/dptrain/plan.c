@@ -21,36 +21,8 @@
 
 #define die dptrain_die
 
-/* "--name VALUE" or "--name=VALUE": 1 and *val when argv[*i] is the option. */
-static int take(int argc, char **argv, int *i, const char *name, const char **val) {
-    size_t n = strlen(name);
-    const char *s = argv[*i];
-    if (strncmp(s, name, n) != 0) return 0;
-    if (s[n] == '=') {
-        *val = s + n + 1;
-        return 1;
-    }
-    if (s[n] != 0) return 0;
-    if (*i + 1 >= argc) die("option %s needs a value", name);
-    *val = argv[++*i];
-    return 1;
-}
 
-static long long int_arg(const char *name, const char *v, long long lo, long long hi) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) die("%s: '%s' is not an integer in %lld..%lld", name, v, lo, hi);
-    return x;
-}
 
-static double num_arg(const char *name, const char *v, double lo, double hi) {
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !(x >= lo && x <= hi)) die("%s: '%s' is not a number in %g..%g", name, v, lo, hi);
-    return x;
-}
 
 /* ---- metrics.jsonl ---------------------------------------------------------------- */
 
@@ -161,24 +133,24 @@ int dptrain_cmd_simulate(int argc, char **argv) {
             fputs(help_simulate, stdout);
             return 0;
         }
-        if (take(argc, argv, &i, "--mode", &v)) {
+        if (dptrain_take(argc, argv, &i, "--mode", &v)) {
             int m = dp_sim_mode_parse(v);
             if (m < 0) die("--mode: %s", dp_errmsg());
             p.mode = (enum dp_sim_mode)m;
-        } else if (take(argc, argv, &i, "--workers", &v)) p.workers = (int)int_arg(a, v, 1, 10000000);
-        else if (take(argc, argv, &i, "--steps", &v)) p.steps = int_arg(a, v, 1, 100000000);
-        else if (take(argc, argv, &i, "--batch", &v)) p.batch = int_arg(a, v, 1, 1LL << 40);
-        else if (take(argc, argv, &i, "--compute-ms", &v)) p.compute_mean_s = num_arg(a, v, 0, 1e9) / 1e3;
-        else if (take(argc, argv, &i, "--compute-sd-ms", &v)) p.compute_sd_s = num_arg(a, v, 0, 1e9) / 1e3;
-        else if (take(argc, argv, &i, "--trace", &v)) trace = v;
-        else if (take(argc, argv, &i, "--simulate-slow", &v)) slow = v;
-        else if (take(argc, argv, &i, "--simulate-jitter", &v)) jitter = v;
-        else if (take(argc, argv, &i, "--comm-ms", &v)) p.comm_s = num_arg(a, v, 0, 1e9) / 1e3;
-        else if (take(argc, argv, &i, "--bound", &v)) p.bound = (int)int_arg(a, v, 0, 1000000000);
-        else if (take(argc, argv, &i, "--backup", &v)) p.backup = (int)int_arg(a, v, 0, 10000000);
-        else if (take(argc, argv, &i, "--shards", &v)) p.shards = (int)int_arg(a, v, 1, 1000000);
-        else if (take(argc, argv, &i, "--server-ms", &v)) p.server_s = num_arg(a, v, 0, 1e9) / 1e3;
-        else if (take(argc, argv, &i, "--seed", &v)) p.seed = (uint64_t)int_arg(a, v, 0, INT64_MAX);
+        } else if (dptrain_take(argc, argv, &i, "--workers", &v)) p.workers = (int)dptrain_int_arg(a, v, 1, 10000000);
+        else if (dptrain_take(argc, argv, &i, "--steps", &v)) p.steps = dptrain_int_arg(a, v, 1, 100000000);
+        else if (dptrain_take(argc, argv, &i, "--batch", &v)) p.batch = dptrain_int_arg(a, v, 1, 1LL << 40);
+        else if (dptrain_take(argc, argv, &i, "--compute-ms", &v)) p.compute_mean_s = dptrain_num_arg(a, v, 0, 1e9) / 1e3;
+        else if (dptrain_take(argc, argv, &i, "--compute-sd-ms", &v)) p.compute_sd_s = dptrain_num_arg(a, v, 0, 1e9) / 1e3;
+        else if (dptrain_take(argc, argv, &i, "--trace", &v)) trace = v;
+        else if (dptrain_take(argc, argv, &i, "--simulate-slow", &v)) slow = v;
+        else if (dptrain_take(argc, argv, &i, "--simulate-jitter", &v)) jitter = v;
+        else if (dptrain_take(argc, argv, &i, "--comm-ms", &v)) p.comm_s = dptrain_num_arg(a, v, 0, 1e9) / 1e3;
+        else if (dptrain_take(argc, argv, &i, "--bound", &v)) p.bound = (int)dptrain_int_arg(a, v, 0, 1000000000);
+        else if (dptrain_take(argc, argv, &i, "--backup", &v)) p.backup = (int)dptrain_int_arg(a, v, 0, 10000000);
+        else if (dptrain_take(argc, argv, &i, "--shards", &v)) p.shards = (int)dptrain_int_arg(a, v, 1, 1000000);
+        else if (dptrain_take(argc, argv, &i, "--server-ms", &v)) p.server_s = dptrain_num_arg(a, v, 0, 1e9) / 1e3;
+        else if (dptrain_take(argc, argv, &i, "--seed", &v)) p.seed = (uint64_t)dptrain_int_arg(a, v, 0, INT64_MAX);
         else if (!strcmp(a, "--per-worker")) per_worker = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else die("unknown option '%s' (see 'dptrain simulate --help')", a);
@@ -422,42 +394,42 @@ int dptrain_cmd_plan(int argc, char **argv) {
             fputs(help_plan, stdout);
             return 0;
         }
-        if (take(argc, argv, &i, "--params", &v)) p.params = (int64_t)num_arg(a, v, 1, 1e15);
-        else if (take(argc, argv, &i, "--layers", &v)) p.nlayers = (int)int_arg(a, v, 1, 1000000);
-        else if (take(argc, argv, &i, "--model", &v)) model = v;
-        else if (take(argc, argv, &i, "--input", &v)) input = v;
-        else if (take(argc, argv, &i, "--tokens", &v)) p.tokens = num_arg(a, v, 1, 1e9);
-        else if (take(argc, argv, &i, "--batch", &v)) p.batch = int_arg(a, v, 1, 1LL << 40), batch_given = 1;
-        else if (take(argc, argv, &i, "--dtype", &v)) {
+        if (dptrain_take(argc, argv, &i, "--params", &v)) p.params = (int64_t)dptrain_num_arg(a, v, 1, 1e15);
+        else if (dptrain_take(argc, argv, &i, "--layers", &v)) p.nlayers = (int)dptrain_int_arg(a, v, 1, 1000000);
+        else if (dptrain_take(argc, argv, &i, "--model", &v)) model = v;
+        else if (dptrain_take(argc, argv, &i, "--input", &v)) input = v;
+        else if (dptrain_take(argc, argv, &i, "--tokens", &v)) p.tokens = dptrain_num_arg(a, v, 1, 1e9);
+        else if (dptrain_take(argc, argv, &i, "--batch", &v)) p.batch = dptrain_int_arg(a, v, 1, 1LL << 40), batch_given = 1;
+        else if (dptrain_take(argc, argv, &i, "--dtype", &v)) {
             if (!strcmp(v, "fp32")) p.bytes_per_elem = 4;
             else if (!strcmp(v, "bf16")) p.bytes_per_elem = 2;
             else die("--dtype: '%s' (expected fp32 or bf16)", v);
-        } else if (take(argc, argv, &i, "--compress", &v)) p.compress = num_arg(a, v, 1, 1e6);
-        else if (take(argc, argv, &i, "--opt-state-bytes", &v)) p.opt_state_bytes = num_arg(a, v, 0, 64);
-        else if (take(argc, argv, &i, "--opt-ms", &v)) p.opt_s = num_arg(a, v, 0, 1e9) / 1e3;
-        else if (take(argc, argv, &i, "--flops", &v)) p.flops = num_arg(a, v, 1, 1e20), p.sample_s = 0;
-        else if (take(argc, argv, &i, "--sample-ms", &v)) p.sample_s = num_arg(a, v, 1e-9, 1e9) / 1e3;
-        else if (take(argc, argv, &i, "--workers", &v)) p.net.workers = (int)int_arg(a, v, 1, 100000000);
-        else if (take(argc, argv, &i, "--link-gbps", &v)) gbps = num_arg(a, v, 1e-6, 1e9), gbps_given = 1;
-        else if (take(argc, argv, &i, "--latency-us", &v)) lat_us = num_arg(a, v, 0, 1e9), lat_given = 1;
-        else if (take(argc, argv, &i, "--reduce-gbs", &v)) {
-            double g = num_arg(a, v, 0, 1e9);
+        } else if (dptrain_take(argc, argv, &i, "--compress", &v)) p.compress = dptrain_num_arg(a, v, 1, 1e6);
+        else if (dptrain_take(argc, argv, &i, "--opt-state-bytes", &v)) p.opt_state_bytes = dptrain_num_arg(a, v, 0, 64);
+        else if (dptrain_take(argc, argv, &i, "--opt-ms", &v)) p.opt_s = dptrain_num_arg(a, v, 0, 1e9) / 1e3;
+        else if (dptrain_take(argc, argv, &i, "--flops", &v)) p.flops = dptrain_num_arg(a, v, 1, 1e20), p.sample_s = 0;
+        else if (dptrain_take(argc, argv, &i, "--sample-ms", &v)) p.sample_s = dptrain_num_arg(a, v, 1e-9, 1e9) / 1e3;
+        else if (dptrain_take(argc, argv, &i, "--workers", &v)) p.net.workers = (int)dptrain_int_arg(a, v, 1, 100000000);
+        else if (dptrain_take(argc, argv, &i, "--link-gbps", &v)) gbps = dptrain_num_arg(a, v, 1e-6, 1e9), gbps_given = 1;
+        else if (dptrain_take(argc, argv, &i, "--latency-us", &v)) lat_us = dptrain_num_arg(a, v, 0, 1e9), lat_given = 1;
+        else if (dptrain_take(argc, argv, &i, "--reduce-gbs", &v)) {
+            double g = dptrain_num_arg(a, v, 0, 1e9);
             p.net.gamma_s = g > 0 ? 1 / (g * 1e9) : 0;
-        } else if (take(argc, argv, &i, "--per-host", &v)) p.net.per_host = (int)int_arg(a, v, 0, 1000000);
-        else if (take(argc, argv, &i, "--intra-gbps", &v)) p.net.intra_beta_s = 8 / (num_arg(a, v, 1e-6, 1e9) * 1e9);
-        else if (take(argc, argv, &i, "--intra-latency-us", &v)) p.net.intra_alpha_s = num_arg(a, v, 0, 1e9) / 1e6;
-        else if (take(argc, argv, &i, "--shards", &v)) p.net.shards = (int)int_arg(a, v, 1, 1000000);
-        else if (take(argc, argv, &i, "--algo", &v)) {
+        } else if (dptrain_take(argc, argv, &i, "--per-host", &v)) p.net.per_host = (int)dptrain_int_arg(a, v, 0, 1000000);
+        else if (dptrain_take(argc, argv, &i, "--intra-gbps", &v)) p.net.intra_beta_s = 8 / (dptrain_num_arg(a, v, 1e-6, 1e9) * 1e9);
+        else if (dptrain_take(argc, argv, &i, "--intra-latency-us", &v)) p.net.intra_alpha_s = dptrain_num_arg(a, v, 0, 1e9) / 1e6;
+        else if (dptrain_take(argc, argv, &i, "--shards", &v)) p.net.shards = (int)dptrain_int_arg(a, v, 1, 1000000);
+        else if (dptrain_take(argc, argv, &i, "--algo", &v)) {
             if (dp_plan_algo_parse(v, &p.algo)) die("--algo: %s", dp_errmsg());
-        } else if (take(argc, argv, &i, "--bucket-mb", &v)) p.bucket_cap_bytes = (size_t)(num_arg(a, v, 0, 1e6) * (1 << 20));
-        else if (take(argc, argv, &i, "--first-bucket-mb", &v))
-            p.first_bucket_bytes = (size_t)(num_arg(a, v, 1e-5, 1e6) * (1 << 20));
+        } else if (dptrain_take(argc, argv, &i, "--bucket-mb", &v)) p.bucket_cap_bytes = (size_t)(dptrain_num_arg(a, v, 0, 1e6) * (1 << 20));
+        else if (dptrain_take(argc, argv, &i, "--first-bucket-mb", &v))
+            p.first_bucket_bytes = (size_t)(dptrain_num_arg(a, v, 1e-5, 1e6) * (1 << 20));
         else if (!strcmp(a, "--no-overlap")) p.overlap = 0;
-        else if (take(argc, argv, &i, "--profile", &v)) {
+        else if (dptrain_take(argc, argv, &i, "--profile", &v)) {
             load_profile(v, &p);
             gbps_given = lat_given = 0; /* the profile's link, unless given again after it */
         } else if (!strcmp(a, "--buckets")) buckets = 1;
-        else if (take(argc, argv, &i, "--sweep", &v)) sweep = int_arg(a, v, 1, 100000000);
+        else if (dptrain_take(argc, argv, &i, "--sweep", &v)) sweep = dptrain_int_arg(a, v, 1, 100000000);
         else if (!strcmp(a, "--json")) json = 1;
         else die("unknown option '%s' (see 'dptrain plan --help')", a);
         /* a link given on the command line applies to every algorithm */
@@ -601,12 +573,12 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
             fputs(help_calibrate, stdout);
             return 0;
         }
-        if (take(argc, argv, &i, "--workers", &v)) P = (int)int_arg(a, v, 2, 64);
-        else if (take(argc, argv, &i, "--min-bytes", &v)) lo = int_arg(a, v, 64, 1LL << 32);
-        else if (take(argc, argv, &i, "--max-bytes", &v)) hi = int_arg(a, v, 64, 1LL << 32);
-        else if (take(argc, argv, &i, "--iters", &v)) iters = (int)int_arg(a, v, 1, 500);
-        else if (take(argc, argv, &i, "--run", &v)) run = v;
-        else if (take(argc, argv, &i, "--out", &v)) out = v;
+        if (dptrain_take(argc, argv, &i, "--workers", &v)) P = (int)dptrain_int_arg(a, v, 2, 64);
+        else if (dptrain_take(argc, argv, &i, "--min-bytes", &v)) lo = dptrain_int_arg(a, v, 64, 1LL << 32);
+        else if (dptrain_take(argc, argv, &i, "--max-bytes", &v)) hi = dptrain_int_arg(a, v, 64, 1LL << 32);
+        else if (dptrain_take(argc, argv, &i, "--iters", &v)) iters = (int)dptrain_int_arg(a, v, 1, 500);
+        else if (dptrain_take(argc, argv, &i, "--run", &v)) run = v;
+        else if (dptrain_take(argc, argv, &i, "--out", &v)) out = v;
         else die("unknown option '%s' (see 'dptrain calibrate --help')", a);
     }
     size_t sizes[64];

@@ -51,29 +51,7 @@ static const char *help_sample =
 
 #define die dptrain_die
 
-/* "--name VALUE" or "--name=VALUE": 1 and *val when argv[*i] is the option. */
-static int take(int argc, char **argv, int *i, const char *name, const char **val) {
-    size_t n = strlen(name);
-    const char *s = argv[*i];
-    if (strncmp(s, name, n) != 0) return 0;
-    if (s[n] == '=') {
-        *val = s + n + 1;
-        return 1;
-    }
-    if (s[n] != 0) return 0;
-    if (*i + 1 >= argc) die("option %s needs a value (see 'dptrain sample --help')", name);
-    *val = argv[++*i];
-    return 1;
-}
 
-static long long int_arg(const char *name, const char *v, long long lo, long long hi) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi)
-        die("%s: '%s' is not an integer in %lld..%lld", name, v, lo, hi);
-    return x;
-}
 
 int dptrain_cmd_sample(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL, *v;
@@ -85,13 +63,13 @@ int dptrain_cmd_sample(int argc, char **argv) {
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
             fputs(help_sample, stdout);
             return 0;
-        } else if (take(argc, argv, &i, "--ckpt", &v)) ckpt = v;
-        else if (take(argc, argv, &i, "--prompt", &v)) prompt = v;
-        else if (take(argc, argv, &i, "--tokens", &v)) ntok = int_arg("--tokens", v, 0, 100000000);
-        else if (take(argc, argv, &i, "--top-k", &v)) top_k = int_arg("--top-k", v, 0, DP_TOKENS_VOCAB_MAX);
-        else if (take(argc, argv, &i, "--seed", &v)) seed = (uint64_t)int_arg("--seed", v, 0, INT64_MAX);
-        else if (take(argc, argv, &i, "--threads", &v)) threads = int_arg("--threads", v, 1, 256);
-        else if (take(argc, argv, &i, "--temperature", &v)) {
+        } else if (dptrain_take(argc, argv, &i, "--ckpt", &v)) ckpt = v;
+        else if (dptrain_take(argc, argv, &i, "--prompt", &v)) prompt = v;
+        else if (dptrain_take(argc, argv, &i, "--tokens", &v)) ntok = dptrain_int_arg("--tokens", v, 0, 100000000);
+        else if (dptrain_take(argc, argv, &i, "--top-k", &v)) top_k = dptrain_int_arg("--top-k", v, 0, DP_TOKENS_VOCAB_MAX);
+        else if (dptrain_take(argc, argv, &i, "--seed", &v)) seed = (uint64_t)dptrain_int_arg("--seed", v, 0, INT64_MAX);
+        else if (dptrain_take(argc, argv, &i, "--threads", &v)) threads = dptrain_int_arg("--threads", v, 1, 256);
+        else if (dptrain_take(argc, argv, &i, "--temperature", &v)) {
             char *end;
             errno = 0;
             temperature = strtod(v, &end);
