@@ -1766,14 +1766,52 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
  * the all-reduce of the accumulators (sums of integers below 2^53 are exact
  * in double) gives the same bits whatever the number of workers and the
  * order of the sums.  Cost: smaller GEMMs (chunk-sized), one conversion pass
- * per chunk, and an all-reduce of doubles (twice the bytes) that starts only
- * after the last chunk (no overlap with backward). */
+ * per chunk (vectorised, fused with the zeroing, and done layer by layer as
+ * backward reports each range, while it is in cache), and an all-reduce of
+ * doubles (twice the bytes) that starts only after the last chunk (no
+ * overlap with backward). */
 #define DET_SCALE 4294967296.0 /* 2^32 */
+
+/* acc[i] += round(g[i] * 2^32), and g[i] = 0 for the next chunk's backward
+ * (which accumulates into g): one vectorised pass instead of a conversion
+ * pass plus a memset.  Returns 1 if some |g| * 2^32 reaches 2^52 (or is NaN),
+ * where the double would no longer hold the integer sums exactly. */
+static int det_accumulate(double *restrict acc, float *restrict g, int64_t n) {
+    int bad = 0;
+#pragma omp simd reduction(| : bad)
+    for (int64_t i = 0; i < n; i++) {
+        double v = nearbyint((double)g[i] * DET_SCALE);
+        bad |= !(fabs(v) < 4503599627370496.0); /* 2^52: NaN fails too */
+        acc[i] += v;
+        g[i] = 0.0f;
+    }
+    return bad;
+}
+
+/* The chunk's grad_ready: a top-level layer's range is final once it is
+ * reported, so it is converted at once, while the gradient its backward
+ * just wrote is still in cache.  done counts the floats converted, so the
+ * caller can tell that every range came (the top-level ranges tile the slab;
+ * if they ever did not, a pass over the whole slab adds the rest, and the
+ * ranges already converted hold zeros, which add nothing). */
+struct det_conv {
+    double *acc;
+    float *g;
+    int64_t done;
+    int bad;
+};
+static void det_grad_ready(void *arg, int64_t off, int64_t count) {
+    struct det_conv *dc = arg;
+    dc->bad |= det_accumulate(dc->acc + off, dc->g + off, count);
+    dc->done += count;
+}
+
 static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *loss_step) {
     struct dp_trainer *t = w->t;
     const struct dp_model *m = t->model;
     int64_t np = m->num_params, C = t->p.det_chunk;
     memset(w->acc, 0, sizeof(double) * (size_t)np);
+    memset(w->rep.grads, 0, sizeof(float) * (size_t)np); /* then each conversion zeroes what it read */
     double n_total = 0, loss_sum = 0, n_local = 0, compute = 0;
     for (int64_t k = 0; k < nmicro; k++) {
         const struct dp_loader_batch *lb;
@@ -1785,18 +1823,12 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
             struct dp_batch b = {.B = B, .x = lb->x ? lb->x + c0 * per : NULL,
                                  .tokens = lb->tokens ? lb->tokens + c0 * per : NULL,
                                  .targets = lb->y + c0 * t->pos, .sample_idx = lb->idx + c0, .epoch = lb->epoch};
-            struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = 1.0f};
-            memset(w->rep.grads, 0, sizeof(float) * (size_t)np);
+            struct det_conv dc = {.acc = w->acc, .g = w->rep.grads};
+            struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = 1.0f,
+                                   .grad_ready = det_grad_ready, .grad_ready_arg = &dc};
             if ((rc = dp_model_run(m, &w->rep, &b, &pass))) return rc;
-            const float *g = w->rep.grads;
-            double *acc = w->acc;
-            int bad = 0;
-            for (int64_t i = 0; i < np; i++) {
-                double v = nearbyint((double)g[i] * DET_SCALE);
-                bad |= !(fabs(v) < 4503599627370496.0); /* 2^52: NaN fails too */
-                acc[i] += v;
-            }
-            if (bad)
+            if (dc.done != np) dc.bad |= det_accumulate(w->acc, w->rep.grads, np);
+            if (dc.bad)
                 return dp_seterr(DP_ENONFINITE, "deterministic mode: a gradient is not finite or too large "
                                  "for fixed-point accumulation (|g| >= 2^20)");
             loss_sum += pass.loss_sum;
