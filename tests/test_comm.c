@@ -640,6 +640,10 @@ static void p2p_timeout_member(struct dp_comm *c, void *arg) {
         double dt = dp_time() - t0;
         ASSERT_TRUE(dt >= 0.2 && dt < 2.5);
     } else {
+        /* wait for rank 0's timeout first: an all-reduce started at once
+         * would run out its own 0.25 s in step with it, and on a loaded
+         * machine either timeout could speak first */
+        while (dp_comm_status(c) == 0) usleep(1000);
         ASSERT_ERR(dp_comm_allreduce(c, &x, 1, DP_DTYPE_F32, DP_ALGO_DIRECT), DP_ECANCELED, "no message from rank 1");
         ASSERT_ERR(dp_comm_send(c, b, 4, 0, 9), DP_ECANCELED, "no message from rank 1");
     }

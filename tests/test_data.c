@@ -263,6 +263,48 @@ TEST(data_dataset_load_dir) {
     dp_dataset_free(&tr);
 }
 
+/* --train-limit / --test-limit read only the samples they keep: the first
+ * ones are those of the full load, the classes are the whole label file's,
+ * and the images past them are not read (a file cut after them still loads
+ * with the limit, and fails without). */
+TEST(data_dataset_load_first_samples_only) {
+    const char *dir = dp_test_tmpdir();
+    write_split(dir, "train", 20, 5, 6, 10, 1); /* gzip */
+    write_split(dir, "t10k", 8, 5, 6, 10, 0);   /* plain */
+    struct dp_dataset tr, te, tr3, te2;
+    ASSERT_OK(dp_dataset_load_dir(&tr, &te, dir));
+    ASSERT_OK(dp_dataset_load_dir_first(&tr3, &te2, dir, 3, 2));
+    ASSERT_EQ(tr3.n, 3);
+    ASSERT_EQ(te2.n, 2);
+    ASSERT_EQ(tr3.num_classes, 10); /* labels 0..9 over the 20, though the first 3 are 0..2 */
+    ASSERT_EQ(te2.num_classes, 8);
+    ASSERT_TRUE(memcmp(tr3.x, tr.x, sizeof(float) * 3 * 30) == 0);
+    ASSERT_TRUE(memcmp(te2.y, te.y, sizeof(int32_t) * 2) == 0);
+    dp_dataset_free(&tr3), dp_dataset_free(&te2);
+    ASSERT_OK(dp_dataset_load_dir_first(&tr3, NULL, dir, 50, 0)); /* a limit past n: all */
+    ASSERT_EQ(tr3.n, 20);
+    dp_dataset_free(&tr3), dp_dataset_free(&tr), dp_dataset_free(&te);
+
+    /* a plain image file cut after 4 of its 8 records */
+    char p[512];
+    tmp_path(p, "t10k-images-idx3-ubyte");
+    FILE *f = fopen(p, "rb");
+    uint8_t buf[16 + 8 * 30];
+    size_t len = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    ASSERT_EQ(len, (size_t)(16 + 8 * 30));
+    write_bytes(p, buf, 16 + 4 * 30, 0);
+    uint8_t *data;
+    int nd;
+    int64_t d[4];
+    ASSERT_ERR(dp_idx_read(p, &data, &nd, d), DP_EFORMAT, "truncated");
+    ASSERT_OK(dp_idx_read_first(p, 4, &data, &nd, d));
+    ASSERT_EQ(d[0], 8); /* the file's count */
+    ASSERT_TRUE(memcmp(data, buf + 16, 4 * 30) == 0);
+    dp_free(data);
+    ASSERT_ERR(dp_idx_read_first(p, 5, &data, &nd, d), DP_EFORMAT, "truncated");
+}
+
 /* ---- augmentation -------------------------------------------------------------- */
 
 TEST(data_augment_deterministic_and_shape_preserving) {

@@ -35,6 +35,11 @@ struct dp_dataset {
  * magic, the type (uint8 only), ndim (1..4), that the dimensions are
  * positive and that the payload holds exactly prod(dims) bytes. */
 int dp_idx_read(const char *path, uint8_t **data, int *ndim, int64_t dims[4]);
+/* Same, but *data holds only the first min(first, dims[0]) records when
+ * first > 0 (dims[] are still the file's): the header is validated, the rest
+ * of the file is not read (nor checked for truncation or trailing bytes).
+ * first <= 0 is dp_idx_read. */
+int dp_idx_read_first(const char *path, int64_t first, uint8_t **data, int *ndim, int64_t dims[4]);
 /* Same, from a memory buffer (already decompressed).  Used by the fuzzer. */
 int dp_idx_parse(const uint8_t *buf, size_t len, uint8_t **data, int *ndim, int64_t dims[4]);
 
@@ -43,6 +48,13 @@ int dp_idx_parse(const uint8_t *buf, size_t len, uint8_t **data, int *ndim, int6
 int dp_dataset_load_idx(struct dp_dataset *ds, const char *images_path, const char *labels_path);
 /* Finds train/test files in dir ("train-images-idx3-ubyte[.gz]" etc.). */
 int dp_dataset_load_dir(struct dp_dataset *train, struct dp_dataset *test, const char *dir);
+/* Same, keeping only the first max_train training and max_test test samples
+ * (0: all), and reading no image past them: what --train-limit and
+ * --test-limit use, so that a short run does not decompress the whole set.
+ * The labels are read whole (they are small), so the count check and
+ * num_classes are those of the full files. */
+int dp_dataset_load_dir_first(struct dp_dataset *train, struct dp_dataset *test, const char *dir,
+                              int64_t max_train, int64_t max_test);
 /* x = (x - mean) / std */
 void dp_dataset_normalize(struct dp_dataset *ds, float mean, float std);
 void dp_dataset_free(struct dp_dataset *ds);

@@ -21,13 +21,16 @@
  * bytes as int32 and num_classes = max label + 1.  Errors: those of
  * dp_idx_read, DP_EFORMAT if the images are not 3-D or the labels not 1-D,
  * DP_EMISMATCH if the counts differ; ds is left zeroed on failure.  On
- * success the caller releases ds with dp_dataset_free. */
-int dp_dataset_load_idx(struct dp_dataset *ds, const char *images_path, const char *labels_path) {
+ * success the caller releases ds with dp_dataset_free.  first > 0 keeps the
+ * first `first` samples and reads no image past them (the labels are read
+ * whole: the count check and num_classes stay those of the files). */
+static int load_idx_first(struct dp_dataset *ds, const char *images_path, const char *labels_path,
+                          int64_t first) {
     memset(ds, 0, sizeof *ds);
     uint8_t *img = NULL, *lab = NULL;
     int ind = 0, lnd = 0;
     int64_t idims[4], ldims[4];
-    int rc = dp_idx_read(images_path, &img, &ind, idims);
+    int rc = dp_idx_read_first(images_path, first, &img, &ind, idims);
     if (rc) goto fail;
     rc = dp_idx_read(labels_path, &lab, &lnd, ldims);
     if (rc) goto fail;
@@ -46,7 +49,7 @@ int dp_dataset_load_idx(struct dp_dataset *ds, const char *images_path, const ch
                        images_path, (long long)idims[0], labels_path, (long long)ldims[0]);
         goto fail;
     }
-    int64_t n = idims[0], H = idims[1], W = idims[2];
+    int64_t n = first > 0 && first < idims[0] ? first : idims[0], H = idims[1], W = idims[2];
     /* n*H*W <= 2^33 (dp_idx_read's limit), so the float buffer fits size_t. */
     size_t count = (size_t)(n * H * W);
     /* The float images are the largest buffer of a run and are read every
@@ -60,10 +63,9 @@ int dp_dataset_load_idx(struct dp_dataset *ds, const char *images_path, const ch
     const float scale = 1.0f / 255.0f;
     for (size_t i = 0; i < count; i++) ds->x[i] = (float)img[i] * scale;
     int32_t maxy = 0;
-    for (int64_t i = 0; i < n; i++) {
-        ds->y[i] = lab[i]; /* uint8, hence always < 256 */
-        if (ds->y[i] > maxy) maxy = ds->y[i];
-    }
+    for (int64_t i = 0; i < ldims[0]; i++) /* every label: the classes of the whole file */
+        if (lab[i] > maxy) maxy = lab[i];
+    for (int64_t i = 0; i < n; i++) ds->y[i] = lab[i]; /* uint8, hence always < 256 */
     ds->n = n;
     ds->C = 1;
     ds->H = H;
@@ -78,6 +80,10 @@ fail:
     dp_free(lab);
     dp_dataset_free(ds);
     return rc;
+}
+
+int dp_dataset_load_idx(struct dp_dataset *ds, const char *images_path, const char *labels_path) {
+    return load_idx_first(ds, images_path, labels_path, 0);
 }
 
 /* ---- the standard four-file directory ------------------------------------- */
@@ -105,6 +111,11 @@ static int find_file(char *out, size_t outsz, const char *dir, const char *base)
  * Errors: DP_ENOENT naming every missing file, or the errors of
  * dp_dataset_load_idx.  On failure both datasets are left zeroed. */
 int dp_dataset_load_dir(struct dp_dataset *train, struct dp_dataset *test, const char *dir) {
+    return dp_dataset_load_dir_first(train, test, dir, 0, 0);
+}
+
+int dp_dataset_load_dir_first(struct dp_dataset *train, struct dp_dataset *test, const char *dir,
+                              int64_t max_train, int64_t max_test) {
     memset(train, 0, sizeof *train);
     if (test) memset(test, 0, sizeof *test);
     char paths[4][4096];
@@ -118,10 +129,10 @@ int dp_dataset_load_dir(struct dp_dataset *train, struct dp_dataset *test, const
     }
     if (missing[0])
         return dp_seterr(DP_ENOENT, "dataset: %s: missing %s", dir, missing);
-    int rc = dp_dataset_load_idx(train, paths[0], paths[1]);
+    int rc = load_idx_first(train, paths[0], paths[1], max_train);
     if (rc) return rc;
     if (test) {
-        rc = dp_dataset_load_idx(test, paths[2], paths[3]);
+        rc = load_idx_first(test, paths[2], paths[3], max_test);
         if (rc) {
             dp_dataset_free(train);
             return rc;

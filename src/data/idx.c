@@ -112,8 +112,12 @@ static uint32_t be32(const uint8_t *p) {
 /* ---- the parser ------------------------------------------------------------ */
 
 /* Parses one IDX stream from s.  On success *data (dp_malloc'd), *ndim and
- * dims[] are set; on failure they are NULL / 0 and the message is set. */
-static int idx_parse_src(struct src *s, uint8_t **data, int *ndim, int64_t dims[4]) {
+ * dims[] are set; on failure they are NULL / 0 and the message is set.
+ * first > 0 reads only the first min(first, dims[0]) records: the header is
+ * checked whole and dims[] are the file's, but the rest of the file is
+ * neither read nor checked (so a smoke run on a few samples of a large file
+ * does not decompress all of it). */
+static int idx_parse_src(struct src *s, int64_t first, uint8_t **data, int *ndim, int64_t dims[4]) {
     *data = NULL;
     *ndim = 0;
     for (int i = 0; i < 4; i++) dims[i] = 0;
@@ -160,6 +164,8 @@ static int idx_parse_src(struct src *s, uint8_t **data, int *ndim, int64_t dims[
                              s->name, (unsigned long long)DP_IDX_MAX_BYTES);
     }
     size_t expected = (size_t)total;
+    int partial = first > 0 && first < dims[0];
+    if (partial) expected = (size_t)(total / (uint64_t)dims[0] * (uint64_t)first);
 
     /* A memory source knows its length: check before allocating anything. */
     if (!s->gz) {
@@ -167,7 +173,7 @@ static int idx_parse_src(struct src *s, uint8_t **data, int *ndim, int64_t dims[
         if (avail < expected)
             return dp_seterr(DP_EFORMAT, "idx: %s: truncated: expected %zu bytes, got %zu",
                              s->name, expected, avail);
-        if (avail > expected)
+        if (avail > expected && !partial)
             return dp_seterr(DP_EFORMAT,
                              "idx: %s: trailing data: %zu bytes after the %zu-byte payload",
                              s->name, avail - expected, expected);
@@ -211,7 +217,7 @@ static int idx_parse_src(struct src *s, uint8_t **data, int *ndim, int64_t dims[
                        expected, got);
         goto fail;
     }
-    int more = src_has_more(s);
+    int more = partial ? 0 : src_has_more(s);
     if (more < 0) {
         rc = more;
         goto fail;
@@ -240,7 +246,7 @@ fail:
  * one-line message, and *data is NULL.  Never allocates more than len. */
 int dp_idx_parse(const uint8_t *buf, size_t len, uint8_t **data, int *ndim, int64_t dims[4]) {
     struct src s = {.name = "<memory>", .buf = buf, .len = buf ? len : 0};
-    return idx_parse_src(&s, data, ndim, dims);
+    return idx_parse_src(&s, 0, data, ndim, dims);
 }
 
 /* Reads the IDX file at path, gzip-compressed or plain (zlib tells them apart
@@ -248,6 +254,10 @@ int dp_idx_parse(const uint8_t *buf, size_t len, uint8_t **data, int *ndim, int6
  * the file does not exist, DP_EIO if it cannot be opened or read, DP_EFORMAT
  * for anything wrong with the content; the message names the path. */
 int dp_idx_read(const char *path, uint8_t **data, int *ndim, int64_t dims[4]) {
+    return dp_idx_read_first(path, 0, data, ndim, dims);
+}
+
+int dp_idx_read_first(const char *path, int64_t first, uint8_t **data, int *ndim, int64_t dims[4]) {
     *data = NULL;
     *ndim = 0;
     for (int i = 0; i < 4; i++) dims[i] = 0;
@@ -273,7 +283,7 @@ int dp_idx_read(const char *path, uint8_t **data, int *ndim, int64_t dims[4]) {
     gzbuffer(gz, 1 << 18); /* larger than the 8 KiB default: fewer syscalls */
     struct src s = {.name = path, .gz = gz,
                     .size_hint = S_ISREG(st.st_mode) ? (size_t)st.st_size : 0};
-    int rc = idx_parse_src(&s, data, ndim, dims);
+    int rc = idx_parse_src(&s, first, data, ndim, dims);
     gzclose(gz); /* also closes fd */
     return rc;
 }

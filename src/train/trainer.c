@@ -727,8 +727,11 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (t->text) {
         if ((rc = load_text(t, spec))) goto fail;
     } else {
-        if ((rc = dp_dataset_load_dir(&t->train, &t->test, p->data_dir))) goto fail;
-        if (p->train_limit > 0 && p->train_limit < t->train.n) t->train.n = p->train_limit;
+        /* only the samples the limits keep are read (a short run decompresses
+         * no more than it trains and evaluates on) */
+        if ((rc = dp_dataset_load_dir_first(&t->train, &t->test, p->data_dir, p->train_limit > 0 ? p->train_limit : 0,
+                                            p->test_limit > 0 ? p->test_limit : 0)))
+            goto fail;
         dp_dataset_normalize(&t->train, p->norm_mean, p->norm_std);
         dp_dataset_normalize(&t->test, p->norm_mean, p->norm_std);
         if ((rc = dp_model_from_spec(&t->model, spec, t->train.C, t->train.H, t->train.W))) goto fail;
