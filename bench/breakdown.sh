@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Where dp2's step time goes against the machine's ceiling (issue 9): per-step
+# timelines of three variants of the same work, side by side in one run.
+#
+#   bench/breakdown.sh                     # REPS=3, mlp and cnn
+#   MODELS=mlp STEPS=300 REPS=5 bench/breakdown.sh
+#
+# Variants (global batch 128, SGD lr 0.05 momentum 0.9, one thread per worker):
+#   one   one worker at batch 64, alone on the machine
+#   ind2  two independent one-worker processes at batch 64 at once (scaling.sh's
+#         ceiling: no communication, but both cores busy, sharing caches and memory)
+#   dp2   `--workers 2`: 64 per worker, gradients all-reduced
+# Each run writes a timeline (--timeline): per step and worker the phases data,
+# forward, backward, wait (from the end of backward until the step's last
+# bucket is reduced: exposed communication plus waiting for the other worker)
+# and optimizer.  A step is from one step's `data` start to the next's; `other`
+# is what is left (zeroing, bookkeeping, the loop).  Per run: the median over
+# the steps after the 5th of each phase, averaged over the workers (ind2: the
+# two processes); per variant: the median over REPS runs of each column.
+# The table's last rows are the differences dp2 - ind2 (what our machinery
+# costs) and ind2 - one (what the second core's contention costs), column by
+# column: the columns of a difference add up to its step time.
+# `imbal` (dp2) is the median |difference| of the two workers' backward end
+# times per step: the part of `wait` that is one worker waiting for the other.
+#
+# Knobs: REPS=3 MODELS="mlp cnn" STEPS (default mlp 300, cnn 100) DPTRAIN=./build/dptrain
+#        RESULTS=bench/results
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
+
+REPS=${REPS:-3}
+MODELS=${MODELS:-"mlp cnn"}
+DPTRAIN=${DPTRAIN:-./build/dptrain}
+RESULTS=${RESULTS:-bench/results}
+PY=${PY:-python3}
+
+die() { echo "breakdown: error: $*" >&2; exit 1; }
+[ -x "$DPTRAIN" ] || die "$DPTRAIN not found: build it first (make)"
+"$PY" -c 'import json, statistics' 2>/dev/null || die "$PY cannot run"
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/breakdown.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+PIN=(env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1)
+RECIPE=(--lr 0.05 --momentum 0.9 --seed 1 --epochs 1 --threads 1 --progress none)
+
+steps_for() {
+    if [ -n "${STEPS:-}" ]; then echo "$STEPS"; return; fi
+    case $1 in mlp) echo 300 ;; *) echo 100 ;; esac
+}
+
+run_variant() { # run_variant VARIANT MODEL REP: timelines into $WORK/VARIANT-MODEL-REP*.json
+    local v=$1 m=$2 r=$3 s
+    s=$(steps_for "$m")
+    local base=$WORK/$v-$m-$r
+    case $v in
+    one) "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 1 --batch 64 --max-steps "$s" "${RECIPE[@]}" \
+             --timeline "$base.json" >"$base.log" 2>&1 ;;
+    ind2) "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 1 --batch 64 --max-steps "$s" "${RECIPE[@]}" \
+              --timeline "$base-a.json" >"$base-a.log" 2>&1 &
+          local pid=$!
+          "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 1 --batch 64 --max-steps "$s" "${RECIPE[@]}" \
+              --timeline "$base-b.json" >"$base-b.log" 2>&1
+          wait "$pid" ;;
+    dp2) "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 2 --batch 128 --max-steps "$s" "${RECIPE[@]}" \
+             --timeline "$base.json" >"$base.log" 2>&1 ;;
+    esac || die "$v $m rep $r failed: $(tail -2 "$base"*.log)"
+}
+
+bench_facts breakdown
+OUTTSV=${OUTMD%.md}.tsv
+for m in $MODELS; do
+    for r in $(seq 1 "$REPS"); do
+        # the order rotates from one repetition to the next
+        case $((r % 3)) in 1) order="one ind2 dp2" ;; 2) order="ind2 dp2 one" ;; *) order="dp2 one ind2" ;; esac
+        for v in $order; do run_variant "$v" "$m" "$r"; done
+    done
+done
+
+"$PY" - "$WORK" "$MODELS" "$REPS" "$OUTTSV" >"$WORK/table.md" <<'EOF'
+import json, statistics, sys, glob, os
+work, models, reps, out_tsv = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4]
+PH = ["data", "forward", "backward", "wait", "optimizer"]
+COLS = ["step"] + PH + ["other"]
+
+def per_worker(path):
+    """{tid: {step: {phase: ms, 't0': start of data, 'bwd_end': end of backward}}}"""
+    ev = json.load(open(path))
+    ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+    names = {e["tid"]: e["args"]["name"] for e in ev if e.get("ph") == "M"}
+    w = {}
+    for e in ev:
+        if e.get("ph") != "X" or "compute" not in names.get(e["tid"], ""): continue
+        s = e.get("args", {}).get("step")
+        if s is None: continue
+        d = w.setdefault(e["tid"], {}).setdefault(s, {})
+        d[e["name"]] = d.get(e["name"], 0.0) + e["dur"] / 1000.0
+        if e["name"] == "data": d["t0"] = min(d.get("t0", 1e30), e["ts"] / 1000.0)
+        if e["name"] == "backward": d["bwd_end"] = (e["ts"] + e["dur"]) / 1000.0
+    return w
+
+def worker_medians(steps):
+    keys = sorted(k for k in steps if k >= 5 and k + 1 in steps and "t0" in steps[k] and "t0" in steps[k + 1])
+    rows = []
+    for k in keys:
+        d = steps[k]
+        row = {"step": steps[k + 1]["t0"] - d["t0"]}
+        for p in PH: row[p] = d.get(p, 0.0)
+        row["other"] = row["step"] - sum(row[p] for p in PH)
+        rows.append(row)
+    return {c: statistics.median(r[c] for r in rows) for c in COLS}, keys
+
+def run_row(files):
+    ws, imb = [], None
+    per = [per_worker(f) for f in files]
+    workers = [steps for p in per for steps in p.values()]
+    meds = [worker_medians(s)[0] for s in workers]
+    row = {c: sum(m[c] for m in meds) / len(meds) for c in COLS}
+    if len(per) == 1 and len(workers) == 2:  # dp2: the two workers' backward ends
+        a, b = workers
+        ks = [k for k in a if k >= 5 and k in b and "bwd_end" in a[k] and "bwd_end" in b[k]]
+        row["imbal"] = statistics.median(abs(a[k]["bwd_end"] - b[k]["bwd_end"]) for k in ks) if ks else 0.0
+    return row
+
+tsv = open(out_tsv, "w")
+tsv.write("model\tvariant\trep\t" + "\t".join(COLS) + "\timbal\n")
+print("| model | variant | step ms | data | forward | backward | wait | optimizer | other | imbal |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for m in models:
+    med = {}
+    for v in ["one", "ind2", "dp2"]:
+        rows = []
+        for r in range(1, reps + 1):
+            files = sorted(glob.glob(os.path.join(work, f"{v}-{m}-{r}*.json")))
+            row = run_row(files)
+            rows.append(row)
+            tsv.write(f"{m}\t{v}\t{r}\t" + "\t".join(f"{row[c]:.4f}" for c in COLS) + f"\t{row.get('imbal', 0):.4f}\n")
+        med[v] = {c: statistics.median(x[c] for x in rows) for c in COLS + ["imbal"] if c in rows[0]}
+        mv = med[v]
+        print(f"| {m} | {v} | " + " | ".join(f"{mv[c]:.3f}" for c in COLS) + f" | {mv.get('imbal', 0):.3f} |" if "imbal" in mv
+              else f"| {m} | {v} | " + " | ".join(f"{mv[c]:.3f}" for c in COLS) + " | |")
+    for a, b in (("dp2", "ind2"), ("ind2", "one")):
+        print(f"| {m} | {a} - {b} | " + " | ".join(f"{med[a][c] - med[b][c]:+.3f}" for c in COLS) + " | |")
+    print(f"| {m} | dp2 / ind2 throughput | {med['ind2']['step'] / med['dp2']['step']:.3f} | | | | | | | |")
+EOF
+
+{
+    echo "# breakdown $STAMP"
+    echo
+    echo "CPU: $CPU_MODEL ($NCPU cores); load average at start: $LOAD1; git $GIT_REV"
+    echo "REPS=$REPS; per-step medians in ms (steps after the 5th), the median over the repetitions;"
+    echo "raw per-run rows: $(basename "$OUTTSV")"
+    echo
+    cat "$WORK/table.md"
+} | tee "$OUTMD"
+echo "breakdown: wrote $OUTMD" >&2
