@@ -377,6 +377,57 @@ TEST(plan_overlap_timeline) {
     dp_plan_result_free(&r);
 }
 
+/* The calibrated terms, in closed form.  4 layers of 1M parameters, 2
+ * workers, 1 sample each; measured forward 8 ms and backward 20 ms per
+ * sample: each layer's backward 5 ms, so the four 4 MB buckets are ready at
+ * 13, 18, 23, 28 ms; 6 ms each on the link: they run 13-19, 19-25, 25-31,
+ * 31-37.  Beside backward (8..28 ms): 6 + 6 + 3 + 0 = 15 ms; exposed
+ * 37 - 28 = 9 ms; with comm_cpu 0.5 the steal is 7.5 ms.  Optimizer
+ * 1 ms + 4M x 1 ns, zeroing 4M x 0.25 ns.  rest = 1 + 28 + 7.5 + 9 + 5 =
+ * 50.5 ms; data 10 ms (shorter than rest: only its comm_cpu half shows)
+ * gives 5 ms, step 55.5 ms; data 60 ms: 60 - 50.5 waited for, plus 0.5 x 50.5. */
+TEST(plan_step_terms) {
+    struct dp_plan_params p = dp_plan_default_params();
+    p.params = 4000000, p.nlayers = 4, p.batch = 2, p.algo = DP_PLAN_RING;
+    p.bucket_cap_bytes = 1u << 20;
+    p.net = net_of(2, 0, 1 / 1.5e-9);
+    p.fwd_sample_s = 8e-3, p.bwd_sample_s = 20e-3;
+    p.opt_s = 1e-3, p.opt_param_s = 1e-9, p.zero_param_s = 0.25e-9;
+    p.comm_cpu = 0.5, p.data_sample_s = 10e-3;
+    struct dp_plan_result r;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.fwd_s, 8e-3, 1e-12);
+    ASSERT_NEAR(r.bwd_s, 20e-3, 1e-12);
+    double ready[4] = {13e-3, 18e-3, 23e-3, 28e-3}, start[4] = {13e-3, 19e-3, 25e-3, 31e-3};
+    for (int k = 0; k < 4; k++) {
+        ASSERT_NEAR(r.b[k].ready_s, ready[k], 1e-12);
+        ASSERT_NEAR(r.b[k].start_s, start[k], 1e-12);
+    }
+    ASSERT_NEAR(r.overlap_s, 15e-3, 1e-12);
+    ASSERT_NEAR(r.steal_s, 7.5e-3, 1e-12);
+    ASSERT_NEAR(r.exposed_s, 9e-3, 1e-12);
+    ASSERT_NEAR(r.opt_s, 5e-3, 1e-12);
+    ASSERT_NEAR(r.zero_s, 1e-3, 1e-12);
+    ASSERT_NEAR(r.data_s, 5e-3, 1e-12);
+    ASSERT_NEAR(r.step_s, 55.5e-3, 1e-12);
+    ASSERT_NEAR(r.efficiency, 39 / 55.5, 1e-12);
+    dp_plan_result_free(&r);
+    p.data_sample_s = 60e-3; /* the loader is the bottleneck */
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.data_s, 9.5e-3 + 25.25e-3, 1e-12);
+    ASSERT_NEAR(r.step_s, 85.25e-3, 1e-12);
+    dp_plan_result_free(&r);
+    /* comm_cpu 0 (a wait on a link): no steal, the prefetch hidden */
+    p.comm_cpu = 0, p.data_sample_s = 10e-3;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.step_s, 43e-3, 1e-12);
+    dp_plan_result_free(&r);
+    p.bwd_sample_s = 0; /* forward alone */
+    ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
+    p.bwd_sample_s = 20e-3, p.comm_cpu = 1.5;
+    ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
+}
+
 /* AdamW in fp32, Ψ = 1M on 4 workers: 16Ψ, 8Ψ + 8Ψ/P, 4Ψ + 12Ψ/P, 16Ψ/P. */
 TEST(plan_zero_memory) {
     struct dp_plan_params p = dp_plan_default_params();

@@ -174,17 +174,31 @@ struct dp_plan_params {
     size_t first_bucket_bytes;/* 1 MiB */
     int overlap;              /* 1: a bucket starts when its last layer's backward ends */
     int algo;                 /* -1: the fastest per bucket; else forced */
-    double opt_s;             /* optimizer time per step */
+    double opt_s;             /* optimizer time per step (fixed part) */
     double opt_state_bytes;   /* optimizer state per parameter: 8 for AdamW (m, v), 4 for SGD momentum */
+    /* Calibrated terms (dptrain calibrate; 0 = absent).  Measured with all
+     * p workers computing at once, so the contention for cores and memory
+     * is in them, not modelled. */
+    double fwd_sample_s, bwd_sample_s; /* > 0: forward and backward seconds per sample (override sample_s, flops) */
+    double opt_param_s;       /* optimizer seconds per parameter (finite check + update), added to opt_s */
+    double zero_param_s;      /* seconds per parameter to zero the gradient slab before the step */
+    double data_sample_s;     /* loader seconds per sample (gather + copy) of the worker's share */
+    double comm_cpu;          /* 0..1: compute time lost per second of all-reduce running beside it
+                               * (the thread backend on a machine with no spare core: near 1) */
 };
 struct dp_plan_params dp_plan_default_params(void);
 
 struct dp_plan_result {
-    double fwd_s, bwd_s, opt_s;   /* per step per worker */
+    double fwd_s, bwd_s, opt_s;   /* per step per worker (opt: opt_s + opt_param_s x params) */
+    double zero_s;                /* zeroing the gradient slab */
+    double data_s;                /* the loader's part that the step waits for (see dp_plan_run) */
     double comm_s;                /* sum of the buckets' all-reduce times */
+    double overlap_s;             /* the part of comm_s that runs while backward does */
+    double steal_s;               /* compute lost to it: comm_cpu x overlap_s */
     double exposed_s;             /* communication left after backward */
-    double step_s;                /* fwd + bwd + exposed + opt */
-    double efficiency;            /* (fwd + bwd + opt) / step: throughput over p x the no-communication rate */
+    double step_s;                /* data + zero + fwd + bwd + steal + exposed + opt */
+    double efficiency;            /* (data + zero + fwd + bwd + opt) / step: throughput over p x the
+                                     no-communication rate */
     double samples_per_s;         /* batch / step */
     double grad_bytes;            /* on the wire per all-reduce of the whole gradient */
     double sent_bytes;            /* one worker sends per step */

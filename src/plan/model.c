@@ -13,9 +13,30 @@
  * exposed = max(0, done_last - (F + B)).  Backward costs twice forward per
  * layer (dense layers: 2Ψ FLOPs per sample forward, 4Ψ backward), and a
  * layer's forward is layer_flops[i] (from the model) or 2 x its parameters
- * x tokens per sample.  What the model leaves out: data loading, contention
- * between the all-reduce and compute for memory bandwidth, and the
- * polling resolution of the real reducer (one layer). */
+ * x tokens per sample; measured forward and backward seconds per sample
+ * (fwd_sample_s, bwd_sample_s) replace both and are shared out over the
+ * layers in proportion to their FLOPs.
+ *
+ * The whole step, as the trainer times it (src/train/trainer.c train_step):
+ *
+ *   step = zero + data + F + B + steal + exposed + opt
+ *
+ *   zero   Ψ zero_param_s                 the gradient slab set to 0
+ *   opt    opt_s + Ψ opt_param_s           finite check + optimizer update
+ *   steal  comm_cpu x overlap              overlap = Σ_k |[start_k, done_k] ∩ [F, F + B]|:
+ *                                          an all-reduce running beside backward takes
+ *                                          comm_cpu of its time from the compute (the
+ *                                          thread backend's copies and sums when every core
+ *                                          computes: about 1; a wait on a network link: 0)
+ *   data   D = b data_sample_s, made by the loader's prefetch thread during the
+ *          previous step's rest R = step - data: max(0, D - R) is waited for,
+ *          and the part beside compute costs comm_cpu as the all-reduce does:
+ *          data = max(0, D - R) + comm_cpu min(D, R).
+ *
+ * The schedule of the buckets is not moved by the steal (a first-order
+ * model: the backward's stretch and the buckets' delay are small beside the
+ * step where the formula matters).  Left out: the reducer's polling
+ * resolution (one layer) and network contention beyond the formulas. */
 #include <math.h>
 #include <string.h>
 
@@ -190,6 +211,14 @@ static int check(const struct dp_plan_params *p) {
     if (p->algo == DP_PLAN_HIER && n->per_host < 2) BAD("hier needs workers per host >= 2");
     if (!(p->opt_s >= 0 && p->opt_s < 1e6) || !(p->opt_state_bytes >= 0 && p->opt_state_bytes <= 64))
         BAD("bad optimizer time or state bytes");
+    if (!(p->fwd_sample_s >= 0 && p->fwd_sample_s < 1e6 && p->bwd_sample_s >= 0 && p->bwd_sample_s < 1e6) ||
+        (p->fwd_sample_s > 0) != (p->bwd_sample_s > 0))
+        BAD("forward %g s, backward %g s per sample: give both (> 0) or neither", p->fwd_sample_s, p->bwd_sample_s);
+    if (!(p->opt_param_s >= 0 && p->opt_param_s < 1) || !(p->zero_param_s >= 0 && p->zero_param_s < 1) ||
+        !(p->data_sample_s >= 0 && p->data_sample_s < 1e6))
+        BAD("optimizer %g s and zeroing %g s per parameter, data %g s per sample: expected >= 0",
+            p->opt_param_s, p->zero_param_s, p->data_sample_s);
+    if (!(p->comm_cpu >= 0 && p->comm_cpu <= 1)) BAD("comm_cpu %g: expected 0..1", p->comm_cpu);
 #undef BAD
     return DP_OK;
 }
@@ -214,11 +243,16 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
         fwd_flops += p->layer_flops ? p->layer_flops[i] : 2.0 * (double)layers[i] * p->tokens;
     }
     double b_local = (double)p->batch / P;
-    /* seconds per forward FLOP of this worker's share */
-    double sec_per_flop = p->sample_s > 0 ? p->sample_s * b_local / (3 * fwd_flops) : b_local / p->flops;
+    /* seconds per forward FLOP of this worker's share, and backward's
+     * seconds per (forward) FLOP of its layers: twice, unless measured */
+    double sec_per_flop = p->fwd_sample_s > 0 ? p->fwd_sample_s * b_local / fwd_flops
+                          : p->sample_s > 0   ? p->sample_s * b_local / (3 * fwd_flops)
+                                              : b_local / p->flops;
+    double bwd_per_flop = p->fwd_sample_s > 0 ? p->bwd_sample_s * b_local / fwd_flops : 2 * sec_per_flop;
     r->fwd_s = fwd_flops * sec_per_flop;
-    r->bwd_s = 2 * r->fwd_s;
-    r->opt_s = p->opt_s;
+    r->bwd_s = fwd_flops * bwd_per_flop;
+    r->opt_s = p->opt_s + psi * p->opt_param_s;
+    r->zero_s = psi * p->zero_param_s;
 
     size_t cap = p->bucket_cap_bytes ? p->bucket_cap_bytes : dp_plan_auto_cap((int64_t)psi);
     int nb = dp_plan_buckets(layers, L, cap, p->first_bucket_bytes ? p->first_bucket_bytes : 1u << 20, &r->b);
@@ -232,7 +266,7 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
     int k = 0;
     for (int i = L - 1; i >= 0 && k < nb; i--) {
         double lf = p->layer_flops ? p->layer_flops[i] : 2.0 * (double)layers[i] * p->tokens;
-        t += 2 * lf * sec_per_flop;
+        t += lf * bwd_per_flop;
         if (i != r->b[k].first_layer) continue;
         struct dp_plan_bucket *b = &r->b[k++];
         b->bytes = (double)b->count * p->bytes_per_elem / p->compress;
@@ -246,12 +280,17 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
         b->start_s = b->ready_s > prev_done ? b->ready_s : prev_done;
         b->done_s = prev_done = b->start_s + b->algo_s[b->algo];
         r->comm_s += b->algo_s[b->algo];
+        double o0 = b->start_s > r->fwd_s ? b->start_s : r->fwd_s, o1 = b->done_s < bwd_end ? b->done_s : bwd_end;
+        if (o1 > o0) r->overlap_s += o1 - o0;
         r->sent_bytes += dp_plan_sent_bytes(b->algo, b->bytes, &p->net);
         r->grad_bytes += b->bytes;
     }
     r->exposed_s = prev_done > bwd_end ? prev_done - bwd_end : 0;
-    r->step_s = bwd_end + r->exposed_s + r->opt_s;
-    r->efficiency = r->step_s > 0 ? (r->fwd_s + r->bwd_s + r->opt_s) / r->step_s : 1;
+    r->steal_s = p->comm_cpu * r->overlap_s;
+    double rest = r->zero_s + bwd_end + r->steal_s + r->exposed_s + r->opt_s, D = b_local * p->data_sample_s;
+    r->data_s = (D > rest ? D - rest : 0) + p->comm_cpu * (D < rest ? D : rest);
+    r->step_s = r->data_s + rest;
+    r->efficiency = r->step_s > 0 ? (r->data_s + r->zero_s + r->fwd_s + r->bwd_s + r->opt_s) / r->step_s : 1;
     r->samples_per_s = r->step_s > 0 ? (double)p->batch / r->step_s : INFINITY;
     /* fp32 weights and gradients (4 bytes each) and S bytes of optimizer
      * state per parameter; ZeRO shards the state (1), the gradients (2) and
