@@ -180,7 +180,7 @@ struct dp_plan_params {
      * p workers computing at once, so the contention for cores and memory
      * is in them, not modelled. */
     double fwd_sample_s, bwd_sample_s; /* > 0: forward and backward seconds per sample (override sample_s, flops) */
-    double opt_param_s;       /* optimizer seconds per parameter (finite check + update), added to opt_s */
+    double opt_param_s;       /* optimizer seconds per parameter (the update), added to opt_s */
     double zero_param_s;      /* seconds per parameter to zero the gradient slab before the step */
     double data_sample_s;     /* loader seconds per sample (gather + copy) of the worker's share */
     double comm_cpu;          /* 0..1: compute time lost per second of all-reduce running beside it
