@@ -422,6 +422,15 @@ TEST(plan_step_terms) {
     ASSERT_OK(dp_plan_run(&p, &r));
     ASSERT_NEAR(r.step_s, 43e-3, 1e-12);
     dp_plan_result_free(&r);
+    /* the metrics' all-gather of 2 doubles: α + 8 bytes x β with α = 10 us */
+    p.gathers = 1;
+    for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) p.net.alpha_s[a] = 10e-6;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.gather_s, 10e-6 + 8 * 1.5e-9, 1e-15);
+    ASSERT_NEAR(r.step_s, 43e-3 + r.gather_s + (r.exposed_s - 9e-3), 1e-12); /* α also delays the buckets */
+    dp_plan_result_free(&r);
+    p.gathers = 0;
+    for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) p.net.alpha_s[a] = 0;
     p.bwd_sample_s = 0; /* forward alone */
     ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
     p.bwd_sample_s = 20e-3, p.comm_cpu = 1.5;

@@ -185,6 +185,8 @@ struct dp_plan_params {
     double data_sample_s;     /* loader seconds per sample (gather + copy) of the worker's share */
     double comm_cpu;          /* 0..1: compute time lost per second of all-reduce running beside it
                                * (the thread backend on a machine with no spare core: near 1) */
+    int gathers;              /* small all-gathers of p doubles per step outside the buckets: 1 when
+                               * the run records metrics (the trainer gathers every rank's wait) */
 };
 struct dp_plan_params dp_plan_default_params(void);
 
@@ -195,8 +197,9 @@ struct dp_plan_result {
     double comm_s;                /* sum of the buckets' all-reduce times */
     double overlap_s;             /* the part of comm_s that runs while backward does */
     double steal_s;               /* compute lost to it: comm_cpu x overlap_s */
+    double gather_s;              /* the per-step all-gathers (gathers) */
     double exposed_s;             /* communication left after backward */
-    double step_s;                /* data + zero + fwd + bwd + steal + exposed + opt */
+    double step_s;                /* data + zero + fwd + bwd + steal + exposed + opt + gather */
     double efficiency;            /* (data + zero + fwd + bwd + opt) / step: throughput over p x the
                                      no-communication rate */
     double samples_per_s;         /* batch / step */

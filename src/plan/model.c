@@ -19,7 +19,7 @@
  *
  * The whole step, as the trainer times it (src/train/trainer.c train_step):
  *
- *   step = zero + data + F + B + steal + exposed + opt
+ *   step = zero + data + F + B + steal + exposed + opt + gather
  *
  *   zero   Ψ zero_param_s                 the gradient slab set to 0
  *   opt    opt_s + Ψ opt_param_s           finite check + optimizer update
@@ -32,6 +32,9 @@
  *          previous step's rest R = step - data: max(0, D - R) is waited for,
  *          and the part beside compute costs comm_cpu as the all-reduce does:
  *          data = max(0, D - R) + comm_cpu min(D, R).
+ *   gather gathers x ((p-1)α + (p-1)/p 8p β)  the trainer's all-gather of every rank's
+ *                                          wait (p doubles) after each step when it records
+ *                                          metrics: a ring all-gather on the ring's link
  *
  * The schedule of the buckets is not moved by the steal (a first-order
  * model: the backward's stretch and the buckets' delay are small beside the
@@ -219,6 +222,7 @@ static int check(const struct dp_plan_params *p) {
         BAD("optimizer %g s and zeroing %g s per parameter, data %g s per sample: expected >= 0",
             p->opt_param_s, p->zero_param_s, p->data_sample_s);
     if (!(p->comm_cpu >= 0 && p->comm_cpu <= 1)) BAD("comm_cpu %g: expected 0..1", p->comm_cpu);
+    if (p->gathers < 0 || p->gathers > 1000) BAD("gathers per step %d: expected 0..1000", p->gathers);
 #undef BAD
     return DP_OK;
 }
@@ -287,7 +291,9 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
     }
     r->exposed_s = prev_done > bwd_end ? prev_done - bwd_end : 0;
     r->steal_s = p->comm_cpu * r->overlap_s;
-    double rest = r->zero_s + bwd_end + r->steal_s + r->exposed_s + r->opt_s, D = b_local * p->data_sample_s;
+    double ng = 8.0 * P;
+    r->gather_s = P > 1 ? p->gathers * ((P - 1) * p->net.alpha_s[DP_PLAN_RING] + (P - 1) * ng / P * p->net.beta_s[DP_PLAN_RING]) : 0;
+    double rest = r->zero_s + bwd_end + r->steal_s + r->exposed_s + r->opt_s + r->gather_s, D = b_local * p->data_sample_s;
     r->data_s = (D > rest ? D - rest : 0) + p->comm_cpu * (D < rest ? D : rest);
     r->step_s = r->data_s + rest;
     r->efficiency = r->step_s > 0 ? (r->data_s + r->zero_s + r->fwd_s + r->bwd_s + r->opt_s) / r->step_s : 1;

@@ -167,12 +167,18 @@ static void cal_sync(struct cal_job *j) {
 }
 
 /* iters timed forward + backward passes (after two warm-up ones): the
- * medians per sample in fwd, bwd and their sum in *sum. */
-static void cal_compute(struct cal_job *j, double *fwd, double *bwd, double *sum) {
+ * medians per sample in fwd, bwd and their sum in *sum.  With sync, the
+ * workers start every pass together, as the steps of a synchronous run do
+ * (the step's all-reduce lines them up): on a loaded machine the kernel
+ * treats a thread that waits between bursts differently from one that
+ * computes without a break, and the run's workers are the former. */
+static void cal_sync(struct cal_job *j);
+static void cal_compute(struct cal_job *j, int sync, double *fwd, double *bwd, double *sum) {
     struct cal *c = j->c;
     double tf[CAL_MAX_ITERS], tb[CAL_MAX_ITERS];
     *sum = 0;
     for (int i = -2; i < c->iters; i++) {
+        if (sync) cal_sync(j);
         memset(j->rep.grads, 0, sizeof(float) * (size_t)c->m->num_params);
         struct dp_pass pass = {.training = 1, .backward = 1, .seed = 1, .loss_scale = 0};
         if (dp_model_run(c->m, &j->rep, &j->b, &pass)) die("calibrate: %s", dp_errmsg());
@@ -264,10 +270,10 @@ static void *cal_main(void *arg) {
     /* 1. worker 0 alone */
     cal_sync(j);
     int alone = j->rank == 0 && (!c->job || dp_comm_rank(c->job) == 0);
-    if (alone) cal_compute(j, &j->v[CAL_FWD1], &j->v[CAL_BWD1], &sum);
+    if (alone) cal_compute(j, 0, &j->v[CAL_FWD1], &j->v[CAL_BWD1], &sum);
     cal_sync(j);
     /* 2. every worker at once */
-    cal_compute(j, &j->v[CAL_FWD], &j->v[CAL_BWD], &sum);
+    cal_compute(j, 1, &j->v[CAL_FWD], &j->v[CAL_BWD], &sum);
     /* 3. the same with the all-reduce beside it: as many all-reduces as the
      * fit says last as long as the compute did (worker 0's count for all) */
     if (j->rank == 0) c->comm_iters = ceil(sum / c->ar_s) < 1 ? 1 : ceil(sum / c->ar_s) > 1e5 ? 1e5 : ceil(sum / c->ar_s);
@@ -276,7 +282,7 @@ static void *cal_main(void *arg) {
     cal_sync(j);
     pthread_t th;
     if (pthread_create(&th, NULL, cal_comm_main, j)) die("cannot start a thread");
-    cal_compute(j, &f, &b, &sum_with);
+    cal_compute(j, 0, &f, &b, &sum_with); /* (the all-reduces keep their own pace) */
     pthread_join(th, NULL);
     double over = sum_with < j->comm_busy ? sum_with : j->comm_busy, cpu = over > 0 ? (sum_with - sum) / over : 0;
     j->v[CAL_COMM_CPU] = cpu < 0 ? 0 : cpu > 1 ? 1 : cpu;

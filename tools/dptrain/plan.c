@@ -266,6 +266,8 @@ static const char *help_plan =
     "  --bucket-mb M         bucket cap (0 = the reducer's auto rule) [0]\n"
     "  --first-bucket-mb M   [1]\n"
     "  --no-overlap          all buckets after backward\n"
+    "  --metrics             the run records metrics (train --out): one all-gather of P doubles\n"
+    "                        per step (every rank's wait) joins the step\n"
     "  --profile FILE        a JSON profile (dptrain calibrate writes one): alpha_s, beta_s,\n"
     "                        gamma_s, flops, sample_s, <algo>_alpha_s, <algo>_beta_s; from\n"
     "                        calibrate --model (version 2) also fwd_sample_s, bwd_sample_s,\n"
@@ -359,8 +361,9 @@ static void print_plan_text(const struct dp_plan_params *p, const struct dp_plan
     printf("/s\n");
     printf("step %.6g ms = forward %.6g + backward %.6g + exposed comm %.6g + optimizer %.6g ms", r->step_s * 1e3,
            r->fwd_s * 1e3, r->bwd_s * 1e3, r->exposed_s * 1e3, r->opt_s * 1e3);
-    if (r->data_s > 0 || r->zero_s > 0 || r->steal_s > 0)
-        printf(" + data %.6g + zeroing %.6g + lost to comm %.6g ms", r->data_s * 1e3, r->zero_s * 1e3, r->steal_s * 1e3);
+    if (r->data_s > 0 || r->zero_s > 0 || r->steal_s > 0 || r->gather_s > 0)
+        printf(" + data %.6g + zeroing %.6g + lost to comm %.6g + metrics gather %.6g ms", r->data_s * 1e3,
+               r->zero_s * 1e3, r->steal_s * 1e3, r->gather_s * 1e3);
     printf("\n");
     printf("communication %.6g ms (%.1f%% hidden behind backward)  efficiency %.4f  %.6g samples/s\n",
            r->comm_s * 1e3, r->comm_s > 0 ? fmax(0, 100 * (1 - r->exposed_s / r->comm_s)) : 100.0, r->efficiency,
@@ -399,10 +402,10 @@ static void print_plan_json(const struct dp_plan_params *p, const struct dp_plan
            "\"bwd_s\": %.9g, \"opt_s\": %.9g, \"comm_s\": %.9g, \"exposed_s\": %.9g, \"efficiency\": %.6f, "
            "\"samples_per_s\": %.9g, \"grad_bytes\": %.9g, \"sent_bytes\": %.9g, \"mem_plain\": %.9g, "
            "\"mem_zero1\": %.9g, \"mem_zero2\": %.9g, \"mem_zero3\": %.9g, \"data_s\": %.9g, \"zero_s\": %.9g, "
-           "\"overlap_s\": %.9g, \"steal_s\": %.9g",
+           "\"overlap_s\": %.9g, \"steal_s\": %.9g, \"gather_s\": %.9g",
            p->net.workers, (long long)p->batch, r->step_s, r->fwd_s, r->bwd_s, r->opt_s, r->comm_s, r->exposed_s,
            r->efficiency, r->samples_per_s, r->grad_bytes, r->sent_bytes, r->mem_bytes[0], r->mem_bytes[1],
-           r->mem_bytes[2], r->mem_bytes[3], r->data_s, r->zero_s, r->overlap_s, r->steal_s);
+           r->mem_bytes[2], r->mem_bytes[3], r->data_s, r->zero_s, r->overlap_s, r->steal_s, r->gather_s);
     const char *keys[] = {"bucket_bytes", "bucket_ready_s", "bucket_start_s", "bucket_done_s"};
     for (int f = 0; f < 4; f++) {
         printf(", \"%s\": [", keys[f]);
@@ -470,6 +473,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
         else if (dptrain_take(argc, argv, &i, "--first-bucket-mb", &v))
             p.first_bucket_bytes = (size_t)(dptrain_num_arg(a, v, 1e-5, 1e6) * (1 << 20));
         else if (!strcmp(a, "--no-overlap")) p.overlap = 0;
+        else if (!strcmp(a, "--metrics")) p.gathers = 1;
         else if (dptrain_take(argc, argv, &i, "--profile", &v)) {
             load_profile(v, &p, &pi);
             gbps_given = lat_given = 0; /* the profile's link, unless given again after it */
