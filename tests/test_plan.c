@@ -437,6 +437,32 @@ TEST(plan_step_terms) {
     ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
 }
 
+/* A measured table replaces the formula at its own worker count:
+ * 1000, 2000, 4000 bytes in 1, 3, 4 ms: 1500 bytes -> 2 ms (between), 500 ->
+ * 1 ms (the floor), 6000 -> 4 + 2000 x 0.5 us = 5 ms (the last slope); other
+ * workers, or an algorithm without a table, keep the formula. */
+TEST(plan_measured_table) {
+    struct dp_plan_net net = net_of(2, 1e-5, 1e9);
+    double x[3] = {1000, 2000, 4000}, t[3] = {1e-3, 3e-3, 4e-3};
+    net.tab_n = 3, net.tab_workers = 2, net.tab_bytes = x, net.tab_s[DP_PLAN_RING] = t;
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RING, 1500, &net), 2e-3, 1e-15);
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RING, 500, &net), 1e-3, 1e-15);
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RING, 6000, &net), 5e-3, 1e-15);
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RHD, 1500, &net), 2 * 1e-5 + 1500 / 1e9, 1e-15);
+    net.workers = 4;
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RING, 1500, &net), 6 * 1e-5 + 1.5 * 1500 / 1e9, 1e-15);
+    /* through a step: one 8000-byte bucket (2000 floats) on the table */
+    struct dp_plan_params p = dp_plan_default_params();
+    p.params = 2000, p.nlayers = 1, p.batch = 2, p.algo = DP_PLAN_RING, p.flops = 1e9;
+    p.net = net, p.net.workers = 2;
+    struct dp_plan_result r;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.comm_s, 4e-3 + 4000 * 0.5e-6, 1e-15);
+    dp_plan_result_free(&r);
+    t[1] = -1; /* a bad time is refused */
+    ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
+}
+
 /* AdamW in fp32, Ψ = 1M on 4 workers: 16Ψ, 8Ψ + 8Ψ/P, 4Ψ + 12Ψ/P, 16Ψ/P. */
 TEST(plan_zero_memory) {
     struct dp_plan_params p = dp_plan_default_params();

@@ -126,11 +126,22 @@ struct dp_plan_net {
     double beta_s[DP_PLAN_ALGO_COUNT];    /* per byte, per algorithm */
     double intra_alpha_s, intra_beta_s;   /* hier: inside a host */
     double gamma_s;                       /* per byte reduced (0: free) */
+    /* Measured all-reduce times (dptrain calibrate's per-size medians) for
+     * tab_workers workers: where p == tab_workers, an algorithm with a table
+     * is timed from it instead of its formula: linear interpolation between
+     * the two sizes around n; below the smallest, its time (the latency
+     * floor); above the largest, the last two points' slope carried on.  A
+     * single α-β line fits badly where the link changes regime with the size
+     * (a shaped link's burst, the caches of a shared-memory copy). */
+    int tab_n, tab_workers;
+    const double *tab_bytes;                  /* (tab_n) ascending */
+    const double *tab_s[DP_PLAN_ALGO_COUNT];  /* (tab_n) each, or NULL: the formula */
 };
 /* Fills every algorithm with one link: latency_s and bytes_per_s. */
 void dp_plan_net_link(struct dp_plan_net *n, double latency_s, double bytes_per_s);
-/* Time of one all-reduce of `bytes` bytes by algo; INFINITY where the algo
- * does not apply (hier without per_host >= 2 dividing p). */
+/* Time of one all-reduce of `bytes` bytes by algo (from the table when it
+ * has one for p); INFINITY where the algo does not apply (hier without
+ * per_host >= 2 dividing p). */
 double dp_plan_allreduce_s(int algo, double bytes, const struct dp_plan_net *n);
 /* Bytes one worker sends in that all-reduce (the busiest worker for tree). */
 double dp_plan_sent_bytes(int algo, double bytes, const struct dp_plan_net *n);

@@ -81,9 +81,21 @@ static double ring_s(double n, int p, double a, double b, double g) {
     return 2 * (p - 1) * a + 2 * f * n * b + f * n * g;
 }
 
+/* The measured table (dp_plan_net): interpolated, floored, extrapolated. */
+static double table_s(const double *x, const double *t, int m, double n) {
+    if (n <= x[0] || m == 1) return t[0];
+    int k = 1;
+    while (k < m - 1 && x[k] < n) k++;
+    double slope = (t[k] - t[k - 1]) / (x[k] - x[k - 1]);
+    if (n > x[m - 1] && slope < 0) slope = 0; /* noise must not make large messages cheaper */
+    return t[k - 1] + (n - x[k - 1]) * slope;
+}
+
 double dp_plan_allreduce_s(int algo, double n, const struct dp_plan_net *net) {
     int p = net->workers;
     if (p <= 1) return 0;
+    if (algo >= 0 && algo < DP_PLAN_ALGO_COUNT && net->tab_n > 0 && net->tab_s[algo] && p == net->tab_workers)
+        return table_s(net->tab_bytes, net->tab_s[algo], net->tab_n, n);
     double a = net->alpha_s[algo < 0 || algo >= DP_PLAN_ALGO_COUNT ? 0 : algo];
     double b = net->beta_s[algo < 0 || algo >= DP_PLAN_ALGO_COUNT ? 0 : algo], g = net->gamma_s;
     switch (algo) {
@@ -202,6 +214,14 @@ static int check(const struct dp_plan_params *p) {
             BAD("%s: latency %g s, %g s per byte", algo_names[a], n->alpha_s[a], n->beta_s[a]);
     if (!(n->intra_alpha_s >= 0 && n->intra_beta_s >= 0 && n->gamma_s >= 0 && n->gamma_s < 1e3))
         BAD("bad intra-host link or reduction rate");
+    if (n->tab_n < 0 || (n->tab_n > 0 && !n->tab_bytes)) BAD("measured table: %d sizes", n->tab_n);
+    for (int i = 0; i < n->tab_n; i++) {
+        if (!(n->tab_bytes[i] > 0) || (i && !(n->tab_bytes[i] > n->tab_bytes[i - 1])))
+            BAD("measured table: sizes must be > 0 and ascending (size %d: %g)", i, n->tab_bytes[i]);
+        for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++)
+            if (n->tab_s[a] && !(n->tab_s[a][i] > 0 && n->tab_s[a][i] < 1e6))
+                BAD("measured table: %s at %g bytes: %g s", algo_names[a], n->tab_bytes[i], n->tab_s[a][i]);
+    }
     if (!p->layers && !(p->params >= 1 && p->params <= (int64_t)1 << 50)) BAD("params %lld: expected 1..2^50", (long long)p->params);
     if (p->nlayers < 1 || p->nlayers > 10000000) BAD("layers %d: expected 1..1e7", p->nlayers);
     if (!(p->tokens >= 1 && p->tokens < 1e9)) BAD("tokens per sample %g", p->tokens);

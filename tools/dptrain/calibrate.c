@@ -29,7 +29,8 @@
  *                      clamped to 0..1 (T_comm: the time spent in the all-reduces)
  * Each worker keeps the median over --compute-iters iterations (after two
  * warm-up ones); the profile takes the slowest worker's (the step waits for
- * it), comm_cpu the workers' mean.
+ * it; forward and backward: the median over the passes of the slowest
+ * worker in each pass), comm_cpu the workers' mean.
  */
 #include <errno.h>
 #include <math.h>
@@ -132,7 +133,8 @@ static double median(double *v, int64_t n) {
 
 /* ---- compute ------------------------------------------------------------------------ */
 
-/* One worker's results (its medians); the profile takes the slowest worker's. */
+/* One worker's results (its medians); the profile takes the slowest worker's
+ * (forward and backward: per pass, see calibrate_compute). */
 enum { CAL_FWD1, CAL_BWD1, CAL_FWD, CAL_BWD, CAL_SGD, CAL_ADAMW, CAL_ZERO, CAL_DATA, CAL_COMM_CPU, CAL_N };
 #define CAL_MAX_ITERS 1000
 
@@ -158,6 +160,7 @@ struct cal_job {
     float *ar;                  /* its buffer (the gradient's size) */
     double comm_busy;
     double v[CAL_N];
+    double tf[CAL_MAX_ITERS], tb[CAL_MAX_ITERS]; /* the passes all workers started together */
 };
 
 /* All workers of the job at the same point: the threads, then the processes. */
@@ -175,7 +178,8 @@ static void cal_sync(struct cal_job *j) {
 static void cal_sync(struct cal_job *j);
 static void cal_compute(struct cal_job *j, int sync, double *fwd, double *bwd, double *sum) {
     struct cal *c = j->c;
-    double tf[CAL_MAX_ITERS], tb[CAL_MAX_ITERS];
+    double *tf = j->tf, *tb = j->tb, kf[CAL_MAX_ITERS], kb[CAL_MAX_ITERS];
+    if (!sync) tf = kf, tb = kb; /* (only the synchronised passes are kept) */
     *sum = 0;
     for (int i = -2; i < c->iters; i++) {
         if (sync) cal_sync(j);
@@ -186,8 +190,9 @@ static void cal_compute(struct cal_job *j, int sync, double *fwd, double *bwd, d
         tf[i] = pass.t_forward, tb[i] = pass.t_backward;
         *sum += pass.t_forward + pass.t_backward;
     }
-    *fwd = median(tf, c->iters) / (double)c->B;
-    *bwd = median(tb, c->iters) / (double)c->B;
+    memcpy(kf, tf, sizeof(double) * (size_t)c->iters), memcpy(kb, tb, sizeof(double) * (size_t)c->iters);
+    *fwd = median(kf, c->iters) / (double)c->B;
+    *bwd = median(kb, c->iters) / (double)c->B;
 }
 
 /* The reducer's progress thread, as calibration has it: all-reduces of the
@@ -202,7 +207,10 @@ static void *cal_comm_main(void *arg) {
     return NULL;
 }
 
-/* The optimizer's update per parameter. */
+/* The optimizer's update per parameter.  Before each (untimed): an
+ * all-reduce of the gradient, as in a step, so that the update reads a
+ * gradient the communication has just written (on the thread backend, partly
+ * from the other workers' cores: their caches, not this one's). */
 static double cal_optim(struct cal_job *j, enum dp_optim_kind kind) {
     struct cal *c = j->c;
     int64_t n = c->m->num_params;
@@ -213,6 +221,7 @@ static double cal_optim(struct cal_job *j, enum dp_optim_kind kind) {
     double t[CAL_MAX_ITERS];
     const float *g = j->rep.grads;
     for (int i = -2; i < c->iters; i++) {
+        if (dp_comm_allreduce(j->comm, j->rep.grads, n, DP_DTYPE_F32, DP_ALGO_AUTO)) die("calibrate: %s", dp_errmsg());
         double t0 = dp_time();
         if (dp_optim_step(&o, j->rep.params, g, n, 1e-6f)) die("calibrate: %s", dp_errmsg());
         if (i >= 0) t[i] = dp_time() - t0;
@@ -356,6 +365,32 @@ static void calibrate_compute(struct cal *c, double *out) {
             if (k == CAL_COMM_CPU) out[k] += v[k] / (nproc * c->P);
             else if (v[k] > out[k]) out[k] = v[k];
     }
+    /* A synchronous step waits for its slowest worker, pass by pass: the
+     * forward and backward of the profile are the medians over the passes of
+     * the slowest worker's time in that pass (on a loaded machine a different
+     * worker is slowest each time, so this is more than the slowest worker's
+     * median).  Backward: the median of the slowest forward + backward minus
+     * the median of the slowest forward. */
+    int W = nproc * c->P, K = c->iters;
+    double *pt = calloc((size_t)W * K * 2, sizeof(double)), *mf = malloc(sizeof(double) * K), *ms = malloc(sizeof(double) * K);
+    if (!pt || !mf || !ms) die("out of memory");
+    for (int r = 0; r < c->P; r++)
+        for (int i = 0; i < K; i++) {
+            pt[(((size_t)me * c->P + r) * K + i) * 2] = j[r].tf[i];
+            pt[(((size_t)me * c->P + r) * K + i) * 2 + 1] = j[r].tb[i];
+        }
+    if (c->job && dp_comm_allgather(c->job, pt, (int64_t)W * K * 2, DP_DTYPE_F64, DP_ALGO_AUTO)) die("%s", dp_errmsg());
+    for (int i = 0; i < K; i++) {
+        mf[i] = ms[i] = 0;
+        for (int r = 0; r < W; r++) {
+            double f = pt[((size_t)r * K + i) * 2], b = pt[((size_t)r * K + i) * 2 + 1];
+            mf[i] = f > mf[i] ? f : mf[i], ms[i] = f + b > ms[i] ? f + b : ms[i];
+        }
+    }
+    double f = median(mf, K), fb = median(ms, K);
+    out[CAL_FWD] = f / (double)c->B;
+    out[CAL_BWD] = (fb > f ? fb - f : out[CAL_BWD] * (double)c->B) / (double)c->B;
+    free(pt), free(mf), free(ms);
     free(all), free(j), free(th);
     if (c->w) dp_comm_thread_world_free(c->w);
     pthread_barrier_destroy(&c->bar);

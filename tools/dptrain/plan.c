@@ -272,8 +272,10 @@ static const char *help_plan =
     "                        gamma_s, flops, sample_s, <algo>_alpha_s, <algo>_beta_s; from\n"
     "                        calibrate --model (version 2) also fwd_sample_s, bwd_sample_s,\n"
     "                        sgd_param_s, adamw_param_s, zero_param_s, data_sample_s, comm_cpu\n"
-    "                        (then --model must name the calibrated model); options after it\n"
-    "                        override it\n"
+    "                        (then --model must name the calibrated model); with the same\n"
+    "                        --workers as calibrated, the measured times per size (sizes,\n"
+    "                        <algo>_measured_s) time the all-reduces, interpolated; options\n"
+    "                        after it override it (a link given after it: the formulas)\n"
     "output:\n"
     "  --buckets             the bucket table (times from the step's start)\n"
     "  --sweep MAX           the same global batch on P = 1, 2, 4 .. MAX workers, and the\n"
@@ -293,6 +295,7 @@ static void print_bytes(const char *label, double b) {
 struct profile_info {
     char path[1024], model[128];
     double sgd_param_s, adamw_param_s;
+    double sizes[64], measured[DP_PLAN_ALGO_COUNT][64]; /* the all-reduce table (dp_plan_net tab_*) */
 };
 
 /* A profile: version 1 (no "version": communication, gamma, sample_s) or 2
@@ -344,6 +347,21 @@ static void load_profile(const char *path, struct dp_plan_params *p, struct prof
     if (g == g) p->net.gamma_s = g;
     if (fl == fl) p->flops = fl;
     if (ss == ss) p->sample_s = ss;
+    /* the measured all-reduce times per size, for the profile's worker count */
+    const struct dp_json_field *sz = dp_json_get(&o, "sizes");
+    double pw = dp_json_num(&o, "workers", 0);
+    p->net.tab_n = 0;
+    for (int k = 0; sz && sz->type == DP_JSON_ARR && sz->n >= 1 && sz->n <= 64 && pw >= 2 && k < DP_PLAN_ALGO_COUNT; k++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s_measured_s", dp_plan_algo_name(k));
+        const struct dp_json_field *ms = dp_json_get(&o, key);
+        p->net.tab_s[k] = NULL;
+        if (!ms || ms->type != DP_JSON_ARR || ms->n != sz->n) continue;
+        memcpy(pi->sizes, sz->arr, sizeof(double) * (size_t)sz->n);
+        memcpy(pi->measured[k], ms->arr, sizeof(double) * (size_t)sz->n);
+        p->net.tab_n = (int)sz->n, p->net.tab_workers = (int)pw, p->net.tab_bytes = pi->sizes;
+        p->net.tab_s[k] = pi->measured[k];
+    }
     double ia = dp_json_num(&o, "intra_alpha_s", NAN), ib = dp_json_num(&o, "intra_beta_s", NAN);
     if (ia == ia) p->net.intra_alpha_s = ia;
     if (ib == ib) p->net.intra_beta_s = ib;
@@ -483,6 +501,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
         else die("unknown option '%s' (see 'dptrain plan --help')", a);
         /* a link given on the command line applies to every algorithm */
         if (gbps_given || lat_given) {
+            p.net.tab_n = 0; /* and not the profile's measured times */
             for (int k = 0; k < DP_PLAN_ALGO_COUNT; k++) {
                 if (gbps_given) p.net.beta_s[k] = 8 / (gbps * 1e9);
                 if (lat_given) p.net.alpha_s[k] = lat_us / 1e6;
