@@ -335,23 +335,37 @@ TEST(plan_buckets_match_reducer) {
  * of 2 with α = 0 takes n β = 4 MB x 1.5 ns = 6 ms per bucket: they run
  * 12-18, 18-24, 24-30, 30-36 ms; exposed 36 - 24 = 12 ms.  Without overlap
  * all four start at 24 ms: exposed 24 ms. */
-TEST(plan_overlap_timeline) {
+/* Runs the plan and checks the four 6 ms buckets of these tests: forward,
+ * backward, and each bucket's ready and start times (done = start + 6 ms, by
+ * the ring). */
+static void run_four_buckets(const struct dp_plan_params *p, struct dp_plan_result *r, double fwd, double bwd,
+                             const double ready[4], const double start[4]) {
+    ASSERT_OK(dp_plan_run(p, r));
+    ASSERT_EQ(r->nb, 4);
+    ASSERT_NEAR(r->fwd_s, fwd, 1e-12);
+    ASSERT_NEAR(r->bwd_s, bwd, 1e-12);
+    for (int k = 0; k < 4; k++) {
+        ASSERT_NEAR(r->b[k].ready_s, ready[k], 1e-12);
+        ASSERT_NEAR(r->b[k].start_s, start[k], 1e-12);
+        ASSERT_NEAR(r->b[k].done_s, start[k] + 6e-3, 1e-12);
+        ASSERT_EQ(r->b[k].algo, DP_PLAN_RING);
+    }
+}
+
+/* 4 layers of 1M parameters at 1 GFLOP/s, 2 workers with 1 sample each,
+ * ring at 1.5 ns per byte: one 4 MB bucket per layer, 6 ms each. */
+static struct dp_plan_params four_layers(void) {
     struct dp_plan_params p = dp_plan_default_params();
     p.params = 4000000, p.nlayers = 4, p.flops = 1e9, p.batch = 2, p.algo = DP_PLAN_RING;
     p.bucket_cap_bytes = 1u << 20;
     p.net = net_of(2, 0, 1 / 1.5e-9);
+    return p;
+}
+
+TEST(plan_overlap_timeline) {
+    struct dp_plan_params p = four_layers();
     struct dp_plan_result r;
-    ASSERT_OK(dp_plan_run(&p, &r));
-    ASSERT_EQ(r.nb, 4);
-    ASSERT_NEAR(r.fwd_s, 8e-3, 1e-12);
-    ASSERT_NEAR(r.bwd_s, 16e-3, 1e-12);
-    double ready[4] = {12e-3, 16e-3, 20e-3, 24e-3}, start[4] = {12e-3, 18e-3, 24e-3, 30e-3};
-    for (int k = 0; k < 4; k++) {
-        ASSERT_NEAR(r.b[k].ready_s, ready[k], 1e-12);
-        ASSERT_NEAR(r.b[k].start_s, start[k], 1e-12);
-        ASSERT_NEAR(r.b[k].done_s, start[k] + 6e-3, 1e-12);
-        ASSERT_EQ(r.b[k].algo, DP_PLAN_RING);
-    }
+    run_four_buckets(&p, &r, 8e-3, 16e-3, (double[]){12e-3, 16e-3, 20e-3, 24e-3}, (double[]){12e-3, 18e-3, 24e-3, 30e-3});
     ASSERT_NEAR(r.comm_s, 24e-3, 1e-12);
     ASSERT_NEAR(r.exposed_s, 12e-3, 1e-12);
     ASSERT_NEAR(r.step_s, 36e-3, 1e-12);
@@ -387,22 +401,12 @@ TEST(plan_overlap_timeline) {
  * 50.5 ms; data 10 ms (shorter than rest: only its comm_cpu half shows)
  * gives 5 ms, step 55.5 ms; data 60 ms: 60 - 50.5 waited for, plus 0.5 x 50.5. */
 TEST(plan_step_terms) {
-    struct dp_plan_params p = dp_plan_default_params();
-    p.params = 4000000, p.nlayers = 4, p.batch = 2, p.algo = DP_PLAN_RING;
-    p.bucket_cap_bytes = 1u << 20;
-    p.net = net_of(2, 0, 1 / 1.5e-9);
+    struct dp_plan_params p = four_layers();
     p.fwd_sample_s = 8e-3, p.bwd_sample_s = 20e-3;
     p.opt_s = 1e-3, p.opt_param_s = 1e-9, p.zero_param_s = 0.25e-9;
     p.comm_cpu = 0.5, p.data_sample_s = 10e-3;
     struct dp_plan_result r;
-    ASSERT_OK(dp_plan_run(&p, &r));
-    ASSERT_NEAR(r.fwd_s, 8e-3, 1e-12);
-    ASSERT_NEAR(r.bwd_s, 20e-3, 1e-12);
-    double ready[4] = {13e-3, 18e-3, 23e-3, 28e-3}, start[4] = {13e-3, 19e-3, 25e-3, 31e-3};
-    for (int k = 0; k < 4; k++) {
-        ASSERT_NEAR(r.b[k].ready_s, ready[k], 1e-12);
-        ASSERT_NEAR(r.b[k].start_s, start[k], 1e-12);
-    }
+    run_four_buckets(&p, &r, 8e-3, 20e-3, (double[]){13e-3, 18e-3, 23e-3, 28e-3}, (double[]){13e-3, 19e-3, 25e-3, 31e-3});
     ASSERT_NEAR(r.overlap_s, 15e-3, 1e-12);
     ASSERT_NEAR(r.steal_s, 7.5e-3, 1e-12);
     ASSERT_NEAR(r.exposed_s, 9e-3, 1e-12);
