@@ -929,6 +929,15 @@ expect_error profile_params_not_model "calibrated for --model mlp" "$BIN" plan -
 printf '{"kind": "profile", "version": 3, "alpha_s": 1e-6, "beta_s": 1e-10}\n' >"$T/cal3.json"
 expect_error profile_newer_version "profile version 3: this dptrain reads versions 1 and 2" \
   "$BIN" plan --model mlp --workers 2 --profile "$T/cal3.json"
+# the profile's measured times per size time the buckets at its worker count: one 1 MB bucket
+# between 1000 B (1 ms) and 1e7 B (2 ms) takes 1 + 999000/9999000 ms; at 4 workers, or with a link
+# given after the profile, the formula (4 x 1 us + 1.5 MB / 1 GB/s)
+printf '{"kind": "profile", "version": 2, "workers": 2, "alpha_s": 1e-6, "beta_s": 1e-9, "sizes": [1000, 10000000], "ring_measured_s": [0.001, 0.002]}\n' >"$T/caltab.json"
+tab() { "$BIN" plan --params 250000 --layers 1 --batch 64 --algo ring --no-overlap --json --profile "$T/caltab.json" "$@" |
+  python3 -c 'import json,sys; print("%.6e" % json.load(sys.stdin)["comm_s"])'; }
+if [[ $(tab --workers 2) == "$(python3 -c 'print("%.6e" % (1e-3 + 999000 / 9999000 * 1e-3))')" &&
+      $(tab --workers 4) == 1.506000e-03 && $(tab --workers 2 --latency-us 1) == 1.002000e-03 ]]
+then ok profile_measured_table; else bad profile_measured_table "$(tab --workers 2) $(tab --workers 4) $(tab --workers 2 --latency-us 1)"; fi
 # a version 1 profile (no "version", as the first calibrate wrote) still loads: 0.24 ms per sample
 printf '{"kind": "profile", "backend": "thread", "workers": 2, "gamma_s": 1e-10, "alpha_s": 1e-6, "beta_s": 1e-10, "sample_s": 0.00024}\n' >"$T/cal1.json"
 if "$BIN" plan --model mlp --workers 2 --batch 64 --profile "$T/cal1.json" | grep -q "^step [0-9.]* ms = forward 2.56 + backward 5.12 + exposed comm [0-9.e-]* + optimizer 0 ms$"
