@@ -27,6 +27,7 @@
 # predicted and measured breakdown); prints the table.
 set -uo pipefail  # (not -e: tests/netns/cluster.sh relies on failing greps)
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck disable=SC2034  # bench_facts reads it
 ROOT=$PWD
 MODELS=${MODELS:-cnn mlp}
 STEPS=${STEPS:-40}
