@@ -915,6 +915,33 @@ if "$BIN" calibrate --workers 2 --max-bytes 262144 --iters 3 --run "$T/prun" --o
    "$BIN" plan --model mlp --workers 2 --batch 64 --profile "$T/cal.json" | grep -q " = forward 2.56 + backward 5.12 + exposed comm"
 then ok calibrate_profile; else bad calibrate_profile "$(cat "$T/cal.log")"; fi
 expect_error calibrate_run_missing "no-such-run" "$BIN" calibrate --run "$T/no-such-run" --max-bytes 16384
+# calibrate --model: the step's calibrated terms (profile version 2), and plan reads them back:
+# forward = fwd_sample_s x 8 samples per worker, optimizer = sgd_param_s x parameters
+if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 65536 --iters 2 --compute-iters 2 \
+     --out "$T/cal2.json" >"$T/cal2.log" 2>&1 &&
+   python3 -c 'import json,sys,math; d=json.load(open(sys.argv[1])); pos=["fwd_sample_s","bwd_sample_s","fwd_sample_1_s","bwd_sample_1_s","sgd_param_s","adamw_param_s","data_sample_s"]; assert d["version"] == 2 and d["model"] == "mlp" and d["level"] == "thread" and all(math.isfinite(d[k]) and d[k] > 0 for k in pos) and d["zero_param_s"] >= 0 and 0 <= d["comm_cpu"] <= 1, d' "$T/cal2.json" 2>>"$T/cal2.log" &&
+   "$BIN" plan --model mlp --workers 2 --batch 16 --optim sgd --profile "$T/cal2.json" --json >"$T/plan2.json" 2>>"$T/cal2.log" &&
+   python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); p=json.load(open(sys.argv[2])); n=669706; assert abs(p["fwd_s"] - 8 * c["fwd_sample_s"]) <= 1e-6 * p["fwd_s"] and abs(p["bwd_s"] - 8 * c["bwd_sample_s"]) <= 1e-6 * p["bwd_s"] and abs(p["opt_s"] - n * c["sgd_param_s"]) <= 1e-6 * p["opt_s"] and abs(p["zero_s"] - n * c["zero_param_s"]) <= 1e-6 * p["zero_s"] + 1e-15 and p["step_s"] >= p["fwd_s"] + p["bwd_s"] + p["opt_s"], (c, p)' "$T/cal2.json" "$T/plan2.json" 2>>"$T/cal2.log"
+then ok calibrate_model_profile; else bad calibrate_model_profile "$(cat "$T/cal2.log")"; fi
+expect_error profile_other_model "cal2.json was calibrated for --model mlp" \
+  "$BIN" plan --model cnn --workers 2 --profile "$T/cal2.json"
+expect_error profile_params_not_model "calibrated for --model mlp" "$BIN" plan --params 1e6 --workers 2 --profile "$T/cal2.json"
+printf '{"kind": "profile", "version": 3, "alpha_s": 1e-6, "beta_s": 1e-10}\n' >"$T/cal3.json"
+expect_error profile_newer_version "profile version 3: this dptrain reads versions 1 and 2" \
+  "$BIN" plan --model mlp --workers 2 --profile "$T/cal3.json"
+# the profile's measured times per size time the buckets at its worker count: one 1 MB bucket
+# between 1000 B (1 ms) and 1e7 B (2 ms) takes 1 + 999000/9999000 ms; at 4 workers, or with a link
+# given after the profile, the formula (4 x 1 us + 1.5 MB / 1 GB/s)
+printf '{"kind": "profile", "version": 2, "workers": 2, "alpha_s": 1e-6, "beta_s": 1e-9, "sizes": [1000, 10000000], "ring_measured_s": [0.001, 0.002]}\n' >"$T/caltab.json"
+tab() { "$BIN" plan --params 250000 --layers 1 --batch 64 --algo ring --no-overlap --json --profile "$T/caltab.json" "$@" |
+  python3 -c 'import json,sys; print("%.6e" % json.load(sys.stdin)["comm_s"])'; }
+if [[ $(tab --workers 2) == "$(python3 -c 'print("%.6e" % (1e-3 + 999000 / 9999000 * 1e-3))')" &&
+      $(tab --workers 4) == 1.506000e-03 && $(tab --workers 2 --latency-us 1) == 1.002000e-03 ]]
+then ok profile_measured_table; else bad profile_measured_table "$(tab --workers 2) $(tab --workers 4) $(tab --workers 2 --latency-us 1)"; fi
+# a version 1 profile (no "version", as the first calibrate wrote) still loads: 0.24 ms per sample
+printf '{"kind": "profile", "backend": "thread", "workers": 2, "gamma_s": 1e-10, "alpha_s": 1e-6, "beta_s": 1e-10, "sample_s": 0.00024}\n' >"$T/cal1.json"
+if "$BIN" plan --model mlp --workers 2 --batch 64 --profile "$T/cal1.json" | grep -q "^step [0-9.]* ms = forward 2.56 + backward 5.12 + exposed comm [0-9.e-]* + optimizer 0 ms$"
+then ok profile_version1; else bad profile_version1 "$("$BIN" plan --model mlp --workers 2 --batch 64 --profile "$T/cal1.json" 2>&1)"; fi
 # === end of plan checks ===
 
 # --- gradient compression (docs/ddp.md "Gradient compression") ---

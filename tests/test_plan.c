@@ -335,23 +335,37 @@ TEST(plan_buckets_match_reducer) {
  * of 2 with α = 0 takes n β = 4 MB x 1.5 ns = 6 ms per bucket: they run
  * 12-18, 18-24, 24-30, 30-36 ms; exposed 36 - 24 = 12 ms.  Without overlap
  * all four start at 24 ms: exposed 24 ms. */
-TEST(plan_overlap_timeline) {
+/* Runs the plan and checks the four 6 ms buckets of these tests: forward,
+ * backward, and each bucket's ready and start times (done = start + 6 ms, by
+ * the ring). */
+static void run_four_buckets(const struct dp_plan_params *p, struct dp_plan_result *r, double fwd, double bwd,
+                             const double ready[4], const double start[4]) {
+    ASSERT_OK(dp_plan_run(p, r));
+    ASSERT_EQ(r->nb, 4);
+    ASSERT_NEAR(r->fwd_s, fwd, 1e-12);
+    ASSERT_NEAR(r->bwd_s, bwd, 1e-12);
+    for (int k = 0; k < 4; k++) {
+        ASSERT_NEAR(r->b[k].ready_s, ready[k], 1e-12);
+        ASSERT_NEAR(r->b[k].start_s, start[k], 1e-12);
+        ASSERT_NEAR(r->b[k].done_s, start[k] + 6e-3, 1e-12);
+        ASSERT_EQ(r->b[k].algo, DP_PLAN_RING);
+    }
+}
+
+/* 4 layers of 1M parameters at 1 GFLOP/s, 2 workers with 1 sample each,
+ * ring at 1.5 ns per byte: one 4 MB bucket per layer, 6 ms each. */
+static struct dp_plan_params four_layers(void) {
     struct dp_plan_params p = dp_plan_default_params();
     p.params = 4000000, p.nlayers = 4, p.flops = 1e9, p.batch = 2, p.algo = DP_PLAN_RING;
     p.bucket_cap_bytes = 1u << 20;
     p.net = net_of(2, 0, 1 / 1.5e-9);
+    return p;
+}
+
+TEST(plan_overlap_timeline) {
+    struct dp_plan_params p = four_layers();
     struct dp_plan_result r;
-    ASSERT_OK(dp_plan_run(&p, &r));
-    ASSERT_EQ(r.nb, 4);
-    ASSERT_NEAR(r.fwd_s, 8e-3, 1e-12);
-    ASSERT_NEAR(r.bwd_s, 16e-3, 1e-12);
-    double ready[4] = {12e-3, 16e-3, 20e-3, 24e-3}, start[4] = {12e-3, 18e-3, 24e-3, 30e-3};
-    for (int k = 0; k < 4; k++) {
-        ASSERT_NEAR(r.b[k].ready_s, ready[k], 1e-12);
-        ASSERT_NEAR(r.b[k].start_s, start[k], 1e-12);
-        ASSERT_NEAR(r.b[k].done_s, start[k] + 6e-3, 1e-12);
-        ASSERT_EQ(r.b[k].algo, DP_PLAN_RING);
-    }
+    run_four_buckets(&p, &r, 8e-3, 16e-3, (double[]){12e-3, 16e-3, 20e-3, 24e-3}, (double[]){12e-3, 18e-3, 24e-3, 30e-3});
     ASSERT_NEAR(r.comm_s, 24e-3, 1e-12);
     ASSERT_NEAR(r.exposed_s, 12e-3, 1e-12);
     ASSERT_NEAR(r.step_s, 36e-3, 1e-12);
@@ -375,6 +389,82 @@ TEST(plan_overlap_timeline) {
     ASSERT_NEAR(r.fwd_s, 4e-3, 1e-12);
     ASSERT_NEAR(r.bwd_s, 8e-3, 1e-12);
     dp_plan_result_free(&r);
+}
+
+/* The calibrated terms, in closed form.  4 layers of 1M parameters, 2
+ * workers, 1 sample each; measured forward 8 ms and backward 20 ms per
+ * sample: each layer's backward 5 ms, so the four 4 MB buckets are ready at
+ * 13, 18, 23, 28 ms; 6 ms each on the link: they run 13-19, 19-25, 25-31,
+ * 31-37.  Beside backward (8..28 ms): 6 + 6 + 3 + 0 = 15 ms; exposed
+ * 37 - 28 = 9 ms; with comm_cpu 0.5 the steal is 7.5 ms.  Optimizer
+ * 1 ms + 4M x 1 ns, zeroing 4M x 0.25 ns.  rest = 1 + 28 + 7.5 + 9 + 5 =
+ * 50.5 ms; data 10 ms (shorter than rest: only its comm_cpu half shows)
+ * gives 5 ms, step 55.5 ms; data 60 ms: 60 - 50.5 waited for, plus 0.5 x 50.5. */
+TEST(plan_step_terms) {
+    struct dp_plan_params p = four_layers();
+    p.fwd_sample_s = 8e-3, p.bwd_sample_s = 20e-3;
+    p.opt_s = 1e-3, p.opt_param_s = 1e-9, p.zero_param_s = 0.25e-9;
+    p.comm_cpu = 0.5, p.data_sample_s = 10e-3;
+    struct dp_plan_result r;
+    run_four_buckets(&p, &r, 8e-3, 20e-3, (double[]){13e-3, 18e-3, 23e-3, 28e-3}, (double[]){13e-3, 19e-3, 25e-3, 31e-3});
+    ASSERT_NEAR(r.overlap_s, 15e-3, 1e-12);
+    ASSERT_NEAR(r.steal_s, 7.5e-3, 1e-12);
+    ASSERT_NEAR(r.exposed_s, 9e-3, 1e-12);
+    ASSERT_NEAR(r.opt_s, 5e-3, 1e-12);
+    ASSERT_NEAR(r.zero_s, 1e-3, 1e-12);
+    ASSERT_NEAR(r.data_s, 5e-3, 1e-12);
+    ASSERT_NEAR(r.step_s, 55.5e-3, 1e-12);
+    ASSERT_NEAR(r.efficiency, 39 / 55.5, 1e-12);
+    dp_plan_result_free(&r);
+    p.data_sample_s = 60e-3; /* the loader is the bottleneck */
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.data_s, 9.5e-3 + 25.25e-3, 1e-12);
+    ASSERT_NEAR(r.step_s, 85.25e-3, 1e-12);
+    dp_plan_result_free(&r);
+    /* comm_cpu 0 (a wait on a link): no steal, the prefetch hidden */
+    p.comm_cpu = 0, p.data_sample_s = 10e-3;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.step_s, 43e-3, 1e-12);
+    dp_plan_result_free(&r);
+    /* the metrics' all-gather of 2 doubles: α + 8 bytes x β with α = 10 us */
+    p.gathers = 1;
+    for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) p.net.alpha_s[a] = 10e-6;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.gather_s, 10e-6 + 8 * 1.5e-9, 1e-15);
+    ASSERT_NEAR(r.step_s, 43e-3 + r.gather_s + (r.exposed_s - 9e-3), 1e-12); /* α also delays the buckets */
+    dp_plan_result_free(&r);
+    p.gathers = 0;
+    for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) p.net.alpha_s[a] = 0;
+    p.bwd_sample_s = 0; /* forward alone */
+    ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
+    p.bwd_sample_s = 20e-3, p.comm_cpu = 1.5;
+    ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
+}
+
+/* A measured table replaces the formula at its own worker count:
+ * 1000, 2000, 4000 bytes in 1, 3, 4 ms: 1500 bytes -> 2 ms (between), 500 ->
+ * 1 ms (the floor), 6000 -> 4 + 2000 x 0.5 us = 5 ms (the last slope); other
+ * workers, or an algorithm without a table, keep the formula. */
+TEST(plan_measured_table) {
+    struct dp_plan_net net = net_of(2, 1e-5, 1e9);
+    double x[3] = {1000, 2000, 4000}, t[3] = {1e-3, 3e-3, 4e-3};
+    net.tab_n = 3, net.tab_workers = 2, net.tab_bytes = x, net.tab_s[DP_PLAN_RING] = t;
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RING, 1500, &net), 2e-3, 1e-15);
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RING, 500, &net), 1e-3, 1e-15);
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RING, 6000, &net), 5e-3, 1e-15);
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RHD, 1500, &net), 2 * 1e-5 + 1500 / 1e9, 1e-15);
+    net.workers = 4;
+    ASSERT_NEAR(dp_plan_allreduce_s(DP_PLAN_RING, 1500, &net), 6 * 1e-5 + 1.5 * 1500 / 1e9, 1e-15);
+    /* through a step: one 8000-byte bucket (2000 floats) on the table */
+    struct dp_plan_params p = dp_plan_default_params();
+    p.params = 2000, p.nlayers = 1, p.batch = 2, p.algo = DP_PLAN_RING, p.flops = 1e9;
+    p.net = net, p.net.workers = 2;
+    struct dp_plan_result r;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.comm_s, 4e-3 + 4000 * 0.5e-6, 1e-15);
+    dp_plan_result_free(&r);
+    t[1] = -1; /* a bad time is refused */
+    ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
 }
 
 /* AdamW in fp32, Ψ = 1M on 4 workers: 16Ψ, 8Ψ + 8Ψ/P, 4Ψ + 12Ψ/P, 16Ψ/P. */

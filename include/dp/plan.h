@@ -126,11 +126,22 @@ struct dp_plan_net {
     double beta_s[DP_PLAN_ALGO_COUNT];    /* per byte, per algorithm */
     double intra_alpha_s, intra_beta_s;   /* hier: inside a host */
     double gamma_s;                       /* per byte reduced (0: free) */
+    /* Measured all-reduce times (dptrain calibrate's per-size medians) for
+     * tab_workers workers: where p == tab_workers, an algorithm with a table
+     * is timed from it instead of its formula: linear interpolation between
+     * the two sizes around n; below the smallest, its time (the latency
+     * floor); above the largest, the last two points' slope carried on.  A
+     * single α-β line fits badly where the link changes regime with the size
+     * (a shaped link's burst, the caches of a shared-memory copy). */
+    int tab_n, tab_workers;
+    const double *tab_bytes;                  /* (tab_n) ascending */
+    const double *tab_s[DP_PLAN_ALGO_COUNT];  /* (tab_n) each, or NULL: the formula */
 };
 /* Fills every algorithm with one link: latency_s and bytes_per_s. */
 void dp_plan_net_link(struct dp_plan_net *n, double latency_s, double bytes_per_s);
-/* Time of one all-reduce of `bytes` bytes by algo; INFINITY where the algo
- * does not apply (hier without per_host >= 2 dividing p). */
+/* Time of one all-reduce of `bytes` bytes by algo (from the table when it
+ * has one for p); INFINITY where the algo does not apply (hier without
+ * per_host >= 2 dividing p). */
 double dp_plan_allreduce_s(int algo, double bytes, const struct dp_plan_net *n);
 /* Bytes one worker sends in that all-reduce (the busiest worker for tree). */
 double dp_plan_sent_bytes(int algo, double bytes, const struct dp_plan_net *n);
@@ -174,17 +185,34 @@ struct dp_plan_params {
     size_t first_bucket_bytes;/* 1 MiB */
     int overlap;              /* 1: a bucket starts when its last layer's backward ends */
     int algo;                 /* -1: the fastest per bucket; else forced */
-    double opt_s;             /* optimizer time per step */
+    double opt_s;             /* optimizer time per step (fixed part) */
     double opt_state_bytes;   /* optimizer state per parameter: 8 for AdamW (m, v), 4 for SGD momentum */
+    /* Calibrated terms (dptrain calibrate; 0 = absent).  Measured with all
+     * p workers computing at once, so the contention for cores and memory
+     * is in them, not modelled. */
+    double fwd_sample_s, bwd_sample_s; /* > 0: forward and backward seconds per sample (override sample_s, flops) */
+    double opt_param_s;       /* optimizer seconds per parameter (the update), added to opt_s */
+    double zero_param_s;      /* seconds per parameter to zero the gradient slab before the step */
+    double data_sample_s;     /* loader seconds per sample (gather + copy) of the worker's share */
+    double comm_cpu;          /* 0..1: compute time lost per second of all-reduce running beside it
+                               * (the thread backend on a machine with no spare core: near 1) */
+    int gathers;              /* small all-gathers of p doubles per step outside the buckets: 1 when
+                               * the run records metrics (the trainer gathers every rank's wait) */
 };
 struct dp_plan_params dp_plan_default_params(void);
 
 struct dp_plan_result {
-    double fwd_s, bwd_s, opt_s;   /* per step per worker */
+    double fwd_s, bwd_s, opt_s;   /* per step per worker (opt: opt_s + opt_param_s x params) */
+    double zero_s;                /* zeroing the gradient slab */
+    double data_s;                /* the loader's part that the step waits for (see dp_plan_run) */
     double comm_s;                /* sum of the buckets' all-reduce times */
+    double overlap_s;             /* the part of comm_s that runs while backward does */
+    double steal_s;               /* compute lost to it: comm_cpu x overlap_s */
+    double gather_s;              /* the per-step all-gathers (gathers) */
     double exposed_s;             /* communication left after backward */
-    double step_s;                /* fwd + bwd + exposed + opt */
-    double efficiency;            /* (fwd + bwd + opt) / step: throughput over p x the no-communication rate */
+    double step_s;                /* data + zero + fwd + bwd + steal + exposed + opt + gather */
+    double efficiency;            /* (data + zero + fwd + bwd + opt) / step: throughput over p x the
+                                     no-communication rate */
     double samples_per_s;         /* batch / step */
     double grad_bytes;            /* on the wire per all-reduce of the whole gradient */
     double sent_bytes;            /* one worker sends per step */

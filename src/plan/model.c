@@ -13,9 +13,33 @@
  * exposed = max(0, done_last - (F + B)).  Backward costs twice forward per
  * layer (dense layers: 2Ψ FLOPs per sample forward, 4Ψ backward), and a
  * layer's forward is layer_flops[i] (from the model) or 2 x its parameters
- * x tokens per sample.  What the model leaves out: data loading, contention
- * between the all-reduce and compute for memory bandwidth, and the
- * polling resolution of the real reducer (one layer). */
+ * x tokens per sample; measured forward and backward seconds per sample
+ * (fwd_sample_s, bwd_sample_s) replace both and are shared out over the
+ * layers in proportion to their FLOPs.
+ *
+ * The whole step, as the trainer times it (src/train/trainer.c train_step):
+ *
+ *   step = zero + data + F + B + steal + exposed + opt + gather
+ *
+ *   zero   Ψ zero_param_s                 the gradient slab set to 0
+ *   opt    opt_s + Ψ opt_param_s           finite check + optimizer update
+ *   steal  comm_cpu x overlap              overlap = Σ_k |[start_k, done_k] ∩ [F, F + B]|:
+ *                                          an all-reduce running beside backward takes
+ *                                          comm_cpu of its time from the compute (the
+ *                                          thread backend's copies and sums when every core
+ *                                          computes: about 1; a wait on a network link: 0)
+ *   data   D = b data_sample_s, made by the loader's prefetch thread during the
+ *          previous step's rest R = step - data: max(0, D - R) is waited for,
+ *          and the part beside compute costs comm_cpu as the all-reduce does:
+ *          data = max(0, D - R) + comm_cpu min(D, R).
+ *   gather gathers x ((p-1)α + (p-1)/p 8p β)  the trainer's all-gather of every rank's
+ *                                          wait (p doubles) after each step when it records
+ *                                          metrics: a ring all-gather on the ring's link
+ *
+ * The schedule of the buckets is not moved by the steal (a first-order
+ * model: the backward's stretch and the buckets' delay are small beside the
+ * step where the formula matters).  Left out: the reducer's polling
+ * resolution (one layer) and network contention beyond the formulas. */
 #include <math.h>
 #include <string.h>
 
@@ -57,9 +81,21 @@ static double ring_s(double n, int p, double a, double b, double g) {
     return 2 * (p - 1) * a + 2 * f * n * b + f * n * g;
 }
 
+/* The measured table (dp_plan_net): interpolated, floored, extrapolated. */
+static double table_s(const double *x, const double *t, int m, double n) {
+    if (n <= x[0] || m == 1) return t[0];
+    int k = 1;
+    while (k < m - 1 && x[k] < n) k++;
+    double slope = (t[k] - t[k - 1]) / (x[k] - x[k - 1]);
+    if (n > x[m - 1] && slope < 0) slope = 0; /* noise must not make large messages cheaper */
+    return t[k - 1] + (n - x[k - 1]) * slope;
+}
+
 double dp_plan_allreduce_s(int algo, double n, const struct dp_plan_net *net) {
     int p = net->workers;
     if (p <= 1) return 0;
+    if (algo >= 0 && algo < DP_PLAN_ALGO_COUNT && net->tab_n > 0 && net->tab_s[algo] && p == net->tab_workers)
+        return table_s(net->tab_bytes, net->tab_s[algo], net->tab_n, n);
     double a = net->alpha_s[algo < 0 || algo >= DP_PLAN_ALGO_COUNT ? 0 : algo];
     double b = net->beta_s[algo < 0 || algo >= DP_PLAN_ALGO_COUNT ? 0 : algo], g = net->gamma_s;
     switch (algo) {
@@ -178,6 +214,14 @@ static int check(const struct dp_plan_params *p) {
             BAD("%s: latency %g s, %g s per byte", algo_names[a], n->alpha_s[a], n->beta_s[a]);
     if (!(n->intra_alpha_s >= 0 && n->intra_beta_s >= 0 && n->gamma_s >= 0 && n->gamma_s < 1e3))
         BAD("bad intra-host link or reduction rate");
+    if (n->tab_n < 0 || (n->tab_n > 0 && !n->tab_bytes)) BAD("measured table: %d sizes", n->tab_n);
+    for (int i = 0; i < n->tab_n; i++) {
+        if (!(n->tab_bytes[i] > 0) || (i && !(n->tab_bytes[i] > n->tab_bytes[i - 1])))
+            BAD("measured table: sizes must be > 0 and ascending (size %d: %g)", i, n->tab_bytes[i]);
+        for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++)
+            if (n->tab_s[a] && !(n->tab_s[a][i] > 0 && n->tab_s[a][i] < 1e6))
+                BAD("measured table: %s at %g bytes: %g s", algo_names[a], n->tab_bytes[i], n->tab_s[a][i]);
+    }
     if (!p->layers && !(p->params >= 1 && p->params <= (int64_t)1 << 50)) BAD("params %lld: expected 1..2^50", (long long)p->params);
     if (p->nlayers < 1 || p->nlayers > 10000000) BAD("layers %d: expected 1..1e7", p->nlayers);
     if (!(p->tokens >= 1 && p->tokens < 1e9)) BAD("tokens per sample %g", p->tokens);
@@ -190,6 +234,15 @@ static int check(const struct dp_plan_params *p) {
     if (p->algo == DP_PLAN_HIER && n->per_host < 2) BAD("hier needs workers per host >= 2");
     if (!(p->opt_s >= 0 && p->opt_s < 1e6) || !(p->opt_state_bytes >= 0 && p->opt_state_bytes <= 64))
         BAD("bad optimizer time or state bytes");
+    if (!(p->fwd_sample_s >= 0 && p->fwd_sample_s < 1e6 && p->bwd_sample_s >= 0 && p->bwd_sample_s < 1e6) ||
+        (p->fwd_sample_s > 0) != (p->bwd_sample_s > 0))
+        BAD("forward %g s, backward %g s per sample: give both (> 0) or neither", p->fwd_sample_s, p->bwd_sample_s);
+    if (!(p->opt_param_s >= 0 && p->opt_param_s < 1) || !(p->zero_param_s >= 0 && p->zero_param_s < 1) ||
+        !(p->data_sample_s >= 0 && p->data_sample_s < 1e6))
+        BAD("optimizer %g s and zeroing %g s per parameter, data %g s per sample: expected >= 0",
+            p->opt_param_s, p->zero_param_s, p->data_sample_s);
+    if (!(p->comm_cpu >= 0 && p->comm_cpu <= 1)) BAD("comm_cpu %g: expected 0..1", p->comm_cpu);
+    if (p->gathers < 0 || p->gathers > 1000) BAD("gathers per step %d: expected 0..1000", p->gathers);
 #undef BAD
     return DP_OK;
 }
@@ -214,11 +267,16 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
         fwd_flops += p->layer_flops ? p->layer_flops[i] : 2.0 * (double)layers[i] * p->tokens;
     }
     double b_local = (double)p->batch / P;
-    /* seconds per forward FLOP of this worker's share */
-    double sec_per_flop = p->sample_s > 0 ? p->sample_s * b_local / (3 * fwd_flops) : b_local / p->flops;
+    /* seconds per forward FLOP of this worker's share, and backward's
+     * seconds per (forward) FLOP of its layers: twice, unless measured */
+    double sec_per_flop = p->fwd_sample_s > 0 ? p->fwd_sample_s * b_local / fwd_flops
+                          : p->sample_s > 0   ? p->sample_s * b_local / (3 * fwd_flops)
+                                              : b_local / p->flops;
+    double bwd_per_flop = p->fwd_sample_s > 0 ? p->bwd_sample_s * b_local / fwd_flops : 2 * sec_per_flop;
     r->fwd_s = fwd_flops * sec_per_flop;
-    r->bwd_s = 2 * r->fwd_s;
-    r->opt_s = p->opt_s;
+    r->bwd_s = fwd_flops * bwd_per_flop;
+    r->opt_s = p->opt_s + psi * p->opt_param_s;
+    r->zero_s = psi * p->zero_param_s;
 
     size_t cap = p->bucket_cap_bytes ? p->bucket_cap_bytes : dp_plan_auto_cap((int64_t)psi);
     int nb = dp_plan_buckets(layers, L, cap, p->first_bucket_bytes ? p->first_bucket_bytes : 1u << 20, &r->b);
@@ -232,7 +290,7 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
     int k = 0;
     for (int i = L - 1; i >= 0 && k < nb; i--) {
         double lf = p->layer_flops ? p->layer_flops[i] : 2.0 * (double)layers[i] * p->tokens;
-        t += 2 * lf * sec_per_flop;
+        t += lf * bwd_per_flop;
         if (i != r->b[k].first_layer) continue;
         struct dp_plan_bucket *b = &r->b[k++];
         b->bytes = (double)b->count * p->bytes_per_elem / p->compress;
@@ -246,12 +304,19 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
         b->start_s = b->ready_s > prev_done ? b->ready_s : prev_done;
         b->done_s = prev_done = b->start_s + b->algo_s[b->algo];
         r->comm_s += b->algo_s[b->algo];
+        double o0 = b->start_s > r->fwd_s ? b->start_s : r->fwd_s, o1 = b->done_s < bwd_end ? b->done_s : bwd_end;
+        if (o1 > o0) r->overlap_s += o1 - o0;
         r->sent_bytes += dp_plan_sent_bytes(b->algo, b->bytes, &p->net);
         r->grad_bytes += b->bytes;
     }
     r->exposed_s = prev_done > bwd_end ? prev_done - bwd_end : 0;
-    r->step_s = bwd_end + r->exposed_s + r->opt_s;
-    r->efficiency = r->step_s > 0 ? (r->fwd_s + r->bwd_s + r->opt_s) / r->step_s : 1;
+    r->steal_s = p->comm_cpu * r->overlap_s;
+    double ng = 8.0 * P;
+    r->gather_s = P > 1 ? p->gathers * ((P - 1) * p->net.alpha_s[DP_PLAN_RING] + (P - 1) * ng / P * p->net.beta_s[DP_PLAN_RING]) : 0;
+    double rest = r->zero_s + bwd_end + r->steal_s + r->exposed_s + r->opt_s + r->gather_s, D = b_local * p->data_sample_s;
+    r->data_s = (D > rest ? D - rest : 0) + p->comm_cpu * (D < rest ? D : rest);
+    r->step_s = r->data_s + rest;
+    r->efficiency = r->step_s > 0 ? (r->data_s + r->zero_s + r->fwd_s + r->bwd_s + r->opt_s) / r->step_s : 1;
     r->samples_per_s = r->step_s > 0 ? (double)p->batch / r->step_s : INFINITY;
     /* fp32 weights and gradients (4 bytes each) and S bytes of optimizer
      * state per parameter; ZeRO shards the state (1), the gradients (2) and

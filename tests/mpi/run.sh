@@ -107,10 +107,27 @@ backup_refused() {
   else echo "FAIL mpi_backup_workers_refused: exit $rc"; sed 's/^/    /' "$log" | head -10; fail=$((fail + 1)); fi
 }
 
+# `dptrain calibrate --backend mpi`: the process level of a profile, from 3 processes over TCP
+# loopback (the transport between machines): level "process", 3 workers, alpha/beta per
+# algorithm >= 0 and finite, the compute terms of the mlp measured on every process at once
+calibrate_mpi() {
+  local log=$T/calibrate prof=$T/profile.json
+  OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo timeout 120 mpirun --oversubscribe -np 3 \
+    "$BUILD/dptrain" calibrate --backend mpi --model mlp --batch 24 --max-bytes 65536 --iters 2 \
+    --compute-iters 2 --out "$prof" >"$log" 2>&1
+  local rc=$?
+  if [[ $rc -eq 0 ]] && python3 -c 'import json,sys,math; d=json.load(open(sys.argv[1])); k=[a+"_"+b for a in ("ring","rhd") for b in ("alpha_s","beta_s")]; assert d["level"] == "process" and d["backend"] == "mpi" and d["workers"] == 3 and all(math.isfinite(d[x]) and d[x] >= 0 for x in k) and d["beta_s"] > 0 and len(d["ring_measured_s"]) == 3 and d["fwd_sample_s"] > 0 and d["bwd_sample_s"] > 0 and 0 <= d["comm_cpu"] <= 1, d' "$prof" >>"$log" 2>&1 &&
+     "$BUILD/dptrain" plan --model mlp --workers 3 --batch 24 --profile "$prof" >>"$log" 2>&1; then
+    echo "ok   mpi_calibrate_process_level"; pass=$((pass + 1))
+  else echo "FAIL mpi_calibrate_process_level: exit $rc"; sed 's/^/    /' "$log" | head -20; fail=$((fail + 1)); fi
+}
+
 for P in 1 2 3 4; do suite self,vader "$P"; done
 suite self,tcp 3
 if [[ -x $BUILD/dptrain ]]; then bench_cli
 else echo "skip mpi_bench_allreduce (no $BUILD/dptrain)"; skipped=$((skipped + 1)); fi
+if [[ -x $BUILD/dptrain ]]; then calibrate_mpi
+else echo "skip mpi_calibrate_process_level (no $BUILD/dptrain)"; skipped=$((skipped + 1)); fi
 if [[ -x $BUILD/dptrain ]]; then backup_refused
 else echo "skip mpi_backup_workers_refused (no $BUILD/dptrain)"; skipped=$((skipped + 1)); fi
 timeout_case timeout-sleep 2

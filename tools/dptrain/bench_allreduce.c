@@ -474,22 +474,47 @@ static void *mpi_loop_main(void *arg) {
     return NULL;
 }
 
+/* The times array and the buffer of one rank.  The buffer starts on a
+ * 2 MiB boundary, so that even the small sizes (which use its start) sit on
+ * huge pages: dp_malloc_big advises only the whole 2 MiB pages inside its
+ * block, and the kernel's single-copy transfer between processes (CMA) pins
+ * 4 KiB pages one by one (measured: 1 MiB took 190 us instead of 120 when the
+ * buffer's start was not).  *raw is what to dp_free. */
+static void *mpi_setup(struct bench *b, struct dp_comm *c, char **raw) {
+    b->P = dp_comm_world(c);
+    b->times = calloc((size_t)b->P * 64 * MAX_ITERS, sizeof(double));
+    size_t huge = (size_t)2 << 20;
+    *raw = dp_malloc_big(b->max_bytes + huge);
+    void *buf = *raw ? *raw + (huge - (uintptr_t)*raw % huge) % huge : NULL;
+    if (!b->times || !buf) mpi_die(c, "out of memory for the buffers");
+    return buf;
+}
+
+/* Every rank's times to every rank: rank q's block of P*iters is its own. */
+static void mpi_gather_times(struct bench *b, struct dp_comm *c) {
+    int r = dp_comm_rank(c), P = b->P;
+    for (int s = 0; s < b->nsizes; s++) {
+        int n = b->iters[s];
+        double *g = malloc(sizeof(double) * (size_t)P * (size_t)n);
+        if (!g) mpi_die(c, "out of memory");
+        memcpy(g + (size_t)r * n, b->times + ((size_t)r * 64 + (size_t)s) * MAX_ITERS,
+               sizeof(double) * (size_t)n);
+        if (dp_comm_allgather(c, g, (int64_t)P * n, DP_DTYPE_F64, DP_ALGO_AUTO))
+            mpi_die(c, "%s", dp_errmsg());
+        for (int q = 0; q < P; q++)
+            memcpy(b->times + ((size_t)q * 64 + (size_t)s) * MAX_ITERS, g + (size_t)q * n,
+                   sizeof(double) * (size_t)n);
+        free(g);
+    }
+}
+
 /* Every process is one rank; rank 0 prints.  The method is worker_main's. */
 static int run_mpi(struct bench *b, const struct dp_comm_params *cp, int membw) {
     struct dp_comm *c;
     if (dp_comm_init(&c, "mpi", cp)) die("%s", dp_errmsg());
     int r = dp_comm_rank(c), P = dp_comm_world(c);
-    b->P = P;
-    b->times = calloc((size_t)P * 64 * MAX_ITERS, sizeof(double));
-    /* The buffer starts on a 2 MiB boundary, so that even the small sizes
-     * (which use its start) sit on huge pages: dp_malloc_big advises only the
-     * whole 2 MiB pages inside its block, and the kernel's single-copy
-     * transfer between processes (CMA) pins 4 KiB pages one by one (measured:
-     * 1 MiB took 190 us instead of 120 when the buffer's start was not). */
-    size_t huge = (size_t)2 << 20;
-    char *raw = dp_malloc_big(b->max_bytes + huge);
-    void *buf = raw ? raw + (huge - (uintptr_t)raw % huge) % huge : NULL;
-    if (!b->times || !buf) mpi_die(c, "out of memory for the buffers");
+    char *raw;
+    void *buf = mpi_setup(b, c, &raw);
     if (r == 0) {
         int lr, ls;
         dp_comm_host_ranks(c, &lr, &ls);
@@ -510,20 +535,7 @@ static int run_mpi(struct bench *b, const struct dp_comm_params *cp, int membw) 
         mpi_loop_main(&lp);
     }
     dp_free(raw);
-    /* every rank's times to every rank: rank q's block of P*iters is its own */
-    for (int s = 0; s < b->nsizes; s++) {
-        int n = b->iters[s];
-        double *g = malloc(sizeof(double) * (size_t)P * (size_t)n);
-        if (!g) mpi_die(c, "out of memory");
-        memcpy(g + (size_t)r * n, b->times + ((size_t)r * 64 + (size_t)s) * MAX_ITERS,
-               sizeof(double) * (size_t)n);
-        if (dp_comm_allgather(c, g, (int64_t)P * n, DP_DTYPE_F64, DP_ALGO_AUTO))
-            mpi_die(c, "%s", dp_errmsg());
-        for (int q = 0; q < P; q++)
-            memcpy(b->times + ((size_t)q * 64 + (size_t)s) * MAX_ITERS, g + (size_t)q * n,
-                   sizeof(double) * (size_t)n);
-        free(g);
-    }
+    mpi_gather_times(b, c);
     /* No memory-bound probe here: mpirun binds each process to a core, so
      * rank 0's probe threads would share one (the thread backend's run
      * measures it). */
@@ -692,20 +704,48 @@ int dptrain_cmd_bench_allreduce(int argc, char **argv) {
  * into med[s] the median over `iters` iterations of the slowest rank's time,
  * measured exactly as `bench allreduce` measures it (worker_main, iter_times;
  * no bound kernel).  Ends the program with one error line on a failure. */
+static void medians_setup(struct bench *b, int P, enum dp_comm_algo algo, const size_t *sizes, int n, int iters) {
+    b->P = P, b->warmup = 2, b->algo = algo, b->dtype = DP_DTYPE_F32, b->failed_rank = -1;
+    if (P < 1 || P > 64 || n < 1 || n > 64 || iters < 1 || iters > MAX_ITERS) die("allreduce medians: bad arguments");
+    for (int s = 0; s < n; s++) b->sizes[s] = sizes[s] / 4 * 4, b->iters[s] = iters;
+    b->nsizes = n, b->min_bytes = b->sizes[0], b->max_bytes = b->sizes[n - 1];
+}
+static void medians_of(const struct bench *b, double *med) {
+    double *it = malloc(sizeof(double) * MAX_ITERS);
+    if (!it) die("out of memory");
+    for (int s = 0; s < b->nsizes; s++) {
+        int iters = b->iters[s];
+        iter_times(b, b->times, MAX_ITERS, s, iters, it);
+        med[s] = iters % 2 ? it[iters / 2] : 0.5 * (it[iters / 2 - 1] + it[iters / 2]);
+    }
+    free(it);
+}
+
+/* (cli.h) The processes of an MPI job: run_mpi's loop and gather, every
+ * rank gets the medians. */
+void dptrain_allreduce_medians_comm(struct dp_comm *c, enum dp_comm_algo algo, const size_t *sizes, int n, int iters,
+                                    double *med) {
+    struct bench b = {0};
+    medians_setup(&b, dp_comm_world(c), algo, sizes, n, iters);
+    char *raw;
+    struct mpi_loop lp = {&b, c, mpi_setup(&b, c, &raw)};
+    mpi_loop_main(&lp);
+    dp_free(raw);
+    mpi_gather_times(&b, c);
+    medians_of(&b, med);
+    free(b.times);
+}
+
 void dptrain_allreduce_medians(int P, enum dp_comm_algo algo, const size_t *sizes, int n, int iters,
                                double *med) {
     struct bench b = {0};
-    b.P = P, b.warmup = 2, b.algo = algo, b.dtype = DP_DTYPE_F32, b.failed_rank = -1;
-    if (P < 1 || P > 64 || n < 1 || n > 64 || iters < 1 || iters > MAX_ITERS) die("allreduce medians: bad arguments");
-    for (int s = 0; s < n; s++) b.sizes[s] = sizes[s] / 4 * 4, b.iters[s] = iters;
-    b.nsizes = n, b.min_bytes = b.sizes[0], b.max_bytes = b.sizes[n - 1];
+    medians_setup(&b, P, algo, sizes, n, iters);
     cpu_set_t allowed;
     b.pin = !sched_getaffinity(0, sizeof allowed, &allowed) && b.P <= CPU_COUNT(&allowed);
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = 120;
     b.times = calloc((size_t)b.P * 64 * MAX_ITERS, sizeof(double));
-    double *it = malloc(sizeof(double) * MAX_ITERS);
-    if (!b.times || !it) die("out of memory");
+    if (!b.times) die("out of memory");
     pthread_mutex_init(&b.mu, NULL);
     if (dp_comm_thread_world_init(&b.w, b.P, &cp)) die("%s", dp_errmsg());
     pthread_t th[64];
@@ -718,11 +758,7 @@ void dptrain_allreduce_medians(int P, enum dp_comm_algo algo, const size_t *size
     for (int r = 0; r < b.P; r++) dp_free(b.bufs[r]);
     dp_comm_thread_world_free(b.w);
     if (b.failed_rank >= 0) die("%s", b.err);
-    for (int s = 0; s < n; s++) {
-        iter_times(&b, b.times, MAX_ITERS, s, iters, it);
-        med[s] = iters % 2 ? it[iters / 2] : 0.5 * (it[iters / 2 - 1] + it[iters / 2]);
-    }
-    free(it);
+    medians_of(&b, med);
     free(b.times);
     pthread_mutex_destroy(&b.mu);
 }

@@ -17,6 +17,12 @@ void dptrain_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1
  * option `name` (a missing value ends the program, naming the command's
  * help); the number parsers end it on a value that is not a number in
  * [lo, hi], naming the option. */
+/* The process communicator of an MPI job (made on the first call; from
+ * then on dptrain_die ends the whole job), and its end (MPI_Finalize, after a
+ * barrier inside).  (main.c) */
+struct dp_comm *dptrain_job_init(void);
+void dptrain_job_free(void);
+
 int dptrain_take(int argc, char **argv, int *i, const char *name, const char **val);
 long long dptrain_int_arg(const char *name, const char *v, long long lo, long long hi);
 double dptrain_num_arg(const char *name, const char *v, double lo, double hi);
@@ -26,6 +32,10 @@ int dptrain_cmd_bench_allreduce(int argc, char **argv);
 /* Median all-reduce time per size of the thread backend, measured as bench
  * allreduce does (for dptrain calibrate). */
 void dptrain_allreduce_medians(int P, enum dp_comm_algo algo, const size_t *sizes, int n, int iters, double *med);
+/* The same over the processes of an MPI job: every rank of c calls it and
+ * gets the medians (the slowest rank's time per iteration). */
+void dptrain_allreduce_medians_comm(struct dp_comm *c, enum dp_comm_algo algo, const size_t *sizes, int n, int iters,
+                                    double *med);
 /* tools/dptrain/prepare_text.c */
 int dptrain_cmd_prepare_text(int argc, char **argv);
 /* tools/dptrain/sample.c */

@@ -38,6 +38,16 @@ void dptrain_die(const char *fmt, ...) {
     exit(1);
 }
 
+struct dp_comm *dptrain_job_init(void) {
+    struct dp_comm_params cp = dp_comm_default_params();
+    if (!job && dp_comm_init(&job, "mpi", &cp)) die("%s", dp_errmsg());
+    return job;
+}
+void dptrain_job_free(void) {
+    dp_comm_free(job);
+    job = NULL;
+}
+
 int dptrain_take(int argc, char **argv, int *i, const char *name, const char **val) {
     size_t n = strlen(name);
     const char *s = argv[*i];

@@ -246,8 +246,11 @@ static const char *help_plan =
     "  --batch B             global batch [P x 32]\n"
     "  --dtype fp32|bf16     gradient on the wire [fp32]\n"
     "  --compress R          the wire carries 1/R of the bytes [1]\n"
-    "  --opt-state-bytes S   optimizer state per parameter: 8 AdamW, 4 SGD momentum [8]\n"
-    "  --opt-ms MS           optimizer time per step [0]\n"
+    "  --optim sgd|adamw     the optimizer: its state bytes (4 SGD momentum, 8 AdamW) and,\n"
+    "                        with a profile from calibrate --model, its time per parameter [adamw]\n"
+    "  --opt-state-bytes S   optimizer state per parameter (overrides --optim's)\n"
+    "  --opt-ms MS           optimizer time per step, beside the profile's per parameter [0]\n"
+    "  --comm-cpu F          0..1: compute lost per second of all-reduce beside it [0; profile]\n"
     "compute:\n"
     "  --flops F             achieved FLOP/s per worker [1e12]\n"
     "  --sample-ms MS        or measured forward + backward per sample (overrides --flops)\n"
@@ -263,9 +266,16 @@ static const char *help_plan =
     "  --bucket-mb M         bucket cap (0 = the reducer's auto rule) [0]\n"
     "  --first-bucket-mb M   [1]\n"
     "  --no-overlap          all buckets after backward\n"
+    "  --metrics             the run records metrics (train --out): one all-gather of P doubles\n"
+    "                        per step (every rank's wait) joins the step\n"
     "  --profile FILE        a JSON profile (dptrain calibrate writes one): alpha_s, beta_s,\n"
-    "                        gamma_s, flops, sample_s, <algo>_alpha_s, <algo>_beta_s;\n"
-    "                        options after it override it\n"
+    "                        gamma_s, flops, sample_s, <algo>_alpha_s, <algo>_beta_s; from\n"
+    "                        calibrate --model (version 2) also fwd_sample_s, bwd_sample_s,\n"
+    "                        sgd_param_s, adamw_param_s, zero_param_s, data_sample_s, comm_cpu\n"
+    "                        (then --model must name the calibrated model); with the same\n"
+    "                        --workers as calibrated, the measured times per size (sizes,\n"
+    "                        <algo>_measured_s) time the all-reduces, interpolated; options\n"
+    "                        after it override it (a link given after it: the formulas)\n"
     "output:\n"
     "  --buckets             the bucket table (times from the step's start)\n"
     "  --sweep MAX           the same global batch on P = 1, 2, 4 .. MAX workers, and the\n"
@@ -280,7 +290,18 @@ static void print_bytes(const char *label, double b) {
     printf("%s%.4g %s", label, x, u[i]);
 }
 
-static void load_profile(const char *path, struct dp_plan_params *p) {
+/* What a profile says beyond the plan's parameters: the model and optimizer
+ * it was calibrated for (checked against --model once all options are read). */
+struct profile_info {
+    char path[1024], model[128];
+    double sgd_param_s, adamw_param_s;
+    double sizes[64], measured[DP_PLAN_ALGO_COUNT][64]; /* the all-reduce table (dp_plan_net tab_*) */
+};
+
+/* A profile: version 1 (no "version": communication, gamma, sample_s) or 2
+ * (dptrain calibrate --model: the step's calibrated terms too); a newer one
+ * is refused. */
+static void load_profile(const char *path, struct dp_plan_params *p, struct profile_info *pi) {
     FILE *f = fopen(path, "r");
     if (!f) die("%s: %s", path, strerror(errno));
     char buf[1 << 16];
@@ -295,6 +316,24 @@ static void load_profile(const char *path, struct dp_plan_params *p) {
         dp_json_obj_free(&o);
         die("%s: %s", path, msg);
     }
+    double version = dp_json_num(&o, "version", 1);
+    if (version > 2) {
+        dp_json_obj_free(&o);
+        die("%s: profile version %g: this dptrain reads versions 1 and 2 (calibrate again with this build)", path,
+            version);
+    }
+    snprintf(pi->path, sizeof pi->path, "%s", path);
+    const struct dp_json_field *mf = dp_json_get(&o, "model");
+    snprintf(pi->model, sizeof pi->model, "%s", mf && mf->type == DP_JSON_STR ? mf->str : "");
+    pi->sgd_param_s = dp_json_num(&o, "sgd_param_s", NAN), pi->adamw_param_s = dp_json_num(&o, "adamw_param_s", NAN);
+    /* the calibrated step terms (0 where the profile has none) */
+    double fw = dp_json_num(&o, "fwd_sample_s", NAN), bw = dp_json_num(&o, "bwd_sample_s", NAN);
+    if (fw == fw && bw == bw) p->fwd_sample_s = fw, p->bwd_sample_s = bw;
+    double z = dp_json_num(&o, "zero_param_s", NAN), d = dp_json_num(&o, "data_sample_s", NAN),
+           cc = dp_json_num(&o, "comm_cpu", NAN);
+    if (z == z) p->zero_param_s = z;
+    if (d == d) p->data_sample_s = d;
+    if (cc == cc) p->comm_cpu = cc;
     double a = dp_json_num(&o, "alpha_s", NAN), b = dp_json_num(&o, "beta_s", NAN);
     for (int k = 0; k < DP_PLAN_ALGO_COUNT; k++) {
         char ka[64], kb[64];
@@ -308,6 +347,21 @@ static void load_profile(const char *path, struct dp_plan_params *p) {
     if (g == g) p->net.gamma_s = g;
     if (fl == fl) p->flops = fl;
     if (ss == ss) p->sample_s = ss;
+    /* the measured all-reduce times per size, for the profile's worker count */
+    const struct dp_json_field *sz = dp_json_get(&o, "sizes");
+    double pw = dp_json_num(&o, "workers", 0);
+    p->net.tab_n = 0;
+    for (int k = 0; sz && sz->type == DP_JSON_ARR && sz->n >= 1 && sz->n <= 64 && pw >= 2 && k < DP_PLAN_ALGO_COUNT; k++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s_measured_s", dp_plan_algo_name(k));
+        const struct dp_json_field *ms = dp_json_get(&o, key);
+        p->net.tab_s[k] = NULL;
+        if (!ms || ms->type != DP_JSON_ARR || ms->n != sz->n) continue;
+        memcpy(pi->sizes, sz->arr, sizeof(double) * (size_t)sz->n);
+        memcpy(pi->measured[k], ms->arr, sizeof(double) * (size_t)sz->n);
+        p->net.tab_n = (int)sz->n, p->net.tab_workers = (int)pw, p->net.tab_bytes = pi->sizes;
+        p->net.tab_s[k] = pi->measured[k];
+    }
     double ia = dp_json_num(&o, "intra_alpha_s", NAN), ib = dp_json_num(&o, "intra_beta_s", NAN);
     if (ia == ia) p->net.intra_alpha_s = ia;
     if (ib == ib) p->net.intra_beta_s = ib;
@@ -323,8 +377,12 @@ static void print_plan_text(const struct dp_plan_params *p, const struct dp_plan
     print_bytes("  sent per worker per step: ", r->sent_bytes);
     print_bytes("  all workers per second: ", r->sent_bytes * p->net.workers / r->step_s);
     printf("/s\n");
-    printf("step %.6g ms = forward %.6g + backward %.6g + exposed comm %.6g + optimizer %.6g ms\n", r->step_s * 1e3,
+    printf("step %.6g ms = forward %.6g + backward %.6g + exposed comm %.6g + optimizer %.6g ms", r->step_s * 1e3,
            r->fwd_s * 1e3, r->bwd_s * 1e3, r->exposed_s * 1e3, r->opt_s * 1e3);
+    if (r->data_s > 0 || r->zero_s > 0 || r->steal_s > 0 || r->gather_s > 0)
+        printf(" + data %.6g + zeroing %.6g + lost to comm %.6g + metrics gather %.6g ms", r->data_s * 1e3,
+               r->zero_s * 1e3, r->steal_s * 1e3, r->gather_s * 1e3);
+    printf("\n");
     printf("communication %.6g ms (%.1f%% hidden behind backward)  efficiency %.4f  %.6g samples/s\n",
            r->comm_s * 1e3, r->comm_s > 0 ? fmax(0, 100 * (1 - r->exposed_s / r->comm_s)) : 100.0, r->efficiency,
            r->samples_per_s);
@@ -361,10 +419,11 @@ static void print_plan_json(const struct dp_plan_params *p, const struct dp_plan
     printf("{\"kind\": \"plan\", \"workers\": %d, \"batch\": %lld, \"step_s\": %.9g, \"fwd_s\": %.9g, "
            "\"bwd_s\": %.9g, \"opt_s\": %.9g, \"comm_s\": %.9g, \"exposed_s\": %.9g, \"efficiency\": %.6f, "
            "\"samples_per_s\": %.9g, \"grad_bytes\": %.9g, \"sent_bytes\": %.9g, \"mem_plain\": %.9g, "
-           "\"mem_zero1\": %.9g, \"mem_zero2\": %.9g, \"mem_zero3\": %.9g",
+           "\"mem_zero1\": %.9g, \"mem_zero2\": %.9g, \"mem_zero3\": %.9g, \"data_s\": %.9g, \"zero_s\": %.9g, "
+           "\"overlap_s\": %.9g, \"steal_s\": %.9g, \"gather_s\": %.9g",
            p->net.workers, (long long)p->batch, r->step_s, r->fwd_s, r->bwd_s, r->opt_s, r->comm_s, r->exposed_s,
            r->efficiency, r->samples_per_s, r->grad_bytes, r->sent_bytes, r->mem_bytes[0], r->mem_bytes[1],
-           r->mem_bytes[2], r->mem_bytes[3]);
+           r->mem_bytes[2], r->mem_bytes[3], r->data_s, r->zero_s, r->overlap_s, r->steal_s, r->gather_s);
     const char *keys[] = {"bucket_bytes", "bucket_ready_s", "bucket_start_s", "bucket_done_s"};
     for (int f = 0; f < 4; f++) {
         printf(", \"%s\": [", keys[f]);
@@ -385,7 +444,8 @@ int dptrain_cmd_plan(int argc, char **argv) {
     p.nlayers = 24;
     p.net.intra_beta_s = 8 / 800e9;
     double gbps = 100, lat_us = 5;
-    int gbps_given = 0, lat_given = 0, batch_given = 0, buckets = 0, json = 0;
+    int gbps_given = 0, lat_given = 0, batch_given = 0, buckets = 0, json = 0, sgd = 0, state_given = 0;
+    struct profile_info pi = {.sgd_param_s = NAN, .adamw_param_s = NAN};
     long long sweep = 0;
     const char *model = NULL, *input = "1,28,28", *v;
     for (int i = 1; i < argc; i++) {
@@ -405,7 +465,13 @@ int dptrain_cmd_plan(int argc, char **argv) {
             else if (!strcmp(v, "bf16")) p.bytes_per_elem = 2;
             else die("--dtype: '%s' (expected fp32 or bf16)", v);
         } else if (dptrain_take(argc, argv, &i, "--compress", &v)) p.compress = dptrain_num_arg(a, v, 1, 1e6);
-        else if (dptrain_take(argc, argv, &i, "--opt-state-bytes", &v)) p.opt_state_bytes = dptrain_num_arg(a, v, 0, 64);
+        else if (dptrain_take(argc, argv, &i, "--opt-state-bytes", &v))
+            p.opt_state_bytes = dptrain_num_arg(a, v, 0, 64), state_given = 1;
+        else if (dptrain_take(argc, argv, &i, "--optim", &v)) {
+            if (!strcmp(v, "sgd")) sgd = 1;
+            else if (!strcmp(v, "adamw")) sgd = 0;
+            else die("--optim: '%s' (expected sgd or adamw)", v);
+        } else if (dptrain_take(argc, argv, &i, "--comm-cpu", &v)) p.comm_cpu = dptrain_num_arg(a, v, 0, 1);
         else if (dptrain_take(argc, argv, &i, "--opt-ms", &v)) p.opt_s = dptrain_num_arg(a, v, 0, 1e9) / 1e3;
         else if (dptrain_take(argc, argv, &i, "--flops", &v)) p.flops = dptrain_num_arg(a, v, 1, 1e20), p.sample_s = 0;
         else if (dptrain_take(argc, argv, &i, "--sample-ms", &v)) p.sample_s = dptrain_num_arg(a, v, 1e-9, 1e9) / 1e3;
@@ -425,8 +491,9 @@ int dptrain_cmd_plan(int argc, char **argv) {
         else if (dptrain_take(argc, argv, &i, "--first-bucket-mb", &v))
             p.first_bucket_bytes = (size_t)(dptrain_num_arg(a, v, 1e-5, 1e6) * (1 << 20));
         else if (!strcmp(a, "--no-overlap")) p.overlap = 0;
+        else if (!strcmp(a, "--metrics")) p.gathers = 1;
         else if (dptrain_take(argc, argv, &i, "--profile", &v)) {
-            load_profile(v, &p);
+            load_profile(v, &p, &pi);
             gbps_given = lat_given = 0; /* the profile's link, unless given again after it */
         } else if (!strcmp(a, "--buckets")) buckets = 1;
         else if (dptrain_take(argc, argv, &i, "--sweep", &v)) sweep = dptrain_int_arg(a, v, 1, 100000000);
@@ -434,6 +501,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
         else die("unknown option '%s' (see 'dptrain plan --help')", a);
         /* a link given on the command line applies to every algorithm */
         if (gbps_given || lat_given) {
+            p.net.tab_n = 0; /* and not the profile's measured times */
             for (int k = 0; k < DP_PLAN_ALGO_COUNT; k++) {
                 if (gbps_given) p.net.beta_s[k] = 8 / (gbps * 1e9);
                 if (lat_given) p.net.alpha_s[k] = lat_us / 1e6;
@@ -444,6 +512,13 @@ int dptrain_cmd_plan(int argc, char **argv) {
     if (model && p.params) die("--params and --model exclude each other");
     if (p.algo == DP_PLAN_HIER && p.net.per_host < 2) die("--algo hier needs --per-host G (G >= 2)");
     if (!batch_given) p.batch = 32LL * p.net.workers;
+    if (!state_given) p.opt_state_bytes = sgd ? 4 : 8;
+    double opp = sgd ? pi.sgd_param_s : pi.adamw_param_s;
+    if (opp == opp) p.opt_param_s = opp;
+    /* a profile's compute terms belong to the model it was calibrated on */
+    if (pi.model[0] && (!model || strcmp(model, pi.model)))
+        die("%s was calibrated for --model %s: plan that model, or calibrate again with --model %s", pi.path,
+            pi.model, model ? model : "SPEC");
     int64_t *lp = NULL;
     double *lf = NULL;
     if (model) {
@@ -499,137 +574,3 @@ int dptrain_cmd_plan(int argc, char **argv) {
     return 0;
 }
 
-/* ---- calibrate --------------------------------------------------------------------------- */
-
-static const char *help_calibrate =
-    "usage: dptrain calibrate [--workers P] [--min-bytes N] [--max-bytes N] [--iters N]\n"
-    "                         [--run RUN] [--out FILE]\n"
-    "\n"
-    "Measures this machine for `dptrain plan --profile FILE`: the thread backend's\n"
-    "all-reduce at sizes --min-bytes .. --max-bytes (x4 steps), timed as `dptrain bench\n"
-    "allreduce` times it, for the ring and rhd algorithms; gamma (seconds per byte reduced)\n"
-    "from a sum of two buffers; alpha and beta per algorithm by a least-squares fit\n"
-    "(relative error) of the plan's own formulas; and, with --run, the forward + backward\n"
-    "seconds per sample of a run's step records (median).  Writes one JSON object.\n"
-    "\n"
-    "  --workers P      threads [2]\n"
-    "  --min-bytes N    [4096]   --max-bytes N [16777216]   --iters N per size [20]\n"
-    "  --run RUN        a run folder or metrics.jsonl (dptrain train --out RUN)\n"
-    "  --out FILE       write the profile there (and a summary to stdout) [stdout]\n";
-
-/* γ: seconds per byte of a[i] += b[i] over n floats (the reduction's own
- * work: read two, write one), the fastest of 5 passes after one warm-up. */
-static double measure_gamma(size_t n) {
-    float *a = dp_malloc_big(n * sizeof(float)), *b = dp_malloc_big(n * sizeof(float));
-    if (!a || !b) die("out of memory");
-    for (size_t i = 0; i < n; i++) a[i] = 0, b[i] = 1;
-    double best = INFINITY;
-    for (int pass = 0; pass < 6; pass++) {
-        double t0 = dp_time();
-        for (size_t i = 0; i < n; i++) a[i] += b[i];
-        double t = dp_time() - t0;
-        if (pass && t < best) best = t;
-    }
-    volatile float sink = a[n / 2]; /* keep the sums */
-    (void)sink;
-    dp_free(a), dp_free(b);
-    return best / (double)(n * sizeof(float));
-}
-
-/* A step record's "samples" is the global batch and its forward_s and
- * backward_s are rank 0's, so rank 0's seconds per sample are
- * (forward + backward) / (samples / workers), workers from the epoch
- * records (equal shares: not for --balance runs). */
-struct per_sample {
-    double *v;
-    int64_t n, cap;
-    double workers;
-};
-static void sample_add(const struct dp_json_obj *o, void *arg) {
-    struct per_sample *ps = arg;
-    if (dp_json_str_is(o, "kind", "epoch")) ps->workers = dp_json_num(o, "workers", ps->workers);
-    if (!dp_json_str_is(o, "kind", "step")) return;
-    double f = dp_json_num(o, "forward_s", NAN), b = dp_json_num(o, "backward_s", NAN), n = dp_json_num(o, "samples", NAN);
-    if (!(f >= 0 && b >= 0 && n > 0)) return;
-    if (ps->n == ps->cap) {
-        ps->cap = ps->cap ? 2 * ps->cap : 256;
-        ps->v = realloc(ps->v, sizeof(double) * (size_t)ps->cap);
-        if (!ps->v) die("out of memory");
-    }
-    ps->v[ps->n++] = (f + b) / n;
-}
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-int dptrain_cmd_calibrate(int argc, char **argv) {
-    int P = 2, iters = 20;
-    long long lo = 4096, hi = 16 << 20;
-    const char *run = NULL, *out = NULL, *v;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(help_calibrate, stdout);
-            return 0;
-        }
-        if (dptrain_take(argc, argv, &i, "--workers", &v)) P = (int)dptrain_int_arg(a, v, 2, 64);
-        else if (dptrain_take(argc, argv, &i, "--min-bytes", &v)) lo = dptrain_int_arg(a, v, 64, 1LL << 32);
-        else if (dptrain_take(argc, argv, &i, "--max-bytes", &v)) hi = dptrain_int_arg(a, v, 64, 1LL << 32);
-        else if (dptrain_take(argc, argv, &i, "--iters", &v)) iters = (int)dptrain_int_arg(a, v, 1, 500);
-        else if (dptrain_take(argc, argv, &i, "--run", &v)) run = v;
-        else if (dptrain_take(argc, argv, &i, "--out", &v)) out = v;
-        else die("unknown option '%s' (see 'dptrain calibrate --help')", a);
-    }
-    size_t sizes[64];
-    double bytes[64], t[64];
-    int n = 0;
-    for (long long s = lo; s <= hi && n < 64; s *= 4) sizes[n] = (size_t)s, bytes[n] = (double)(s / 4 * 4), n++;
-    if (n < 2) die("--min-bytes .. --max-bytes must hold two sizes at least (x4 apart)");
-    double per_sample = NAN;
-    if (run) {
-        struct per_sample ps = {.workers = NAN};
-        dptrain_each_record(run, sample_add, &ps);
-        if (!ps.n || !(ps.workers >= 1)) {
-            free(ps.v);
-            die("--run %s: needs step records (forward_s, backward_s, samples) and an epoch record (workers)", run);
-        }
-        qsort(ps.v, (size_t)ps.n, sizeof(double), cmp_d);
-        per_sample = (ps.n % 2 ? ps.v[ps.n / 2] : 0.5 * (ps.v[ps.n / 2 - 1] + ps.v[ps.n / 2])) * ps.workers;
-        free(ps.v);
-    }
-    double gamma = measure_gamma((size_t)4 << 20);
-    const enum dp_comm_algo comm_algo[2] = {DP_ALGO_RING, DP_ALGO_RHD};
-    const int plan_algo[2] = {DP_PLAN_RING, DP_PLAN_RHD};
-    double alpha[2], beta[2], tt[2][64];
-    for (int k = 0; k < 2; k++) {
-        dptrain_allreduce_medians(P, comm_algo[k], sizes, n, iters, tt[k]);
-        for (int s = 0; s < n; s++) t[s] = tt[k][s];
-        if (dp_plan_fit(plan_algo[k], P, gamma, bytes, t, n, &alpha[k], &beta[k])) die("%s", dp_errmsg());
-    }
-    FILE *f = out ? fopen(out, "w") : stdout;
-    if (!f) die("%s: %s", out, strerror(errno));
-    fprintf(f, "{\"kind\": \"profile\", \"backend\": \"thread\", \"workers\": %d, \"gamma_s\": %.6g, "
-               "\"alpha_s\": %.6g, \"beta_s\": %.6g", P, gamma, alpha[0], beta[0]);
-    for (int k = 0; k < 2; k++)
-        fprintf(f, ", \"%s_alpha_s\": %.6g, \"%s_beta_s\": %.6g", dp_plan_algo_name(plan_algo[k]), alpha[k],
-                dp_plan_algo_name(plan_algo[k]), beta[k]);
-    if (per_sample == per_sample) fprintf(f, ", \"sample_s\": %.6g", per_sample);
-    fprintf(f, ", \"sizes\": [");
-    for (int s = 0; s < n; s++) fprintf(f, "%s%.0f", s ? ", " : "", bytes[s]);
-    for (int k = 0; k < 2; k++) {
-        fprintf(f, "], \"%s_measured_s\": [", dp_plan_algo_name(plan_algo[k]));
-        for (int s = 0; s < n; s++) fprintf(f, "%s%.6g", s ? ", " : "", tt[k][s]);
-    }
-    fprintf(f, "]}\n");
-    if (out) {
-        if (fclose(f) != 0) die("%s: %s", out, strerror(errno));
-        printf("wrote %s: gamma %.3g ns/B", out, gamma * 1e9);
-        for (int k = 0; k < 2; k++)
-            printf("  %s alpha %.3g us beta %.3g ns/B (%.3g GB/s)", dp_plan_algo_name(plan_algo[k]), alpha[k] * 1e6,
-                   beta[k] * 1e9, beta[k] > 0 ? 1 / beta[k] / 1e9 : INFINITY);
-        if (per_sample == per_sample) printf("  %.4g ms per sample", per_sample * 1e3);
-        printf("\n");
-    }
-    return 0;
-}

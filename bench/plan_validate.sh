@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# Validation of `dptrain plan` against measured steps (issue 14, G2 "Validation"): for every case,
+# in this order and in the same run (so the machine's load weighs on both alike):
+#
+#   1. dptrain calibrate ... --model M --batch N --out prof.json      the profile (docs/plan.md)
+#   2. dptrain plan --model M --workers P --batch N --optim sgd --algo ring --profile prof.json --json
+#   3. dptrain train --model M --workers P (or P hosts) --batch N --optim sgd --momentum 0.9
+#        --algo ring --max-steps STEPS --out run                      metrics.jsonl
+#   measured step = the median of step_s over rank 0's step records after the WARMUP-th
+#   error = (predicted - measured) / measured
+#
+# Cases:
+#   threads   MODELS (cnn mlp) at P = 2 worker threads of one process, global batch BATCH (128)
+#   netns     the emulated hosts of tests/netns (cluster.sh: one network namespace per host, its
+#             own cores, links shaped by tbf, Open MPI over TCP): HOSTS (2 4) hosts x RATES
+#             (1gbit 100mbit), one process with one worker per host, global batch PERHOST x P;
+#             calibrate runs under the same mpirun (--backend mpi: the process level's alpha and
+#             beta, the compute measured on every host at once).  Only as root with network
+#             namespaces (cluster_check); otherwise the section says skipped and why.
+# Every run uses --threads 1 (one compute thread per worker), SGD lr 0.05 momentum 0.9.
+#
+# Usage (after make):  bash bench/plan_validate.sh
+#   knobs (environment): MODELS="cnn mlp" STEPS=40 WARMUP=5 REPS=1 BATCH=128 PERHOST=64
+#   HOSTS="2 4" RATES="1gbit 100mbit" NETNS=1 (0: threads only) CAL_ITERS=10 (per size)
+#   CAL_COMPUTE=20 (compute iterations) DPTRAIN=build/dptrain RESULTS=bench/results
+# Writes bench/results/plan_validate-<stamp>.md (the table) and .tsv (every case's figures,
+# predicted and measured breakdown); prints the table.
+set -uo pipefail  # (not -e: tests/netns/cluster.sh relies on failing greps)
+cd "$(dirname "$0")/.." || exit 1
+# shellcheck disable=SC2034  # bench_facts reads it
+ROOT=$PWD
+MODELS=${MODELS:-cnn mlp}
+STEPS=${STEPS:-40}
+WARMUP=${WARMUP:-5}
+REPS=${REPS:-1}
+BATCH=${BATCH:-128}
+PERHOST=${PERHOST:-64}
+HOSTS=${HOSTS:-2 4}
+RATES=${RATES:-1gbit 100mbit}
+NETNS=${NETNS:-1}
+CAL_ITERS=${CAL_ITERS:-10}
+CAL_COMPUTE=${CAL_COMPUTE:-20}
+DPTRAIN=${DPTRAIN:-$PWD/build/dptrain}
+RESULTS=${RESULTS:-bench/results}
+DATA=${DP_DATA:-/usr/share/datasets/fashion-mnist}
+
+die() { echo "plan_validate: error: $*" >&2; exit 1; }
+# shellcheck source=lib.sh
+source bench/lib.sh
+bench_facts plan_validate
+[[ -x $DPTRAIN ]] || die "$DPTRAIN not built (make)"
+TSV=${OUTMD%.md}.tsv
+WORK=$(mktemp -d /tmp/plan_validate.XXXXXX)
+
+printf 'case\tmodel\tworkers\trate\trep\tbatch\tpred_step_ms\tmeas_step_ms\terr_pct\trunc_step_ms\trunc_err_pct\tpred_fwd_ms\tmeas_fwd_ms\tpred_bwd_ms\tmeas_bwd_ms\tpred_exposed_ms\tmeas_exposed_ms\tpred_opt_ms\tmeas_opt_ms\tpred_other_ms\tmeas_other_ms\tcomm_cpu\tmeas_steps\n' >"$TSV"
+NOTES=()
+
+# runcompute PROF RUN P BATCH WARM OUT: the profile with the run's own compute in place of the
+# calibrated one (forward, backward per sample and the optimizer per parameter: rank 0's medians),
+# so that plan from it shows the error of the rest of the model (communication, overlap, the
+# other terms) apart from how well calibration caught the compute of the run
+runcompute() {
+  /usr/bin/python3 - "$@" <<'PY'
+import json, statistics as st, sys
+prof, run, P, batch, warm, out, nparams = sys.argv[1:8]
+c = json.load(open(prof))
+rs = [json.loads(l) for l in open(run + "/metrics.jsonl") if '"kind": "step"' in l][int(warm):]
+b = int(batch) / int(P)
+c["fwd_sample_s"] = st.median(r["forward_s"] for r in rs) / b
+c["bwd_sample_s"] = st.median(r["backward_s"] for r in rs) / b
+c["sgd_param_s"] = st.median(r["optimizer_s"] for r in rs) / int(nparams)
+json.dump(c, open(out, "w"))
+PY
+}
+# nparams PLAN: the model's parameter count, from plan's bucket sizes
+nparams() { /usr/bin/python3 -c 'import json,sys; p=json.loads(open(sys.argv[1]).readline()); print(round(sum(p["bucket_bytes"]) / 4))' "$1"; }
+
+# compare CASE MODEL P RATE REP BATCH PROF PLAN RUN WARM PLANRUN: one row of the TSV from the profile, the plan's
+# JSON and the run's metrics (other = data + zeroing + lost to comm + metrics gather in the plan; in the run,
+# step - forward - backward - exposed - optimizer: data wait, zeroing, the rest)
+compare() {
+  /usr/bin/python3 - "$@" >>"$TSV" <<'PY'
+import json, statistics as st, sys
+case, model, P, rate, rep, batch, prof, plan, run, warm, planrun = sys.argv[1:12]
+c = json.load(open(prof)); p = json.loads(open(plan).readline()); q = json.loads(open(planrun).readline())
+rs = [json.loads(l) for l in open(run + "/metrics.jsonl") if '"kind": "step"' in l][int(warm):]
+if not rs: raise SystemExit("no step records after the warm-up in " + run)
+m = lambda k: st.median(r[k] for r in rs) * 1e3
+other = st.median((r["step_s"] - r["forward_s"] - r["backward_s"] - r["comm_exposed_s"] - r["optimizer_s"]) for r in rs) * 1e3
+pred, meas = p["step_s"] * 1e3, m("step_s")
+row = [case, model, P, rate, rep, batch, "%.3f" % pred, "%.3f" % meas, "%.1f" % (100 * (pred - meas) / meas),
+       "%.3f" % (q["step_s"] * 1e3), "%.1f" % (100 * (q["step_s"] * 1e3 - meas) / meas),
+       "%.3f" % (p["fwd_s"] * 1e3), "%.3f" % m("forward_s"), "%.3f" % (p["bwd_s"] * 1e3), "%.3f" % m("backward_s"),
+       "%.3f" % (p["exposed_s"] * 1e3), "%.3f" % m("comm_exposed_s"), "%.3f" % (p["opt_s"] * 1e3), "%.3f" % m("optimizer_s"),
+       "%.3f" % ((p["data_s"] + p["zero_s"] + p["steal_s"] + p["gather_s"]) * 1e3), "%.3f" % other, "%.2f" % c.get("comm_cpu", 0), str(len(rs))]
+print("\t".join(row))
+PY
+}
+
+train_common=(--optim sgd --lr 0.05 --momentum 0.9 --seed 1 --epochs 1 --max-steps "$STEPS" --threads 1
+  --algo ring --progress none --test-limit 100 --data "$DATA")
+
+# ---- threads ----------------------------------------------------------------------------
+for rep in $(seq 1 "$REPS"); do
+  for model in $MODELS; do
+    d=$WORK/thr-$model-$rep
+    mkdir -p "$d"
+    echo "threads: $model P=2 rep $rep" >&2
+    "$DPTRAIN" calibrate --workers 2 --threads 1 --model "$model" --batch "$BATCH" --max-bytes 4194304 \
+      --iters "$CAL_ITERS" --compute-iters "$CAL_COMPUTE" --out "$d/prof.json" >"$d/cal.log" 2>&1 ||
+      { cat "$d/cal.log" >&2; die "calibrate failed ($model)"; }
+    "$DPTRAIN" plan --model "$model" --workers 2 --batch "$BATCH" --optim sgd --algo ring --metrics \
+      --profile "$d/prof.json" --json >"$d/plan.json" 2>"$d/plan.log" || { cat "$d/plan.log" >&2; die "plan failed"; }
+    "$DPTRAIN" train --model "$model" --workers 2 --batch "$BATCH" --train-limit $((BATCH * (STEPS + 1))) \
+      "${train_common[@]}" --out "$d/run" >"$d/train.log" 2>&1 || { tail -5 "$d/train.log" >&2; die "train failed"; }
+    runcompute "$d/prof.json" "$d/run" 2 "$BATCH" "$WARMUP" "$d/profrun.json" "$(nparams "$d/plan.json")" &&
+      "$DPTRAIN" plan --model "$model" --workers 2 --batch "$BATCH" --optim sgd --algo ring --metrics \
+        --profile "$d/profrun.json" --json >"$d/planrun.json" 2>>"$d/plan.log" ||
+      { cat "$d/plan.log" >&2; die "plan with the run's compute failed"; }
+    compare threads "$model" 2 - "$rep" "$BATCH" "$d/prof.json" "$d/plan.json" "$d/run" "$WARMUP" "$d/planrun.json" ||
+      die "compare failed ($d)"
+    cp "$d/prof.json" "$WORK/profile-threads-$model-$rep.json"
+  done
+done
+
+# ---- emulated hosts ------------------------------------------------------------------------
+netns_note=""
+if [[ $NETNS != 1 ]]; then
+  netns_note="skipped: NETNS=$NETNS"
+else
+  # shellcheck source=../tests/netns/cluster.sh
+  source tests/netns/cluster.sh
+  if ! why=$(cluster_check); then
+    netns_note="skipped: $why"
+  elif [[ $("$DPTRAIN" --help 2>&1) != *"mpi (built in)"* ]]; then
+    netns_note="skipped: $DPTRAIN was built without MPI"
+  fi
+fi
+if [[ -z $netns_note ]]; then
+  bench_cleanup() { rm -rf "$WORK"; }
+  # shellcheck disable=SC2034  # used by cluster_trap
+  EXTRA_CLEANUP=bench_cleanup
+  # shellcheck disable=SC2034  # cluster_up reads it
+  CLUSTER_PREFIX=dpv-$$
+  cluster_trap
+  for P in $HOSTS; do
+    cluster_down
+    cluster_up "$P" off >/dev/null || die "cluster_up $P failed"
+    cpus=$(awk '{printf "%s%s: %s", (NR > 1 ? "; " : ""), $1, $2}' "$CLUSTER_STATE/cpus")
+    NOTES+=("$P hosts, cores: $cpus")
+    N=$((PERHOST * P))
+    for RATE in $RATES; do
+      cluster_shape "$RATE" || die "cannot shape to $RATE"
+      for rep in $(seq 1 "$REPS"); do
+        for model in $MODELS; do
+          d=$WORK/ns-$P-$RATE-$model-$rep
+          mkdir -p "$d"
+          echo "netns: $model $P hosts $RATE rep $rep" >&2
+          cluster_run -np "$P" "$DPTRAIN" calibrate --backend mpi --threads 1 --model "$model" --batch "$N" \
+            --max-bytes 4194304 --iters "$CAL_ITERS" --compute-iters "$CAL_COMPUTE" --out "$d/prof.json" \
+            >"$d/cal.log" 2>&1 || { tail -5 "$d/cal.log" >&2; die "calibrate failed ($model, $P hosts, $RATE)"; }
+          "$DPTRAIN" plan --model "$model" --workers "$P" --batch "$N" --optim sgd --algo ring --metrics \
+            --profile "$d/prof.json" --json >"$d/plan.json" 2>"$d/plan.log" || { cat "$d/plan.log" >&2; die "plan failed"; }
+          cluster_run -np "$P" "$DPTRAIN" train --backend mpi --workers 1 --model "$model" --batch "$N" \
+            --train-limit $((N * (STEPS + 1))) "${train_common[@]}" --out "$d/run" >"$d/train.log" 2>&1 ||
+            { tail -5 "$d/train.log" >&2; die "train failed ($model, $P hosts, $RATE)"; }
+          runcompute "$d/prof.json" "$d/run" "$P" "$N" "$WARMUP" "$d/profrun.json" "$(nparams "$d/plan.json")" &&
+            "$DPTRAIN" plan --model "$model" --workers "$P" --batch "$N" --optim sgd --algo ring --metrics \
+              --profile "$d/profrun.json" --json >"$d/planrun.json" 2>>"$d/plan.log" ||
+            { cat "$d/plan.log" >&2; die "plan with the run's compute failed"; }
+          compare netns "$model" "$P" "$RATE" "$rep" "$N" "$d/prof.json" "$d/plan.json" "$d/run" "$WARMUP" "$d/planrun.json" ||
+            die "compare failed ($d)"
+          cp "$d/prof.json" "$WORK/profile-netns-$P-$RATE-$model-$rep.json"
+        done
+      done
+    done
+  done
+  cluster_down
+fi
+
+# ---- the report -------------------------------------------------------------------------------
+{
+  echo "# plan against measured steps (bench/plan_validate.sh)"
+  echo
+  echo "CPU: $CPU_MODEL, $NCPU cores; load average at the start: $LOAD1; git $GIT_REV; $STAMP"
+  echo "Knobs: MODELS=\"$MODELS\" STEPS=$STEPS WARMUP=$WARMUP REPS=$REPS BATCH=$BATCH PERHOST=$PERHOST HOSTS=\"$HOSTS\" RATES=\"$RATES\" CAL_ITERS=$CAL_ITERS CAL_COMPUTE=$CAL_COMPUTE"
+  echo "Emulated hosts: ${netns_note:-run}"
+  for n in "${NOTES[@]}"; do echo "- $n"; done
+  echo
+  echo "Predicted (dptrain plan from the profile calibrated just before) against measured (median step_s"
+  echo "after the first $WARMUP steps); ms per step, error = (predicted - measured) / measured."
+  echo "fwd, bwd, exp(osed comm), opt: predicted / measured; other: data + zeroing + compute lost to"
+  echo "comm + the metrics' all-gather (plan) / step - the four phases (run).  \"run's compute\": the"
+  echo "plan again with the run's own forward, backward and optimizer medians in the profile (the error"
+  echo "of the rest of the model, apart from how well calibration caught the run's compute)."
+  echo
+  echo "| case | model | P | rate | predicted | measured | error | with the run's compute | fwd | bwd | exp | opt | other | comm_cpu |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  tail -n +2 "$TSV" | awk -F'\t' '{printf "| %s | %s | %s | %s | %s | %s | %+.1f%% | %s (%+.1f%%) | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s | %s |\n",
+    $1, $2, $3, $4, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22}'
+  echo
+  echo "Profiles (JSON, one per case):"
+  echo
+  for f in "$WORK"/profile-*.json; do [[ -e $f ]] && { echo "    $(basename "$f"): $(cat "$f")"; }; done
+} >"$OUTMD"
+cat "$OUTMD"
+echo "wrote $OUTMD and $TSV" >&2
+rm -rf "$WORK"
