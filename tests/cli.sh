@@ -181,8 +181,8 @@ expect_error ps_batchnorm_refused "--mode async does not support models with Bat
 expect_error ps_ssp_deterministic_refused "--staleness 1 with --deterministic is not built" \
   "$BIN" train "${SMALL[@]}" --workers 2 --staleness 1 --deterministic
 if "$BIN" --help | grep -q "mpi (built in)"; then
-  # one process over MPI (no mpirun): async across processes needs a worker and a server
-  # rank, and one worker per process; --staleness and the replay are threads-only for now.
+  # one process over MPI (no mpirun): async, SSP and the replay across processes need a worker
+  # and a server rank, and one worker per process.
   # Under ASan, LeakSanitizer reports Open MPI's own allocations at init (no frame of ours:
   # checked), so these runs keep ASan's other checks and turn only leak detection off
   NOLEAK=(env)
@@ -191,10 +191,12 @@ if "$BIN" --help | grep -q "mpi (built in)"; then
     "${NOLEAK[@]}" "$BIN" train "${SMALL[@]}" --backend mpi --workers 2 --mode async
   expect_error ps_mpi_no_worker_left "--servers 1 leaves no worker" \
     "${NOLEAK[@]}" "$BIN" train "${SMALL[@]}" --backend mpi --workers 1 --mode async
-  expect_error ps_mpi_ssp_refused "--staleness is not built yet on MPI" \
+  expect_error ps_mpi_ssp_no_worker_left "--servers 1 leaves no worker" \
     "${NOLEAK[@]}" "$BIN" train "${SMALL[@]}" --backend mpi --workers 1 --staleness 1
-  expect_error ps_mpi_deterministic_refused "--mode async with --deterministic is not built on MPI" \
+  expect_error ps_mpi_replay_no_worker_left "--servers 1 leaves no worker" \
     "${NOLEAK[@]}" "$BIN" train "${SMALL[@]}" --backend mpi --workers 1 --mode async --deterministic
+  expect_error ps_mpi_ssp_one_worker_per_process "--mode async across processes needs one worker per process" \
+    "${NOLEAK[@]}" "$BIN" train "${SMALL[@]}" --backend mpi --workers 2 --staleness 0
 else skip ps_mpi_refused "MPI not built into $BIN"; fi
 if "$BIN" train --help 2>&1 | grep -q -- "--mode NAME" && "$BIN" train --help 2>&1 | grep -q -- "--staleness-lr" &&
    "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 3 --mode async --servers 2 --out "$T/ps" >"$T/ps.log" 2>&1 &&
@@ -420,6 +422,57 @@ assert abs(100 * ep[0]['test_acc'] - float('$(test_acc_of "$T/psme.log")')) <= 1
      [[ "$(test_acc_of "$T/psm2e.log")" == "$(test_acc_of <(grep '^epoch' "$T/psm2.log"))" ]]; then
     ok mpi_async_two_servers_resume
   else bad mpi_async_two_servers_resume "$(grep -v '^\[' "$T/psm2.log" | tail -3)"; fi
+  # --staleness across processes (1 server + 2 workers): s = 0 trains the all-reduce's model (2
+  # processes, sync) to 1e-5, every push of staleness 0; s = 1 with rank 1 three times slower: rank 0
+  # runs ahead, but by one clock at most (the server holds its reply), so staleness 1 occurs, never 2
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 \
+    --out "$T/sspsync" >"$T/sspsync.log" 2>&1
+  if timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --staleness 0 \
+       --out "$T/ssp0" >"$T/ssp0.log" 2>&1 &&
+     "$BIN" ckpt diff "$T/sspsync/checkpoint.bin" "$T/ssp0/checkpoint.bin" --tol 1e-5 >"$T/ssp0d.log" 2>&1 &&
+     /usr/bin/python3 -c "
+import json
+ep = [r for r in map(json.loads, open('$T/ssp0/metrics.jsonl')) if r['kind'] == 'epoch']
+assert len(ep) == 2 and ep[1]['step'] == 40, ep
+for e in ep:
+    assert e['mode'] == 'ssp' and e['servers'] == 1 and e['stale_pushes'] == 40 and e['stale_max'] == 0, e
+    assert e['rank_samples'] == [500, 500, 0], e['rank_samples']
+"; then ok mpi_ssp0_equals_sync
+  else bad mpi_ssp0_equals_sync "$(grep -v '^\[' "$T/ssp0.log" | tail -3)" "$(cat "$T/ssp0d.log" 2>/dev/null)"; fi
+  if timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train --model cnn --epochs 1 "${SMALL[@]}" --workers 1 --staleness 1 \
+       --staleness-lr --simulate-slow 1:3 --out "$T/ssp1" >"$T/ssp1.log" 2>&1 &&
+     grep -Eq "^epoch 1/1 .* staleness mean [0-9.]+ p50 [0-9]+ p99 1 max 1$" "$T/ssp1.log" &&
+     /usr/bin/python3 -c "
+import json
+recs = [json.loads(l) for l in open('$T/ssp1/metrics.jsonl')]
+ep = [r for r in recs if r['kind'] == 'epoch'][0]
+assert ep['mode'] == 'ssp' and ep['stale_pushes'] == 40 and ep['stale_max'] == 1 and ep['stale_mean'] > 0, ep
+st = [r for r in recs if r['kind'] == 'step']
+assert len(st) == 20 and max(r['staleness'] for r in st) <= 1, [r['staleness'] for r in st]
+"; then ok mpi_ssp1_staleness_bounded
+  else bad mpi_ssp1_staleness_bounded "$(grep -v '^\[' "$T/ssp1.log" | tail -3)"; fi
+  # the replay across processes: push (c, r) applied at version c x 2 + r on each server, so the bits
+  # of 2 worker threads (the same sums in the same order), run to run, with 1 or 2 servers, resumed
+  "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --momentum 0.5 --workers 2 --mode async --deterministic \
+    --out "$T/rpt" >"$T/rpt.log" 2>&1
+  rp=() ok_rp=1
+  for c in "1:3:rp1" "1:3:rp1b" "2:4:rp2"; do
+    IFS=: read -r S np d <<<"$c"
+    timeout 120 "${MPIRUN[@]}" -np "$np" "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --momentum 0.5 --workers 1 \
+      --mode async --deterministic --servers "$S" --out "$T/$d" >"$T/$d.log" 2>&1 || ok_rp=0
+    rp+=("$(hash_of "$T/$d/checkpoint.bin")")
+  done
+  ht=$(hash_of "$T/rpt/checkpoint.bin")
+  if [[ $ok_rp == 1 ]] && same_hash "$ht" "${rp[0]}" && same_hash "$ht" "${rp[1]}" && same_hash "$ht" "${rp[2]}" &&
+     grep -q "staleness mean 0.97 p50 1 p99 1 max 1$" "$T/rp1.log"; then ok mpi_replay_equals_threads
+  else bad mpi_replay_equals_threads "threads '$ht' vs mpi ${rp[*]}" "$(grep -v '^\[' "$T/rp1.log" | tail -3)"; fi
+  timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --momentum 0.5 --workers 1 \
+    --mode async --deterministic --out "$T/rpr" >/dev/null 2>&1
+  timeout 120 "${MPIRUN[@]}" -np 4 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --momentum 0.5 --workers 1 \
+    --mode async --deterministic --servers 2 --resume "$T/rpr/checkpoint.bin" --out "$T/rpr" >"$T/rpr.log" 2>&1
+  h=$(hash_of "$T/rpr/checkpoint.bin")
+  if same_hash "$h" "$ht"; then ok mpi_replay_resume_exact
+  else bad mpi_replay_resume_exact "resumed '$h' vs '$ht'" "$(grep -v '^\[' "$T/rpr.log" | tail -3)"; fi
   # the batches are claimed from server 0 as the workers go: rank 1, four times slower, takes fewer
   if timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train --model cnn --epochs 1 "${SMALL[@]}" --workers 1 --mode async \
        --simulate-slow 1:4 --out "$T/psms" >"$T/psms.log" 2>&1 &&

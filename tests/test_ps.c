@@ -382,13 +382,11 @@ TEST(ps_refusals) {
     p = base("resnet", 2), p.async = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "BatchNorm");
     /* several processes (an MPI job): any communicator in `inter` (these refusals come before
-     * it is used); plain async runs there with server ranks (tests/cli.sh, the MPI block) */
+     * it is used); async, SSP and the replay run there with server ranks (tests/cli.sh, the MPI block) */
     p = base("mlp", 2), p.async = 1, p.inter = (struct dp_comm *)&p;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--mode async across processes needs one worker per process");
-    p = base("mlp", 1), p.staleness = 1, p.inter = (struct dp_comm *)&p;
-    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--staleness is not built yet on MPI");
-    p = base("mlp", 1), p.async = 1, p.deterministic = 1, p.inter = (struct dp_comm *)&p;
-    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--mode async with --deterministic is not built on MPI");
+    p = base("mlp", 2), p.staleness = 0, p.inter = (struct dp_comm *)&p;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--mode async across processes needs one worker per process");
 }
 
 /* A worker that fails (here: a non-finite gradient at a huge lr) ends the

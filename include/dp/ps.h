@@ -99,6 +99,8 @@ void dp_ps_abort(struct dp_ps *ps, const char *why);
 void dp_ps_hist_get(const struct dp_ps *ps, struct dp_ps_hist *out);
 void dp_ps_hist_reset(struct dp_ps *ps);
 int dp_ps_shards(const struct dp_ps *ps);
+/* Shard 0's version (where no push is in flight: the MPI server's one thread). */
+int64_t dp_ps_version(const struct dp_ps *ps);
 
 /* ---- across processes (src/ddp/ps_mpi.c; docs/ddp.md "The parameter server under MPI") ----
  *
@@ -110,7 +112,8 @@ int dp_ps_shards(const struct dp_ps *ps);
  *
  *   worker:  dp_ps_net_claim (the first batch), then per batch
  *            dp_ps_net_push (push-and-pull, and the next claim), and
- *            dp_ps_net_end once the claims are exhausted
+ *            dp_ps_net_end once the claims are exhausted; SSP and the
+ *            replay (static shares): dp_ps_net_push per clock, then end
  *   server:  dp_ps_net_serve serves until every worker has ended the epoch
  *   all:     dp_ps_net_collect fills the full parameters, the optimizer
  *            state and the staleness counters with this rank's part (zeros
@@ -125,7 +128,8 @@ struct dp_ps_net_params {
     double slow;               /* this server's --simulate-slow factor (>= 1): after each push's
                                   apply and reply it sleeps (slow - 1) x their time (a stalled
                                   server, for the timeout tests) */
-    struct dp_ps_params ps;    /* .workers = W, .shards ignored (one per server), async only */
+    struct dp_ps_params ps;    /* .workers = W, .shards ignored (one per server); async, SSP or
+                                  the replay (ordered) */
 };
 /* Meta words of dp_ps_net_collect: version, optimizer step, staleness count,
  * sum, overflow, then the DP_PS_HIST_BUCKETS buckets, then one max per job
@@ -143,11 +147,14 @@ int dp_ps_net_set_state(struct dp_ps_net *net, const float *params, const float 
 int dp_ps_net_serve(struct dp_ps_net *net);
 /* Worker: the epoch's first batch to compute (*k = -1: none left). */
 int dp_ps_net_claim(struct dp_ps_net *net, int64_t *k);
-/* Worker: pushes the mean gradient g (n floats) of n_samples samples to
- * every server, receives every fresh shard into params (n floats), the
- * push's staleness (the max over the servers) and the next batch *k. */
-int dp_ps_net_push(struct dp_ps_net *net, const float *g, double n_samples, float *params, int64_t *staleness,
-                   int64_t *k);
+/* Worker: pushes gradient g (n floats) of n_samples samples (as dp_ps_push
+ * takes it in the mode) to every server, receives every fresh shard into
+ * params (n floats), the push's staleness (the max over the servers) and
+ * the next batch *k (async; static shares: -1).  SSP and the replay: clock
+ * is the push's clock, and the reply comes when the mode allows (SSP: every
+ * shard at version >= clock + 1 - s; replay: the push applied in its turn). */
+int dp_ps_net_push(struct dp_ps_net *net, const float *g, double n_samples, int64_t clock, float *params,
+                   int64_t *staleness, int64_t *k);
 /* Worker: tells every server it has ended the epoch. */
 int dp_ps_net_end(struct dp_ps_net *net);
 /* Every rank, at an epoch's end: params (n), optim_state (state_len, may be

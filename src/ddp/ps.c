@@ -111,6 +111,8 @@ int64_t dp_ps_hist_quantile(const struct dp_ps_hist *h, double q) {
 
 int dp_ps_shards(const struct dp_ps *ps) { return ps->S; }
 
+int64_t dp_ps_version(const struct dp_ps *ps) { return ps->sh[0].version; }
+
 void dp_ps_free(struct dp_ps *ps) {
     if (!ps) return;
     for (int i = 0; ps->sh && i < ps->S; i++) {

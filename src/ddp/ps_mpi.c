@@ -24,9 +24,26 @@
  *   END              worker -> every server [hdr]            after its last push
  *   CLOSE            server 0 -> every worker (tag CLOSE)   once all W ended
  *
+ * SSP (--staleness s) and the replay (--deterministic) take static shares:
+ * worker r pushes its share of global batch c as clock c (no CLAIM; hdr
+ * carries the clock), and the reply may wait:
+ *   SSP:     the push is added to clock c's sum on the server's dp_ps (the
+ *            P-th applies it: ps.c), and the reply [staleness | the fresh
+ *            shard] is held until the shard's version >= c + 1 - s, the
+ *            bound for the worker's next clock (ssp_release after each
+ *            push).  A worker waits for every server's reply, so it starts
+ *            clock c + 1 only once every shard allows it.  s = 0: each clock
+ *            waits for all P pushes, synchronous training.
+ *   replay:  push (c, r) is applied at version c x P + r: it is held (its
+ *            request copied aside) until the version gets there, then
+ *            applied and answered at once (replay_drain after each push).
+ *            One push in flight per worker, so the held push of the rank
+ *            whose turn it is, is for the right clock.
+ *
  * A server serves requests in arrival order (DP_ANY_SOURCE) until all W
- * workers sent END; a worker sends END only once server 0 answered -1, so
- * every claimed batch has been pushed by then.  Then every rank takes part
+ * workers sent END; a worker sends END only once server 0 answered -1 (or,
+ * static shares, after its last clock's reply), so every batch has been
+ * pushed by then.  Then every rank takes part
  * in the trainer's epoch end (collectives over all W + S ranks): the sum of
  * dp_ps_net_collect's parts is the server's state on every rank, for the
  * evaluation and rank 0's checkpoint.  At the epoch's start every worker
@@ -52,6 +69,7 @@ enum { REQ_CLAIM = 1, REQ_PUSH = 2, REQ_END = 3 };
 struct req_hdr {
     int64_t type;
     double n;
+    int64_t clock;      /* a push's clock (SSP, replay; async: 0) */
 };
 struct rep_hdr {
     int64_t staleness;
@@ -71,6 +89,11 @@ struct dp_ps_net {
     int64_t next;                   /* server 0: the epoch's next batch */
     struct dp_ps_hist hist;         /* worker: this epoch's pushes */
     float *tmp;                     /* server: its slice of the optimizer state (set/get) */
+    /* server, SSP and replay: the reply each worker awaits (held[r]: a request is held) */
+    unsigned char *held;            /* (W) */
+    int64_t *want, *hstale;         /* (W) SSP: the clock the reply allows, the push's staleness */
+    char **hbuf;                    /* (W) replay: the held push (request as received) */
+    char *rep;                      /* a deferred reply */
 };
 
 static size_t req_bytes(int64_t len) { return sizeof(struct req_hdr) + sizeof(float) * (size_t)len; }
@@ -87,6 +110,8 @@ void dp_ps_net_free(struct dp_ps_net *net) {
     dp_free(net->sbuf), dp_free(net->rbuf), dp_free(net->smsg), dp_free(net->rmsg);
     dp_free(net->ended);
     dp_free(net->tmp);
+    for (int r = 0; net->hbuf && r < net->W; r++) dp_free(net->hbuf[r]);
+    dp_free(net->hbuf), dp_free(net->held), dp_free(net->want), dp_free(net->hstale), dp_free(net->rep);
     dp_free(net);
 }
 
@@ -99,8 +124,6 @@ int dp_ps_net_init(struct dp_ps_net **out, const struct dp_ps_net_params *p) {
     if (p->servers > p->n)
         return dp_seterr(DP_EINVAL, "--servers must be at most the parameter count %lld (got %d)", (long long)p->n,
                          p->servers);
-    if (p->ps.staleness >= 0 || p->ps.ordered)
-        return dp_seterr(DP_ENOTSUP, "parameter server across processes: plain async only");
     struct dp_ps_net *net = dp_calloc(1, sizeof *net);
     if (!net) return dp_seterr(DP_ENOMEM, "parameter server: out of memory");
     net->p = *p;
@@ -118,7 +141,16 @@ int dp_ps_net_init(struct dp_ps_net **out, const struct dp_ps_net_params *p) {
         net->buf = dp_malloc_big(req_bytes(net->maxlen) > rep_bytes(net->maxlen) ? req_bytes(net->maxlen)
                                                                                  : rep_bytes(net->maxlen));
         net->ended = dp_calloc((size_t)net->W, 1);
-        if (!net->buf || !net->ended) goto oom;
+        net->held = dp_calloc((size_t)net->W, 1);
+        net->want = dp_calloc((size_t)net->W, sizeof(int64_t));
+        net->hstale = dp_calloc((size_t)net->W, sizeof(int64_t));
+        net->rep = dp_malloc_big(rep_bytes(net->len));
+        if (!net->buf || !net->ended || !net->held || !net->want || !net->hstale || !net->rep) goto oom;
+        if (pp.ordered) {
+            if (!(net->hbuf = dp_calloc((size_t)net->W, sizeof(char *)))) goto oom;
+            for (int r = 0; r < net->W; r++)
+                if (!(net->hbuf[r] = dp_malloc_big(req_bytes(net->len)))) goto oom;
+        }
     } else {
         net->sbuf = dp_calloc((size_t)net->S, sizeof(char *));
         net->rbuf = dp_calloc((size_t)net->S, sizeof(char *));
@@ -223,10 +255,60 @@ static int next_request(struct dp_ps_net *net, int *from, int64_t *got) {
                      "which have not ended the epoch (stalled or lost)", timeout, net->rank, who);
 }
 
+/* Sends rank r the reply to its push: the header and the fresh shard
+ * (dp_ps_pull for `clock`, whose bound the caller has checked, so it does
+ * not wait; r's pulled version becomes the server's). */
+static int reply_shard(struct dp_ps_net *net, int r, int64_t clock, int64_t staleness) {
+    struct rep_hdr rh = {staleness, -1};
+    memcpy(net->rep, &rh, sizeof rh);
+    int rc = dp_ps_pull(net->ps, r, clock, (float *)(net->rep + sizeof rh));
+    return rc ? rc : dp_comm_send(net->c, net->rep, (int64_t)rep_bytes(net->len), r, TAG_REP);
+}
+
+/* SSP: the pushes whose reply the bound now allows (the worker's next
+ * clock c + 1 needs version >= c + 1 - s) get it. */
+static int ssp_release(struct dp_ps_net *net) {
+    const int64_t v = dp_ps_version(net->ps), s = net->p.ps.staleness;
+    int rc = DP_OK;
+    for (int r = 0; r < net->W && !rc; r++)
+        if (net->held[r] && v >= net->want[r] - s) {
+            net->held[r] = 0;
+            rc = reply_shard(net, r, net->want[r], net->hstale[r]);
+        }
+    return rc;
+}
+
+/* The replay: applies held pushes while the one whose turn it is (version
+ * v: clock v / W of rank v % W) is here, replying to each at once (its
+ * fresh shard, as in async). */
+static int replay_drain(struct dp_ps_net *net) {
+    for (;;) {
+        const int64_t v = dp_ps_version(net->ps), c = v / net->W;
+        const int r = (int)(v % net->W);
+        if (!net->held[r]) return DP_OK;
+        net->held[r] = 0;
+        const struct req_hdr *h = (const struct req_hdr *)net->hbuf[r];
+        /* r pushes clock c + 1 only after the reply to c: what it holds is clock c */
+        if (h->clock != c)
+            return dp_seterr(DP_EMISMATCH, "parameter server rank %d: rank %d pushed clock %lld at version %lld "
+                             "(the replay expects clock %lld)", net->rank, r, (long long)h->clock, (long long)v,
+                             (long long)c);
+        struct rep_hdr rh = {0, -1};
+        float *g = (float *)(net->hbuf[r] + sizeof *h);
+        int rc = dp_ps_push(net->ps, r, g, h->n, c, g, &rh.staleness);
+        if (rc) return rc;
+        memmove(net->hbuf[r] + sizeof rh, g, sizeof(float) * (size_t)net->len);
+        memcpy(net->hbuf[r], &rh, sizeof rh);
+        if ((rc = dp_comm_send(net->c, net->hbuf[r], (int64_t)rep_bytes(net->len), r, TAG_REP))) return rc;
+    }
+}
+
 int dp_ps_net_serve(struct dp_ps_net *net) {
     if (net->server < 0) return dp_seterr(DP_EINVAL, "dp_ps_net_serve on a worker rank");
     memset(net->ended, 0, (size_t)net->W);
+    memset(net->held, 0, (size_t)net->W);
     net->next = 0;
+    const int ssp = net->p.ps.staleness >= 0, ordered = net->p.ps.ordered;
     int left = net->W, rc;
     while (left > 0) {
         int from = -1;
@@ -248,6 +330,20 @@ int dp_ps_net_serve(struct dp_ps_net *net) {
                 return dp_seterr(DP_EMISMATCH, "parameter server rank %d: rank %d pushed %lld bytes, the shard takes %lld",
                                  net->rank, from, (long long)got, (long long)req_bytes(net->len));
             float *g = (float *)(net->buf + sizeof *h);
+            if (ssp) { /* added to its clock's sum (applied with the clock's last push); the reply waits */
+                net->held[from] = 1, net->want[from] = h->clock + 1;
+                if ((rc = dp_ps_push(net->ps, from, g, h->n, h->clock, g, &net->hstale[from])) ||
+                    (rc = ssp_release(net)))
+                    return rc;
+            } else if (ordered) { /* held until its turn */
+                memcpy(net->hbuf[from], net->buf, (size_t)got);
+                net->held[from] = 1;
+                if ((rc = replay_drain(net))) return rc;
+            }
+            if (ssp || ordered) { /* (--simulate-slow on a server rank: as below) */
+                if (net->p.slow > 1) sleep_s((net->p.slow - 1) * (dp_time() - t0));
+                continue;
+            }
             /* the fresh shard goes in place of the gradient, after the reply header */
             float *dst = (float *)(net->buf + sizeof rh);
             if ((rc = dp_ps_push(net->ps, from, g, h->n, 0, g, &rh.staleness))) return rc;
@@ -277,7 +373,7 @@ int dp_ps_net_serve(struct dp_ps_net *net) {
 
 /* Posts the replies' receives, sends the requests, waits for all of them.
  * push: every server gets its slice of g; else a header to server 0 only. */
-static int exchange(struct dp_ps_net *net, int type, const float *g, double n, int all) {
+static int exchange(struct dp_ps_net *net, int type, const float *g, double n, int64_t clock, int all) {
     int rc = DP_OK, nsrv = all ? net->S : 1;
     for (int i = 0; i < nsrv; i++) net->rmsg[i] = net->smsg[i] = NULL;
     for (int i = 0; i < nsrv && !rc; i++) {
@@ -285,7 +381,7 @@ static int exchange(struct dp_ps_net *net, int type, const float *g, double n, i
         if (type == REQ_PUSH) dp_comm_split(net->p.n, net->S, i, &off, &len);
         rc = dp_comm_irecv(net->c, net->rbuf[i], (int64_t)rep_bytes(net->maxlen), net->W + i, TAG_REP, &net->rmsg[i]);
         if (rc) break;
-        struct req_hdr h = {type, n};
+        struct req_hdr h = {type, n, clock};
         memcpy(net->sbuf[i], &h, sizeof h);
         if (len) memcpy(net->sbuf[i] + sizeof h, g + off, sizeof(float) * (size_t)len);
         rc = dp_comm_isend(net->c, net->sbuf[i], (int64_t)req_bytes(len), net->W + i, TAG_REQ, &net->smsg[i]);
@@ -304,14 +400,15 @@ static int exchange(struct dp_ps_net *net, int type, const float *g, double n, i
 }
 
 int dp_ps_net_claim(struct dp_ps_net *net, int64_t *k) {
-    int rc = exchange(net, REQ_CLAIM, NULL, 0, 0);
+    int rc = exchange(net, REQ_CLAIM, NULL, 0, 0, 0);
     if (rc) return dp_adderr(rc, "worker %d: claiming a batch from parameter-server rank %d", net->rank, net->W);
     *k = ((const struct rep_hdr *)net->rbuf[0])->next;
     return DP_OK;
 }
 
-int dp_ps_net_push(struct dp_ps_net *net, const float *g, double n, float *params, int64_t *staleness, int64_t *k) {
-    int rc = exchange(net, REQ_PUSH, g, n, 1);
+int dp_ps_net_push(struct dp_ps_net *net, const float *g, double n, int64_t clock, float *params, int64_t *staleness,
+                   int64_t *k) {
+    int rc = exchange(net, REQ_PUSH, g, n, clock, 1);
     if (rc)
         return dp_adderr(rc, "worker %d: push to the parameter servers (ranks %d..%d)", net->rank, net->W,
                          net->ranks - 1);
@@ -340,7 +437,7 @@ int dp_ps_net_end(struct dp_ps_net *net) {
     int rc = dp_comm_irecv(net->c, &word, sizeof word, net->W, TAG_CLOSE, &m);
     if (rc) return dp_adderr(rc, "worker %d: ending the epoch", net->rank);
     for (int i = 0; i < net->S && !rc; i++) {
-        struct req_hdr h = {REQ_END, 0};
+        struct req_hdr h = {REQ_END, 0, 0};
         memcpy(net->sbuf[i], &h, sizeof h);
         rc = dp_comm_send(net->c, net->sbuf[i], sizeof h, net->W + i, TAG_REQ);
     }

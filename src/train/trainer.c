@@ -268,13 +268,7 @@ static int check_ps(const struct dp_train_params *p) {
                          p->servers ? "--servers" : "--staleness-lr");
     if (!async) return DP_OK;
     const char *mode = p->staleness >= 0 ? "--staleness" : "--mode async";
-    /* across processes: plain async over --servers S dedicated ranks (ps_net_loop) */
-    if (p->inter && p->staleness >= 0)
-        return dp_seterr(DP_ENOTSUP, "--staleness is not built yet on MPI (several processes): use --mode async "
-                         "there, or --staleness on the thread backend in one process (--backend thread)");
-    if (p->inter && p->deterministic)
-        return dp_seterr(DP_ENOTSUP, "--mode async with --deterministic is not built on MPI (several processes): "
-                         "the replay order across server ranks is not implemented; use --backend thread");
+    /* across processes: async, SSP or the replay over --servers S dedicated ranks (ps_net_loop) */
     if (p->inter && p->workers > 1)
         return dp_seterr(DP_ENOTSUP, "--mode async across processes needs one worker per process (--workers 1 "
                          "under mpirun; got %d)", p->workers);
@@ -519,7 +513,8 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     lp.aug = p->aug;
     lp.prefetch = p->prefetch;
     lp.rank = w->grank;
-    lp.world = t->G;
+    lp.world = t->ps_W; /* G, but for the parameter server's ranks under mpirun */
+    if (lp.rank >= t->ps_W) lp.rank = 0, lp.prefetch = 0; /* a server rank: its loader is not read */
     lp.align = p->deterministic && !p->async ? p->det_chunk : 1;
     lp.uneven = t->balance;
     if (t->ps_dynamic) {
@@ -682,7 +677,8 @@ static int ps_init(struct dp_trainer *t) {
     if (p->inter) { /* server ranks: the last S processes; one shard each (src/ddp/ps_mpi.c) */
         struct dp_ps_net_params np = {.c = p->inter, .servers = t->ps_servers, .n = t->model->num_params,
                                       .batches = t->ps_batches, .ps = pp};
-        np.ps.workers = pp.workers = t->ps_W, np.ps.lr_div = t->ps_div = t->ps_W;
+        np.ps.workers = pp.workers = t->ps_W;
+        if (p->staleness < 0) np.ps.lr_div = t->ps_div = t->ps_W;
         np.slow = t->slow_factor ? t->slow_factor[t->base] : 1;
         return dp_ps_net_init(&t->psn, &np);
     }
@@ -783,7 +779,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     }
     /* A worker's share is at most ceil(batch / P); evaluation uses up to
      * eval_chunk samples. */
-    int64_t share = (p->batch + t->G - 1) / t->G;
+    int64_t share = (p->batch + t->ps_W - 1) / t->ps_W;
     t->balance = p->balance > 0 && t->G > 1;
     t->bal_align = p->deterministic ? p->det_chunk : 1;
     if (t->balance) share = p->batch; /* a balanced share may be the whole batch */
@@ -2320,7 +2316,9 @@ static int ps_loop(struct worker *w) {
 
 /* The parameter server across processes (src/ddp/ps_mpi.c): every process
  * runs this with its one worker thread.  Worker ranks claim batches from
- * server 0 and push-and-pull as ps_loop does; server ranks serve until
+ * server 0 and push-and-pull as ps_loop does (SSP and the replay: static
+ * shares, one push per clock, whose reply the server sends when the bound
+ * or the turn allows: ps_mpi.c); server ranks serve until
  * every worker has ended the epoch.  Then all ranks, servers included, end
  * the epoch together: the server's parameters, optimizer state and version
  * and the workers' staleness counters are summed over the job (each rank
@@ -2340,6 +2338,7 @@ static int ps_net_loop(struct worker *w) {
     /* every rank starts from rank 0's parameters (a resume loaded the same
      * checkpoint everywhere); the servers take their shard of them */
     int rc = dp_comm_broadcast(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, 0, DP_ALGO_AUTO);
+    if (!rc && !server && !t->ps_dynamic) rc = dp_loader_seek(w->loader, epoch, 0); /* static shares */
     if (!rc && server) rc = dp_ps_net_set_state(net, w->rep.params, w->opt.state, w->opt.step, t->step);
     while (!rc && epoch < t->p.epochs) {
         double t_start = dp_time();
@@ -2348,16 +2347,19 @@ static int ps_net_loop(struct worker *w) {
         w->correct = w->seen = w->skipped = 0;
         if (server) rc = dp_ps_net_serve(net);
         else {
-            int64_t k;
-            rc = dp_ps_net_claim(net, &k);
-            while (!rc && k >= 0) {
+            /* plain async: batch k as claimed from server 0, until -1; SSP and the replay: clock c
+             * is this worker's share of global batch c (the loader's static split over the W) */
+            int64_t k = 0;
+            if (t->ps_dynamic) rc = dp_ps_net_claim(net, &k);
+            for (int64_t c = 0; !rc && (t->ps_dynamic ? k >= 0 : c < t->batches_per_epoch); c++) {
                 double s0[6], ts = dp_time(), n, loss;
                 phase_sums(w, s0);
                 w->step = pushes; /* the simulated slowness is drawn per (rank, push) */
+                if (!t->ps_dynamic) k = c;
                 if ((rc = ps_batch(w, epoch, k, &n, &loss))) break;
                 double tp = dp_time();
                 int64_t done_k = k;
-                rc = dp_ps_net_push(net, w->rep.grads, n, w->rep.params, &w->ps_stale, &k);
+                rc = dp_ps_net_push(net, w->rep.grads, n, epoch * spe + c, w->rep.params, &w->ps_stale, &k);
                 double te = dp_time();
                 w->t_comm += te - tp, w->t_exposed += te - tp;
                 dp_timeline_add(&w->tl, "push", 0, w->step, tp, te);
@@ -2365,7 +2367,8 @@ static int ps_net_loop(struct worker *w) {
                 pushes++;
                 long long done = atomic_fetch_add(&t->ps_samples, (long long)n) + (long long)n;
                 if (w->grank == 0) { /* rank 0's own pushes (the others' are not seen here) */
-                    int64_t in_epoch = ((done_k + 1) * spe + t->ps_batches - 1) / t->ps_batches;
+                    int64_t in_epoch = t->ps_dynamic ? ((done_k + 1) * spe + t->ps_batches - 1) / t->ps_batches
+                                                     : c + 1;
                     struct dp_event ev = {.kind = DP_EVENT_STEP, .step = epoch * spe + in_epoch, .epoch = epoch,
                                           .step_in_epoch = in_epoch, .samples = done - reported, .loss = loss,
                                           .lr = dp_sched_lr(&t->p.sched, epoch * spe + in_epoch - 1),
