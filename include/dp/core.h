@@ -13,6 +13,8 @@
 #ifndef DP_CORE_H
 #define DP_CORE_H
 
+#include <pthread.h>
+
 #include "common.h"
 
 #ifdef __cplusplus
@@ -85,6 +87,25 @@ void dp_rng_permutation(uint64_t seed, uint32_t stream, uint64_t a, int64_t *per
 
 /* Monotonic time in seconds. */
 double dp_time(void);
+/* Timed waits on dp_time()'s clock.  dp_cond_init_monotonic makes a condition
+ * variable whose timed waits use CLOCK_MONOTONIC (so a deadline does not move
+ * with the wall clock); 0 or -1.  dp_cond_wait_until waits on cv (mu held)
+ * until it is signalled or dp_time() passes deadline: ETIMEDOUT past it (at
+ * once if it already has), else 0.  cv must come from dp_cond_init_monotonic. */
+int dp_cond_init_monotonic(pthread_cond_t *cv);
+int dp_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, double deadline);
+
+/* ---- exact sums ---------------------------------------------------------------- */
+
+/* Fixed point for float sums whose bits must not depend on their order (the
+ * deterministic mode, the parameter server's exact SSP sum): x becomes
+ * round(x * 2^32), an integer held exactly in a double, and integers below
+ * 2^53 add exactly in any order and grouping. */
+#define DP_FIXED_SCALE 4294967296.0 /* 2^32 */
+/* acc[i] += round(g[i] * 2^32) for i < n, vectorised.  Returns 1 when some
+ * |g[i]| * 2^32 reaches 2^52 (|g| >= 2^20) or is NaN: beyond that a sum of
+ * many could leave the exact range, so the caller fails the step. */
+int dp_fixed_add(double *restrict acc, const float *restrict g, int64_t n);
 
 /* ---- the CPU's peak ---------------------------------------------------------- */
 

@@ -207,12 +207,7 @@ int dp__coll_wait(struct dp__coll *op, int peer, unsigned mark) {
     atomic_fetch_add(&s->nwait, 1);
     while (atomic_load(&s->prog) < want && !atomic_load(&w->aborted)) {
         if (op->deadline > 0) {
-            struct timespec ts;
-            double sec = op->deadline;
-            ts.tv_sec = (time_t)sec;
-            ts.tv_nsec = (long)((sec - (double)ts.tv_sec) * 1e9);
-            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-            if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT &&
+            if (dp_cond_wait_until(&s->cv, &s->mu, op->deadline) == ETIMEDOUT &&
                 atomic_load(&s->prog) < want) {
                 late = 1;
                 break;
@@ -655,11 +650,7 @@ static int t_msg_wait(struct dp_comm *c, struct dp_comm_msg *m, int *src, int64_
         while (!take(tc, s, m)) {
             if ((rc = world_status(w))) break;
             if (deadline > 0) {
-                struct timespec ts;
-                ts.tv_sec = (time_t)deadline;
-                ts.tv_nsec = (long)((deadline - (double)ts.tv_sec) * 1e9);
-                if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-                if (pthread_cond_timedwait(&s->mb_cv, &s->mb_mu, &ts) == ETIMEDOUT && !take(tc, s, m)) {
+                if (dp_cond_wait_until(&s->mb_cv, &s->mb_mu, deadline) == ETIMEDOUT && !take(tc, s, m)) {
                     late = 1;
                     break;
                 }
@@ -700,15 +691,6 @@ static const struct dp_comm_ops thread_ops = {
 
 /* ---- world and rank lifetime ---------------------------------------------------------------- */
 
-static int cond_init_monotonic(pthread_cond_t *cv) {
-    pthread_condattr_t a;
-    if (pthread_condattr_init(&a)) return -1;
-    int rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC); /* dp_time()'s clock */
-    if (!rc) rc = pthread_cond_init(cv, &a);
-    pthread_condattr_destroy(&a);
-    return rc ? -1 : 0;
-}
-
 int dp_comm_thread_world_init(struct dp_comm_world **wp, int nranks,
                               const struct dp_comm_params *params) {
     if (!wp) return dp_seterr(DP_EINVAL, "comm: NULL world pointer");
@@ -740,12 +722,12 @@ int dp_comm_thread_world_init(struct dp_comm_world **wp, int nranks,
         atomic_init(&s->nwait, 0);
         pthread_mutex_init(&s->mu, NULL);
         pthread_mutex_init(&s->mb_mu, NULL);
-        if (cond_init_monotonic(&s->cv)) {
+        if (dp_cond_init_monotonic(&s->cv)) {
             pthread_mutex_destroy(&s->mu);
             pthread_mutex_destroy(&s->mb_mu);
             break;
         }
-        if (cond_init_monotonic(&s->mb_cv)) {
+        if (dp_cond_init_monotonic(&s->mb_cv)) {
             pthread_mutex_destroy(&s->mu);
             pthread_mutex_destroy(&s->mb_mu);
             pthread_cond_destroy(&s->cv);

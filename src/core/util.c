@@ -1,4 +1,5 @@
 /* Timers, hashes and checksums. */
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <time.h>
@@ -9,6 +10,35 @@ double dp_time(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int dp_cond_init_monotonic(pthread_cond_t *cv) {
+    pthread_condattr_t a;
+    if (pthread_condattr_init(&a)) return -1;
+    int rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC); /* dp_time()'s clock */
+    if (!rc) rc = pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+    return rc ? -1 : 0;
+}
+
+int dp_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, double deadline) {
+    if (dp_time() >= deadline) return ETIMEDOUT;
+    struct timespec ts;
+    ts.tv_sec = (time_t)deadline;
+    ts.tv_nsec = (long)((deadline - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    return pthread_cond_timedwait(cv, mu, &ts) == ETIMEDOUT ? ETIMEDOUT : 0;
+}
+
+int dp_fixed_add(double *restrict acc, const float *restrict g, int64_t n) {
+    int bad = 0;
+#pragma omp simd reduction(| : bad)
+    for (int64_t i = 0; i < n; i++) {
+        double v = nearbyint((double)g[i] * DP_FIXED_SCALE);
+        bad |= !(fabs(v) < 4503599627370496.0); /* 2^52: NaN fails too */
+        acc[i] += v;
+    }
+    return bad;
 }
 
 uint64_t dp_fnv1a64(const void *data, size_t n, uint64_t h) {

@@ -315,7 +315,7 @@ int dp_backup_star_start(struct dp_backup_star *bs, int64_t first_step) {
     if (bs->rank != 0) return DP_OK;
     bs->open = first_step;
     if (pthread_mutex_init(&bs->mu, NULL)) return dp_seterr(DP_ENOMEM, "backup workers: cannot create a mutex");
-    if (pthread_cond_init(&bs->cv, NULL)) {
+    if (dp_cond_init_monotonic(&bs->cv)) {
         pthread_mutex_destroy(&bs->mu);
         return dp_seterr(DP_ENOMEM, "backup workers: cannot create a condition variable");
     }
@@ -388,11 +388,7 @@ int dp_backup_star_step(struct dp_backup_star *bs, int64_t step, float *g, doubl
                          (long long)step, 2 * bs->timeout_s);
                 break;
             }
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 50 * 1000 * 1000;
-            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-            pthread_cond_timedwait(&bs->cv, &bs->mu, &ts);
+            dp_cond_wait_until(&bs->cv, &bs->mu, dp_time() + 0.05);
         }
         if (bs->failed) {
             char why[sizeof bs->why];

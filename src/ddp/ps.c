@@ -50,7 +50,6 @@
 #include "dp/comm.h"
 #include "dp/ps.h"
 
-#define FIX_SCALE 4294967296.0 /* 2^32, as deterministic mode's det_step */
 
 struct shard {
     pthread_mutex_t mu;
@@ -160,7 +159,7 @@ int dp_ps_init(struct dp_ps **out, const struct dp_ps_params *p, int64_t n) {
     for (int i = 0; i < ps->S; i++) {
         struct shard *sh = &ps->sh[i];
         pthread_mutex_init(&sh->mu, NULL);
-        pthread_cond_init(&sh->cv, NULL);
+        if (dp_cond_init_monotonic(&sh->cv) && !rc) rc = dp_seterr(DP_EINTERNAL, "parameter server: pthread_cond_init failed");
         dp_comm_split(n, ps->S, i, &sh->off, &sh->len);
         if (!rc) rc = dp_optim_init(&sh->opt, &p->optim, sh->len);
         if (!rc && slots) {
@@ -255,16 +254,7 @@ static int wait_for(struct dp_ps *ps, struct shard *sh, int i, int rank, int64_t
             pthread_cond_wait(&sh->cv, &sh->mu);
             continue;
         }
-        double left = deadline - dp_time();
-        if (left > 0) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            double a = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + left;
-            ts.tv_sec = (time_t)a;
-            ts.tv_nsec = (long)((a - floor(a)) * 1e9);
-            if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
-            if (pthread_cond_timedwait(&sh->cv, &sh->mu, &ts) != ETIMEDOUT) continue;
-        }
+        if (dp_cond_wait_until(&sh->cv, &sh->mu, deadline) != ETIMEDOUT) continue;
         char why[300];
         snprintf(why, sizeof why, "comm: timeout after %.1f s: rank %d waited for version %lld of parameter-server "
                  "shard %d, which is at %lld (a slower worker has not pushed)", ps->p.timeout_s, rank,
@@ -324,13 +314,7 @@ static int push_ssp(struct dp_ps *ps, struct shard *sh, int rank, const float *g
     }
     const float *gs = g + sh->off;
     if (n > 0 && ps->p.exact) {
-        int bad = 0;
-        for (int64_t j = 0; j < len; j++) {
-            double v = nearbyint((double)gs[j] * FIX_SCALE);
-            bad |= !(fabs(v) < 4503599627370496.0); /* 2^52: NaN fails too */
-            acc[j] += v;
-        }
-        if (bad)
+        if (dp_fixed_add(acc, gs, len))
             return dp_seterr(DP_ENONFINITE, "parameter server: rank %d's gradient for clock %lld is not finite or "
                              "too large for the exact sum (|g| >= 2^20)", rank, (long long)c);
     } else if (n > 0) {
@@ -341,7 +325,7 @@ static int push_ssp(struct dp_ps *ps, struct shard *sh, int rank, const float *g
     if (++sh->count[k] < ps->P) return DP_OK;
     /* the clock is complete: every rank pushed c - 1 before c, so c - 1 was applied */
     DP_ASSERT(sh->version == c);
-    double scale = ps->p.exact ? 1.0 / FIX_SCALE : 1.0;
+    double scale = ps->p.exact ? 1.0 / DP_FIXED_SCALE : 1.0;
     int bad = 0;
     for (int64_t j = 0; j < len; j++) {
         sh->u[j] = (float)(acc[j] * scale);

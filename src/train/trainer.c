@@ -643,7 +643,7 @@ static int backup_init(struct dp_trainer *t) {
     }
     if (bad) return dp_seterr(DP_ENOMEM, "--backup-workers: out of memory");
     if (pthread_mutex_init(&bk->mu, NULL) != 0) return dp_seterr(DP_ENOMEM, "--backup-workers: cannot create a mutex");
-    if (pthread_cond_init(&bk->cv, NULL) != 0) {
+    if (dp_cond_init_monotonic(&bk->cv) != 0) {
         pthread_mutex_destroy(&bk->mu);
         return dp_seterr(DP_ENOMEM, "--backup-workers: cannot create a condition variable");
     }
@@ -1310,16 +1310,7 @@ static int backup_wait(struct worker *w, double deadline) {
         pthread_cond_wait(&bk->cv, &bk->mu);
         return 0;
     }
-    double left = deadline - dp_time();
-    if (left > 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        double a = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + left;
-        ts.tv_sec = (time_t)a;
-        ts.tv_nsec = (long)((a - floor(a)) * 1e9);
-        if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
-        if (pthread_cond_timedwait(&bk->cv, &bk->mu, &ts) != ETIMEDOUT) return 0;
-    }
+    if (dp_cond_wait_until(&bk->cv, &bk->mu, deadline) != ETIMEDOUT) return 0;
     if (bk->failed) return 0;
     char who[200] = "";
     size_t len = 0;
@@ -1769,21 +1760,11 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
  * backward reports each range, while it is in cache), and an all-reduce of
  * doubles (twice the bytes) that starts only after the last chunk (no
  * overlap with backward). */
-#define DET_SCALE 4294967296.0 /* 2^32 */
-
-/* acc[i] += round(g[i] * 2^32), and g[i] = 0 for the next chunk's backward
- * (which accumulates into g): one vectorised pass instead of a conversion
- * pass plus a memset.  Returns 1 if some |g| * 2^32 reaches 2^52 (or is NaN),
- * where the double would no longer hold the integer sums exactly. */
-static int det_accumulate(double *restrict acc, float *restrict g, int64_t n) {
-    int bad = 0;
-#pragma omp simd reduction(| : bad)
-    for (int64_t i = 0; i < n; i++) {
-        double v = nearbyint((double)g[i] * DET_SCALE);
-        bad |= !(fabs(v) < 4503599627370496.0); /* 2^52: NaN fails too */
-        acc[i] += v;
-        g[i] = 0.0f;
-    }
+/* acc += the fixed point of g (dp_fixed_add), then g = 0 for the next
+ * chunk's backward, which accumulates into it (the range is in cache). */
+static int det_accumulate(double *acc, float *g, int64_t n) {
+    int bad = dp_fixed_add(acc, g, n);
+    memset(g, 0, sizeof(float) * (size_t)n);
     return bad;
 }
 
@@ -1866,7 +1847,7 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
     *n_step = n_total;
     *loss_step = n_local > 0 ? loss_sum / (n_local * (double)t->pos) : 0;
     /* back to float: the gradient of the mean loss (over samples x positions) */
-    double scale = 1.0 / (DET_SCALE * n_total * (double)t->pos);
+    double scale = 1.0 / (DP_FIXED_SCALE * n_total * (double)t->pos);
     float *g = w->rep.grads;
     for (int64_t i = 0; i < np; i++) g[i] = (float)(w->acc[i] * scale);
     if (any_nonfinite(g, np))
