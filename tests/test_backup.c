@@ -197,3 +197,34 @@ TEST_T(backup_empty_shares, 120) {
         free(got);
     }
 }
+
+/* The protocol on a tiny model (mlp:784,16,10: compute in microseconds, so
+ * that the step slot's locking, not the GEMMs, is what runs; sized for the
+ * ThreadSanitizer stage of scripts/test.sh): P = 3, b = 1, random stalls,
+ * two epochs, replicas checked every step; then a worker failing mid-run. */
+TEST_T(backup_tiny_model_protocol, 120) {
+    require_data();
+    struct dp_train_params p = base("mlp:784,16,10", 3);
+    struct seen s = {0};
+    p.batch = 12;
+    p.train_limit = 120;
+    p.epochs = 2;
+    p.backup = 1, p.backup_workers = 1;
+    p.simulate_jitter = "p=0.3,ms=2";
+    p.check_replicas = 1;
+    p.comm_timeout = 60;
+    p.on_event = on_event, p.event_arg = &s;
+    int64_t n;
+    float *got = train(&p, &n);
+    ASSERT_EQ(s.steps, 20);
+    ASSERT_EQ(s.dropped_events, 20);
+    ASSERT_EQ(s.dropped[0] + s.dropped[1] + s.dropped[2], 20);
+    for (int64_t i = 0; i < n; i++) ASSERT_TRUE(isfinite(got[i]));
+    free(got);
+    struct dp_trainer *t;
+    p.on_event = NULL;
+    p.fault_kind = DP_FAULT_DATA, p.fault_worker = 2, p.fault_step = 3;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    ASSERT_ERR(dp_trainer_run(t), DP_EIO, "injected data error");
+    dp_trainer_free(t);
+}
