@@ -325,6 +325,21 @@ if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [
     --check-replicas 1 --out "$T/hybz" >"$T/hybz.log" 2>&1
   if "$BIN" ckpt diff "$T/flat4/checkpoint.bin" "$T/hybz/checkpoint.bin" >"$T/hybz.diff" 2>&1; then ok mpi_zero_hybrid_equals_flat
   else bad mpi_zero_hybrid_equals_flat "$(cat "$T/hybz.diff")" "$(tail -3 "$T/hybz.log")"; fi
+  # stages 2 and 3 across processes: each bucket's reduce-scatter and all-gather span the job
+  # (deterministic: one worker's bits; hybrid 2 x 2 threads, where the hierarchical reduce-scatter
+  # must leave every rank its bucket-aligned block: 4 plain threads' model)
+  for z in 2 3; do
+    timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --deterministic \
+      --zero $z --out "$T/mpiz$z" >"$T/mpiz$z.log" 2>&1
+    h=$(hash_of "$T/mpiz$z/checkpoint.bin")
+    if same_hash "$h" "$d1"; then ok "mpi_zero${z}_deterministic_equals_threads"
+    else bad "mpi_zero${z}_deterministic_equals_threads" "'$h' vs '$d1'" "$(tail -3 "$T/mpiz$z.log")"; fi
+    timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --zero $z \
+      --check-replicas 1 --out "$T/hybz$z" >"$T/hybz$z.log" 2>&1
+    if "$BIN" ckpt diff "$T/flat4/checkpoint.bin" "$T/hybz$z/checkpoint.bin" >"$T/hybz$z.diff" 2>&1; then
+      ok "mpi_zero${z}_hybrid_equals_flat"
+    else bad "mpi_zero${z}_hybrid_equals_flat" "$(cat "$T/hybz$z.diff")" "$(tail -3 "$T/hybz$z.log")"; fi
+  done
   # --balance across processes: the throughput all-gather and the re-split span the job.
   # Deterministic: 2 processes, rank 1 three times slower, re-planned every 2 steps, give the
   # bits of one worker (det1); normal mode: the slow process's share shrinks (cnn: the sleep

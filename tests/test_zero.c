@@ -181,18 +181,22 @@ TEST_T(zero_with_bf16_compression, 300) {
 /* --check-replicas still catches a replica that drifts after the all-gather. */
 TEST_T(zero_check_replicas_names_diverged_worker, 120) {
     require_data();
-    struct dp_train_params p = base("mlp", 3);
-    p.zero = 1;
-    p.fault_kind = DP_FAULT_DIVERGE;
-    p.fault_worker = 1;
-    p.fault_step = 2;
-    p.check_replicas = 3;
-    struct dp_trainer *t;
-    ASSERT_OK(dp_trainer_init(&t, &p));
-    int rc = dp_trainer_run(t);
-    dp_trainer_free(t);
-    ASSERT_EQ(rc, DP_EMISMATCH);
-    ASSERT_TRUE(strstr(dp_errmsg(), "replica of worker 1 diverged") != NULL);
+    /* stage 2 too: its replicas hold whole parameters after the all-gathers (stage 3's do not:
+     * its check gathers the pieces first, so there is no replica to drift) */
+    for (int z = 1; z <= 2; z++) {
+        struct dp_train_params p = base("mlp", 3);
+        p.zero = z;
+        p.fault_kind = DP_FAULT_DIVERGE;
+        p.fault_worker = 1;
+        p.fault_step = 2;
+        p.check_replicas = 3;
+        struct dp_trainer *t;
+        ASSERT_OK(dp_trainer_init(&t, &p));
+        int rc = dp_trainer_run(t);
+        dp_trainer_free(t);
+        ASSERT_EQ(rc, DP_EMISMATCH);
+        ASSERT_TRUE(strstr(dp_errmsg(), "replica of worker 1 diverged") != NULL);
+    }
 }
 
 /* The memory win, counted by the allocator: with AdamW (two moments of 4
@@ -270,10 +274,9 @@ TEST(zero_refusals_one_line) {
 /* The non-finite check comes from the all-reduced shard sums of squares
  * (with --zero-reduce scatter only the shard holds the sum): a NaN in one
  * worker's input stops the run at that step, naming the worker. */
-TEST_T(zero_nonfinite_gradient_named, 120) {
-    require_data();
+static void nonfinite_named(int zero, int scatter) {
     struct dp_train_params p = base("mlp", 3);
-    p.zero = 1, p.zero_scatter = 1;
+    p.zero = zero, p.zero_scatter = scatter;
     p.fault_kind = DP_FAULT_NAN;
     p.fault_worker = 2;
     p.fault_step = 3;
@@ -282,7 +285,7 @@ TEST_T(zero_nonfinite_gradient_named, 120) {
     int rc = dp_trainer_run(t);
     dp_trainer_free(t);
     ASSERT_EQ(rc, DP_ENONFINITE);
-    fprintf(stderr, "    %s\n", dp_errmsg());
+    fprintf(stderr, "    --zero %d: %s\n", zero, dp_errmsg());
     ASSERT_TRUE(strstr(dp_errmsg(), "step 3 ") != NULL);
     ASSERT_TRUE(strstr(dp_errmsg(), "worker 2") != NULL);
     /* with --skip-nonfinite every worker skips that step alike: the run ends, replicas equal */
@@ -292,6 +295,16 @@ TEST_T(zero_nonfinite_gradient_named, 120) {
     ASSERT_OK(dp_trainer_init(&t, &p));
     ASSERT_OK(dp_trainer_run(t));
     dp_trainer_free(t);
+}
+TEST_T(zero_nonfinite_gradient_named, 120) {
+    require_data();
+    nonfinite_named(1, 1);
+}
+/* stages 2 and 3: the same check from gshard's sums of squares */
+TEST_T(zero23_nonfinite_gradient_named, 120) {
+    require_data();
+    nonfinite_named(2, 0);
+    nonfinite_named(3, 0);
 }
 
 /* Stages 2 and 3 give memory back for real: after each step, worker 0's

@@ -121,10 +121,9 @@ int dp_zero_plan(struct dp_zero *z, const struct dp_bucket *b, int nb, float *pa
     return DP_OK;
 }
 
+/* (a gather still in flight after an error is released by dp_comm_free) */
 void dp_zero_free(struct dp_zero *z) {
     if (!z) return;
-    for (int k = 0; z->greq && k < z->npieces; k++)
-        if (z->greq[k]) dp_comm_wait(z->comm, z->greq[k]);
     dp_free(z->piece), dp_free(z->greq), dp_free(z->have), dp_free(z->gshard), dp_free(z->pshard);
     memset(z, 0, sizeof *z);
 }
