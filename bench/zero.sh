@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ZeRO stages 0-3 (docs/ddp.md "ZeRO"): memory per worker and throughput.
-#  1. memory: build/bench/zero_mem for MODEL (mlp) with AdamW, --zero 0..3, P = 1, 2, 4: the
+#  1. memory: build/bench/zero_mem for MODEL (a wide mlp, 5.8M parameters: stages 2 and 3 give
+#     memory back in 2 MiB units, src/ddp/zero.c, so the slabs must be large beside them) with AdamW, --zero 0..3, P = 1, 2, 4: the
 #     allocator's own count of live bytes, worker 0's resident model state after a step
 #     (state_step: stages 2 and 3 keep their slabs allocated but give the pages back) and the
 #     process's peak RSS, beside the formulas 16 psi, 8 psi + 8 psi / P, 4 psi + 12 psi / P, 16 psi / P;
@@ -8,7 +9,7 @@
 #     at P = 2: plain, --zero 1 (all-reduce, overlapped), --zero 1 --zero-reduce scatter, --zero 2
 #     and --zero 3, REPS interleaved repetitions each (median reported).
 #   bash bench/zero.sh                      # about 6 minutes
-#   MODEL=mlp:784,4096,4096,10 bash bench/zero.sh   # a wider mlp: the model state dominates the RSS
+#   MODEL=mlp:784,4096,4096,10 bash bench/zero.sh   # wider still: the model state dominates the RSS
 #   REPS=5 LIMIT=12000 bash bench/zero.sh
 # Writes bench/results/zero-<date>.txt (needs `make`).
 set -uo pipefail
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 REPS=${REPS:-3}
 LIMIT=${LIMIT:-6000}
-MODEL=${MODEL:-mlp}
+MODEL=${MODEL:-mlp:784,2048,2048,10}
 CFGS=("--zero 0" "--zero 1" "--zero 1 --zero-reduce scatter" "--zero 2" "--zero 3")
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
 RESULTS=${RESULTS:-bench/results}

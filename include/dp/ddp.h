@@ -231,6 +231,7 @@ struct dp_zero {
     struct dp_comm_req **greq; /* stage 3: bucket k's parameter all-gather in flight */
     unsigned char *have;       /* stage 3: bucket k's parameters are in the slab */
     int cur;                   /* stage 3: the bucket whose layers run (-1: none) */
+    uintptr_t grel;            /* the lowest address of the gradient slab given back in this step */
     double t_g0, t_g1;         /* the last step's all-gather (dp_time) */
 };
 int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, const struct dp_optim_params *op);

@@ -39,19 +39,32 @@
  * (deterministic mode) give exactly the plain run's parameters.
  *
  * Release.  The slabs keep their address space (layers write gradients
- * into, and read parameters from, slab offsets), but the whole pages inside
+ * into, and read parameters from, slab offsets), but the whole UNITS inside
  * a released range are returned to the kernel with madvise(MADV_DONTNEED):
  * a private anonymous page comes back zero-filled when next touched.  For
  * the gradient that is also the zeroing the next step needs, so the floats
- * of the range on its partial edge pages are zeroed by hand.  Parameter
- * pages need no zeroing (the next gather overwrites them).  The pages are
- * whole pages of the slab's own block, so nothing else lives there. */
+ * of the range outside whole units are zeroed by hand.  Parameter pages need
+ * no zeroing (the next gather overwrites them).  The units are whole units
+ * of the slab's own block, so nothing else lives there.
+ *
+ * The unit is 2 MiB, a transparent huge page (dp_malloc_big asks for them),
+ * not a 4 KiB page: here a 4 KiB page faulted back costs ~80 us, which made
+ * a 4 KiB-grained stage 2 ten times slower than stage 1 on mlp, while a huge
+ * page comes back at about twice the cost of writing it
+ * (zero-2026-12-02-005334.txt, docs/ddp.md "ZeRO").  So the gradient is given
+ * back from the top of the slab down as buckets complete (they complete in
+ * order, b[0] the highest): after bucket k, every whole unit above b[k].off
+ * goes, a unit shared by two buckets too once both are reduced, and what
+ * stays resident between steps is at most the two partial units at the
+ * slab's ends. */
 #include <math.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "dp/ddp.h"
+
+#define UNIT ((uintptr_t)2 << 20)
 
 static size_t page_size(void) {
     long pg = sysconf(_SC_PAGESIZE);
@@ -62,9 +75,8 @@ static size_t page_size(void) {
  * edge pages are set to 0 too, so all of x[0, n) reads as zeros after. */
 static void release(float *x, int64_t n, int zero) {
     if (n <= 0) return;
-    size_t pg = page_size();
     uintptr_t a = (uintptr_t)x, e = (uintptr_t)(x + n);
-    uintptr_t lo = (a + pg - 1) & ~(uintptr_t)(pg - 1), hi = e & ~(uintptr_t)(pg - 1);
+    uintptr_t lo = (a + UNIT - 1) & ~(UNIT - 1), hi = e & ~(UNIT - 1);
     if (hi <= lo) {
         if (zero) memset(x, 0, sizeof(float) * (size_t)n);
         return;
@@ -131,11 +143,23 @@ void dp_zero_free(struct dp_zero *z) {
 /* The contiguous shard of the reduced gradient: gshard, or stage 1's slab shard. */
 float *dp_zero_shard_grad(struct dp_zero *z, float *g) { return z->sharded ? z->gshard : g + z->off; }
 
+/* Bucket k's floats outside [lo, hi) zeroed, and [lo, hi) (whole units,
+ * everything in it reduced) given back. */
 void dp_zero_bucket_done(void *arg, int k) {
     struct dp_zero *z = arg;
     const struct dp_zero_piece *p = &z->piece[k];
     memcpy(z->gshard + p->soff, z->grads + p->off, sizeof(float) * (size_t)p->len);
-    release(z->grads + p->roff, p->rcount, 1);
+    uintptr_t a = (uintptr_t)(z->grads + p->roff), e = (uintptr_t)(z->grads + p->roff + p->rcount);
+    if (k == 0) z->grel = (uintptr_t)(z->grads + z->n) & ~(UNIT - 1); /* a new step: nothing given back yet */
+    uintptr_t lo = (a + UNIT - 1) & ~(UNIT - 1), hi = z->grel;
+    if (lo >= hi) { /* no new whole unit: zero the bucket */
+        memset((void *)a, 0, e - a);
+        return;
+    }
+    memset((void *)a, 0, lo - a);
+    if (e > hi) memset((void *)hi, 0, e - hi); /* the top bucket's partial unit */
+    if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0) memset((void *)lo, 0, hi - lo);
+    z->grel = lo;
 }
 
 void dp_zero_take_grad(struct dp_zero *z, float *g) {
