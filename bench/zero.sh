@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # ZeRO stages 0-3 (docs/ddp.md "ZeRO"): memory per worker and throughput.
 #  1. memory: build/bench/zero_mem for MODEL (a wide mlp, 5.8M parameters: stages 2 and 3 give
-#     memory back in 2 MiB units, src/ddp/zero.c, so the slabs must be large beside them) with AdamW, --zero 0..3, P = 1, 2, 4: the
-#     allocator's own count of live bytes, worker 0's resident model state after a step
-#     (state_step: stages 2 and 3 keep their slabs allocated but give the pages back) and the
-#     process's peak RSS, beside the formulas 16 psi, 8 psi + 8 psi / P, 4 psi + 12 psi / P, 16 psi / P;
+#     memory back in 2 MiB units, src/ddp/zero.c, so the slabs must be large beside them) with
+#     AdamW, --zero 0..3, P = 1, 2, 4: the allocator's own count of live bytes, worker 0's
+#     resident model state after a step (state_step: stages 2 and 3 keep their slabs allocated
+#     but give the pages back) and the process's peak RSS, beside the formulas 16 psi, 8 psi + 8 psi / P, 4 psi + 12 psi / P, 16 psi / P;
 #  2. speed: `dptrain train` samples/s (its "throughput:" line, steps after the 5th) of cnn and mlp
 #     at P = 2: plain, --zero 1 (all-reduce, overlapped), --zero 1 --zero-reduce scatter, --zero 2
 #     and --zero 3, REPS interleaved repetitions each (median reported).

@@ -178,6 +178,15 @@ TEST_T(zero_with_bf16_compression, 300) {
     free(ref), free(got);
 }
 
+/* Builds and runs a trainer on p; returns the run's status. */
+static int run_status(const struct dp_train_params *p) {
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, p));
+    int rc = dp_trainer_run(t);
+    dp_trainer_free(t);
+    return rc;
+}
+
 /* --check-replicas still catches a replica that drifts after the all-gather. */
 TEST_T(zero_check_replicas_names_diverged_worker, 120) {
     require_data();
@@ -190,11 +199,7 @@ TEST_T(zero_check_replicas_names_diverged_worker, 120) {
         p.fault_worker = 1;
         p.fault_step = 2;
         p.check_replicas = 3;
-        struct dp_trainer *t;
-        ASSERT_OK(dp_trainer_init(&t, &p));
-        int rc = dp_trainer_run(t);
-        dp_trainer_free(t);
-        ASSERT_EQ(rc, DP_EMISMATCH);
+        ASSERT_EQ(run_status(&p), DP_EMISMATCH);
         ASSERT_TRUE(strstr(dp_errmsg(), "replica of worker 1 diverged") != NULL);
     }
 }
@@ -280,11 +285,7 @@ static void nonfinite_named(int zero, int scatter) {
     p.fault_kind = DP_FAULT_NAN;
     p.fault_worker = 2;
     p.fault_step = 3;
-    struct dp_trainer *t;
-    ASSERT_OK(dp_trainer_init(&t, &p));
-    int rc = dp_trainer_run(t);
-    dp_trainer_free(t);
-    ASSERT_EQ(rc, DP_ENONFINITE);
+    ASSERT_EQ(run_status(&p), DP_ENONFINITE);
     fprintf(stderr, "    --zero %d: %s\n", zero, dp_errmsg());
     ASSERT_TRUE(strstr(dp_errmsg(), "step 3 ") != NULL);
     ASSERT_TRUE(strstr(dp_errmsg(), "worker 2") != NULL);
@@ -292,9 +293,7 @@ static void nonfinite_named(int zero, int scatter) {
     p.skip_nonfinite = 1;
     p.check_replicas = 1;
     p.max_steps = 5;
-    ASSERT_OK(dp_trainer_init(&t, &p));
-    ASSERT_OK(dp_trainer_run(t));
-    dp_trainer_free(t);
+    ASSERT_OK(run_status(&p));
 }
 TEST_T(zero_nonfinite_gradient_named, 120) {
     require_data();

@@ -242,8 +242,10 @@ int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, 
 int dp_zero_plan(struct dp_zero *z, const struct dp_bucket *b, int nb, float *params, float *grads);
 void dp_zero_free(struct dp_zero *z);
 /* The reducer's bucket-done callback (arg = z): after bucket k's
- * reduce-scatter, copies this worker's block to gshard and releases the
- * bucket's range of the gradient slab (it reads as zeros afterwards). */
+ * reduce-scatter, copies this worker's block to gshard; the bucket's range
+ * of the gradient slab reads as zeros afterwards, and every whole 2 MiB unit
+ * of the slab above the bucket's offset is given back (buckets complete in
+ * order, from the top; src/ddp/zero.c). */
 void dp_zero_bucket_done(void *arg, int k);
 /* Deterministic mode (the whole reduced gradient g in the slab): its pieces
  * into gshard, and the slab released.  No-op unless sharded. */
