@@ -232,6 +232,7 @@ struct dp_zero {
     unsigned char *have;       /* stage 3: bucket k's parameters are in the slab */
     int cur;                   /* stage 3: the bucket whose layers run (-1: none) */
     uintptr_t grel;            /* the lowest address of the gradient slab given back in this step */
+    int accumulate;            /* dp_zero_bucket_done adds into gshard (a micro-batch after the first) */
     double t_g0, t_g1;         /* the last step's all-gather (dp_time) */
 };
 int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, const struct dp_optim_params *op);
@@ -242,7 +243,8 @@ int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, 
 int dp_zero_plan(struct dp_zero *z, const struct dp_bucket *b, int nb, float *params, float *grads);
 void dp_zero_free(struct dp_zero *z);
 /* The reducer's bucket-done callback (arg = z): after bucket k's
- * reduce-scatter, copies this worker's block to gshard; the bucket's range
+ * reduce-scatter, copies this worker's block to gshard (adds it with
+ * z->accumulate set: the micro-batches of one step); the bucket's range
  * of the gradient slab reads as zeros afterwards, and every whole 2 MiB unit
  * of the slab above the bucket's offset is given back (buckets complete in
  * order, from the top; src/ddp/zero.c). */

@@ -148,7 +148,13 @@ float *dp_zero_shard_grad(struct dp_zero *z, float *g) { return z->sharded ? z->
 void dp_zero_bucket_done(void *arg, int k) {
     struct dp_zero *z = arg;
     const struct dp_zero_piece *p = &z->piece[k];
-    memcpy(z->gshard + p->soff, z->grads + p->off, sizeof(float) * (size_t)p->len);
+    if (!z->accumulate) memcpy(z->gshard + p->soff, z->grads + p->off, sizeof(float) * (size_t)p->len);
+    else {
+        float *restrict dst = z->gshard + p->soff;
+        const float *restrict src = z->grads + p->off;
+#pragma omp simd
+        for (int64_t i = 0; i < p->len; i++) dst[i] += src[i];
+    }
     uintptr_t a = (uintptr_t)(z->grads + p->roff), e = (uintptr_t)(z->grads + p->roff + p->rcount);
     if (k == 0) z->grel = (uintptr_t)(z->grads + z->n) & ~(UNIT - 1); /* a new step: nothing given back yet */
     uintptr_t lo = (a + UNIT - 1) & ~(UNIT - 1), hi = z->grel;

@@ -1607,6 +1607,10 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         /* with one worker there is nothing to reduce: no reducer, no
          * progress thread to wake */
         int last = last_micro && t->G > 1 && !t->bk_on; /* backup workers: no reducer (backup_step) */
+        /* ZeRO 2, 3: every micro-batch is reduce-scattered, and its pieces
+         * added into gshard (dp_zero_bucket_done), so no whole gradient stays
+         * alive from one micro-batch to the next (k times the traffic) */
+        if (w->zero.sharded && t->G > 1) last = 1, w->zero.accumulate = k > 0;
         struct dp_batch b = {.B = lb->B, .x = lb->x, .tokens = lb->tokens, .targets = lb->y,
                              .sample_idx = lb->idx, .epoch = lb->epoch};
         /* With one micro-batch the global batch size is known before
@@ -1669,7 +1673,7 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
             rc = dp_reducer_finish(&w->red);
             /* wait: from the end of this rank's compute (backward and its
              * simulated sleep) to the completion of its last bucket */
-            w->step_wait = w->red.t_end - w->red.t_backward_end;
+            w->step_wait += w->red.t_end - w->red.t_backward_end;
             dp_timeline_add(&w->tl, "wait", 0, w->step, w->red.t_backward_end, w->red.t_end);
             for (int i = 0; i < w->red.nb; i++)
                 if (w->red.b[i].t_ready > 0) {
@@ -1686,7 +1690,8 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
             }
             w->b_sent += w->red.bytes_sent, w->b_recv += w->red.bytes_recv, w->b_fp32 += w->red.bytes_fp32;
             w->t_cz += w->red.t_compress, w->t_dz += w->red.t_decompress;
-            w->reduce_steps++;
+            w->t_comm += w->red.comm_total, w->t_exposed += w->red.comm_exposed;
+            w->reduce_steps += last_micro; /* the bytes are per optimizer step */
             if (rc) return rc;
         }
         n_total += (double)lb->global_B;
@@ -1717,8 +1722,6 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
     w->t_wait += w->step_wait, w->t_slow += w->step_slow;
     *n_step = n_total;
     *loss_step = n_local > 0 ? loss_sum / (n_local * (double)t->pos) : 0;
-    w->t_comm += w->red.comm_total;
-    w->t_exposed += w->red.comm_exposed;
     double t1 = dp_time();
     /* sum -> mean over the global batch */
     float *g = w->rep.grads;
