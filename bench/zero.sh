@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# ZeRO stage 1 (docs/ddp.md "ZeRO"): memory per worker and throughput.
-#  1. memory: build/bench/zero_mem (the allocator's own count of live bytes) for mlp with AdamW,
-#     --zero 0 and 1, P = 1, 2, 4, beside the formulas 16 psi and 8 psi + 8 psi / P;
+# ZeRO stages 0-3 (docs/ddp.md "ZeRO"): memory per worker and throughput.
+#  1. memory: build/bench/zero_mem for MODEL (a wide mlp, 5.8M parameters: stages 2 and 3 give
+#     memory back in 2 MiB units, src/ddp/zero.c, so the slabs must be large beside them) with
+#     AdamW, --zero 0..3, P = 1, 2, 4: the allocator's own count of live bytes, worker 0's
+#     resident model state after a step (state_step: stages 2 and 3 keep their slabs allocated
+#     but give the pages back) and the process's peak RSS, beside the formulas 16 psi, 8 psi + 8 psi / P, 4 psi + 12 psi / P, 16 psi / P;
 #  2. speed: `dptrain train` samples/s (its "throughput:" line, steps after the 5th) of cnn and mlp
-#     at P = 2: plain, --zero 1 (all-reduce, overlapped) and --zero 1 --zero-reduce scatter,
-#     REPS interleaved repetitions each (median reported).
-#   bash bench/zero.sh                      # about 3 minutes
+#     at P = 2: plain, --zero 1 (all-reduce, overlapped), --zero 1 --zero-reduce scatter, --zero 2
+#     and --zero 3, REPS interleaved repetitions each (median reported).
+#   bash bench/zero.sh                      # about 6 minutes
+#   MODEL=mlp:784,4096,4096,10 bash bench/zero.sh   # wider still: the model state dominates the RSS
 #   REPS=5 LIMIT=12000 bash bench/zero.sh
 # Writes bench/results/zero-<date>.txt (needs `make`).
 set -uo pipefail
@@ -13,6 +17,8 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 REPS=${REPS:-3}
 LIMIT=${LIMIT:-6000}
+MODEL=${MODEL:-mlp:784,2048,2048,10}
+CFGS=("--zero 0" "--zero 1" "--zero 1 --zero-reduce scatter" "--zero 2" "--zero 3")
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
 RESULTS=${RESULTS:-bench/results}
 MEM=build/bench/zero_mem
@@ -23,16 +29,20 @@ BIN=build/dptrain
 bench_facts zero
 OUT=$RESULTS/zero-$STAMP.txt
 {
-  echo "# bash bench/zero.sh (REPS=$REPS LIMIT=$LIMIT), git $GIT_REV"
+  echo "# bash bench/zero.sh (REPS=$REPS LIMIT=$LIMIT MODEL=$MODEL), git $GIT_REV"
   echo "# CPU: $CPU_MODEL, $NCPU cores (lscpu: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1));" \
        "load average at the start: $LOAD1"
   echo
-  echo "## memory: $MEM mlp P ZERO (AdamW); formula: 16 psi (zero 0), 8 psi + 8 psi / P (zero 1)"
-  printf 'model\tP\tzero\tparams\tlive_init\tpeak\tdata\tper_worker\tper_param\tformula\tper_worker-formula\n'
+  echo "## memory: $MEM $MODEL P ZERO (AdamW); formula per worker: 16 psi (zero 0), 8 psi + 8 psi / P (1),"
+  echo "## 4 psi + 12 psi / P (2), 16 psi / P (3); state_step/formula: the resident model state against it"
+  printf 'model\tP\tzero\tparams\tlive_init\tpeak\tdata\tper_worker\tper_param\tstate_step\tstate_per_param\trss_peak\tformula\tstate_step/formula\n'
   for P in 1 2 4; do
-    for z in 0 1; do
-      "$MEM" mlp "$P" "$z" "$DATA" | awk -F'\t' -v OFS='\t' '{
-        f = ($3 == 0) ? 16 * $4 : 8 * $4 + 8 * $4 / $2; print $0, f, $8 - f }' || echo "FAILED: exit $?"
+    for z in 0 1 2 3; do
+      "$MEM" "$MODEL" "$P" "$z" "$DATA" | awk -F'\t' -v OFS='\t' '{
+        n = $4; P = $2; z = $3
+        f = (z == 0) ? 16 * n : (z == 1) ? 8 * n + 8 * n / P : (z == 2) ? 4 * n + 12 * n / P : 16 * n / P
+        if (P == 1) f = 16 * n  # one worker shards nothing
+        printf "%s\t%.0f\t%.3f\n", $0, f, $10 / f }' || echo "FAILED: exit $?"
     done
   done
   echo
@@ -40,14 +50,14 @@ OUT=$RESULTS/zero-$STAMP.txt
   for model in cnn mlp; do
     declare -A runs=()
     for rep in $(seq "$REPS"); do
-      for cfg in "--zero 0" "--zero 1" "--zero 1 --zero-reduce scatter"; do
+      for cfg in "${CFGS[@]}"; do
         # shellcheck disable=SC2086
         v=$("$BIN" train --model "$model" --data "$DATA" --workers 2 --train-limit "$LIMIT" --epochs 1 \
               --test-limit 256 --progress none $cfg 2>&1 | sed -n 's/^throughput: \([0-9.]*\) samples.*/\1/p')
         runs[$cfg]="${runs[$cfg]:-} ${v:-NA}"
       done
     done
-    for cfg in "--zero 0" "--zero 1" "--zero 1 --zero-reduce scatter"; do
+    for cfg in "${CFGS[@]}"; do
       med=$(tr ' ' '\n' <<<"${runs[$cfg]}" | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
       printf '%s\t%s\tmedian %s\truns%s\n' "$model" "$cfg" "$med" "${runs[$cfg]}"
     done

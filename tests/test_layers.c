@@ -1785,3 +1785,57 @@ TEST(gpt_constructor_survives_allocation_failures) {
     fail_at = -1;
     dp_set_allocator(NULL);
 }
+
+/* The layer_begin hook (ZeRO-3 gathers a layer's parameters there): called
+ * before every top-level layer's forward in increasing order, then before
+ * every backward in decreasing order, with the layer's own parameter range;
+ * a nonzero return stops the pass with that status. */
+struct begin_log {
+    int n, stop_at;
+    int phase[64], layer[64];
+    int64_t off[64], cnt[64];
+};
+static int begin_record(void *arg, int phase, int layer, int64_t off, int64_t cnt) {
+    struct begin_log *lg = arg;
+    ASSERT_TRUE(lg->n < 64);
+    lg->phase[lg->n] = phase, lg->layer[lg->n] = layer, lg->off[lg->n] = off, lg->cnt[lg->n] = cnt;
+    return ++lg->n == lg->stop_at ? DP_ECANCELED : DP_OK;
+}
+TEST(model_layer_begin_order_and_ranges) {
+    struct dp_model *m;
+    ASSERT_OK(dp_model_from_spec(&m, "mlp:12,8,6,3", 1, 1, 12));
+    struct dp_replica r;
+    ASSERT_OK(dp_replica_init(&r, m, 2));
+    dp_model_init_params(m, &r, 1);
+    float x[24];
+    fill(x, 24, 7, -1.0f, 1.0f);
+    int32_t tg[2] = {0, 2};
+    int64_t sidx[2] = {0, 1};
+    struct dp_batch batch = {.B = 2, .x = x, .targets = tg, .sample_idx = sidx};
+    struct begin_log lg = {0};
+    struct dp_pass pass = {.training = 1, .backward = 1, .layer_begin = begin_record, .layer_begin_arg = &lg};
+    ASSERT_OK(dp_model_run(m, &r, &batch, &pass));
+    const int L = m->nlayers;
+    ASSERT_EQ(lg.n, 2 * L);
+    int64_t covered = 0;
+    for (int i = 0; i < 2 * L; i++) {
+        int fwd = i < L, layer = fwd ? i : 2 * L - 1 - i;
+        ASSERT_EQ(lg.phase[i], fwd ? DP_PHASE_FORWARD : DP_PHASE_BACKWARD);
+        ASSERT_EQ(lg.layer[i], layer);
+        ASSERT_EQ(lg.off[i], m->layers[layer]->param_off);
+        ASSERT_EQ(lg.cnt[i], m->layers[layer]->param_count);
+        if (fwd) covered += lg.cnt[i];
+    }
+    ASSERT_EQ(covered, m->num_params);
+    /* forward only: L calls */
+    lg.n = 0;
+    struct dp_pass ev = {.training = 0, .layer_begin = begin_record, .layer_begin_arg = &lg};
+    ASSERT_OK(dp_model_run(m, &r, &batch, &ev));
+    ASSERT_EQ(lg.n, L);
+    /* an error from the hook stops the pass at once (the second backward call) */
+    lg.n = 0, lg.stop_at = L + 2;
+    ASSERT_EQ(dp_model_run(m, &r, &batch, &pass), DP_ECANCELED);
+    ASSERT_EQ(lg.n, L + 2);
+    dp_replica_free(&r);
+    dp_model_free(m);
+}

@@ -82,6 +82,10 @@ struct dp_reducer_params {
                                   after backward (dp_comm_reduce_scatter: rank r's block
                                   dp_comm_split(n, P, r) holds the sum, the rest is scratch);
                                   not with compression */
+    int shard;                 /* ZeRO stages 2, 3: each bucket is reduce-scattered (rank r's block
+                                  dp_comm_split(count, P, r) of the bucket holds the sum) as soon as
+                                  it is ready, and done(done_arg, k) is called once bucket k has
+                                  completed (from grad_ready's polling or from finish) */
 };
 struct dp_reducer_params dp_reducer_default_params(void);
 
@@ -102,6 +106,8 @@ struct dp_reducer {
     int nb;
     int next;                  /* next bucket to start */
     int rc;                    /* first error of a start inside the callback */
+    void (*done)(void *arg, int k); /* p.shard: bucket k is reduced (dp_zero_bucket_done) */
+    void *done_arg;
     char err[256];
     /* timing of the last step */
     double t_begin, t_backward_end, t_end;
@@ -170,7 +176,8 @@ void dp_reducer_reset_state(struct dp_reducer *r);
  * the scheme keeps none (tests check sum(updates) + e = sum(gradients)). */
 const float *dp_reducer_residual(const struct dp_reducer *r);
 
-/* ---- ZeRO: sharded optimizer state (src/ddp/zero.c; docs/ddp.md "ZeRO") ----
+/* ---- ZeRO: sharded optimizer state, gradients, parameters (src/ddp/zero.c;
+ * docs/ddp.md "ZeRO") ----
  * Stage 1.  Worker r of G owns the contiguous shard [off, off + len) =
  * dp_comm_split(n, G, r) of the flat parameter slab, and keeps the optimizer
  * state (momentum; AdamW's m and v) of that shard only: the optimizer is
@@ -182,43 +189,111 @@ const float *dp_reducer_residual(const struct dp_reducer *r);
  * parameters again.  The update is elementwise, so shard by shard it is the
  * same bits as the whole-slab update on the same gradient.
  *
+ * Stages 2 and 3 (G > 1; with one worker they are stage 1): the shard is
+ * bucket-aligned.  Worker r's piece of bucket k is its block
+ * dp_comm_split(count_k, G, r) at off_k (what a reduce-scatter of the bucket
+ * leaves it), and its pieces are stored contiguously, in bucket order, as
+ * the shard of len floats: gshard (the reduced gradient) and, stage 3,
+ * pshard (the master parameters).  The reducer (p.shard) reduce-scatters
+ * each bucket as soon as backward has finished it and calls
+ * dp_zero_bucket_done, which keeps the piece and gives the bucket's
+ * gradient pages back to the kernel.  Stage 2 all-gathers every bucket after
+ * the update; stage 3 keeps no full parameters: dp_zero_layer_begin (the
+ * model's layer_begin hook) gathers a bucket's parameters before its first
+ * layer runs, prefetches the next bucket, and gives the previous one back.
+ *
  *     struct dp_zero z;
- *     dp_zero_init(&z, comm, n, 1, &optim_params);   // z.off, z.len, z.parts
+ *     dp_zero_init(&z, comm, n, stage, &optim_params);    // stage 1: z.off, z.len, z.parts
+ *     dp_zero_plan(&z, red.b, red.nb, params, grads);     // stages 2, 3: the pieces, z.len
  *     dp_optim_init(&opt, &optim_params, z.len);
  *     each step, after the reduction:
  *     dp_zero_sumsq(&z, g, &ss);                     // ||g||^2 of the global gradient
  *     dp_zero_step(&z, &opt, params, g, lr, clip, ss); // shard update + all-gather
  *
  * Stage 0 is off (dp_zero_init sets off 0, len n and never communicates). */
+struct dp_zero_piece {
+    int64_t roff, rcount;      /* the range (bucket) of the slab it is cut from */
+    int64_t off, len;          /* this worker's block of it, in slab offsets */
+    int64_t soff;              /* where it starts in the shard (gshard, pshard) */
+};
 struct dp_zero {
-    int stage;                 /* 0 (off) or 1 */
+    int stage;                 /* 0 (off) .. 3 */
+    int sharded;               /* stage 2 or 3 with G > 1: bucket-aligned pieces */
     struct dp_comm *comm;
     int64_t n;                 /* parameters in the slab */
-    int64_t off, len;          /* this worker's shard */
+    int64_t off, len;          /* this worker's shard: stage 1 the slab's [off, off + len);
+                                  sharded: len floats of pieces (off -1) */
     int parts;                 /* optimizer state slabs of the layout: 0, 1 (momentum), 2 (AdamW m, v) */
+    struct dp_zero_piece *piece; /* (npieces): one for stage 0, 1; one per bucket when sharded */
+    int npieces;
+    float *gshard, *pshard;    /* sharded: the reduced gradient; stage 3: the master parameters */
+    float *params, *grads;     /* the replica's slabs (dp_zero_plan) */
+    struct dp_comm_req **greq; /* stage 3: bucket k's parameter all-gather in flight */
+    unsigned char *have;       /* stage 3: bucket k's parameters are in the slab */
+    int cur;                   /* stage 3: the bucket whose layers run (-1: none) */
+    uintptr_t grel;            /* the lowest address of the gradient slab given back in this step */
+    int accumulate;            /* dp_zero_bucket_done adds into gshard (a micro-batch after the first) */
     double t_g0, t_g1;         /* the last step's all-gather (dp_time) */
 };
 int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, const struct dp_optim_params *op);
+/* Stages 2 and 3 with G > 1: the pieces from the reducer's buckets (every
+ * rank plans the same), gshard (and pshard) allocated, and the whole
+ * gradient slab given back zeroed.  Records the slabs for the calls below.
+ * Other stages: records the slabs only. */
+int dp_zero_plan(struct dp_zero *z, const struct dp_bucket *b, int nb, float *params, float *grads);
+void dp_zero_free(struct dp_zero *z);
+/* The reducer's bucket-done callback (arg = z): after bucket k's
+ * reduce-scatter, copies this worker's block to gshard (adds it with
+ * z->accumulate set: the micro-batches of one step); the bucket's range
+ * of the gradient slab reads as zeros afterwards, and every whole 2 MiB unit
+ * of the slab above the bucket's offset is given back (buckets complete in
+ * order, from the top; src/ddp/zero.c). */
+void dp_zero_bucket_done(void *arg, int k);
+/* Deterministic mode (the whole reduced gradient g in the slab): its pieces
+ * into gshard, and the slab released.  No-op unless sharded. */
+void dp_zero_take_grad(struct dp_zero *z, float *g);
+/* The contiguous shard gradient (len floats): gshard, or stage 1's g + off. */
+float *dp_zero_shard_grad(struct dp_zero *z, float *g);
 /* *sumsq = the sum over the whole slab of g^2, in double: each worker sums its
  * shard, one all-reduce of one double adds the G partial sums (so its bits
  * depend on G; a NaN or Inf anywhere makes it non-finite on every worker,
  * which is also the step's non-finite check).  Collective. */
 int dp_zero_sumsq(struct dp_zero *z, const float *g, double *sumsq);
-/* The shard update: clip_norm > 0 scales the shard of g by
+/* The shard update: clip_norm > 0 scales the shard gradient by
  * coef = clip_norm / (sqrt(sumsq) + 1e-6) when coef < 1 (dp_clip_grad_norm's
- * rule, with the norm from dp_zero_sumsq), then dp_optim_step over the shard
- * (o initialised over z->len), then the all-gather of params (n floats).
- * Collective. */
+ * rule, with the norm from dp_zero_sumsq), then dp_optim_step piece by piece
+ * (o initialised over z->len; one o->step per call), then the all-gather of
+ * params (stage 1: the slab; stage 2: bucket by bucket; stage 3: none, the
+ * update went to pshard).  Collective. */
 int dp_zero_step(struct dp_zero *z, struct dp_optim *o, float *params, float *g, float lr, double clip_norm,
                  double sumsq);
+/* Stage 3 (no-ops otherwise).  dp_zero_shard_params: the pieces of the
+ * parameter slab (equal on every rank) into pshard, and the slab released.
+ * dp_zero_materialize: every bucket gathered, so the slab holds the full
+ * parameters (evaluation, hashes, checkpoints); collective.
+ * dp_zero_release_params: waits for gathers in flight and gives the whole
+ * parameter slab back (pshard keeps the pieces).
+ * dp_zero_layer_begin: the model's layer_begin hook (arg = z; see
+ * dp_pass), collective in the layers' order. */
+int dp_zero_shard_params(struct dp_zero *z);
+int dp_zero_materialize(struct dp_zero *z);
+int dp_zero_release_params(struct dp_zero *z);
+int dp_zero_layer_begin(void *arg, int phase, int layer, int64_t off, int64_t count);
 /* Checkpoints keep today's whole-slab layout (parts slabs of n floats).
  * dp_zero_state_gather: every worker calls it (collective); part k of the
  * sharded state is placed in scratch (n floats, any contents: the gradient
- * slab between steps will do) and all-gathered, and where `full` is not NULL
- * (the writer) it is copied to full[k n, (k+1) n).  dp_zero_state_take: the
- * worker's shard of a whole-slab state `full` into o->state. */
+ * slab between steps will do; sharded: released again after) and
+ * all-gathered range by range, and where `full` is not NULL (the writer) it
+ * is copied to full[k n, (k+1) n).  dp_zero_state_take: the worker's pieces
+ * of a whole-slab state `full` into o->state. */
 int dp_zero_state_gather(struct dp_zero *z, const struct dp_optim *o, float *scratch, float *full);
 void dp_zero_state_take(const struct dp_zero *z, struct dp_optim *o, const float *full);
+/* Bytes of [p, p + bytes) resident in memory (mincore; whole pages), or -1. */
+int64_t dp_resident_bytes(const void *p, size_t bytes);
+/* The worker's live bytes of model state: the resident pages of its
+ * gradient and parameter slabs, plus gshard, pshard and the optimizer state
+ * (-1 if mincore fails).  After dp_zero_plan. */
+int64_t dp_zero_live_bytes(const struct dp_zero *z, const struct dp_optim *o);
 
 #ifdef __cplusplus
 }

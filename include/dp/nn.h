@@ -273,6 +273,7 @@ void dp_model_init_params(const struct dp_model *m, struct dp_replica *r, uint64
 uint64_t dp_replica_hash(const struct dp_replica *r);
 
 /* Options for one forward(/backward) pass. */
+enum { DP_PHASE_FORWARD = 0, DP_PHASE_BACKWARD = 1 };
 struct dp_pass {
     int training;               /* 1: train mode */
     uint64_t seed;
@@ -282,6 +283,13 @@ struct dp_pass {
     void *grad_ready_arg;
     dp_stat_sync_fn stat_sync;
     void *stat_sync_arg;
+    /* Called before each top-level layer's forward (phase DP_PHASE_FORWARD,
+     * layers in increasing order) and before its backward (DP_PHASE_BACKWARD,
+     * decreasing), with the layer's index and parameter range (count 0 for a
+     * layer without parameters); a nonzero return stops the pass with it.
+     * ZeRO-3 gathers the layer's parameters here (dp_zero_layer_begin). */
+    int (*layer_begin)(void *arg, int phase, int layer, int64_t param_off, int64_t param_count);
+    void *layer_begin_arg;
     /* outputs */
     double loss_sum;            /* sum of per-sample losses */
     int64_t correct;            /* correct predictions */

@@ -223,6 +223,12 @@ uint64_t dp_trainer_param_hash(const struct dp_trainer *t);
 const char *dp_trainer_note(const struct dp_trainer *t);
 const struct dp_model *dp_trainer_model(const struct dp_trainer *t);
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t);
+/* The bytes of model state worker `worker` of this process holds in memory
+ * now: the resident pages of its gradient and parameter slabs (ZeRO 2 and 3
+ * give theirs back), its shards and its optimizer state (dp_zero_live_bytes;
+ * -1 if it cannot be measured).  Call between steps: from the on_event
+ * callback of a step (rank 0's thread) for worker 0, or around a run. */
+int64_t dp_trainer_live_bytes(const struct dp_trainer *t, int worker);
 void dp_trainer_free(struct dp_trainer *t);
 
 /* ---- checkpoints ---------------------------------------------------------

@@ -91,6 +91,11 @@ static void start(struct dp_reducer *r, struct dp_bucket *b) {
                                        &r->bytes_recv);
         b->t_c1 = b->t_ready = dp_time();
         r->t_compress += b->t_c1 - b->t_c0;
+    } else if (r->p.shard) { /* ZeRO 2, 3: half an all-reduce's bytes */
+        b->t_ready = dp_time();
+        double v = (double)(P - 1) / P * 4.0 * (double)b->count;
+        r->bytes_sent += v, r->bytes_recv += v;
+        rc = dp_comm_ireduce_scatter(r->comm, r->grads + b->off, b->count, DP_DTYPE_F32, r->p.algo, &b->req);
     } else {
         b->t_ready = dp_time();
         double v = 2.0 * (P - 1) / P * 4.0 * (double)b->count;
@@ -112,6 +117,14 @@ static void poll(struct dp_reducer *r) {
         int done = 0;
         if (dp_comm_test(r->comm, b->req, &done) == DP_OK && done) b->t_done = dp_time();
         else break; /* buckets complete in order */
+        /* p.shard: the bucket's memory goes back now, during backward (the
+         * wait returns at once; an error is kept for finish) */
+        if (r->p.shard) {
+            int w = dp_comm_wait(r->comm, b->req);
+            b->req = NULL;
+            if (w && !r->rc) r->rc = w, snprintf(r->err, sizeof r->err, "%s", dp_errmsg());
+            if (!w && r->done) r->done(r->done_arg, i);
+        }
     }
 }
 
@@ -166,11 +179,11 @@ int dp_reducer_finish(struct dp_reducer *r) {
     if (dp__compress_mode(r->cz, r->step) == 2) return finish_powersgd(r);
     int cmode = dp__compress_mode(r->cz, r->step);
     while (r->next < r->nb) start(r, &r->b[r->next++]);
-    int rc = r->rc;
-    if (rc) dp_seterr(rc, "%s", r->err);
     /* Wait for every started bucket, even after an error, so that no
      * request is left in flight. */
     poll(r);
+    int rc = r->rc;
+    if (rc) dp_seterr(rc, "%s", r->err);
     for (int i = 0; i < r->nb; i++) {
         struct dp_bucket *b = &r->b[i];
         if (!b->req) continue;
@@ -178,6 +191,7 @@ int dp_reducer_finish(struct dp_reducer *r) {
         b->req = NULL;
         if (b->t_done == 0) b->t_done = dp_time();
         if (w && !rc) rc = w;
+        if (!w && r->p.shard && r->done) r->done(r->done_arg, i);
         if (!w && cmode == 1) {
             b->t_d0 = dp_time();
             dp__compress_bucket_end(r->cz, i, r->grads);

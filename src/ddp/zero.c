@@ -1,42 +1,184 @@
-/* ZeRO stage 1: the optimizer state sharded over the workers.  The contract
- * is in dp/ddp.h; docs/ddp.md "ZeRO" has the memory accounting.
+/* ZeRO: the optimizer state (stage 1), the gradients (stage 2) and the
+ * parameters (stage 3) sharded over the workers.  The contract is in
+ * dp/ddp.h; docs/ddp.md "ZeRO" has the memory accounting.
  *
- * One step, on worker r of G (shard [off, off + len) = dp_comm_split(n, G, r)):
+ * The shard.  The slab is cut into RANGES that every rank plans alike: stage
+ * 1 has one, the whole slab [0, n); stages 2 and 3 (with G > 1 workers) use
+ * the reducer's buckets.  Worker r's PIECE of range k is its block
+ * dp_comm_split(count_k, G, r) at off_k, which is exactly the block that a
+ * reduce-scatter (or an all-gather) of the range gives rank r.  So a bucket's
+ * gradient is reduced by dp_comm_ireduce_scatter on its range and its
+ * parameters gathered by dp_comm_iallgather on it: no other collective.
+ * Worker r's pieces, in range order, are stored contiguously:
  *
- *     reduction         g[off, off + len) = the global-batch gradient
+ *       range k:   [off_k ......................... off_k + count_k)
+ *       rank:        0          1          2        (dp_comm_split)
+ *       piece:                [off, off + len)      -> shard [soff, soff + len)
+ *
+ *     gshard[soff + i]  the reduced gradient of slab element off + i (stage 2, 3)
+ *     pshard[soff + i]  its master parameter (stage 3)
+ *     optimizer state   parts slabs per piece: piece p's part k starts at
+ *                       parts x soff + k x len (one piece: dp_optim's layout)
+ *
+ * One step on worker r:
+ *
+ *     reduction         stage 1: the slab (all-reduce or reduce-scatter);
+ *                       stage 2, 3: bucket k reduce-scattered as soon as it is
+ *                       ready, its own block copied to gshard, and its pages
+ *                       of the gradient slab given back (release, below)
  *     sumsq             s_r = sum over the shard of g^2; all-reduce(s) = ||g||^2
- *     clip (optional)   g[shard] *= min(1, c / (||g|| + 1e-6))
- *     optimizer         params[shard], state (len floats per part) <- g[shard]
- *     all-gather        params: block q from worker q, for every q
- *
- *       rank:    0        1        2          (n = 10, G = 3: blocks 4, 3, 3)
- *     update   [0..4)   [4..7)   [7..10)
- *     gather   [0..10)  [0..10)  [0..10)
+ *     clip (optional)   shard g *= min(1, c / (||g|| + 1e-6))
+ *     optimizer         per piece: dp_optim_step on a view of the state
+ *     all-gather        stage 1: the slab; stage 2: every range; stage 3:
+ *                       none (each layer's range is gathered before it runs,
+ *                       dp_zero_layer_begin)
  *
  * The optimizer kernels are elementwise (the AdamW bias correction is a
- * scalar of the step count), so the shard update is the bits of the
- * whole-slab update on the same elements: exact gradient sums (deterministic
- * mode) give exactly the plain run's parameters. */
+ * scalar of the step count), so the piece-by-piece update is the bits of
+ * the whole-slab update on the same elements: exact gradient sums
+ * (deterministic mode) give exactly the plain run's parameters.
+ *
+ * Release.  The slabs keep their address space (layers write gradients
+ * into, and read parameters from, slab offsets), but the whole UNITS inside
+ * a released range are returned to the kernel with madvise(MADV_DONTNEED):
+ * a private anonymous page comes back zero-filled when next touched.  For
+ * the gradient that is also the zeroing the next step needs, so the floats
+ * of the range outside whole units are zeroed by hand.  Parameter pages need
+ * no zeroing (the next gather overwrites them).  The units are whole units
+ * of the slab's own block, so nothing else lives there.
+ *
+ * The unit is 2 MiB, a transparent huge page (dp_malloc_big asks for them),
+ * not a 4 KiB page: here a 4 KiB page faulted back costs ~80 us, which made
+ * a 4 KiB-grained stage 2 ten times slower than stage 1 on mlp, while a huge
+ * page comes back at about twice the cost of writing it
+ * (zero-2026-12-02-005334.txt, docs/ddp.md "ZeRO").  So the gradient is given
+ * back from the top of the slab down as buckets complete (they complete in
+ * order, b[0] the highest): after bucket k, every whole unit above b[k].off
+ * goes, a unit shared by two buckets too once both are reduced, and what
+ * stays resident between steps is at most the two partial units at the
+ * slab's ends. */
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "dp/ddp.h"
 
+#define UNIT ((uintptr_t)2 << 20)
+
+static size_t page_size(void) {
+    long pg = sysconf(_SC_PAGESIZE);
+    return pg > 0 ? (size_t)pg : 4096;
+}
+
+/* Gives back the whole pages inside x[0, n); zero: the floats on the partial
+ * edge pages are set to 0 too, so all of x[0, n) reads as zeros after. */
+static void release(float *x, int64_t n, int zero) {
+    if (n <= 0) return;
+    uintptr_t a = (uintptr_t)x, e = (uintptr_t)(x + n);
+    uintptr_t lo = (a + UNIT - 1) & ~(UNIT - 1), hi = e & ~(UNIT - 1);
+    if (hi <= lo) {
+        if (zero) memset(x, 0, sizeof(float) * (size_t)n);
+        return;
+    }
+    if (zero) memset(x, 0, lo - a), memset((void *)hi, 0, e - hi);
+    /* a failure only leaves the memory in place: the data is zeroed by hand */
+    if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0 && zero) memset((void *)lo, 0, hi - lo);
+}
+
 int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, const struct dp_optim_params *op) {
     memset(z, 0, sizeof *z);
-    if (stage < 0 || stage > 1)
-        return dp_seterr(DP_ENOTSUP, "ZeRO stage %d is not built yet (--zero 0 or 1)", stage);
+    if (stage < 0 || stage > 3) return dp_seterr(DP_EINVAL, "ZeRO stage must be in 0..3 (got %d)", stage);
     z->stage = stage;
     z->comm = comm;
     z->n = n;
+    z->cur = -1;
     z->parts = op->kind == DP_OPTIM_ADAMW ? 2 : op->momentum != 0.0f ? 1 : 0;
     int G = comm && stage ? dp_comm_world(comm) : 1;
     dp_comm_split(n, G, G > 1 ? dp_comm_rank(comm) : 0, &z->off, &z->len);
+    z->piece = dp_calloc(1, sizeof *z->piece);
+    if (!z->piece) return dp_seterr(DP_ENOMEM, "ZeRO: out of memory");
+    z->npieces = 1;
+    z->piece[0] = (struct dp_zero_piece){.roff = 0, .rcount = n, .off = z->off, .len = z->len, .soff = 0};
     return DP_OK;
 }
 
+int dp_zero_plan(struct dp_zero *z, const struct dp_bucket *b, int nb, float *params, float *grads) {
+    z->params = params, z->grads = grads;
+    if (z->stage < 2 || !z->comm || dp_comm_world(z->comm) == 1) return DP_OK; /* one worker: stage 1's shard */
+    int G = dp_comm_world(z->comm), r = dp_comm_rank(z->comm);
+    struct dp_zero_piece *pc = dp_calloc((size_t)(nb ? nb : 1), sizeof *pc);
+    z->greq = dp_calloc((size_t)(nb ? nb : 1), sizeof *z->greq);
+    z->have = dp_calloc((size_t)(nb ? nb : 1), 1);
+    if (!pc || !z->greq || !z->have) {
+        dp_free(pc);
+        return dp_seterr(DP_ENOMEM, "ZeRO: out of memory");
+    }
+    dp_free(z->piece);
+    z->piece = pc, z->npieces = nb, z->sharded = 1;
+    int64_t soff = 0;
+    for (int k = 0; k < nb; k++) {
+        pc[k].roff = b[k].off, pc[k].rcount = b[k].count, pc[k].soff = soff;
+        dp_comm_split(b[k].count, G, r, &pc[k].off, &pc[k].len);
+        pc[k].off += b[k].off;
+        soff += pc[k].len;
+    }
+    z->len = soff, z->off = -1; /* no contiguous slab shard */
+    size_t bytes = sizeof(float) * (size_t)(soff ? soff : 1);
+    z->gshard = dp_malloc_big(bytes);
+    if (z->stage == 3) z->pshard = dp_malloc_big(bytes);
+    if (!z->gshard || (z->stage == 3 && !z->pshard)) return dp_seterr(DP_ENOMEM, "ZeRO: out of memory for the shard");
+    memset(z->gshard, 0, bytes);
+    release(grads, z->n, 1); /* zero until backward writes: nothing resident */
+    return DP_OK;
+}
+
+/* (a gather still in flight after an error is released by dp_comm_free) */
+void dp_zero_free(struct dp_zero *z) {
+    if (!z) return;
+    dp_free(z->piece), dp_free(z->greq), dp_free(z->have), dp_free(z->gshard), dp_free(z->pshard);
+    memset(z, 0, sizeof *z);
+}
+
+/* The contiguous shard of the reduced gradient: gshard, or stage 1's slab shard. */
+float *dp_zero_shard_grad(struct dp_zero *z, float *g) { return z->sharded ? z->gshard : g + z->off; }
+
+/* Bucket k's floats outside [lo, hi) zeroed, and [lo, hi) (whole units,
+ * everything in it reduced) given back. */
+void dp_zero_bucket_done(void *arg, int k) {
+    struct dp_zero *z = arg;
+    const struct dp_zero_piece *p = &z->piece[k];
+    if (!z->accumulate) memcpy(z->gshard + p->soff, z->grads + p->off, sizeof(float) * (size_t)p->len);
+    else {
+        float *restrict dst = z->gshard + p->soff;
+        const float *restrict src = z->grads + p->off;
+#pragma omp simd
+        for (int64_t i = 0; i < p->len; i++) dst[i] += src[i];
+    }
+    uintptr_t a = (uintptr_t)(z->grads + p->roff), e = (uintptr_t)(z->grads + p->roff + p->rcount);
+    if (k == 0) z->grel = (uintptr_t)(z->grads + z->n) & ~(UNIT - 1); /* a new step: nothing given back yet */
+    uintptr_t lo = (a + UNIT - 1) & ~(UNIT - 1), hi = z->grel;
+    if (lo >= hi) { /* no new whole unit: zero the bucket */
+        memset((void *)a, 0, e - a);
+        return;
+    }
+    memset((void *)a, 0, lo - a);
+    if (e > hi) memset((void *)hi, 0, e - hi); /* the top bucket's partial unit */
+    if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0) memset((void *)lo, 0, hi - lo);
+    z->grel = lo;
+}
+
+void dp_zero_take_grad(struct dp_zero *z, float *g) {
+    if (!z->sharded) return;
+    for (int k = 0; k < z->npieces; k++) {
+        const struct dp_zero_piece *p = &z->piece[k];
+        memcpy(z->gshard + p->soff, g + p->off, sizeof(float) * (size_t)p->len);
+    }
+    release(g, z->n, 1);
+}
+
 int dp_zero_sumsq(struct dp_zero *z, const float *g, double *sumsq) {
-    const float *s = g + z->off;
+    const float *s = z->sharded ? z->gshard : g + z->off;
     double acc = 0.0;
 #pragma omp simd reduction(+ : acc)
     for (int64_t i = 0; i < z->len; i++) acc += (double)s[i] * (double)s[i];
@@ -45,9 +187,39 @@ int dp_zero_sumsq(struct dp_zero *z, const float *g, double *sumsq) {
     return dp_comm_allreduce(z->comm, sumsq, 1, DP_DTYPE_F64, DP_ALGO_AUTO);
 }
 
+/* Starts the all-gather of range k into the parameter slab (stage 3: its
+ * own piece first comes from pshard).  Ranges are gathered in place, so the
+ * other ranks' pieces land straight where the layers read them. */
+static int gather_start(struct dp_zero *z, int k) {
+    const struct dp_zero_piece *p = &z->piece[k];
+    if (z->pshard) memcpy(z->params + p->off, z->pshard + p->soff, sizeof(float) * (size_t)p->len);
+    return dp_comm_iallgather(z->comm, z->params + p->roff, p->rcount, DP_DTYPE_F32, DP_ALGO_AUTO, &z->greq[k]);
+}
+
+static int gather_wait(struct dp_zero *z, int k) {
+    if (!z->greq[k]) return DP_OK;
+    int rc = dp_comm_wait(z->comm, z->greq[k]);
+    z->greq[k] = NULL;
+    if (!rc) z->have[k] = 1;
+    return rc;
+}
+
+/* Every range gathered (those in flight waited for, the others started
+ * then waited for: the waits in range order, all started first). */
+static int gather_all(struct dp_zero *z) {
+    int rc = DP_OK;
+    for (int k = 0; k < z->npieces && !rc; k++)
+        if (!z->have[k] && !z->greq[k]) rc = gather_start(z, k);
+    for (int k = 0; k < z->npieces; k++) {
+        int w = gather_wait(z, k);
+        if (!rc) rc = w;
+    }
+    return rc;
+}
+
 int dp_zero_step(struct dp_zero *z, struct dp_optim *o, float *params, float *g, float lr, double clip_norm,
                  double sumsq) {
-    float *gs = g + z->off;
+    float *gs = dp_zero_shard_grad(z, g);
     if (clip_norm > 0) { /* dp_clip_grad_norm's rule on the global norm */
         double norm = sqrt(sumsq), coef = clip_norm / (norm + 1e-6);
         if (isfinite(norm) && coef < 1.0) {
@@ -56,28 +228,145 @@ int dp_zero_step(struct dp_zero *z, struct dp_optim *o, float *params, float *g,
             for (int64_t i = 0; i < z->len; i++) gs[i] *= c;
         }
     }
-    int rc = dp_optim_step(o, params + z->off, gs, z->len, lr);
+    /* piece by piece, each on a view of the optimizer: n and state narrowed
+     * to the piece (the state layout above), the step count shared */
+    int rc = DP_OK;
+    for (int k = 0; k < z->npieces && !rc; k++) {
+        const struct dp_zero_piece *p = &z->piece[k];
+        struct dp_optim v = *o;
+        v.n = p->len, v.state_len = (int64_t)z->parts * p->len;
+        v.state = o->state ? o->state + (size_t)z->parts * (size_t)p->soff : NULL;
+        float *x = z->pshard ? z->pshard + p->soff : params + p->off;
+        rc = dp_optim_step(&v, x, gs + (z->sharded ? p->soff : 0), p->len, lr);
+    }
+    if (rc) return rc;
+    o->step++;
     z->t_g0 = z->t_g1 = dp_time();
-    if (rc || !z->stage || dp_comm_world(z->comm) == 1) return rc;
-    rc = dp_comm_allgather(z->comm, params, z->n, DP_DTYPE_F32, DP_ALGO_AUTO);
+    if (!z->stage || dp_comm_world(z->comm) == 1 || z->stage == 3) return DP_OK;
+    if (!z->sharded) rc = dp_comm_allgather(z->comm, params, z->n, DP_DTYPE_F32, DP_ALGO_AUTO);
+    else {
+        memset(z->have, 0, (size_t)z->npieces);
+        rc = gather_all(z);
+    }
     z->t_g1 = dp_time();
     return rc;
 }
 
+/* ---- stage 3: the parameters ---------------------------------------------------------- */
+
+int dp_zero_shard_params(struct dp_zero *z) {
+    if (z->stage != 3 || !z->sharded) return DP_OK;
+    for (int k = 0; k < z->npieces; k++) {
+        const struct dp_zero_piece *p = &z->piece[k];
+        memcpy(z->pshard + p->soff, z->params + p->off, sizeof(float) * (size_t)p->len);
+    }
+    return dp_zero_release_params(z);
+}
+
+int dp_zero_materialize(struct dp_zero *z) {
+    if (z->stage != 3 || !z->sharded) return DP_OK;
+    double t0 = dp_time();
+    int rc = gather_all(z);
+    z->t_g0 = t0, z->t_g1 = dp_time();
+    return rc;
+}
+
+int dp_zero_release_params(struct dp_zero *z) {
+    if (z->stage != 3 || !z->sharded) return DP_OK;
+    int rc = DP_OK;
+    for (int k = 0; k < z->npieces; k++) {
+        int w = gather_wait(z, k); /* nothing may still write into a released range */
+        if (!rc) rc = w;
+        z->have[k] = 0;
+    }
+    release(z->params, z->n, 0);
+    z->cur = -1;
+    return rc;
+}
+
+/* The range holding slab offset off (ranges are disjoint; b[0] the highest). */
+static int range_of(const struct dp_zero *z, int64_t off) {
+    for (int k = 0; k < z->npieces; k++)
+        if (off >= z->piece[k].roff && off < z->piece[k].roff + z->piece[k].rcount) return k;
+    return -1;
+}
+
+/* Before a top-level layer runs (forward: layers in increasing order, so
+ * ranges from the last to 0; backward: the reverse).  Entering range k: the
+ * range that ran before it is released (forward and backward alike: the
+ * layers of one range run together), k's gather is waited for (started now
+ * if no prefetch did), and the next range's gather is started so that it
+ * travels while k's layers compute.  The range forward ends in (0) is kept
+ * for backward, which starts there; backward's last range is released by
+ * dp_zero_release_params after the pass. */
+int dp_zero_layer_begin(void *arg, int phase, int layer, int64_t off, int64_t count) {
+    struct dp_zero *z = arg;
+    (void)layer;
+    if (count <= 0 || z->stage != 3 || !z->sharded) return DP_OK;
+    int k = range_of(z, off);
+    if (k < 0 || k == z->cur) return DP_OK;
+    int rc = DP_OK;
+    if (z->cur >= 0) {
+        const struct dp_zero_piece *p = &z->piece[z->cur];
+        z->have[z->cur] = 0;
+        release(z->params + p->roff, p->rcount, 0);
+    }
+    z->cur = k;
+    if (!z->have[k] && !z->greq[k]) rc = gather_start(z, k);
+    if (!rc) rc = gather_wait(z, k);
+    int next = phase == DP_PHASE_FORWARD ? k - 1 : k + 1;
+    if (!rc && next >= 0 && next < z->npieces && !z->have[next] && !z->greq[next]) rc = gather_start(z, next);
+    return rc;
+}
+
+/* ---- checkpoints and accounting -------------------------------------------------------- */
+
 int dp_zero_state_gather(struct dp_zero *z, const struct dp_optim *o, float *scratch, float *full) {
+    int G = z->comm ? dp_comm_world(z->comm) : 1;
     for (int k = 0; k < z->parts; k++) {
-        memcpy(scratch + z->off, o->state + (size_t)k * (size_t)z->len, sizeof(float) * (size_t)z->len);
-        int rc = z->stage && dp_comm_world(z->comm) > 1
-                     ? dp_comm_allgather(z->comm, scratch, z->n, DP_DTYPE_F32, DP_ALGO_AUTO)
-                     : DP_OK;
+        for (int q = 0; q < z->npieces; q++) {
+            const struct dp_zero_piece *p = &z->piece[q];
+            memcpy(scratch + p->off, o->state + (size_t)z->parts * (size_t)p->soff + (size_t)k * (size_t)p->len,
+                   sizeof(float) * (size_t)p->len);
+        }
+        int rc = DP_OK;
+        for (int q = 0; q < z->npieces && z->stage && G > 1 && !rc; q++)
+            rc = dp_comm_allgather(z->comm, scratch + z->piece[q].roff, z->piece[q].rcount, DP_DTYPE_F32, DP_ALGO_AUTO);
         if (rc) return rc;
         if (full) memcpy(full + (size_t)k * (size_t)z->n, scratch, sizeof(float) * (size_t)z->n);
     }
+    if (z->sharded) release(scratch, z->n, 1); /* the gradient slab, given back zeroed */
     return DP_OK;
 }
 
 void dp_zero_state_take(const struct dp_zero *z, struct dp_optim *o, const float *full) {
     for (int k = 0; k < z->parts; k++)
-        memcpy(o->state + (size_t)k * (size_t)z->len, full + (size_t)k * (size_t)z->n + z->off,
-               sizeof(float) * (size_t)z->len);
+        for (int q = 0; q < z->npieces; q++) {
+            const struct dp_zero_piece *p = &z->piece[q];
+            memcpy(o->state + (size_t)z->parts * (size_t)p->soff + (size_t)k * (size_t)p->len,
+                   full + (size_t)k * (size_t)z->n + p->off, sizeof(float) * (size_t)p->len);
+        }
+}
+
+int64_t dp_resident_bytes(const void *p, size_t bytes) {
+    if (!p || !bytes) return 0;
+    size_t pg = page_size();
+    uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(pg - 1), hi = ((uintptr_t)p + bytes + pg - 1) & ~(uintptr_t)(pg - 1);
+    size_t npages = (hi - lo) / pg;
+    unsigned char vec[256];
+    int64_t res = 0;
+    for (size_t i = 0; i < npages; i += sizeof vec) {
+        size_t m = npages - i < sizeof vec ? npages - i : sizeof vec;
+        if (mincore((void *)(lo + i * pg), m * pg, vec) != 0) return -1;
+        for (size_t j = 0; j < m; j++) res += vec[j] & 1;
+    }
+    return res * (int64_t)pg;
+}
+
+int64_t dp_zero_live_bytes(const struct dp_zero *z, const struct dp_optim *o) {
+    size_t slab = sizeof(float) * (size_t)z->n;
+    int64_t g = z->grads ? dp_resident_bytes(z->grads, slab) : 0, p = z->params ? dp_resident_bytes(z->params, slab) : 0;
+    if (g < 0 || p < 0) return -1;
+    int64_t shard = (int64_t)sizeof(float) * z->len * ((z->gshard != NULL) + (z->pshard != NULL));
+    return g + p + shard + (int64_t)sizeof(float) * o->state_len;
 }

@@ -209,6 +209,10 @@ struct dp_train_params dp_train_default_params(void) {
 
 const struct dp_model *dp_trainer_model(const struct dp_trainer *t) { return t->model; }
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t) { return &t->w[0].rep; }
+int64_t dp_trainer_live_bytes(const struct dp_trainer *t, int worker) {
+    if (worker < 0 || worker >= t->P) return -1;
+    return dp_zero_live_bytes(&t->w[worker].zero, &t->w[worker].opt);
+}
 uint64_t dp_trainer_param_hash(const struct dp_trainer *t) { return dp_replica_hash(&t->w[0].rep); }
 const char *dp_trainer_note(const struct dp_trainer *t) { return t->note[0] ? t->note : NULL; }
 
@@ -232,6 +236,7 @@ void dp_trainer_free(struct dp_trainer *t) {
         dp_comm_free(w->comm);
         dp_loader_free(w->loader);
         dp_optim_free(&w->opt);
+        dp_zero_free(&w->zero);
         dp_replica_free(&w->rep);
     }
     dp_free(t->w);
@@ -338,8 +343,13 @@ static int check_params(const struct dp_train_params *p) {
                          "dropped depends on timing (only --backup-workers 0 does)", p->backup_workers);
     if ((rc = check_ps(p))) return rc;
     if (p->zero < 0 || p->zero > 3) return dp_seterr(DP_EINVAL, "--zero must be in 0..3 (got %d)", p->zero);
-    if (p->zero > 1)
-        return dp_seterr(DP_ENOTSUP, "--zero %d is not built yet (ZeRO stage 1, --zero 1, is)", p->zero);
+    /* stages 2 and 3 reduce-scatter each bucket: the compressed forms are all-reduces or all-gathers */
+    if (p->zero >= 2 && p->compress.kind != DP_COMPRESS_NONE)
+        return dp_seterr(DP_ENOTSUP, "--compress does not work with --zero %d (it reduce-scatters each bucket; "
+                         "the compressed forms are all-reduces): use --zero 1", p->zero);
+    if (p->zero >= 2 && p->zero_scatter)
+        return dp_seterr(DP_EINVAL, "--zero-reduce is --zero 1's option (--zero %d always reduce-scatters each "
+                         "bucket)", p->zero);
     if (p->zero && (p->async || p->staleness >= 0))
         return dp_seterr(DP_EINVAL, "--zero does not work with %s: the parameter server already holds the only "
                          "optimizer state", p->staleness >= 0 ? "--staleness" : "--mode async");
@@ -502,10 +512,7 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     int rc = dp_replica_init(&w->rep, t->model, t->max_batch);
     if (rc) return rc;
     if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
-    /* ZeRO: the optimizer state of this worker's shard only (the memory win) */
-    if ((rc = dp_zero_init(&w->zero, w->comm, t->model->num_params, p->zero, &p->optim)) ||
-        (rc = dp_optim_init(&w->opt, &p->optim, w->zero.len)))
-        return rc;
+    if ((rc = dp_zero_init(&w->zero, w->comm, t->model->num_params, p->zero, &p->optim))) return rc;
     struct dp_loader_params lp = dp_loader_default_params();
     lp.batch = p->batch;
     lp.shuffle = 1;
@@ -553,7 +560,14 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     rp.compress = p->compress;
     rp.compress.seed = p->seed;
     rp.scatter = p->zero && p->zero_scatter;
+    rp.shard = p->zero >= 2 && t->G > 1;
     if ((rc = dp_reducer_init(&w->red, t->model, w->comm, w->rep.grads, &rp))) return rc;
+    /* ZeRO: the optimizer state of this worker's shard only (the memory win);
+     * stages 2 and 3 cut the shard along the reducer's buckets */
+    w->red.done = dp_zero_bucket_done, w->red.done_arg = &w->zero;
+    if ((rc = dp_zero_plan(&w->zero, w->red.b, w->red.nb, w->rep.params, w->rep.grads)) ||
+        (rc = dp_optim_init(&w->opt, &p->optim, w->zero.len)))
+        return rc;
     w->arrival = dp_calloc((size_t)w->red.nb + 1, sizeof(double));
     w->waits = dp_calloc((size_t)t->G, sizeof(double));
     if (!w->arrival || !w->waits) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
@@ -750,6 +764,13 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (p->deterministic && t->model->num_buffers > 0) {
         rc = dp_seterr(DP_ENOTSUP, "--deterministic does not support models with BatchNorm yet ('%s'): "
                        "their batch statistics are summed in floating point across workers", spec);
+        goto fail;
+    }
+    /* ZeRO-3 gathers a layer's own parameter range before it runs; gpt's
+     * output head reads the tied token embedding, another layer's range */
+    if (p->zero == 3 && t->text) {
+        rc = dp_seterr(DP_ENOTSUP, "--zero 3 does not work with '%s' yet: its output head reads the tied token "
+                       "embedding, which belongs to another layer's parameters (use --zero 2)", spec);
         goto fail;
     }
     if (p->backup && t->model->num_buffers > 0) {
@@ -1078,8 +1099,11 @@ static int gather_hashes(struct worker *w, const uint64_t *mine, int k, uint64_t
 
 /* Compares every replica's parameter hash with rank 0's. */
 static int check_replicas(struct worker *w) {
+    int rc = dp_zero_materialize(&w->zero); /* ZeRO 3: the whole parameters, for the hash */
+    if (rc) return rc;
     uint64_t mine = dp_replica_hash(&w->rep), *h;
-    int rc = gather_hashes(w, &mine, 1, &h);
+    if ((rc = dp_zero_release_params(&w->zero))) return rc;
+    rc = gather_hashes(w, &mine, 1, &h);
     for (int r = 1; !rc && r < w->t->G; r++)
         if (h[r] != h[0])
             rc = dp_seterr(DP_EMISMATCH, "step %lld: the replica of worker %d diverged from worker 0 "
@@ -1545,7 +1569,8 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
     const struct dp_model *m = t->model;
     if (t->p.fault_kind == DP_FAULT_SLOW && w->grank == t->p.fault_worker && w->step >= t->p.fault_step)
         nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
-    memset(w->rep.grads, 0, sizeof(float) * (size_t)m->num_params);
+    /* ZeRO 2, 3: the last reduction gave the slab back zeroed (dp_zero_bucket_done) */
+    if (!w->zero.sharded) memset(w->rep.grads, 0, sizeof(float) * (size_t)m->num_params);
     /* Forward in training mode updates the BatchNorm running statistics
      * before anyone knows whether this step will be skipped, and with
      * SyncBatchNorm one worker's NaN reaches every replica's statistics.
@@ -1572,6 +1597,10 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         /* with one worker there is nothing to reduce: no reducer, no
          * progress thread to wake */
         int last = last_micro && t->G > 1 && !t->bk_on; /* backup workers: no reducer (backup_step) */
+        /* ZeRO 2, 3: every micro-batch is reduce-scattered, and its pieces
+         * added into gshard (dp_zero_bucket_done), so no whole gradient stays
+         * alive from one micro-batch to the next (k times the traffic) */
+        if (w->zero.sharded && t->G > 1) last = 1, w->zero.accumulate = k > 0;
         struct dp_batch b = {.B = lb->B, .x = lb->x, .tokens = lb->tokens, .targets = lb->y,
                              .sample_idx = lb->idx, .epoch = lb->epoch};
         /* With one micro-batch the global batch size is known before
@@ -1581,6 +1610,7 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         float ls = nmicro == 1 && !t->bk_on ? (float)(1.0 / ((double)lb->global_B * (double)t->pos)) : 1.0f;
         struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = ls};
         if (t->G > 1 && !t->bk_on) pass.stat_sync = stat_sync, pass.stat_sync_arg = w;
+        if (w->zero.sharded && w->zero.stage == 3) pass.layer_begin = dp_zero_layer_begin, pass.layer_begin_arg = &w->zero;
         pace_start(w, mult, last_micro ? stall : 0, ta);
         if (last) {
             pass.grad_ready = t->simulate ? paced_grad_ready : dp_reducer_grad_ready;
@@ -1606,6 +1636,9 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
             dp_free(x);
         } else
             rc = dp_model_run(m, &w->rep, &b, &pass);
+        /* ZeRO 3: backward's last bucket (and any prefetch) given back */
+        int rrc = pass.layer_begin ? dp_zero_release_params(&w->zero) : DP_OK;
+        if (!rc) rc = rrc;
         if (rc) {
             if (last) { /* leave nothing in flight, and keep this error's message */
                 char msg[512];
@@ -1630,7 +1663,7 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
             rc = dp_reducer_finish(&w->red);
             /* wait: from the end of this rank's compute (backward and its
              * simulated sleep) to the completion of its last bucket */
-            w->step_wait = w->red.t_end - w->red.t_backward_end;
+            w->step_wait += w->red.t_end - w->red.t_backward_end;
             dp_timeline_add(&w->tl, "wait", 0, w->step, w->red.t_backward_end, w->red.t_end);
             for (int i = 0; i < w->red.nb; i++)
                 if (w->red.b[i].t_ready > 0) {
@@ -1647,7 +1680,8 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
             }
             w->b_sent += w->red.bytes_sent, w->b_recv += w->red.bytes_recv, w->b_fp32 += w->red.bytes_fp32;
             w->t_cz += w->red.t_compress, w->t_dz += w->red.t_decompress;
-            w->reduce_steps++;
+            w->t_comm += w->red.comm_total, w->t_exposed += w->red.comm_exposed;
+            w->reduce_steps += last_micro; /* the bytes are per optimizer step */
             if (rc) return rc;
         }
         n_total += (double)lb->global_B;
@@ -1678,8 +1712,6 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
     w->t_wait += w->step_wait, w->t_slow += w->step_slow;
     *n_step = n_total;
     *loss_step = n_local > 0 ? loss_sum / (n_local * (double)t->pos) : 0;
-    w->t_comm += w->red.comm_total;
-    w->t_exposed += w->red.comm_exposed;
     double t1 = dp_time();
     /* sum -> mean over the global batch */
     float *g = w->rep.grads;
@@ -1697,8 +1729,10 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         if (n_acc == 0) return DP_OK; /* the accepted ranks had no samples: no update */
     } else if (nmicro > 1) {
         float scale = (float)(1.0 / (n_total * (double)t->pos));
+        float *gs = w->zero.sharded ? w->zero.gshard : g; /* ZeRO 2, 3: only the shard is reduced */
+        int64_t len = w->zero.sharded ? w->zero.len : m->num_params;
 #pragma omp simd
-        for (int64_t i = 0; i < m->num_params; i++) g[i] *= scale;
+        for (int64_t i = 0; i < len; i++) gs[i] *= scale;
     }
     /* Every replica holds the same reduced gradient, and the same buffers
      * (the BatchNorm statistics are synchronised), so every worker takes
@@ -1791,6 +1825,10 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
     const struct dp_model *m = t->model;
     int64_t np = m->num_params, C = t->p.det_chunk;
     memset(w->acc, 0, sizeof(double) * (size_t)np);
+    /* ZeRO 3: the chunks run on the whole parameters, gathered for the step
+     * (deterministic mode holds full-size sums anyway: no memory win) */
+    int zrc = dp_zero_materialize(&w->zero);
+    if (zrc) return zrc;
     memset(w->rep.grads, 0, sizeof(float) * (size_t)np); /* then each conversion zeroes what it read */
     double n_total = 0, loss_sum = 0, n_local = 0, compute = 0;
     for (int64_t k = 0; k < nmicro; k++) {
@@ -1855,7 +1893,10 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
     /* the whole gradient is here (the accumulators were all-reduced): the
      * norm is the plain run's, and ZeRO's shard update then gives its bits */
     if (t->p.clip_norm > 0) dp_clip_grad_norm(g, np, t->p.clip_norm);
+    dp_zero_take_grad(&w->zero, g); /* ZeRO 2, 3: the shard's pieces, the slab given back */
     rc = update(w, g, dp_sched_lr(&t->p.sched, w->step), 0, 0);
+    zrc = dp_zero_release_params(&w->zero);
+    if (!rc) rc = zrc;
     w->t_opt += dp_time() - t1;
     return rc;
 }
@@ -2033,6 +2074,9 @@ static int end_epoch(struct worker *w, double t_start) {
     double dt = dp_time() - t_start;
     /* the epoch count after this one, as report_epoch will see it: a checkpoint then? */
     int64_t e = w->epoch + 1;
+    /* ZeRO 3: the whole parameters for the evaluation, the report's hash and
+     * the checkpoint; given back after the barrier, kept after the last epoch */
+    if (!rc) rc = dp_zero_materialize(&w->zero);
     if (!rc && (e == t->p.epochs || (t->p.ckpt_every > 0 && e % t->p.ckpt_every == 0))) rc = zero_gather_state(w);
     if (!rc) rc = evaluate_shared(w, &test_acc, &test_loss);
     if (!rc && w->grank == 0) rc = report_epoch(w, dt, tot, test_acc, test_loss);
@@ -2041,7 +2085,8 @@ static int end_epoch(struct worker *w, double t_start) {
     /* The others wait while rank 0 writes the metrics and the checkpoint: a
      * short write, under --comm-timeout like any collective (a hung file
      * system on rank 0 is a stall the timeout is there to catch). */
-    return dp_comm_barrier(w->comm);
+    rc = dp_comm_barrier(w->comm);
+    return rc || e == t->p.epochs ? rc : dp_zero_release_params(&w->zero);
 }
 
 
@@ -2397,6 +2442,8 @@ static int worker_loop(struct worker *w) {
         (m->num_buffers &&
          (rc = dp_comm_broadcast(w->comm, w->rep.buffers, m->num_buffers, DP_DTYPE_F32, 0, DP_ALGO_AUTO))))
         return rc;
+    /* ZeRO 3: from here on each worker keeps its pieces; the slab is gathered bucket by bucket */
+    if (epoch < t->p.epochs && (rc = dp_zero_shard_params(&w->zero))) return rc;
     while (epoch < t->p.epochs) {
         double t_start = dp_time();
         w->wait0 = dp_loader_wait_time(w->loader);
@@ -2407,7 +2454,7 @@ static int worker_loop(struct worker *w) {
         w->correct = w->seen = w->skipped = 0;
         while (in_epoch < t->batches_per_epoch) {
             if (t->p.max_steps && step >= t->p.max_steps) {
-                if ((rc = zero_gather_state(w))) return rc;
+                if ((rc = dp_zero_materialize(&w->zero)) || (rc = zero_gather_state(w))) return rc;
                 if (w->grank == 0) rc = checkpoint(t);
                 return rc ? rc : dp_comm_barrier(w->comm);
             }

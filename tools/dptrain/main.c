@@ -196,7 +196,9 @@ static const char *help_train =
     "  --deterministic     bit-identical results for any --workers (fixed chunks, exact sums)\n"
     "  --det-chunk N       deterministic mode: samples per chunk [8]\n"
     "  --zero N            ZeRO stage: 0 off | 1 each worker keeps the optimizer state of its 1/P\n"
-    "                      shard, updates it and all-gathers the parameters | 2, 3 not built yet [0]\n"
+    "                      shard, updates it and all-gathers the parameters | 2 and the gradient:\n"
+    "                      each bucket reduce-scattered, its memory given back | 3 and the\n"
+    "                      parameters: each bucket gathered before its layers run, then freed [0]\n"
     "  --zero-reduce HOW   --zero 1's gradient reduction: allreduce (bucketed, overlapped with\n"
     "                      backward) | scatter (one reduce-scatter after backward) [allreduce]\n"
     "  --timeline FILE     write a Chrome trace (Perfetto, chrome://tracing): one compute and one\n"
@@ -587,7 +589,7 @@ static int cmd_train(int argc, char **argv) {
     if (given_adamw && tp.optim.kind != DP_OPTIM_ADAMW)
         die("%s applies to --optim adamw only (this run's optimizer is %s)", given_adamw,
             dp_optim_kind_name(tp.optim.kind));
-    if (given_zr && !tp.zero) die("--zero-reduce applies to --zero 1 only");
+    if (given_zr && tp.zero != 1) die("--zero-reduce applies to --zero 1 only");
     if (given_det && !tp.deterministic) die("%s applies to --deterministic runs only", given_det);
     if (given_psgd_start && tp.compress.kind != DP_COMPRESS_POWERSGD)
         die("--powersgd-start applies to --compress powersgd:RANK only (this run's is %s)",
