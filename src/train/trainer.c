@@ -561,6 +561,8 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     rp.algo = (enum dp_comm_algo)p->algo;
     rp.compress = p->compress;
     rp.compress.seed = p->seed;
+    if (p->optim.kind == DP_OPTIM_SGD && !p->optim.nesterov && p->optim.dampening == 0)
+        rp.compress.momentum = p->optim.momentum;
     rp.scatter = p->zero && p->zero_scatter;
     if ((rc = dp_reducer_init(&w->red, t->model, w->comm, w->rep.grads, &rp))) return rc;
     w->arrival = dp_calloc((size_t)w->red.nb + 1, sizeof(double));
