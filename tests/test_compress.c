@@ -463,6 +463,17 @@ static void on_step(void *arg, const struct dp_event *ev) {
     l->last = 0.7 * l->last + 0.3 * ev->loss; /* a smoothed end */
 }
 
+/* Trains with p; the first steps' and the (smoothed) last steps' loss. */
+static struct losses train_losses(struct dp_train_params *p) {
+    struct losses l = {0};
+    p->on_event = on_step, p->event_arg = &l;
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, p));
+    ASSERT_OK(dp_trainer_run(t));
+    dp_trainer_free(t);
+    return l;
+}
+
 static const char *const schemes[] = {"bf16", "fp16", "topk:0.01", "sign", "powersgd:2"};
 
 static void converges(const char *spec, int P, int accum) {
@@ -473,12 +484,7 @@ static void converges(const char *spec, int P, int accum) {
     p.batch = 40;
     p.sched.base_lr = 0.1f;
     p.optim.momentum = 0; /* (sign with momentum 0.9 at this rate diverges: see docs/ddp.md) */
-    struct losses l = {0};
-    p.on_event = on_step, p.event_arg = &l;
-    struct dp_trainer *t;
-    ASSERT_OK(dp_trainer_init(&t, &p));
-    ASSERT_OK(dp_trainer_run(t));
-    dp_trainer_free(t);
+    struct losses l = train_losses(&p);
     fprintf(stderr, "    %s P=%d accum %d: loss %.3f -> %.3f\n", spec, P, accum, l.first, l.last);
     ASSERT_TRUE(l.last < 0.75 * l.first);
 }
@@ -509,12 +515,7 @@ TEST_T(compress_resnet_trains_with_every_scheme, 300) {
         p.train_limit = 16, p.test_limit = 16, p.batch = 16, p.epochs = 12;
         p.sched.base_lr = 0.05f;
         p.optim.momentum = 0;
-        struct losses l = {0};
-        p.on_event = on_step, p.event_arg = &l;
-        struct dp_trainer *t;
-        ASSERT_OK(dp_trainer_init(&t, &p));
-        ASSERT_OK(dp_trainer_run(t));
-        dp_trainer_free(t);
+        struct losses l = train_losses(&p);
         fprintf(stderr, "    resnet %s: loss %.3f -> %.3f\n", schemes[s], l.first, l.last);
         ASSERT_EQ(l.n, 12);
         ASSERT_TRUE(l.last < 0.8 * l.first);

@@ -225,7 +225,7 @@ struct dp_compressor {
     float *q;                  /* (nq) every tensor's Q, warm-started step to step */
     int64_t nq;
     float *abuf;               /* (na) P's then the uncompressed gradients */
-    float beta;                /* local momentum (topk, sign; 0: off), see lm_begin */
+    float beta;                /* local momentum (topk, sign; 0: off), see ef_begin */
     float *mw;                 /* (num_params) this worker's momentum of its own gradients */
     float *sprev;              /* (num_params) the last step's decompressed sum, optimizer units */
     int64_t na, nplain;
@@ -447,9 +447,14 @@ static void e_from_slab(float *e, int64_t n, float unit) {
  * sets beta only for SGD without Nesterov or dampening (else 0: the plain
  * form); weight decay and --clip act on G as on any slab.  topk's masking
  * means that at F = 1 (everything sent) u restarts each step: plain SGD. */
-static void lm_begin(struct dp_compressor *c, struct cz_bucket *z, float *e, const float *g, float unit) {
+/* Forms p (in e, slab units) and puts the dense segments' p at the head of
+ * the payload pay, which every topk and sign payload starts with; returns
+ * where the rest of the payload goes. */
+static uint8_t *ef_begin(struct dp_compressor *c, struct cz_bucket *z, float *e, const float *g, float unit,
+                         uint8_t *pay) {
     const int64_t n = z->count;
     z->unit = unit;
+    if (c->p.no_ef) memset(e, 0, sizeof(float) * (size_t)n); /* no feedback: p = g (or u) */
     e_to_slab(e, n, unit);
     if (c->beta > 0) {
         float *u = c->mw + z->off;
@@ -458,8 +463,16 @@ static void lm_begin(struct dp_compressor *c, struct cz_bucket *z, float *e, con
     } else {
         for (int64_t j = 0; j < n; j++) e[j] += g[j];
     }
+    for (int s = 0; s < z->nseg; s++) { /* 1-D: p whole, no residual */
+        const struct cz_seg *sg = &z->seg[s];
+        if (!sg->dense) continue;
+        memcpy(pay, e + sg->off, 4 * (size_t)sg->count);
+        memset(e + sg->off, 0, 4 * (size_t)sg->count);
+        pay += 4 * sg->count;
+    }
+    return pay;
 }
-static void lm_end(struct dp_compressor *c, struct cz_bucket *z, float *e) {
+static void ef_end(struct dp_compressor *c, struct cz_bucket *z, float *e) {
     e_from_slab(e, z->count, z->unit);
     if (c->beta > 0) e_from_slab(c->mw + z->off, z->count, z->unit);
 }
@@ -506,7 +519,7 @@ int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, floa
         }
     } else if (c->p.kind == DP_COMPRESS_TOPK) {
         /* topk with error feedback, per tensor (plan_segments), on the local
-         * momentum (lm_begin: p = u + e, or g + e without momentum): in
+         * momentum (ef_begin: p = u + e, or g + e without momentum): in
          * each segment of count c keep the k = ceil(f c) largest |p|
          * (quickselect, not a sort) and send them as (uint32 index in the
          * bucket, fp32 value) pairs; e = p - sent (the kept entries become
@@ -518,18 +531,11 @@ int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, floa
          * blocks are equal.  The slab gets the sum over ranks, in rank order. */
         float *e = c->e + z->off;
         uint32_t *idx = c->idx;
-        uint8_t *head = pay, *pairs = pay + 4 * z->nhead;
-        if (c->p.no_ef) memset(e, 0, sizeof(float) * (size_t)n); /* no feedback: e = g */
-        lm_begin(c, z, e, g, unit);
+        uint8_t *pairs = ef_begin(c, z, e, g, unit, pay);
         for (int s = 0; s < z->nseg; s++) {
             const struct cz_seg *sg = &z->seg[s];
             float *es = e + sg->off;
-            if (sg->dense) {
-                memcpy(head, es, 4 * (size_t)sg->count);
-                memset(es, 0, 4 * (size_t)sg->count);
-                head += 4 * sg->count;
-                continue;
-            }
+            if (sg->dense) continue;
             for (int64_t j = 0; j < sg->count; j++) idx[j] = (uint32_t)j;
             dp__topk_select(es, idx, sg->count, sg->k);
             for (int64_t j = 0; j < sg->k; j++, pairs += 8) {
@@ -540,16 +546,16 @@ int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, floa
                 if (c->beta > 0) c->mw[z->off + at] = 0; /* DGC's momentum factor masking */
             }
         }
-        lm_end(c, z, e);
+        ef_end(c, z, e);
     } else { /* DP_COMPRESS_SIGN */
         /* EF-signSGD (Karimireddy et al. 2019), per tensor (plan_segments),
-         * on the local momentum as in EF-SGDM (Zheng et al. 2019; lm_begin:
+         * on the local momentum as in EF-SGDM (Zheng et al. 2019; ef_begin:
          * p = u + e, or g + e without momentum; kept in e); for each segment
          * of count c, its scale
          * s = |p|_1 / c, and e = p - s sign(p) (sign(0) = +1).  Dense (1-D)
-         * segments send p itself and keep no residual.  Wire per rank: in
-         * segment order one fp32 each (the scale, or a dense segment's
-         * values: nhead in all), then the sign bits of the whole bucket
+         * segments send p itself and keep no residual.  Wire per rank: the
+         * dense segments' values, then each other segment's scale (fp32:
+         * nhead in all), then the sign bits of the whole bucket
          * (1 = negative, LSB first, ceil(count/8) bytes; a dense segment's
          * bits are unused).  The slab gets sum over ranks of s_r sign_r, in
          * rank order.  One scale per tensor is the paper's form: with one
@@ -558,31 +564,39 @@ int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, floa
          * every step and its residual grows without bound.  Measured (cnn,
          * docs/results.md): per bucket 53% after 5 epochs; per tensor, then
          * on the local momentum, much closer to fp32. */
-        float *e = c->e + z->off, *head = (float *)(void *)pay; /* (c->bytes: malloc-aligned) */
-        if (c->p.no_ef) memset(e, 0, sizeof(float) * (size_t)n); /* no feedback: p = g */
-        lm_begin(c, z, e, g, unit);
+        float *e = c->e + z->off;
+        uint8_t *head = ef_begin(c, z, e, g, unit, pay);
         dp__sign_pack(e, n, pay + 4 * z->nhead);
         for (int s = 0; s < z->nseg; s++) {
             const struct cz_seg *sg = &z->seg[s];
             float *es = e + sg->off;
-            if (sg->dense) {
-                memcpy(head, es, 4 * (size_t)sg->count);
-                memset(es, 0, 4 * (size_t)sg->count);
-                head += sg->count;
-                continue;
-            }
+            if (sg->dense) continue;
             double l1 = 0;
             for (int64_t j = 0; j < sg->count; j++) l1 += fabs((double)es[j]);
             const float scale = (float)(l1 / (double)sg->count);
-            *head++ = scale;
+            memcpy(head, &scale, 4), head += 4;
             for (int64_t j = 0; j < sg->count; j++) es[j] -= es[j] < 0 ? -scale : scale;
         }
-        lm_end(c, z, e);
+        ef_end(c, z, e);
     }
     float *blk = z->wire + z->words * c->me;
     dp__wire_pack(pay, z->payload, blk);
     ring_bytes(c, 4.0 * (double)(z->words * c->P), 1, sent, recv);
     return dp_comm_iallgather(c->comm, z->wire, z->words * c->P, DP_DTYPE_F32, algo, req);
+}
+
+/* Adds the dense segments' values at the head of a topk or sign payload to
+ * the slab g; returns what follows them. */
+static const uint8_t *add_dense(const struct cz_bucket *z, const uint8_t *head, float *g) {
+    for (int s = 0; s < z->nseg; s++) {
+        const struct cz_seg *sg = &z->seg[s];
+        for (int64_t j = sg->off; sg->dense && j < sg->off + sg->count; j++, head += 4) {
+            float v;
+            memcpy(&v, head, 4);
+            g[j] += v;
+        }
+    }
+    return head;
 }
 
 void dp__compress_bucket_end(struct dp_compressor *c, int i, float *grads) {
@@ -608,16 +622,8 @@ void dp__compress_bucket_end(struct dp_compressor *c, int i, float *grads) {
                 g[j] += dp__f16_to_f32(h) * inv;
             }
         } else if (c->p.kind == DP_COMPRESS_TOPK) {
-            const uint8_t *head = pay, *pairs = pay + 4 * z->nhead;
-            for (int s = 0; s < z->nseg; s++) {
-                const struct cz_seg *sg = &z->seg[s];
-                if (!sg->dense) continue;
-                for (int64_t j = 0; j < sg->count; j++, head += 4) {
-                    float v;
-                    memcpy(&v, head, 4);
-                    g[sg->off + j] += v;
-                }
-            }
+            const uint8_t *pairs = pay + 4 * z->nhead;
+            add_dense(z, pay, g);
             for (int64_t j = 0; j < z->k; j++) {
                 uint32_t at;
                 float v;
@@ -626,21 +632,17 @@ void dp__compress_bucket_end(struct dp_compressor *c, int i, float *grads) {
                 if (at < (uint64_t)n) g[at] += v;
             }
         } else {
-            const uint8_t *head = pay, *bits = pay + 4 * z->nhead;
+            const uint8_t *head = add_dense(z, pay, g), *bits = pay + 4 * z->nhead;
             for (int s = 0; s < z->nseg; s++) {
                 const struct cz_seg *sg = &z->seg[s];
                 float v;
-                if (sg->dense) {
-                    for (int64_t j = sg->off; j < sg->off + sg->count; j++, head += 4)
-                        memcpy(&v, head, 4), g[j] += v;
-                    continue;
-                }
+                if (sg->dense) continue;
                 memcpy(&v, head, 4), head += 4;
                 for (int64_t j = sg->off; j < sg->off + sg->count; j++) g[j] += (bits[j >> 3] >> (j & 7)) & 1 ? -v : v;
             }
         }
     }
-    if (c->beta > 0) { /* G = S_t - beta S_{t-1} (lm_begin), S kept in optimizer units */
+    if (c->beta > 0) { /* G = S_t - beta S_{t-1} (ef_begin), S kept in optimizer units */
         float *sp = c->sprev + z->off;
         const float b = c->beta, inv = 1.0f / z->unit;
         for (int64_t j = 0; j < n; j++) {
