@@ -562,8 +562,9 @@ int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, floa
          * per bucket a tensor whose |p| sits above the bucket's mean (cnn:
          * fc1's biases beside its weights) is sent less than its gradient
          * every step and its residual grows without bound.  Measured (cnn,
-         * docs/results.md): per bucket 53% after 5 epochs; per tensor, then
-         * on the local momentum, much closer to fp32. */
+         * 5 epochs, docs/results.md): per bucket on the gradient 53.30%;
+         * per tensor on the local momentum 89.51%, and 91.50% with
+         * --no-error-feedback (fp32 91.06%). */
         float *e = c->e + z->off;
         uint8_t *head = ef_begin(c, z, e, g, unit, pay);
         dp__sign_pack(e, n, pay + 4 * z->nhead);
