@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Gradient compression (--compress, issue 12): speed on emulated hosts, the PyTorch DDP peer with
-# its comm hooks, and accuracy with and without error feedback.  Three parts, run separately or
-# together (the accuracy part does not depend on the link, so it runs on threads, one machine,
+# its comm hooks, accuracy with and without error feedback, and resnet.  Four parts, run separately or
+# together (the accuracy and resnet parts do not depend on the link, so they run on threads, one machine,
 # and can run in the background, niced, while the others run):
 #
 #   speed     tests/netns/cluster.sh: P hosts (one core each where the cores allow), tbf-shaped
@@ -21,11 +21,14 @@
 #   accuracy  dptrain train --backend thread --workers 2 --threads 1, cnn, EPOCHS epochs, batch
 #             128, SGD lr 0.05 momentum 0.9, seed 1; test accuracy on the full test set after the
 #             last epoch.  Variants none, bf16, powersgd:4, topk:0.01, sign, the last three also
-#             with --no-error-feedback.  Then resnet, RESNET_EPOCHS epochs (RESNET_LIMIT training
-#             samples if set), for none, bf16, fp16, powersgd:4, topk:0.01, sign.
+#             with --no-error-feedback.
+#   resnet    the same recipe on resnet (BatchNorm, residual blocks, 1-D tensors), short:
+#             RESNET_EPOCHS epochs (1) on the first RESNET_LIMIT training samples (all if 0), for
+#             none, bf16, fp16, powersgd:4, topk:0.01, sign: every scheme runs, its accuracy against
+#             fp32's after the same steps (a short run shows convergence starting, not the end).
 #
 # Usage (as root for speed/peer, after make):
-#   bash bench/compression.sh [--parts "speed peer accuracy"] [--hosts "2"] [--rate 100mbit]
+#   bash bench/compression.sh [--parts "speed peer accuracy resnet"] [--hosts "2"] [--rate 100mbit]
 #        [--reps 3] [--steps 40] [--batch 128] [--epochs 5] [--resnet-epochs 1] [--resnet-limit N]
 #        [--cnn-limit N]   (--*-limit N: train on the first N samples only; for a quick smoke run)
 # Environment: DPTRAIN (./build/dptrain; copied to a temporary directory first, so a rebuild
@@ -45,7 +48,7 @@ RESULTS=${RESULTS:-bench/results}
 NICE=${NICE:-10}
 CNN_VARIANTS=${CNN_VARIANTS:-"none bf16 powersgd:4 topk:0.01 sign powersgd:4/noef topk:0.01/noef sign/noef"}
 PEER_TIMEOUT=${PEER_TIMEOUT:-300}  # seconds per PyTorch run: powerSGD_hook on gloo can hang
-PARTS="speed peer accuracy" HOSTS=2 RATE=100mbit REPS=3 STEPS=40 BATCH=128 EPOCHS=5
+PARTS="speed peer accuracy resnet" HOSTS=2 RATE=100mbit REPS=3 STEPS=40 BATCH=128 EPOCHS=5
 RESNET_EPOCHS=1 RESNET_LIMIT=0 CNN_LIMIT=0
 die() { echo "compression: error: $*" >&2; exit 1; }
 note() { echo "compression: $*" >&2; }
@@ -71,7 +74,7 @@ for v in $HOSTS $REPS $STEPS $BATCH $EPOCHS; do [[ $v =~ ^[1-9][0-9]*$ ]] || die
 [[ $RESNET_EPOCHS =~ ^[0-9]+$ && $RESNET_LIMIT =~ ^[0-9]+$ && $CNN_LIMIT =~ ^[0-9]+$ ]] ||
   die "bad --resnet-epochs/--resnet-limit/--cnn-limit"
 ((STEPS > 10)) || die "--steps must exceed 10 (the first 5 steps are not counted)"
-for p in $PARTS; do [[ $p == speed || $p == peer || $p == accuracy ]] || die "unknown part '$p'"; done
+for p in $PARTS; do [[ $p == speed || $p == peer || $p == accuracy || $p == resnet ]] || die "unknown part '$p'"; done
 [[ -x $DPTRAIN ]] || die "$DPTRAIN not built (make)"
 
 # shellcheck source=bench/lib.sh
@@ -119,9 +122,11 @@ acc_run() { # acc_run MODEL VARIANT EPOCHS [LIMIT]
 part_accuracy() {
   local v
   for v in $CNN_VARIANTS; do acc_run cnn "$v" "$EPOCHS" "$CNN_LIMIT"; done
-  if ((RESNET_EPOCHS > 0)); then
-    for v in none bf16 fp16 powersgd:4 topk:0.01 sign; do acc_run resnet "$v" "$RESNET_EPOCHS" "$RESNET_LIMIT"; done
-  fi
+}
+part_resnet() {
+  local v
+  ((RESNET_EPOCHS > 0)) || return 0
+  for v in none bf16 fp16 powersgd:4 topk:0.01 sign; do acc_run resnet "$v" "$RESNET_EPOCHS" "$RESNET_LIMIT"; done
 }
 
 # ---- speed and peer (emulated hosts) ----
@@ -199,6 +204,7 @@ for P in $HOSTS; do
   done
 done
 [[ " $PARTS " == *" accuracy "* ]] && part_accuracy
+[[ " $PARTS " == *" resnet "* ]] && part_resnet
 
 # ---- report ----
 export RAW NP BATCH STEPS REPS EPOCHS RESNET_EPOCHS RESNET_LIMIT CNN_LIMIT CPU_MODEL NCPU GIT_REV LOAD1 CPUS_NOTE
@@ -273,10 +279,14 @@ for part in ("speed", "peer"):
             print()
 rs = [r for r in rows if r["part"] == "accuracy"]
 if rs:
+    cnn = any(r["variant"].startswith("cnn:") for r in rs)
+    res = any(r["variant"].startswith("resnet:") for r in rs)
     print(f"## Accuracy: threads (--workers 2 --threads 1, one machine), batch 128, SGD lr 0.05 momentum 0.9, seed 1; "
-          f"cnn {E['EPOCHS']} epochs" + (f" on the first {E['CNN_LIMIT']} training samples" if E["CNN_LIMIT"] != "0" else "")
-          + f", resnet {E['RESNET_EPOCHS']} epoch(s)"
-          + (f" on the first {E['RESNET_LIMIT']} training samples" if E["RESNET_LIMIT"] != "0" else "") + "; full test set\n")
+          + (f"cnn {E['EPOCHS']} epochs" + (f" on the first {E['CNN_LIMIT']} training samples" if E["CNN_LIMIT"] != "0" else "") if cnn else "")
+          + ("; " if cnn and res else "")
+          + (f"resnet {E['RESNET_EPOCHS']} epoch(s)"
+             + (f" on the first {E['RESNET_LIMIT']} training samples" if E["RESNET_LIMIT"] != "0" else "") if res else "")
+          + "; full test set\n")
     print("| model | scheme | error feedback | test acc | vs fp32 | time |")
     print("|---|---|---|---:|---:|---:|")
     base = {}

@@ -149,6 +149,39 @@ TEST(comm_hier_every_collective_exact) {
     }
 }
 
+/* ---- all-gather bits with one thread per process ------------------------------------------ */
+
+/* With one rank per process (the flat MPI job) the leaders' stage is inter's
+ * own all-gather, not an all-reduce of zero-padded blocks: every bit of
+ * every block arrives as sent, -0.0 and a signalling NaN's payload included
+ * (a sum with zeros would turn -0.0 into +0.0 and quiet the NaN). */
+static uint32_t gather_bits(int g, int64_t i) {
+    return i % 3 == 0 ? 0x80000000u : i % 3 == 1 ? 0x7f800001u + (uint32_t)g : 0xbf800000u + (uint32_t)i;
+}
+static void gather_bits_member(struct dp_comm *c, int local, void *arg) {
+    int G = dp_comm_world(c), g = dp_comm_rank(c);
+    int64_t counts[] = {0, 1, G + 1, 1000};
+    uint32_t x[1000];
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        int64_t n = counts[k], off, len;
+        dp_comm_split(n, G, g, &off, &len);
+        for (int64_t i = 0; i < n; i++) x[i] = i >= off && i < off + len ? gather_bits(g, i) : 0x3f800000u;
+        ASSERT_OK(dp_comm_allgather(c, x, n, DP_DTYPE_F32, *(enum dp_comm_algo *)arg));
+        for (int b = 0; b < G; b++) {
+            dp_comm_split(n, G, b, &off, &len);
+            for (int64_t i = off; i < off + len; i++) ASSERT_EQ(x[i], gather_bits(b, i));
+        }
+    }
+    (void)local;
+}
+
+TEST(comm_hier_allgather_one_thread_per_process_keeps_bits) {
+    const int T[4] = {1, 1, 1, 1};
+    enum dp_comm_algo algos[] = {DP_ALGO_AUTO, DP_ALGO_RING, DP_ALGO_RHD};
+    for (int R = 2; R <= 4; R++)
+        for (int a = 0; a < 3; a++) run_hier(R, T, 0, gather_bits_member, &algos[a], NULL);
+}
+
 /* ---- the same sums as a flat world ------------------------------------------------------- */
 
 /* Deterministic-mode style data (integers in doubles): the hierarchical sum

@@ -232,8 +232,13 @@ void dp_comm_thread_world_free(struct dp_comm_world *w);
  *     allreduce      local direct all-reduce; local rank 0 all-reduces across
  *                    processes on `inter`; local broadcast from local rank 0
  *     reduce_scatter the same (the other blocks then hold full sums)
- *     allgather      each rank zeroes what is not its block, then allreduce
- *                    (x + 0 = x exactly; -0.0 comes back as +0.0)
+ *     allgather      each rank zeroes what is not its block; local
+ *                    all-reduce; the leaders all-gather on `inter` when each
+ *                    process's blocks form inter's block of that process
+ *                    (always with one thread per process; else when the split
+ *                    lines up), otherwise they all-reduce the vector (twice
+ *                    the bytes); local broadcast.  (x + 0 = x exactly; in the
+ *                    local sum -0.0 comes back as +0.0)
  *     broadcast      local broadcast in the root's process; leaders broadcast
  *                    on `inter`; local broadcast in the other processes
  *     barrier        local barrier, leaders' barrier, local barrier

@@ -43,18 +43,21 @@ enum dp_compress {
     DP_COMPRESS_BF16,     /* bf16 all-reduce (fp32 sums inside the comm), per bucket, overlapped */
     DP_COMPRESS_FP16,     /* fp16 + a power-of-two scale per rank and bucket, all-gathered, fp32 sum */
     DP_COMPRESS_POWERSGD, /* rank-r PowerSGD with error feedback, after backward (not overlapped) */
-    DP_COMPRESS_TOPK,     /* top-k of |g + e| per bucket, (index, value) all-gathered, error feedback */
-    DP_COMPRESS_SIGN,     /* EF-signSGD: 1 bit per element + one scale per bucket, all-gathered */
+    DP_COMPRESS_TOPK,     /* top-k of |u + e| per tensor (u: local momentum), (index, value) all-gathered */
+    DP_COMPRESS_SIGN,     /* EF-signSGD on the local momentum: 1 bit per element + one scale per tensor */
     DP_COMPRESS_COUNT
 };
 struct dp_compress_params {
     enum dp_compress kind;
     int rank;                  /* powersgd: the rank r (>= 1) */
-    double fraction;           /* topk: the fraction kept per bucket, in (0, 1] */
+    double fraction;           /* topk: the fraction kept per tensor (1-D tensors go whole), in (0, 1] */
     int64_t powersgd_start;    /* powersgd: plain all-reduce before this optimizer step */
     uint64_t seed;             /* powersgd: Q's initial values, from (seed, DP_RNG_POWERSGD, tensor) */
     int compress_all;          /* powersgd, for tests: compress every matrix, even where
                                   r (n + m) is not 2x smaller than n m */
+    float momentum;            /* topk, sign: the optimizer's SGD momentum (set by the trainer;
+                                  0 for AdamW, Nesterov or dampening): compress the local
+                                  momentum (compress.c, lm_begin) */
     int no_ef;                 /* topk, sign, powersgd: no error feedback (--no-error-feedback,
                                   to measure what it buys): each step compresses g alone; the
                                   residual then holds only what that step left out */

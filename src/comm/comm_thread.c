@@ -336,23 +336,41 @@ static int hier_execute(struct thread_comm *tc, const struct dp_comm_req *rq) {
     struct dp_comm_world *w = tc->w;
     struct dp__op d = rq->d, loc = rq->d;
     uint64_t s = rq->seq * SUBOPS;
-    int T = w->nranks, leader = tc->local == 0, rc = 0;
+    int T = w->nranks, leader = tc->local == 0, rc = 0, gather = 0;
     enum dp_comm_algo ia = d.algo == DP_ALGO_DIRECT ? DP_ALGO_AUTO : d.algo;
     loc.algo = DP_ALGO_DIRECT;
     switch (d.coll) {
     case DP_COLL_ALLGATHER: {
-        /* only this rank's block is non-zero; the sum assembles all blocks */
-        int64_t off, len;
+        /* only this rank's block is non-zero; the local sum assembles this
+         * process's blocks in the leader's buffer */
+        int64_t off, len, poff, plen;
         size_t es = dp_dtype_size(d.dtype);
-        dp_comm_split(d.count, tc->base.nranks, tc->base.rank, &off, &len);
+        int G = tc->base.nranks, R = G / T;
+        dp_comm_split(d.count, G, tc->base.rank, &off, &len);
         memset(d.buf, 0, (size_t)off * es);
         memset((char *)d.buf + (size_t)(off + len) * es, 0, (size_t)(d.count - off - len) * es);
+        /* When each process's blocks together are exactly inter's block of
+         * that process (always with one rank per process, the flat MPI job;
+         * with T ranks when the split lines up, e.g. count a multiple of the
+         * world), the leaders' stage is inter's own all-gather: each process
+         * moves (R-1)/R of the bytes each way, as an all-gather is accounted,
+         * and the bits of the other processes' blocks arrive as sent.
+         * Otherwise the leaders all-reduce the zero-padded vector: twice
+         * those bytes. */
+        gather = 1;
+        for (int p = 0; gather && p < R; p++) {
+            dp_comm_split(d.count, G, p * T, &off, &len);
+            dp_comm_split(d.count, R, p, &poff, &plen);
+            gather = off == poff;
+        }
     } /* fall through */
     case DP_COLL_ALLREDUCE:
     case DP_COLL_REDUCE_SCATTER:
         loc.coll = DP_COLL_ALLREDUCE;
         if (T > 1) rc = local_stage(tc, s, &loc, 1);
-        if (!rc && leader) rc = inter_stage(tc, dp_comm_allreduce(w->inter, d.buf, d.count, d.dtype, ia));
+        if (!rc && leader)
+            rc = inter_stage(tc, gather ? dp_comm_allgather(w->inter, d.buf, d.count, d.dtype, ia)
+                                        : dp_comm_allreduce(w->inter, d.buf, d.count, d.dtype, ia));
         loc.coll = DP_COLL_BROADCAST, loc.root = 0;
         if (!rc && T > 1) rc = local_stage(tc, s + 1, &loc, 0);
         return rc;

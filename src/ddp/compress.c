@@ -14,9 +14,9 @@
  * The byte transport.  The sparse and packed schemes (fp16, topk, sign)
  * exchange byte payloads by all-gather, in equal blocks (every rank sends the
  * same number of bytes).  The communicator's all-gather is typed, and in a
- * hierarchical world (--backend mpi) it is an all-reduce of zero-padded
- * blocks (dp/comm.h): raw bytes reinterpreted as floats would not survive
- * (x + 0 turns -0.0 into +0.0 and quiets signalling NaNs).  So the payload
+ * hierarchical world with several threads per process its local stage is a
+ * sum of zero-padded blocks (dp/comm.h): raw bytes reinterpreted as floats
+ * would not survive (x + 0 turns -0.0 into +0.0 and quiets signalling NaNs).  So the payload
  * travels 3 bytes per fp32 word, as the integer b0 + 256 b1 + 65536 b2
  * (< 2^24, exact in fp32, never -0, NaN or subnormal): exact under a copy or
  * a sum with zeros, at 4/3 the bytes.  The accounting counts the words. */
@@ -182,9 +182,20 @@ void dp__gram_schmidt(float *P, int64_t n, int64_t r) {
 
 /* ---- the compressor ---- */
 
+struct cz_seg {                /* topk, sign: one tensor of a bucket */
+    int64_t off, count;        /* elements, from the bucket's start */
+    int64_t k;                 /* topk: elements kept */
+    int dense;                 /* 1-D (bias, norm): sent as fp32, no residual */
+};
+
 struct cz_bucket {
     int64_t off, count;
-    int64_t k;                 /* topk: elements kept */
+    float unit;                /* this step's slab unit (bucket_start -> bucket_end) */
+    int64_t k;                 /* topk: pairs sent (the sum of the segments' k) */
+    struct cz_seg *seg;        /* (nseg) the tensors, in slab order, covering the bucket */
+    int nseg;
+    int64_t nhead;             /* topk, sign: fp32 values before the pairs or bits (dense
+                                  segments' values; sign: and one scale per other segment) */
     size_t payload;            /* bytes each rank sends (fp16, topk, sign) */
     int64_t words;             /* wire words per rank block */
     float *wire;               /* (P x words) all-gather buffer, or bf16: (count) uint16 */
@@ -214,6 +225,9 @@ struct dp_compressor {
     float *q;                  /* (nq) every tensor's Q, warm-started step to step */
     int64_t nq;
     float *abuf;               /* (na) P's then the uncompressed gradients */
+    float beta;                /* local momentum (topk, sign; 0: off), see ef_begin */
+    float *mw;                 /* (num_params) this worker's momentum of its own gradients */
+    float *sprev;              /* (num_params) the last step's decompressed sum, optimizer units */
     int64_t na, nplain;
 };
 
@@ -222,6 +236,43 @@ static void ring_bytes(const struct dp_compressor *c, double bytes, int allgathe
      * all: (P-1)/P B (ring and rhd move the same volume) */
     double v = (allgather ? 1.0 : 2.0) * (c->P - 1) / c->P * bytes;
     *sent += v, *recv += v;
+}
+
+/* topk and sign work per tensor, not per bucket: a bucket holds tensors whose
+ * gradients differ by orders of magnitude (cnn: fc1's 401 408 weights and
+ * its 128 biases; conv1 beside conv2), and one top-k or one scale over all of
+ * them starves the small ones (their residual grows for many steps, then
+ * lands at once).  1-D tensors (biases, norms: a few hundred floats) go
+ * dense, as fp32, and keep no residual.  The segments cover the bucket in
+ * slab order (a range no parameter names, if any, is a segment of its own). */
+static int plan_segments(struct cz_bucket *z, const struct dp_model *m, double fraction) {
+    z->seg = dp_calloc((size_t)(2 * m->nparams + 2), sizeof *z->seg);
+    if (!z->seg) return dp_seterr(DP_ENOMEM, "compress: out of memory");
+    int64_t at = 0; /* bucket-relative: [0, at) has segments */
+    for (int i = 0; i < m->nparams; i++) {
+        const struct dp_param_info *pi = &m->params[i];
+        int64_t o = pi->offset - z->off, n = pi->count;
+        if (pi->is_buffer || o < at || o >= z->count) continue;
+        if (o > at) z->seg[z->nseg++] = (struct cz_seg){.off = at, .count = o - at};
+        if (o + n > z->count) n = z->count - o;
+        z->seg[z->nseg++] = (struct cz_seg){.off = o, .count = n, .dense = pi->shape.ndim < 2};
+        at = o + n;
+    }
+    if (at < z->count) z->seg[z->nseg++] = (struct cz_seg){.off = at, .count = z->count - at};
+    z->k = z->nhead = 0;
+    for (int s = 0; s < z->nseg; s++) {
+        struct cz_seg *g = &z->seg[s];
+        if (g->dense) {
+            z->nhead += g->count;
+            continue;
+        }
+        z->nhead++; /* (sign: the scale; topk does not count it, below) */
+        g->k = (int64_t)ceil(fraction * (double)g->count);
+        if (g->k < 1) g->k = 1;
+        if (g->k > g->count) g->k = g->count;
+        z->k += g->k;
+    }
+    return DP_OK;
 }
 
 static int powersgd_plan(struct dp_compressor *c, const struct dp_model *m) {
@@ -276,6 +327,12 @@ int dp__compress_init(struct dp_compressor **out, const struct dp_model *m, stru
         rc = dp_seterr(DP_ENOMEM, "compress: out of memory");
         goto fail;
     }
+    c->beta = p->kind == DP_COMPRESS_TOPK || p->kind == DP_COMPRESS_SIGN ? p->momentum : 0;
+    if (c->beta > 0 && (!(c->mw = dp_malloc_big(sizeof(float) * (size_t)(m->num_params + 1))) ||
+                        !(c->sprev = dp_malloc_big(sizeof(float) * (size_t)(m->num_params + 1))))) {
+        rc = dp_seterr(DP_ENOMEM, "compress: out of memory");
+        goto fail;
+    }
     if (p->kind == DP_COMPRESS_POWERSGD) {
         if ((rc = powersgd_plan(c, m))) goto fail;
     } else {
@@ -300,13 +357,16 @@ int dp__compress_init(struct dp_compressor **out, const struct dp_model *m, stru
             if (p->kind == DP_COMPRESS_BF16) {
                 nwire = (size_t)(z->count + 1) / 2; /* uint16 values in float-sized storage */
             } else {
-                if (p->kind == DP_COMPRESS_FP16) z->payload = 4 + 2 * (size_t)z->count;
-                else if (p->kind == DP_COMPRESS_SIGN) z->payload = 4 + (size_t)(z->count + 7) / 8;
-                else {
-                    z->k = (int64_t)ceil(p->fraction * (double)z->count);
-                    if (z->k < 1) z->k = 1;
-                    if (z->k > z->count) z->k = z->count;
-                    z->payload = 8 * (size_t)z->k;
+                if (p->kind == DP_COMPRESS_FP16) {
+                    z->payload = 4 + 2 * (size_t)z->count;
+                } else {
+                    if ((rc = plan_segments(z, m, p->fraction))) goto fail;
+                    if (p->kind == DP_COMPRESS_SIGN) {
+                        z->payload = 4 * (size_t)z->nhead + (size_t)(z->count + 7) / 8;
+                    } else {
+                        for (int s = 0; s < z->nseg; s++) z->nhead -= !z->seg[s].dense; /* no scales */
+                        z->payload = 4 * (size_t)z->nhead + 8 * (size_t)z->k;
+                    }
                 }
                 z->words = (int64_t)dp__wire_words(z->payload);
                 nwire = (size_t)(z->words * c->P);
@@ -334,9 +394,11 @@ fail:
 
 void dp__compress_free(struct dp_compressor *c) {
     if (!c) return;
-    for (int i = 0; c->b && i < c->nb; i++) dp_free(c->b[i].wire);
+    for (int i = 0; c->b && i < c->nb; i++) dp_free(c->b[i].wire), dp_free(c->b[i].seg);
     dp_free(c->b);
     dp_free(c->e);
+    dp_free(c->mw);
+    dp_free(c->sprev);
     dp_free(c->bytes);
     dp_free(c->idx);
     dp_free(c->t);
@@ -367,6 +429,52 @@ static void e_to_slab(float *e, int64_t n, float unit) {
 static void e_from_slab(float *e, int64_t n, float unit) {
     if (unit == 1.0f) return;
     for (int64_t j = 0; j < n; j++) e[j] *= unit;
+}
+
+/* Local momentum (topk, sign; c->beta = the optimizer's SGD momentum):
+ * what is compressed is this worker's momentum, not its gradient, as in
+ * DGC's momentum correction (Lin et al. 2018) and EF-SGDM (Zheng et al.
+ * 2019):
+ *     u = beta u + g;   p = u + e;   send C(p);   e = p - C(p)
+ * and the step applies S = sum over ranks of C(p) with no further momentum.
+ * The optimizer still runs its own momentum m = beta m + G, so the slab
+ * gets G = S_t - beta S_{t-1}: then m_t = S_t exactly (m_0 = 0 = S_{-1}), and
+ * the update is lr S_t.  Without it (the optimizer's momentum on the
+ * compressed gradient) an element's delayed residual is sent at once and
+ * then echoed by the momentum for ~1/(1-beta) steps (measured: topk:0.01
+ * and sign on the cnn, docs/results.md).  u, e and S_{t-1} are kept in
+ * optimizer units (see e_to_slab) and saved with the residual.  The trainer
+ * sets beta only for SGD without Nesterov or dampening (else 0: the plain
+ * form); weight decay and --clip act on G as on any slab.  topk's masking
+ * means that at F = 1 (everything sent) u restarts each step: plain SGD. */
+/* Forms p (in e, slab units) and puts the dense segments' p at the head of
+ * the payload pay, which every topk and sign payload starts with; returns
+ * where the rest of the payload goes. */
+static uint8_t *ef_begin(struct dp_compressor *c, struct cz_bucket *z, float *e, const float *g, float unit,
+                         uint8_t *pay) {
+    const int64_t n = z->count;
+    z->unit = unit;
+    if (c->p.no_ef) memset(e, 0, sizeof(float) * (size_t)n); /* no feedback: p = g (or u) */
+    e_to_slab(e, n, unit);
+    if (c->beta > 0) {
+        float *u = c->mw + z->off;
+        e_to_slab(u, n, unit);
+        for (int64_t j = 0; j < n; j++) u[j] = c->beta * u[j] + g[j], e[j] += u[j];
+    } else {
+        for (int64_t j = 0; j < n; j++) e[j] += g[j];
+    }
+    for (int s = 0; s < z->nseg; s++) { /* 1-D: p whole, no residual */
+        const struct cz_seg *sg = &z->seg[s];
+        if (!sg->dense) continue;
+        memcpy(pay, e + sg->off, 4 * (size_t)sg->count);
+        memset(e + sg->off, 0, 4 * (size_t)sg->count);
+        pay += 4 * sg->count;
+    }
+    return pay;
+}
+static void ef_end(struct dp_compressor *c, struct cz_bucket *z, float *e) {
+    e_from_slab(e, z->count, z->unit);
+    if (c->beta > 0) e_from_slab(c->mw + z->off, z->count, z->unit);
 }
 
 int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, float unit, enum dp_comm_algo algo,
@@ -410,45 +518,86 @@ int dp__compress_bucket_start(struct dp_compressor *c, int i, float *grads, floa
             memcpy(pay + 4 + 2 * j, &h, 2);
         }
     } else if (c->p.kind == DP_COMPRESS_TOPK) {
-        /* topk with error feedback: e += g; keep the k = ceil(f count)
-         * largest |e| (quickselect, not a sort); send them as (uint32 index
-         * in the bucket, fp32 value) pairs, k x 8 bytes per rank (every rank
-         * sends exactly k, so the all-gather's blocks are equal); e -= sent
-         * (the kept entries become exactly 0).  The slab gets the sum over
-         * ranks of the pairs, added in rank order. */
+        /* topk with error feedback, per tensor (plan_segments), on the local
+         * momentum (ef_begin: p = u + e, or g + e without momentum): in
+         * each segment of count c keep the k = ceil(f c) largest |p|
+         * (quickselect, not a sort) and send them as (uint32 index in the
+         * bucket, fp32 value) pairs; e = p - sent (the kept entries become
+         * exactly 0, and so does their u: DGC's momentum factor masking, so a
+         * sent element's momentum is not sent again).  Dense (1-D) segments
+         * send every value and keep no residual (nor mask u: it is the
+         * momentum).  Wire per rank: the dense values (nhead fp32), then
+         * k x 8 bytes; every rank sends the same bytes, so the all-gather's
+         * blocks are equal.  The slab gets the sum over ranks, in rank order. */
         float *e = c->e + z->off;
         uint32_t *idx = c->idx;
-        if (c->p.no_ef) memset(e, 0, sizeof(float) * (size_t)n); /* no feedback: e = g */
-        e_to_slab(e, n, unit);
-        for (int64_t j = 0; j < n; j++) e[j] += g[j], idx[j] = (uint32_t)j;
-        dp__topk_select(e, idx, n, z->k);
-        for (int64_t j = 0; j < z->k; j++) {
-            uint32_t at = idx[j];
-            memcpy(pay + 8 * j, &at, 4);
-            memcpy(pay + 8 * j + 4, &e[at], 4);
-            e[at] = 0;
+        uint8_t *pairs = ef_begin(c, z, e, g, unit, pay);
+        for (int s = 0; s < z->nseg; s++) {
+            const struct cz_seg *sg = &z->seg[s];
+            float *es = e + sg->off;
+            if (sg->dense) continue;
+            for (int64_t j = 0; j < sg->count; j++) idx[j] = (uint32_t)j;
+            dp__topk_select(es, idx, sg->count, sg->k);
+            for (int64_t j = 0; j < sg->k; j++, pairs += 8) {
+                uint32_t at = (uint32_t)sg->off + idx[j];
+                memcpy(pairs, &at, 4);
+                memcpy(pairs + 4, &e[at], 4);
+                e[at] = 0;
+                if (c->beta > 0) c->mw[z->off + at] = 0; /* DGC's momentum factor masking */
+            }
         }
-        e_from_slab(e, n, unit);
+        ef_end(c, z, e);
     } else { /* DP_COMPRESS_SIGN */
-        /* EF-signSGD: p = g + e (kept in e); scale = |p|_1 / count; send
-         * fp32 scale | sign bits (1 = negative, LSB first), ceil(count/8)
-         * bytes; e = p - scale sign(p) (sign(0) = +1).  The slab gets
-         * sum over ranks of scale_r sign_r, in rank order. */
+        /* EF-signSGD (Karimireddy et al. 2019), per tensor (plan_segments),
+         * on the local momentum as in EF-SGDM (Zheng et al. 2019; ef_begin:
+         * p = u + e, or g + e without momentum; kept in e); for each segment
+         * of count c, its scale
+         * s = |p|_1 / c, and e = p - s sign(p) (sign(0) = +1).  Dense (1-D)
+         * segments send p itself and keep no residual.  Wire per rank: the
+         * dense segments' values, then each other segment's scale (fp32:
+         * nhead in all), then the sign bits of the whole bucket
+         * (1 = negative, LSB first, ceil(count/8) bytes; a dense segment's
+         * bits are unused).  The slab gets sum over ranks of s_r sign_r, in
+         * rank order.  One scale per tensor is the paper's form: with one
+         * per bucket a tensor whose |p| sits above the bucket's mean (cnn:
+         * fc1's biases beside its weights) is sent less than its gradient
+         * every step and its residual grows without bound.  Measured (cnn,
+         * 5 epochs, docs/results.md): per bucket on the gradient 53.30%;
+         * per tensor on the local momentum 89.51%, and 91.50% with
+         * --no-error-feedback (fp32 91.06%). */
         float *e = c->e + z->off;
-        double l1 = 0;
-        if (c->p.no_ef) memset(e, 0, sizeof(float) * (size_t)n); /* no feedback: p = g */
-        e_to_slab(e, n, unit);
-        for (int64_t j = 0; j < n; j++) e[j] += g[j], l1 += fabs((double)e[j]);
-        float scale = n ? (float)(l1 / (double)n) : 0;
-        memcpy(pay, &scale, 4);
-        dp__sign_pack(e, n, pay + 4);
-        for (int64_t j = 0; j < n; j++) e[j] -= e[j] < 0 ? -scale : scale;
-        e_from_slab(e, n, unit);
+        uint8_t *head = ef_begin(c, z, e, g, unit, pay);
+        dp__sign_pack(e, n, pay + 4 * z->nhead);
+        for (int s = 0; s < z->nseg; s++) {
+            const struct cz_seg *sg = &z->seg[s];
+            float *es = e + sg->off;
+            if (sg->dense) continue;
+            double l1 = 0;
+            for (int64_t j = 0; j < sg->count; j++) l1 += fabs((double)es[j]);
+            const float scale = (float)(l1 / (double)sg->count);
+            memcpy(head, &scale, 4), head += 4;
+            for (int64_t j = 0; j < sg->count; j++) es[j] -= es[j] < 0 ? -scale : scale;
+        }
+        ef_end(c, z, e);
     }
     float *blk = z->wire + z->words * c->me;
     dp__wire_pack(pay, z->payload, blk);
     ring_bytes(c, 4.0 * (double)(z->words * c->P), 1, sent, recv);
     return dp_comm_iallgather(c->comm, z->wire, z->words * c->P, DP_DTYPE_F32, algo, req);
+}
+
+/* Adds the dense segments' values at the head of a topk or sign payload to
+ * the slab g; returns what follows them. */
+static const uint8_t *add_dense(const struct cz_bucket *z, const uint8_t *head, float *g) {
+    for (int s = 0; s < z->nseg; s++) {
+        const struct cz_seg *sg = &z->seg[s];
+        for (int64_t j = sg->off; sg->dense && j < sg->off + sg->count; j++, head += 4) {
+            float v;
+            memcpy(&v, head, 4);
+            g[j] += v;
+        }
+    }
+    return head;
 }
 
 void dp__compress_bucket_end(struct dp_compressor *c, int i, float *grads) {
@@ -474,18 +623,33 @@ void dp__compress_bucket_end(struct dp_compressor *c, int i, float *grads) {
                 g[j] += dp__f16_to_f32(h) * inv;
             }
         } else if (c->p.kind == DP_COMPRESS_TOPK) {
+            const uint8_t *pairs = pay + 4 * z->nhead;
+            add_dense(z, pay, g);
             for (int64_t j = 0; j < z->k; j++) {
                 uint32_t at;
                 float v;
-                memcpy(&at, pay + 8 * j, 4);
-                memcpy(&v, pay + 8 * j + 4, 4);
+                memcpy(&at, pairs + 8 * j, 4);
+                memcpy(&v, pairs + 8 * j + 4, 4);
                 if (at < (uint64_t)n) g[at] += v;
             }
         } else {
-            float s;
-            memcpy(&s, pay, 4);
-            const uint8_t *bits = pay + 4;
-            for (int64_t j = 0; j < n; j++) g[j] += (bits[j >> 3] >> (j & 7)) & 1 ? -s : s;
+            const uint8_t *head = add_dense(z, pay, g), *bits = pay + 4 * z->nhead;
+            for (int s = 0; s < z->nseg; s++) {
+                const struct cz_seg *sg = &z->seg[s];
+                float v;
+                if (sg->dense) continue;
+                memcpy(&v, head, 4), head += 4;
+                for (int64_t j = sg->off; j < sg->off + sg->count; j++) g[j] += (bits[j >> 3] >> (j & 7)) & 1 ? -v : v;
+            }
+        }
+    }
+    if (c->beta > 0) { /* G = S_t - beta S_{t-1} (ef_begin), S kept in optimizer units */
+        float *sp = c->sprev + z->off;
+        const float b = c->beta, inv = 1.0f / z->unit;
+        for (int64_t j = 0; j < n; j++) {
+            const float st = g[j];
+            g[j] = st - b * sp[j] * inv;
+            sp[j] = st * z->unit;
         }
     }
 }
@@ -553,28 +717,35 @@ int dp__compress_powersgd(struct dp_compressor *c, float *grads, float unit, enu
     return DP_OK;
 }
 
-/* ---- error-feedback state: residual (num_params) then Q (nq) ---- */
+/* ---- error-feedback state: residual (num_params), then Q (nq), then with
+ * local momentum u and S_{t-1} (num_params each) ---- */
 
 int64_t dp__compress_state_len(const struct dp_compressor *c) {
     if (!c || !c->e) return 0;
-    return c->num_params + c->nq;
+    return c->num_params + c->nq + (c->mw ? 2 * c->num_params : 0);
 }
 
 void dp__compress_state_get(const struct dp_compressor *c, float *out) {
     if (!c || !c->e) return;
-    memcpy(out, c->e, sizeof(float) * (size_t)c->num_params);
-    if (c->nq) memcpy(out + c->num_params, c->q, sizeof(float) * (size_t)c->nq);
+    const size_t np = (size_t)c->num_params;
+    memcpy(out, c->e, sizeof(float) * np);
+    if (c->nq) memcpy(out + np, c->q, sizeof(float) * (size_t)c->nq);
+    if (c->mw) memcpy(out + np + c->nq, c->mw, sizeof(float) * np), memcpy(out + 2 * np + c->nq, c->sprev, sizeof(float) * np);
 }
 
 void dp__compress_state_set(struct dp_compressor *c, const float *in) {
     if (!c || !c->e) return;
-    memcpy(c->e, in, sizeof(float) * (size_t)c->num_params);
-    if (c->nq) memcpy(c->q, in + c->num_params, sizeof(float) * (size_t)c->nq);
+    const size_t np = (size_t)c->num_params;
+    memcpy(c->e, in, sizeof(float) * np);
+    if (c->nq) memcpy(c->q, in + np, sizeof(float) * (size_t)c->nq);
+    if (c->mw) memcpy(c->mw, in + np + c->nq, sizeof(float) * np), memcpy(c->sprev, in + 2 * np + c->nq, sizeof(float) * np);
 }
 
 void dp__compress_reset(struct dp_compressor *c) {
     if (!c) return;
     if (c->e) memset(c->e, 0, sizeof(float) * (size_t)c->num_params);
+    if (c->mw) memset(c->mw, 0, sizeof(float) * (size_t)c->num_params);
+    if (c->sprev) memset(c->sprev, 0, sizeof(float) * (size_t)c->num_params);
     /* Q's first values: N(0, 1) from (seed, DP_RNG_POWERSGD, parameter
      * index, element), the same on every rank without a broadcast */
     for (int k = 0; k < c->nt; k++) {

@@ -177,6 +177,9 @@ struct dp_trainer {
     float *zstate;             /* ZeRO, rank 0 with out_dir: the whole optimizer state gathered for a
                                   checkpoint (zero_gather_state), in dp_optim's whole-slab layout */
     int64_t zstate_step;       /* the optimizer step zstate was gathered at (-1: never) */
+    float *efstate;            /* multi-process job, rank 0 with out_dir: every rank's error-feedback
+                                  state (G x dp_reducer_state_len), gathered by ef_gather_state */
+    int64_t efstate_step;      /* the optimizer step efstate was gathered at (-1: never) */
 };
 
 struct dp_train_params dp_train_default_params(void) {
@@ -246,6 +249,7 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_free(t->share_samples);
     dp_free(t->dropped_count);
     dp_free(t->zstate);
+    dp_free(t->efstate);
     dp_backup_star_free(t->star); /* stops rank 0's collector */
     dp_ps_free(t->ps);
     dp_ps_net_free(t->psn);
@@ -559,6 +563,8 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     rp.algo = (enum dp_comm_algo)p->algo;
     rp.compress = p->compress;
     rp.compress.seed = p->seed;
+    if (p->optim.kind == DP_OPTIM_SGD && !p->optim.nesterov && p->optim.dampening == 0)
+        rp.compress.momentum = p->optim.momentum;
     rp.scatter = p->zero && p->zero_scatter;
     rp.shard = p->zero >= 2 && t->G > 1;
     if ((rc = dp_reducer_init(&w->red, t->model, w->comm, w->rep.grads, &rp))) return rc;
@@ -717,6 +723,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     t->ps_servers = p->inter && p->async ? (p->servers ? p->servers : 1) : 0;
     t->ps_W = t->G - t->ps_servers;
     t->zstate_step = -1;
+    t->efstate_step = -1;
     atomic_init(&t->eval_next, 0);
     dp_set_num_threads(p->threads);
 
@@ -915,17 +922,22 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
     }
     h.param_hash = dp_replica_hash(&w->rep);
     /* The compressor's per-worker state (residuals, PowerSGD's Q), every
-     * worker's in rank order, as a section after the payload.  Only when
-     * this process holds every worker: a multi-process job (mpi) saves
-     * none, and its resume starts the residuals at zero (with a note). */
+     * worker's in rank order, as a section after the payload: this
+     * process's workers' when it holds every worker, else (a multi-process
+     * job) the states ef_gather_state brought to rank 0 at this step; a
+     * multi-process save at another step writes none (its resume starts the
+     * residuals at zero, with a note). */
     int64_t len = dp_reducer_state_len(&w->red);
-    if (len == 0 || t->G != t->P) return dp_ckpt_write(path, &h, w->rep.params, w->rep.buffers, state);
-    size_t size = sizeof(struct dp_ckpt_ef) + sizeof(float) * (size_t)len * (size_t)t->P;
+    int gathered = t->G != t->P && t->efstate && t->efstate_step == w->opt.step;
+    if (len == 0 || (t->G != t->P && !gathered))
+        return dp_ckpt_write(path, &h, w->rep.params, w->rep.buffers, state);
+    size_t size = sizeof(struct dp_ckpt_ef) + sizeof(float) * (size_t)len * (size_t)t->G;
     char *data = dp_malloc_big(size);
     if (!data) return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the error-feedback state");
-    struct dp_ckpt_ef ef = {.kind = (uint32_t)t->p.compress.kind, .workers = (uint32_t)t->P, .len = len};
+    struct dp_ckpt_ef ef = {.kind = (uint32_t)t->p.compress.kind, .workers = (uint32_t)t->G, .len = len};
     memcpy(data, &ef, sizeof ef);
-    for (int r = 0; r < t->P; r++)
+    if (gathered) memcpy(data + sizeof ef, t->efstate, sizeof(float) * (size_t)len * (size_t)t->G);
+    for (int r = 0; !gathered && r < t->P; r++)
         dp_reducer_state_get(&t->w[r].red, (float *)(void *)(data + sizeof ef) + (size_t)len * (size_t)r);
     int rc = dp_ckpt_write_section(path, &h, w->rep.params, w->rep.buffers, state, DP_CKPT_EF_TAG, data, size);
     dp_free(data);
@@ -1562,6 +1574,43 @@ static int zero_gather_state(struct worker *w) {
     return dp_zero_state_gather(&w->zero, &w->opt, w->rep.grads, w->grank == 0 ? t->zstate : NULL);
 }
 
+/* The error-feedback state of a multi-process job, for dp_trainer_save:
+ * rank 0 writes the file, so every rank's state (len floats) comes to it.
+ * One file with every rank's state, as a single-process job writes it,
+ * rather than one file per rank: a resume reads one path (any rank count
+ * that matches can resume, and the same file resumes on threads), and no
+ * rank's disk has to be shared.  Through the worker's communicator in
+ * rounds: round k all-gathers G blocks of B floats, block r = rank r's
+ * state[k B, (k+1) B), so no rank holds more than G B floats besides rank
+ * 0's G x len (B: about 1M / G).  Called by every worker, where
+ * zero_gather_state is. */
+static int ef_gather_state(struct worker *w) {
+    struct dp_trainer *t = w->t;
+    const int64_t len = dp_reducer_state_len(&w->red), G = t->G;
+    if (!t->p.out_dir || len == 0 || t->G == t->P) return DP_OK;
+    int64_t B = ((int64_t)1 << 20) / G;
+    if (B < 1) B = 1;
+    if (B > len) B = len;
+    float *mine = dp_malloc_big(sizeof(float) * (size_t)len), *buf = dp_malloc_big(sizeof(float) * (size_t)(G * B));
+    if (w->grank == 0 && !t->efstate) t->efstate = dp_malloc_big(sizeof(float) * (size_t)(G * len));
+    if (!mine || !buf || (w->grank == 0 && !t->efstate)) {
+        dp_free(mine), dp_free(buf);
+        return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the error-feedback state");
+    }
+    dp_reducer_state_get(&w->red, mine);
+    int rc = DP_OK;
+    for (int64_t k0 = 0; !rc && k0 < len; k0 += B) {
+        const int64_t n = len - k0 < B ? len - k0 : B;
+        memcpy(buf + w->grank * B, mine + k0, sizeof(float) * (size_t)n);
+        rc = dp_comm_allgather(w->comm, buf, G * B, DP_DTYPE_F32, DP_ALGO_AUTO);
+        for (int64_t q = 0; !rc && w->grank == 0 && q < G; q++)
+            memcpy(t->efstate + q * len + k0, buf + q * B, sizeof(float) * (size_t)n);
+    }
+    if (!rc && w->grank == 0) t->efstate_step = w->opt.step;
+    dp_free(mine), dp_free(buf);
+    return rc;
+}
+
 /* One optimizer step on worker w: `accum` micro-batches, the reduction,
  * the update.  Returns 0, or an error (already with its context). */
 static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
@@ -2077,7 +2126,8 @@ static int end_epoch(struct worker *w, double t_start) {
     /* ZeRO 3: the whole parameters for the evaluation, the report's hash and
      * the checkpoint; given back after the barrier, kept after the last epoch */
     if (!rc) rc = dp_zero_materialize(&w->zero);
-    if (!rc && (e == t->p.epochs || (t->p.ckpt_every > 0 && e % t->p.ckpt_every == 0))) rc = zero_gather_state(w);
+    if (!rc && (e == t->p.epochs || (t->p.ckpt_every > 0 && e % t->p.ckpt_every == 0)))
+        if (!(rc = zero_gather_state(w))) rc = ef_gather_state(w);
     if (!rc) rc = evaluate_shared(w, &test_acc, &test_loss);
     if (!rc && w->grank == 0) rc = report_epoch(w, dt, tot, test_acc, test_loss);
     dp_free(tot);
@@ -2454,7 +2504,8 @@ static int worker_loop(struct worker *w) {
         w->correct = w->seen = w->skipped = 0;
         while (in_epoch < t->batches_per_epoch) {
             if (t->p.max_steps && step >= t->p.max_steps) {
-                if ((rc = dp_zero_materialize(&w->zero)) || (rc = zero_gather_state(w))) return rc;
+                if ((rc = dp_zero_materialize(&w->zero)) || (rc = zero_gather_state(w)) || (rc = ef_gather_state(w)))
+                    return rc;
                 if (w->grank == 0) rc = checkpoint(t);
                 return rc ? rc : dp_comm_barrier(w->comm);
             }

@@ -5,7 +5,8 @@
 #    (btl self,vader; --oversubscribe: more processes than cores), and P = 3
 #    over TCP loopback (btl self,tcp), the transport between machines;
 # 2. `dptrain bench allreduce --backend mpi` with each algorithm, briefly;
-# 3. the timeout cases, one mpirun each with P = 3: rank 2 sleeps, stops itself
+# 3. a topk run resumed from a checkpoint across processes continues exactly (error feedback);
+# 4. the timeout cases, one mpirun each with P = 3: rank 2 sleeps, stops itself
 #    (SIGSTOP) or waits in another operation; ranks 0 and 1 must name it within
 #    timeout + grace, then the job is ended with dp_comm_kill_job.  Checked: the
 #    verdict lines, the time, and that no process of the job is left.
@@ -122,6 +123,34 @@ calibrate_mpi() {
   else echo "FAIL mpi_calibrate_process_level: exit $rc"; sed 's/^/    /' "$log" | head -20; fail=$((fail + 1)); fi
 }
 
+# Error feedback across processes: rank 0 gathers every rank's topk residuals into the checkpoint's
+# DPEFSTAT section, and a resume restores them: 1 epoch, then a resume to 2, ends with the same
+# parameter hash as 2 epochs straight (without the residuals it does not), no "start at zero" note.
+# One worker per process, and 2 x 2 (hybrid: threads in each process).
+ef_resume() {
+  local log=$T/ef W out=0 h1 h2
+  local a=(train --backend mpi --threads 1 --model mlp --train-limit 640 --test-limit 100 --batch 64 --lr 0.05
+    --momentum 0.9 --seed 3 --compress topk:0.01 --progress none)
+  for W in 1 2; do
+    rm -rf "$T/ck"
+    OMPI_MCA_btl=self,vader timeout 120 mpirun --oversubscribe -np 2 "$BUILD/dptrain" "${a[@]}" --workers "$W" \
+      --epochs 2 >"$log.whole" 2>&1 &&
+      OMPI_MCA_btl=self,vader timeout 120 mpirun --oversubscribe -np 2 "$BUILD/dptrain" "${a[@]}" --workers "$W" \
+        --epochs 1 --out "$T/ck" >"$log.first" 2>&1 &&
+      OMPI_MCA_btl=self,vader timeout 120 mpirun --oversubscribe -np 2 "$BUILD/dptrain" "${a[@]}" --workers "$W" \
+        --epochs 2 --resume "$T/ck/checkpoint.bin" >"$log.resumed" 2>&1
+    local rc=$?
+    h1=$(sed -n 's/^done: .*param hash \([0-9a-f]*\).*/\1/p' "$log.whole")
+    h2=$(sed -n 's/^done: .*param hash \([0-9a-f]*\).*/\1/p' "$log.resumed")
+    if [[ $rc -ne 0 || -z $h1 || $h1 != "$h2" ]] || grep -q "residuals" "$log.resumed"; then
+      echo "FAIL mpi_error_feedback_resume (np 2 x $W workers): exit $rc, hash $h1 straight, ${h2:-none} resumed"
+      grep -hE "note|error" "$log".* | sed 's/^/    /' | head -10; out=1
+    fi
+  done
+  if [[ $out -eq 0 ]]; then echo "ok   mpi_error_feedback_resume (topk:0.01, np 2 x 1 and 2 x 2 workers)"; pass=$((pass + 1))
+  else fail=$((fail + 1)); fi
+}
+
 for P in 1 2 3 4; do suite self,vader "$P"; done
 suite self,tcp 3
 if [[ -x $BUILD/dptrain ]]; then bench_cli
@@ -130,6 +159,8 @@ if [[ -x $BUILD/dptrain ]]; then calibrate_mpi
 else echo "skip mpi_calibrate_process_level (no $BUILD/dptrain)"; skipped=$((skipped + 1)); fi
 if [[ -x $BUILD/dptrain ]]; then backup_refused
 else echo "skip mpi_backup_workers_refused (no $BUILD/dptrain)"; skipped=$((skipped + 1)); fi
+if [[ -x $BUILD/dptrain ]]; then ef_resume
+else echo "skip mpi_error_feedback_resume (no $BUILD/dptrain)"; skipped=$((skipped + 1)); fi
 timeout_case timeout-sleep 2
 timeout_case timeout-stop 2
 timeout_case timeout-elsewhere 3

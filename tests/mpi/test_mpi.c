@@ -208,6 +208,43 @@ static void test_reduce_scatter_matrix(void) { matrix(DP_COLL_REDUCE_SCATTER); }
 static void test_allgather_matrix(void) { matrix(DP_COLL_ALLGATHER); }
 static void test_broadcast_matrix(void) { matrix(DP_COLL_BROADCAST); }
 
+/* The path of `dptrain train --backend mpi --workers 1`: a hierarchical world
+ * of one thread per process over the mpi communicator.  Its all-gather must
+ * be the mpi backend's own (MPI_Allgatherv with native; ring, rhd), not an
+ * all-reduce of zero-padded blocks (twice the bytes): checked by the bits,
+ * which a sum with zeros would change (-0.0 becomes +0.0, a signalling NaN
+ * is quieted). */
+static uint32_t gather_bits(int r, int64_t i) {
+    return i % 3 == 0 ? 0x80000000u : i % 3 == 1 ? 0x7f800001u + (uint32_t)r : 0xbf800000u + (uint32_t)i;
+}
+static void test_hier_allgather_bits(void) {
+    struct dp_comm *inter = new_comm(TIMEOUT_S), *c = NULL;
+    struct dp_comm_world *w = NULL;
+    CHECK_OK(dp_comm_thread_world_init_hier(&w, 1, NULL, inter));
+    if (w) CHECK_OK(dp_comm_thread_init(&c, w, 0));
+    int P = g_P, r = g_rank;
+    const int64_t counts[] = {0, 1, P + 1, 1000};
+    uint32_t *x = dp_malloc(sizeof(uint32_t) * 1000);
+    for (size_t a = 0; c && a < DP_ARRAY_LEN(algos3); a++)
+        for (size_t k = 0; k < DP_ARRAY_LEN(counts); k++) {
+            int64_t n = counts[k], off, len;
+            dp_comm_split(n, P, r, &off, &len);
+            for (int64_t i = 0; i < n; i++) x[i] = i >= off && i < off + len ? gather_bits(r, i) : 0x3f800000u;
+            CHECK_OK(dp_comm_allgather(c, x, n, DP_DTYPE_F32, algos3[a]));
+            for (int q = 0, bad = 0; q < P; q++) {
+                dp_comm_split(n, P, q, &off, &len);
+                for (int64_t i = off; i < off + len; i++)
+                    if (x[i] != gather_bits(q, i) && bad++ < 3)
+                        fail_at(__FILE__, __LINE__, "%s count %lld: x[%lld] = %08x, rank %d sent %08x",
+                                dp_comm_algo_name(algos3[a]), (long long)n, (long long)i, x[i], q, gather_bits(q, i));
+            }
+        }
+    dp_free(x);
+    dp_comm_free(c);
+    if (w) dp_comm_thread_world_free(w);
+    dp_comm_free(inter);
+}
+
 /* ---- bf16 rounding --------------------------------------------------------------------------- */
 
 /* Random bf16 inputs against the fp64 sum, within k·2^-8·sum|x| where k is
@@ -662,6 +699,7 @@ static const struct test tests[] = {
     {"mpi_allreduce_matrix", test_allreduce_matrix},
     {"mpi_reduce_scatter_matrix", test_reduce_scatter_matrix},
     {"mpi_allgather_matrix", test_allgather_matrix},
+    {"mpi_hier_allgather_bits", test_hier_allgather_bits},
     {"mpi_broadcast_every_root_matrix", test_broadcast_matrix},
     {"mpi_bf16_rounding", test_bf16_rounding},
     {"mpi_nonblocking_in_order", test_nonblocking_in_order},
