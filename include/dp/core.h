@@ -176,6 +176,9 @@ uint32_t dp_crc32(uint32_t crc, const void *data, size_t n);
  * INFINITY when any element of a or b is NaN or Inf: a non-finite value is
  * never "within tolerance", even in both arrays at the same place. */
 double dp_rel_diff(const float *a, const float *b, int64_t n);
+/* 1 if any of x[0..n) is NaN or Inf (one vectorised read pass: the
+ * trainer's check of every reduced gradient), else 0. */
+int dp_any_nonfinite(const float *x, int64_t n);
 
 #ifdef __cplusplus
 }

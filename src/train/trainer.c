@@ -1070,17 +1070,6 @@ static int checkpoint(struct dp_trainer *t) {
  * break strict aliasing); a 4-byte memcpy compiles to the same plain load:
  * gcc and clang at -O2 -march=native emit the very instructions of the old
  * pointer-cast loop (vpandd, vpcmpd over 16 floats at a time). */
-static int any_nonfinite(const float *x, int64_t n) {
-    uint32_t bad = 0;
-    /* (gcc 12 at -O2 only vectorises this with the explicit simd request) */
-#pragma omp simd reduction(| : bad)
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], sizeof u);
-        bad |= (u & 0x7f800000u) == 0x7f800000u;
-    }
-    return bad != 0;
-}
 
 /* BatchNorm statistics summed over the workers (SyncBatchNorm). */
 static int stat_sync(void *arg, double *buf, int64_t n) {
@@ -1401,7 +1390,7 @@ static int backup_step(struct worker *w, double n_local, double *n_acc, int *bad
 #pragma omp simd
                 for (int64_t i = 0; i < np; i++) u[i] *= scale;
                 bk->upd_n[k] = n;
-                bk->upd_bad[k] = n > 0 && any_nonfinite(u, np);
+                bk->upd_bad[k] = n > 0 && dp_any_nonfinite(u, np);
                 bk->upd_step[k] = s;
                 bk->consumed[k] = 0;
                 bk->open = s + 1;
@@ -1539,7 +1528,7 @@ static int rebalance(struct worker *w) {
 static int grad_nonfinite(struct worker *w, const float *g, double *ss, int *bad) {
     *ss = 0;
     if (!w->t->p.zero) {
-        *bad = any_nonfinite(g, w->t->model->num_params);
+        *bad = dp_any_nonfinite(g, w->t->model->num_params);
         return DP_OK;
     }
     int rc = dp_zero_sumsq(&w->zero, g, ss);
@@ -1794,7 +1783,7 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         int rc = grad_nonfinite(w, g, &ss, &gbad);
         if (rc) return rc;
     }
-    if (!t->bk_on && (gbad || any_nonfinite(w->rep.buffers, m->num_buffers))) {
+    if (!t->bk_on && (gbad || dp_any_nonfinite(w->rep.buffers, m->num_buffers))) {
         /* Which worker? Each contributes a flag for its own loss. */
         double *flags = dp_calloc((size_t)t->G, sizeof(double));
         if (!flags) return dp_seterr(DP_ENOMEM, "out of memory");
@@ -1937,7 +1926,7 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
     double scale = 1.0 / (DP_FIXED_SCALE * n_total * (double)t->pos);
     float *g = w->rep.grads;
     for (int64_t i = 0; i < np; i++) g[i] = (float)(w->acc[i] * scale);
-    if (any_nonfinite(g, np))
+    if (dp_any_nonfinite(g, np))
         return dp_seterr(DP_ENONFINITE, "step %lld: the gradient is not finite", (long long)w->step);
     /* the whole gradient is here (the accumulators were all-reduced): the
      * norm is the plain run's, and ZeRO's shard update then gives its bits */
@@ -2296,7 +2285,7 @@ static int ps_batch(struct worker *w, int64_t epoch, int64_t k, double *n, doubl
     w->t_fwd += pass.t_forward, w->t_bwd += pass.t_backward;
     w->loss_sum += pass.loss_sum, w->correct += pass.correct, w->seen += lb->B;
     *loss = pass.loss_sum / ((double)lb->B * (double)t->pos);
-    if (!isfinite(pass.loss_sum) || any_nonfinite(w->rep.grads, m->num_params))
+    if (!isfinite(pass.loss_sum) || dp_any_nonfinite(w->rep.grads, m->num_params))
         return dp_seterr(DP_ENONFINITE, "worker %d, epoch %lld: the loss or gradient of its batch is not finite; "
                          "try a lower --lr or --clip", w->grank, (long long)epoch + 1);
     if (t->p.clip_norm > 0) dp_clip_grad_norm(w->rep.grads, m->num_params, t->p.clip_norm);

@@ -207,10 +207,12 @@ static void *cal_comm_main(void *arg) {
     return NULL;
 }
 
-/* The optimizer's update per parameter.  Before each (untimed): an
- * all-reduce of the gradient, as in a step, so that the update reads a
- * gradient the communication has just written (on the thread backend, partly
- * from the other workers' cores: their caches, not this one's). */
+/* The optimizer phase per parameter, as the trainer times it: the check
+ * that the reduced gradient is finite (a read pass) and the update.  Before
+ * each (untimed): an all-reduce of the gradient, as in a step, so that the
+ * phase reads a gradient the communication has just written (on the thread
+ * backend, partly from the other workers' cores: their caches, not this
+ * one's). */
 static double cal_optim(struct cal_job *j, enum dp_optim_kind kind) {
     struct cal *c = j->c;
     int64_t n = c->m->num_params;
@@ -223,6 +225,7 @@ static double cal_optim(struct cal_job *j, enum dp_optim_kind kind) {
     for (int i = -2; i < c->iters; i++) {
         if (dp_comm_allreduce(j->comm, j->rep.grads, n, DP_DTYPE_F32, DP_ALGO_AUTO)) die("calibrate: %s", dp_errmsg());
         double t0 = dp_time();
+        if (dp_any_nonfinite(g, n)) die("calibrate: the gradient is not finite");
         if (dp_optim_step(&o, j->rep.params, g, n, 1e-6f)) die("calibrate: %s", dp_errmsg());
         if (i >= 0) t[i] = dp_time() - t0;
     }
