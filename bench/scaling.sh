@@ -19,6 +19,8 @@
 #         at once, no communication at all: their summed samples/s over 2 x dp1 is the ceiling
 #         of any replicated data parallelism on this machine (two cores sharing caches and
 #         memory bandwidth, each paying its own optimizer step and 64-row GEMMs)
+#   zero1 (with VARIANTS including it) dp2 with --zero 1 (the optimizer step sharded): issue 13
+#         asks for mlp's --zero 1 throughput against ind2's ceiling, side by side
 #   det8, det32  (with VARIANTS including them) dp2 with --deterministic --det-chunk 8 / 32:
 #         what the bit-exact mode costs against dp2 (docs/ddp.md, "Deterministic mode")
 #
@@ -79,7 +81,7 @@ note() { echo "scaling: $*" >&2; }
 "$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
     die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
 case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
-for v in $VARIANTS; do case $v in dp1 | dp2 | pt1 | pt2 | ind2 | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 pt1 pt2 ind2 det8 det32)" ;; esac; done
+for v in $VARIANTS; do case $v in dp1 | dp2 | pt1 | pt2 | ind2 | zero1 | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 pt1 pt2 ind2 zero1 det8 det32)" ;; esac; done
 [ -n "${VARIANTS// /}" ] || die "no variants to run"
 
 steps_for() { case $1 in mlp) echo "$STEPS_MLP" ;; cnn) echo "$STEPS_CNN" ;; *) die "unknown model $1 (mlp, cnn)" ;; esac; }
@@ -106,6 +108,8 @@ build_cmd() {
     case $variant in
     dp1 | dp2) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers "${variant#dp}" --threads 1
                     "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
+    zero1) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --zero 1
+                "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
     det8 | det32) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
                        --deterministic --det-chunk "${variant#det}"
                        "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
@@ -122,7 +126,7 @@ is_pos() { [ -n "$1" ] && awk -v x="$1" 'BEGIN { exit !(x + 0 > 0) }'; }
 parse_sps() {
     local variant=$1 log=$2 v=""
     case $variant in
-    dp* | ind* | det*) v=$(sed -n 's/^throughput: *\([0-9][0-9.eE+-]*\) *samples\/s.*/\1/p' "$log" | tail -n 1) ;;
+    dp* | ind* | det* | zero*) v=$(sed -n 's/^throughput: *\([0-9][0-9.eE+-]*\) *samples\/s.*/\1/p' "$log" | tail -n 1) ;;
     pt*) v=$(sed -n 's/^RESULT .*[[:space:]]samples_per_s=\([0-9][0-9.eE+-]*\).*/\1/p' "$log" | tail -n 1) ;;
     esac
     if is_pos "$v"; then echo "$v"; fi
@@ -299,11 +303,12 @@ if any(v == "ind2" for v, _ in data):
     p("ceiling = their summed samples/s / (2 x dptrain P=1); dptrain P=2 / ceiling = the share of the "
       "attainable scaling that dptrain reaches (communication and synchronisation are the only difference).")
     p("")
-    p("| model | independent 2 x batch 64, samples/s | ceiling efficiency | dptrain P=2 / ceiling |")
-    p("|---|---:|---:|---:|")
+    p("| model | independent 2 x batch 64, samples/s | ceiling efficiency | dptrain P=2 / ceiling | --zero 1 samples/s | --zero 1 / ceiling |")
+    p("|---|---:|---:|---:|---:|---:|")
     for m in models:
         p(f"| {m} | {fmt(med(list(data.get(('ind2', m), {}).values())))} | {cell(ratios('ind2', 'dp1', m, 2), True)} | "
-          f"{cell(ratios('dp2', 'ind2', m, 1), True)} |")
+          f"{cell(ratios('dp2', 'ind2', m, 1), True)} | {fmt(med(list(data.get(('zero1', m), {}).values())))} | "
+          f"{cell(ratios('zero1', 'ind2', m, 1), True)} |")
     p("")
 if any(v.startswith("det") for v, _ in data):
     p("## What deterministic mode costs: dptrain P=2 with --deterministic, against ordinary P=2")
