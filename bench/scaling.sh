@@ -138,7 +138,7 @@ run_one() {
     local log=$WORK/$variant-$model-r$rep.log
     build_cmd "$variant" "$model" "$steps"
     local rc=0
-    local sps cpu el us sy
+    local sps cpu
     if [ "$variant" = ind2 ]; then
         # two independent processes at once; samples/s summed
         "$TIME" -f '%e %U %S' -o "$log.time" "${CMD[@]}" >"$log" 2>&1 & local pid=$!
