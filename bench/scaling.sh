@@ -21,8 +21,9 @@
 #         memory bandwidth, each paying its own optimizer step and 64-row GEMMs)
 #   zero1 (with VARIANTS including it) dp2 with --zero 1 (the optimizer step sharded): issue 13
 #         asks for mlp's --zero 1 throughput against ind2's ceiling, side by side
-#   det8, det32  (with VARIANTS including them) dp2 with --deterministic --det-chunk 8 / 32:
-#         what the bit-exact mode costs against dp2 (docs/ddp.md, "Deterministic mode")
+#   det, det8, det32  (with VARIANTS including them) dp2 with --deterministic at the default
+#         chunk (dp_det_chunk_auto: 32 at batch 128) / --det-chunk 8 / 32: what the bit-exact
+#         mode costs against dp2 (docs/ddp.md, "Deterministic mode")
 #
 # PyTorch runs "at its best" (PT_ENV=tuned): thread pools pinned to 1 (OMP_NUM_THREADS,
 # OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, torch.set_num_threads), OpenBLAS free to use its
@@ -81,7 +82,7 @@ note() { echo "scaling: $*" >&2; }
 "$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
     die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
 case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
-for v in $VARIANTS; do case $v in dp1 | dp2 | pt1 | pt2 | ind2 | zero1 | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 pt1 pt2 ind2 zero1 det8 det32)" ;; esac; done
+for v in $VARIANTS; do case $v in dp1 | dp2 | pt1 | pt2 | ind2 | zero1 | det | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 pt1 pt2 ind2 zero1 det det8 det32)" ;; esac; done
 [ -n "${VARIANTS// /}" ] || die "no variants to run"
 
 steps_for() { case $1 in mlp) echo "$STEPS_MLP" ;; cnn) echo "$STEPS_CNN" ;; *) die "unknown model $1 (mlp, cnn)" ;; esac; }
@@ -110,9 +111,9 @@ build_cmd() {
                     "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
     zero1) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --zero 1
                 "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
-    det8 | det32) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
-                       --deterministic --det-chunk "${variant#det}"
-                       "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
+    det | det8 | det32) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
+                             --deterministic "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none)
+                         [[ $variant == det ]] || CMD+=(--det-chunk "${variant#det}") ;;
     ind2) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 1 --threads 1
                "${RECIPE[@]}" --batch 64 --epochs 1 --max-steps "$steps" --progress none) ;;
     pt1 | pt2) CMD=("${PTENV[@]}" "$PY" bench/pytorch_ddp.py --model "$model" --world "${variant#pt}" --threads 1
@@ -313,10 +314,11 @@ if any(v == "ind2" for v, _ in data):
 if any(v.startswith("det") for v, _ in data):
     p("## What deterministic mode costs: dptrain P=2 with --deterministic, against ordinary P=2")
     p("")
-    p("| model | ordinary P=2 | deterministic, chunk 8 | / ordinary | deterministic, chunk 32 | / ordinary |")
-    p("|---|---:|---:|---:|---:|---:|")
+    p("| model | ordinary P=2 | deterministic, default chunk | / ordinary | deterministic, chunk 8 | / ordinary | deterministic, chunk 32 | / ordinary |")
+    p("|---|---:|---:|---:|---:|---:|---:|---:|")
     for m in models:
         p(f"| {m} | {fmt(med(list(data.get(('dp2', m), {}).values())))} | "
+          f"{fmt(med(list(data.get(('det', m), {}).values())))} | {cell(ratios('det', 'dp2', m, 1), False)} | "
           f"{fmt(med(list(data.get(('det8', m), {}).values())))} | {cell(ratios('det8', 'dp2', m, 1), False)} | "
           f"{fmt(med(list(data.get(('det32', m), {}).values())))} | {cell(ratios('det32', 'dp2', m, 1), False)} |")
     p("")

@@ -73,6 +73,22 @@ if same_hash "$d1" "$d2" && same_hash "$d1" "$d3"; then ok deterministic_workers
 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 1 --deterministic --out "$T/detr" --resume "$T/detr/checkpoint.bin" >/dev/null 2>&1
 h=$(hash_of "$T/detr/checkpoint.bin")
 if same_hash "$h" "$d1"; then ok deterministic_resume_other_worker_count; else bad deterministic_resume_other_worker_count "'$h' vs '$d1'"; fi
+# the default chunk follows the batch alone (dp_det_chunk_auto: batch / 4 within 8..32): at batch
+# 128 it is 32 on 1 and 3 workers (3 workers: 2, 1 and 1 of the 4 chunks), named in the header, and
+# its bits are --det-chunk 32's, not 8's
+for c in auto 8 32; do
+  for P in 1 3; do
+    [[ $c != auto && $P == 3 ]] && continue
+    extra=(); [[ $c != auto ]] && extra=(--det-chunk "$c")
+    "$BIN" train --model mlp "${SMALL[@]}" --batch 128 --max-steps 3 --workers $P --deterministic "${extra[@]}" \
+      --out "$T/dc_${c}_$P" >"$T/dc_${c}_$P.log" 2>&1
+  done
+done
+ha1=$(hash_of "$T/dc_auto_1/checkpoint.bin"); ha3=$(hash_of "$T/dc_auto_3/checkpoint.bin")
+h8=$(hash_of "$T/dc_8_1/checkpoint.bin"); h32=$(hash_of "$T/dc_32_1/checkpoint.bin")
+if same_hash "$ha1" "$ha3" && same_hash "$ha1" "$h32" && [[ -n $h8 && $h8 != "$ha1" ]] &&
+   grep -q "deterministic in chunks of 32" "$T/dc_auto_3.log"; then ok deterministic_default_chunk_from_batch
+else bad deterministic_default_chunk_from_batch "auto $ha1/$ha3, chunk 32 $h32, chunk 8 $h8" "$(head -2 "$T/dc_auto_3.log")"; fi
 if "$BIN" train --model cnn --epochs 1 "${SMALL[@]}" --workers 2 --timeline "$T/tl.json" --check-replicas 5 >"$T/tl.log" 2>&1 &&
    /usr/bin/python3 -c "
 import json, sys

@@ -162,6 +162,18 @@ static void deterministic(const char *model, int64_t steps) {
 TEST_T(ddp_deterministic_mlp_bit_identical, 300) { deterministic("mlp", 17); }
 TEST_T(ddp_deterministic_cnn_bit_identical, 300) { deterministic("cnn", 4); }
 
+/* The default chunk: a quarter of the batch within 8..32, never above the
+ * batch; it depends on nothing else (dp/train.h). */
+TEST(ddp_det_chunk_auto_follows_batch) {
+    ASSERT_EQ(dp_det_chunk_auto(1), 1);
+    ASSERT_EQ(dp_det_chunk_auto(3), 3);
+    ASSERT_EQ(dp_det_chunk_auto(16), 8);
+    ASSERT_EQ(dp_det_chunk_auto(50), 12);
+    ASSERT_EQ(dp_det_chunk_auto(128), 32);
+    ASSERT_EQ(dp_det_chunk_auto(4096), 32);
+    ASSERT_EQ(dp_train_default_params().det_chunk, 0); /* auto */
+}
+
 TEST(ddp_deterministic_rejects_batchnorm) {
     require_data();
     struct dp_train_params p = base("resnet", 2);

@@ -110,14 +110,14 @@ struct dp_train_params {
     double comm_timeout;       /* seconds a collective may block before the run fails (0 = off) */
     int deterministic;         /* bit-identical results for any worker count (docs/ddp.md) */
     /* ZeRO (docs/ddp.md "ZeRO"; dp/ddp.h): 1 = each worker keeps the optimizer state of its
-     * 1/G shard of the parameters, updates that shard and all-gathers the parameters (0 = off;
-     * 2 and 3 are not built yet).  zero_scatter: the gradient is reduce-scattered after backward
+     * 1/G shard of the parameters, updates that shard and all-gathers the parameters; 2 also
+     * shards the gradient, 3 the parameters (0 = off).  zero_scatter: the gradient is reduce-scattered after backward
      * (each worker needs only its shard's sum: half an all-reduce's bytes, no overlap) instead
      * of all-reduced bucket by bucket during backward.  Not with --backup-workers or the
      * parameter server. */
     int zero;
     int zero_scatter;
-    int64_t det_chunk;         /* deterministic mode: samples per fixed chunk (default 8) */
+    int64_t det_chunk;         /* deterministic mode: samples per fixed chunk (0 = dp_det_chunk_auto) */
     const char *timeline;      /* write a Chrome trace-event file of the run here (NULL = off) */
     /* Fault injection, for the tests of failure handling: at optimizer step
      * fault_step, worker fault_worker fails the way fault_kind says. */
@@ -207,6 +207,10 @@ int dp_parse_simulate_jitter(const char *spec, struct dp_jitter *j);
 void dp_balance_plan(const int64_t *rate, int world, int64_t units, int64_t *share);
 
 struct dp_trainer;
+/* The default --det-chunk for a global batch: a quarter of the batch, within 8..32 (and at most
+ * the batch).  It depends on the batch alone, so runs at any worker count that keep the batch
+ * keep the bits; docs/ddp.md "Deterministic mode" gives the trade-off. */
+int64_t dp_det_chunk_auto(int64_t batch);
 int dp_trainer_init(struct dp_trainer **t, const struct dp_train_params *p);
 /* Trains until the epoch count (or max_steps) is reached. */
 int dp_trainer_run(struct dp_trainer *t);

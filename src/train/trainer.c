@@ -193,7 +193,7 @@ struct dp_train_params dp_train_default_params(void) {
     p.first_bucket_bytes = 1u << 20;
     p.overlap = 1;
     p.algo = DP_ALGO_AUTO;
-    p.det_chunk = 8;
+    p.det_chunk = 0; /* auto: dp_det_chunk_auto(batch) */
     p.epochs = 1;
     p.batch = 128;
     p.optim = dp_optim_default_params();
@@ -376,7 +376,7 @@ static int check_params(const struct dp_train_params *p) {
     if (p->compress.kind != DP_COMPRESS_NONE && p->backup)
         return dp_seterr(DP_EINVAL, "--compress does not work with --backup-workers (their steps do not go "
                          "through the reducer)");
-    if (p->deterministic && (p->det_chunk < 1 || p->det_chunk > p->batch))
+    if (p->deterministic && (p->det_chunk < 0 || p->det_chunk > p->batch))
         return dp_seterr(DP_EINVAL, "--det-chunk must be in 1..batch (got %lld)", (long long)p->det_chunk);
     /* Deterministic mode stops at the first non-finite chunk gradient (it
      * cannot be turned into fixed point); a request to skip such steps
@@ -706,6 +706,20 @@ static int ps_init(struct dp_trainer *t) {
     return dp_ps_init(&t->ps, &pp, t->model->num_params);
 }
 
+/* Chunks cost two ways (measured, docs/results.md "What deterministic mode
+ * costs"): a small chunk means GEMMs of few rows and one conversion pass over
+ * the gradient per few samples (mlp at P = 2: 0.44x of ordinary training with
+ * chunks of 8, 0.72x with 32); a large chunk leaves fewer chunks than workers
+ * (a worker with no chunk idles).  A quarter of the batch keeps 4 workers busy
+ * at any batch and is 32 at the default batch of 128; beyond 32 rows the
+ * GEMMs gain little, and below 8 they lose much. */
+int64_t dp_det_chunk_auto(int64_t batch) {
+    int64_t c = batch / 4;
+    if (c > 32) c = 32;
+    if (c < 8) c = 8;
+    return c < batch ? c : batch;
+}
+
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     *out = NULL;
     int rc = check_params(p);
@@ -714,6 +728,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (!t) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
     t->p = *p;
     if (p->staleness >= 0) t->p.async = 1; /* --staleness implies the parameter server */
+    if (p->deterministic && !p->det_chunk) t->p.det_chunk = dp_det_chunk_auto(p->batch);
     p = &t->p;
     t->P = p->workers;
     t->G = p->inter ? t->P * dp_comm_world(p->inter) : t->P;

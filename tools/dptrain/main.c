@@ -194,7 +194,7 @@ static const char *help_train =
     "  --skip-nonfinite    skip steps whose loss or gradient is NaN/Inf instead of stopping\n"
     "  --comm-timeout S    fail a collective that blocks longer than S seconds [off]\n"
     "  --deterministic     bit-identical results for any --workers (fixed chunks, exact sums)\n"
-    "  --det-chunk N       deterministic mode: samples per chunk [8]\n"
+    "  --det-chunk N       deterministic mode: samples per chunk [batch/4, within 8..32]\n"
     "  --zero N            ZeRO stage: 0 off | 1 each worker keeps the optimizer state of its 1/P\n"
     "                      shard, updates it and all-gathers the parameters | 2 and the gradient:\n"
     "                      each bucket reduce-scattered, its memory given back | 3 and the\n"
@@ -636,13 +636,17 @@ static int cmd_train(int argc, char **argv) {
     int ranks = tp.workers * nprocs; /* data-parallel ranks in the job */
     char procs[64] = "";
     if (job) snprintf(procs, sizeof procs, "%d process%s (mpi) x ", nprocs, nprocs > 1 ? "es" : "");
+    char det[64] = ""; /* the chunk decides the bits, so the header names it */
+    if (tp.deterministic && !tp.async && tp.staleness < 0)
+        snprintf(det, sizeof det, ", deterministic in chunks of %lld",
+                 (long long)(tp.det_chunk ? tp.det_chunk : dp_det_chunk_auto(tp.batch)));
     if (me == 0)
         printf("dptrain: model %s (%lld parameters, %.1f MFLOP/sample forward), global batch %lld, %s lr %g, "
-               "%s%d worker%s x %d thread%s, gemm %s\n",
+               "%s%d worker%s x %d thread%s, gemm %s%s\n",
                m->spec, (long long)m->num_params, (double)m->flops_fwd / 1e6, (long long)tp.batch,
                dp_optim_kind_name(tp.optim.kind), (double)tp.sched.base_lr, procs, tp.workers,
                tp.workers > 1 ? "s" : "", tp.threads, tp.threads > 1 ? "s" : "",
-               dp_gemm_backend_name(dp_gemm_get_backend()));
+               dp_gemm_backend_name(dp_gemm_get_backend()), det);
     fflush(stdout);
     /* The MFU's denominator, measured now (~10 ms, before the workers load
      * the cores): 0 where it cannot be measured, and then no MFU is printed. */
