@@ -2,7 +2,7 @@
 # Validation of `dptrain plan` against measured steps (issue 14, G2 "Validation"): for every case,
 # in this order and in the same run (so the machine's load weighs on both alike):
 #
-#   1. dptrain calibrate ... --model M --batch N --out prof.json      the profile (docs/plan.md)
+#   1. dptrain calibrate ... --model M --batch N --algo ring --out prof.json   the profile (docs/plan.md)
 #   2. dptrain plan --model M --workers P --batch N --optim sgd --algo ring --profile prof.json --json
 #   3. dptrain train --model M --workers P (or P hosts) --batch N --optim sgd --momentum 0.9
 #        --algo ring --max-steps STEPS --out run                      metrics.jsonl
@@ -20,6 +20,8 @@
 # Every run uses --threads 1 (one compute thread per worker), SGD lr 0.05 momentum 0.9.
 #
 # Usage (after make):  bash bench/plan_validate.sh
+#   the threads cases alone (the quiet rerun):  NETNS=0 REPS=3 bash bench/plan_validate.sh
+#   one emulated-hosts case:  MODELS=mlp HOSTS=2 RATES=1gbit bash bench/plan_validate.sh
 #   knobs (environment): MODELS="cnn mlp" STEPS=40 WARMUP=5 REPS=1 BATCH=128 PERHOST=64
 #   HOSTS="2 4" RATES="1gbit 100mbit" NETNS=1 (0: threads only) CAL_ITERS=10 (per size)
 #   CAL_COMPUTE=20 (compute iterations) DPTRAIN=build/dptrain RESULTS=bench/results
@@ -52,13 +54,14 @@ bench_facts plan_validate
 TSV=${OUTMD%.md}.tsv
 WORK=$(mktemp -d /tmp/plan_validate.XXXXXX)
 
-printf 'case\tmodel\tworkers\trate\trep\tbatch\tpred_step_ms\tmeas_step_ms\terr_pct\trunc_step_ms\trunc_err_pct\tpred_fwd_ms\tmeas_fwd_ms\tpred_bwd_ms\tmeas_bwd_ms\tpred_exposed_ms\tmeas_exposed_ms\tpred_opt_ms\tmeas_opt_ms\tpred_other_ms\tmeas_other_ms\tcomm_cpu\tmeas_steps\n' >"$TSV"
+printf 'case\tmodel\tworkers\trate\trep\tbatch\tpred_step_ms\tmeas_step_ms\terr_pct\trunc_step_ms\trunc_err_pct\tpred_fwd_ms\tmeas_fwd_ms\tpred_bwd_ms\tmeas_bwd_ms\tpred_exposed_ms\tmeas_exposed_ms\tpred_opt_ms\tmeas_opt_ms\tpred_other_ms\tmeas_other_ms\tcomm_cpu\tmeas_steps\tpred_steal_ms\tpred_straggle_ms\n' >"$TSV"
 NOTES=()
 
 # runcompute PROF RUN P BATCH WARM OUT: the profile with the run's own compute in place of the
 # calibrated one (forward, backward per sample and the optimizer per parameter: rank 0's medians),
 # so that plan from it shows the error of the rest of the model (communication, overlap, the
-# other terms) apart from how well calibration caught the compute of the run
+# other terms) apart from how well calibration caught the compute of the run; comm_cpu 0, as the
+# run's backward has the steal in it already
 runcompute() {
   /usr/bin/python3 - "$@" <<'PY'
 import json, statistics as st, sys
@@ -69,6 +72,7 @@ b = int(batch) / int(P)
 c["fwd_sample_s"] = st.median(r["forward_s"] for r in rs) / b
 c["bwd_sample_s"] = st.median(r["backward_s"] for r in rs) / b
 c["sgd_param_s"] = st.median(r["optimizer_s"] for r in rs) / int(nparams)
+c["comm_cpu"] = 0
 json.dump(c, open(out, "w"))
 PY
 }
@@ -76,8 +80,10 @@ PY
 nparams() { /usr/bin/python3 -c 'import json,sys; p=json.loads(open(sys.argv[1]).readline()); print(round(sum(p["bucket_bytes"]) / 4))' "$1"; }
 
 # compare CASE MODEL P RATE REP BATCH PROF PLAN RUN WARM PLANRUN: one row of the TSV from the profile, the plan's
-# JSON and the run's metrics (other = data + zeroing + lost to comm + metrics gather in the plan; in the run,
-# step - forward - backward - exposed - optimizer: data wait, zeroing, the rest)
+# JSON and the run's metrics.  The plan's columns as the run times them: backward + the compute lost to
+# the all-reduces beside it (the run's backward has it inside), exposed + the straggler wait (rank 0's
+# comm_exposed_s runs from its backward's end, waiting for the slowest worker too), other = data +
+# zeroing + metrics gather; in the run, other = step - forward - backward - exposed - optimizer
 compare() {
   /usr/bin/python3 - "$@" >>"$TSV" <<'PY'
 import json, statistics as st, sys
@@ -90,9 +96,10 @@ other = st.median((r["step_s"] - r["forward_s"] - r["backward_s"] - r["comm_expo
 pred, meas = p["step_s"] * 1e3, m("step_s")
 row = [case, model, P, rate, rep, batch, "%.3f" % pred, "%.3f" % meas, "%.1f" % (100 * (pred - meas) / meas),
        "%.3f" % (q["step_s"] * 1e3), "%.1f" % (100 * (q["step_s"] * 1e3 - meas) / meas),
-       "%.3f" % (p["fwd_s"] * 1e3), "%.3f" % m("forward_s"), "%.3f" % (p["bwd_s"] * 1e3), "%.3f" % m("backward_s"),
-       "%.3f" % (p["exposed_s"] * 1e3), "%.3f" % m("comm_exposed_s"), "%.3f" % (p["opt_s"] * 1e3), "%.3f" % m("optimizer_s"),
-       "%.3f" % ((p["data_s"] + p["zero_s"] + p["steal_s"] + p["gather_s"]) * 1e3), "%.3f" % other, "%.2f" % c.get("comm_cpu", 0), str(len(rs))]
+       "%.3f" % (p["fwd_s"] * 1e3), "%.3f" % m("forward_s"), "%.3f" % ((p["bwd_s"] + p["steal_s"]) * 1e3), "%.3f" % m("backward_s"),
+       "%.3f" % ((p["exposed_s"] + p.get("straggle_s", 0)) * 1e3), "%.3f" % m("comm_exposed_s"), "%.3f" % (p["opt_s"] * 1e3), "%.3f" % m("optimizer_s"),
+       "%.3f" % ((p["data_s"] + p["zero_s"] + p["gather_s"]) * 1e3), "%.3f" % other, "%.2f" % c.get("comm_cpu", 0),
+       str(len(rs)), "%.3f" % (p["steal_s"] * 1e3), "%.3f" % (p.get("straggle_s", 0) * 1e3)]
 print("\t".join(row))
 PY
 }
@@ -106,7 +113,7 @@ for rep in $(seq 1 "$REPS"); do
     d=$WORK/thr-$model-$rep
     mkdir -p "$d"
     echo "threads: $model P=2 rep $rep" >&2
-    "$DPTRAIN" calibrate --workers 2 --threads 1 --model "$model" --batch "$BATCH" --max-bytes 4194304 \
+    "$DPTRAIN" calibrate --workers 2 --threads 1 --model "$model" --batch "$BATCH" --algo ring --max-bytes 4194304 \
       --iters "$CAL_ITERS" --compute-iters "$CAL_COMPUTE" --out "$d/prof.json" >"$d/cal.log" 2>&1 ||
       { cat "$d/cal.log" >&2; die "calibrate failed ($model)"; }
     "$DPTRAIN" plan --model "$model" --workers 2 --batch "$BATCH" --optim sgd --algo ring --metrics \
@@ -156,7 +163,7 @@ if [[ -z $netns_note ]]; then
           d=$WORK/ns-$P-$RATE-$model-$rep
           mkdir -p "$d"
           echo "netns: $model $P hosts $RATE rep $rep" >&2
-          cluster_run -np "$P" "$DPTRAIN" calibrate --backend mpi --threads 1 --model "$model" --batch "$N" \
+          cluster_run -np "$P" "$DPTRAIN" calibrate --backend mpi --threads 1 --model "$model" --batch "$N" --algo ring \
             --max-bytes 4194304 --iters "$CAL_ITERS" --compute-iters "$CAL_COMPUTE" --out "$d/prof.json" \
             >"$d/cal.log" 2>&1 || { tail -5 "$d/cal.log" >&2; die "calibrate failed ($model, $P hosts, $RATE)"; }
           "$DPTRAIN" plan --model "$model" --workers "$P" --batch "$N" --optim sgd --algo ring --metrics \
@@ -189,15 +196,16 @@ fi
   echo
   echo "Predicted (dptrain plan from the profile calibrated just before) against measured (median step_s"
   echo "after the first $WARMUP steps); ms per step, error = (predicted - measured) / measured."
-  echo "fwd, bwd, exp(osed comm), opt: predicted / measured; other: data + zeroing + compute lost to"
-  echo "comm + the metrics' all-gather (plan) / step - the four phases (run).  \"run's compute\": the"
+  echo "fwd, bwd, exp(osed comm), opt: predicted / measured; bwd predicted with the compute lost to the"
+  echo "all-reduces beside it (steal), exp predicted with the straggler wait (straggle); other: data +"
+  echo "zeroing + the metrics' all-gather (plan) / step - the four phases (run).  \"run's compute\": the"
   echo "plan again with the run's own forward, backward and optimizer medians in the profile (the error"
   echo "of the rest of the model, apart from how well calibration caught the run's compute)."
   echo
-  echo "| case | model | P | rate | predicted | measured | error | with the run's compute | fwd | bwd | exp | opt | other | comm_cpu |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-  tail -n +2 "$TSV" | awk -F'\t' '{printf "| %s | %s | %s | %s | %s | %s | %+.1f%% | %s (%+.1f%%) | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s | %s |\n",
-    $1, $2, $3, $4, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22}'
+  echo "| case | model | P | rate | predicted | measured | error | with the run's compute | fwd | bwd | exp | opt | other | comm_cpu | steal | straggle |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  tail -n +2 "$TSV" | awk -F'\t' '{printf "| %s | %s | %s | %s | %s | %s | %+.1f%% | %s (%+.1f%%) | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s | %s | %s | %s |\n",
+    $1, $2, $3, $4, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $24, $25}'
   echo
   echo "Profiles (JSON, one per case):"
   echo

@@ -963,6 +963,16 @@ sim=$("$BIN" simulate --workers 8 --steps 10 --compute-ms "${cms:-0}" --comm-ms 
 got=$(awk '/^throughput:/ {print $2}' <<<"$sim")
 if awk -v a="${got:-0}" -v b="${want:-1}" 'BEGIN {exit !(a > 0 && (a - b) / b < 1e-5 && (b - a) / b < 1e-5)}'; then ok plan_simulate_agree
 else bad plan_simulate_agree "plan $want steps/s, simulate ${got:-none}" "$sim"; fi
+# and with a spread of the workers' compute: plan's straggler wait e_8 x 0.1 x compute (e_8 =
+# 1.4236) against the simulator's mean max of 8 normal draws over 20,000 steps (the Monte Carlo
+# error of that mean is about 1e-4 of the step; without the wait the two differ by 12%)
+pj=$("$BIN" plan --params 2e8 --workers 8 --batch 1600 --tokens 1024 --flops 1e14 --no-overlap --compute-cv 0.1 --json 2>&1)
+args=$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); c=d["fwd_s"]+d["bwd_s"]; assert abs(d["straggle_s"] - 0.14236 * c) < 1e-4 * c, d; print(1e3*c, 1e2*c, 1e3*d["comm_s"], 1/d["step_s"])' "$pj" 2>/dev/null)
+read -r cms sdms ams want <<<"$args"
+sim=$("$BIN" simulate --workers 8 --steps 20000 --compute-ms "${cms:-0}" --compute-sd-ms "${sdms:-0}" --comm-ms "${ams:-0}" 2>&1)
+got=$(awk '/^throughput:/ {print $2}' <<<"$sim")
+if awk -v a="${got:-0}" -v b="${want:-1}" 'BEGIN {exit !(a > 0 && (a - b) / b < 2e-3 && (b - a) / b < 2e-3)}'; then ok plan_simulate_agree_spread
+else bad plan_simulate_agree_spread "plan $want steps/s, simulate ${got:-none}" "$pj" "$sim"; fi
 # plot: a synthetic 2-rank run (step and epoch records as the trainer writes them),
 # simulate, plan and sweep outputs -> every plot, each parsing as XML with
 # units on both axes; a run alone skips the planning plots with a note
@@ -1002,20 +1012,28 @@ if "$BIN" calibrate --workers 2 --max-bytes 262144 --iters 3 --run "$T/prun" --o
    "$BIN" plan --model mlp --workers 2 --batch 64 --profile "$T/cal.json" | grep -q " = forward 2.56 + backward 5.12 + exposed comm"
 then ok calibrate_profile; else bad calibrate_profile "$(cat "$T/cal.log")"; fi
 expect_error calibrate_run_missing "no-such-run" "$BIN" calibrate --run "$T/no-such-run" --max-bytes 16384
-# calibrate --model: the step's calibrated terms (profile version 2), and plan reads them back:
-# forward = fwd_sample_s x 8 samples per worker, optimizer = sgd_param_s x parameters
+# calibrate --model: the step's calibrated terms (profile version 3), and plan reads them back:
+# forward = fwd_sample_s x 8 samples per worker, optimizer = sgd_param_s x parameters, the
+# steal's comm_cpu = steal_s / overlap_s (the plan's overlap at this point), and the straggler
+# wait at the calibrated 2 workers = straggle_cv x (forward + backward + steal)
 if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 65536 --iters 2 --compute-iters 2 \
      --out "$T/cal2.json" >"$T/cal2.log" 2>&1 &&
-   python3 -c 'import json,sys,math; d=json.load(open(sys.argv[1])); pos=["fwd_sample_s","bwd_sample_s","fwd_sample_1_s","bwd_sample_1_s","sgd_param_s","adamw_param_s","data_sample_s"]; assert d["version"] == 2 and d["model"] == "mlp" and d["level"] == "thread" and all(math.isfinite(d[k]) and d[k] > 0 for k in pos) and d["zero_param_s"] >= 0 and 0 <= d["comm_cpu"] <= 1, d' "$T/cal2.json" 2>>"$T/cal2.log" &&
+   python3 -c 'import json,sys,math; d=json.load(open(sys.argv[1])); pos=["fwd_sample_s","bwd_sample_s","fwd_sample_1_s","bwd_sample_1_s","sgd_param_s","adamw_param_s","data_sample_s"]; assert d["version"] == 3 and d["model"] == "mlp" and d["level"] == "thread" and all(math.isfinite(d[k]) and d[k] > 0 for k in pos + ["overlap_s", "compute_s"]) and d["zero_param_s"] >= 0 and 0 <= d["comm_cpu"] <= 1 and abs(d["comm_cpu"] - min(1, d["steal_s"] / d["overlap_s"])) < 1e-3 and d["straggle_cv"] >= 0 and d["compute_cv"] >= 0, d' "$T/cal2.json" 2>>"$T/cal2.log" &&
    "$BIN" plan --model mlp --workers 2 --batch 16 --optim sgd --profile "$T/cal2.json" --json >"$T/plan2.json" 2>>"$T/cal2.log" &&
-   python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); p=json.load(open(sys.argv[2])); n=669706; assert abs(p["fwd_s"] - 8 * c["fwd_sample_s"]) <= 1e-6 * p["fwd_s"] and abs(p["bwd_s"] - 8 * c["bwd_sample_s"]) <= 1e-6 * p["bwd_s"] and abs(p["opt_s"] - n * c["sgd_param_s"]) <= 1e-6 * p["opt_s"] and abs(p["zero_s"] - n * c["zero_param_s"]) <= 1e-6 * p["zero_s"] + 1e-15 and p["step_s"] >= p["fwd_s"] + p["bwd_s"] + p["opt_s"], (c, p)' "$T/cal2.json" "$T/plan2.json" 2>>"$T/cal2.log"
+   python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); p=json.load(open(sys.argv[2])); n=669706; assert abs(p["fwd_s"] - 8 * c["fwd_sample_s"]) <= 1e-6 * p["fwd_s"] and abs(p["bwd_s"] - 8 * c["bwd_sample_s"]) <= 1e-6 * p["bwd_s"] and abs(p["opt_s"] - n * c["sgd_param_s"]) <= 1e-6 * p["opt_s"] and abs(p["zero_s"] - n * c["zero_param_s"]) <= 1e-6 * p["zero_s"] + 1e-15 and p["step_s"] >= p["fwd_s"] + p["bwd_s"] + p["opt_s"] and abs(p["overlap_s"] - c["overlap_s"]) <= 1e-4 * c["overlap_s"] and abs(p["straggle_s"] - c["straggle_cv"] * (p["fwd_s"] + p["bwd_s"] + p["steal_s"])) <= 1e-4 * p["straggle_s"] + 1e-12, (c, p)' "$T/cal2.json" "$T/plan2.json" 2>>"$T/cal2.log"
 then ok calibrate_model_profile; else bad calibrate_model_profile "$(cat "$T/cal2.log")"; fi
 expect_error profile_other_model "cal2.json was calibrated for --model mlp" \
   "$BIN" plan --model cnn --workers 2 --profile "$T/cal2.json"
 expect_error profile_params_not_model "calibrated for --model mlp" "$BIN" plan --params 1e6 --workers 2 --profile "$T/cal2.json"
-printf '{"kind": "profile", "version": 3, "alpha_s": 1e-6, "beta_s": 1e-10}\n' >"$T/cal3.json"
-expect_error profile_newer_version "profile version 3: this dptrain reads versions 1 and 2" \
-  "$BIN" plan --model mlp --workers 2 --profile "$T/cal3.json"
+printf '{"kind": "profile", "version": 4, "alpha_s": 1e-6, "beta_s": 1e-10}\n' >"$T/cal4.json"
+expect_error profile_newer_version "profile version 4: this dptrain reads versions 1 to 3" \
+  "$BIN" plan --model mlp --workers 2 --profile "$T/cal4.json"
+# a version 2 profile (no straggler terms: forward and backward were the slowest worker's)
+# still loads, with no straggler wait
+printf '{"kind": "profile", "version": 2, "workers": 2, "alpha_s": 1e-6, "beta_s": 1e-10, "model": "mlp", "fwd_sample_s": 8e-5, "bwd_sample_s": 1.6e-4, "comm_cpu": 0.5}\n' >"$T/cal2b.json"
+if "$BIN" plan --model mlp --workers 2 --batch 64 --profile "$T/cal2b.json" --json |
+   python3 -c 'import json,sys; p=json.load(sys.stdin); assert p["straggle_s"] == 0 and abs(p["fwd_s"] - 32 * 8e-5) < 1e-12 and p["steal_s"] > 0, p'
+then ok profile_version2; else bad profile_version2 "$("$BIN" plan --model mlp --workers 2 --batch 64 --profile "$T/cal2b.json" --json 2>&1)"; fi
 # the profile's measured times per size time the buckets at its worker count: one 1 MB bucket
 # between 1000 B (1 ms) and 1e7 B (2 ms) takes 1 + 999000/9999000 ms; at 4 workers, or with a link
 # given after the profile, the formula (4 x 1 us + 1.5 MB / 1 GB/s)

@@ -441,6 +441,67 @@ TEST(plan_step_terms) {
     ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
 }
 
+/* e_p = E[max of p standard normals]: in closed form for p <= 3 (e_2 =
+ * 1/sqrt(pi), e_3 = 3/(2 sqrt(pi))), the published table's values at 10 and
+ * 100 (1.538753, 2.507594), and growing with p. */
+TEST(plan_normal_max) {
+    ASSERT_NEAR(dp_plan_normal_max(1), 0, 1e-15);
+    ASSERT_NEAR(dp_plan_normal_max(2), 1 / sqrt(M_PI), 1e-9);
+    ASSERT_NEAR(dp_plan_normal_max(3), 1.5 / sqrt(M_PI), 1e-9);
+    ASSERT_NEAR(dp_plan_normal_max(10), 1.538753, 1e-6);
+    ASSERT_NEAR(dp_plan_normal_max(100), 2.507594, 1e-6);
+    double prev = 0;
+    for (int p = 2; p <= 100000000; p *= 10) {
+        double e = dp_plan_normal_max(p);
+        ASSERT_TRUE(e > prev && e < sqrt(2 * log((double)p)) + 0.5);
+        prev = e;
+    }
+}
+
+/* The straggler wait on plan_step_terms' step (compute F + B + steal = 8 +
+ * 20 + 7.5 = 35.5 ms, step 55.5 ms): compute_cv 0.1 on 2 workers waits e_2
+ * 0.1 x 35.5 ms = 2.0029 ms more; a measured straggle_cv 0.05 at 2 workers
+ * replaces it there (1.775 ms) but not at 4 workers (e_4 x 0.1 x their
+ * compute + steal). */
+TEST(plan_straggler_wait) {
+    struct dp_plan_params p = four_layers();
+    p.fwd_sample_s = 8e-3, p.bwd_sample_s = 20e-3;
+    p.opt_s = 1e-3, p.opt_param_s = 1e-9, p.zero_param_s = 0.25e-9;
+    p.comm_cpu = 0.5, p.data_sample_s = 10e-3;
+    p.compute_cv = 0.1;
+    struct dp_plan_result r;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.steal_s, 7.5e-3, 1e-12);
+    ASSERT_NEAR(r.straggle_s, 0.1 / sqrt(M_PI) * 35.5e-3, 1e-12);
+    ASSERT_NEAR(r.exposed_s, 9e-3, 1e-12); /* the buckets do not move */
+    ASSERT_NEAR(r.step_s, 55.5e-3 + 0.1 / sqrt(M_PI) * 35.5e-3, 1e-12);
+    ASSERT_NEAR(r.efficiency, 39e-3 / r.step_s, 1e-12);
+    dp_plan_result_free(&r);
+    p.straggle_cv = 0.05, p.straggle_workers = 2; /* measured at this P: used as it is */
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.straggle_s, 0.05 * 35.5e-3, 1e-12);
+    ASSERT_NEAR(r.step_s, 55.5e-3 + 1.775e-3, 1e-12);
+    dp_plan_result_free(&r);
+    /* 4 workers, 4 samples: 1 each as before, so the same 28 ms of compute
+     * (the ring of 4 moves 1.5 n instead of n: another overlap and steal),
+     * and the wait is e_4 x compute_cv, not the straggle_cv of 2 workers */
+    p.net.workers = 4, p.batch = 4;
+    struct dp_plan_result r4;
+    ASSERT_OK(dp_plan_run(&p, &r4));
+    ASSERT_NEAR(r4.straggle_s, dp_plan_normal_max(4) * 0.1 * (28e-3 + r4.steal_s), 1e-12);
+    ASSERT_NEAR(dp_plan_normal_max(4), 1.029375, 1e-6);
+    dp_plan_result_free(&r4);
+    /* one worker waits for no one */
+    p.net.workers = 1, p.batch = 2;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.straggle_s, 0, 0);
+    dp_plan_result_free(&r);
+    p.net.workers = 2, p.batch = 2, p.compute_cv = -0.1;
+    ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
+    p.compute_cv = 0.1, p.straggle_workers = -1;
+    ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
+}
+
 /* A measured table replaces the formula at its own worker count:
  * 1000, 2000, 4000 bytes in 1, 3, 4 ms: 1500 bytes -> 2 ms (between), 500 ->
  * 1 ms (the floor), 6000 -> 4 + 2000 x 0.5 us = 5 ms (the last slope); other

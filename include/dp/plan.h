@@ -198,6 +198,14 @@ struct dp_plan_params {
                                * (the thread backend on a machine with no spare core: near 1) */
     int gathers;              /* small all-gathers of p doubles per step outside the buckets: 1 when
                                * the run records metrics (the trainer gathers every rank's wait) */
+    /* The straggler wait: a synchronous step waits for the slowest of the p
+     * workers' forward + backward, C (x) the mean.  Measured as fractions of
+     * the mean compute C = fwd + bwd + steal (dptrain calibrate, from its
+     * steps with the real reducer; 0 = absent): */
+    double compute_cv;        /* sigma / C of one worker's compute around its step's mean; for
+                               * p != straggle_workers the wait is e_p sigma (dp_plan_normal_max) */
+    double straggle_cv;       /* the measured (median max - median mean) / C at straggle_workers */
+    int straggle_workers;     /* the p that straggle_cv was measured at (0: none) */
 };
 struct dp_plan_params dp_plan_default_params(void);
 
@@ -208,9 +216,10 @@ struct dp_plan_result {
     double comm_s;                /* sum of the buckets' all-reduce times */
     double overlap_s;             /* the part of comm_s that runs while backward does */
     double steal_s;               /* compute lost to it: comm_cpu x overlap_s */
+    double straggle_s;            /* the wait for the slowest worker's compute (see dp_plan_params) */
     double gather_s;              /* the per-step all-gathers (gathers) */
     double exposed_s;             /* communication left after backward */
-    double step_s;                /* data + zero + fwd + bwd + steal + exposed + opt + gather */
+    double step_s;                /* data + zero + fwd + bwd + steal + straggle + exposed + opt + gather */
     double efficiency;            /* (data + zero + fwd + bwd + opt) / step: throughput over p x the
                                      no-communication rate */
     double samples_per_s;         /* batch / step */
@@ -224,6 +233,9 @@ struct dp_plan_result {
  * DP_ENOMEM.  The result owns b: dp_plan_result_free. */
 int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r);
 void dp_plan_result_free(struct dp_plan_result *r);
+/* e_p = E[max of p independent standard normals] (e_1 = 0, e_2 = 1/sqrt(pi),
+ * e_3 = 3 / (2 sqrt(pi))), by quadrature; p >= 1. */
+double dp_plan_normal_max(int p);
 
 /* Least-squares α and β of algorithm algo on p workers from measured
  * all-reduce times t[i] of bytes[i] (n >= 2 sizes), with γ given (its term

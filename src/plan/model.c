@@ -19,7 +19,7 @@
  *
  * The whole step, as the trainer times it (src/train/trainer.c train_step):
  *
- *   step = zero + data + F + B + steal + exposed + opt + gather
+ *   step = zero + data + F + B + steal + straggle + exposed + opt + gather
  *
  *   zero   Ψ zero_param_s                 the gradient slab set to 0
  *   opt    opt_s + Ψ opt_param_s           finite check + optimizer update
@@ -32,6 +32,16 @@
  *          previous step's rest R = step - data: max(0, D - R) is waited for,
  *          and the part beside compute costs comm_cpu as the all-reduce does:
  *          data = max(0, D - R) + comm_cpu min(D, R).
+ *   straggle  the wait for the slowest worker: every worker's F + B + steal
+ *          (mean C) varies from step to step, and the last bucket's all-reduce
+ *          starts when the slowest one ends, E[max_w c_w] - C after the mean
+ *          one.  At the calibrated p, the measured straggle_cv x C; at other
+ *          p, the normal order statistic: e_p x compute_cv x C, e_p = E[max
+ *          of p standard normals] (dp_plan_normal_max; e_2 = 0.564, e_8 =
+ *          1.42, e_1000 = 3.24: the wait grows like sqrt(2 ln p) sigma).
+ *          Added after backward (the buckets before the last are not moved:
+ *          first order, as the steal).  `dptrain simulate --mode sync` draws
+ *          the same max from normal compute times: the two agree.
  *   gather gathers x ((p-1)α + (p-1)/p 8p β)  the trainer's all-gather of every rank's
  *                                          wait (p doubles) after each step when it records
  *                                          metrics: a ring all-gather on the ring's link
@@ -243,6 +253,10 @@ static int check(const struct dp_plan_params *p) {
             p->opt_param_s, p->zero_param_s, p->data_sample_s);
     if (!(p->comm_cpu >= 0 && p->comm_cpu <= 1)) BAD("comm_cpu %g: expected 0..1", p->comm_cpu);
     if (p->gathers < 0 || p->gathers > 1000) BAD("gathers per step %d: expected 0..1000", p->gathers);
+    if (!(p->compute_cv >= 0 && p->compute_cv <= 10 && p->straggle_cv >= 0 && p->straggle_cv <= 10) ||
+        p->straggle_workers < 0)
+        BAD("compute spread %g, straggle %g at %d workers: expected 0..10", p->compute_cv, p->straggle_cv,
+            p->straggle_workers);
 #undef BAD
     return DP_OK;
 }
@@ -311,9 +325,12 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
     }
     r->exposed_s = prev_done > bwd_end ? prev_done - bwd_end : 0;
     r->steal_s = p->comm_cpu * r->overlap_s;
+    double spread = P < 2 ? 0 : P == p->straggle_workers && p->straggle_cv > 0 ? p->straggle_cv
+                                                         : p->compute_cv > 0 ? dp_plan_normal_max(P) * p->compute_cv : 0;
+    r->straggle_s = spread * (r->fwd_s + r->bwd_s + r->steal_s);
     double ng = 8.0 * P;
     r->gather_s = P > 1 ? p->gathers * ((P - 1) * p->net.alpha_s[DP_PLAN_RING] + (P - 1) * ng / P * p->net.beta_s[DP_PLAN_RING]) : 0;
-    double rest = r->zero_s + bwd_end + r->steal_s + r->exposed_s + r->opt_s + r->gather_s, D = b_local * p->data_sample_s;
+    double rest = r->zero_s + bwd_end + r->steal_s + r->straggle_s + r->exposed_s + r->opt_s + r->gather_s, D = b_local * p->data_sample_s;
     r->data_s = (D > rest ? D - rest : 0) + p->comm_cpu * (D < rest ? D : rest);
     r->step_s = r->data_s + rest;
     r->efficiency = r->step_s > 0 ? (r->data_s + r->zero_s + r->fwd_s + r->bwd_s + r->opt_s) / r->step_s : 1;
@@ -328,6 +345,24 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
     r->mem_bytes[3] = (8 + S) * psi / P;
     dp_free(own);
     return DP_OK;
+}
+
+/* e_p = ∫ x p φ(x) Φ(x)^(p-1) dx by Simpson's rule on [-10, 10] (the
+ * integrand is below 1e-20 outside for p <= 1e8: the max of 1e8 normals
+ * lies near 5.6), Φ^(p-1) as exp((p-1) log Φ) with log Φ from erfc so that
+ * it does not round to 0 in the upper tail. */
+double dp_plan_normal_max(int p) {
+    if (p <= 1) return 0;
+    const int n = 8000;
+    const double a = -10, h = 20.0 / n;
+    double s = 0;
+    for (int i = 0; i <= n; i++) {
+        double x = a + i * h;
+        double logphi = x > 0 ? log1p(-0.5 * erfc(x / sqrt(2.0))) : log(0.5 * erfc(-x / sqrt(2.0))); /* log Φ(x) */
+        double f = x * p * exp(-0.5 * x * x) / sqrt(2 * M_PI) * exp((p - 1) * logphi);
+        s += f * (i == 0 || i == n ? 1 : i % 2 ? 4 : 2);
+    }
+    return s * h / 3;
 }
 
 /* ---- calibration ----------------------------------------------------------------------- */

@@ -111,7 +111,8 @@ backup_refused() {
 # `dptrain calibrate --backend mpi`: the process level of a profile, from 3 processes over TCP
 # loopback (the transport between machines): level "process", 3 workers, alpha/beta per
 # algorithm >= 0 and finite, a measured time for each of the 6 sizes 4 KiB..4 MiB, the compute
-# terms of the mlp measured on every process at once.  (Sizes up to 4 MiB: over 4..64 KiB alone,
+# terms of the mlp measured on every process at once, the steal and the straggler spread from
+# steps with the reducer across the processes (profile version 3).  (Sizes up to 4 MiB: over 4..64 KiB alone,
 # 3 processes on 2 cores time the scheduler rather than the link, and the fitted beta came out 0.)
 calibrate_mpi() {
   local log=$T/calibrate prof=$T/profile.json
@@ -119,7 +120,7 @@ calibrate_mpi() {
     "$BUILD/dptrain" calibrate --backend mpi --model mlp --batch 24 --max-bytes 4194304 --iters 3 \
     --compute-iters 2 --out "$prof" >"$log" 2>&1
   local rc=$?
-  if [[ $rc -eq 0 ]] && python3 -c 'import json,sys,math; d=json.load(open(sys.argv[1])); k=[a+"_"+b for a in ("ring","rhd") for b in ("alpha_s","beta_s")]; assert d["level"] == "process" and d["backend"] == "mpi" and d["workers"] == 3 and all(math.isfinite(d[x]) and d[x] >= 0 for x in k) and d["beta_s"] > 0 and len(d["sizes"]) == 6 and len(d["ring_measured_s"]) == 6 and d["fwd_sample_s"] > 0 and d["bwd_sample_s"] > 0 and 0 <= d["comm_cpu"] <= 1, d' "$prof" >>"$log" 2>&1 &&
+  if [[ $rc -eq 0 ]] && python3 -c 'import json,sys,math; d=json.load(open(sys.argv[1])); k=[a+"_"+b for a in ("ring","rhd") for b in ("alpha_s","beta_s")]; assert d["level"] == "process" and d["backend"] == "mpi" and d["workers"] == 3 and all(math.isfinite(d[x]) and d[x] >= 0 for x in k) and d["beta_s"] > 0 and len(d["sizes"]) == 6 and len(d["ring_measured_s"]) == 6 and d["fwd_sample_s"] > 0 and d["bwd_sample_s"] > 0 and 0 <= d["comm_cpu"] <= 1 and d["version"] == 3 and all(math.isfinite(d[x]) and d[x] >= 0 for x in ("steal_s", "straggle_cv", "compute_cv")) and d["compute_s"] > 0, d' "$prof" >>"$log" 2>&1 &&
      "$BUILD/dptrain" plan --model mlp --workers 3 --batch 24 --profile "$prof" >>"$log" 2>&1; then
     echo "ok   mpi_calibrate_process_level"; pass=$((pass + 1))
   else echo "FAIL mpi_calibrate_process_level: exit $rc"; sed 's/^/    /' "$log" | head -20; fail=$((fail + 1)); fi

@@ -21,16 +21,29 @@
  *   data               the loader's seconds per sample (gather from a data set
  *                      of the model's input shape, synchronous: what the
  *                      prefetch thread does), image models only
- *   comm_cpu           the compute one all-reduce second takes away: each worker
- *                      runs forward + backward again while a thread of its own
- *                      all-reduces the gradient back to back (the reducer's
- *                      progress thread), and
- *                          comm_cpu = (T_with - T_alone) / min(T_with, T_comm)
- *                      clamped to 0..1 (T_comm: the time spent in the all-reduces)
+ *   steps              forward + backward with the trainer's own reducer (its
+ *                      buckets, their all-reduces started from backward on the
+ *                      communicator's progress thread, the wait at the end), as
+ *                      a training step has them, for:
+ *     comm_cpu         the compute that the all-reduces beside backward take:
+ *                      steal = median backward with the reducer - without, and
+ *                          comm_cpu = steal / overlap,
+ *                      overlap the plan's own (dp_plan_run for this model, P,
+ *                      batch and the fitted link), clamped to 0..1, so that the
+ *                      plan's steal term at the calibrated point is what the
+ *                      real progress thread took
+ *     straggle_cv      c_w,k = worker w's forward + backward in step k, C its
+ *                      mean over the workers' step means: (median_k max_w c_w,k
+ *                      - median_k mean_w c_w,k) / C, the step's wait for its
+ *                      slowest worker at this P
+ *     compute_cv       sigma / C of c_w,k about its step's mean (robust: 1.4826 x
+ *                      the median absolute deviation, x sqrt(W / (W - 1)) for the
+ *                      mean taken out), for the plan's e_P sigma at other P
  * Each worker keeps the median over --compute-iters iterations (after two
- * warm-up ones); the profile takes the slowest worker's (the step waits for
- * it; forward and backward: the median over the passes of the slowest
- * worker in each pass), comm_cpu the workers' mean.
+ * warm-up ones); the profile takes the slowest worker's (optimizer, zeroing,
+ * data), and for forward and backward the median over the passes of the
+ * workers' mean in each pass (profile version 3: the straggler wait is its
+ * own term; version 2 took the slowest worker's per pass).
  */
 #include <errno.h>
 #include <math.h>
@@ -43,6 +56,7 @@
 #include "dp/comm.h"
 #include "dp/core.h"
 #include "dp/data.h"
+#include "dp/ddp.h"
 #include "dp/nn.h"
 #include "dp/optim.h"
 #include "dp/plan.h"
@@ -62,10 +76,12 @@ static const char *help_calibrate =
     "    byte reduced) from a sum of two buffers;\n"
     "  - with --model: forward and backward seconds per sample with all P workers computing\n"
     "    at once (and worker 0 alone), the optimizer's seconds per parameter (SGD momentum,\n"
-    "    AdamW), zeroing the gradient, the loader's seconds per sample, and comm_cpu: the\n"
-    "    compute that an all-reduce running beside it takes away (0..1);\n"
+    "    AdamW), zeroing the gradient, the loader's seconds per sample; and from steps with\n"
+    "    the trainer's reducer (buckets all-reduced beside backward): comm_cpu, the compute\n"
+    "    that the all-reduces take away (0..1), and the spread of the workers' compute per\n"
+    "    step (straggle_cv, compute_cv: the wait for the slowest worker);\n"
     "  - with --run: the forward + backward seconds per sample of a run's step records.\n"
-    "Writes one JSON object (profile version 2).\n"
+    "Writes one JSON object (profile version 3).\n"
     "\n"
     "  --backend B      thread: P threads of this process [thread]; mpi: one worker per\n"
     "                   process, every process of the job (mpirun -np N dptrain calibrate\n"
@@ -76,6 +92,7 @@ static const char *help_calibrate =
     "  --input C,H,W    input shape of an image model [1,28,28]\n"
     "  --batch B        global batch: each worker computes B / P samples [128]\n"
     "  --threads N      compute threads per worker (as train's --threads) [1]\n"
+    "  --algo A         the reducer's all-reduce in the steps (as train's --algo) [auto]\n"
     "  --compute-iters K  timed iterations per compute phase [20]\n"
     "  --run RUN        a run folder or metrics.jsonl (dptrain train --out RUN)\n"
     "  --out FILE       write the profile there (and a summary to stdout) [stdout]\n";
@@ -134,8 +151,10 @@ static double median(double *v, int64_t n) {
 /* ---- compute ------------------------------------------------------------------------ */
 
 /* One worker's results (its medians); the profile takes the slowest worker's
- * (forward and backward: per pass, see calibrate_compute). */
-enum { CAL_FWD1, CAL_BWD1, CAL_FWD, CAL_BWD, CAL_SGD, CAL_ADAMW, CAL_ZERO, CAL_DATA, CAL_COMM_CPU, CAL_N };
+ * (forward and backward and the steps' terms: over the passes, see
+ * calibrate_compute). */
+enum { CAL_FWD1, CAL_BWD1, CAL_FWD, CAL_BWD, CAL_SGD, CAL_ADAMW, CAL_ZERO, CAL_DATA, /* per worker */
+       CAL_STEAL, CAL_COMPUTE, CAL_STRAGGLE_CV, CAL_COMPUTE_CV, CAL_N };  /* the job's (calibrate_compute) */
 #define CAL_MAX_ITERS 1000
 
 struct cal {
@@ -144,10 +163,9 @@ struct cal {
     int64_t B;                  /* samples per worker */
     int iters, threads;         /* threads: compute threads per worker (train's --threads) */
     struct dp_comm *job;        /* --backend mpi: the process communicator (P = 1), else NULL */
-    struct dp_comm_world *w;    /* thread backend: the all-reduce beside compute */
+    struct dp_comm_world *w;    /* thread backend: the workers' communicators */
+    enum dp_comm_algo algo;     /* the reducer's (--algo) */
     pthread_barrier_t bar;
-    double ar_s;                /* the fit's time of one all-reduce of the gradient */
-    double comm_iters;          /* set by worker 0: all-reduces run beside compute */
     const struct dp_dataset *ds;/* image models: the loader's data set */
 };
 
@@ -156,11 +174,10 @@ struct cal_job {
     int rank;
     struct dp_replica rep;
     struct dp_batch b;
-    struct dp_comm *comm;       /* the all-reduce thread's */
-    float *ar;                  /* its buffer (the gradient's size) */
-    double comm_busy;
+    struct dp_comm *comm;       /* this worker's communicator (the reducer's, the optimizer phase's) */
     double v[CAL_N];
     double tf[CAL_MAX_ITERS], tb[CAL_MAX_ITERS]; /* the passes all workers started together */
+    double rf[CAL_MAX_ITERS], rb[CAL_MAX_ITERS]; /* the steps with the reducer */
 };
 
 /* All workers of the job at the same point: the threads, then the processes. */
@@ -195,16 +212,26 @@ static void cal_compute(struct cal_job *j, int sync, double *fwd, double *bwd, d
     *bwd = median(kb, c->iters) / (double)c->B;
 }
 
-/* The reducer's progress thread, as calibration has it: all-reduces of the
- * whole gradient, back to back. */
-static void *cal_comm_main(void *arg) {
-    struct cal_job *j = arg;
-    double t0 = dp_time();
-    for (double k = 0; k < j->c->comm_iters; k++)
-        if (dp_comm_allreduce(j->comm, j->ar, j->c->m->num_params, DP_DTYPE_F32, DP_ALGO_AUTO))
-            die("calibrate: %s", dp_errmsg());
-    j->comm_busy = dp_time() - t0;
-    return NULL;
+/* iters steps as the trainer runs them (after two warm-up ones): zero the
+ * gradient, forward + backward with the reducer's grad_ready starting each
+ * bucket's all-reduce on the progress thread, and the wait for the last; the
+ * reduction lines the workers up from one step to the next, as in a run.
+ * Keeps each step's forward and backward (the steal is inside backward). */
+static void cal_steps(struct cal_job *j) {
+    struct cal *c = j->c;
+    struct dp_reducer red;
+    struct dp_reducer_params rp = dp_reducer_default_params();
+    rp.algo = c->algo;
+    if (dp_reducer_init(&red, c->m, j->comm, j->rep.grads, &rp)) die("calibrate: %s", dp_errmsg());
+    for (int i = -2; i < c->iters; i++) {
+        memset(j->rep.grads, 0, sizeof(float) * (size_t)c->m->num_params);
+        struct dp_pass pass = {.training = 1, .backward = 1, .seed = 1, .loss_scale = 0,
+                               .grad_ready = dp_reducer_grad_ready, .grad_ready_arg = &red};
+        dp_reducer_begin(&red);
+        if (dp_model_run(c->m, &j->rep, &j->b, &pass) || dp_reducer_finish(&red)) die("calibrate: %s", dp_errmsg());
+        if (i >= 0) j->rf[i] = pass.t_forward, j->rb[i] = pass.t_backward;
+    }
+    dp_reducer_free(&red);
 }
 
 /* The optimizer phase per parameter, as the trainer times it: the check
@@ -266,8 +293,7 @@ static void *cal_main(void *arg) {
     float *x = tokens ? NULL : dp_malloc(sizeof(float) * (size_t)(B * per));
     int32_t *tk = tokens ? dp_malloc(sizeof(int32_t) * (size_t)(B * per)) : NULL, *y = dp_malloc(sizeof(int32_t) * (size_t)ntarg);
     int64_t *idx = dp_malloc(sizeof(int64_t) * (size_t)B);
-    j->ar = dp_calloc((size_t)m->num_params, sizeof(float));
-    if ((!x && !tk) || !y || !idx || !j->ar) die("out of memory");
+    if ((!x && !tk) || !y || !idx) die("out of memory");
     for (int64_t i = 0; i < B * per; i++) {
         if (x) x[i] = dp_rng_uniform(7, DP_RNG_USER, (uint64_t)j->rank, (uint64_t)i);
         else tk[i] = (int32_t)(dp_rng_u32(7, DP_RNG_USER, (uint64_t)j->rank, (uint64_t)i) % (uint32_t)V);
@@ -277,7 +303,7 @@ static void *cal_main(void *arg) {
     j->b = (struct dp_batch){.B = B, .x = x, .tokens = tk, .targets = y, .sample_idx = idx};
     if (c->w && dp_comm_thread_init(&j->comm, c->w, j->rank)) die("calibrate: %s", dp_errmsg());
     if (c->job) j->comm = c->job;
-    double sum, sum_with, f, b;
+    double sum;
 
     /* 1. worker 0 alone */
     cal_sync(j);
@@ -286,18 +312,9 @@ static void *cal_main(void *arg) {
     cal_sync(j);
     /* 2. every worker at once */
     cal_compute(j, 1, &j->v[CAL_FWD], &j->v[CAL_BWD], &sum);
-    /* 3. the same with the all-reduce beside it: as many all-reduces as the
-     * fit says last as long as the compute did (worker 0's count for all) */
-    if (j->rank == 0) c->comm_iters = ceil(sum / c->ar_s) < 1 ? 1 : ceil(sum / c->ar_s) > 1e5 ? 1e5 : ceil(sum / c->ar_s);
+    /* 3. the same as training steps, with the reducer */
     cal_sync(j);
-    if (c->job && dp_comm_broadcast(c->job, &c->comm_iters, 1, DP_DTYPE_F64, 0, DP_ALGO_AUTO)) die("%s", dp_errmsg());
-    cal_sync(j);
-    pthread_t th;
-    if (pthread_create(&th, NULL, cal_comm_main, j)) die("cannot start a thread");
-    cal_compute(j, 0, &f, &b, &sum_with); /* (the all-reduces keep their own pace) */
-    pthread_join(th, NULL);
-    double over = sum_with < j->comm_busy ? sum_with : j->comm_busy, cpu = over > 0 ? (sum_with - sum) / over : 0;
-    j->v[CAL_COMM_CPU] = cpu < 0 ? 0 : cpu > 1 ? 1 : cpu;
+    cal_steps(j);
     /* 4. the optimizer phase, zeroing and the loader */
     cal_sync(j);
     j->v[CAL_SGD] = cal_optim(j, DP_OPTIM_SGD);
@@ -315,9 +332,51 @@ static void *cal_main(void *arg) {
     j->v[CAL_DATA] = c->ds ? cal_data(j) : 0;
     cal_sync(j);
     if (c->w) dp_comm_free(j->comm);
-    dp_free(x), dp_free(tk), dp_free(y), dp_free(idx), dp_free(j->ar);
+    dp_free(x), dp_free(tk), dp_free(y), dp_free(idx);
     dp_replica_free(&j->rep);
     return NULL;
+}
+
+/* The job's terms from every worker's times, t[(w K + i) 4 + q] for W workers
+ * and K passes: q = 0, 1 the synchronised passes' forward and backward, q =
+ * 2, 3 the steps' with the reducer; B samples per worker.  Per pass, the
+ * workers' mean (forward, forward + backward, backward); the profile's
+ * forward and backward per sample are the medians over the passes of those
+ * means, and of the steps (c = forward + backward):
+ *   steal        median mean backward (steps) - median mean backward (passes)
+ *   compute      C = median_k mean_w c
+ *   straggle_cv  (median_k max_w c - C) / C
+ *   compute_cv   1.4826 median |c_w,k - mean_w c_.,k| sqrt(W / (W - 1)) / C
+ *                (the normal's sigma from the median absolute deviation: robust
+ *                to the stalls of a loaded machine, which the median step of a
+ *                run leaves out too; the deviation from a mean of W has
+ *                variance sigma^2 (W - 1) / W) */
+static void cal_spread(const double *t, int W, int K, double B, double *out) {
+    double *v = malloc(sizeof(double) * (size_t)K * 7), *dev = malloc(sizeof(double) * (size_t)K * W);
+    if (!v || !dev) die("out of memory");
+    double *mf = v, *mfb = v + K, *mb = v + 2 * K, *sb = v + 3 * K, *sc = v + 4 * K, *sx = v + 5 * K, *sx2 = v + 6 * K;
+    for (int i = 0; i < K; i++) {
+        mf[i] = mfb[i] = mb[i] = sb[i] = sc[i] = 0, sx[i] = -INFINITY;
+        for (int w = 0; w < W; w++) {
+            const double *q = t + ((size_t)w * K + i) * 4;
+            mf[i] += q[0] / W, mfb[i] += (q[0] + q[1]) / W, mb[i] += q[1] / W;
+            sb[i] += q[3] / W, sc[i] += (q[2] + q[3]) / W, sx[i] = fmax(sx[i], q[2] + q[3]);
+        }
+        for (int w = 0; w < W; w++) {
+            const double *q = t + ((size_t)w * K + i) * 4;
+            dev[(size_t)i * W + w] = fabs(q[2] + q[3] - sc[i]);
+        }
+        sx2[i] = sx[i];
+    }
+    double f = median(mf, K), fb = median(mfb, K), b = median(mb, K);
+    out[CAL_FWD] = f / B;
+    out[CAL_BWD] = (fb > f ? fb - f : b) / B;
+    out[CAL_STEAL] = fmax(0, median(sb, K) - b);
+    double C = median(sc, K), mx = median(sx2, K);
+    out[CAL_COMPUTE] = C;
+    out[CAL_STRAGGLE_CV] = C > 0 ? fmax(0, mx - C) / C : 0;
+    out[CAL_COMPUTE_CV] = C > 0 && W > 1 ? 1.4826 * median(dev, (int64_t)K * W) * sqrt((double)W / (W - 1)) / C : 0;
+    free(v), free(dev);
 }
 
 /* Runs the compute phases on P threads (or this process's one worker of the
@@ -352,8 +411,8 @@ static void calibrate_compute(struct cal *c, double *out) {
         if (pthread_create(&th[r], NULL, cal_main, &j[r])) die("cannot start worker threads");
     }
     for (int r = 0; r < c->P; r++) pthread_join(th[r], NULL);
-    /* worker 0 alone; the slowest worker of the rest; comm_cpu's mean.  Over
-     * processes: every rank's values to every rank, then the same. */
+    /* worker 0 alone; the slowest worker of the rest (the per-worker terms).
+     * Over processes: every rank's values to every rank, then the same. */
     int nproc = c->job ? dp_comm_world(c->job) : 1, me = c->job ? dp_comm_rank(c->job) : 0;
     double *all = calloc((size_t)(nproc * c->P * CAL_N), sizeof(double));
     if (!all) die("out of memory");
@@ -362,48 +421,58 @@ static void calibrate_compute(struct cal *c, double *out) {
         die("%s", dp_errmsg());
     for (int k = 0; k < CAL_N; k++) out[k] = 0;
     out[CAL_FWD1] = all[CAL_FWD1], out[CAL_BWD1] = all[CAL_BWD1];
-    for (int r = 0; r < nproc * c->P; r++) {
-        const double *v = all + (size_t)r * CAL_N;
-        for (int k = CAL_FWD; k < CAL_N; k++)
-            if (k == CAL_COMM_CPU) out[k] += v[k] / (nproc * c->P);
-            else if (v[k] > out[k]) out[k] = v[k];
-    }
-    /* A synchronous step waits for its slowest worker, pass by pass: the
-     * forward and backward of the profile are the medians over the passes of
-     * the slowest worker's time in that pass (on a loaded machine a different
-     * worker is slowest each time, so this is more than the slowest worker's
-     * median).  Backward: the median of the slowest forward + backward minus
-     * the median of the slowest forward. */
+    for (int r = 0; r < nproc * c->P; r++)
+        for (int k = CAL_SGD; k <= CAL_DATA; k++) out[k] = fmax(out[k], all[(size_t)r * CAL_N + k]);
+    /* Every worker's forward and backward of every pass and step: t[w][i] =
+     * (sync pass f, b, step f, b) */
     int W = nproc * c->P, K = c->iters;
-    double *pt = calloc((size_t)W * K * 2, sizeof(double)), *mf = malloc(sizeof(double) * K), *ms = malloc(sizeof(double) * K);
-    if (!pt || !mf || !ms) die("out of memory");
+    double *pt = calloc((size_t)W * K * 4, sizeof(double));
+    if (!pt) die("out of memory");
     for (int r = 0; r < c->P; r++)
         for (int i = 0; i < K; i++) {
-            pt[(((size_t)me * c->P + r) * K + i) * 2] = j[r].tf[i];
-            pt[(((size_t)me * c->P + r) * K + i) * 2 + 1] = j[r].tb[i];
+            double *q = pt + (((size_t)me * c->P + r) * K + i) * 4;
+            q[0] = j[r].tf[i], q[1] = j[r].tb[i], q[2] = j[r].rf[i], q[3] = j[r].rb[i];
         }
-    if (c->job && dp_comm_allgather(c->job, pt, (int64_t)W * K * 2, DP_DTYPE_F64, DP_ALGO_AUTO)) die("%s", dp_errmsg());
-    for (int i = 0; i < K; i++) {
-        mf[i] = ms[i] = 0;
-        for (int r = 0; r < W; r++) {
-            double f = pt[((size_t)r * K + i) * 2], b = pt[((size_t)r * K + i) * 2 + 1];
-            mf[i] = f > mf[i] ? f : mf[i], ms[i] = f + b > ms[i] ? f + b : ms[i];
-        }
-    }
-    double f = median(mf, K), fb = median(ms, K);
-    out[CAL_FWD] = f / (double)c->B;
-    out[CAL_BWD] = (fb > f ? fb - f : out[CAL_BWD] * (double)c->B) / (double)c->B;
-    free(pt), free(mf), free(ms);
+    if (c->job && dp_comm_allgather(c->job, pt, (int64_t)W * K * 4, DP_DTYPE_F64, DP_ALGO_AUTO)) die("%s", dp_errmsg());
+    cal_spread(pt, W, K, (double)c->B, out);
+    free(pt);
     free(all), free(j), free(th);
     if (c->w) dp_comm_thread_world_free(c->w);
     pthread_barrier_destroy(&c->bar);
     dp_free(ds.x), dp_free(ds.y);
 }
 
+/* The plan's overlap (seconds of all-reduce beside backward) for the
+ * calibrated point: this model's layers, P workers, the global batch, the
+ * calibrated forward and backward and the measured all-reduce table (ring,
+ * rhd; the other algorithms of the plan by the ring's α and β). */
+static double plan_overlap(const struct dp_model *m, int P, long long batch, int algo, double gamma,
+                           const double alpha[2], const double beta[2], const double *bytes, double tt[2][64], int n,
+                           const double *cal) {
+    struct dp_plan_params p = dp_plan_default_params();
+    int64_t *lp = malloc(sizeof *lp * (size_t)m->nlayers);
+    double *lf = malloc(sizeof *lf * (size_t)m->nlayers);
+    if (!lp || !lf) die("out of memory");
+    for (int i = 0; i < m->nlayers; i++) lp[i] = m->layers[i]->param_count, lf[i] = (double)m->layers[i]->flops_fwd;
+    p.layers = lp, p.layer_flops = lf, p.nlayers = m->nlayers, p.batch = batch, p.algo = algo;
+    p.fwd_sample_s = cal[CAL_FWD], p.bwd_sample_s = cal[CAL_BWD];
+    dp_plan_net_link(&p.net, alpha[0], beta[0] > 0 ? 1 / beta[0] : 1e30);
+    p.net.alpha_s[DP_PLAN_RHD] = alpha[1], p.net.beta_s[DP_PLAN_RHD] = beta[1];
+    p.net.workers = P, p.net.gamma_s = gamma;
+    p.net.tab_n = n, p.net.tab_workers = P, p.net.tab_bytes = bytes;
+    p.net.tab_s[DP_PLAN_RING] = tt[0], p.net.tab_s[DP_PLAN_RHD] = tt[1];
+    struct dp_plan_result r;
+    if (dp_plan_run(&p, &r)) die("calibrate: %s", dp_errmsg());
+    double o = r.overlap_s;
+    dp_plan_result_free(&r);
+    free(lp), free(lf);
+    return o;
+}
+
 /* ---- the command ---------------------------------------------------------------------- */
 
 int dptrain_cmd_calibrate(int argc, char **argv) {
-    int P = 2, iters = 20, citers = 20, mpi = 0, threads = 1;
+    int P = 2, iters = 20, citers = 20, mpi = 0, threads = 1, algo = DP_ALGO_AUTO;
     long long lo = 4096, hi = 16 << 20, batch = 128;
     const char *run = NULL, *out = NULL, *model = NULL, *input = "1,28,28", *v;
     for (int i = 1; i < argc; i++) {
@@ -423,7 +492,9 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
         else if (dptrain_take(argc, argv, &i, "--input", &v)) input = v;
         else if (dptrain_take(argc, argv, &i, "--batch", &v)) batch = dptrain_int_arg(a, v, 1, 1LL << 30);
         else if (dptrain_take(argc, argv, &i, "--threads", &v)) threads = (int)dptrain_int_arg(a, v, 1, 256);
-        else if (dptrain_take(argc, argv, &i, "--compute-iters", &v)) citers = (int)dptrain_int_arg(a, v, 1, CAL_MAX_ITERS);
+        else if (dptrain_take(argc, argv, &i, "--algo", &v)) {
+            if ((algo = dp_comm_algo_parse(v)) < 0) die("--algo: '%s' (expected auto, ring, rhd, direct or native)", v);
+        }        else if (dptrain_take(argc, argv, &i, "--compute-iters", &v)) citers = (int)dptrain_int_arg(a, v, 1, CAL_MAX_ITERS);
         else if (dptrain_take(argc, argv, &i, "--run", &v)) run = v;
         else if (dptrain_take(argc, argv, &i, "--out", &v)) out = v;
         else die("unknown option '%s' (see 'dptrain calibrate --help')", a);
@@ -468,15 +539,16 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
         else dptrain_allreduce_medians(P, comm_algo[k], sizes, n, iters, tt[k]);
         if (dp_plan_fit(plan_algo[k], P, gamma, bytes, tt[k], n, &alpha[k], &beta[k])) die("%s", dp_errmsg());
     }
-    double cal[CAL_N];
+    double cal[CAL_N], comm_cpu = 0, overlap = 0;
     if (m) {
-        /* the fit's ring all-reduce of the whole gradient, for comm_cpu */
-        struct dp_plan_net net = {.workers = P, .shards = 1, .gamma_s = gamma};
-        net.alpha_s[DP_PLAN_RING] = alpha[0], net.beta_s[DP_PLAN_RING] = beta[0];
         struct cal c = {.m = m, .P = job ? 1 : P, .B = batch / P, .iters = citers, .threads = threads, .job = job,
-                        .ar_s = dp_plan_allreduce_s(DP_PLAN_RING, 4.0 * (double)m->num_params, &net)};
-        if (!(c.ar_s > 0)) c.ar_s = 1e-6;
+                        .algo = (enum dp_comm_algo)algo};
         calibrate_compute(&c, cal);
+        /* the plan's algorithm as the reducer's: ring, rhd, or for auto the plan's best per bucket */
+        overlap = plan_overlap(m, P, batch, algo == DP_ALGO_RHD ? DP_PLAN_RHD : algo == DP_ALGO_RING ? DP_PLAN_RING : -1,
+                               gamma, alpha, beta,
+                               bytes, tt, n, cal);
+        comm_cpu = overlap > 0 ? fmin(1, cal[CAL_STEAL] / overlap) : 0;
     }
     if (me != 0) { /* rank 0 writes */
         dp_model_free(m);
@@ -486,18 +558,21 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
     FILE *f = out ? fopen(out, "w") : stdout;
     if (!f) die("%s: %s", out, strerror(errno));
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    fprintf(f, "{\"kind\": \"profile\", \"version\": 2, \"backend\": \"%s\", \"level\": \"%s\", \"workers\": %d, "
+    fprintf(f, "{\"kind\": \"profile\", \"version\": %d, \"backend\": \"%s\", \"level\": \"%s\", \"workers\": %d, "
                "\"cores\": %ld, \"gamma_s\": %.6g, \"alpha_s\": %.6g, \"beta_s\": %.6g",
-            job ? "mpi" : "thread", job ? "process" : "thread", P, cores, gamma, alpha[0], beta[0]);
+            m ? 3 : 2, job ? "mpi" : "thread", job ? "process" : "thread", P, cores, gamma, alpha[0], beta[0]);
     for (int k = 0; k < 2; k++)
         fprintf(f, ", \"%s_alpha_s\": %.6g, \"%s_beta_s\": %.6g", dp_plan_algo_name(plan_algo[k]), alpha[k],
                 dp_plan_algo_name(plan_algo[k]), beta[k]);
     if (m) {
         fprintf(f, ", \"model\": \"%s\", \"batch\": %lld, \"fwd_sample_s\": %.6g, \"bwd_sample_s\": %.6g, "
                    "\"fwd_sample_1_s\": %.6g, \"bwd_sample_1_s\": %.6g, \"sgd_param_s\": %.6g, "
-                   "\"adamw_param_s\": %.6g, \"zero_param_s\": %.6g, \"data_sample_s\": %.6g, \"comm_cpu\": %.4f",
+                   "\"adamw_param_s\": %.6g, \"zero_param_s\": %.6g, \"data_sample_s\": %.6g, \"comm_cpu\": %.4f, "
+                   "\"steal_s\": %.6g, \"overlap_s\": %.6g, \"compute_s\": %.6g, \"straggle_cv\": %.5f, "
+                   "\"compute_cv\": %.5f",
                 model, batch, cal[CAL_FWD], cal[CAL_BWD], cal[CAL_FWD1], cal[CAL_BWD1], cal[CAL_SGD],
-                cal[CAL_ADAMW], cal[CAL_ZERO], cal[CAL_DATA], cal[CAL_COMM_CPU]);
+                cal[CAL_ADAMW], cal[CAL_ZERO], cal[CAL_DATA], comm_cpu, cal[CAL_STEAL], overlap, cal[CAL_COMPUTE],
+                cal[CAL_STRAGGLE_CV], cal[CAL_COMPUTE_CV]);
         if (per_sample != per_sample) per_sample = cal[CAL_FWD] + cal[CAL_BWD];
     }
     if (per_sample == per_sample) fprintf(f, ", \"sample_s\": %.6g", per_sample);
@@ -519,10 +594,12 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
         if (m)
             printf("%s, %lld per worker: forward %.4g + backward %.4g us per sample (alone %.4g + %.4g); "
                    "optimizer %.3g (sgd) %.3g (adamw) ns per parameter; zeroing %.3g ns per parameter; "
-                   "data %.4g us per sample; comm_cpu %.2f\n",
+                   "data %.4g us per sample; steps with the reducer: backward +%.4g ms beside %.4g ms of "
+                   "all-reduce (comm_cpu %.2f), the slowest worker +%.2f%% (sigma %.2f%%) of %.4g ms\n",
                    model, batch / P, cal[CAL_FWD] * 1e6, cal[CAL_BWD] * 1e6, cal[CAL_FWD1] * 1e6, cal[CAL_BWD1] * 1e6,
                    cal[CAL_SGD] * 1e9, cal[CAL_ADAMW] * 1e9, cal[CAL_ZERO] * 1e9, cal[CAL_DATA] * 1e6,
-                   cal[CAL_COMM_CPU]);
+                   cal[CAL_STEAL] * 1e3, overlap * 1e3, comm_cpu, 100 * cal[CAL_STRAGGLE_CV], 100 * cal[CAL_COMPUTE_CV],
+                   cal[CAL_COMPUTE] * 1e3);
     }
     dp_model_free(m);
     dptrain_job_free();

@@ -251,6 +251,8 @@ static const char *help_plan =
     "  --opt-state-bytes S   optimizer state per parameter (overrides --optim's)\n"
     "  --opt-ms MS           optimizer time per step, beside the profile's per parameter [0]\n"
     "  --comm-cpu F          0..1: compute lost per second of all-reduce beside it [0; profile]\n"
+    "  --compute-cv F        sigma / mean of a worker's forward + backward per step: the step\n"
+    "                        waits e_P x F x compute for its slowest worker [0; profile]\n"
     "compute:\n"
     "  --flops F             achieved FLOP/s per worker [1e12]\n"
     "  --sample-ms MS        or measured forward + backward per sample (overrides --flops)\n"
@@ -271,7 +273,8 @@ static const char *help_plan =
     "  --profile FILE        a JSON profile (dptrain calibrate writes one): alpha_s, beta_s,\n"
     "                        gamma_s, flops, sample_s, <algo>_alpha_s, <algo>_beta_s; from\n"
     "                        calibrate --model (version 2) also fwd_sample_s, bwd_sample_s,\n"
-    "                        sgd_param_s, adamw_param_s, zero_param_s, data_sample_s, comm_cpu\n"
+    "                        sgd_param_s, adamw_param_s, zero_param_s, data_sample_s, comm_cpu;\n"
+    "                        version 3 also compute_cv and straggle_cv (the straggler wait)\n"
     "                        (then --model must name the calibrated model); with the same\n"
     "                        --workers as calibrated, the measured times per size (sizes,\n"
     "                        <algo>_measured_s) time the all-reduces, interpolated; options\n"
@@ -298,9 +301,11 @@ struct profile_info {
     double sizes[64], measured[DP_PLAN_ALGO_COUNT][64]; /* the all-reduce table (dp_plan_net tab_*) */
 };
 
-/* A profile: version 1 (no "version": communication, gamma, sample_s) or 2
- * (dptrain calibrate --model: the step's calibrated terms too); a newer one
- * is refused. */
+/* A profile: version 1 (no "version": communication, gamma, sample_s), 2
+ * (dptrain calibrate --model: the step's calibrated terms too; forward and
+ * backward the slowest worker's) or 3 (forward and backward the workers'
+ * mean, and the straggler wait apart: compute_cv, straggle_cv at the
+ * profile's workers); a newer one is refused. */
 static void load_profile(const char *path, struct dp_plan_params *p, struct profile_info *pi) {
     FILE *f = fopen(path, "r");
     if (!f) die("%s: %s", path, strerror(errno));
@@ -317,9 +322,9 @@ static void load_profile(const char *path, struct dp_plan_params *p, struct prof
         die("%s: %s", path, msg);
     }
     double version = dp_json_num(&o, "version", 1);
-    if (version > 2) {
+    if (version > 3) {
         dp_json_obj_free(&o);
-        die("%s: profile version %g: this dptrain reads versions 1 and 2 (calibrate again with this build)", path,
+        die("%s: profile version %g: this dptrain reads versions 1 to 3 (calibrate again with this build)", path,
             version);
     }
     snprintf(pi->path, sizeof pi->path, "%s", path);
@@ -334,6 +339,9 @@ static void load_profile(const char *path, struct dp_plan_params *p, struct prof
     if (z == z) p->zero_param_s = z;
     if (d == d) p->data_sample_s = d;
     if (cc == cc) p->comm_cpu = cc;
+    double cv = dp_json_num(&o, "compute_cv", NAN), sv = dp_json_num(&o, "straggle_cv", NAN);
+    if (cv == cv) p->compute_cv = cv;
+    if (sv == sv) p->straggle_cv = sv, p->straggle_workers = (int)dp_json_num(&o, "workers", 0);
     double a = dp_json_num(&o, "alpha_s", NAN), b = dp_json_num(&o, "beta_s", NAN);
     for (int k = 0; k < DP_PLAN_ALGO_COUNT; k++) {
         char ka[64], kb[64];
@@ -379,9 +387,9 @@ static void print_plan_text(const struct dp_plan_params *p, const struct dp_plan
     printf("/s\n");
     printf("step %.6g ms = forward %.6g + backward %.6g + exposed comm %.6g + optimizer %.6g ms", r->step_s * 1e3,
            r->fwd_s * 1e3, r->bwd_s * 1e3, r->exposed_s * 1e3, r->opt_s * 1e3);
-    if (r->data_s > 0 || r->zero_s > 0 || r->steal_s > 0 || r->gather_s > 0)
-        printf(" + data %.6g + zeroing %.6g + lost to comm %.6g + metrics gather %.6g ms", r->data_s * 1e3,
-               r->zero_s * 1e3, r->steal_s * 1e3, r->gather_s * 1e3);
+    if (r->data_s > 0 || r->zero_s > 0 || r->steal_s > 0 || r->gather_s > 0 || r->straggle_s > 0)
+        printf(" + data %.6g + zeroing %.6g + lost to comm %.6g + straggler wait %.6g + metrics gather %.6g ms",
+               r->data_s * 1e3, r->zero_s * 1e3, r->steal_s * 1e3, r->straggle_s * 1e3, r->gather_s * 1e3);
     printf("\n");
     printf("communication %.6g ms (%.1f%% hidden behind backward)  efficiency %.4f  %.6g samples/s\n",
            r->comm_s * 1e3, r->comm_s > 0 ? fmax(0, 100 * (1 - r->exposed_s / r->comm_s)) : 100.0, r->efficiency,
@@ -420,10 +428,10 @@ static void print_plan_json(const struct dp_plan_params *p, const struct dp_plan
            "\"bwd_s\": %.9g, \"opt_s\": %.9g, \"comm_s\": %.9g, \"exposed_s\": %.9g, \"efficiency\": %.6f, "
            "\"samples_per_s\": %.9g, \"grad_bytes\": %.9g, \"sent_bytes\": %.9g, \"mem_plain\": %.9g, "
            "\"mem_zero1\": %.9g, \"mem_zero2\": %.9g, \"mem_zero3\": %.9g, \"data_s\": %.9g, \"zero_s\": %.9g, "
-           "\"overlap_s\": %.9g, \"steal_s\": %.9g, \"gather_s\": %.9g",
+           "\"overlap_s\": %.9g, \"steal_s\": %.9g, \"straggle_s\": %.9g, \"gather_s\": %.9g",
            p->net.workers, (long long)p->batch, r->step_s, r->fwd_s, r->bwd_s, r->opt_s, r->comm_s, r->exposed_s,
            r->efficiency, r->samples_per_s, r->grad_bytes, r->sent_bytes, r->mem_bytes[0], r->mem_bytes[1],
-           r->mem_bytes[2], r->mem_bytes[3], r->data_s, r->zero_s, r->overlap_s, r->steal_s, r->gather_s);
+           r->mem_bytes[2], r->mem_bytes[3], r->data_s, r->zero_s, r->overlap_s, r->steal_s, r->straggle_s, r->gather_s);
     const char *keys[] = {"bucket_bytes", "bucket_ready_s", "bucket_start_s", "bucket_done_s"};
     for (int f = 0; f < 4; f++) {
         printf(", \"%s\": [", keys[f]);
@@ -472,6 +480,8 @@ int dptrain_cmd_plan(int argc, char **argv) {
             else if (!strcmp(v, "adamw")) sgd = 0;
             else die("--optim: '%s' (expected sgd or adamw)", v);
         } else if (dptrain_take(argc, argv, &i, "--comm-cpu", &v)) p.comm_cpu = dptrain_num_arg(a, v, 0, 1);
+        else if (dptrain_take(argc, argv, &i, "--compute-cv", &v))
+            p.compute_cv = dptrain_num_arg(a, v, 0, 10), p.straggle_workers = 0; /* e_P x F at every P */
         else if (dptrain_take(argc, argv, &i, "--opt-ms", &v)) p.opt_s = dptrain_num_arg(a, v, 0, 1e9) / 1e3;
         else if (dptrain_take(argc, argv, &i, "--flops", &v)) p.flops = dptrain_num_arg(a, v, 1, 1e20), p.sample_s = 0;
         else if (dptrain_take(argc, argv, &i, "--sample-ms", &v)) p.sample_s = dptrain_num_arg(a, v, 1e-9, 1e9) / 1e3;
