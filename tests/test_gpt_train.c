@@ -221,18 +221,18 @@ TEST_T(gpt_zero23_equivalence, 300) {
 /* The same with a table wide enough that giving a range back matters: the
  * parameter pages are released in whole 2 MiB units (src/ddp/zero.c), so
  * in the small model above a released range still holds its values.  Here
- * tok.weight is 8192 x 256 floats (8 MiB): its range (tok+pos, a bucket of
+ * tok.weight is 8192 x 128 floats (4 MiB): its range (tok+pos, a bucket of
  * its own with the default caps) is given back when forward moves on to the
  * block, and the head, without that range gathered again, reads zeros. */
 TEST_T(gpt_zero3_tied_head_reads_gathered_table, 300) {
     struct dp_train_params p = gpt_params(2);
-    p.model = "gpt:layers=1,heads=2,dim=256,ctx=8,vocab=8192";
+    p.model = "gpt:layers=1,heads=2,dim=128,ctx=8,vocab=8192";
     p.epochs = 1, p.max_steps = 3;
     p.sched.base_lr = 0.05f;
     struct dp_train_params z = p;
     z.zero = 3, z.check_replicas = 1;
     double d = trained_diff(&p, &z);
-    fprintf(stderr, "    gpt dim 256 vocab 8192 P=2 --zero 3 vs --zero 0: %.2e\n", d);
+    fprintf(stderr, "    gpt dim 128 vocab 8192 P=2 --zero 3 vs --zero 0: %.2e\n", d);
     ASSERT_TRUE(d <= 1e-6);
 }
 
