@@ -1788,17 +1788,19 @@ TEST(gpt_constructor_survives_allocation_failures) {
 
 /* The layer_begin hook (ZeRO-3 gathers a layer's parameters there): called
  * before every top-level layer's forward in increasing order, then before
- * every backward in decreasing order, with the layer's own parameter range;
- * a nonzero return stops the pass with that status. */
+ * every backward in decreasing order, with the layer (its own parameter
+ * range, and its tied range: none in an mlp); a nonzero return stops the
+ * pass with that status. */
 struct begin_log {
     int n, stop_at;
     int phase[64], layer[64];
-    int64_t off[64], cnt[64];
+    int64_t off[64], cnt[64], toff[64], tcnt[64];
 };
-static int begin_record(void *arg, int phase, int layer, int64_t off, int64_t cnt) {
+static int begin_record(void *arg, int phase, int layer, const struct dp_layer *l) {
     struct begin_log *lg = arg;
     ASSERT_TRUE(lg->n < 64);
-    lg->phase[lg->n] = phase, lg->layer[lg->n] = layer, lg->off[lg->n] = off, lg->cnt[lg->n] = cnt;
+    lg->phase[lg->n] = phase, lg->layer[lg->n] = layer, lg->off[lg->n] = l->param_off, lg->cnt[lg->n] = l->param_count;
+    lg->toff[lg->n] = l->tied_off, lg->tcnt[lg->n] = l->tied_count;
     return ++lg->n == lg->stop_at ? DP_ECANCELED : DP_OK;
 }
 TEST(model_layer_begin_order_and_ranges) {
@@ -1824,6 +1826,7 @@ TEST(model_layer_begin_order_and_ranges) {
         ASSERT_EQ(lg.layer[i], layer);
         ASSERT_EQ(lg.off[i], m->layers[layer]->param_off);
         ASSERT_EQ(lg.cnt[i], m->layers[layer]->param_count);
+        ASSERT_EQ(lg.tcnt[i], 0);
         if (fwd) covered += lg.cnt[i];
     }
     ASSERT_EQ(covered, m->num_params);
@@ -1836,6 +1839,39 @@ TEST(model_layer_begin_order_and_ranges) {
     lg.n = 0, lg.stop_at = L + 2;
     ASSERT_EQ(dp_model_run(m, &r, &batch, &pass), DP_ECANCELED);
     ASSERT_EQ(lg.n, L + 2);
+    dp_replica_free(&r);
+    dp_model_free(m);
+}
+
+/* gpt: the tied head owns no parameters and reads tok.weight (the
+ * embedding's, the first range of the slab); the hook is told so, in both
+ * phases, and no other layer has a tied range. */
+TEST(model_layer_begin_tied_head) {
+    struct dp_model *m;
+    ASSERT_OK(dp_model_from_spec(&m, GPT_TINY, 1, 1, 1));
+    struct dp_replica r;
+    ASSERT_OK(dp_replica_init(&r, m, 2));
+    dp_model_init_params(m, &r, 1);
+    const int64_t T = m->in_shape.d[0];
+    int32_t tok[64], tg[64];
+    ASSERT_TRUE(2 * T <= 64);
+    for (int i = 0; i < 2 * T; i++) tok[i] = i % 7, tg[i] = (i + 1) % 7;
+    struct dp_batch batch = {.B = 2, .tokens = tok, .targets = tg};
+    struct begin_log lg = {0};
+    struct dp_pass pass = {.training = 1, .backward = 1, .layer_begin = begin_record, .layer_begin_arg = &lg};
+    ASSERT_OK(dp_model_run(m, &r, &batch, &pass));
+    const int L = m->nlayers;
+    const struct dp_param_info *w = dp_model_find_param(m, "tok.weight");
+    ASSERT_TRUE(w != NULL);
+    ASSERT_EQ(lg.n, 2 * L);
+    for (int i = 0; i < 2 * L; i++) {
+        int head = lg.layer[i] == L - 1;
+        ASSERT_EQ(lg.cnt[i], head ? 0 : m->layers[lg.layer[i]]->param_count);
+        ASSERT_EQ(lg.tcnt[i], head ? w->count : 0);
+        if (head) ASSERT_EQ(lg.toff[i], w->offset);
+    }
+    ASSERT_EQ(lg.layer[L - 1], L - 1);
+    ASSERT_EQ(lg.layer[L], L - 1); /* backward starts with the head */
     dp_replica_free(&r);
     dp_model_free(m);
 }

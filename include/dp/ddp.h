@@ -234,6 +234,7 @@ struct dp_zero {
     struct dp_comm_req **greq; /* stage 3: bucket k's parameter all-gather in flight */
     unsigned char *have;       /* stage 3: bucket k's parameters are in the slab */
     int cur;                   /* stage 3: the bucket whose layers run (-1: none) */
+    int xcur;                  /* stage 3: the bucket held for the running layer's tied range (-1: none) */
     uintptr_t grel;            /* the lowest address of the gradient slab given back in this step */
     int accumulate;            /* dp_zero_bucket_done adds into gshard (a micro-batch after the first) */
     double t_g0, t_g1;         /* the last step's all-gather (dp_time) */
@@ -281,7 +282,7 @@ int dp_zero_step(struct dp_zero *z, struct dp_optim *o, float *params, float *g,
 int dp_zero_shard_params(struct dp_zero *z);
 int dp_zero_materialize(struct dp_zero *z);
 int dp_zero_release_params(struct dp_zero *z);
-int dp_zero_layer_begin(void *arg, int phase, int layer, int64_t off, int64_t count);
+int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *l);
 /* Checkpoints keep today's whole-slab layout (parts slabs of n floats).
  * dp_zero_state_gather: every worker calls it (collective); part k of the
  * sharded state is placed in scratch (n floats, any contents: the gradient

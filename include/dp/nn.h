@@ -105,6 +105,8 @@ struct dp_layer {
     int id;                  /* index into ctx->saved; unique in the model */
     struct dp_shape in_shape, out_shape;
     int64_t param_off, param_count;   /* range in the parameter slab (floats) */
+    int64_t tied_off, tied_count;     /* another (earlier) layer's parameters this one also reads and
+                                         adds gradients into (the tied LM head: tok.weight); 0: none */
     int64_t buffer_off, buffer_count; /* range in the buffer slab */
     int64_t flops_fwd;       /* multiply-adds × 2 per sample, forward */
     void *priv;              /* the layer type's own state */
@@ -285,10 +287,12 @@ struct dp_pass {
     void *stat_sync_arg;
     /* Called before each top-level layer's forward (phase DP_PHASE_FORWARD,
      * layers in increasing order) and before its backward (DP_PHASE_BACKWARD,
-     * decreasing), with the layer's index and parameter range (count 0 for a
-     * layer without parameters); a nonzero return stops the pass with it.
-     * ZeRO-3 gathers the layer's parameters here (dp_zero_layer_begin). */
-    int (*layer_begin)(void *arg, int phase, int layer, int64_t param_off, int64_t param_count);
+     * decreasing), with the layer's index and the layer: the parameters it
+     * reads are its own range (param_off, param_count; count 0 for a layer
+     * without parameters) and its tied range (tied_off, tied_count); a
+     * nonzero return stops the pass with it.  ZeRO-3 gathers those
+     * parameters here (dp_zero_layer_begin). */
+    int (*layer_begin)(void *arg, int phase, int layer, const struct dp_layer *l);
     void *layer_begin_arg;
     /* outputs */
     double loss_sum;            /* sum of per-sample losses */

@@ -92,7 +92,7 @@ int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, 
     z->stage = stage;
     z->comm = comm;
     z->n = n;
-    z->cur = -1;
+    z->cur = z->xcur = -1;
     z->parts = op->kind == DP_OPTIM_ADAMW ? 2 : op->momentum != 0.0f ? 1 : 0;
     int G = comm && stage ? dp_comm_world(comm) : 1;
     dp_comm_split(n, G, G > 1 ? dp_comm_rank(comm) : 0, &z->off, &z->len);
@@ -280,7 +280,7 @@ int dp_zero_release_params(struct dp_zero *z) {
         z->have[k] = 0;
     }
     release(z->params, z->n, 0);
-    z->cur = -1;
+    z->cur = z->xcur = -1;
     return rc;
 }
 
@@ -291,31 +291,58 @@ static int range_of(const struct dp_zero *z, int64_t off) {
     return -1;
 }
 
+/* Range k's parameters given back (nothing in flight: it was waited for). */
+static void drop(struct dp_zero *z, int k) {
+    const struct dp_zero_piece *p = &z->piece[k];
+    z->have[k] = 0;
+    release(z->params + p->roff, p->rcount, 0);
+}
+
 /* Before a top-level layer runs (forward: layers in increasing order, so
- * ranges from the last to 0; backward: the reverse).  Entering range k: the
- * range that ran before it is released (forward and backward alike: the
- * layers of one range run together), k's gather is waited for (started now
- * if no prefetch did), and the next range's gather is started so that it
- * travels while k's layers compute.  The range forward ends in (0) is kept
- * for backward, which starts there; backward's last range is released by
- * dp_zero_release_params after the pass. */
-int dp_zero_layer_begin(void *arg, int phase, int layer, int64_t off, int64_t count) {
+ * ranges from the last to 0; backward: the reverse).  The layer reads its
+ * own range k (a layer without parameters runs in the current range) and
+ * its tied range x, if any: another layer's parameters (GPT's head reads
+ * tok.weight, which lies in the lowest range, the embedding's).  Ranges
+ * are whole top-level layers, so a tied weight lies in one range.
+ * Entering: the ranges held for the layer before that this one does not
+ * read are released (forward and backward alike: the layers of one range
+ * run together), k's and x's gathers are waited for (started now if no
+ * prefetch did: both started, then both waited), and the range after k in
+ * the pass's direction is started (prefetch) so that it travels while the
+ * layer computes.  The range forward ends in (0), and the head's tied
+ * range, are kept for backward, which starts with them; backward's last
+ * range is released by dp_zero_release_params after the pass.  So a tied
+ * range is held only while its reader runs: GPT's tok+pos range is
+ * gathered three times a step (embedding forward; head forward through
+ * head backward; embedding backward), and from the head's backward until
+ * ln_f's, three ranges are resident (0, the tied one, the prefetch of 1).
+ *
+ * The tied weight's gradient needs nothing here: the head adds its dW
+ * first (it is the last layer), but it reports no range, and the bucket
+ * holding the weight is reduce-scattered only once the owner (an earlier
+ * layer, so a later backward) has added its own and reported the range
+ * (src/nn/embedding.c, "Tied gradient and the reducer"). */
+int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *l) {
     struct dp_zero *z = arg;
     (void)layer;
-    if (count <= 0 || z->stage != 3 || !z->sharded) return DP_OK;
-    int k = range_of(z, off);
-    if (k < 0 || k == z->cur) return DP_OK;
+    if (z->stage != 3 || !z->sharded) return DP_OK;
+    int k = l->param_count > 0 ? range_of(z, l->param_off) : z->cur;
+    int x = l->tied_count > 0 ? range_of(z, l->tied_off) : -1;
+    if (x >= 0 && range_of(z, l->tied_off + l->tied_count - 1) != x)
+        return dp_seterr(DP_EINTERNAL, "ZeRO-3: layer %s's tied parameters cross a bucket boundary", l->name);
+    if (x == k) x = -1;
+    if (k < 0 && x < 0) return DP_OK;
+    if (z->cur >= 0 && z->cur != k && z->cur != x) drop(z, z->cur);
+    if (z->xcur >= 0 && z->xcur != k && z->xcur != x) drop(z, z->xcur);
+    z->cur = k, z->xcur = x;
     int rc = DP_OK;
-    if (z->cur >= 0) {
-        const struct dp_zero_piece *p = &z->piece[z->cur];
-        z->have[z->cur] = 0;
-        release(z->params + p->roff, p->rcount, 0);
-    }
-    z->cur = k;
-    if (!z->have[k] && !z->greq[k]) rc = gather_start(z, k);
-    if (!rc) rc = gather_wait(z, k);
+    if (k >= 0 && !z->have[k] && !z->greq[k]) rc = gather_start(z, k);
+    if (!rc && x >= 0 && !z->have[x] && !z->greq[x]) rc = gather_start(z, x);
+    if (!rc && k >= 0) rc = gather_wait(z, k);
+    if (!rc && x >= 0) rc = gather_wait(z, x);
     int next = phase == DP_PHASE_FORWARD ? k - 1 : k + 1;
-    if (!rc && next >= 0 && next < z->npieces && !z->have[next] && !z->greq[next]) rc = gather_start(z, next);
+    if (!rc && k >= 0 && next >= 0 && next < z->npieces && !z->have[next] && !z->greq[next])
+        rc = gather_start(z, next);
     return rc;
 }
 

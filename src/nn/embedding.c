@@ -30,6 +30,10 @@
  * owns the weight (dp_tied_lm_head checks that the weight already exists,
  * which in a sequence means an earlier layer).
  *
+ * The head records the weight's range as its tied range (dp_layer.tied_off,
+ * tied_count): ZeRO-3 gathers a layer's parameters just before it runs
+ * (dp_pass.layer_begin), and the head's are another layer's.
+ *
  * Letters: B batch, T positions, N table rows, D width, V vocabulary,
  * R = B * T rows. */
 #include <stdio.h>
@@ -277,6 +281,7 @@ int dp__tied_lm_head_make(struct dp_model *m, struct dp_layer **out, const char 
         return dp__layer_fail(m, l, &mk, dp_seterr(DP_ENOMEM, "lm head %s: out of memory", name));
     l->priv = p;
     p->V = w->shape.d[0], p->D = D, p->w_off = w->offset;
+    l->tied_off = w->offset, l->tied_count = w->count; /* for ZeRO-3's gather (dp_pass.layer_begin) */
     l->out_shape.d[in->ndim - 1] = p->V;
     l->flops_fwd = 2 * (dp_shape_numel(in) / D) * D * p->V;
     *out = l;

@@ -243,7 +243,7 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
     r->acts[0] = (float *)b->x;
     for (int i = 0; i < m->nlayers; i++) {
         struct dp_layer *l = m->layers[i];
-        int rc = p->layer_begin ? p->layer_begin(p->layer_begin_arg, DP_PHASE_FORWARD, i, l->param_off, l->param_count) : 0;
+        int rc = p->layer_begin ? p->layer_begin(p->layer_begin_arg, DP_PHASE_FORWARD, i, l) : 0;
         if (rc) return dp_adderr(rc, "forward %s", l->name);
         float *y = dp_arena_alloc(&r->arena, sizeof(float) * (size_t)(B * dp_shape_numel(&l->out_shape)));
         if (!y) return dp_adderr(DP_ENOMEM, "forward %s", l->name);
@@ -285,7 +285,7 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
          * the forward's saved activations plus one layer's scratch, not the
          * sum over all layers */
         if (p->layer_begin &&
-            (rc = p->layer_begin(p->layer_begin_arg, DP_PHASE_BACKWARD, i, l->param_off, l->param_count)))
+            (rc = p->layer_begin(p->layer_begin_arg, DP_PHASE_BACKWARD, i, l)))
             return dp_adderr(rc, "backward %s", l->name);
         struct dp_arena_mark mk = dp_arena_mark(&r->arena);
         rc = l->ops->backward(l, &ctx, dx, dy, r->acts[i], r->acts[i + 1], B);

@@ -788,13 +788,6 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
                        "their batch statistics are summed in floating point across workers", spec);
         goto fail;
     }
-    /* ZeRO-3 gathers a layer's own parameter range before it runs; gpt's
-     * output head reads the tied token embedding, another layer's range */
-    if (p->zero == 3 && t->text) {
-        rc = dp_seterr(DP_ENOTSUP, "--zero 3 does not work with '%s' yet: its output head reads the tied token "
-                       "embedding, which belongs to another layer's parameters (use --zero 2)", spec);
-        goto fail;
-    }
     if (p->backup && t->model->num_buffers > 0) {
         rc = dp_seterr(DP_ENOTSUP, "--backup-workers does not support models with BatchNorm ('%s'): their "
                        "statistics are synchronised across every worker in forward", spec);
