@@ -989,11 +989,12 @@ static int eval_chunks(struct dp_trainer *t, struct worker *w, const struct dp_d
     for (int64_t c = c0; c < c1; c++) {
         int64_t i = c * E, B = n - i < E ? n - i : E;
         struct dp_batch b = {.B = B > 0 ? B : 0};
-        if (B > 0 && ds) {
+        if (B <= 0) i = 0; /* an empty pass still reads from valid pointers */
+        if (ds) {
             b.x = ds->x + i * ds->C * ds->H * ds->W;
             b.targets = ds->y + i;
-        } else if (B > 0) {
-            int rc = dp_text_fill_val(&t->tokens, &t->split, t->ctx, i, B, w->etok, w->etgt);
+        } else {
+            int rc = B > 0 ? dp_text_fill_val(&t->tokens, &t->split, t->ctx, i, B, w->etok, w->etgt) : DP_OK;
             if (rc) return dp_adderr(rc, "evaluate");
             b.tokens = w->etok, b.targets = w->etgt;
         }
