@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
 # ZeRO stages 0-3 (docs/ddp.md "ZeRO"): memory per worker and throughput.
-#  1. memory: build/bench/zero_mem for MODEL (a wide mlp, 5.8M parameters: stages 2 and 3 give
-#     memory back in 2 MiB units, src/ddp/zero.c, so the slabs must be large beside them) with
-#     AdamW, --zero 0..3, P = 1, 2, 4: the allocator's own count of live bytes, worker 0's
-#     resident model state after a step (state_step: stages 2 and 3 keep their slabs allocated
-#     but give the pages back) and the process's peak RSS, beside the formulas 16 psi, 8 psi + 8 psi / P, 4 psi + 12 psi / P, 16 psi / P;
+#  1. memory: build/bench/zero_mem for each of MODELS (a wide mlp, 5.8M parameters, two large
+#     layers; a deep one, 8.2M parameters in nine layers: stages 2 and 3 give memory back in
+#     2 MiB units, src/ddp/zero.c, so the slabs must be large beside them) with AdamW,
+#     --zero 0..3, P = 1, 2, 4: the allocator's own count of live bytes, worker 0's resident
+#     model state after a step (state_step: stages 2 and 3 map their slabs and give the pages
+#     back) beside the formulas 16 psi, 8 psi + 8 psi / P, 4 psi + 12 psi / P, 16 psi / P, and the
+#     process's peak RSS: its model-state part per worker (rss_per_worker: less the RSS before
+#     init and the data set, over P) beside formula + act (activations, loader buffers) +
+#     inflight (the ranges a sharded step holds at once), rss/bound (bench/zero_mem.c);
 #  2. speed: `dptrain train` samples/s (its "throughput:" line, steps after the 5th) of cnn and mlp
 #     at P = 2: plain, --zero 1 (all-reduce, overlapped), --zero 1 --zero-reduce scatter, --zero 2
 #     and --zero 3, REPS interleaved repetitions each (median reported).
 #   bash bench/zero.sh                      # about 6 minutes
-#   MODEL=mlp:784,4096,4096,10 bash bench/zero.sh   # wider still: the model state dominates the RSS
+#   MODELS=mlp:784,4096,4096,10 bash bench/zero.sh   # wider still: the model state dominates the RSS
+#   REPS=1 bash bench/zero.sh               # memory does not depend on load; speed does
 #   REPS=5 LIMIT=12000 bash bench/zero.sh
 # Writes bench/results/zero-<date>.txt (needs `make`).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
 REPS=${REPS:-3}
 LIMIT=${LIMIT:-6000}
-MODEL=${MODEL:-mlp:784,2048,2048,10}
+MODELS=${MODELS:-mlp:784,2048,2048,10 mlp:784,1024,1024,1024,1024,1024,1024,1024,1024,10}
 CFGS=("--zero 0" "--zero 1" "--zero 1 --zero-reduce scatter" "--zero 2" "--zero 3")
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
 RESULTS=${RESULTS:-bench/results}
@@ -29,20 +34,21 @@ BIN=build/dptrain
 bench_facts zero
 OUT=$RESULTS/zero-$STAMP.txt
 {
-  echo "# bash bench/zero.sh (REPS=$REPS LIMIT=$LIMIT MODEL=$MODEL), git $GIT_REV"
+  echo "# bash bench/zero.sh (REPS=$REPS LIMIT=$LIMIT MODELS=$MODELS), git $GIT_REV"
   echo "# CPU: $CPU_MODEL, $NCPU cores (lscpu: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1));" \
        "load average at the start: $LOAD1"
   echo
-  echo "## memory: $MEM $MODEL P ZERO (AdamW); formula per worker: 16 psi (zero 0), 8 psi + 8 psi / P (1),"
-  echo "## 4 psi + 12 psi / P (2), 16 psi / P (3); state_step/formula: the resident model state against it"
-  printf 'model\tP\tzero\tparams\tlive_init\tpeak\tdata\tper_worker\tper_param\tstate_step\tstate_per_param\trss_peak\tformula\tstate_step/formula\n'
-  for P in 1 2 4; do
-    for z in 0 1 2 3; do
-      "$MEM" "$MODEL" "$P" "$z" "$DATA" | awk -F'\t' -v OFS='\t' '{
-        n = $4; P = $2; z = $3
-        f = (z == 0) ? 16 * n : (z == 1) ? 8 * n + 8 * n / P : (z == 2) ? 4 * n + 12 * n / P : 16 * n / P
-        if (P == 1) f = 16 * n  # one worker shards nothing
-        printf "%s\t%.0f\t%.3f\n", $0, f, $10 / f }' || echo "FAILED: exit $?"
+  echo "## memory: $MEM MODEL P ZERO (AdamW); formula per worker: 16 psi (zero 0), 8 psi + 8 psi / P (1),"
+  echo "## 4 psi + 12 psi / P (2), 16 psi / P (3); state_step/formula: the resident model state against it;"
+  echo "## rss/bound: the peak RSS's model-state part per worker against formula + act + inflight"
+  printf 'model\tP\tzero\tparams\tlive_init\tpeak\tdata\tper_worker\tper_param\tstate_step\tstate_per_param\trss_peak'
+  printf '\tformula\tact\tinflight\trss_base\trss_per_worker\trss/bound\tstate_step/formula\n'
+  for model in $MODELS; do
+    for P in 1 2 4; do
+      for z in 0 1 2 3; do
+        "$MEM" "$model" "$P" "$z" "$DATA" | awk -F'\t' -v OFS='\t' '{ printf "%s\t%.3f\n", $0, $10 / $13 }' ||
+          echo "FAILED: exit $?"
+      done
     done
   done
   echo

@@ -7,6 +7,7 @@
  * AdamW for WORKERS thread workers and --zero ZERO, trains 3 steps, and
  * prints one tab-separated line:
  *     model  P  zero  params  live_init  peak  data  per_worker  per_param  state_step  state_per_param  rss_peak
+ *     formula  act  inflight  rss_base  rss_per_worker  rss/bound
  * live_init: the library's live bytes after dp_trainer_init; peak: the most
  * live at any time during init and the steps; data: the bytes the data set
  * itself holds (loaded alone, the same way); per_worker = (peak - data) / P,
@@ -17,11 +18,23 @@
  * held resident of its model state after any step (dp_trainer_live_bytes:
  * gradient and parameter pages by mincore, shards, optimizer state), and
  * state_per_param = state_step / params; rss_peak = the process's peak
- * resident set (getrusage; all P workers, the data set, the code). */
+ * resident set (getrusage; all P workers, the data set, the code).
+ * formula: the model state per worker, AdamW: 16 psi (zero 0 or P = 1),
+ * 8 psi + 8 psi / P (1), 4 psi + 12 psi / P (2), 16 psi / P (3), in bytes;
+ * act: what else a worker holds, allocated and touched at init (activation
+ * arena, loader buffers): (live_init - data) / P less worker 0's model state
+ * after init (dp_trainer_live_bytes); inflight: the slab bytes a sharded
+ * worker holds at once during a step (dp_trainer_inflight_bytes: stage 2 two
+ * ranges of gradients, stage 3 also two of parameters); rss_base: the RSS
+ * before dp_trainer_init (code, libraries); rss_per_worker = (rss_peak -
+ * rss_base - data) / P, the model-state part of the peak RSS per worker,
+ * set beside bound = formula + act + inflight (rss/bound). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+
+#include "dp/ddp.h"
 
 #include "dp/data.h"
 #include "dp/train.h"
@@ -43,6 +56,17 @@ static void count_free(void *q, void *user) {
     memcpy(&size, p, sizeof size);
     live -= size;
     free(p);
+}
+
+/* VmRSS of /proc/self/status in bytes (0 if unreadable). */
+static long long vm_rss(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "VmRSS:", 6) == 0) kb = atoll(line + 6);
+    if (f) fclose(f);
+    return kb * 1024;
 }
 
 static struct dp_trainer *trainer;
@@ -82,10 +106,12 @@ int main(int argc, char **argv) {
     dp_dataset_free(&tr);
     dp_dataset_free(&te);
     live = peak = 0;
+    long long rss_base = vm_rss();
     struct dp_trainer *t;
     int rc = dp_trainer_init(&t, &p);
     trainer = t;
     size_t init = live;
+    int64_t state_init = rc ? 0 : dp_trainer_live_bytes(t, 0), inflight = rc ? 0 : dp_trainer_inflight_bytes(t);
     if (!rc) rc = dp_trainer_run(t);
     if (rc) {
         fprintf(stderr, "zero_mem: %s\n", dp_errmsg());
@@ -97,8 +123,13 @@ int main(int argc, char **argv) {
     double per = (double)(peak - data) / p.workers;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    printf("%s\t%d\t%d\t%lld\t%zu\t%zu\t%zu\t%.0f\t%.2f\t%lld\t%.2f\t%lld\n", p.model, p.workers, p.zero,
-           (long long)n, init, peak, data, per, per / (double)n, (long long)state_step,
-           (double)state_step / (double)n, (long long)ru.ru_maxrss * 1024);
+    double psi = (double)n, P = p.workers, z = P > 1 ? p.zero : 0;
+    double f = z == 0 ? 16 * psi : z == 1 ? 8 * psi + 8 * psi / P : z == 2 ? 4 * psi + 12 * psi / P : 16 * psi / P;
+    double act = ((double)init - (double)data) / P - (double)state_init;
+    double rss_w = ((double)ru.ru_maxrss * 1024 - (double)rss_base - (double)data) / P;
+    printf("%s\t%d\t%d\t%lld\t%zu\t%zu\t%zu\t%.0f\t%.2f\t%lld\t%.2f\t%lld\t%.0f\t%.0f\t%lld\t%lld\t%.0f\t%.3f\n",
+           p.model, p.workers, p.zero, (long long)n, init, peak, data, per, per / (double)n, (long long)state_step,
+           (double)state_step / (double)n, (long long)ru.ru_maxrss * 1024, f, act, (long long)inflight, rss_base,
+           rss_w, rss_w / (f + act + (double)inflight));
     return 0;
 }

@@ -84,6 +84,17 @@ void dp_free(void *p);
  * touches every page now, so that the first training step does not pay for
  * page faults (see docs/architecture.md §3: a fresh 4 KiB page costs ~12 µs here). */
 void *dp_malloc_big(size_t size);
+/* A slab that is given back and faulted in again by parts (ZeRO's gradient
+ * and parameter slabs, src/ddp/zero.c): address space mapped privately, so it
+ * reads as zeros and holds no memory until touched, aligned to 2 MiB and a
+ * whole number of 2 MiB units long, so that every unit of it, the last one
+ * included, belongs to the slab alone and can be given back whole.  The
+ * one allocation outside the hook: what it holds is its resident pages,
+ * counted by dp_resident_bytes (mincore), not the reserved size.  NULL on
+ * failure; dp_slab_unmap takes the size given to dp_slab_map. */
+#define DP_SLAB_UNIT ((size_t)2 << 20)
+void *dp_slab_map(size_t size);
+void dp_slab_unmap(void *p, size_t size);
 char *dp_strdup(const char *s);
 
 /* ---- asserts: programmer errors only ------------------------------------ */

@@ -236,6 +236,8 @@ struct dp_zero {
     int cur;                   /* stage 3: the bucket whose layers run (-1: none) */
     int xcur;                  /* stage 3: the bucket held for the running layer's tied range (-1: none) */
     uintptr_t grel;            /* the lowest address of the gradient slab given back in this step */
+    int padded;                /* DP_REPLICA_LAZY_* of the slabs: whole 2 MiB units (dp_slab_map), so
+                                  releasing a whole slab gives back its last unit too */
     int accumulate;            /* dp_zero_bucket_done adds into gshard (a micro-batch after the first) */
     double t_g0, t_g1;         /* the last step's all-gather (dp_time) */
 };
@@ -271,16 +273,24 @@ int dp_zero_sumsq(struct dp_zero *z, const float *g, double *sumsq);
  * update went to pshard).  Collective. */
 int dp_zero_step(struct dp_zero *z, struct dp_optim *o, float *params, float *g, float lr, double clip_norm,
                  double sumsq);
-/* Stage 3 (no-ops otherwise).  dp_zero_shard_params: the pieces of the
- * parameter slab (equal on every rank) into pshard, and the slab released.
+/* Stage 3 (no-ops otherwise).  dp_zero_shard_init: this worker's pieces of
+ * the initial parameters into pshard, copied from `whole` (a full slab,
+ * equal on every rank: a checkpoint, --init-from) or, with whole NULL, drawn
+ * from the seed piece by piece (dp_model_init_slice): no whole slab is built.
  * dp_zero_materialize: every bucket gathered, so the slab holds the full
- * parameters (evaluation, hashes, checkpoints); collective.
+ * parameters (deterministic mode's step); collective.
+ * dp_zero_gather_params: every bucket gathered in turn; with keep, the slab
+ * holds the full parameters after (checkpoints, the run's result), without,
+ * each range is given back before the next is gathered; hash, if not NULL,
+ * continues dp_fnv1a64 over the slab's bytes in order (any stage: the slab
+ * itself when it is whole); collective.
  * dp_zero_release_params: waits for gathers in flight and gives the whole
  * parameter slab back (pshard keeps the pieces).
  * dp_zero_layer_begin: the model's layer_begin hook (arg = z; see
  * dp_pass), collective in the layers' order. */
-int dp_zero_shard_params(struct dp_zero *z);
+int dp_zero_shard_init(struct dp_zero *z, const struct dp_model *m, uint64_t seed, const float *whole);
 int dp_zero_materialize(struct dp_zero *z);
+int dp_zero_gather_params(struct dp_zero *z, int keep, uint64_t *hash);
 int dp_zero_release_params(struct dp_zero *z);
 int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *l);
 /* Checkpoints keep today's whole-slab layout (parts slabs of n floats).
@@ -295,9 +305,14 @@ void dp_zero_state_take(const struct dp_zero *z, struct dp_optim *o, const float
 /* Bytes of [p, p + bytes) resident in memory (mincore; whole pages), or -1. */
 int64_t dp_resident_bytes(const void *p, size_t bytes);
 /* The worker's live bytes of model state: the resident pages of its
- * gradient and parameter slabs, plus gshard, pshard and the optimizer state
+ * gradient and parameter slabs, and of gshard, plus pshard and the optimizer state
  * (-1 if mincore fails).  After dp_zero_plan. */
 int64_t dp_zero_live_bytes(const struct dp_zero *z, const struct dp_optim *o);
+/* The gradient shard's pages given back (it reads as zeros): the run is over. */
+void dp_zero_drop_grad_shard(struct dp_zero *z);
+/* Sharded stages: the most bytes of the slabs resident at once during a
+ * step, beyond the shards (the ranges in flight; src/ddp/zero.c); else 0. */
+int64_t dp_zero_inflight_bytes(const struct dp_zero *z);
 
 #ifdef __cplusplus
 }

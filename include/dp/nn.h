@@ -265,12 +265,23 @@ struct dp_replica {
     void **saved;      /* (model->nids) */
     float **acts;      /* (nlayers + 1) activation pointers of the last forward */
     int64_t max_batch;
+    int lazy;          /* DP_REPLICA_LAZY_*: the slabs mapped with dp_slab_map */
 };
 int dp_replica_init(struct dp_replica *r, const struct dp_model *m, int64_t max_batch);
+/* The same, with the slabs named in `lazy` mapped (dp_slab_map) instead of
+ * allocated and touched: zero, and not resident until written (ZeRO 2 and 3,
+ * whose workers hold only parts of them). */
+enum { DP_REPLICA_LAZY_GRADS = 1, DP_REPLICA_LAZY_PARAMS = 2 };
+int dp_replica_init_lazy(struct dp_replica *r, const struct dp_model *m, int64_t max_batch, int lazy);
 void dp_replica_free(struct dp_replica *r);
 /* Initialises parameters and buffers from the seed (PyTorch's default schemes:
  * Linear/Conv weight and bias U(±1/sqrt(fan_in)), BN weight 1, bias 0). */
 void dp_model_init_params(const struct dp_model *m, struct dp_replica *r, uint64_t seed);
+/* Elements [off, off + len) of those initial values into dst[0, len): of the
+ * parameter slab (buffers 0) or the buffer slab (1).  Each element is drawn
+ * from the seed by its own index, so a slice has the bits of the same
+ * elements of dp_model_init_params (a ZeRO-3 worker draws only its pieces). */
+void dp_model_init_slice(const struct dp_model *m, int buffers, float *dst, int64_t off, int64_t len, uint64_t seed);
 /* FNV-1a 64 of the raw parameter bytes followed by the buffer bytes. */
 uint64_t dp_replica_hash(const struct dp_replica *r);
 

@@ -233,6 +233,9 @@ struct dp_replica *dp_trainer_replica(struct dp_trainer *t);
  * -1 if it cannot be measured).  Call between steps: from the on_event
  * callback of a step (rank 0's thread) for worker 0, or around a run. */
 int64_t dp_trainer_live_bytes(const struct dp_trainer *t, int worker);
+/* ZeRO 2 and 3: the most slab bytes a worker holds resident at once beyond
+ * its shards during a step (dp_zero_inflight_bytes); 0 for other stages. */
+int64_t dp_trainer_inflight_bytes(const struct dp_trainer *t);
 void dp_trainer_free(struct dp_trainer *t);
 
 /* ---- checkpoints ---------------------------------------------------------

@@ -60,6 +60,29 @@ void *dp_malloc_big(size_t size) {
     return p;
 }
 
+/* mmap gives page alignment only: map one unit more, then unmap the head
+ * before the first unit boundary and the tail after the rounded length. */
+void *dp_slab_map(size_t size) {
+    size_t len = (size + DP_SLAB_UNIT - 1) & ~(DP_SLAB_UNIT - 1);
+    if (len == 0) len = DP_SLAB_UNIT;
+    char *raw = mmap(NULL, len + DP_SLAB_UNIT, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    char *p = (char *)(((uintptr_t)raw + DP_SLAB_UNIT - 1) & ~(uintptr_t)(DP_SLAB_UNIT - 1));
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    if (raw + len + DP_SLAB_UNIT > p + len) munmap(p + len, (size_t)(raw + len + DP_SLAB_UNIT - (p + len)));
+#ifdef MADV_HUGEPAGE
+    madvise(p, len, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+void dp_slab_unmap(void *p, size_t size) {
+    if (!p) return;
+    size_t len = (size + DP_SLAB_UNIT - 1) & ~(DP_SLAB_UNIT - 1);
+    munmap(p, len ? len : DP_SLAB_UNIT);
+}
+
 char *dp_strdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = dp_malloc(n);

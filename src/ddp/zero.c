@@ -64,27 +64,31 @@
 
 #include "dp/ddp.h"
 
-#define UNIT ((uintptr_t)2 << 20)
+#define UNIT ((uintptr_t)DP_SLAB_UNIT)
 
 static size_t page_size(void) {
     long pg = sysconf(_SC_PAGESIZE);
     return pg > 0 ? (size_t)pg : 4096;
 }
 
-/* Gives back the whole pages inside x[0, n); zero: the floats on the partial
- * edge pages are set to 0 too, so all of x[0, n) reads as zeros after. */
-static void release(float *x, int64_t n, int zero) {
+/* Gives back the whole units (of `unit` bytes) inside x[0, n); zero: the floats on the partial
+ * edge units are set to 0 too, so all of x[0, n) reads as zeros after.
+ * tail: x + n is the end of a slab of whole units (dp_slab_map), so its last
+ * unit is given back whole (the slab's start is a unit boundary already). */
+static void release_in(float *x, int64_t n, int zero, int tail, uintptr_t unit) {
     if (n <= 0) return;
     uintptr_t a = (uintptr_t)x, e = (uintptr_t)(x + n);
-    uintptr_t lo = (a + UNIT - 1) & ~(UNIT - 1), hi = e & ~(UNIT - 1);
+    uintptr_t lo = (a + unit - 1) & ~(unit - 1), hi = tail ? (e + unit - 1) & ~(unit - 1) : e & ~(unit - 1);
     if (hi <= lo) {
         if (zero) memset(x, 0, sizeof(float) * (size_t)n);
         return;
     }
-    if (zero) memset(x, 0, lo - a), memset((void *)hi, 0, e - hi);
+    if (zero) memset(x, 0, lo - a), memset((void *)hi, 0, e > hi ? e - hi : 0);
     /* a failure only leaves the memory in place: the data is zeroed by hand */
     if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0 && zero) memset((void *)lo, 0, hi - lo);
 }
+
+static void release_to(float *x, int64_t n, int zero, int tail) { release_in(x, n, zero, tail, UNIT); }
 
 int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, const struct dp_optim_params *op) {
     memset(z, 0, sizeof *z);
@@ -129,7 +133,7 @@ int dp_zero_plan(struct dp_zero *z, const struct dp_bucket *b, int nb, float *pa
     if (z->stage == 3) z->pshard = dp_malloc_big(bytes);
     if (!z->gshard || (z->stage == 3 && !z->pshard)) return dp_seterr(DP_ENOMEM, "ZeRO: out of memory for the shard");
     memset(z->gshard, 0, bytes);
-    release(grads, z->n, 1); /* zero until backward writes: nothing resident */
+    release_to(grads, z->n, 1, z->padded & DP_REPLICA_LAZY_GRADS); /* zero until backward writes: nothing resident */
     return DP_OK;
 }
 
@@ -156,7 +160,10 @@ void dp_zero_bucket_done(void *arg, int k) {
         for (int64_t i = 0; i < p->len; i++) dst[i] += src[i];
     }
     uintptr_t a = (uintptr_t)(z->grads + p->roff), e = (uintptr_t)(z->grads + p->roff + p->rcount);
-    if (k == 0) z->grel = (uintptr_t)(z->grads + z->n) & ~(UNIT - 1); /* a new step: nothing given back yet */
+    if (k == 0) { /* a new step: nothing given back yet (a whole-unit slab: its last unit too) */
+        uintptr_t top = (uintptr_t)(z->grads + z->n);
+        z->grel = z->padded & DP_REPLICA_LAZY_GRADS ? (top + UNIT - 1) & ~(UNIT - 1) : top & ~(UNIT - 1);
+    }
     uintptr_t lo = (a + UNIT - 1) & ~(UNIT - 1), hi = z->grel;
     if (lo >= hi) { /* no new whole unit: zero the bucket */
         memset((void *)a, 0, e - a);
@@ -174,7 +181,7 @@ void dp_zero_take_grad(struct dp_zero *z, float *g) {
         const struct dp_zero_piece *p = &z->piece[k];
         memcpy(z->gshard + p->soff, g + p->off, sizeof(float) * (size_t)p->len);
     }
-    release(g, z->n, 1);
+    release_to(g, z->n, 1, z->padded & DP_REPLICA_LAZY_GRADS);
 }
 
 int dp_zero_sumsq(struct dp_zero *z, const float *g, double *sumsq) {
@@ -254,13 +261,14 @@ int dp_zero_step(struct dp_zero *z, struct dp_optim *o, float *params, float *g,
 
 /* ---- stage 3: the parameters ---------------------------------------------------------- */
 
-int dp_zero_shard_params(struct dp_zero *z) {
+int dp_zero_shard_init(struct dp_zero *z, const struct dp_model *m, uint64_t seed, const float *whole) {
     if (z->stage != 3 || !z->sharded) return DP_OK;
     for (int k = 0; k < z->npieces; k++) {
         const struct dp_zero_piece *p = &z->piece[k];
-        memcpy(z->pshard + p->soff, z->params + p->off, sizeof(float) * (size_t)p->len);
+        if (whole) memcpy(z->pshard + p->soff, whole + p->off, sizeof(float) * (size_t)p->len);
+        else dp_model_init_slice(m, 0, z->pshard + p->soff, p->off, p->len, seed);
     }
-    return dp_zero_release_params(z);
+    return DP_OK;
 }
 
 int dp_zero_materialize(struct dp_zero *z) {
@@ -279,9 +287,65 @@ int dp_zero_release_params(struct dp_zero *z) {
         if (!rc) rc = w;
         z->have[k] = 0;
     }
-    release(z->params, z->n, 0);
+    release_to(z->params, z->n, 0, z->padded & DP_REPLICA_LAZY_PARAMS);
     z->cur = z->xcur = -1;
     return rc;
+}
+
+/* Range j is held: its parameters are in the slab, being gathered, or in use. */
+static int range_held(const struct dp_zero *z, int j) { return z->have[j] || z->greq[j] || j == z->cur || j == z->xcur; }
+
+/* Gives back range k's parameters: its whole units, and also a unit it
+ * shares with the ranges below (k + 1, ...) or above (k - 1, ...) when none
+ * of those is held (a gather writes its range after, so a range about to be
+ * gathered does not count).  A range's partial units so go with the last
+ * range to leave them, instead of staying to the pass's end, one per
+ * boundary. */
+static void release_range(struct dp_zero *z, int k) {
+    const struct dp_zero_piece *p = &z->piece[k];
+    uintptr_t s0 = (uintptr_t)z->params, s1 = (uintptr_t)(z->params + z->n);
+    uintptr_t a = (uintptr_t)(z->params + p->roff), e = (uintptr_t)(z->params + p->roff + p->rcount);
+    uintptr_t lo = (a + UNIT - 1) & ~(UNIT - 1), hi = e & ~(UNIT - 1);
+    uintptr_t dn = a & ~(UNIT - 1), up = (e + UNIT - 1) & ~(UNIT - 1);
+    int ok = dn >= s0; /* the unit below a: inside the slab, no range in it held */
+    for (int j = k + 1; ok && j < z->npieces && (uintptr_t)(z->params + z->piece[j].roff + z->piece[j].rcount) > dn; j++)
+        ok = !range_held(z, j);
+    if (ok) lo = dn;
+    ok = up <= s1 || (z->padded & DP_REPLICA_LAZY_PARAMS); /* past the slab's end: its own padding only */
+    for (int j = k - 1; ok && j >= 0 && (uintptr_t)(z->params + z->piece[j].roff) < up; j--) ok = !range_held(z, j);
+    if (ok) hi = up;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* (a failure leaves the pages in place) */
+}
+
+/* Ranges from the slab's start up (b[0] is the highest), one at a time:
+ * gathered (or waited for, if a prefetch has it in flight), folded into the
+ * hash in slab order, and, without keep, given back before the next: this
+ * worker then holds at most one range, and at the end the partial units too
+ * go (the whole slab released). */
+int dp_zero_gather_params(struct dp_zero *z, int keep, uint64_t *hash) {
+    if (z->stage != 3 || !z->sharded) {
+        if (hash) *hash = dp_fnv1a64(z->params, sizeof(float) * (size_t)z->n, *hash);
+        return DP_OK;
+    }
+    int rc = DP_OK;
+    for (int k = z->npieces - 1; k >= 0 && !rc; k--) {
+        const struct dp_zero_piece *p = &z->piece[k];
+        if (!z->have[k] && !z->greq[k]) rc = gather_start(z, k);
+        if (!rc) rc = gather_wait(z, k);
+        if (rc) break;
+        if (hash) *hash = dp_fnv1a64(z->params + p->roff, sizeof(float) * (size_t)p->rcount, *hash);
+        if (!keep) z->have[k] = 0, release_range(z, k);
+    }
+    if (!keep) {
+        int w = dp_zero_release_params(z);
+        if (!rc) rc = w;
+    }
+    return rc;
+}
+
+/* Whole 4 KiB pages: once, at the end, so no fault cost recurs per step. */
+void dp_zero_drop_grad_shard(struct dp_zero *z) {
+    if (z->gshard) release_in(z->gshard, z->len, 1, 0, (uintptr_t)page_size());
 }
 
 /* The range holding slab offset off (ranges are disjoint; b[0] the highest). */
@@ -293,9 +357,10 @@ static int range_of(const struct dp_zero *z, int64_t off) {
 
 /* Range k's parameters given back (nothing in flight: it was waited for). */
 static void drop(struct dp_zero *z, int k) {
-    const struct dp_zero_piece *p = &z->piece[k];
     z->have[k] = 0;
-    release(z->params + p->roff, p->rcount, 0);
+    if (z->cur == k) z->cur = -1; /* no longer held, so a unit it shares with the other can go too */
+    if (z->xcur == k) z->xcur = -1;
+    release_range(z, k);
 }
 
 /* Before a top-level layer runs (forward: layers in increasing order, so
@@ -362,7 +427,7 @@ int dp_zero_state_gather(struct dp_zero *z, const struct dp_optim *o, float *scr
         if (rc) return rc;
         if (full) memcpy(full + (size_t)k * (size_t)z->n, scratch, sizeof(float) * (size_t)z->n);
     }
-    if (z->sharded) release(scratch, z->n, 1); /* the gradient slab, given back zeroed */
+    if (z->sharded) release_to(scratch, z->n, 1, z->padded & DP_REPLICA_LAZY_GRADS); /* the gradient slab, given back zeroed */
     return DP_OK;
 }
 
@@ -394,6 +459,22 @@ int64_t dp_zero_live_bytes(const struct dp_zero *z, const struct dp_optim *o) {
     size_t slab = sizeof(float) * (size_t)z->n;
     int64_t g = z->grads ? dp_resident_bytes(z->grads, slab) : 0, p = z->params ? dp_resident_bytes(z->params, slab) : 0;
     if (g < 0 || p < 0) return -1;
-    int64_t shard = (int64_t)sizeof(float) * z->len * ((z->gshard != NULL) + (z->pshard != NULL));
-    return g + p + shard + (int64_t)sizeof(float) * o->state_len;
+    /* (the gradient shard by its pages too: dp_zero_drop_grad_shard gives them back at the end) */
+    int64_t gs = z->gshard ? dp_resident_bytes(z->gshard, sizeof(float) * (size_t)z->len) : 0;
+    if (gs < 0) return -1;
+    int64_t shard = (int64_t)sizeof(float) * z->len * (z->pshard != NULL);
+    return g + p + gs + shard + (int64_t)sizeof(float) * o->state_len;
+}
+
+/* Backward at range k holds k's gradient (being written) and k - 1's (its
+ * reduce-scatter in flight), and stage 3 also k's parameters and the
+ * prefetched next range's: two adjacent ranges of each, and the units
+ * those share with their neighbours (release_range). */
+int64_t dp_zero_inflight_bytes(const struct dp_zero *z) {
+    if (!z->sharded) return 0;
+    int64_t pair = z->npieces ? z->piece[0].rcount : 0;
+    for (int k = 0; k + 1 < z->npieces; k++)
+        if (z->piece[k].rcount + z->piece[k + 1].rcount > pair) pair = z->piece[k].rcount + z->piece[k + 1].rcount;
+    int64_t b = (int64_t)sizeof(float) * pair;
+    return z->stage == 3 ? 2 * b + 2 * (int64_t)UNIT : b;
 }

@@ -149,14 +149,19 @@ const struct dp_param_info *dp_model_find_param(const struct dp_model *m, const 
 /* ---- replicas ----------------------------------------------------------------- */
 
 int dp_replica_init(struct dp_replica *r, const struct dp_model *m, int64_t max_batch) {
+    return dp_replica_init_lazy(r, m, max_batch, 0);
+}
+
+int dp_replica_init_lazy(struct dp_replica *r, const struct dp_model *m, int64_t max_batch, int lazy) {
     memset(r, 0, sizeof *r);
     if (!m->finalized) return dp_seterr(DP_EINVAL, "replica: model not finalized");
     r->model = m;
     r->max_batch = max_batch;
+    r->lazy = lazy;
     size_t np = (size_t)(m->num_params ? m->num_params : 1) * sizeof(float);
     size_t nb = (size_t)(m->num_buffers ? m->num_buffers : 1) * sizeof(float);
-    r->params = dp_malloc_big(np);
-    r->grads = dp_malloc_big(np);
+    r->params = lazy & DP_REPLICA_LAZY_PARAMS ? dp_slab_map(np) : dp_malloc_big(np);
+    r->grads = lazy & DP_REPLICA_LAZY_GRADS ? dp_slab_map(np) : dp_malloc_big(np);
     r->buffers = dp_malloc_big(nb);
     r->saved = dp_calloc((size_t)m->nids + 1, sizeof(void *));
     r->acts = dp_calloc((size_t)m->nlayers + 1, sizeof(float *));
@@ -172,16 +177,19 @@ int dp_replica_init(struct dp_replica *r, const struct dp_model *m, int64_t max_
         return dp_seterr(DP_ENOMEM, "replica: cannot allocate %zu bytes of parameters and activations",
                          2 * np + nb + est);
     }
-    memset(r->params, 0, np);
-    memset(r->grads, 0, np);
+    if (!(lazy & DP_REPLICA_LAZY_PARAMS)) memset(r->params, 0, np); /* (a mapped slab reads as zeros) */
+    if (!(lazy & DP_REPLICA_LAZY_GRADS)) memset(r->grads, 0, np);
     memset(r->buffers, 0, nb);
     return DP_OK;
 }
 
 void dp_replica_free(struct dp_replica *r) {
     if (!r) return;
-    dp_free(r->params);
-    dp_free(r->grads);
+    size_t np = r->model ? (size_t)(r->model->num_params ? r->model->num_params : 1) * sizeof(float) : 0;
+    if (r->lazy & DP_REPLICA_LAZY_PARAMS) dp_slab_unmap(r->params, np);
+    else dp_free(r->params);
+    if (r->lazy & DP_REPLICA_LAZY_GRADS) dp_slab_unmap(r->grads, np);
+    else dp_free(r->grads);
     dp_free(r->buffers);
     dp_free(r->saved);
     dp_free(r->acts);
@@ -190,19 +198,27 @@ void dp_replica_free(struct dp_replica *r) {
 }
 
 void dp_model_init_params(const struct dp_model *m, struct dp_replica *r, uint64_t seed) {
+    dp_model_init_slice(m, 0, r->params, 0, m->num_params, seed);
+    dp_model_init_slice(m, 1, r->buffers, 0, m->num_buffers, seed);
+}
+
+/* Each tensor's overlap [j0, j1) with the slice, element j of tensor i drawn
+ * by the counter (seed, i, j): the same value whoever draws it. */
+void dp_model_init_slice(const struct dp_model *m, int buffers, float *dst, int64_t off, int64_t len, uint64_t seed) {
     for (int i = 0; i < m->nparams; i++) {
         const struct dp_param_info *p = &m->params[i];
-        float *dst = (p->is_buffer ? r->buffers : r->params) + p->offset;
-        for (int64_t j = 0; j < p->count; j++) {
+        if (!p->is_buffer != !buffers) continue;
+        int64_t j0 = off > p->offset ? off - p->offset : 0;
+        int64_t j1 = off + len < p->offset + p->count ? off + len - p->offset : p->count;
+        for (int64_t j = j0; j < j1; j++) {
+            float *o = &dst[p->offset - off + j];
             switch (p->init) {
-            case DP_INIT_CONST: dst[j] = p->init_a; break;
+            case DP_INIT_CONST: *o = p->init_a; break;
             case DP_INIT_UNIFORM:
-                dst[j] = p->init_a * (2.0f * dp_rng_uniform(seed, DP_RNG_INIT, (uint64_t)i, (uint64_t)j) - 1.0f);
+                *o = p->init_a * (2.0f * dp_rng_uniform(seed, DP_RNG_INIT, (uint64_t)i, (uint64_t)j) - 1.0f);
                 break;
-            case DP_INIT_NORMAL:
-                dst[j] = p->init_a * dp_rng_normal(seed, DP_RNG_INIT, (uint64_t)i, (uint64_t)j);
-                break;
-            default: dst[j] = 0.0f; break;
+            case DP_INIT_NORMAL: *o = p->init_a * dp_rng_normal(seed, DP_RNG_INIT, (uint64_t)i, (uint64_t)j); break;
+            default: *o = 0.0f; break;
             }
         }
     }

@@ -216,6 +216,7 @@ int64_t dp_trainer_live_bytes(const struct dp_trainer *t, int worker) {
     if (worker < 0 || worker >= t->P) return -1;
     return dp_zero_live_bytes(&t->w[worker].zero, &t->w[worker].opt);
 }
+int64_t dp_trainer_inflight_bytes(const struct dp_trainer *t) { return dp_zero_inflight_bytes(&t->w[0].zero); }
 uint64_t dp_trainer_param_hash(const struct dp_trainer *t) { return dp_replica_hash(&t->w[0].rep); }
 const char *dp_trainer_note(const struct dp_trainer *t) { return t->note[0] ? t->note : NULL; }
 
@@ -513,10 +514,14 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     w->t = t;
     w->rank = rank;
     w->grank = t->base + rank;
-    int rc = dp_replica_init(&w->rep, t->model, t->max_batch);
+    /* ZeRO 2 and 3 (sharded): the slabs a worker holds only parts of are
+     * mapped, never touched as a whole (the gradient; stage 3, the parameters) */
+    int lazy = p->zero >= 2 && t->G > 1 ? DP_REPLICA_LAZY_GRADS | (p->zero == 3 ? DP_REPLICA_LAZY_PARAMS : 0) : 0;
+    int rc = dp_replica_init_lazy(&w->rep, t->model, t->max_batch, lazy);
     if (rc) return rc;
     if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
     if ((rc = dp_zero_init(&w->zero, w->comm, t->model->num_params, p->zero, &p->optim))) return rc;
+    w->zero.padded = lazy;
     struct dp_loader_params lp = dp_loader_default_params();
     lp.batch = p->batch;
     lp.shuffle = 1;
@@ -855,8 +860,13 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     /* Rank 0 initialises; the others receive its parameters by broadcast
      * when the run starts.  (Every rank could draw the same values from the
      * seed; the broadcast makes "all replicas start equal" hold for any
-     * initialisation, including --init-from on rank 0 only.) */
-    dp_model_init_params(t->model, &t->w[0].rep, p->seed);
+     * initialisation, including --init-from on rank 0 only.)  ZeRO 3
+     * (sharded) builds no replica: each worker draws its own pieces from the
+     * seed, below, and rank 0 only its buffers. */
+    int zero3 = p->zero == 3 && t->G > 1;
+    if (zero3 && !p->init_from && !p->resume)
+        dp_model_init_slice(t->model, 1, t->w[0].rep.buffers, 0, t->model->num_buffers, p->seed);
+    else dp_model_init_params(t->model, &t->w[0].rep, p->seed);
     if (p->init_from && (rc = dp_safetensors_load(p->init_from, t->model, &t->w[0].rep))) goto fail;
     t->batches_per_epoch = dp_loader_steps_per_epoch(t->w[0].loader);
     if (t->ps_dynamic) { /* the loader's batches are batch / P: the schedule counts global batches */
@@ -870,6 +880,15 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
 
     if (p->resume && (rc = load_checkpoint(t, p->resume))) goto fail;
     if (p->resume && t->step_in_epoch == 0) resume_position(t);
+    /* ZeRO 3: each worker's pieces, drawn from the seed, or copied from rank
+     * 0's slab where a file filled it (--init-from, the checkpoint), which is
+     * then given back.  Every process of an MPI job computes the same pieces
+     * (the same seed, the same files), so the parameters need no broadcast. */
+    if (zero3) {
+        const float *whole = p->init_from || p->resume ? t->w[0].rep.params : NULL;
+        for (int r = 0; r < t->P && !rc; r++) rc = dp_zero_shard_init(&t->w[r].zero, t->model, p->seed, whole);
+        if (rc || (whole && (rc = dp_zero_release_params(&t->w[0].zero)))) goto fail;
+    }
     if (p->async && (rc = ps_init(t))) goto fail;
     /* Only the job's rank 0 writes metrics and checkpoints. */
     if (p->out_dir && t->base == 0) {
@@ -969,26 +988,29 @@ static int64_t eval_count(const struct dp_trainer *t, const struct dp_dataset *d
 
 /* Evaluates chunks [c0, c1) of the first n samples of ds on replica w->rep
  * (ds NULL: the text validation windows, filled into w's scratch). */
+/* gather: ZeRO 3 (sharded), the layers' ranges gathered as in training
+ * (collective: evaluate_shared); a chunk past the end is then an empty pass
+ * that takes part in the gathers. */
 static int eval_chunks(struct dp_trainer *t, struct worker *w, const struct dp_dataset *ds, int64_t n,
-                       int64_t c0, int64_t c1, double *slot) {
+                       int64_t c0, int64_t c1, double *slot, int gather) {
     const int64_t E = t->eval_chunk;
     for (int64_t c = c0; c < c1; c++) {
         int64_t i = c * E, B = n - i < E ? n - i : E;
-        struct dp_batch b = {.B = B};
+        struct dp_batch b = {.B = B > 0 ? B : 0};
+        if (B <= 0) i = 0; /* an empty pass still reads from valid pointers */
         if (ds) {
             b.x = ds->x + i * ds->C * ds->H * ds->W;
             b.targets = ds->y + i;
         } else {
-            int rc = dp_text_fill_val(&t->tokens, &t->split, t->ctx, i, B, w->etok, w->etgt);
+            int rc = B > 0 ? dp_text_fill_val(&t->tokens, &t->split, t->ctx, i, B, w->etok, w->etgt) : DP_OK;
             if (rc) return dp_adderr(rc, "evaluate");
             b.tokens = w->etok, b.targets = w->etgt;
         }
         struct dp_pass pass = {.training = 0, .seed = t->p.seed};
-        struct dp_replica *r = &w->rep;
-        int rc = dp_model_run(t->model, r, &b, &pass);
+        if (gather) pass.layer_begin = dp_zero_layer_begin, pass.layer_begin_arg = &w->zero;
+        int rc = dp_model_run(t->model, &w->rep, &b, &pass);
         if (rc) return dp_adderr(rc, "evaluate");
-        slot[2 * c] = (double)pass.correct;
-        slot[2 * c + 1] = pass.loss_sum;
+        if (B > 0) slot[2 * c] = (double)pass.correct, slot[2 * c + 1] = pass.loss_sum;
     }
     return DP_OK;
 }
@@ -1011,7 +1033,7 @@ int dp_trainer_evaluate(struct dp_trainer *t, const struct dp_dataset *ds, int64
     int64_t n = eval_count(t, ds, limit), nchunks = (n + t->eval_chunk - 1) / t->eval_chunk;
     double *slot = dp_calloc((size_t)(2 * nchunks + 1), sizeof(double));
     if (!slot) return dp_seterr(DP_ENOMEM, "evaluate: out of memory");
-    int rc = eval_chunks(t, &t->w[0], ds, n, 0, nchunks, slot);
+    int rc = eval_chunks(t, &t->w[0], ds, n, 0, nchunks, slot, 0);
     if (!rc) eval_totals(t, slot, nchunks, n, acc, loss);
     dp_free(slot);
     return rc;
@@ -1046,8 +1068,18 @@ static int evaluate_shared(struct worker *w, double *acc, double *loss) {
     double *slot = dp_calloc((size_t)(2 * nchunks + 1), sizeof(double));
     if (!slot) return dp_seterr(DP_ENOMEM, "evaluate: out of memory");
     int rc = DP_OK;
-    for (int64_t k; !rc && (k = atomic_fetch_add(&t->eval_next, 1)) < len;)
-        rc = eval_chunks(t, w, ds, n, c0 + k, c0 + k + 1, slot);
+    if (w->zero.stage == 3 && w->zero.sharded) {
+        /* ZeRO 3: each pass gathers the layers' ranges in turn (collectives),
+         * so every rank runs as many passes: chunk c is rank c mod G's, and a
+         * rank short of a chunk in the last round runs an empty one.  No
+         * whole replica is built; the totals are the same bits. */
+        for (int64_t c = w->grank; !rc && c - w->grank < nchunks; c += t->G)
+            rc = eval_chunks(t, w, ds, n, c, c + 1, slot, 1);
+        int rr = dp_zero_release_params(&w->zero);
+        if (!rc) rc = rr;
+    } else
+        for (int64_t k; !rc && (k = atomic_fetch_add(&t->eval_next, 1)) < len;)
+            rc = eval_chunks(t, w, ds, n, c0 + k, c0 + k + 1, slot, 0);
     if (!rc && t->G > 1 && nchunks > 0) rc = dp_comm_allreduce(w->comm, slot, 2 * nchunks, DP_DTYPE_F64, DP_ALGO_AUTO);
     if (w->rank == 0) atomic_store(&t->eval_next, 0);
     if (!rc) eval_totals(t, slot, nchunks, n, acc, loss);
@@ -1108,10 +1140,11 @@ static int gather_hashes(struct worker *w, const uint64_t *mine, int k, uint64_t
 
 /* Compares every replica's parameter hash with rank 0's. */
 static int check_replicas(struct worker *w) {
-    int rc = dp_zero_materialize(&w->zero); /* ZeRO 3: the whole parameters, for the hash */
+    /* dp_replica_hash's bytes; ZeRO 3 hashes its ranges as they are gathered, one at a time */
+    uint64_t mine = DP_FNV1A64_INIT, *h;
+    int rc = dp_zero_gather_params(&w->zero, 0, &mine);
     if (rc) return rc;
-    uint64_t mine = dp_replica_hash(&w->rep), *h;
-    if ((rc = dp_zero_release_params(&w->zero))) return rc;
+    mine = dp_fnv1a64(w->rep.buffers, sizeof(float) * (size_t)w->t->model->num_buffers, mine);
     rc = gather_hashes(w, &mine, 1, &h);
     for (int r = 1; !rc && r < w->t->G; r++)
         if (h[r] != h[0])
@@ -2120,12 +2153,19 @@ static int end_epoch(struct worker *w, double t_start) {
     double dt = dp_time() - t_start;
     /* the epoch count after this one, as report_epoch will see it: a checkpoint then? */
     int64_t e = w->epoch + 1;
-    /* ZeRO 3: the whole parameters for the evaluation, the report's hash and
-     * the checkpoint; given back after the barrier, kept after the last epoch */
-    if (!rc) rc = dp_zero_materialize(&w->zero);
-    if (!rc && (e == t->p.epochs || (t->p.ckpt_every > 0 && e % t->p.ckpt_every == 0)))
-        if (!(rc = zero_gather_state(w))) rc = ef_gather_state(w);
+    /* ZeRO 3: the evaluation gathers layer by layer (evaluate_shared); the
+     * whole parameters only where they are read: after the last epoch, the
+     * run's result (dp_trainer_replica: each process's worker 0), and with an
+     * output folder, rank 0's report hash and checkpoint.  The other workers
+     * pass their pieces on range by range (dp_zero_gather_params), and the
+     * last epoch first gives back the gradient shards, so the whole replica
+     * takes no more than the step did.  Given back after the barrier. */
+    int last = e == t->p.epochs, ckpt = last || (t->p.ckpt_every > 0 && e % t->p.ckpt_every == 0);
     if (!rc) rc = evaluate_shared(w, &test_acc, &test_loss);
+    if (!rc && last) dp_zero_drop_grad_shard(&w->zero);
+    if (!rc && (last || t->p.out_dir)) rc = dp_zero_gather_params(&w->zero, w->rank == 0, NULL);
+    if (!rc && ckpt)
+        if (!(rc = zero_gather_state(w))) rc = ef_gather_state(w);
     if (!rc && w->grank == 0) rc = report_epoch(w, dt, tot, test_acc, test_loss);
     dp_free(tot);
     if (rc) return rc;
@@ -2484,13 +2524,14 @@ static int worker_loop(struct worker *w) {
     int rc = dp_loader_seek(w->loader, epoch, in_epoch);
     if (rc) return rc;
     if (t->G > 1 && (rc = agree(w))) return rc;
-    /* All replicas start from rank 0's parameters and buffers. */
-    if ((rc = dp_comm_broadcast(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, 0, DP_ALGO_AUTO)) ||
+    /* All replicas start from rank 0's parameters and buffers (ZeRO 3: each
+     * worker holds its pieces already, dp_trainer_init; the slab is gathered
+     * bucket by bucket from here on). */
+    int zero3 = w->zero.stage == 3 && w->zero.sharded;
+    if ((!zero3 && (rc = dp_comm_broadcast(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, 0, DP_ALGO_AUTO))) ||
         (m->num_buffers &&
          (rc = dp_comm_broadcast(w->comm, w->rep.buffers, m->num_buffers, DP_DTYPE_F32, 0, DP_ALGO_AUTO))))
         return rc;
-    /* ZeRO 3: from here on each worker keeps its pieces; the slab is gathered bucket by bucket */
-    if (epoch < t->p.epochs && (rc = dp_zero_shard_params(&w->zero))) return rc;
     while (epoch < t->p.epochs) {
         double t_start = dp_time();
         w->wait0 = dp_loader_wait_time(w->loader);
@@ -2501,7 +2542,10 @@ static int worker_loop(struct worker *w) {
         w->correct = w->seen = w->skipped = 0;
         while (in_epoch < t->batches_per_epoch) {
             if (t->p.max_steps && step >= t->p.max_steps) {
-                if ((rc = dp_zero_materialize(&w->zero)) || (rc = zero_gather_state(w)) || (rc = ef_gather_state(w)))
+                /* the run's end: as end_epoch's last epoch */
+                dp_zero_drop_grad_shard(&w->zero);
+                if ((rc = dp_zero_gather_params(&w->zero, w->rank == 0, NULL)) || (rc = zero_gather_state(w)) ||
+                    (rc = ef_gather_state(w)))
                     return rc;
                 if (w->grank == 0) rc = checkpoint(t);
                 return rc ? rc : dp_comm_barrier(w->comm);
