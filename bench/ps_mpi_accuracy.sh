@@ -13,6 +13,10 @@
 #   async-slr   mpirun -np 3 ... --mode async --staleness-lr
 #   ssp1        mpirun -np 3 ... --staleness 1
 #   ssp1-slr    mpirun -np 3 ... --staleness 1 --staleness-lr
+#   async-share mpirun -np 3 ... --mode async --share-lr         (each push's lr x its samples / 128)
+#   async-im    mpirun -np 3 ... --mode async --implicit-momentum  (server momentum 1 - 2 x 0.1 = 0.8)
+#   async-share-im            ... --mode async --share-lr --implicit-momentum
+#   async-im-slr              ... --mode async --implicit-momentum --staleness-lr
 # in each environment of ENVS:
 #   local       mpirun on this host (shared memory and TCP loopback: btl self,vader,tcp)
 #   netns       the emulated hosts of tests/netns (one host per rank, TCP only over veth links
@@ -22,9 +26,10 @@
 # and the wall time.  Plain async applies each push of a worker's batch / 2 samples on its own
 # (twice the updates of sync, each from parameters one push old on average) at the sync run's lr
 # and momentum; --staleness-lr halves the lr of a stale push; SSP sums each clock's two pushes
-# into one update (at most one clock stale).
+# into one update (at most one clock stale).  --share-lr halves each push's lr (its 64 samples of the
+# 128); --implicit-momentum takes asynchrony's implicit momentum 1 - 1/2 off the explicit 0.9.
 #
-# Environment: EPOCHS=5 SEED=1 EXTRA="" VARIANTS="sync async async-slr ssp1 ssp1-slr"
+# Environment: EPOCHS=5 SEED=1 EXTRA="" VARIANTS="sync async async-slr ssp1 ssp1-slr async-share async-im"
 #              ENVS="local netns" RATE=1gbit DPTRAIN=./build/dptrain RESULTS=bench/results
 set -uo pipefail  # (not -e: tests/netns/cluster.sh relies on failing greps)
 
@@ -36,7 +41,7 @@ ROOT=$PWD
 EPOCHS=${EPOCHS:-5}
 SEED=${SEED:-1}
 EXTRA=${EXTRA:-}
-VARIANTS=${VARIANTS:-sync async async-slr ssp1 ssp1-slr}
+VARIANTS=${VARIANTS:-sync async async-slr ssp1 ssp1-slr async-share async-im}
 ENVS=${ENVS:-local netns}
 RATE=${RATE:-1gbit}
 DPTRAIN=${DPTRAIN:-./build/dptrain}
@@ -82,6 +87,10 @@ flags_of() {
     async-slr) echo --mode async --staleness-lr ;;
     ssp1) echo --staleness 1 ;;
     ssp1-slr) echo --staleness 1 --staleness-lr ;;
+    async-share) echo --mode async --share-lr ;;
+    async-im) echo --mode async --implicit-momentum ;;
+    async-share-im) echo --mode async --share-lr --implicit-momentum ;;
+    async-im-slr) echo --mode async --implicit-momentum --staleness-lr ;;
     *) die "unknown variant '$1'" ;;
   esac
 }
