@@ -29,7 +29,7 @@
 # into one update (at most one clock stale).  --share-lr halves each push's lr (its 64 samples of the
 # 128); --implicit-momentum takes asynchrony's implicit momentum 1 - 1/2 off the explicit 0.9.
 #
-# Environment: EPOCHS=5 SEED=1 EXTRA="" VARIANTS="sync async async-slr ssp1 ssp1-slr async-share async-im"
+# Environment: EPOCHS=5 SEED=1 EXTRA="" VARIANTS="sync async async-slr ssp1 ssp1-slr async-share async-im async-share-im"
 #              ENVS="local netns" RATE=1gbit DPTRAIN=./build/dptrain RESULTS=bench/results
 set -uo pipefail  # (not -e: tests/netns/cluster.sh relies on failing greps)
 
@@ -41,7 +41,7 @@ ROOT=$PWD
 EPOCHS=${EPOCHS:-5}
 SEED=${SEED:-1}
 EXTRA=${EXTRA:-}
-VARIANTS=${VARIANTS:-sync async async-slr ssp1 ssp1-slr async-share async-im}
+VARIANTS=${VARIANTS:-sync async async-slr ssp1 ssp1-slr async-share async-im async-share-im}
 ENVS=${ENVS:-local netns}
 RATE=${RATE:-1gbit}
 DPTRAIN=${DPTRAIN:-./build/dptrain}

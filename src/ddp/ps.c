@@ -116,8 +116,10 @@ int64_t dp_ps_hist_quantile(const struct dp_ps_hist *h, double q) {
  * update behaves like momentum SGD with mu_i = 1 - 1/P.  Two momentum
  * filters compose as 1 - mu = (1 - mu_e)(1 - mu_i), so for the run's total
  * momentum mu the server keeps mu_e = 1 - (1 - mu) / (1 - mu_i) = 1 - P (1 - mu).
- * The lr is untouched, so lr / (1 - mu_e) per push of N / P samples is the
- * sync step's lr / (1 - mu) per N samples: the same gain per sample. */
+ * Counted per sample, plain async has P^2 times sync's gain lr / (N (1 - mu)):
+ * P from P steps per N samples at sync's lr (share_batch takes it off), P
+ * from the implicit filter's gain 1 / (1 - mu_i) (this takes it off: the
+ * composed gain is 1 / ((1 - mu_e)(1 - mu_i)) = 1 / (1 - mu)). */
 int dp_ps_momentum(const struct dp_ps_params *p, float *momentum) {
     *momentum = p->optim.momentum;
     if (!p->implicit_momentum) return DP_OK;
