@@ -185,6 +185,9 @@ expect_error ps_servers_above_params "--servers must be in 1..669706 (the parame
 expect_error ps_staleness_negative "--staleness: '-1' is not an integer in 0..1000" \
   "$BIN" train "${SMALL[@]}" --staleness -1
 expect_error ps_servers_without_async "--servers needs --mode async" "$BIN" train "${SMALL[@]}" --servers 2
+expect_error ps_share_lr_without_async "--share-lr needs --mode async" "$BIN" train "${SMALL[@]}" --share-lr
+expect_error ps_share_lr_ssp_refused "--share-lr does not work with --staleness" \
+  "$BIN" train "${SMALL[@]}" --workers 2 --staleness 1 --share-lr
 expect_error ps_compress_refused "--compress does not work with --mode async" "$BIN" train "${SMALL[@]}" --mode async --compress bf16
 expect_error ps_backup_refused "--backup-workers does not work with --mode async" \
   "$BIN" train "${SMALL[@]}" --workers 2 --mode async --backup-workers 1
@@ -497,6 +500,16 @@ assert len(st) == 20 and max(r['staleness'] for r in st) <= 1, [r['staleness'] f
   if [[ $ok_rp == 1 ]] && same_hash "$ht" "${rp[0]}" && same_hash "$ht" "${rp[1]}" && same_hash "$ht" "${rp[2]}" &&
      grep -q "staleness mean 0.97 p50 1 p99 1 max 1$" "$T/rp1.log"; then ok mpi_replay_equals_threads
   else bad mpi_replay_equals_threads "threads '$ht' vs mpi ${rp[*]}" "$(grep -v '^\[' "$T/rp1.log" | tail -3)"; fi
+  # --share-lr reaches the server ranks with the threads' meaning (ps.c applies both): the replay
+  # with it gives the bits of 2 worker threads with it, and not the plain replay's
+  "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --momentum 0.5 --workers 2 --mode async --deterministic \
+    --share-lr --out "$T/rpst" >"$T/rpst.log" 2>&1
+  timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --momentum 0.5 --workers 1 \
+    --mode async --deterministic --share-lr --out "$T/rpsm" >"$T/rpsm.log" 2>&1
+  hst=$(hash_of "$T/rpst/checkpoint.bin") hsm=$(hash_of "$T/rpsm/checkpoint.bin")
+  if same_hash "$hst" "$hsm" && [[ $hst != "$ht" ]]; then ok mpi_replay_share_lr_equals_threads
+  else bad mpi_replay_share_lr_equals_threads "threads '$hst' vs mpi '$hsm' (plain replay '$ht')" \
+    "$(grep -v '^\[' "$T/rpsm.log" | tail -3)"; fi
   timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --momentum 0.5 --workers 1 \
     --mode async --deterministic --out "$T/rpr" >/dev/null 2>&1
   timeout 120 "${MPIRUN[@]}" -np 4 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --momentum 0.5 --workers 1 \

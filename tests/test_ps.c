@@ -50,15 +50,19 @@ static struct dp_ps_params sgd_params(int P, int S, int staleness, int staleness
     return pp;
 }
 
-/* Async, P = 2: both workers pull version 0; rank 0 pushes g0 (staleness 0),
- * then rank 1 pushes g1 computed from version 0 (staleness 1).  Plain SGD:
- * p - lr g0 - lr g1, and with --staleness-lr the second step has lr / 2.
- * Rank 1's replica gets the fresh parameters in the same call. */
-static void async_manual(int S, int staleness_lr) {
+/* Async, P = 2: both workers pull version 0; rank 0 pushes g0 over 8
+ * samples (staleness 0), then rank 1 pushes g1 over 4 samples computed
+ * from version 0 (staleness 1).  Plain SGD: p - lr g0 - lr g1, and with
+ * --staleness-lr the second step has lr / 2.  With share_batch 16
+ * (--share-lr, global batch 16) each push's lr is scaled by its samples /
+ * 16: lr 8/16 for g0, lr 4/16 for g1 (then / 2 for its staleness).  Rank
+ * 1's replica gets the fresh parameters in the same call. */
+static void async_manual(int S, int staleness_lr, int64_t share_batch) {
     enum { N = 10 };
     float p0[N], g0[N], g1[N], r0[N], r1[N];
     for (int i = 0; i < N; i++) p0[i] = 1.0f + 0.1f * (float)i, g0[i] = 0.25f * (float)(i - 4), g1[i] = 0.5f;
     struct dp_ps_params pp = sgd_params(2, S, -1, staleness_lr);
+    pp.share_batch = share_batch;
     struct dp_ps *ps;
     ASSERT_OK(dp_ps_init(&ps, &pp, N));
     dp_ps_set_state(ps, p0, NULL, 0, 0);
@@ -66,14 +70,15 @@ static void async_manual(int S, int staleness_lr) {
     ASSERT_OK(dp_ps_pull(ps, 1, 0, r1));
     int64_t st0 = -1, st1 = -1;
     ASSERT_OK(dp_ps_push(ps, 0, g0, 8, 0, r0, &st0));
-    ASSERT_OK(dp_ps_push(ps, 1, g1, 8, 0, r1, &st1));
+    ASSERT_OK(dp_ps_push(ps, 1, g1, 4, 0, r1, &st1));
     ASSERT_EQ(st0, 0);
     ASSERT_EQ(st1, 1);
-    float lr2 = staleness_lr ? 0.25f : 0.5f;
+    float lr1 = share_batch ? 0.5f * 8 / 16 : 0.5f;
+    float lr2 = (share_batch ? 0.5f * 4 / 16 : 0.5f) / (staleness_lr ? 2 : 1);
     for (int i = 0; i < N; i++) {
-        float want = p0[i] - 0.5f * g0[i] - lr2 * g1[i];
+        float want = p0[i] - lr1 * g0[i] - lr2 * g1[i];
         ASSERT_NEAR(r1[i], want, 1e-6);
-        ASSERT_NEAR(r0[i], p0[i] - 0.5f * g0[i], 1e-6); /* rank 0 pulled before rank 1's push */
+        ASSERT_NEAR(r0[i], p0[i] - lr1 * g0[i], 1e-6); /* rank 0 pulled before rank 1's push */
     }
     float out[N];
     int64_t step, version;
@@ -88,7 +93,52 @@ static void async_manual(int S, int staleness_lr) {
     dp_ps_free(ps);
 }
 TEST(ps_async_staleness_lr_manual) {
-    for (int S = 1; S <= 3; S += 2) async_manual(S, 0), async_manual(S, 1);
+    for (int S = 1; S <= 3; S += 2) async_manual(S, 0, 0), async_manual(S, 1, 0);
+}
+/* --share-lr: each push moves the parameters by lr x its samples / the global batch */
+TEST(ps_async_share_lr_manual) {
+    for (int S = 1; S <= 3; S += 2) async_manual(S, 0, 16), async_manual(S, 1, 16);
+    struct dp_ps_params pp = sgd_params(2, 1, 0, 0);
+    pp.share_batch = 16; /* SSP weights its pushes by their samples already */
+    struct dp_ps *ps;
+    ASSERT_ERR(dp_ps_init(&ps, &pp, 4), DP_EINVAL, "share_batch 16 needs async");
+}
+
+/* --implicit-momentum, P = 2, SGD momentum 0.9: the server runs at momentum
+ * 1 - 2 (1 - 0.9) = 0.8.  Two pushes (PyTorch's first step: b = g): p - lr g0,
+ * then b = 0.8 g0 + g1, p - lr g0 - lr (0.8 g0 + g1) (0.9 without the option).
+ * dp_ps_momentum: P = 4 gives 0.6; P = 10 leaves nothing (refused), as do
+ * AdamW and SSP. */
+TEST(ps_async_implicit_momentum_manual) {
+    enum { N = 6 };
+    float p0[N], g0[N], g1[N], r[N];
+    for (int i = 0; i < N; i++) p0[i] = 0.5f * (float)i, g0[i] = 1.0f - 0.25f * (float)i, g1[i] = 0.75f;
+    for (int on = 0; on <= 1; on++) {
+        struct dp_ps_params pp = sgd_params(2, 2, -1, 0);
+        pp.optim.momentum = 0.9f, pp.implicit_momentum = on;
+        struct dp_ps *ps;
+        ASSERT_OK(dp_ps_init(&ps, &pp, N));
+        dp_ps_set_state(ps, p0, NULL, 0, 0);
+        int64_t st;
+        ASSERT_OK(dp_ps_push(ps, 0, g0, 8, 0, r, &st));
+        ASSERT_OK(dp_ps_push(ps, 0, g1, 8, 1, r, &st));
+        float mu = on ? 0.8f : 0.9f;
+        for (int i = 0; i < N; i++) ASSERT_NEAR(r[i], p0[i] - 0.5f * g0[i] - 0.5f * (mu * g0[i] + g1[i]), 1e-6);
+        dp_ps_free(ps);
+    }
+    struct dp_ps_params pp = sgd_params(4, 1, -1, 0);
+    pp.optim.momentum = 0.9f, pp.implicit_momentum = 1;
+    float mu = 0;
+    ASSERT_OK(dp_ps_momentum(&pp, &mu));
+    ASSERT_NEAR(mu, 0.6, 1e-6);
+    pp.workers = 10;
+    ASSERT_ERR(dp_ps_momentum(&pp, &mu), DP_EINVAL, "nothing is left");
+    struct dp_ps *ps;
+    ASSERT_ERR(dp_ps_init(&ps, &pp, 4), DP_EINVAL, "nothing is left");
+    pp.workers = 2, pp.optim.kind = DP_OPTIM_ADAMW;
+    ASSERT_ERR(dp_ps_momentum(&pp, &mu), DP_EINVAL, "needs SGD");
+    pp.optim.kind = DP_OPTIM_SGD, pp.staleness = 1;
+    ASSERT_ERR(dp_ps_momentum(&pp, &mu), DP_EINVAL, "does not work with --staleness");
 }
 
 /* SSP, s = 0, P = 2: rank 0's push of clock 0 applies nothing; rank 1's
@@ -375,6 +425,14 @@ TEST(ps_refusals) {
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--servers needs --mode async");
     p = base("mlp", 2), p.staleness_lr = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--staleness-lr needs --mode async");
+    p = base("mlp", 2), p.share_lr = 1;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--share-lr needs --mode async");
+    p = base("mlp", 2), p.staleness = 1, p.share_lr = 1;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--share-lr does not work with --staleness");
+    p = base("mlp", 2), p.implicit_momentum = 1;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--implicit-momentum needs --mode async");
+    p = base("mlp", 2), p.staleness = 1, p.implicit_momentum = 1;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--implicit-momentum does not work with --staleness");
     p = base("mlp", 2), p.async = 1, p.servers = -1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--servers must be >= 1");
     p = base("mlp", 2), p.async = 1, p.servers = 1 << 30;

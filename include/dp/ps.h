@@ -18,8 +18,9 @@
  *           dp_ps_push(ps, rank, grad, n, clock, replica_params, &staleness);
  *
  * Modes (struct dp_ps_params):
- *   async (staleness < 0): each push is applied at once with the run's lr,
- *       and the fresh slice is copied back in the same lock hold.
+ *   async (staleness < 0): each push is applied at once with the run's lr
+ *       (x n_samples / share_batch with share_batch > 0), and the fresh
+ *       slice is copied back in the same lock hold.
  *   async + ordered (deterministic replay): push `clock` of rank r is
  *       applied exactly when the shard's version is clock * P + r.
  *   SSP (staleness = s >= 0): the P pushes of clock c are summed into one
@@ -57,6 +58,13 @@ struct dp_ps_params {
     int staleness;             /* < 0: async; s >= 0: SSP with bound s (at most DP_PS_MAX_STALENESS) */
     int staleness_lr;          /* scale the lr by 1 / (1 + staleness) (async: per push and shard;
                                   SSP: per clock, by the mean staleness of its pushes) */
+    int64_t share_batch;       /* async: scale a push's lr by n_samples / share_batch, its share of
+                                  the global batch (linear scaling: every sample moves the
+                                  parameters by lr / N x its gradient, as in sync); 0 = off.
+                                  SSP weights pushes so already (must be 0) */
+    int implicit_momentum;     /* async, SGD: asynchrony acts like momentum 1 - 1/P (Mitliagkas et
+                                  al. 2016); the server's momentum is then 1 - P (1 - momentum), so
+                                  that explicit and implicit compose to the run's (dp_ps_momentum) */
     int ordered;               /* async: deterministic replay (apply order clock * P + rank) */
     int exact;                 /* SSP: sum the pushes in fixed point (order-independent bits) */
     double timeout_s;          /* a wait longer than this fails the run (0 = none) */
@@ -67,6 +75,10 @@ struct dp_ps_params {
 #define DP_PS_MAX_STALENESS 1000
 
 struct dp_ps;
+/* The SGD momentum the server's optimizers use: the run's, or with
+ * implicit_momentum 1 - P (1 - momentum).  DP_EINVAL with a message when
+ * implicit_momentum is asked outside async SGD or leaves no momentum > 0. */
+int dp_ps_momentum(const struct dp_ps_params *p, float *momentum);
 int dp_ps_init(struct dp_ps **ps, const struct dp_ps_params *p, int64_t n);
 void dp_ps_free(struct dp_ps *ps);
 /* Loads the server (no worker may be running): params (n), the optimizer

@@ -157,11 +157,15 @@ struct dp_train_params {
      * plain async (workers claim the epoch's batches of batch / workers samples as they go);
      * staleness = s >= 0: stale-synchronous, the P pushes of a clock (worker r's share of global
      * batch c) summed into one update, a worker at most s clocks ahead of the slowest (s = 0 is
-     * synchronous training).  staleness_lr scales the lr by 1 / (1 + staleness).  With
-     * deterministic, async applies pushes in the fixed order clock x P + rank (a replay). */
+     * synchronous training).  staleness_lr scales the lr by 1 / (1 + staleness); share_lr
+     * (async only) scales a push's lr by its samples / batch; implicit_momentum (async SGD)
+     * runs the server at momentum 1 - P (1 - momentum) (dp_ps_momentum).  With deterministic,
+     * async applies pushes in the fixed order clock x P + rank (a replay). */
     int async;
     int staleness;             /* default -1 (unbounded) */
     int staleness_lr;
+    int share_lr;
+    int implicit_momentum;
     int servers;
     const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */
     int64_t epochs;

@@ -14,6 +14,9 @@
  *     [ordered: wait until version_i == clock * P + r]
  *     staleness_i = version_i - pulled[r][i]
  *     lr = sched(version_i / lr_div) [x 1 / (1 + staleness_i) with staleness_lr]
+ *          [x n / share_batch with share_batch: the push's share of the
+ *          global batch, so P pushes of N / P samples move the parameters
+ *          as far as one sync step (lr / N per sample), not P times as far]
  *     optimizer step on the slice with g (skipped for an empty push)
  *     version_i += 1
  *     copy the fresh slice into the worker's replica; pulled[r][i] = version_i
@@ -108,6 +111,33 @@ int64_t dp_ps_hist_quantile(const struct dp_ps_hist *h, double q) {
 
 /* ---- setup ---------------------------------------------------------------------------- */
 
+/* Implicit momentum (Mitliagkas et al. 2016, "Asynchrony begets momentum"):
+ * with P asynchronous workers (staleness about P - 1 pushes) the expected
+ * update behaves like momentum SGD with mu_i = 1 - 1/P.  Two momentum
+ * filters compose as 1 - mu = (1 - mu_e)(1 - mu_i), so for the run's total
+ * momentum mu the server keeps mu_e = 1 - (1 - mu) / (1 - mu_i) = 1 - P (1 - mu).
+ * Counted per sample, plain async has P^2 times sync's gain lr / (N (1 - mu)):
+ * P from P steps per N samples at sync's lr (share_batch takes it off), P
+ * from the implicit filter's gain 1 / (1 - mu_i) (this takes it off: the
+ * composed gain is 1 / ((1 - mu_e)(1 - mu_i)) = 1 / (1 - mu)). */
+int dp_ps_momentum(const struct dp_ps_params *p, float *momentum) {
+    *momentum = p->optim.momentum;
+    if (!p->implicit_momentum) return DP_OK;
+    if (p->staleness >= 0)
+        return dp_seterr(DP_EINVAL, "--implicit-momentum does not work with --staleness: it models plain async, "
+                         "whose pushes are about P - 1 pushes stale");
+    if (p->optim.kind != DP_OPTIM_SGD)
+        return dp_seterr(DP_EINVAL, "--implicit-momentum needs SGD (it lowers SGD's --momentum)");
+    double mu = 1.0 - (double)p->workers * (1.0 - (double)p->optim.momentum);
+    if (!(mu > 0))
+        return dp_seterr(DP_EINVAL, "--implicit-momentum: %d asynchronous workers bring momentum 1 - 1/%d = %.3g, "
+                         "which is already at least --momentum %g: nothing is left for the optimizer (raise "
+                         "--momentum or leave the option off)", p->workers, p->workers, 1.0 - 1.0 / p->workers,
+                         (double)p->optim.momentum);
+    *momentum = (float)mu;
+    return DP_OK;
+}
+
 int dp_ps_shards(const struct dp_ps *ps) { return ps->S; }
 
 int64_t dp_ps_version(const struct dp_ps *ps) { return ps->sh[0].version; }
@@ -140,6 +170,12 @@ int dp_ps_init(struct dp_ps **out, const struct dp_ps_params *p, int64_t n) {
         return dp_seterr(DP_EINVAL, "--staleness must be in 0..%d (got %d): for no bound use --mode async",
                          DP_PS_MAX_STALENESS, p->staleness);
     if (p->lr_div < 1) return dp_seterr(DP_EINVAL, "parameter server: lr_div %lld < 1", (long long)p->lr_div);
+    struct dp_optim_params op = p->optim;
+    int rc = dp_ps_momentum(p, &op.momentum);
+    if (rc) return rc;
+    if (p->share_batch < 0 || (p->share_batch && p->staleness >= 0))
+        return dp_seterr(DP_EINVAL, "parameter server: share_batch %lld needs async (SSP weights its pushes by "
+                         "their samples already)", (long long)p->share_batch);
     struct dp_ps *ps = dp_calloc(1, sizeof *ps);
     if (!ps) return dp_seterr(DP_ENOMEM, "parameter server: out of memory");
     ps->p = *p;
@@ -155,13 +191,13 @@ int dp_ps_init(struct dp_ps **out, const struct dp_ps_params *p, int64_t n) {
         dp_ps_free(ps);
         return dp_seterr(DP_ENOMEM, "parameter server: out of memory");
     }
-    int slots = p->staleness >= 0 ? p->staleness + 1 : 0, rc = DP_OK;
+    int slots = p->staleness >= 0 ? p->staleness + 1 : 0;
     for (int i = 0; i < ps->S; i++) {
         struct shard *sh = &ps->sh[i];
         pthread_mutex_init(&sh->mu, NULL);
         if (dp_cond_init_monotonic(&sh->cv) && !rc) rc = dp_seterr(DP_EINTERNAL, "parameter server: pthread_cond_init failed");
         dp_comm_split(n, ps->S, i, &sh->off, &sh->len);
-        if (!rc) rc = dp_optim_init(&sh->opt, &p->optim, sh->len);
+        if (!rc) rc = dp_optim_init(&sh->opt, &op, sh->len);
         if (!rc && slots) {
             sh->acc = dp_malloc_big(sizeof(double) * (size_t)slots * (size_t)sh->len);
             sh->acc_clock = dp_malloc(sizeof(int64_t) * (size_t)slots);
@@ -285,9 +321,11 @@ int dp_ps_pull(struct dp_ps *ps, int rank, int64_t clock, float *dst) {
     return DP_OK;
 }
 
-static float lr_at(const struct dp_ps *ps, int64_t version, double staleness) {
-    float lr = dp_sched_lr(&ps->p.sched, version / ps->p.lr_div);
-    return ps->p.staleness_lr ? (float)((double)lr / (1.0 + staleness)) : lr;
+/* The lr of an update: the schedule's, [/ (1 + staleness)] [x share, the
+ * async push's samples / share_batch; 1 otherwise]. */
+static float lr_at(const struct dp_ps *ps, int64_t version, double staleness, double share) {
+    double lr = dp_sched_lr(&ps->p.sched, version / ps->p.lr_div) * share;
+    return (float)(ps->p.staleness_lr ? lr / (1.0 + staleness) : lr);
 }
 
 /* One shard of an async push (lock held). */
@@ -295,8 +333,10 @@ static int push_async(struct dp_ps *ps, struct shard *sh, int rank, const float 
     int64_t *pulled = &ps->pulled[(size_t)rank * (size_t)ps->S + (size_t)(sh - ps->sh)];
     *st = sh->version - *pulled;
     int rc = DP_OK;
+    double share = ps->p.share_batch > 0 ? n / (double)ps->p.share_batch : 1.0;
     if (n > 0)
-        rc = dp_optim_step(&sh->opt, ps->params + sh->off, g + sh->off, sh->len, lr_at(ps, sh->version, (double)*st));
+        rc = dp_optim_step(&sh->opt, ps->params + sh->off, g + sh->off, sh->len,
+                           lr_at(ps, sh->version, (double)*st, share));
     sh->version++;
     *pulled = sh->version;
     return rc;
@@ -333,7 +373,7 @@ static int push_ssp(struct dp_ps *ps, struct shard *sh, int rank, const float *g
     }
     if (bad) return dp_seterr(DP_ENONFINITE, "parameter server: the update of clock %lld is not finite; try a "
                               "lower --lr", (long long)c);
-    int rc = dp_optim_step(&sh->opt, ps->params + sh->off, sh->u, len, lr_at(ps, c, sh->stale_sum[k] / ps->P));
+    int rc = dp_optim_step(&sh->opt, ps->params + sh->off, sh->u, len, lr_at(ps, c, sh->stale_sum[k] / ps->P, 1.0));
     sh->acc_clock[k] = -1;
     sh->version = c + 1;
     pthread_cond_broadcast(&sh->cv);

@@ -276,8 +276,14 @@ static int check_ps(const struct dp_train_params *p) {
     if (!async && (p->servers || p->staleness_lr))
         return dp_seterr(DP_EINVAL, "%s needs --mode async or --staleness S (the parameter server)",
                          p->servers ? "--servers" : "--staleness-lr");
+    if (!async && (p->share_lr || p->implicit_momentum))
+        return dp_seterr(DP_EINVAL, "%s needs --mode async (the parameter server)",
+                         p->share_lr ? "--share-lr" : "--implicit-momentum");
     if (!async) return DP_OK;
     const char *mode = p->staleness >= 0 ? "--staleness" : "--mode async";
+    if (p->share_lr && p->staleness >= 0)
+        return dp_seterr(DP_EINVAL, "--share-lr does not work with --staleness: a clock's pushes are summed into "
+                         "one update, each weighted by its samples already");
     /* across processes: async, SSP or the replay over --servers S dedicated ranks (ps_net_loop) */
     if (p->inter && p->workers > 1)
         return dp_seterr(DP_ENOTSUP, "--mode async across processes needs one worker per process (--workers 1 "
@@ -686,6 +692,8 @@ static int ps_init(struct dp_trainer *t) {
     const struct dp_train_params *p = &t->p;
     struct dp_ps_params pp = {.shards = p->servers ? p->servers : (t->P < 4 ? t->P : 4), .workers = t->P,
                               .staleness = p->staleness, .staleness_lr = p->staleness_lr,
+                              .share_batch = p->share_lr ? p->batch : 0,
+                              .implicit_momentum = p->implicit_momentum,
                               .ordered = p->deterministic && p->staleness < 0,
                               .exact = p->deterministic, .timeout_s = p->comm_timeout, .optim = p->optim,
                               .sched = p->sched, .lr_div = p->staleness < 0 ? t->P : 1};
@@ -705,7 +713,9 @@ static int ps_init(struct dp_trainer *t) {
         np.ps.workers = pp.workers = t->ps_W;
         if (p->staleness < 0) np.ps.lr_div = t->ps_div = t->ps_W;
         np.slow = t->slow_factor ? t->slow_factor[t->base] : 1;
-        return dp_ps_net_init(&t->psn, &np);
+        float mu; /* every rank refuses what the servers' dp_ps_init would */
+        int rc = dp_ps_momentum(&np.ps, &mu);
+        return rc ? rc : dp_ps_net_init(&t->psn, &np);
     }
     t->ps_servers = pp.shards;
     return dp_ps_init(&t->ps, &pp, t->model->num_params);
@@ -2256,6 +2266,7 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     H(p->check_replicas), H(p->accum), H(t->gather_waits), H(p->balance), H(p->backup), H(p->backup_workers);
     H(p->compress.kind), H(p->compress.rank), H(p->compress.fraction), H(p->compress.powersgd_start);
     H(p->async), H(p->staleness), H(p->staleness_lr), H(p->servers), H(p->zero), H(p->zero_scatter);
+    H(p->share_lr), H(p->implicit_momentum);
     out[AGREE_CONFIG] = h;
     h = 0xcbf29ce484222325ull;
     H(w->step), H(w->epoch), H(w->in_epoch);

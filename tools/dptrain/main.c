@@ -224,6 +224,10 @@ static const char *help_train =
     "  --staleness S       stale-synchronous (implies async): a clock's pushes make one update,\n"
     "                      a worker at most S clocks ahead of the slowest (0 = synchronous)\n"
     "  --staleness-lr      scale each update's lr by 1 / (1 + its staleness) [off]\n"
+    "  --share-lr          async: scale each push's lr by its share of the batch (its samples /\n"
+    "                      --batch), so a global batch's pushes move as far as one sync step [off]\n"
+    "  --implicit-momentum async SGD: asynchrony acts like momentum 1 - 1/workers; the server runs\n"
+    "                      at momentum 1 - workers x (1 - --momentum), so the two compose to it [off]\n"
     "                      (epoch lines and metrics.jsonl report the staleness; docs/ddp.md)\n"
     "\n"
     "run:\n"
@@ -534,6 +538,8 @@ static int cmd_train(int argc, char **argv) {
         } else if (opt(&a, "--servers", &v)) tp.servers = (int)parse_int("--servers", v, 1, INT32_MAX);
         else if (opt(&a, "--staleness", &v)) tp.staleness = (int)parse_int("--staleness", v, 0, 1000);
         else if (opt(&a, "--staleness-lr", NULL)) tp.staleness_lr = 1;
+        else if (opt(&a, "--share-lr", NULL)) tp.share_lr = 1;
+        else if (opt(&a, "--implicit-momentum", NULL)) tp.implicit_momentum = 1;
         else if (opt(&a, "--deterministic", NULL)) tp.deterministic = 1;
         else if (opt(&a, "--zero", &v)) tp.zero = (int)parse_int("--zero", v, 0, 3);
         else if (opt(&a, "--zero-reduce", &v)) {
