@@ -24,8 +24,9 @@
 #             with --no-error-feedback.
 #   resnet    the same recipe on resnet (BatchNorm, residual blocks, 1-D tensors), short:
 #             RESNET_EPOCHS epochs (1) on the first RESNET_LIMIT training samples (all if 0), for
-#             none, bf16, fp16, powersgd:4, topk:0.01, sign: every scheme runs, its accuracy against
-#             fp32's after the same steps (a short run shows convergence starting, not the end).
+#             none, bf16, fp16, powersgd:4, topk:0.01, sign (RESNET_VARIANTS): every scheme runs, its
+#             accuracy against fp32's after the same steps (pick RESNET_LIMIT and RESNET_EPOCHS long
+#             enough for fp32 to be clearly trained: a short run shows convergence starting, not the end).
 #
 # Usage (as root for speed/peer, after make):
 #   bash bench/compression.sh [--parts "speed peer accuracy resnet"] [--hosts "2"] [--rate 100mbit]
@@ -34,7 +35,8 @@
 # Environment: DPTRAIN (./build/dptrain; copied to a temporary directory first, so a rebuild
 # during the run does not change it), PY (/usr/bin/python3), RESULTS (bench/results), NICE (10,
 # for the accuracy part), CNN_VARIANTS (the accuracy part's cnn runs, "SPEC" or "SPEC/noef" for
-# --no-error-feedback; all eight by default), PEER_TIMEOUT (300 s per PyTorch run; a hung run is reported as failed).
+# --no-error-feedback; all eight by default), RESNET_VARIANTS (the resnet part's runs, the same form; all six
+# by default), PEER_TIMEOUT (300 s per PyTorch run; a hung run is reported as failed).
 # Output: RESULTS/compression-STAMP.md with the raw rows of every part in
 # RESULTS/compression-STAMP.tsv (part, hosts, rate, variant, rep, and the part's figures), and the
 # runs' logs in RESULTS/compression-STAMP/ (the accuracy runs' epoch lines).
@@ -47,6 +49,7 @@ PY=${PY:-/usr/bin/python3}
 RESULTS=${RESULTS:-bench/results}
 NICE=${NICE:-10}
 CNN_VARIANTS=${CNN_VARIANTS:-"none bf16 powersgd:4 topk:0.01 sign powersgd:4/noef topk:0.01/noef sign/noef"}
+RESNET_VARIANTS=${RESNET_VARIANTS:-"none bf16 fp16 powersgd:4 topk:0.01 sign"}
 PEER_TIMEOUT=${PEER_TIMEOUT:-300}  # seconds per PyTorch run: powerSGD_hook on gloo can hang
 PARTS="speed peer accuracy resnet" HOSTS=2 RATE=100mbit REPS=3 STEPS=40 BATCH=128 EPOCHS=5
 RESNET_EPOCHS=1 RESNET_LIMIT=0 CNN_LIMIT=0
@@ -126,7 +129,7 @@ part_accuracy() {
 part_resnet() {
   local v
   ((RESNET_EPOCHS > 0)) || return 0
-  for v in none bf16 fp16 powersgd:4 topk:0.01 sign; do acc_run resnet "$v" "$RESNET_EPOCHS" "$RESNET_LIMIT"; done
+  for v in $RESNET_VARIANTS; do acc_run resnet "$v" "$RESNET_EPOCHS" "$RESNET_LIMIT"; done
 }
 
 # ---- speed and peer (emulated hosts) ----
