@@ -19,13 +19,14 @@
 #             4, start_powerSGD_iter 2).  A hook that fails to run is reported as failed, with its
 #             error line.  Interleaved with the same rotation, REPS repetitions.
 #   accuracy  dptrain train --backend thread --workers 2 --threads 1, cnn, EPOCHS epochs, batch
-#             128, SGD lr 0.05 momentum 0.9, seed 1; test accuracy on the full test set after the
+#             128, SGD lr 0.05 momentum 0.9, seed SEED (1); test accuracy on the full test set after the
 #             last epoch.  Variants none, bf16, powersgd:4, topk:0.01, sign, the last three also
 #             with --no-error-feedback.
 #   resnet    the same recipe on resnet (BatchNorm, residual blocks, 1-D tensors), short:
 #             RESNET_EPOCHS epochs (1) on the first RESNET_LIMIT training samples (all if 0), for
-#             none, bf16, fp16, powersgd:4, topk:0.01, sign: every scheme runs, its accuracy against
-#             fp32's after the same steps (a short run shows convergence starting, not the end).
+#             none, bf16, fp16, powersgd:4, topk:0.01, sign (RESNET_VARIANTS): every scheme runs, its
+#             accuracy against fp32's after the same steps (pick RESNET_LIMIT and RESNET_EPOCHS long
+#             enough for fp32 to be clearly trained: a short run shows convergence starting, not the end).
 #
 # Usage (as root for speed/peer, after make):
 #   bash bench/compression.sh [--parts "speed peer accuracy resnet"] [--hosts "2"] [--rate 100mbit]
@@ -34,7 +35,8 @@
 # Environment: DPTRAIN (./build/dptrain; copied to a temporary directory first, so a rebuild
 # during the run does not change it), PY (/usr/bin/python3), RESULTS (bench/results), NICE (10,
 # for the accuracy part), CNN_VARIANTS (the accuracy part's cnn runs, "SPEC" or "SPEC/noef" for
-# --no-error-feedback; all eight by default), PEER_TIMEOUT (300 s per PyTorch run; a hung run is reported as failed).
+# --no-error-feedback; all eight by default), RESNET_VARIANTS (the resnet part's runs, the same form; all six
+# by default), SEED (1: the accuracy and resnet parts' --seed), PEER_TIMEOUT (300 s per PyTorch run; a hung run is reported as failed).
 # Output: RESULTS/compression-STAMP.md with the raw rows of every part in
 # RESULTS/compression-STAMP.tsv (part, hosts, rate, variant, rep, and the part's figures), and the
 # runs' logs in RESULTS/compression-STAMP/ (the accuracy runs' epoch lines).
@@ -47,6 +49,8 @@ PY=${PY:-/usr/bin/python3}
 RESULTS=${RESULTS:-bench/results}
 NICE=${NICE:-10}
 CNN_VARIANTS=${CNN_VARIANTS:-"none bf16 powersgd:4 topk:0.01 sign powersgd:4/noef topk:0.01/noef sign/noef"}
+RESNET_VARIANTS=${RESNET_VARIANTS:-"none bf16 fp16 powersgd:4 topk:0.01 sign"}
+SEED=${SEED:-1}  # the accuracy and resnet parts' --seed
 PEER_TIMEOUT=${PEER_TIMEOUT:-300}  # seconds per PyTorch run: powerSGD_hook on gloo can hang
 PARTS="speed peer accuracy resnet" HOSTS=2 RATE=100mbit REPS=3 STEPS=40 BATCH=128 EPOCHS=5
 RESNET_EPOCHS=1 RESNET_LIMIT=0 CNN_LIMIT=0
@@ -71,8 +75,8 @@ while (($#)); do
 done
 HOSTS=${HOSTS//,/ } PARTS=${PARTS//,/ }
 for v in $HOSTS $REPS $STEPS $BATCH $EPOCHS; do [[ $v =~ ^[1-9][0-9]*$ ]] || die "'$v' is not a positive count"; done
-[[ $RESNET_EPOCHS =~ ^[0-9]+$ && $RESNET_LIMIT =~ ^[0-9]+$ && $CNN_LIMIT =~ ^[0-9]+$ ]] ||
-  die "bad --resnet-epochs/--resnet-limit/--cnn-limit"
+[[ $SEED =~ ^[0-9]+$ && $RESNET_EPOCHS =~ ^[0-9]+$ && $RESNET_LIMIT =~ ^[0-9]+$ && $CNN_LIMIT =~ ^[0-9]+$ ]] ||
+  die "bad --resnet-epochs/--resnet-limit/--cnn-limit or SEED"
 ((STEPS > 10)) || die "--steps must exceed 10 (the first 5 steps are not counted)"
 for p in $PARTS; do [[ $p == speed || $p == peer || $p == accuracy || $p == resnet ]] || die "unknown part '$p'"; done
 [[ -x $DPTRAIN ]] || die "$DPTRAIN not built (make)"
@@ -112,7 +116,7 @@ acc_run() { # acc_run MODEL VARIANT EPOCHS [LIMIT]
   [[ $spec == none ]] || args+=(--compress "$spec")
   local s=$SECONDS
   nice -n "$NICE" "$BIN" train --model "$model" --backend thread --workers 2 --threads 1 --batch 128 --lr 0.05 \
-    --momentum 0.9 --seed 1 --epochs "$ep" --progress lines "${args[@]}" --out "$WORK/$tag" >"$LOGS/acc-$tag.log" 2>&1
+    --momentum 0.9 --seed "$SEED" --epochs "$ep" --progress lines "${args[@]}" --out "$WORK/$tag" >"$LOGS/acc-$tag.log" 2>&1
   local rc=$? acc
   acc=$(sed -n 's/^done: .*test acc \([0-9.]*\)%.*/\1/p' "$LOGS/acc-$tag.log" | tail -1)
   ((rc == 0)) || note "accuracy $model $v failed (rc $rc): $(tail -1 "$LOGS/acc-$tag.log")"
@@ -126,7 +130,7 @@ part_accuracy() {
 part_resnet() {
   local v
   ((RESNET_EPOCHS > 0)) || return 0
-  for v in none bf16 fp16 powersgd:4 topk:0.01 sign; do acc_run resnet "$v" "$RESNET_EPOCHS" "$RESNET_LIMIT"; done
+  for v in $RESNET_VARIANTS; do acc_run resnet "$v" "$RESNET_EPOCHS" "$RESNET_LIMIT"; done
 }
 
 # ---- speed and peer (emulated hosts) ----
@@ -207,7 +211,7 @@ done
 [[ " $PARTS " == *" resnet "* ]] && part_resnet
 
 # ---- report ----
-export RAW NP BATCH STEPS REPS EPOCHS RESNET_EPOCHS RESNET_LIMIT CNN_LIMIT CPU_MODEL NCPU GIT_REV LOAD1 CPUS_NOTE
+export SEED RAW NP BATCH STEPS REPS EPOCHS RESNET_EPOCHS RESNET_LIMIT CNN_LIMIT CPU_MODEL NCPU GIT_REV LOAD1 CPUS_NOTE
 export LOAD2 WALL=$(($(date +%s) - t0)) NAME=${BASE##*/} PARTS
 LOAD2=$(cut -d' ' -f1-3 /proc/loadavg)
 "$PY" - >"$OUTMD" <<'EOF'
@@ -281,7 +285,7 @@ rs = [r for r in rows if r["part"] == "accuracy"]
 if rs:
     cnn = any(r["variant"].startswith("cnn:") for r in rs)
     res = any(r["variant"].startswith("resnet:") for r in rs)
-    print(f"## Accuracy: threads (--workers 2 --threads 1, one machine), batch 128, SGD lr 0.05 momentum 0.9, seed 1; "
+    print(f"## Accuracy: threads (--workers 2 --threads 1, one machine), batch 128, SGD lr 0.05 momentum 0.9, seed {E['SEED']}; "
           + (f"cnn {E['EPOCHS']} epochs" + (f" on the first {E['CNN_LIMIT']} training samples" if E["CNN_LIMIT"] != "0" else "") if cnn else "")
           + ("; " if cnn and res else "")
           + (f"resnet {E['RESNET_EPOCHS']} epoch(s)"

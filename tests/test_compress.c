@@ -122,6 +122,18 @@ TEST(compress_sign_pack) {
     ASSERT_EQ(bits[2] >> 3, 0); /* the padding bits are zero */
 }
 
+/* sign's scale is |p|_2 / sqrt(n), not the mean |p| (compress.c): for
+ * p = (5, -1, -1, -1, -1, 1, 1, 1), |p|_2^2 = 32, so s = sqrt(32 / 8) = 2
+ * (the mean |p| is 1.5), and the scaled sign 2 sign(p) has p's norm. */
+TEST(compress_sign_scale) {
+    const float p[8] = {5, -1, -1, -1, -1, 1, 1, 1};
+    ASSERT_FEQ(dp__sign_scale(p, 8), 2.0f);
+    ASSERT_FEQ(dp__sign_scale(p + 1, 7), 1.0f);
+    ASSERT_FEQ(dp__sign_scale(p, 0), 0.0f);
+    const float q[2] = {-3, 4}; /* |q|_2 = 5: s = 5 / sqrt(2) */
+    ASSERT_NEAR(dp__sign_scale(q, 2), 5.0 / sqrt(2.0), 1e-6);
+}
+
 TEST(compress_gram_schmidt_orthonormal) {
     enum { N = 9, R = 4 };
     float P[N * R];
@@ -315,7 +327,8 @@ TEST(compress_sign_error_feedback_conserves) {
  * plan_segments), even when one bucket holds the whole model: one step
  * against an oracle that applies the rule to each rank's gradient tensor by
  * tensor.  topk: a rank sends its k_t = ceil(F n_t) largest |g| of each
- * matrix; sign: mean|g| of the tensor times sign(g); both: every bias. */
+ * matrix; sign: |g|_2 / sqrt(n_t) of the tensor times sign(g); both: every
+ * bias. */
 static void expect_per_tensor(struct dp_compress_params cp) {
     struct team t = {.cp = cp, .P = 2, .steps = 1, .bucket_cap = 1u << 20};
     run_team(&t);
@@ -326,8 +339,9 @@ static void expect_per_tensor(struct dp_compress_params cp) {
         int64_t o = q->offset, n = q->count;
         for (int r = 0; r < 2; r++) {
             const float *g = t.lastg + r * t.n + o;
-            double l1 = 0, kth = 0;
-            for (int64_t i = 0; i < n; i++) l1 += fabs(g[i]);
+            double l2 = 0, kth = 0;
+            for (int64_t i = 0; i < n; i++) l2 += (double)g[i] * g[i];
+            const double sc = sqrt(l2 / (double)n);
             if (q->shape.ndim >= 2 && cp.kind == DP_COMPRESS_TOPK) { /* the k-th largest |g| */
                 float *a = malloc(sizeof(float) * (size_t)n);
                 for (int64_t i = 0; i < n; i++) a[i] = g[i];
@@ -338,7 +352,7 @@ static void expect_per_tensor(struct dp_compress_params cp) {
             for (int64_t i = 0; i < n; i++) {
                 double want = q->shape.ndim < 2                ? g[i]
                               : cp.kind == DP_COMPRESS_TOPK ? (fabs(g[i]) >= kth ? g[i] : 0)
-                                                            : (g[i] < 0 ? -l1 / (double)n : l1 / (double)n);
+                                                            : (g[i] < 0 ? -sc : sc);
                 t.last[o + i] -= (float)want; /* what is left must be 0 */
             }
         }

@@ -55,6 +55,9 @@ void dp__wire_unpack(const float *words, size_t bytes, uint8_t *dst);
  * name k elements of largest |v| (NaN counts as the largest): a quickselect
  * with three-way partitions, O(n) expected, deterministic for given input. */
 void dp__topk_select(const float *v, uint32_t *idx, int64_t n, int64_t k);
+/* sign's scale of p[0..n): |p|_2 / sqrt(n), in double (0 for n = 0): the
+ * scaled sign s sign(p) has p's norm (see compress.c). */
+float dp__sign_scale(const float *p, int64_t n);
 /* bit i of bits (LSB first) = 1 when p[i] < 0 (ceil(n/8) bytes). */
 void dp__sign_pack(const float *p, int64_t n, uint8_t *bits);
 /* Orthonormalises the r columns of P (n x r, row-major) in place by modified
