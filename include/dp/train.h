@@ -111,10 +111,10 @@ struct dp_train_params {
     int deterministic;         /* bit-identical results for any worker count (docs/ddp.md) */
     /* ZeRO (docs/ddp.md "ZeRO"; dp/ddp.h): 1 = each worker keeps the optimizer state of its
      * 1/G shard of the parameters, updates that shard and all-gathers the parameters; 2 also
-     * shards the gradient, 3 the parameters (0 = off).  zero_scatter: the gradient is reduce-scattered after backward
-     * (each worker needs only its shard's sum: half an all-reduce's bytes, no overlap) instead
-     * of all-reduced bucket by bucket during backward.  Not with --backup-workers or the
-     * parameter server. */
+     * shards the gradient, 3 the parameters (0 = off).  zero_scatter: the gradient is
+     * reduce-scattered after backward (each worker needs only its shard's sum: half an
+     * all-reduce's bytes, no overlap) instead of all-reduced bucket by bucket during backward.
+     * Not with --backup-workers or the parameter server. */
     int zero;
     int zero_scatter;
     int64_t det_chunk;         /* deterministic mode: samples per fixed chunk (0 = dp_det_chunk_auto) */
