@@ -33,6 +33,14 @@ static void on_event(void *arg, const struct dp_event *ev) {
     }
 }
 
+/* Backup mode with b backup workers, the replicas compared after every step
+ * (a mismatch fails the run), and the run's events counted into s. */
+static void watch_backups(struct dp_train_params *p, int b, struct seen *s) {
+    p->backup = 1, p->backup_workers = b;
+    p->check_replicas = 1;
+    p->on_event = on_event, p->event_arg = s;
+}
+
 /* b = 0: every rank is accepted, and the slot's sum (in rank order, scaled
  * by 1 / accepted samples) is the global-batch gradient: P = 2, 3 train the
  * model of P = 1 (mlp: a whole epoch with its short last batch; cnn: 6
@@ -46,9 +54,7 @@ static void zero_backups(const char *model, int64_t limit) {
     for (int P = 2; P <= 3; P++) {
         struct seen s = {0};
         p.workers = P;
-        p.backup = 1, p.backup_workers = 0;
-        p.check_replicas = 1;
-        p.on_event = on_event, p.event_arg = &s;
+        watch_backups(&p, 0, &s);
         float *got = train(&p, &n);
         ASSERT_EQ(n, n1);
         double d = rel_diff(ref, got, n);
@@ -74,11 +80,9 @@ TEST_T(backup_drops_slow_rank, 300) {
     struct seen s = {0};
     p.train_limit = 360;
     p.epochs = 3;
-    p.backup = 1, p.backup_workers = 1;
+    watch_backups(&p, 1, &s);
     p.simulate_slow = "1:4";
-    p.check_replicas = 1;
     p.comm_timeout = 120;
-    p.on_event = on_event, p.event_arg = &s;
     int64_t n;
     float *got = train(&p, &n);
     fprintf(stderr, "    cnn P=2 b=1 rank 1 x4: %lld steps, dropped %lld/%lld, loss %.3f -> %.3f -> %.3f\n",
@@ -103,11 +107,9 @@ TEST_T(backup_no_hang_p2_to_p4, 300) {
             struct seen s = {0};
             p.train_limit = 600;
             p.epochs = 3;
-            p.backup = 1, p.backup_workers = b;
+            watch_backups(&p, b, &s);
             p.simulate_jitter = "p=0.3,ms=3";
-            p.check_replicas = 1;
             p.comm_timeout = 120;
-            p.on_event = on_event, p.event_arg = &s;
             int64_t n;
             float *got = train(&p, &n);
             fprintf(stderr, "    mlp P=%d b=%d jitter: %lld steps, dropped", P, b, (long long)s.steps);
@@ -185,10 +187,8 @@ TEST_T(backup_empty_shares, 120) {
         p.batch = 2;
         p.train_limit = 40;
         p.epochs = 2;
-        p.backup = 1, p.backup_workers = b;
-        p.check_replicas = 1;
+        watch_backups(&p, b, &s);
         p.comm_timeout = 60;
-        p.on_event = on_event, p.event_arg = &s;
         int64_t n;
         float *got = train(&p, &n);
         ASSERT_EQ(s.steps, 40);
@@ -209,11 +209,9 @@ TEST_T(backup_tiny_model_protocol, 120) {
     p.batch = 12;
     p.train_limit = 120;
     p.epochs = 2;
-    p.backup = 1, p.backup_workers = 1;
+    watch_backups(&p, 1, &s);
     p.simulate_jitter = "p=0.3,ms=2";
-    p.check_replicas = 1;
     p.comm_timeout = 60;
-    p.on_event = on_event, p.event_arg = &s;
     int64_t n;
     float *got = train(&p, &n);
     ASSERT_EQ(s.steps, 20);
