@@ -13,10 +13,9 @@
 # Why a measured peak and not an enforced limit: `prlimit --as` caps address space, and stages 2
 # and 3 keep their slabs' address space while giving the pages back (madvise, src/ddp/zero.c), so
 # it would charge them for memory they do not hold; this machine has no swap, so the resident peak
-# is what a machine of LIMIT_MIB must hold.  The limit stands for the machine at a scale that runs
-# in minutes here (the machine itself has MemTotal, shared with other jobs; a run at 24 GiB would
-# fault in ~24 GB of fresh pages at ~0.3 GB/s).
-#
+# is what a machine of LIMIT_MIB must hold.  Over the limit, the watcher in run() stops the run at
+# once, so a limit near the machine's own memory is safe to probe (fresh pages fault in at ~0.3
+# GB/s here, so a run of ~20 GB takes minutes).
 # Per stage: (1) two calibration runs (D = CAL) fit peak = a + b psi (b: bytes per parameter of
 # the process, a: code, data, buffers); (2) the fit predicts the largest D on the grid within
 # LIMIT_MIB, which is run, and then the grid is walked up (while it fits) or down (until it fits),
@@ -25,6 +24,7 @@
 # not run).
 #   bash bench/zero_largest.sh                       # about 5 minutes (loaded: more)
 #   LIMIT_MIB=2048 STAGES="0 3" bash bench/zero_largest.sh
+#   LIMIT_MIB=20480 LAYERS=12 CAL="192 320" BATCH=2 bash bench/zero_largest.sh   # the machine: ~1 hour
 # Writes bench/results/zero_largest-<date>.txt (needs `make`).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -39,6 +39,7 @@ STEP=${STEP:-64} # a multiple of 64 (heads = D / 64)
 CAL=${CAL:-"256 448"}
 STAGES=${STAGES:-"0 1 2 3"}
 WALK=${WALK:-4}
+RESERVE_MIB=${RESERVE_MIB:-512}
 RESULTS=${RESULTS:-bench/results}
 DPTRAIN=build/dptrain
 TOKENS=${TOKENS:-}
@@ -56,16 +57,44 @@ MEM_KB=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
 
 psi() { awk -v d="$1" -v L="$LAYERS" -v T="$CTX" 'BEGIN { printf "%.0f", (256 + T) * d + L * (12 * d * d + 13 * d) + 2 * d }'; }
 
-# run D Z: one run; prints "D Z psi peak_kB wall_s rc"
+# run D Z: one run; prints "D Z psi peak_kB wall_s rc".  A watcher polls the run's peak resident
+# set (VmHWM) every 0.2 s and stops it as soon as it passes LIMIT_MIB: such a run does not fit, and
+# it is reported with exit 137 and the peak it had reached (so a width above the machine is shown
+# not to fit without the kernel's OOM killer choosing whom to kill).  It also stops the run, as an
+# error (exit 125, the script then stops), when the machine's MemAvailable falls under RESERVE_MIB:
+# then other jobs hold memory the run would need, and no verdict on the width can be drawn.
 run() {
-    local d=$1 z=$2 rc
+    local d=$1 z=$2 rc tpid pid hwm avail killed=0
     /usr/bin/time -f '%M %e' -o "$WORK/time" "$DPTRAIN" train --model "gpt:layers=$LAYERS,heads=$((d / 64)),dim=$d,ctx=$CTX" \
         --data "$TOKENS" --workers 2 --zero "$z" --batch "$BATCH" --max-steps "$STEPS" --train-limit $((BATCH * STEPS)) \
-        --test-limit 8 --optim adamw --lr 1e-3 --progress none >"$WORK/run.log" 2>&1
-    rc=$?
-    read -r kb wall <"$WORK/time" 2>/dev/null || { kb=0; wall=0; }
-    [[ $rc -eq 0 ]] || echo "# D=$d --zero $z failed (exit $rc): $(grep -m1 'error' "$WORK/run.log")"
+        --test-limit 8 --optim adamw --lr 1e-3 --progress none >"$WORK/run.log" 2>&1 &
+    tpid=$!
+    while kill -0 "$tpid" 2>/dev/null; do
+        sleep 0.2
+        pid=$(pgrep -P "$tpid" | head -n 1)
+        [[ -n $pid ]] || continue
+        hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
+        avail=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
+        if [[ -n $hwm && $hwm -gt $LIMIT_KB ]]; then
+            killed=137; kill -9 "$pid" 2>/dev/null; echo "$hwm" >"$WORK/hwm"
+        elif [[ $avail -lt $((RESERVE_MIB * 1024)) ]]; then
+            killed=125; kill -9 "$pid" 2>/dev/null
+        fi
+    done
+    wait "$tpid"; rc=$?
+    # (the last line: time writes "Command terminated by signal N" above it)
+    read -r kb wall < <(tail -n 1 "$WORK/time" 2>/dev/null) || { kb=0; wall=0; }
+    if [[ $killed -eq 137 ]]; then
+        rc=137 kb=$(cat "$WORK/hwm")
+        echo "# D=$d --zero $z stopped at a peak of $((kb / 1024)) MiB, over the limit" >&2
+    elif [[ $killed -eq 125 ]]; then
+        echo "# D=$d --zero $z stopped: MemAvailable under $RESERVE_MIB MiB (other jobs); no verdict" >&2
+        rc=125
+    elif [[ $rc -ne 0 ]]; then
+        echo "# D=$d --zero $z failed (exit $rc): $(grep -m1 'error' "$WORK/run.log")" >&2
+    fi
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$d" "$z" "$(psi "$d")" "$kb" "$wall" "$rc"
+    [[ $rc -ne 125 ]]
 }
 # widest A B BYTES: the largest grid width D whose predicted peak A + B psi(D) is within BYTES
 widest() {
@@ -89,7 +118,7 @@ fits() { awk -F'\t' -v lim="$LIMIT_KB" '{ exit !($6 == 0 && $4 > 0 && $4 <= lim)
     for z in $STAGES; do
         cal=()
         for d in $CAL; do
-            line=$(run "$d" "$z"); printf 'cal\t%s\n' "$line"; cal+=("$line")
+            line=$(run "$d" "$z") || die "no verdict"; printf 'cal\t%s\n' "$line"; cal+=("$line")
         done
         # fit peak_bytes = a + b psi through the two calibration runs
         read -r a b < <(printf '%s\n%s\n' "${cal[0]}" "${cal[1]}" | awk -F'\t' '
@@ -97,17 +126,17 @@ fits() { awk -F'\t' -v lim="$LIMIT_KB" '{ exit !($6 == 0 && $4 > 0 && $4 <= lim)
             END { b = (r2 - r1) / (p2 - p1); printf "%.0f %.4f\n", r1 - b * p1, b }')
         pred=$(widest "$a" "$b" $((LIMIT_KB * 1024)))
         best=0 bestline="" over=""
-        line=$(run "$pred" "$z"); printf 'walk\t%s\n' "$line"
+        line=$(run "$pred" "$z") || die "no verdict"; printf 'walk\t%s\n' "$line"
         if fits "$line"; then  # up the grid while it fits
             best=$pred bestline=$line d=$((pred + STEP))
             for ((i = 1; i < WALK; i++)); do
-                line=$(run "$d" "$z"); printf 'walk\t%s\n' "$line"
+                line=$(run "$d" "$z") || die "no verdict"; printf 'walk\t%s\n' "$line"
                 if fits "$line"; then best=$d bestline=$line d=$((d + STEP)); else over=$line; break; fi
             done
         else                   # down the grid until it fits
             over=$line d=$((pred - STEP))
             for ((i = 1; i < WALK && d >= STEP; i++)); do
-                line=$(run "$d" "$z"); printf 'walk\t%s\n' "$line"
+                line=$(run "$d" "$z") || die "no verdict"; printf 'walk\t%s\n' "$line"
                 if fits "$line"; then best=$d bestline=$line; break; else over=$line d=$((d - STEP)); fi
             done
         fi
@@ -122,5 +151,5 @@ fits() { awk -F'\t' -v lim="$LIMIT_KB" '{ exit !($6 == 0 && $4 > 0 && $4 <= lim)
     echo "## largest width per stage, 2 workers, limit $LIMIT_MIB MiB (peak RSS; MiB = 2^20 bytes)"
     printf 'zero\tbytes_per_param\tfixed_MiB\tpredicted_D\tlargest_D_run\tpsi_M\tits_peak_MiB\tnext_D\tnext_peak_MiB\tD_at_MemTotal\tpsi_B_at_MemTotal\n'
     printf '%s\n' "${summary[@]}"
-} | tee "$OUT"
+} 2>&1 | tee "$OUT"
 echo "wrote $OUT"
