@@ -298,6 +298,21 @@ int dp_ckpt_write(const char *path, struct dp_ckpt_header *h, const float *param
 int dp_ckpt_write_section(const char *path, struct dp_ckpt_header *h, const float *params,
                           const float *buffers, const float *optim_state, const char *tag, const void *data,
                           uint64_t size);
+/* The same written as a stream, for a writer that never holds the whole
+ * payload (a ZeRO checkpoint: rank 0 writes the pieces as they come, range
+ * by range).  open: h's num_params, num_buffers and optim_state_len fix the
+ * payload size; put: the payload's bytes, in file order; hash: the FNV-1a 64
+ * of the params and buffers put so far (the header's param_hash); close: h
+ * (with param_hash) completed and written first, the optional section, the
+ * rename (atomic, as dp_ckpt_write); it frees w, also on error, and must be
+ * called once after a successful open.  After an error every call returns
+ * it and the temporary file is gone. */
+struct dp_ckpt_writer;
+int dp_ckpt_writer_open(struct dp_ckpt_writer **w, const char *path, const struct dp_ckpt_header *h);
+int dp_ckpt_writer_put(struct dp_ckpt_writer *w, const void *data, size_t n);
+uint64_t dp_ckpt_writer_hash(const struct dp_ckpt_writer *w);
+int dp_ckpt_writer_close(struct dp_ckpt_writer *w, struct dp_ckpt_header *h, const char *tag, const void *data,
+                         uint64_t size);
 /* Reads and checks the whole file, and returns the data of section `tag`
  * (*data: caller frees with dp_free; NULL and *size 0 when the file has no
  * such section). */

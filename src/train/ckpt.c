@@ -24,32 +24,90 @@ int dp_ckpt_write(const char *path, struct dp_ckpt_header *h, const float *param
     return dp_ckpt_write_section(path, h, params, buffers, optim_state, NULL, NULL, 0);
 }
 
+/* The streamed form.  The header's CRCs and sizes depend on the whole
+ * payload, so a zeroed header goes first and the real one is written over
+ * it (pwrite at 0) once the last payload byte has been put; the payload CRC
+ * and the FNV-1a of the params and buffers run over the bytes as they come,
+ * so the bytes must come in file order. */
+struct dp_ckpt_writer {
+    struct dp__atomic a;
+    uint64_t want, put, hash_len; /* payload bytes expected, put so far; the params' and buffers' */
+    uint32_t crc;
+    uint64_t hash;
+    int rc; /* the first error (the temporary file is gone then) */
+};
+
+int dp_ckpt_writer_open(struct dp_ckpt_writer **out, const char *path, const struct dp_ckpt_header *h) {
+    struct dp_ckpt_writer *w = *out = dp_calloc(1, sizeof *w);
+    if (!w) return dp_seterr(DP_ENOMEM, "checkpoint: out of memory");
+    w->want = 4u * (uint64_t)(h->num_params + h->num_buffers + h->optim_state_len);
+    w->hash_len = 4u * (uint64_t)(h->num_params + h->num_buffers);
+    w->hash = DP_FNV1A64_INIT;
+    struct dp_ckpt_header zero;
+    memset(&zero, 0, sizeof zero);
+    int rc = dp__atomic_open(&w->a, path, "checkpoint");
+    if (!rc) rc = dp__atomic_write(&w->a, &zero, sizeof zero);
+    if (rc) dp_free(w), *out = NULL;
+    return rc;
+}
+
+int dp_ckpt_writer_put(struct dp_ckpt_writer *w, const void *data, size_t n) {
+    if (w->rc) return w->rc;
+    if (n > w->want - w->put) {
+        dp__atomic_abort(&w->a);
+        return w->rc = dp_seterr(DP_EINTERNAL, "checkpoint: %zu bytes more than the header's payload", n);
+    }
+    if (w->put < w->hash_len) {
+        uint64_t k = w->hash_len - w->put < n ? w->hash_len - w->put : n;
+        w->hash = dp_fnv1a64(data, (size_t)k, w->hash);
+    }
+    w->crc = dp_crc32(w->crc, data, n);
+    w->put += n;
+    return w->rc = dp__atomic_write(&w->a, data, n);
+}
+
+uint64_t dp_ckpt_writer_hash(const struct dp_ckpt_writer *w) { return w->hash; }
+
+int dp_ckpt_writer_close(struct dp_ckpt_writer *w, struct dp_ckpt_header *h, const char *tag, const void *data,
+                         uint64_t size) {
+    int rc = w->rc;
+    if (!rc && w->put != w->want)
+        rc = dp_seterr(DP_EINTERNAL, "checkpoint: %llu payload bytes put, the header says %llu",
+                       (unsigned long long)w->put, (unsigned long long)w->want);
+    if (!rc) {
+        memcpy(h->magic, DP_CKPT_MAGIC, 8);
+        h->version = DP_CKPT_VERSION;
+        h->header_size = sizeof *h;
+        h->payload_size = w->want;
+        h->payload_crc = w->crc;
+        h->header_crc = 0;
+        h->header_crc = dp_crc32(0, h, sizeof *h);
+        struct dp_ckpt_section sec;
+        memset(&sec, 0, sizeof sec);
+        if (tag) {
+            memcpy(sec.tag, tag, 8);
+            sec.size = size;
+            sec.data_crc = dp_crc32(0, data, (size_t)size);
+            sec.header_crc = dp_crc32(0, &sec, sizeof sec);
+            if (!(rc = dp__atomic_write(&w->a, &sec, sizeof sec))) rc = dp__atomic_write(&w->a, data, (size_t)size);
+        }
+        if (!rc && !(rc = dp__atomic_pwrite(&w->a, h, sizeof *h, 0))) rc = dp__atomic_commit(&w->a);
+    }
+    if (rc) dp__atomic_abort(&w->a); /* (a no-op where a failed write has already) */
+    dp_free(w);
+    return rc;
+}
+
 int dp_ckpt_write_section(const char *path, struct dp_ckpt_header *h, const float *params,
                           const float *buffers, const float *optim_state, const char *tag, const void *data,
                           uint64_t size) {
-    size_t np = (size_t)h->num_params * 4, nb = (size_t)h->num_buffers * 4,
-           no = (size_t)h->optim_state_len * 4;
-    memcpy(h->magic, DP_CKPT_MAGIC, 8);
-    h->version = DP_CKPT_VERSION;
-    h->header_size = sizeof *h;
-    h->payload_size = np + nb + no;
-    uint32_t crc = dp_crc32(0, params, np);
-    crc = dp_crc32(crc, buffers, nb);
-    crc = dp_crc32(crc, optim_state, no);
-    h->payload_crc = crc;
-    h->header_crc = 0;
-    h->header_crc = dp_crc32(0, h, sizeof *h);
-    struct dp_ckpt_section sec;
-    memset(&sec, 0, sizeof sec);
-    if (tag) {
-        memcpy(sec.tag, tag, 8);
-        sec.size = size;
-        sec.data_crc = dp_crc32(0, data, (size_t)size);
-        sec.header_crc = dp_crc32(0, &sec, sizeof sec);
-    }
-    const struct dp__wpart parts[] = {{h, sizeof *h}, {params, np}, {buffers, nb}, {optim_state, no},
-                                      {&sec, sizeof sec}, {data, (size_t)size}};
-    return dp__write_file_atomic(path, parts, tag ? 6 : 4, "checkpoint");
+    struct dp_ckpt_writer *w;
+    int rc = dp_ckpt_writer_open(&w, path, h);
+    if (rc) return rc;
+    if (!rc) rc = dp_ckpt_writer_put(w, params, (size_t)h->num_params * 4);
+    if (!rc) rc = dp_ckpt_writer_put(w, buffers, (size_t)h->num_buffers * 4);
+    if (!rc) dp_ckpt_writer_put(w, optim_state, (size_t)h->optim_state_len * 4);
+    return dp_ckpt_writer_close(w, h, tag, data, size); /* (the first error, if any) */
 }
 
 /* Checks every header field that can be checked without the payload. */
