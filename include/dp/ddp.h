@@ -296,11 +296,9 @@ int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *
 /* Checkpoints keep today's whole-slab layout (parts slabs of n floats),
  * written from the shards (src/train/trainer.c zero_stream).
  * dp_zero_piece_data: piece i's floats in this worker's memory, part k of
- * its optimizer state, or with k = -1 its stage-3 parameters (pshard).
- * dp_zero_state_take: the worker's pieces of a whole-slab state `full` into
- * o->state. */
+ * its optimizer state, or with k = -1 its stage-3 parameters (pshard); a
+ * resume reads each piece into it (load_checkpoint). */
 const float *dp_zero_piece_data(const struct dp_zero *z, const struct dp_optim *o, int i, int k);
-void dp_zero_state_take(const struct dp_zero *z, struct dp_optim *o, const float *full);
 /* Bytes of [p, p + bytes) resident in memory (mincore; whole pages), or -1. */
 int64_t dp_resident_bytes(const void *p, size_t bytes);
 /* The worker's live bytes of model state: the resident pages of its

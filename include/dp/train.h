@@ -324,6 +324,18 @@ int dp_ckpt_read_header(const char *path, struct dp_ckpt_header *h);
  * payload_crc.  *payload (caller frees with dp_free) holds params, buffers,
  * optimizer state in that order. */
 int dp_ckpt_read(const char *path, struct dp_ckpt_header *h, float **payload);
+/* Reads a checkpoint without holding its payload (a resume: each worker
+ * takes its own pieces of the state).  open: the header and every check of
+ * dp_ckpt_read (the payload's CRC in one pass of 1 MiB blocks, the
+ * sections), and also param_hash against the params and buffers; these are
+ * copied into params and buffers as they pass (either may be NULL).  read:
+ * count floats of the payload from float `at` (0 = the first parameter)
+ * into dst, by pread.  close frees r (NULL: nothing). */
+struct dp_ckpt_reader;
+int dp_ckpt_reader_open(struct dp_ckpt_reader **r, const char *path, struct dp_ckpt_header *h, float *params,
+                        float *buffers);
+int dp_ckpt_reader_read(struct dp_ckpt_reader *r, int64_t at, int64_t count, float *dst);
+void dp_ckpt_reader_close(struct dp_ckpt_reader *r);
 /* Validation of an in-memory image (used by the fuzzer). */
 int dp_ckpt_parse(const uint8_t *buf, size_t len, struct dp_ckpt_header *h, const float **payload);
 

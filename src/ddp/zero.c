@@ -413,15 +413,6 @@ int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *
 
 /* ---- checkpoints and accounting -------------------------------------------------------- */
 
-void dp_zero_state_take(const struct dp_zero *z, struct dp_optim *o, const float *full) {
-    for (int k = 0; k < z->parts; k++)
-        for (int q = 0; q < z->npieces; q++) {
-            const struct dp_zero_piece *p = &z->piece[q];
-            memcpy(o->state + (size_t)z->parts * (size_t)p->soff + (size_t)k * (size_t)p->len,
-                   full + (size_t)k * (size_t)z->n + p->off, sizeof(float) * (size_t)p->len);
-        }
-}
-
 int64_t dp_resident_bytes(const void *p, size_t bytes) {
     if (!p || !bytes) return 0;
     size_t pg = page_size();

@@ -281,3 +281,81 @@ int dp_ckpt_read(const char *path, struct dp_ckpt_header *h, float **payload) {
     *payload = p;
     return DP_OK;
 }
+
+/* The reader: one pass over the payload in blocks of RBLOCK bytes checks its
+ * CRC and the params' and buffers' FNV-1a (param_hash), copying those two
+ * where the caller wants them; the sections are checked after it.  The
+ * optimizer state is then read by pread, range by range, into whatever
+ * holds it (a ZeRO worker's pieces), so no reader holds the whole payload. */
+#define RBLOCK ((size_t)1 << 20)
+struct dp_ckpt_reader {
+    FILE *f;
+    uint64_t payload_size;
+};
+
+int dp_ckpt_reader_open(struct dp_ckpt_reader **out, const char *path, struct dp_ckpt_header *h, float *params,
+                        float *buffers) {
+    *out = NULL;
+    FILE *f;
+    int rc = open_checked(path, h, &f);
+    if (rc) return rc;
+    struct dp_ckpt_reader *r = dp_calloc(1, sizeof *r);
+    uint8_t *buf = dp_malloc(RBLOCK);
+    if (!r || !buf) {
+        dp_free(r), dp_free(buf), fclose(f);
+        return dp_seterr(DP_ENOMEM, "%s: out of memory", path);
+    }
+    const uint64_t np = 4u * (uint64_t)h->num_params, nb = 4u * (uint64_t)h->num_buffers;
+    uint32_t crc = 0;
+    uint64_t hash = DP_FNV1A64_INIT;
+    for (uint64_t at = 0; at < h->payload_size && !rc;) {
+        size_t n = h->payload_size - at < RBLOCK ? (size_t)(h->payload_size - at) : RBLOCK;
+        if (fread(buf, 1, n, f) != n) {
+            rc = dp_seterr(DP_EIO, "%s: short read", path);
+            break;
+        }
+        crc = dp_crc32(crc, buf, n);
+        /* the part of [at, at + n) inside the params, then inside the buffers */
+        for (int s = 0; s < 2; s++) {
+            uint64_t lo = s ? np : 0, hi = s ? np + nb : np, a = at > lo ? at : lo, e = at + n < hi ? at + n : hi;
+            if (a >= e) continue;
+            hash = dp_fnv1a64(buf + (a - at), (size_t)(e - a), hash);
+            char *dst = (char *)(s ? (void *)buffers : (void *)params);
+            if (dst) memcpy(dst + (a - lo), buf + (a - at), (size_t)(e - a));
+        }
+        at += n;
+    }
+    dp_free(buf);
+    if (!rc && crc != h->payload_crc) rc = dp_seterr(DP_EFORMAT, "%s: payload checksum mismatch (corrupt file)", path);
+    if (!rc && hash != h->param_hash) rc = dp_seterr(DP_EFORMAT, "%s: parameter hash mismatch", path);
+    if (!rc) rc = read_sections(f, path, NULL, NULL, NULL);
+    if (rc) {
+        fclose(f), dp_free(r);
+        return rc;
+    }
+    r->f = f, r->payload_size = h->payload_size;
+    *out = r;
+    return DP_OK;
+}
+
+int dp_ckpt_reader_read(struct dp_ckpt_reader *r, int64_t at, int64_t count, float *dst) {
+    uint64_t off = 4u * (uint64_t)at, left = 4u * (uint64_t)count;
+    if (at < 0 || count < 0 || off + left > r->payload_size)
+        return dp_seterr(DP_EINVAL, "checkpoint: floats [%lld, %lld) are outside the payload", (long long)at,
+                         (long long)(at + count));
+    char *d = (char *)dst;
+    off += sizeof(struct dp_ckpt_header);
+    while (left) {
+        ssize_t got = pread(fileno(r->f), d, (size_t)left, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return dp_seterr(DP_EIO, "checkpoint: short read: %s", got < 0 ? strerror(errno) : "end of file");
+        d += got, off += (uint64_t)got, left -= (uint64_t)got;
+    }
+    return DP_OK;
+}
+
+void dp_ckpt_reader_close(struct dp_ckpt_reader *r) {
+    if (!r) return;
+    fclose(r->f);
+    dp_free(r);
+}

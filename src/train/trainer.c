@@ -443,11 +443,14 @@ static int load_ef_state(struct dp_trainer *t, const char *path) {
 /* Restores the state saved by dp_trainer_save into every worker.  Every
  * field that must agree with this run is checked first, so nothing is
  * half-loaded on error.  The checkpoint does not depend on the worker count:
- * any P can resume it. */
+ * any P can resume it.  No worker holds the whole payload: the reader's
+ * pass (which checks it) puts the parameters and buffers into worker 0's
+ * replica (stage 3: only the buffers), the others copy them from there, and
+ * each worker reads its own pieces of the optimizer state (stage 3: of the
+ * parameters too) at their offsets in the whole-slab layout. */
 static int load_checkpoint(struct dp_trainer *t, const char *path) {
     struct dp_ckpt_header h;
-    float *payload = NULL;
-    int rc = dp_ckpt_read(path, &h, &payload);
+    int rc = dp_ckpt_read_header(path, &h);
     if (rc) return rc;
     const struct dp_model *m = t->model;
     /* the whole-slab layout whatever the stage: with ZeRO each worker takes its shard */
@@ -471,21 +474,30 @@ static int load_checkpoint(struct dp_trainer *t, const char *path) {
     else if (h.seed != t->p.seed)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint seed %llu differs from --seed %llu", path,
                        (unsigned long long)h.seed, (unsigned long long)t->p.seed);
+    struct dp_ckpt_reader *rd = NULL;
+    const int p3 = t->w[0].zero.pshard != NULL; /* stage 3, sharded */
+    if (!rc) rc = dp_ckpt_reader_open(&rd, path, &h, p3 ? NULL : t->w[0].rep.params, t->w[0].rep.buffers);
     for (int r = 0; !rc && r < t->P; r++) {
         struct worker *w = &t->w[r];
-        memcpy(w->rep.params, payload, sizeof(float) * (size_t)h.num_params);
-        memcpy(w->rep.buffers, payload + h.num_params, sizeof(float) * (size_t)h.num_buffers);
-        if (h.optim_state_len) dp_zero_state_take(&w->zero, &w->opt, payload + h.num_params + h.num_buffers);
+        const struct dp_zero *z = &w->zero;
+        if (r > 0 && !p3) memcpy(w->rep.params, t->w[0].rep.params, sizeof(float) * (size_t)h.num_params);
+        if (r > 0) memcpy(w->rep.buffers, t->w[0].rep.buffers, sizeof(float) * (size_t)h.num_buffers);
+        /* piece i's part k (k = -1: stage 3's parameters) lies at k n + off in
+         * the state (after the params and buffers), at off in the params */
+        for (int i = 0; !rc && i < z->npieces; i++)
+            for (int k = p3 ? -1 : 0; !rc && k < z->parts; k++) {
+                const struct dp_zero_piece *pc = &z->piece[i];
+                int64_t at = k < 0 ? pc->off : h.num_params + h.num_buffers + k * h.num_params + pc->off;
+                rc = dp_ckpt_reader_read(rd, at, pc->len, (float *)dp_zero_piece_data(z, &w->opt, i, k));
+            }
         w->opt.step = h.optim_step;
-        if (dp_replica_hash(&w->rep) != h.param_hash)
-            rc = dp_seterr(DP_EFORMAT, "%s: parameter hash mismatch", path);
     }
+    dp_ckpt_reader_close(rd);
     if (!rc) {
         t->step = h.step;
         t->epoch = h.epoch;
         t->step_in_epoch = h.step_in_epoch;
     }
-    dp_free(payload);
     if (!rc) rc = load_ef_state(t, path);
     return rc;
 }
@@ -872,7 +884,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
      * (sharded) builds no replica: each worker draws its own pieces from the
      * seed, below, and rank 0 only its buffers. */
     int zero3 = p->zero == 3 && t->G > 1;
-    if (zero3 && !p->init_from && !p->resume)
+    if (zero3 && !p->init_from)
         dp_model_init_slice(t->model, 1, t->w[0].rep.buffers, 0, t->model->num_buffers, p->seed);
     else dp_model_init_params(t->model, &t->w[0].rep, p->seed);
     if (p->init_from && (rc = dp_safetensors_load(p->init_from, t->model, &t->w[0].rep))) goto fail;
@@ -889,12 +901,14 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (p->resume && (rc = load_checkpoint(t, p->resume))) goto fail;
     if (p->resume && t->step_in_epoch == 0) resume_position(t);
     /* ZeRO 3: each worker's pieces, drawn from the seed, or copied from rank
-     * 0's slab where a file filled it (--init-from, the checkpoint), which is
-     * then given back.  Every process of an MPI job computes the same pieces
-     * (the same seed, the same files), so the parameters need no broadcast. */
+     * 0's slab where --init-from filled it, which is then given back; a
+     * checkpoint has put them in place already (load_checkpoint).  Every
+     * process of an MPI job computes the same pieces (the same seed, the
+     * same files), so the parameters need no broadcast. */
     if (zero3) {
-        const float *whole = p->init_from || p->resume ? t->w[0].rep.params : NULL;
-        for (int r = 0; r < t->P && !rc; r++) rc = dp_zero_shard_init(&t->w[r].zero, t->model, p->seed, whole);
+        const float *whole = p->init_from ? t->w[0].rep.params : NULL;
+        for (int r = 0; r < t->P && !rc && !p->resume; r++)
+            rc = dp_zero_shard_init(&t->w[r].zero, t->model, p->seed, whole);
         if (rc || (whole && (rc = dp_zero_release_params(&t->w[0].zero)))) goto fail;
     }
     if (p->async && (rc = ps_init(t))) goto fail;
