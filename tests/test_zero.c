@@ -227,13 +227,17 @@ static void count_free(void *q, void *user) {
     __atomic_sub_fetch(&live_bytes, size, __ATOMIC_RELAXED);
     free(p);
 }
-static size_t live_after_init(struct dp_train_params p) {
+/* The bytes a trainer holds after dp_trainer_init, counted by the hook;
+ * with peak, also the most it held during the init. */
+static size_t live_after_init(struct dp_train_params p, size_t *peak) {
     struct dp_allocator a = {count_alloc, count_free, NULL};
     dp_set_allocator(&a);
-    size_t before = live_bytes;
+    size_t before = __atomic_load_n(&live_bytes, __ATOMIC_RELAXED);
+    __atomic_store_n(&peak_bytes, before, __ATOMIC_RELAXED);
     struct dp_trainer *t;
     ASSERT_OK(dp_trainer_init(&t, &p));
-    size_t live = live_bytes - before;
+    size_t live = __atomic_load_n(&live_bytes, __ATOMIC_RELAXED) - before;
+    if (peak) *peak = __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED) - before;
     dp_trainer_free(t);
     dp_set_allocator(NULL);
     return live;
@@ -242,9 +246,9 @@ TEST_T(zero_optimizer_state_is_sharded, 120) {
     require_data();
     struct dp_train_params p = base("mlp", 4);
     p.optim.kind = DP_OPTIM_ADAMW;
-    size_t plain = live_after_init(p);
+    size_t plain = live_after_init(p, NULL);
     p.zero = 1;
-    size_t zero = live_after_init(p);
+    size_t zero = live_after_init(p, NULL);
     double n = 669706, saved = 8.0 * (n - n / 4) * 4;
     fprintf(stderr, "    live bytes after init, P=4 adamw: --zero 0 %zu, --zero 1 %zu (saved %.0f, expected %.0f)\n",
             plain, zero, (double)plain - (double)zero, saved);
@@ -619,18 +623,6 @@ TEST_T(zero_checkpoint_save_holds_no_whole_state, 120) {
  * own); reading the whole file into memory first, as the resume used to,
  * adds the payload (12 psi bytes).  The resumed runs themselves are checked
  * by zero_checkpoint_any_stage_any_workers. */
-static size_t init_peak(const struct dp_train_params *p) {
-    struct dp_allocator a = {count_alloc, count_free, NULL};
-    dp_set_allocator(&a);
-    __atomic_store_n(&peak_bytes, __atomic_load_n(&live_bytes, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
-    size_t before = __atomic_load_n(&live_bytes, __ATOMIC_RELAXED);
-    struct dp_trainer *t;
-    ASSERT_OK(dp_trainer_init(&t, p));
-    size_t peak = __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED) - before;
-    dp_trainer_free(t);
-    dp_set_allocator(NULL);
-    return peak;
-}
 TEST_T(zero_resume_reads_pieces_not_the_whole_file, 120) {
     require_data();
     struct dp_train_params p = base("mlp", 4);
@@ -647,10 +639,11 @@ TEST_T(zero_resume_reads_pieces_not_the_whole_file, 120) {
     ASSERT_OK(dp_ckpt_read_header(ck, &h));
     for (int z = 0; z <= 3; z++) {
         p.zero = z;
+        size_t fresh, resumed;
         p.resume = NULL;
-        size_t fresh = init_peak(&p);
+        live_after_init(p, &fresh);
         p.resume = ck;
-        size_t resumed = init_peak(&p);
+        live_after_init(p, &resumed);
         double extra = (double)resumed - (double)fresh;
         fprintf(stderr, "    P=4 --zero %d: init's peak %zu bytes, %zu with --resume (%.0f more; payload %llu)\n", z,
                 fresh, resumed, extra, (unsigned long long)h.payload_size);
