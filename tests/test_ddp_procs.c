@@ -8,6 +8,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dp/comm.h"
@@ -276,6 +277,33 @@ TEST_T(ddp_procs_zero_checkpoint_streamed, 300) {
         zero_procs_file("mlp:784,48,10", 3, 1, z, 1);
     }
     zero_procs_file("mlp:784,2700,10", 2, 1, 1, 0);
+}
+
+/* A ZeRO checkpoint that cannot be written (a folder named checkpoint.bin
+ * in the way of the rename) fails rank 0 with one clear error after the
+ * pieces have passed, and the other process is released (no hang). */
+TEST_T(ddp_procs_zero_checkpoint_write_failure, 120) {
+    require_data();
+    char dir[] = "/tmp/dptrain-procs-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    char ck[300];
+    snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
+    ASSERT_EQ(mkdir(ck, 0755), 0);
+    struct proc pr[2];
+    memset(pr, 0, sizeof pr);
+    for (int k = 0; k < 2; k++) {
+        pr[k].tp = base("mlp:784,48,10", 1);
+        pr[k].tp.zero = 2, pr[k].tp.max_steps = 2, pr[k].tp.out_dir = dir;
+        pr[k].tp.bucket_cap_bytes = 16 << 10, pr[k].tp.first_bucket_bytes = 16 << 10;
+    }
+    run_procs(2, pr, 0);
+    fprintf(stderr, "    process 0: %s\n    process 1: %s\n", pr[0].err, pr[1].rc ? pr[1].err : "ok");
+    ASSERT_EQ(pr[0].rc, DP_EIO);
+    ASSERT_TRUE(strstr(pr[0].err, "cannot rename") != NULL);
+    for (int k = 0; k < 2; k++) free(pr[k].params);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ASSERT_EQ(system(cmd), 0);
 }
 
 /* A straggler (rank 2 sleeps 20 ms a step) is named, with its lag, in the

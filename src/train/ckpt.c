@@ -1,6 +1,6 @@
 /* Checkpoints: a fixed header with its own CRC, then the payload.
  *
- * Writing is atomic (dp__write_file_atomic, src/core/file.c): the bytes go to
+ * Writing is atomic (dp__atomic_open/commit, src/core/file.c): the bytes go to
  * "<path>.tmp.<pid>.<n>", which is fsync'ed and renamed over path (rename is
  * atomic on POSIX file systems), then the directory is fsync'ed so the rename
  * itself survives a crash.  A crash at any point leaves either the old
@@ -104,10 +104,11 @@ int dp_ckpt_write_section(const char *path, struct dp_ckpt_header *h, const floa
     struct dp_ckpt_writer *w;
     int rc = dp_ckpt_writer_open(&w, path, h);
     if (rc) return rc;
-    if (!rc) rc = dp_ckpt_writer_put(w, params, (size_t)h->num_params * 4);
-    if (!rc) rc = dp_ckpt_writer_put(w, buffers, (size_t)h->num_buffers * 4);
-    if (!rc) dp_ckpt_writer_put(w, optim_state, (size_t)h->optim_state_len * 4);
-    return dp_ckpt_writer_close(w, h, tag, data, size); /* (the first error, if any) */
+    /* (an error is kept by the writer, and close returns it) */
+    dp_ckpt_writer_put(w, params, (size_t)h->num_params * 4);
+    dp_ckpt_writer_put(w, buffers, (size_t)h->num_buffers * 4);
+    dp_ckpt_writer_put(w, optim_state, (size_t)h->optim_state_len * 4);
+    return dp_ckpt_writer_close(w, h, tag, data, size);
 }
 
 /* Checks every header field that can be checked without the payload. */
