@@ -191,15 +191,25 @@ TEST_T(ddp_procs_outputs_from_rank0, 120) {
     ASSERT_EQ(system(cmd), 0);
 }
 
+/* A fresh folder under /tmp (dir: a "/tmp/dptrain-procs-XXXXXX" array) and
+ * the checkpoint path in it; remove_dir takes it away at the test's end. */
+static void make_dir(char *dir, char *ck, size_t cap) {
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    snprintf(ck, cap, "%s/checkpoint.bin", dir);
+}
+static void remove_dir(const char *dir) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ASSERT_EQ(system(cmd), 0);
+}
+
 /* A checkpoint of a 2-process run resumed by 3 processes, then by one
  * process with 2 threads: in deterministic mode the same bits as an
  * uninterrupted single-worker run. */
 TEST_T(ddp_procs_resume_on_other_world_sizes, 300) {
     require_data();
-    char dir[] = "/tmp/dptrain-procs-XXXXXX";
-    ASSERT_TRUE(mkdtemp(dir) != NULL);
-    char ck[300];
-    snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
+    char dir[] = "/tmp/dptrain-procs-XXXXXX", ck[300];
+    make_dir(dir, ck, sizeof ck);
     struct dp_train_params p = base("mlp", 1);
     p.deterministic = 1;
     p.epochs = 3;
@@ -223,9 +233,7 @@ TEST_T(ddp_procs_resume_on_other_world_sizes, 300) {
     float *got = train(&q, &n);
     ASSERT_EQ(memcmp(ref, got, sizeof(float) * (size_t)n), 0);
     free(ref), free(got);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ASSERT_EQ(system(cmd), 0);
+    remove_dir(dir);
 }
 
 /* A ZeRO checkpoint of a multi-process job: rank 0 writes it while every
@@ -266,9 +274,7 @@ static void zero_procs_file(const char *model, int R, int T, int z, int adam) {
             same ? "the same bytes as one plain worker's" : "differs");
     ASSERT_TRUE(same);
     free(want), free(got);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ASSERT_EQ(system(cmd), 0);
+    remove_dir(dir);
 }
 TEST_T(ddp_procs_zero_checkpoint_streamed, 300) {
     require_data();
@@ -284,10 +290,8 @@ TEST_T(ddp_procs_zero_checkpoint_streamed, 300) {
  * pieces have passed, and the other process is released (no hang). */
 TEST_T(ddp_procs_zero_checkpoint_write_failure, 120) {
     require_data();
-    char dir[] = "/tmp/dptrain-procs-XXXXXX";
-    ASSERT_TRUE(mkdtemp(dir) != NULL);
-    char ck[300];
-    snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
+    char dir[] = "/tmp/dptrain-procs-XXXXXX", ck[300];
+    make_dir(dir, ck, sizeof ck);
     ASSERT_EQ(mkdir(ck, 0755), 0);
     struct proc pr[2];
     memset(pr, 0, sizeof pr);
@@ -301,9 +305,7 @@ TEST_T(ddp_procs_zero_checkpoint_write_failure, 120) {
     ASSERT_EQ(pr[0].rc, DP_EIO);
     ASSERT_TRUE(strstr(pr[0].err, "cannot rename") != NULL);
     for (int k = 0; k < 2; k++) free(pr[k].params);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ASSERT_EQ(system(cmd), 0);
+    remove_dir(dir);
 }
 
 /* A straggler (rank 2 sleeps 20 ms a step) is named, with its lag, in the
