@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "dp/train.h"
@@ -79,6 +80,20 @@ static inline void expect_deterministic(struct dp_train_params p, int max_worker
     fprintf(stderr, "    %s deterministic vs ordinary: %.2e\n", what, d);
     ASSERT_TRUE(d <= 1e-5);
     free(plain), free(ref);
+}
+
+/* The bytes of a file (caller frees). */
+static inline char *read_whole_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    ASSERT_TRUE(f != NULL);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)len + 1);
+    ASSERT_TRUE(b && fread(b, 1, (size_t)len, f) == (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return b;
 }
 
 #endif

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dp/comm.h"
@@ -190,15 +191,25 @@ TEST_T(ddp_procs_outputs_from_rank0, 120) {
     ASSERT_EQ(system(cmd), 0);
 }
 
+/* A fresh folder under /tmp (dir: a "/tmp/dptrain-procs-XXXXXX" array) and
+ * the checkpoint path in it; remove_dir takes it away at the test's end. */
+static void make_dir(char *dir, char *ck, size_t cap) {
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    snprintf(ck, cap, "%s/checkpoint.bin", dir);
+}
+static void remove_dir(const char *dir) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ASSERT_EQ(system(cmd), 0);
+}
+
 /* A checkpoint of a 2-process run resumed by 3 processes, then by one
  * process with 2 threads: in deterministic mode the same bits as an
  * uninterrupted single-worker run. */
 TEST_T(ddp_procs_resume_on_other_world_sizes, 300) {
     require_data();
-    char dir[] = "/tmp/dptrain-procs-XXXXXX";
-    ASSERT_TRUE(mkdtemp(dir) != NULL);
-    char ck[300];
-    snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
+    char dir[] = "/tmp/dptrain-procs-XXXXXX", ck[300];
+    make_dir(dir, ck, sizeof ck);
     struct dp_train_params p = base("mlp", 1);
     p.deterministic = 1;
     p.epochs = 3;
@@ -222,9 +233,79 @@ TEST_T(ddp_procs_resume_on_other_world_sizes, 300) {
     float *got = train(&q, &n);
     ASSERT_EQ(memcmp(ref, got, sizeof(float) * (size_t)n), 0);
     free(ref), free(got);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ASSERT_EQ(system(cmd), 0);
+    remove_dir(dir);
+}
+
+/* A ZeRO checkpoint of a multi-process job: rank 0 writes it while every
+ * other worker broadcasts its pieces block by block (zero_stream), and the
+ * file is byte for byte a plain one-worker run's (deterministic mode: the
+ * same parameters and state).  Stages 1-3 at 2 processes x 2 workers and 3 x
+ * 1 (mlp:784,48,10, 38170 parameters: uneven pieces of ten 16 KiB buckets),
+ * AdamW; and a piece longer than the 1M-float block (stage 1, 2 x 1 on a
+ * 2146510-parameter mlp: two blocks a piece), momentum SGD. */
+static void zero_procs_file(const char *model, int R, int T, int z, int adam) {
+    char dir[] = "/tmp/dptrain-procs-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    char d0[300], d1[300], ck[400];
+    snprintf(d0, sizeof d0, "%s/plain", dir), snprintf(d1, sizeof d1, "%s/zero", dir);
+    struct dp_train_params p = base(model, 1);
+    if (adam) p.optim.kind = DP_OPTIM_ADAMW, p.sched.base_lr = 1e-3f;
+    p.deterministic = 1;
+    p.max_steps = 2, p.train_limit = 240, p.test_limit = 60;
+    p.bucket_cap_bytes = 16 << 10, p.first_bucket_bytes = 16 << 10;
+    p.out_dir = d0;
+    int64_t n;
+    free(train(&p, &n));
+    struct proc pr[3];
+    memset(pr, 0, sizeof pr);
+    for (int k = 0; k < R; k++) pr[k].tp = p, pr[k].tp.workers = T, pr[k].tp.zero = z, pr[k].tp.out_dir = d1;
+    run_procs(R, pr, 0);
+    for (int k = 0; k < R; k++) {
+        if (pr[k].rc) dp_test_fail(__FILE__, __LINE__, "process %d: %s", k, pr[k].err);
+        free(pr[k].params);
+    }
+    size_t n0, n1;
+    snprintf(ck, sizeof ck, "%s/checkpoint.bin", d0);
+    char *want = read_whole_file(ck, &n0);
+    snprintf(ck, sizeof ck, "%s/checkpoint.bin", d1);
+    char *got = read_whole_file(ck, &n1);
+    int same = n0 == n1 && memcmp(want, got, n0) == 0;
+    fprintf(stderr, "    %s %d processes x %d workers --zero %d: %zu bytes, %s\n", model, R, T, z, n1,
+            same ? "the same bytes as one plain worker's" : "differs");
+    ASSERT_TRUE(same);
+    free(want), free(got);
+    remove_dir(dir);
+}
+TEST_T(ddp_procs_zero_checkpoint_streamed, 300) {
+    require_data();
+    for (int z = 1; z <= 3; z++) {
+        zero_procs_file("mlp:784,48,10", 2, 2, z, 1);
+        zero_procs_file("mlp:784,48,10", 3, 1, z, 1);
+    }
+    zero_procs_file("mlp:784,2700,10", 2, 1, 1, 0);
+}
+
+/* A ZeRO checkpoint that cannot be written (a folder named checkpoint.bin
+ * in the way of the rename) fails rank 0 with one clear error after the
+ * pieces have passed, and the other process is released (no hang). */
+TEST_T(ddp_procs_zero_checkpoint_write_failure, 120) {
+    require_data();
+    char dir[] = "/tmp/dptrain-procs-XXXXXX", ck[300];
+    make_dir(dir, ck, sizeof ck);
+    ASSERT_EQ(mkdir(ck, 0755), 0);
+    struct proc pr[2];
+    memset(pr, 0, sizeof pr);
+    for (int k = 0; k < 2; k++) {
+        pr[k].tp = base("mlp:784,48,10", 1);
+        pr[k].tp.zero = 2, pr[k].tp.max_steps = 2, pr[k].tp.out_dir = dir;
+        pr[k].tp.bucket_cap_bytes = 16 << 10, pr[k].tp.first_bucket_bytes = 16 << 10;
+    }
+    run_procs(2, pr, 0);
+    fprintf(stderr, "    process 0: %s\n    process 1: %s\n", pr[0].err, pr[1].rc ? pr[1].err : "ok");
+    ASSERT_EQ(pr[0].rc, DP_EIO);
+    ASSERT_TRUE(strstr(pr[0].err, "cannot rename") != NULL);
+    for (int k = 0; k < 2; k++) free(pr[k].params);
+    remove_dir(dir);
 }
 
 /* A straggler (rank 2 sleeps 20 ms a step) is named, with its lag, in the

@@ -293,15 +293,12 @@ int dp_zero_materialize(struct dp_zero *z);
 int dp_zero_gather_params(struct dp_zero *z, int keep, uint64_t *hash);
 int dp_zero_release_params(struct dp_zero *z);
 int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *l);
-/* Checkpoints keep today's whole-slab layout (parts slabs of n floats).
- * dp_zero_state_gather: every worker calls it (collective); part k of the
- * sharded state is placed in scratch (n floats, any contents: the gradient
- * slab between steps will do; sharded: released again after) and
- * all-gathered range by range, and where `full` is not NULL (the writer) it
- * is copied to full[k n, (k+1) n).  dp_zero_state_take: the worker's pieces
- * of a whole-slab state `full` into o->state. */
-int dp_zero_state_gather(struct dp_zero *z, const struct dp_optim *o, float *scratch, float *full);
-void dp_zero_state_take(const struct dp_zero *z, struct dp_optim *o, const float *full);
+/* Checkpoints keep today's whole-slab layout (parts slabs of n floats),
+ * written from the shards (src/train/trainer.c zero_stream).
+ * dp_zero_piece_data: piece i's floats in this worker's memory, part k of
+ * its optimizer state, or with k = -1 its stage-3 parameters (pshard); a
+ * resume reads each piece into it (load_checkpoint). */
+const float *dp_zero_piece_data(const struct dp_zero *z, const struct dp_optim *o, int i, int k);
 /* Bytes of [p, p + bytes) resident in memory (mincore; whole pages), or -1. */
 int64_t dp_resident_bytes(const void *p, size_t bytes);
 /* The worker's live bytes of model state: the resident pages of its

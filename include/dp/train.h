@@ -298,6 +298,21 @@ int dp_ckpt_write(const char *path, struct dp_ckpt_header *h, const float *param
 int dp_ckpt_write_section(const char *path, struct dp_ckpt_header *h, const float *params,
                           const float *buffers, const float *optim_state, const char *tag, const void *data,
                           uint64_t size);
+/* The same written as a stream, for a writer that never holds the whole
+ * payload (a ZeRO checkpoint: rank 0 writes the pieces as they come, range
+ * by range).  open: h's num_params, num_buffers and optim_state_len fix the
+ * payload size; put: the payload's bytes, in file order; hash: the FNV-1a 64
+ * of the params and buffers put so far (the header's param_hash); close: h
+ * (with param_hash) completed and written first, the optional section, the
+ * rename (atomic, as dp_ckpt_write); it frees w, also on error, and must be
+ * called once after a successful open.  After an error every call returns
+ * it and the temporary file is gone. */
+struct dp_ckpt_writer;
+int dp_ckpt_writer_open(struct dp_ckpt_writer **w, const char *path, const struct dp_ckpt_header *h);
+int dp_ckpt_writer_put(struct dp_ckpt_writer *w, const void *data, size_t n);
+uint64_t dp_ckpt_writer_hash(const struct dp_ckpt_writer *w);
+int dp_ckpt_writer_close(struct dp_ckpt_writer *w, struct dp_ckpt_header *h, const char *tag, const void *data,
+                         uint64_t size);
 /* Reads and checks the whole file, and returns the data of section `tag`
  * (*data: caller frees with dp_free; NULL and *size 0 when the file has no
  * such section). */
@@ -309,6 +324,18 @@ int dp_ckpt_read_header(const char *path, struct dp_ckpt_header *h);
  * payload_crc.  *payload (caller frees with dp_free) holds params, buffers,
  * optimizer state in that order. */
 int dp_ckpt_read(const char *path, struct dp_ckpt_header *h, float **payload);
+/* Reads a checkpoint without holding its payload (a resume: each worker
+ * takes its own pieces of the state).  open: the header and every check of
+ * dp_ckpt_read (the payload's CRC in one pass of 1 MiB blocks, the
+ * sections), and also param_hash against the params and buffers; these are
+ * copied into params and buffers as they pass (either may be NULL).  read:
+ * count floats of the payload from float `at` (0 = the first parameter)
+ * into dst, by pread.  close frees r (NULL: nothing). */
+struct dp_ckpt_reader;
+int dp_ckpt_reader_open(struct dp_ckpt_reader **r, const char *path, struct dp_ckpt_header *h, float *params,
+                        float *buffers);
+int dp_ckpt_reader_read(struct dp_ckpt_reader *r, int64_t at, int64_t count, float *dst);
+void dp_ckpt_reader_close(struct dp_ckpt_reader *r);
 /* Validation of an in-memory image (used by the fuzzer). */
 int dp_ckpt_parse(const uint8_t *buf, size_t len, struct dp_ckpt_header *h, const float **payload);
 

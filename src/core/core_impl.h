@@ -6,6 +6,7 @@
 #define DP_CORE_IMPL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* One piece of the file, written in order. */
 struct dp__wpart {
@@ -18,5 +19,21 @@ struct dp__wpart {
  * path and fsyncs the folder.  On any error the temporary file is removed and
  * path keeps its old contents.  `what` prefixes the error message. */
 int dp__write_file_atomic(const char *path, const struct dp__wpart *parts, int nparts, const char *what);
+
+/* The same in steps, for a writer that streams (a ZeRO checkpoint written
+ * range by range, src/train/ckpt.c): open creates the temporary file; write
+ * appends, pwrite writes at an offset (a header filled in last); commit
+ * fsyncs and renames; abort removes the temporary file.  A failed write or
+ * commit has already aborted. */
+struct dp__atomic {
+    int fd;
+    const char *path, *what;
+    char tmp[4096];
+};
+int dp__atomic_open(struct dp__atomic *a, const char *path, const char *what);
+int dp__atomic_write(struct dp__atomic *a, const void *data, size_t len);
+int dp__atomic_pwrite(struct dp__atomic *a, const void *data, size_t len, uint64_t off);
+int dp__atomic_commit(struct dp__atomic *a);
+void dp__atomic_abort(struct dp__atomic *a);
 
 #endif

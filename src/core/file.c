@@ -35,38 +35,71 @@ static int write_all(int fd, const void *p, size_t n) {
  * or two files written to the same path), and O_EXCL refuses a name that
  * exists already (a stale file of a dead process with the same pid, or a
  * symlink planted there) instead of writing through it. */
-int dp__write_file_atomic(const char *path, const struct dp__wpart *parts, int nparts, const char *what) {
+int dp__atomic_open(struct dp__atomic *a, const char *path, const char *what) {
     static unsigned counter;
-    char tmp[4096];
-    int fd = -1;
-    for (int attempt = 0; fd < 0 && attempt < 100; attempt++) {
+    a->fd = -1, a->path = path, a->what = what;
+    for (int attempt = 0; a->fd < 0 && attempt < 100; attempt++) {
         unsigned n = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
-        if (snprintf(tmp, sizeof tmp, "%s.tmp.%d.%u", path, (int)getpid(), n) >= (int)sizeof tmp)
+        if (snprintf(a->tmp, sizeof a->tmp, "%s.tmp.%d.%u", path, (int)getpid(), n) >= (int)sizeof a->tmp)
             return dp_seterr(DP_EINVAL, "%s: path too long: %s", what, path);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (fd < 0 && errno != EEXIST) break;
+        a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (a->fd < 0 && errno != EEXIST) break;
     }
-    if (fd < 0) return dp_seterr(DP_EIO, "%s: cannot create %s: %s", what, tmp, strerror(errno));
-    int bad = 0;
-    for (int i = 0; i < nparts && !bad; i++) bad = write_all(fd, parts[i].data, parts[i].len);
-    if (bad || fsync(fd) != 0) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return dp_seterr(DP_EIO, "%s: cannot write %s: %s", what, tmp, strerror(e));
+    if (a->fd < 0) return dp_seterr(DP_EIO, "%s: cannot create %s: %s", what, a->tmp, strerror(errno));
+    return DP_OK;
+}
+
+static int write_failed(struct dp__atomic *a) {
+    int e = errno;
+    dp__atomic_abort(a);
+    return dp_seterr(DP_EIO, "%s: cannot write %s: %s", a->what, a->tmp, strerror(e));
+}
+
+int dp__atomic_write(struct dp__atomic *a, const void *data, size_t len) {
+    return write_all(a->fd, data, len) ? write_failed(a) : DP_OK;
+}
+
+int dp__atomic_pwrite(struct dp__atomic *a, const void *data, size_t len, uint64_t off) {
+    const char *c = data;
+    while (len) {
+        ssize_t w = pwrite(a->fd, c, len, (off_t)off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return write_failed(a);
+        c += w, len -= (size_t)w, off += (uint64_t)w;
     }
-    if (close(fd) != 0 || rename(tmp, path) != 0) {
+    return DP_OK;
+}
+
+void dp__atomic_abort(struct dp__atomic *a) {
+    if (a->fd < 0) return;
+    close(a->fd);
+    unlink(a->tmp);
+    a->fd = -1;
+}
+
+int dp__atomic_commit(struct dp__atomic *a) {
+    if (fsync(a->fd) != 0) return write_failed(a);
+    int fd = a->fd;
+    a->fd = -1;
+    if (close(fd) != 0 || rename(a->tmp, a->path) != 0) {
         int e = errno;
-        unlink(tmp);
-        return dp_seterr(DP_EIO, "%s: cannot rename %s to %s: %s", what, tmp, path, strerror(e));
+        unlink(a->tmp);
+        return dp_seterr(DP_EIO, "%s: cannot rename %s to %s: %s", a->what, a->tmp, a->path, strerror(e));
     }
     /* fsync the directory so the rename is durable */
     char dirbuf[4096];
-    snprintf(dirbuf, sizeof dirbuf, "%s", path);
+    snprintf(dirbuf, sizeof dirbuf, "%s", a->path);
     int dfd = open(dirname(dirbuf), O_RDONLY | O_DIRECTORY);
     if (dfd >= 0) {
         fsync(dfd);
         close(dfd);
     }
     return DP_OK;
+}
+
+int dp__write_file_atomic(const char *path, const struct dp__wpart *parts, int nparts, const char *what) {
+    struct dp__atomic a;
+    int rc = dp__atomic_open(&a, path, what);
+    for (int i = 0; i < nparts && !rc; i++) rc = dp__atomic_write(&a, parts[i].data, parts[i].len);
+    return rc ? rc : dp__atomic_commit(&a);
 }

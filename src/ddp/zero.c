@@ -413,33 +413,6 @@ int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *
 
 /* ---- checkpoints and accounting -------------------------------------------------------- */
 
-int dp_zero_state_gather(struct dp_zero *z, const struct dp_optim *o, float *scratch, float *full) {
-    int G = z->comm ? dp_comm_world(z->comm) : 1;
-    for (int k = 0; k < z->parts; k++) {
-        for (int q = 0; q < z->npieces; q++) {
-            const struct dp_zero_piece *p = &z->piece[q];
-            memcpy(scratch + p->off, o->state + (size_t)z->parts * (size_t)p->soff + (size_t)k * (size_t)p->len,
-                   sizeof(float) * (size_t)p->len);
-        }
-        int rc = DP_OK;
-        for (int q = 0; q < z->npieces && z->stage && G > 1 && !rc; q++)
-            rc = dp_comm_allgather(z->comm, scratch + z->piece[q].roff, z->piece[q].rcount, DP_DTYPE_F32, DP_ALGO_AUTO);
-        if (rc) return rc;
-        if (full) memcpy(full + (size_t)k * (size_t)z->n, scratch, sizeof(float) * (size_t)z->n);
-    }
-    if (z->sharded) release_to(scratch, z->n, 1, z->padded & DP_REPLICA_LAZY_GRADS); /* the gradient slab, given back zeroed */
-    return DP_OK;
-}
-
-void dp_zero_state_take(const struct dp_zero *z, struct dp_optim *o, const float *full) {
-    for (int k = 0; k < z->parts; k++)
-        for (int q = 0; q < z->npieces; q++) {
-            const struct dp_zero_piece *p = &z->piece[q];
-            memcpy(o->state + (size_t)z->parts * (size_t)p->soff + (size_t)k * (size_t)p->len,
-                   full + (size_t)k * (size_t)z->n + p->off, sizeof(float) * (size_t)p->len);
-        }
-}
-
 int64_t dp_resident_bytes(const void *p, size_t bytes) {
     if (!p || !bytes) return 0;
     size_t pg = page_size();
@@ -477,4 +450,13 @@ int64_t dp_zero_inflight_bytes(const struct dp_zero *z) {
         if (z->piece[k].rcount + z->piece[k + 1].rcount > pair) pair = z->piece[k].rcount + z->piece[k + 1].rcount;
     int64_t b = (int64_t)sizeof(float) * pair;
     return z->stage == 3 ? 2 * b + 2 * (int64_t)UNIT : b;
+}
+
+/* Piece i's floats in this worker's memory: part k of its optimizer state
+ * (the layout at the top), or with k = -1 its stage-3 parameters (pshard).
+ * For a checkpoint written from the shards (src/train/trainer.c zero_stream). */
+const float *dp_zero_piece_data(const struct dp_zero *z, const struct dp_optim *o, int i, int k) {
+    const struct dp_zero_piece *p = &z->piece[i];
+    if (k < 0) return z->pshard + p->soff;
+    return o->state + (size_t)z->parts * (size_t)p->soff + (size_t)k * (size_t)p->len;
 }

@@ -1,6 +1,6 @@
 /* Checkpoints: a fixed header with its own CRC, then the payload.
  *
- * Writing is atomic (dp__write_file_atomic, src/core/file.c): the bytes go to
+ * Writing is atomic (dp__atomic_open/commit, src/core/file.c): the bytes go to
  * "<path>.tmp.<pid>.<n>", which is fsync'ed and renamed over path (rename is
  * atomic on POSIX file systems), then the directory is fsync'ed so the rename
  * itself survives a crash.  A crash at any point leaves either the old
@@ -24,32 +24,91 @@ int dp_ckpt_write(const char *path, struct dp_ckpt_header *h, const float *param
     return dp_ckpt_write_section(path, h, params, buffers, optim_state, NULL, NULL, 0);
 }
 
+/* The streamed form.  The header's CRCs and sizes depend on the whole
+ * payload, so a zeroed header goes first and the real one is written over
+ * it (pwrite at 0) once the last payload byte has been put; the payload CRC
+ * and the FNV-1a of the params and buffers run over the bytes as they come,
+ * so the bytes must come in file order. */
+struct dp_ckpt_writer {
+    struct dp__atomic a;
+    uint64_t want, put, hash_len; /* payload bytes expected, put so far; the params' and buffers' */
+    uint32_t crc;
+    uint64_t hash;
+    int rc; /* the first error (the temporary file is gone then) */
+};
+
+int dp_ckpt_writer_open(struct dp_ckpt_writer **out, const char *path, const struct dp_ckpt_header *h) {
+    struct dp_ckpt_writer *w = *out = dp_calloc(1, sizeof *w);
+    if (!w) return dp_seterr(DP_ENOMEM, "checkpoint: out of memory");
+    w->want = 4u * (uint64_t)(h->num_params + h->num_buffers + h->optim_state_len);
+    w->hash_len = 4u * (uint64_t)(h->num_params + h->num_buffers);
+    w->hash = DP_FNV1A64_INIT;
+    struct dp_ckpt_header zero;
+    memset(&zero, 0, sizeof zero);
+    int rc = dp__atomic_open(&w->a, path, "checkpoint");
+    if (!rc) rc = dp__atomic_write(&w->a, &zero, sizeof zero);
+    if (rc) dp_free(w), *out = NULL;
+    return rc;
+}
+
+int dp_ckpt_writer_put(struct dp_ckpt_writer *w, const void *data, size_t n) {
+    if (w->rc) return w->rc;
+    if (n > w->want - w->put) {
+        dp__atomic_abort(&w->a);
+        return w->rc = dp_seterr(DP_EINTERNAL, "checkpoint: %zu bytes more than the header's payload", n);
+    }
+    if (w->put < w->hash_len) {
+        uint64_t k = w->hash_len - w->put < n ? w->hash_len - w->put : n;
+        w->hash = dp_fnv1a64(data, (size_t)k, w->hash);
+    }
+    w->crc = dp_crc32(w->crc, data, n);
+    w->put += n;
+    return w->rc = dp__atomic_write(&w->a, data, n);
+}
+
+uint64_t dp_ckpt_writer_hash(const struct dp_ckpt_writer *w) { return w->hash; }
+
+int dp_ckpt_writer_close(struct dp_ckpt_writer *w, struct dp_ckpt_header *h, const char *tag, const void *data,
+                         uint64_t size) {
+    int rc = w->rc;
+    if (!rc && w->put != w->want)
+        rc = dp_seterr(DP_EINTERNAL, "checkpoint: %llu payload bytes put, the header says %llu",
+                       (unsigned long long)w->put, (unsigned long long)w->want);
+    if (!rc) {
+        memcpy(h->magic, DP_CKPT_MAGIC, 8);
+        h->version = DP_CKPT_VERSION;
+        h->header_size = sizeof *h;
+        h->payload_size = w->want;
+        h->payload_crc = w->crc;
+        h->header_crc = 0;
+        h->header_crc = dp_crc32(0, h, sizeof *h);
+        struct dp_ckpt_section sec;
+        memset(&sec, 0, sizeof sec);
+        if (tag) {
+            memcpy(sec.tag, tag, 8);
+            sec.size = size;
+            sec.data_crc = dp_crc32(0, data, (size_t)size);
+            sec.header_crc = dp_crc32(0, &sec, sizeof sec);
+            if (!(rc = dp__atomic_write(&w->a, &sec, sizeof sec))) rc = dp__atomic_write(&w->a, data, (size_t)size);
+        }
+        if (!rc && !(rc = dp__atomic_pwrite(&w->a, h, sizeof *h, 0))) rc = dp__atomic_commit(&w->a);
+    }
+    if (rc) dp__atomic_abort(&w->a); /* (a no-op where a failed write has already) */
+    dp_free(w);
+    return rc;
+}
+
 int dp_ckpt_write_section(const char *path, struct dp_ckpt_header *h, const float *params,
                           const float *buffers, const float *optim_state, const char *tag, const void *data,
                           uint64_t size) {
-    size_t np = (size_t)h->num_params * 4, nb = (size_t)h->num_buffers * 4,
-           no = (size_t)h->optim_state_len * 4;
-    memcpy(h->magic, DP_CKPT_MAGIC, 8);
-    h->version = DP_CKPT_VERSION;
-    h->header_size = sizeof *h;
-    h->payload_size = np + nb + no;
-    uint32_t crc = dp_crc32(0, params, np);
-    crc = dp_crc32(crc, buffers, nb);
-    crc = dp_crc32(crc, optim_state, no);
-    h->payload_crc = crc;
-    h->header_crc = 0;
-    h->header_crc = dp_crc32(0, h, sizeof *h);
-    struct dp_ckpt_section sec;
-    memset(&sec, 0, sizeof sec);
-    if (tag) {
-        memcpy(sec.tag, tag, 8);
-        sec.size = size;
-        sec.data_crc = dp_crc32(0, data, (size_t)size);
-        sec.header_crc = dp_crc32(0, &sec, sizeof sec);
-    }
-    const struct dp__wpart parts[] = {{h, sizeof *h}, {params, np}, {buffers, nb}, {optim_state, no},
-                                      {&sec, sizeof sec}, {data, (size_t)size}};
-    return dp__write_file_atomic(path, parts, tag ? 6 : 4, "checkpoint");
+    struct dp_ckpt_writer *w;
+    int rc = dp_ckpt_writer_open(&w, path, h);
+    if (rc) return rc;
+    /* (an error is kept by the writer, and close returns it) */
+    dp_ckpt_writer_put(w, params, (size_t)h->num_params * 4);
+    dp_ckpt_writer_put(w, buffers, (size_t)h->num_buffers * 4);
+    dp_ckpt_writer_put(w, optim_state, (size_t)h->optim_state_len * 4);
+    return dp_ckpt_writer_close(w, h, tag, data, size);
 }
 
 /* Checks every header field that can be checked without the payload. */
@@ -222,4 +281,82 @@ int dp_ckpt_read(const char *path, struct dp_ckpt_header *h, float **payload) {
     }
     *payload = p;
     return DP_OK;
+}
+
+/* The reader: one pass over the payload in blocks of RBLOCK bytes checks its
+ * CRC and the params' and buffers' FNV-1a (param_hash), copying those two
+ * where the caller wants them; the sections are checked after it.  The
+ * optimizer state is then read by pread, range by range, into whatever
+ * holds it (a ZeRO worker's pieces), so no reader holds the whole payload. */
+#define RBLOCK ((size_t)1 << 20)
+struct dp_ckpt_reader {
+    FILE *f;
+    uint64_t payload_size;
+};
+
+int dp_ckpt_reader_open(struct dp_ckpt_reader **out, const char *path, struct dp_ckpt_header *h, float *params,
+                        float *buffers) {
+    *out = NULL;
+    FILE *f;
+    int rc = open_checked(path, h, &f);
+    if (rc) return rc;
+    struct dp_ckpt_reader *r = dp_calloc(1, sizeof *r);
+    uint8_t *buf = dp_malloc(RBLOCK);
+    if (!r || !buf) {
+        dp_free(r), dp_free(buf), fclose(f);
+        return dp_seterr(DP_ENOMEM, "%s: out of memory", path);
+    }
+    const uint64_t np = 4u * (uint64_t)h->num_params, nb = 4u * (uint64_t)h->num_buffers;
+    uint32_t crc = 0;
+    uint64_t hash = DP_FNV1A64_INIT;
+    for (uint64_t at = 0; at < h->payload_size && !rc;) {
+        size_t n = h->payload_size - at < RBLOCK ? (size_t)(h->payload_size - at) : RBLOCK;
+        if (fread(buf, 1, n, f) != n) {
+            rc = dp_seterr(DP_EIO, "%s: short read", path);
+            break;
+        }
+        crc = dp_crc32(crc, buf, n);
+        /* the part of [at, at + n) inside the params, then inside the buffers */
+        for (int s = 0; s < 2; s++) {
+            uint64_t lo = s ? np : 0, hi = s ? np + nb : np, a = at > lo ? at : lo, e = at + n < hi ? at + n : hi;
+            if (a >= e) continue;
+            hash = dp_fnv1a64(buf + (a - at), (size_t)(e - a), hash);
+            char *dst = (char *)(s ? (void *)buffers : (void *)params);
+            if (dst) memcpy(dst + (a - lo), buf + (a - at), (size_t)(e - a));
+        }
+        at += n;
+    }
+    dp_free(buf);
+    if (!rc && crc != h->payload_crc) rc = dp_seterr(DP_EFORMAT, "%s: payload checksum mismatch (corrupt file)", path);
+    if (!rc && hash != h->param_hash) rc = dp_seterr(DP_EFORMAT, "%s: parameter hash mismatch", path);
+    if (!rc) rc = read_sections(f, path, NULL, NULL, NULL);
+    if (rc) {
+        fclose(f), dp_free(r);
+        return rc;
+    }
+    r->f = f, r->payload_size = h->payload_size;
+    *out = r;
+    return DP_OK;
+}
+
+int dp_ckpt_reader_read(struct dp_ckpt_reader *r, int64_t at, int64_t count, float *dst) {
+    uint64_t off = 4u * (uint64_t)at, left = 4u * (uint64_t)count;
+    if (at < 0 || count < 0 || off + left > r->payload_size)
+        return dp_seterr(DP_EINVAL, "checkpoint: floats [%lld, %lld) are outside the payload", (long long)at,
+                         (long long)(at + count));
+    char *d = (char *)dst;
+    off += sizeof(struct dp_ckpt_header);
+    while (left) {
+        ssize_t got = pread(fileno(r->f), d, (size_t)left, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return dp_seterr(DP_EIO, "checkpoint: short read: %s", got < 0 ? strerror(errno) : "end of file");
+        d += got, off += (uint64_t)got, left -= (uint64_t)got;
+    }
+    return DP_OK;
+}
+
+void dp_ckpt_reader_close(struct dp_ckpt_reader *r) {
+    if (!r) return;
+    fclose(r->f);
+    dp_free(r);
 }

@@ -76,6 +76,7 @@ struct worker {
     int grank;                 /* rank in the whole job (= rank with one process) */
     struct dp_replica rep;
     struct dp_optim opt;       /* over zero.len floats: the whole slab, or with ZeRO this worker's shard */
+    uint64_t zhash;            /* ZeRO 3: dp_replica_hash's value, folded as the ranges passed (end_epoch) */
     struct dp_zero zero;
     struct dp_loader *loader;
     struct dp_comm *comm;
@@ -174,9 +175,8 @@ struct dp_trainer {
     atomic_llong ps_next, ps_samples;
     int64_t ps_batches, ps_div;
     struct dp_ps_hist ps_hist;
-    float *zstate;             /* ZeRO, rank 0 with out_dir: the whole optimizer state gathered for a
-                                  checkpoint (zero_gather_state), in dp_optim's whole-slab layout */
-    int64_t zstate_step;       /* the optimizer step zstate was gathered at (-1: never) */
+    int zsaving;               /* rank 0 inside checkpoint(): a multi-process ZeRO job's other workers send
+                                  their pieces (zero_stream) */
     float *efstate;            /* multi-process job, rank 0 with out_dir: every rank's error-feedback
                                   state (G x dp_reducer_state_len), gathered by ef_gather_state */
     int64_t efstate_step;      /* the optimizer step efstate was gathered at (-1: never) */
@@ -249,7 +249,6 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_free(t->rank_samples);
     dp_free(t->share_samples);
     dp_free(t->dropped_count);
-    dp_free(t->zstate);
     dp_free(t->efstate);
     dp_backup_star_free(t->star); /* stops rank 0's collector */
     dp_ps_free(t->ps);
@@ -444,11 +443,14 @@ static int load_ef_state(struct dp_trainer *t, const char *path) {
 /* Restores the state saved by dp_trainer_save into every worker.  Every
  * field that must agree with this run is checked first, so nothing is
  * half-loaded on error.  The checkpoint does not depend on the worker count:
- * any P can resume it. */
+ * any P can resume it.  No worker holds the whole payload: the reader's
+ * pass (which checks it) puts the parameters and buffers into worker 0's
+ * replica (stage 3: only the buffers), the others copy them from there, and
+ * each worker reads its own pieces of the optimizer state (stage 3: of the
+ * parameters too) at their offsets in the whole-slab layout. */
 static int load_checkpoint(struct dp_trainer *t, const char *path) {
     struct dp_ckpt_header h;
-    float *payload = NULL;
-    int rc = dp_ckpt_read(path, &h, &payload);
+    int rc = dp_ckpt_read_header(path, &h);
     if (rc) return rc;
     const struct dp_model *m = t->model;
     /* the whole-slab layout whatever the stage: with ZeRO each worker takes its shard */
@@ -472,21 +474,30 @@ static int load_checkpoint(struct dp_trainer *t, const char *path) {
     else if (h.seed != t->p.seed)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint seed %llu differs from --seed %llu", path,
                        (unsigned long long)h.seed, (unsigned long long)t->p.seed);
+    struct dp_ckpt_reader *rd = NULL;
+    const int p3 = t->w[0].zero.pshard != NULL; /* stage 3, sharded */
+    if (!rc) rc = dp_ckpt_reader_open(&rd, path, &h, p3 ? NULL : t->w[0].rep.params, t->w[0].rep.buffers);
     for (int r = 0; !rc && r < t->P; r++) {
         struct worker *w = &t->w[r];
-        memcpy(w->rep.params, payload, sizeof(float) * (size_t)h.num_params);
-        memcpy(w->rep.buffers, payload + h.num_params, sizeof(float) * (size_t)h.num_buffers);
-        if (h.optim_state_len) dp_zero_state_take(&w->zero, &w->opt, payload + h.num_params + h.num_buffers);
+        const struct dp_zero *z = &w->zero;
+        if (r > 0 && !p3) memcpy(w->rep.params, t->w[0].rep.params, sizeof(float) * (size_t)h.num_params);
+        if (r > 0) memcpy(w->rep.buffers, t->w[0].rep.buffers, sizeof(float) * (size_t)h.num_buffers);
+        /* piece i's part k (k = -1: stage 3's parameters) lies at k n + off in
+         * the state (after the params and buffers), at off in the params */
+        for (int i = 0; !rc && i < z->npieces; i++)
+            for (int k = p3 ? -1 : 0; !rc && k < z->parts; k++) {
+                const struct dp_zero_piece *pc = &z->piece[i];
+                int64_t at = k < 0 ? pc->off : h.num_params + h.num_buffers + k * h.num_params + pc->off;
+                rc = dp_ckpt_reader_read(rd, at, pc->len, (float *)dp_zero_piece_data(z, &w->opt, i, k));
+            }
         w->opt.step = h.optim_step;
-        if (dp_replica_hash(&w->rep) != h.param_hash)
-            rc = dp_seterr(DP_EFORMAT, "%s: parameter hash mismatch", path);
     }
+    dp_ckpt_reader_close(rd);
     if (!rc) {
         t->step = h.step;
         t->epoch = h.epoch;
         t->step_in_epoch = h.step_in_epoch;
     }
-    dp_free(payload);
     if (!rc) rc = load_ef_state(t, path);
     return rc;
 }
@@ -752,7 +763,6 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     /* the parameter server under mpirun: the last S ranks serve (check_ps: one worker each) */
     t->ps_servers = p->inter && p->async ? (p->servers ? p->servers : 1) : 0;
     t->ps_W = t->G - t->ps_servers;
-    t->zstate_step = -1;
     t->efstate_step = -1;
     atomic_init(&t->eval_next, 0);
     dp_set_num_threads(p->threads);
@@ -874,7 +884,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
      * (sharded) builds no replica: each worker draws its own pieces from the
      * seed, below, and rank 0 only its buffers. */
     int zero3 = p->zero == 3 && t->G > 1;
-    if (zero3 && !p->init_from && !p->resume)
+    if (zero3 && !p->init_from)
         dp_model_init_slice(t->model, 1, t->w[0].rep.buffers, 0, t->model->num_buffers, p->seed);
     else dp_model_init_params(t->model, &t->w[0].rep, p->seed);
     if (p->init_from && (rc = dp_safetensors_load(p->init_from, t->model, &t->w[0].rep))) goto fail;
@@ -891,12 +901,14 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (p->resume && (rc = load_checkpoint(t, p->resume))) goto fail;
     if (p->resume && t->step_in_epoch == 0) resume_position(t);
     /* ZeRO 3: each worker's pieces, drawn from the seed, or copied from rank
-     * 0's slab where a file filled it (--init-from, the checkpoint), which is
-     * then given back.  Every process of an MPI job computes the same pieces
-     * (the same seed, the same files), so the parameters need no broadcast. */
+     * 0's slab where --init-from filled it, which is then given back; a
+     * checkpoint has put them in place already (load_checkpoint).  Every
+     * process of an MPI job computes the same pieces (the same seed, the
+     * same files), so the parameters need no broadcast. */
     if (zero3) {
-        const float *whole = p->init_from || p->resume ? t->w[0].rep.params : NULL;
-        for (int r = 0; r < t->P && !rc; r++) rc = dp_zero_shard_init(&t->w[r].zero, t->model, p->seed, whole);
+        const float *whole = p->init_from ? t->w[0].rep.params : NULL;
+        for (int r = 0; r < t->P && !rc && !p->resume; r++)
+            rc = dp_zero_shard_init(&t->w[r].zero, t->model, p->seed, whole);
         if (rc || (whole && (rc = dp_zero_release_params(&t->w[0].zero)))) goto fail;
     }
     if (p->async && (rc = ps_init(t))) goto fail;
@@ -923,41 +935,123 @@ fail:
     return rc;
 }
 
+static void fill_header(const struct dp_trainer *t, struct dp_ckpt_header *h) {
+    const struct worker *w = &t->w[0];
+    memset(h, 0, sizeof *h);
+    const struct dp_model *m = t->model;
+    snprintf(h->model_spec, sizeof h->model_spec, "%s", m->spec);
+    for (int i = 0; i < m->in_shape.ndim && i < 4; i++) h->in_shape[i] = m->in_shape.d[i];
+    h->num_params = m->num_params;
+    h->num_buffers = m->num_buffers;
+    h->seed = t->p.seed;
+    h->step = t->step;
+    h->epoch = t->epoch;
+    h->step_in_epoch = t->step_in_epoch;
+    h->batch = t->p.batch;
+    h->optim_kind = (uint32_t)t->p.optim.kind;
+    h->nesterov = (uint32_t)t->p.optim.nesterov;
+    h->momentum = t->p.optim.momentum;
+    h->dampening = t->p.optim.dampening;
+    h->weight_decay = t->p.optim.weight_decay;
+    h->beta1 = t->p.optim.beta1;
+    h->beta2 = t->p.optim.beta2;
+    h->eps = t->p.optim.eps;
+    h->lr = t->p.sched.base_lr;
+    h->sched_kind = (uint32_t)t->p.sched.kind;
+    h->optim_step = w->opt.step;
+    /* ZeRO: the whole slab's state whatever the stage (zero_stream writes it from the shards) */
+    h->optim_state_len = t->p.zero ? (int64_t)w->zero.parts * m->num_params : w->opt.state_len;
+}
+
+/* ---- ZeRO checkpoints, streamed from the shards --------------------------------------------
+ * A ZeRO checkpoint is today's file (the whole-slab layout, so any stage
+ * and worker count resumes it, and ckpt info/diff/export read it), but no
+ * process gathers the whole state: rank 0 writes the payload in file order
+ * and each piece comes from its owner as it is written:
+ *
+ *     params        stage 3: range by range from the slab's start, in each
+ *                   range the ranks' pieces in rank order (their pshard);
+ *                   else rank 0's slab
+ *     buffers       rank 0's (replicated)
+ *     state part k  the ranges and pieces in the same order, each piece's
+ *                   part k (dp_zero_piece_data)
+ *
+ * One process (G == P): rank 0 reads the other workers' pieces in place;
+ * they are idle (waiting at the epoch's barrier, or the run is over), so
+ * the save holds nothing beyond the shards.  Several processes: every
+ * worker of the job runs the same loop, and each piece travels in blocks of
+ * at most ZBLOCK floats (4 MiB), broadcast by its owner, so a process holds
+ * one block per worker beyond its shards.  (dp_comm has no gather to one
+ * root: the broadcast delivers a block to every rank, as the all-gather of
+ * the whole state it replaces did.)  docs/ddp.md "ZeRO" says why one file
+ * rather than a file per shard. */
+#define ZBLOCK ((int64_t)1 << 20)
+
+/* Part `part` (-1: stage 3's parameters) in file order.  out: rank 0's
+ * writer (NULL on the others, or where rank 0 could not open the file: it
+ * still sends its pieces); buf: ZBLOCK floats for the broadcasts, NULL to
+ * read in place.  A write error stays in out (sticky) and the loop goes on,
+ * so that no rank waits for a broadcast that never comes. */
+static int zero_stream_part(struct worker *w, struct dp_ckpt_writer *out, float *buf, int part) {
+    struct dp_trainer *t = w->t;
+    const struct dp_zero *z = &w->zero;
+    int rc = DP_OK;
+    for (int i = z->npieces - 1; i >= 0 && !rc; i--) /* piece[0] is the highest range */
+        for (int q = 0; q < t->G && !rc; q++) {
+            int64_t off, len;
+            dp_comm_split(z->piece[i].rcount, t->G, q, &off, &len);
+            const struct worker *o = buf ? (w->grank == q ? w : NULL) : &t->w[q];
+            const float *src = o ? dp_zero_piece_data(&o->zero, &o->opt, i, part) : NULL;
+            for (int64_t b = 0; b < len && !rc; b += ZBLOCK) {
+                const int64_t c = len - b < ZBLOCK ? len - b : ZBLOCK;
+                const float *x = src ? src + b : NULL;
+                if (buf) {
+                    if (src) memcpy(buf, x, sizeof(float) * (size_t)c);
+                    rc = dp_comm_broadcast(w->comm, buf, c, DP_DTYPE_F32, q, DP_ALGO_AUTO);
+                    x = buf;
+                }
+                if (out && !rc) dp_ckpt_writer_put(out, x, sizeof(float) * (size_t)c);
+            }
+        }
+    return rc;
+}
+
+/* The payload of a ZeRO checkpoint: rank 0 with its writer; in a
+ * multi-process job also every other worker (out NULL), at the same point. */
+static int zero_stream(struct worker *w, struct dp_ckpt_writer *out) {
+    struct dp_trainer *t = w->t;
+    const struct dp_model *m = t->model;
+    float *buf = NULL;
+    if (t->G > t->P) {
+        int64_t most = 1;
+        for (int i = 0; i < w->zero.npieces; i++) {
+            int64_t c = (w->zero.piece[i].rcount + t->G - 1) / t->G;
+            if (c > most) most = c;
+        }
+        if (!(buf = dp_malloc(sizeof(float) * (size_t)(most < ZBLOCK ? most : ZBLOCK))))
+            return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for a block of the ZeRO state");
+    }
+    int rc = DP_OK;
+    if (w->zero.pshard) rc = zero_stream_part(w, out, buf, -1);
+    else if (out) dp_ckpt_writer_put(out, w->rep.params, sizeof(float) * (size_t)m->num_params);
+    if (out && !rc) dp_ckpt_writer_put(out, w->rep.buffers, sizeof(float) * (size_t)m->num_buffers);
+    for (int k = 0; k < w->zero.parts && !rc; k++) rc = zero_stream_part(w, out, buf, k);
+    dp_free(buf);
+    return rc;
+}
+
+/* Rank 0 writes a checkpoint now (checkpoint() below): in a multi-process
+ * ZeRO job every other worker sends its pieces meanwhile. */
+static int zero_serves(const struct dp_trainer *t) { return t->p.zero && t->p.out_dir && t->G > t->P; }
+
 int dp_trainer_save(struct dp_trainer *t, const char *path) {
     struct worker *w = &t->w[0];
+    if (t->p.zero && t->G > t->P && !t->zsaving)
+        return dp_seterr(DP_ENOTSUP, "checkpoint: a multi-process ZeRO job writes its checkpoints during the run "
+                         "(every rank sends its pieces), at epoch ends and --max-steps");
     struct dp_ckpt_header h;
-    memset(&h, 0, sizeof h);
-    const struct dp_model *m = t->model;
-    snprintf(h.model_spec, sizeof h.model_spec, "%s", m->spec);
-    for (int i = 0; i < m->in_shape.ndim && i < 4; i++) h.in_shape[i] = m->in_shape.d[i];
-    h.num_params = m->num_params;
-    h.num_buffers = m->num_buffers;
-    h.seed = t->p.seed;
-    h.step = t->step;
-    h.epoch = t->epoch;
-    h.step_in_epoch = t->step_in_epoch;
-    h.batch = t->p.batch;
-    h.optim_kind = (uint32_t)t->p.optim.kind;
-    h.nesterov = (uint32_t)t->p.optim.nesterov;
-    h.momentum = t->p.optim.momentum;
-    h.dampening = t->p.optim.dampening;
-    h.weight_decay = t->p.optim.weight_decay;
-    h.beta1 = t->p.optim.beta1;
-    h.beta2 = t->p.optim.beta2;
-    h.eps = t->p.optim.eps;
-    h.lr = t->p.sched.base_lr;
-    h.sched_kind = (uint32_t)t->p.sched.kind;
-    h.optim_step = w->opt.step;
-    h.optim_state_len = w->opt.state_len;
-    const float *state = w->opt.state;
-    if (t->p.zero) { /* the whole state, gathered by zero_gather_state */
-        h.optim_state_len = (int64_t)w->zero.parts * m->num_params;
-        state = t->zstate;
-        if (h.optim_state_len && (!state || t->zstate_step != w->opt.step))
-            return dp_seterr(DP_EINVAL, "checkpoint: the ZeRO optimizer state was not gathered at this step "
-                             "(checkpoints are written at epoch ends and --max-steps)");
-    }
-    h.param_hash = dp_replica_hash(&w->rep);
+    fill_header(t, &h);
+    h.param_hash = dp_replica_hash(&w->rep); /* (ZeRO: the writer's hash of what it wrote) */
     /* The compressor's per-worker state (residuals, PowerSGD's Q), every
      * worker's in rank order, as a section after the payload: this
      * process's workers' when it holds every worker, else (a multi-process
@@ -966,17 +1060,34 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
      * residuals at zero, with a note). */
     int64_t len = dp_reducer_state_len(&w->red);
     int gathered = t->G != t->P && t->efstate && t->efstate_step == w->opt.step;
-    if (len == 0 || (t->G != t->P && !gathered))
-        return dp_ckpt_write(path, &h, w->rep.params, w->rep.buffers, state);
-    size_t size = sizeof(struct dp_ckpt_ef) + sizeof(float) * (size_t)len * (size_t)t->G;
-    char *data = dp_malloc_big(size);
-    if (!data) return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the error-feedback state");
-    struct dp_ckpt_ef ef = {.kind = (uint32_t)t->p.compress.kind, .workers = (uint32_t)t->G, .len = len};
-    memcpy(data, &ef, sizeof ef);
-    if (gathered) memcpy(data + sizeof ef, t->efstate, sizeof(float) * (size_t)len * (size_t)t->G);
-    for (int r = 0; !gathered && r < t->P; r++)
-        dp_reducer_state_get(&t->w[r].red, (float *)(void *)(data + sizeof ef) + (size_t)len * (size_t)r);
-    int rc = dp_ckpt_write_section(path, &h, w->rep.params, w->rep.buffers, state, DP_CKPT_EF_TAG, data, size);
+    size_t size = 0;
+    char *data = NULL;
+    int rc = DP_OK;
+    if (len && (t->G == t->P || gathered)) {
+        size = sizeof(struct dp_ckpt_ef) + sizeof(float) * (size_t)len * (size_t)t->G;
+        if (!(data = dp_malloc_big(size))) rc = dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the error-feedback state");
+    }
+    if (data) {
+        struct dp_ckpt_ef ef = {.kind = (uint32_t)t->p.compress.kind, .workers = (uint32_t)t->G, .len = len};
+        memcpy(data, &ef, sizeof ef);
+        if (gathered) memcpy(data + sizeof ef, t->efstate, sizeof(float) * (size_t)len * (size_t)t->G);
+        for (int r = 0; !gathered && r < t->P; r++)
+            dp_reducer_state_get(&t->w[r].red, (float *)(void *)(data + sizeof ef) + (size_t)len * (size_t)r);
+    }
+    const char *tag = data ? DP_CKPT_EF_TAG : NULL;
+    if (!t->p.zero) {
+        if (!rc) rc = dp_ckpt_write_section(path, &h, w->rep.params, w->rep.buffers, w->opt.state, tag, data, size);
+    } else {
+        struct dp_ckpt_writer *out = NULL;
+        if (!rc) rc = dp_ckpt_writer_open(&out, path, &h);
+        int src = zero_stream(w, out); /* (the others wait for the pieces even where the file failed) */
+        if (out) {
+            h.param_hash = dp_ckpt_writer_hash(out);
+            int crc = dp_ckpt_writer_close(out, &h, tag, data, size);
+            if (!src) src = crc;
+        }
+        if (!rc) rc = src;
+    }
     dp_free(data);
     return rc;
 }
@@ -1107,7 +1218,9 @@ static int checkpoint(struct dp_trainer *t) {
     if (!t->p.out_dir) return DP_OK;
     char path[4096];
     snprintf(path, sizeof path, "%s/checkpoint.bin", t->p.out_dir);
+    t->zsaving = 1;
     int rc = dp_trainer_save(t, path);
+    t->zsaving = 0;
     if (rc) return rc;
     struct dp_event ev = {.kind = DP_EVENT_CHECKPOINT, .step = t->step, .epoch = t->epoch, .path = path};
     emit(t, &ev);
@@ -1600,20 +1713,6 @@ static int update(struct worker *w, float *g, float lr, double clip_norm, double
     return rc;
 }
 
-/* ZeRO checkpoints keep the whole-slab format: every worker takes part in
- * gathering the optimizer state (dp_zero_state_gather, through its gradient
- * slab, which is free between steps), and rank 0 keeps it in t->zstate for
- * dp_trainer_save.  Called by every worker where rank 0 then writes one. */
-static int zero_gather_state(struct worker *w) {
-    struct dp_trainer *t = w->t;
-    if (!t->p.zero || !t->p.out_dir || !w->zero.parts) return DP_OK;
-    size_t full = (size_t)w->zero.parts * (size_t)t->model->num_params;
-    if (w->grank == 0 && !t->zstate && !(t->zstate = dp_malloc_big(sizeof(float) * full)))
-        return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the optimizer state");
-    if (w->grank == 0) t->zstate_step = w->opt.step;
-    return dp_zero_state_gather(&w->zero, &w->opt, w->rep.grads, w->grank == 0 ? t->zstate : NULL);
-}
-
 /* The error-feedback state of a multi-process job, for dp_trainer_save:
  * rank 0 writes the file, so every rank's state (len floats) comes to it.
  * One file with every rank's state, as a single-process job writes it,
@@ -1622,8 +1721,8 @@ static int zero_gather_state(struct worker *w) {
  * rank's disk has to be shared.  Through the worker's communicator in
  * rounds: round k all-gathers G blocks of B floats, block r = rank r's
  * state[k B, (k+1) B), so no rank holds more than G B floats besides rank
- * 0's G x len (B: about 1M / G).  Called by every worker, where
- * zero_gather_state is. */
+ * 0's G x len (B: about 1M / G).  Called by every worker where rank 0
+ * then writes a checkpoint. */
 static int ef_gather_state(struct worker *w) {
     struct dp_trainer *t = w->t;
     const int64_t len = dp_reducer_state_len(&w->red), G = t->G;
@@ -2091,7 +2190,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
                 (long long)ev.epoch, (long long)ev.step, t->G, (double)ev.lr, ev.loss, ev.train_acc,
                 ev.test_loss, ev.test_acc, ev.samples_per_s, dt, ev.t_data, ev.t_fwd, ev.t_bwd, ev.t_comm,
                 ev.t_comm_exposed, ev.t_opt, (long long)ev.skipped, ev.slow_rank, ev.slow_lag,
-                (unsigned long long)dp_replica_hash(&w->rep)) < 0)
+                (unsigned long long)(w->zero.pshard ? w->zhash : dp_replica_hash(&w->rep))) < 0)
             return metrics_error(t);
         for (int r = 0; r < t->G; r++)
             if (fprintf(t->metrics, "%s%.6f", r ? ", " : "", tot[4 + r]) < 0) return metrics_error(t);
@@ -2165,18 +2264,24 @@ static int end_epoch(struct worker *w, double t_start) {
     int64_t e = w->epoch + 1;
     /* ZeRO 3: the evaluation gathers layer by layer (evaluate_shared); the
      * whole parameters only where they are read: after the last epoch, the
-     * run's result (dp_trainer_replica: each process's worker 0), and with an
-     * output folder, rank 0's report hash and checkpoint.  The other workers
-     * pass their pieces on range by range (dp_zero_gather_params), and the
-     * last epoch first gives back the gradient shards, so the whole replica
-     * takes no more than the step did.  Given back after the barrier. */
+     * run's result (dp_trainer_replica: each process's worker 0).  The other
+     * workers pass their pieces on range by range (dp_zero_gather_params),
+     * and the last epoch first gives back the gradient shards, so the whole
+     * replica takes no more than the step did.  Given back after the
+     * barrier.  With an output folder, the report's hash is folded range by
+     * range as they pass (zhash), and the checkpoint streams the pieces
+     * (zero_stream): neither needs the whole parameters. */
     int last = e == t->p.epochs, ckpt = last || (t->p.ckpt_every > 0 && e % t->p.ckpt_every == 0);
     if (!rc) rc = evaluate_shared(w, &test_acc, &test_loss);
     if (!rc && last) dp_zero_drop_grad_shard(&w->zero);
-    if (!rc && (last || t->p.out_dir)) rc = dp_zero_gather_params(&w->zero, w->rank == 0, NULL);
-    if (!rc && ckpt)
-        if (!(rc = zero_gather_state(w))) rc = ef_gather_state(w);
+    if (!rc && (last || t->p.out_dir)) {
+        uint64_t h = DP_FNV1A64_INIT;
+        rc = dp_zero_gather_params(&w->zero, w->rank == 0 && last, w->zero.pshard ? &h : NULL);
+        w->zhash = dp_fnv1a64(w->rep.buffers, sizeof(float) * (size_t)t->model->num_buffers, h);
+    }
+    if (!rc && ckpt) rc = ef_gather_state(w);
     if (!rc && w->grank == 0) rc = report_epoch(w, dt, tot, test_acc, test_loss);
+    else if (!rc && ckpt && zero_serves(t)) rc = zero_stream(w, NULL); /* while rank 0 writes */
     dp_free(tot);
     if (rc) return rc;
     /* The others wait while rank 0 writes the metrics and the checkpoint: a
@@ -2555,10 +2660,10 @@ static int worker_loop(struct worker *w) {
             if (t->p.max_steps && step >= t->p.max_steps) {
                 /* the run's end: as end_epoch's last epoch */
                 dp_zero_drop_grad_shard(&w->zero);
-                if ((rc = dp_zero_gather_params(&w->zero, w->rank == 0, NULL)) || (rc = zero_gather_state(w)) ||
-                    (rc = ef_gather_state(w)))
+                if ((rc = dp_zero_gather_params(&w->zero, w->rank == 0, NULL)) || (rc = ef_gather_state(w)))
                     return rc;
                 if (w->grank == 0) rc = checkpoint(t);
+                else if (zero_serves(t)) rc = zero_stream(w, NULL); /* while rank 0 writes */
                 return rc ? rc : dp_comm_barrier(w->comm);
             }
             int64_t nmicro = t->batches_per_epoch - in_epoch < t->p.accum ? t->batches_per_epoch - in_epoch
