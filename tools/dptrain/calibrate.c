@@ -44,6 +44,9 @@
  * data), and for forward and backward the median over the passes of the
  * workers' mean in each pass (profile version 3: the straggler wait is its
  * own term; version 2 took the slowest worker's per pass).
+ *
+ * With --run too (profile version 4): the step terms from a short run of
+ * the same training, the trainer's own step loop (run_terms).
  */
 #include <errno.h>
 #include <math.h>
@@ -80,14 +83,20 @@ static const char *help_calibrate =
     "    the trainer's reducer (buckets all-reduced beside backward): comm_cpu, the compute\n"
     "    that the all-reduces take away (0..1), and the spread of the workers' compute per\n"
     "    step (straggle_cv, compute_cv: the wait for the slowest worker);\n"
-    "  - with --run: the forward + backward seconds per sample of a run's step records.\n"
-    "Writes one JSON object (profile version 3).\n"
+    "  - with --run: the forward + backward seconds per sample of a run's step records; with\n"
+    "    --model too, the step's terms from the run (a run of this model, --workers and --batch,\n"
+    "    with --out): forward, backward, optimizer, the straggler wait and the metrics\n"
+    "    all-gather's wait, rank 0's medians after the 5th step, so that the plan there sums\n"
+    "    to the run's median step.\n"
+    "Writes one JSON object (profile version 4).\n"
     "\n"
     "  --backend B      thread: P threads of this process [thread]; mpi: one worker per\n"
     "                   process, every process of the job (mpirun -np N dptrain calibrate\n"
     "                   --backend mpi ...); rank 0 writes the profile\n"
     "  --workers P      threads (thread backend) [2]\n"
-    "  --min-bytes N    [4096]   --max-bytes N [16777216]   --iters N per size [20]\n"
+    "  --min-bytes N    [4096]   --max-bytes N [16777216]   --iters N per size [20], in up to\n"
+    "                   5 rounds of 3 or more (the algorithms taking turns): the median of\n"
+    "                   the rounds' medians\n"
     "  --model SPEC     mlp | cnn | resnet | mlp:... | gpt:... (as train)\n"
     "  --input C,H,W    input shape of an image model [1,28,28]\n"
     "  --batch B        global batch: each worker computes B / P samples [128]\n"
@@ -95,6 +104,7 @@ static const char *help_calibrate =
     "  --algo A         the reducer's all-reduce in the steps (as train's --algo) [auto]\n"
     "  --compute-iters K  timed iterations per compute phase [20]\n"
     "  --run RUN        a run folder or metrics.jsonl (dptrain train --out RUN)\n"
+    "  --optim sgd|adamw  the run's optimizer: its per-parameter time from the run [sgd]\n"
     "  --out FILE       write the profile there (and a summary to stdout) [stdout]\n";
 
 /* γ: seconds per byte of a[i] += b[i] over n floats (the reduction's own
@@ -116,27 +126,35 @@ static double measure_gamma(size_t n) {
     return best / (double)(n * sizeof(float));
 }
 
-/* A step record's "samples" is the global batch and its forward_s and
- * backward_s are rank 0's, so rank 0's seconds per sample are
- * (forward + backward) / (samples / workers), workers from the epoch
- * records (equal shares: not for --balance runs). */
-struct per_sample {
-    double *v;
+/* A run's step records (rank 0's times) in order, and the workers of its
+ * epoch records.  A record's "samples" is the global batch and its
+ * forward_s and backward_s are rank 0's, so rank 0's seconds per sample are
+ * (forward + backward) / (samples / workers) (equal shares: not for
+ * --balance runs).  step_s, comm_exposed_s and optimizer_s are NaN where a
+ * record has none (the step terms of --model need them). */
+enum { RUN_SAMPLE, RUN_STEP, RUN_FWD, RUN_BWD, RUN_EXPOSED, RUN_OPT, RUN_SAMPLES, RUN_N };
+struct run_recs {
+    double *v[RUN_N];
     int64_t n, cap;
     double workers;
 };
-static void sample_add(const struct dp_json_obj *o, void *arg) {
-    struct per_sample *ps = arg;
-    if (dp_json_str_is(o, "kind", "epoch")) ps->workers = dp_json_num(o, "workers", ps->workers);
+static void run_add(const struct dp_json_obj *o, void *arg) {
+    struct run_recs *rr = arg;
+    if (dp_json_str_is(o, "kind", "epoch")) rr->workers = dp_json_num(o, "workers", rr->workers);
     if (!dp_json_str_is(o, "kind", "step")) return;
     double f = dp_json_num(o, "forward_s", NAN), b = dp_json_num(o, "backward_s", NAN), n = dp_json_num(o, "samples", NAN);
     if (!(f >= 0 && b >= 0 && n > 0)) return;
-    if (ps->n == ps->cap) {
-        ps->cap = ps->cap ? 2 * ps->cap : 256;
-        ps->v = realloc(ps->v, sizeof(double) * (size_t)ps->cap);
-        if (!ps->v) die("out of memory");
+    if (rr->n == rr->cap) {
+        rr->cap = rr->cap ? 2 * rr->cap : 256;
+        for (int k = 0; k < RUN_N; k++)
+            if (!(rr->v[k] = realloc(rr->v[k], sizeof(double) * (size_t)rr->cap))) die("out of memory");
     }
-    ps->v[ps->n++] = (f + b) / n;
+    double *r[RUN_N];
+    for (int k = 0; k < RUN_N; k++) r[k] = &rr->v[k][rr->n];
+    *r[RUN_SAMPLE] = (f + b) / n, *r[RUN_FWD] = f, *r[RUN_BWD] = b, *r[RUN_SAMPLES] = n;
+    *r[RUN_STEP] = dp_json_num(o, "step_s", NAN), *r[RUN_EXPOSED] = dp_json_num(o, "comm_exposed_s", NAN);
+    *r[RUN_OPT] = dp_json_num(o, "optimizer_s", NAN);
+    rr->n++;
 }
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -148,6 +166,16 @@ static double median(double *v, int64_t n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* The median of v[from..n), on a copy. */
+static double median_from(const double *v, int64_t from, int64_t n) {
+    double *c = malloc(sizeof(double) * (size_t)(n - from));
+    if (!c) die("out of memory");
+    memcpy(c, v + from, sizeof(double) * (size_t)(n - from));
+    double x = median(c, n - from);
+    free(c);
+    return x;
+}
+
 /* ---- compute ------------------------------------------------------------------------ */
 
 /* One worker's results (its medians); the profile takes the slowest worker's
@@ -156,6 +184,7 @@ static double median(double *v, int64_t n) {
 enum { CAL_FWD1, CAL_BWD1, CAL_FWD, CAL_BWD, CAL_SGD, CAL_ADAMW, CAL_ZERO, CAL_DATA, /* per worker */
        CAL_STEAL, CAL_COMPUTE, CAL_STRAGGLE_CV, CAL_COMPUTE_CV, CAL_N };  /* the job's (calibrate_compute) */
 #define CAL_MAX_ITERS 1000
+#define CAL_ROUNDS 5 /* the all-reduce table's rounds (see dptrain_cmd_calibrate) */
 
 struct cal {
     const struct dp_model *m;
@@ -442,37 +471,101 @@ static void calibrate_compute(struct cal *c, double *out) {
     dp_free(ds.x), dp_free(ds.y);
 }
 
-/* The plan's overlap (seconds of all-reduce beside backward) for the
- * calibrated point: this model's layers, P workers, the global batch, the
- * calibrated forward and backward and the measured all-reduce table (ring,
+/* The plan at the calibrated point (its overlap: the seconds of all-reduce
+ * beside backward; its exposed communication, data, zeroing and gather):
+ * this model's layers, P workers, the global batch, the calibrated
+ * forward, backward, zeroing and data, comm_cpu, the optimizer's
+ * opt_param_s, one metrics gather per step (the run's records are
+ * gathered), no straggler wait, and the measured all-reduce table (ring,
  * rhd; the other algorithms of the plan by the ring's α and β). */
-static double plan_overlap(const struct dp_model *m, int P, long long batch, int algo, double gamma,
-                           const double alpha[2], const double beta[2], const double *bytes, double tt[2][64], int n,
-                           const double *cal) {
+struct point {
+    const struct dp_model *m;
+    int P, algo;                /* algo: the plan's (-1: best per bucket) */
+    long long batch;
+    double gamma, alpha[2], beta[2], bytes[64], tt[2][64]; /* ring, rhd */
+    int n;                      /* sizes in the table */
+};
+static struct dp_plan_result plan_point(const struct point *pt, const double *cal, double comm_cpu,
+                                        double opt_param_s) {
+    const struct dp_model *m = pt->m;
+    int P = pt->P, n = pt->n;
     struct dp_plan_params p = dp_plan_default_params();
     int64_t *lp = malloc(sizeof *lp * (size_t)m->nlayers);
     double *lf = malloc(sizeof *lf * (size_t)m->nlayers);
     if (!lp || !lf) die("out of memory");
     for (int i = 0; i < m->nlayers; i++) lp[i] = m->layers[i]->param_count, lf[i] = (double)m->layers[i]->flops_fwd;
-    p.layers = lp, p.layer_flops = lf, p.nlayers = m->nlayers, p.batch = batch, p.algo = algo;
+    p.layers = lp, p.layer_flops = lf, p.nlayers = m->nlayers, p.batch = pt->batch, p.algo = pt->algo;
     p.fwd_sample_s = cal[CAL_FWD], p.bwd_sample_s = cal[CAL_BWD];
-    dp_plan_net_link(&p.net, alpha[0], beta[0] > 0 ? 1 / beta[0] : 1e30);
-    p.net.alpha_s[DP_PLAN_RHD] = alpha[1], p.net.beta_s[DP_PLAN_RHD] = beta[1];
-    p.net.workers = P, p.net.gamma_s = gamma;
-    p.net.tab_n = n, p.net.tab_workers = P, p.net.tab_bytes = bytes;
-    p.net.tab_s[DP_PLAN_RING] = tt[0], p.net.tab_s[DP_PLAN_RHD] = tt[1];
+    p.zero_param_s = cal[CAL_ZERO], p.data_sample_s = cal[CAL_DATA], p.comm_cpu = comm_cpu;
+    p.opt_param_s = opt_param_s, p.gathers = 1;
+    dp_plan_net_link(&p.net, pt->alpha[0], pt->beta[0] > 0 ? 1 / pt->beta[0] : 1e30);
+    p.net.alpha_s[DP_PLAN_RHD] = pt->alpha[1], p.net.beta_s[DP_PLAN_RHD] = pt->beta[1];
+    p.net.workers = P, p.net.gamma_s = pt->gamma;
+    p.net.tab_n = n, p.net.tab_workers = P, p.net.tab_bytes = pt->bytes;
+    p.net.tab_s[DP_PLAN_RING] = pt->tt[0], p.net.tab_s[DP_PLAN_RHD] = pt->tt[1];
     struct dp_plan_result r;
     if (dp_plan_run(&p, &r)) die("calibrate: %s", dp_errmsg());
-    double o = r.overlap_s;
-    dp_plan_result_free(&r);
     free(lp), free(lf);
-    return o;
+    return r;
+}
+
+/* The step terms from a run of this model at these P workers and global
+ * batch (--model with --run), so that they come from the trainer's own step
+ * loop (its metrics all-gather, its update, its scheduling) and from as many
+ * steps as the run has, not from calibrate's imitation of a step: rank 0's
+ * medians over the step records after the first RUN_WARMUP (as
+ * bench/plan_validate.sh measures a step) of forward F, backward Bk,
+ * comm_exposed W, optimizer O and step T replace the calibrated ones:
+ *   fwd_sample_s  F / b                                 (b = batch / P)
+ *   bwd_sample_s  (Bk - comm_cpu x overlap) / b         the steal is inside Bk
+ *                 (comm_cpu from calibrate's steps with the reducer; the
+ *                 overlap the plan's at this point, iterated to agree)
+ *   <optim>_param_s  O / Ψ                              the run's --optim
+ *   straggle_cv   max(0, W - E) / (F + Bk)              E the plan's exposed
+ *                 communication here (from the table); compute_cv =
+ *                 straggle_cv / e_P, the σ of the same wait at other P
+ *   gather_wait_s max(0, T - F - Bk - W - O - (data + zero + gather)):
+ *                 the rest of the step.  The trainer all-gathers every
+ *                 rank's wait after the update when it records metrics (and
+ *                 the run did): a second sync point per step, whose cost is
+ *                 the wait for the slowest worker's update and the wake-up,
+ *                 not the formula of an all-gather of P doubles
+ *                 (bench/breakdown.sh, variant dp2m against dp2: the step's
+ *                 "other", after the update, with and without --out).
+ * T minus the phases' medians, not the median of each step's rest, so that
+ * the plan at this point sums to the run's median step.  Returns the
+ * overlap; writes the gather wait and the run's median step. */
+#define RUN_WARMUP 5
+static double run_terms(const struct run_recs *rr, const struct point *pt, double comm_cpu, int sgd, double *cal,
+                        double *gather_wait, double *step) {
+    int64_t k0 = RUN_WARMUP, n = rr->n;
+    double T = median_from(rr->v[RUN_STEP], k0, n), F = median_from(rr->v[RUN_FWD], k0, n);
+    double Bk = median_from(rr->v[RUN_BWD], k0, n), W = median_from(rr->v[RUN_EXPOSED], k0, n);
+    double O = median_from(rr->v[RUN_OPT], k0, n), b = (double)(pt->batch / pt->P), psi = (double)pt->m->num_params;
+    cal[CAL_FWD] = F / b, cal[CAL_SGD + !sgd] = O / psi;
+    double ov = 0;
+    struct dp_plan_result r = {0};
+    for (int it = 0; it < 8; it++) { /* the overlap moves with backward: a few rounds agree to rounding */
+        cal[CAL_BWD] = fmax(Bk - comm_cpu * ov, 0.5 * Bk) / b;
+        dp_plan_result_free(&r);
+        r = plan_point(pt, cal, comm_cpu, cal[CAL_SGD + !sgd]);
+        if (fabs(r.overlap_s - ov) <= 1e-9 * Bk) break;
+        ov = r.overlap_s;
+    }
+    ov = r.overlap_s;
+    cal[CAL_STEAL] = comm_cpu * ov, cal[CAL_COMPUTE] = F + Bk;
+    cal[CAL_STRAGGLE_CV] = F + Bk > 0 ? fmax(0, W - r.exposed_s) / (F + Bk) : 0;
+    cal[CAL_COMPUTE_CV] = cal[CAL_STRAGGLE_CV] / dp_plan_normal_max(pt->P);
+    *gather_wait = fmax(0, T - F - Bk - W - O - r.data_s - r.zero_s - r.gather_s);
+    *step = T;
+    dp_plan_result_free(&r);
+    return ov;
 }
 
 /* ---- the command ---------------------------------------------------------------------- */
 
 int dptrain_cmd_calibrate(int argc, char **argv) {
-    int P = 2, iters = 20, citers = 20, mpi = 0, threads = 1, algo = DP_ALGO_AUTO;
+    int P = 2, iters = 20, citers = 20, mpi = 0, threads = 1, algo = DP_ALGO_AUTO, sgd = 1;
     long long lo = 4096, hi = 16 << 20, batch = 128;
     const char *run = NULL, *out = NULL, *model = NULL, *input = "1,28,28", *v;
     for (int i = 1; i < argc; i++) {
@@ -494,8 +587,12 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
         else if (dptrain_take(argc, argv, &i, "--threads", &v)) threads = (int)dptrain_int_arg(a, v, 1, 256);
         else if (dptrain_take(argc, argv, &i, "--algo", &v)) {
             if ((algo = dp_comm_algo_parse(v)) < 0) die("--algo: '%s' (expected auto, ring, rhd, direct or native)", v);
-        }        else if (dptrain_take(argc, argv, &i, "--compute-iters", &v)) citers = (int)dptrain_int_arg(a, v, 1, CAL_MAX_ITERS);
+        } else if (dptrain_take(argc, argv, &i, "--compute-iters", &v)) citers = (int)dptrain_int_arg(a, v, 1, CAL_MAX_ITERS);
         else if (dptrain_take(argc, argv, &i, "--run", &v)) run = v;
+        else if (dptrain_take(argc, argv, &i, "--optim", &v)) {
+            if (strcmp(v, "sgd") && strcmp(v, "adamw")) die("--optim: expected sgd or adamw, got '%s'", v);
+            sgd = !strcmp(v, "sgd");
+        }
         else if (dptrain_take(argc, argv, &i, "--out", &v)) out = v;
         else die("unknown option '%s' (see 'dptrain calibrate --help')", a);
     }
@@ -520,36 +617,70 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
         if (batch < P) die("--batch %lld: fewer samples than the %d workers", batch, P);
     }
     double per_sample = NAN;
+    struct run_recs rr = {.workers = NAN};
     if (run) {
-        struct per_sample ps = {.workers = NAN};
-        dptrain_each_record(run, sample_add, &ps);
-        if (!ps.n || !(ps.workers >= 1)) {
-            free(ps.v);
+        dptrain_each_record(run, run_add, &rr);
+        /* with --model the run is one of this model at these workers (a
+         * --max-steps run within an epoch has no epoch record) */
+        if (m && rr.workers != rr.workers) rr.workers = P;
+        if (!rr.n || !(rr.workers >= 1))
             die("--run %s: needs step records (forward_s, backward_s, samples) and an epoch record (workers)", run);
+        per_sample = median_from(rr.v[RUN_SAMPLE], 0, rr.n) * rr.workers;
+        if (m) {
+            if (rr.workers != P) die("--run %s: a run of %g workers, not the --workers %d calibrated", run, rr.workers, P);
+            if (rr.n <= RUN_WARMUP)
+                die("--run %s: %lld step records; the step terms need more than the first %d (the warm-up)", run,
+                    (long long)rr.n, RUN_WARMUP);
+            for (int64_t k = 0; k < rr.n; k++) {
+                if (rr.v[RUN_SAMPLES][k] != (double)batch)
+                    die("--run %s: a step of %g samples, not the --batch %lld calibrated", run, rr.v[RUN_SAMPLES][k],
+                        batch);
+                if (!(rr.v[RUN_STEP][k] >= 0 && rr.v[RUN_EXPOSED][k] >= 0 && rr.v[RUN_OPT][k] >= 0))
+                    die("--run %s: step record %lld has no step_s, comm_exposed_s or optimizer_s", run, (long long)k + 1);
+            }
         }
-        per_sample = median(ps.v, ps.n) * ps.workers;
-        free(ps.v);
     }
     double gamma = measure_gamma((size_t)4 << 20);
     const enum dp_comm_algo comm_algo[2] = {DP_ALGO_RING, DP_ALGO_RHD};
     const int plan_algo[2] = {DP_PLAN_RING, DP_PLAN_RHD};
-    double alpha[2], beta[2], tt[2][64];
+    /* the plan's algorithm as the reducer's: ring, rhd, or for auto the plan's best per bucket */
+    struct point pt = {.m = m, .P = P, .batch = batch, .gamma = gamma, .n = n,
+                       .algo = algo == DP_ALGO_RHD ? DP_PLAN_RHD : algo == DP_ALGO_RING ? DP_PLAN_RING : -1};
+    double *alpha = pt.alpha, *beta = pt.beta, (*tt)[64] = pt.tt;
+    memcpy(pt.bytes, bytes, sizeof bytes);
+    /* The table in up to CAL_ROUNDS rounds of iters / rounds iterations (3
+     * at least: the median of each round stands one preempted iteration),
+     * the algorithms taking turns, and per size the median over the rounds:
+     * the measurement spread over time, so that one busy moment of the
+     * machine (a burst of another process) moves one round, not the table
+     * (one burst of 10 iterations gave 583, 115 and 150 us at 4 MiB a minute
+     * apart). */
+    int rounds = iters / 3 < 1 ? 1 : iters / 3 > CAL_ROUNDS ? CAL_ROUNDS : iters / 3;
+    double rt[2][64][CAL_ROUNDS];
+    for (int q = 0; q < rounds; q++)
+        for (int k = 0; k < 2; k++) {
+            double t[64];
+            int it = iters / rounds + (q < iters % rounds);
+            if (job) dptrain_allreduce_medians_comm(job, comm_algo[k], sizes, n, it, t);
+            else dptrain_allreduce_medians(P, comm_algo[k], sizes, n, it, t);
+            for (int s = 0; s < n; s++) rt[k][s][q] = t[s];
+        }
     for (int k = 0; k < 2; k++) {
-        if (job) dptrain_allreduce_medians_comm(job, comm_algo[k], sizes, n, iters, tt[k]);
-        else dptrain_allreduce_medians(P, comm_algo[k], sizes, n, iters, tt[k]);
+        for (int s = 0; s < n; s++) tt[k][s] = median(rt[k][s], rounds);
         if (dp_plan_fit(plan_algo[k], P, gamma, bytes, tt[k], n, &alpha[k], &beta[k])) die("%s", dp_errmsg());
     }
-    double cal[CAL_N], comm_cpu = 0, overlap = 0;
+    double cal[CAL_N], comm_cpu = 0, overlap = 0, gather_wait = 0, run_step = NAN;
     if (m) {
         struct cal c = {.m = m, .P = job ? 1 : P, .B = batch / P, .iters = citers, .threads = threads, .job = job,
                         .algo = (enum dp_comm_algo)algo};
         calibrate_compute(&c, cal);
-        /* the plan's algorithm as the reducer's: ring, rhd, or for auto the plan's best per bucket */
-        overlap = plan_overlap(m, P, batch, algo == DP_ALGO_RHD ? DP_PLAN_RHD : algo == DP_ALGO_RING ? DP_PLAN_RING : -1,
-                               gamma, alpha, beta,
-                               bytes, tt, n, cal);
+        struct dp_plan_result r = plan_point(&pt, cal, 0, 0);
+        overlap = r.overlap_s;
+        dp_plan_result_free(&r);
         comm_cpu = overlap > 0 ? fmin(1, cal[CAL_STEAL] / overlap) : 0;
+        if (run) overlap = run_terms(&rr, &pt, comm_cpu, sgd, cal, &gather_wait, &run_step);
     }
+    for (int k = 0; k < RUN_N; k++) free(rr.v[k]);
     if (me != 0) { /* rank 0 writes */
         dp_model_free(m);
         dptrain_job_free();
@@ -560,7 +691,7 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     fprintf(f, "{\"kind\": \"profile\", \"version\": %d, \"backend\": \"%s\", \"level\": \"%s\", \"workers\": %d, "
                "\"cores\": %ld, \"gamma_s\": %.6g, \"alpha_s\": %.6g, \"beta_s\": %.6g",
-            m ? 3 : 2, job ? "mpi" : "thread", job ? "process" : "thread", P, cores, gamma, alpha[0], beta[0]);
+            m ? 4 : 2, job ? "mpi" : "thread", job ? "process" : "thread", P, cores, gamma, alpha[0], beta[0]);
     for (int k = 0; k < 2; k++)
         fprintf(f, ", \"%s_alpha_s\": %.6g, \"%s_beta_s\": %.6g", dp_plan_algo_name(plan_algo[k]), alpha[k],
                 dp_plan_algo_name(plan_algo[k]), beta[k]);
@@ -568,11 +699,12 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
         fprintf(f, ", \"model\": \"%s\", \"batch\": %lld, \"fwd_sample_s\": %.6g, \"bwd_sample_s\": %.6g, "
                    "\"fwd_sample_1_s\": %.6g, \"bwd_sample_1_s\": %.6g, \"sgd_param_s\": %.6g, "
                    "\"adamw_param_s\": %.6g, \"zero_param_s\": %.6g, \"data_sample_s\": %.6g, \"comm_cpu\": %.4f, "
-                   "\"steal_s\": %.6g, \"overlap_s\": %.6g, \"compute_s\": %.6g, \"straggle_cv\": %.5f, "
-                   "\"compute_cv\": %.5f",
+                   "\"steal_s\": %.6g, \"overlap_s\": %.6g, \"compute_s\": %.6g, \"straggle_cv\": %.6g, "
+                   "\"compute_cv\": %.6g, \"gather_wait_s\": %.6g",
                 model, batch, cal[CAL_FWD], cal[CAL_BWD], cal[CAL_FWD1], cal[CAL_BWD1], cal[CAL_SGD],
                 cal[CAL_ADAMW], cal[CAL_ZERO], cal[CAL_DATA], comm_cpu, cal[CAL_STEAL], overlap, cal[CAL_COMPUTE],
-                cal[CAL_STRAGGLE_CV], cal[CAL_COMPUTE_CV]);
+                cal[CAL_STRAGGLE_CV], cal[CAL_COMPUTE_CV], gather_wait);
+        if (run) fprintf(f, ", \"run_steps\": %lld, \"run_step_s\": %.6g", (long long)(rr.n - RUN_WARMUP), run_step);
         if (per_sample != per_sample) per_sample = cal[CAL_FWD] + cal[CAL_BWD];
     }
     if (per_sample == per_sample) fprintf(f, ", \"sample_s\": %.6g", per_sample);
@@ -594,12 +726,17 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
         if (m)
             printf("%s, %lld per worker: forward %.4g + backward %.4g us per sample (alone %.4g + %.4g); "
                    "optimizer %.3g (sgd) %.3g (adamw) ns per parameter; zeroing %.3g ns per parameter; "
-                   "data %.4g us per sample; steps with the reducer: backward +%.4g ms beside %.4g ms of "
-                   "all-reduce (comm_cpu %.2f), the slowest worker +%.2f%% (sigma %.2f%%) of %.4g ms\n",
+                   "data %.4g us per sample; %s: backward +%.4g ms beside %.4g ms of "
+                   "all-reduce (comm_cpu %.2f), the slowest worker +%.2f%% (sigma %.2f%%) of %.4g ms",
                    model, batch / P, cal[CAL_FWD] * 1e6, cal[CAL_BWD] * 1e6, cal[CAL_FWD1] * 1e6, cal[CAL_BWD1] * 1e6,
                    cal[CAL_SGD] * 1e9, cal[CAL_ADAMW] * 1e9, cal[CAL_ZERO] * 1e9, cal[CAL_DATA] * 1e6,
-                   cal[CAL_STEAL] * 1e3, overlap * 1e3, comm_cpu, 100 * cal[CAL_STRAGGLE_CV], 100 * cal[CAL_COMPUTE_CV],
-                   cal[CAL_COMPUTE] * 1e3);
+                   run ? "the run's steps" : "steps with the reducer", cal[CAL_STEAL] * 1e3, overlap * 1e3, comm_cpu,
+                   100 * cal[CAL_STRAGGLE_CV], 100 * cal[CAL_COMPUTE_CV], cal[CAL_COMPUTE] * 1e3);
+        if (m && run)
+            printf("; the run's median step %.4g ms over %lld steps, %.4g ms of it after the update (the metrics "
+                   "all-gather's wait)",
+                   run_step * 1e3, (long long)(rr.n - RUN_WARMUP), gather_wait * 1e3);
+        if (m) printf("\n");
     }
     dp_model_free(m);
     dptrain_job_free();
