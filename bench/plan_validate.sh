@@ -2,9 +2,12 @@
 # Validation of `dptrain plan` against measured steps (issue 14, G2 "Validation"): for every case,
 # in this order and in the same run (so the machine's load weighs on both alike):
 #
-#   1. dptrain calibrate ... --model M --batch N --algo ring --out prof.json   the profile (docs/plan.md)
-#   2. dptrain plan --model M --workers P --batch N --optim sgd --algo ring --profile prof.json --json
-#   3. dptrain train --model M --workers P (or P hosts) --batch N --optim sgd --momentum 0.9
+#   1. dptrain train ... --max-steps CAL_STEPS --out calrun    a calibration run: the same training,
+#        CAL_STEPS steps, whose records give the profile its step terms (calibrate --run)
+#   2. dptrain calibrate ... --model M --batch N --algo ring --run calrun --out prof.json
+#        the profile (docs/plan.md)
+#   3. dptrain plan --model M --workers P --batch N --optim sgd --algo ring --profile prof.json --json
+#   4. dptrain train --model M --workers P (or P hosts) --batch N --optim sgd --momentum 0.9
 #        --algo ring --max-steps STEPS --out run                      metrics.jsonl
 #   measured step = the median of step_s over rank 0's step records after the WARMUP-th
 #   error = (predicted - measured) / measured
@@ -24,7 +27,8 @@
 #   one emulated-hosts case:  MODELS=mlp HOSTS=2 RATES=1gbit bash bench/plan_validate.sh
 #   knobs (environment): MODELS="cnn mlp" STEPS=40 WARMUP=5 REPS=1 BATCH=128 PERHOST=64
 #   HOSTS="2 4" RATES="1gbit 100mbit" NETNS=1 (0: threads only) CAL_ITERS=10 (per size)
-#   CAL_COMPUTE=20 (compute iterations) DPTRAIN=build/dptrain RESULTS=bench/results
+#   CAL_COMPUTE=20 (compute iterations) CAL_STEPS=100 (the calibration run's steps; 0: none,
+#   the step terms from calibrate's own steps as before) DPTRAIN=build/dptrain RESULTS=bench/results
 # Writes bench/results/plan_validate-<stamp>.md (the table) and .tsv (every case's figures,
 # predicted and measured breakdown); prints the table.
 set -uo pipefail  # (not -e: tests/netns/cluster.sh relies on failing greps)
@@ -42,6 +46,7 @@ RATES=${RATES:-1gbit 100mbit}
 NETNS=${NETNS:-1}
 CAL_ITERS=${CAL_ITERS:-10}
 CAL_COMPUTE=${CAL_COMPUTE:-20}
+CAL_STEPS=${CAL_STEPS:-100}
 DPTRAIN=${DPTRAIN:-$PWD/build/dptrain}
 RESULTS=${RESULTS:-bench/results}
 DATA=${DP_DATA:-/usr/share/datasets/fashion-mnist}
@@ -104,7 +109,7 @@ print("\t".join(row))
 PY
 }
 
-train_common=(--optim sgd --lr 0.05 --momentum 0.9 --seed 1 --epochs 1 --max-steps "$STEPS" --threads 1
+train_common=(--optim sgd --lr 0.05 --momentum 0.9 --seed 1 --epochs 1 --threads 1
   --algo ring --progress none --test-limit 100 --data "$DATA")
 
 # ---- threads ----------------------------------------------------------------------------
@@ -113,13 +118,20 @@ for rep in $(seq 1 "$REPS"); do
     d=$WORK/thr-$model-$rep
     mkdir -p "$d"
     echo "threads: $model P=2 rep $rep" >&2
+    calrun=()
+    if ((CAL_STEPS > 0)); then
+      "$DPTRAIN" train --model "$model" --workers 2 --batch "$BATCH" --train-limit $((BATCH * (CAL_STEPS + 1))) \
+        --max-steps "$CAL_STEPS" "${train_common[@]}" --out "$d/calrun" >"$d/calrun.log" 2>&1 ||
+        { tail -5 "$d/calrun.log" >&2; die "calibration run failed ($model)"; }
+      calrun=(--run "$d/calrun")
+    fi
     "$DPTRAIN" calibrate --workers 2 --threads 1 --model "$model" --batch "$BATCH" --algo ring --max-bytes 4194304 \
-      --iters "$CAL_ITERS" --compute-iters "$CAL_COMPUTE" --out "$d/prof.json" >"$d/cal.log" 2>&1 ||
+      --iters "$CAL_ITERS" --compute-iters "$CAL_COMPUTE" "${calrun[@]}" --out "$d/prof.json" >"$d/cal.log" 2>&1 ||
       { cat "$d/cal.log" >&2; die "calibrate failed ($model)"; }
     "$DPTRAIN" plan --model "$model" --workers 2 --batch "$BATCH" --optim sgd --algo ring --metrics \
       --profile "$d/prof.json" --json >"$d/plan.json" 2>"$d/plan.log" || { cat "$d/plan.log" >&2; die "plan failed"; }
     "$DPTRAIN" train --model "$model" --workers 2 --batch "$BATCH" --train-limit $((BATCH * (STEPS + 1))) \
-      "${train_common[@]}" --out "$d/run" >"$d/train.log" 2>&1 || { tail -5 "$d/train.log" >&2; die "train failed"; }
+      --max-steps "$STEPS" "${train_common[@]}" --out "$d/run" >"$d/train.log" 2>&1 || { tail -5 "$d/train.log" >&2; die "train failed"; }
     runcompute "$d/prof.json" "$d/run" 2 "$BATCH" "$WARMUP" "$d/profrun.json" "$(nparams "$d/plan.json")" &&
       "$DPTRAIN" plan --model "$model" --workers 2 --batch "$BATCH" --optim sgd --algo ring --metrics \
         --profile "$d/profrun.json" --json >"$d/planrun.json" 2>>"$d/plan.log" ||
@@ -163,13 +175,20 @@ if [[ -z $netns_note ]]; then
           d=$WORK/ns-$P-$RATE-$model-$rep
           mkdir -p "$d"
           echo "netns: $model $P hosts $RATE rep $rep" >&2
+          calrun=()
+          if ((CAL_STEPS > 0)); then
+            cluster_run -np "$P" "$DPTRAIN" train --backend mpi --workers 1 --model "$model" --batch "$N" \
+              --train-limit $((N * (CAL_STEPS + 1))) --max-steps "$CAL_STEPS" "${train_common[@]}" --out "$d/calrun" \
+              >"$d/calrun.log" 2>&1 || { tail -5 "$d/calrun.log" >&2; die "calibration run failed ($model, $P hosts, $RATE)"; }
+            calrun=(--run "$d/calrun")
+          fi
           cluster_run -np "$P" "$DPTRAIN" calibrate --backend mpi --threads 1 --model "$model" --batch "$N" --algo ring \
-            --max-bytes 4194304 --iters "$CAL_ITERS" --compute-iters "$CAL_COMPUTE" --out "$d/prof.json" \
+            --max-bytes 4194304 --iters "$CAL_ITERS" --compute-iters "$CAL_COMPUTE" "${calrun[@]}" --out "$d/prof.json" \
             >"$d/cal.log" 2>&1 || { tail -5 "$d/cal.log" >&2; die "calibrate failed ($model, $P hosts, $RATE)"; }
           "$DPTRAIN" plan --model "$model" --workers "$P" --batch "$N" --optim sgd --algo ring --metrics \
             --profile "$d/prof.json" --json >"$d/plan.json" 2>"$d/plan.log" || { cat "$d/plan.log" >&2; die "plan failed"; }
           cluster_run -np "$P" "$DPTRAIN" train --backend mpi --workers 1 --model "$model" --batch "$N" \
-            --train-limit $((N * (STEPS + 1))) "${train_common[@]}" --out "$d/run" >"$d/train.log" 2>&1 ||
+            --train-limit $((N * (STEPS + 1))) --max-steps "$STEPS" "${train_common[@]}" --out "$d/run" >"$d/train.log" 2>&1 ||
             { tail -5 "$d/train.log" >&2; die "train failed ($model, $P hosts, $RATE)"; }
           runcompute "$d/prof.json" "$d/run" "$P" "$N" "$WARMUP" "$d/profrun.json" "$(nparams "$d/plan.json")" &&
             "$DPTRAIN" plan --model "$model" --workers "$P" --batch "$N" --optim sgd --algo ring --metrics \
@@ -190,7 +209,7 @@ fi
   echo "# plan against measured steps (bench/plan_validate.sh)"
   echo
   echo "CPU: $CPU_MODEL, $NCPU cores; load average at the start: $LOAD1; git $GIT_REV; $STAMP"
-  echo "Knobs: MODELS=\"$MODELS\" STEPS=$STEPS WARMUP=$WARMUP REPS=$REPS BATCH=$BATCH PERHOST=$PERHOST HOSTS=\"$HOSTS\" RATES=\"$RATES\" CAL_ITERS=$CAL_ITERS CAL_COMPUTE=$CAL_COMPUTE"
+  echo "Knobs: MODELS=\"$MODELS\" STEPS=$STEPS WARMUP=$WARMUP REPS=$REPS BATCH=$BATCH PERHOST=$PERHOST HOSTS=\"$HOSTS\" RATES=\"$RATES\" CAL_ITERS=$CAL_ITERS CAL_COMPUTE=$CAL_COMPUTE CAL_STEPS=$CAL_STEPS"
   echo "Emulated hosts: ${netns_note:-run}"
   for n in "${NOTES[@]}"; do echo "- $n"; done
   echo
