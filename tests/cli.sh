@@ -1070,6 +1070,11 @@ if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 65536 --iters
    "$BIN" plan --model mlp --workers 2 --batch 16 --optim sgd --profile "$T/calr.json" --json >"$T/planr0.json" 2>>"$T/calr.log" &&
    python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); q=json.load(open(sys.argv[2])); c=json.load(open(sys.argv[3])); near=lambda a, b: abs(a - b) <= 2e-5 * b; assert near(p["step_s"], 0.06) and near(p["fwd_s"], 0.01) and near(p["bwd_s"] + p["steal_s"], 0.02) and near(p["exposed_s"] + p["straggle_s"], 0.02) and near(p["opt_s"], 0.002) and p["gather_s"] > c["gather_wait_s"] and near(q["step_s"], 0.06 - p["gather_s"]) and q["gather_s"] == 0, (p, q, c)' "$T/planr.json" "$T/planr0.json" "$T/calr.json" 2>>"$T/calr.log"
 then ok calibrate_run_step_terms; else bad calibrate_run_step_terms "$(cat "$T/calr.log")"; fi
+# --optim adamw: the run's optimizer time goes to adamw_param_s (sgd_param_s stays calibrate's own)
+if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 16384 --iters 1 --compute-iters 1 --run "$T/crun" \
+     --optim adamw --out "$T/calra.json" >"$T/calra.log" 2>&1 &&
+   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); n=669706; assert abs(d["adamw_param_s"] * n / 0.002 - 1) < 1e-5 and abs(d["sgd_param_s"] * n / 0.002 - 1) > 1e-3, d' "$T/calra.json" 2>>"$T/calra.log"
+then ok calibrate_run_optim; else bad calibrate_run_optim "$(cat "$T/calra.log")"; fi
 sed 's/"samples": 16/"samples": 32/' "$T/crun/metrics.jsonl" >"$T/crun32.jsonl"
 expect_error calibrate_run_other_batch "a step of 32 samples, not the --batch 16 calibrated" \
   "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 16384 --iters 1 --compute-iters 1 --run "$T/crun32.jsonl"
