@@ -1070,6 +1070,15 @@ if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 65536 --iters
    "$BIN" plan --model mlp --workers 2 --batch 16 --optim sgd --profile "$T/calr.json" --json >"$T/planr0.json" 2>>"$T/calr.log" &&
    python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); q=json.load(open(sys.argv[2])); c=json.load(open(sys.argv[3])); near=lambda a, b: abs(a - b) <= 2e-5 * b; assert near(p["step_s"], 0.06) and near(p["fwd_s"], 0.01) and near(p["bwd_s"] + p["steal_s"], 0.02) and near(p["exposed_s"] + p["straggle_s"], 0.02) and near(p["opt_s"], 0.002) and p["gather_s"] > c["gather_wait_s"] and near(q["step_s"], 0.06 - p["gather_s"]) and q["gather_s"] == 0, (p, q, c)' "$T/planr.json" "$T/planr0.json" "$T/calr.json" 2>>"$T/calr.log"
 then ok calibrate_run_step_terms; else bad calibrate_run_step_terms "$(cat "$T/calr.log")"; fi
+# a run whose whole wait after backward (50 us) is below the table's exposed communication there:
+# the table is scaled down (table_scale < 1) until the plan's exposed communication is the run's,
+# and the plan still sums to the median step (40 ms)
+sed 's/"comm_exposed_s": [0-9.e-]*/"comm_exposed_s": 5e-05/; s/"step_s": [0-9.e-]*/"step_s": 0.04/' "$T/crun/metrics.jsonl" >"$T/crunlow.jsonl"
+if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 65536 --iters 2 --compute-iters 1 --run "$T/crunlow.jsonl" \
+     --out "$T/call.json" >"$T/call.log" 2>&1 &&
+   "$BIN" plan --model mlp --workers 2 --batch 16 --optim sgd --metrics --profile "$T/call.json" --json >"$T/planl.json" 2>>"$T/call.log" &&
+   python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); p=json.load(open(sys.argv[2])); assert 0 < c["table_scale"] < 1 and abs(p["exposed_s"] + p["straggle_s"] - 5e-5) < 1e-7 and abs(p["step_s"] - 0.04) < 1e-6, (c, p)' "$T/call.json" "$T/planl.json" 2>>"$T/call.log"
+then ok calibrate_run_scales_table; else bad calibrate_run_scales_table "$(cat "$T/call.log")"; fi
 # --optim adamw: the run's optimizer time goes to adamw_param_s (sgd_param_s stays calibrate's own)
 if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 16384 --iters 1 --compute-iters 1 --run "$T/crun" \
      --optim adamw --out "$T/calra.json" >"$T/calra.log" 2>&1 &&

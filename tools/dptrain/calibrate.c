@@ -536,23 +536,58 @@ static struct dp_plan_result plan_point(const struct point *pt, const double *ca
  * the plan at this point sums to the run's median step.  Returns the
  * overlap; writes the gather wait and the run's median step. */
 #define RUN_WARMUP 5
-static double run_terms(const struct run_recs *rr, const struct point *pt, double comm_cpu, int sgd, double *cal,
-                        double *gather_wait, double *step) {
+/* The plan at the point with the table times k and backward Bk (with b
+ * samples per worker) as the run's: cal[CAL_BWD] set so that the plan's
+ * backward + steal is Bk (the overlap moves with backward: a few rounds
+ * agree to rounding). */
+static struct dp_plan_result run_point(const struct point *pt, double k, double Bk, double b, double comm_cpu,
+                                       double opt_param_s, double *cal) {
+    struct point q = *pt;
+    for (int a = 0; a < 2; a++)
+        for (int s = 0; s < q.n; s++) q.tt[a][s] *= k;
+    double ov = 0;
+    struct dp_plan_result r = {0};
+    for (int it = 0; it < 8; it++) {
+        cal[CAL_BWD] = fmax(Bk - comm_cpu * ov, 0.5 * Bk) / b;
+        dp_plan_result_free(&r);
+        r = plan_point(&q, cal, comm_cpu, opt_param_s);
+        if (fabs(r.overlap_s - ov) <= 1e-9 * Bk) break;
+        ov = r.overlap_s;
+    }
+    return r;
+}
+
+/* (see above) Where the table's exposed communication at this point is
+ * more than the run's whole wait W, the table is scaled down (k in
+ * [0.001, 1], by bisection) until it is W: at this p the table stands for
+ * the run's all-reduces, and a table timed in a busy moment must not
+ * outweigh the run's steps (*table_scale = k, 1 as measured). */
+static double run_terms(const struct run_recs *rr, struct point *pt, double comm_cpu, int sgd, double *cal,
+                        double *gather_wait, double *step, double *table_scale) {
     int64_t k0 = RUN_WARMUP, n = rr->n;
     double T = median_from(rr->v[RUN_STEP], k0, n), F = median_from(rr->v[RUN_FWD], k0, n);
     double Bk = median_from(rr->v[RUN_BWD], k0, n), W = median_from(rr->v[RUN_EXPOSED], k0, n);
     double O = median_from(rr->v[RUN_OPT], k0, n), b = (double)(pt->batch / pt->P), psi = (double)pt->m->num_params;
     cal[CAL_FWD] = F / b, cal[CAL_SGD + !sgd] = O / psi;
-    double ov = 0;
-    struct dp_plan_result r = {0};
-    for (int it = 0; it < 8; it++) { /* the overlap moves with backward: a few rounds agree to rounding */
-        cal[CAL_BWD] = fmax(Bk - comm_cpu * ov, 0.5 * Bk) / b;
+    double k = 1;
+    struct dp_plan_result r = run_point(pt, k, Bk, b, comm_cpu, O / psi, cal);
+    if (r.exposed_s > W) {
+        double lo = 1e-3, hi = 1;
+        for (int i = 0; i < 40; i++) {
+            double mid = 0.5 * (lo + hi);
+            dp_plan_result_free(&r);
+            r = run_point(pt, mid, Bk, b, comm_cpu, O / psi, cal);
+            if (r.exposed_s > W) hi = mid;
+            else lo = mid;
+        }
+        k = lo;
         dp_plan_result_free(&r);
-        r = plan_point(pt, cal, comm_cpu, cal[CAL_SGD + !sgd]);
-        if (fabs(r.overlap_s - ov) <= 1e-9 * Bk) break;
-        ov = r.overlap_s;
+        r = run_point(pt, k, Bk, b, comm_cpu, O / psi, cal);
+        for (int a = 0; a < 2; a++)
+            for (int s = 0; s < pt->n; s++) pt->tt[a][s] *= k;
     }
-    ov = r.overlap_s;
+    *table_scale = k;
+    double ov = r.overlap_s;
     cal[CAL_STEAL] = comm_cpu * ov, cal[CAL_COMPUTE] = F + Bk;
     cal[CAL_STRAGGLE_CV] = F + Bk > 0 ? fmax(0, W - r.exposed_s) / (F + Bk) : 0;
     cal[CAL_COMPUTE_CV] = cal[CAL_STRAGGLE_CV] / dp_plan_normal_max(pt->P);
@@ -669,7 +704,7 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
         for (int s = 0; s < n; s++) tt[k][s] = median(rt[k][s], rounds);
         if (dp_plan_fit(plan_algo[k], P, gamma, bytes, tt[k], n, &alpha[k], &beta[k])) die("%s", dp_errmsg());
     }
-    double cal[CAL_N], comm_cpu = 0, overlap = 0, gather_wait = 0, run_step = NAN;
+    double cal[CAL_N], comm_cpu = 0, overlap = 0, gather_wait = 0, run_step = NAN, table_scale = 1;
     if (m) {
         struct cal c = {.m = m, .P = job ? 1 : P, .B = batch / P, .iters = citers, .threads = threads, .job = job,
                         .algo = (enum dp_comm_algo)algo};
@@ -678,7 +713,7 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
         overlap = r.overlap_s;
         dp_plan_result_free(&r);
         comm_cpu = overlap > 0 ? fmin(1, cal[CAL_STEAL] / overlap) : 0;
-        if (run) overlap = run_terms(&rr, &pt, comm_cpu, sgd, cal, &gather_wait, &run_step);
+        if (run) overlap = run_terms(&rr, &pt, comm_cpu, sgd, cal, &gather_wait, &run_step, &table_scale);
     }
     for (int k = 0; k < RUN_N; k++) free(rr.v[k]);
     if (me != 0) { /* rank 0 writes */
@@ -704,7 +739,9 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
                 model, batch, cal[CAL_FWD], cal[CAL_BWD], cal[CAL_FWD1], cal[CAL_BWD1], cal[CAL_SGD],
                 cal[CAL_ADAMW], cal[CAL_ZERO], cal[CAL_DATA], comm_cpu, cal[CAL_STEAL], overlap, cal[CAL_COMPUTE],
                 cal[CAL_STRAGGLE_CV], cal[CAL_COMPUTE_CV], gather_wait);
-        if (run) fprintf(f, ", \"run_steps\": %lld, \"run_step_s\": %.6g", (long long)(rr.n - RUN_WARMUP), run_step);
+        if (run)
+            fprintf(f, ", \"run_steps\": %lld, \"run_step_s\": %.6g, \"table_scale\": %.6g", (long long)(rr.n - RUN_WARMUP),
+                    run_step, table_scale);
         if (per_sample != per_sample) per_sample = cal[CAL_FWD] + cal[CAL_BWD];
     }
     if (per_sample == per_sample) fprintf(f, ", \"sample_s\": %.6g", per_sample);
@@ -734,8 +771,8 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
                    100 * cal[CAL_STRAGGLE_CV], 100 * cal[CAL_COMPUTE_CV], cal[CAL_COMPUTE] * 1e3);
         if (m && run)
             printf("; the run's median step %.4g ms over %lld steps, %.4g ms of it after the update (the metrics "
-                   "all-gather's wait)",
-                   run_step * 1e3, (long long)(rr.n - RUN_WARMUP), gather_wait * 1e3);
+                   "all-gather's wait); the table x %.3g",
+                   run_step * 1e3, (long long)(rr.n - RUN_WARMUP), gather_wait * 1e3, table_scale);
         if (m) printf("\n");
     }
     dp_model_free(m);
