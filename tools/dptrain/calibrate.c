@@ -509,6 +509,29 @@ static struct dp_plan_result plan_point(const struct point *pt, const double *ca
     return r;
 }
 
+#define RUN_WARMUP 5
+
+/* The plan at the point with the table times k and backward Bk (with b
+ * samples per worker) as the run's: cal[CAL_BWD] set so that the plan's
+ * backward + steal is Bk (the overlap moves with backward: a few rounds
+ * agree to rounding). */
+static struct dp_plan_result run_point(const struct point *pt, double k, double Bk, double b, double comm_cpu,
+                                       double opt_param_s, double *cal) {
+    struct point q = *pt;
+    for (int a = 0; a < 2; a++)
+        for (int s = 0; s < q.n; s++) q.tt[a][s] *= k;
+    double ov = 0;
+    struct dp_plan_result r = {0};
+    for (int it = 0; it < 8; it++) {
+        cal[CAL_BWD] = fmax(Bk - comm_cpu * ov, 0.5 * Bk) / b;
+        dp_plan_result_free(&r);
+        r = plan_point(&q, cal, comm_cpu, opt_param_s);
+        if (fabs(r.overlap_s - ov) <= 1e-9 * Bk) break;
+        ov = r.overlap_s;
+    }
+    return r;
+}
+
 /* The step terms from a run of this model at these P workers and global
  * batch (--model with --run), so that they come from the trainer's own step
  * loop (its metrics all-gather, its update, its scheduling) and from as many
@@ -533,35 +556,13 @@ static struct dp_plan_result plan_point(const struct point *pt, const double *ca
  *                 (bench/breakdown.sh, variant dp2m against dp2: the step's
  *                 "other", after the update, with and without --out).
  * T minus the phases' medians, not the median of each step's rest, so that
- * the plan at this point sums to the run's median step.  Returns the
- * overlap; writes the gather wait and the run's median step. */
-#define RUN_WARMUP 5
-/* The plan at the point with the table times k and backward Bk (with b
- * samples per worker) as the run's: cal[CAL_BWD] set so that the plan's
- * backward + steal is Bk (the overlap moves with backward: a few rounds
- * agree to rounding). */
-static struct dp_plan_result run_point(const struct point *pt, double k, double Bk, double b, double comm_cpu,
-                                       double opt_param_s, double *cal) {
-    struct point q = *pt;
-    for (int a = 0; a < 2; a++)
-        for (int s = 0; s < q.n; s++) q.tt[a][s] *= k;
-    double ov = 0;
-    struct dp_plan_result r = {0};
-    for (int it = 0; it < 8; it++) {
-        cal[CAL_BWD] = fmax(Bk - comm_cpu * ov, 0.5 * Bk) / b;
-        dp_plan_result_free(&r);
-        r = plan_point(&q, cal, comm_cpu, opt_param_s);
-        if (fabs(r.overlap_s - ov) <= 1e-9 * Bk) break;
-        ov = r.overlap_s;
-    }
-    return r;
-}
-
-/* (see above) Where the table's exposed communication at this point is
- * more than the run's whole wait W, the table is scaled down (k in
- * [0.001, 1], by bisection) until it is W: at this p the table stands for
- * the run's all-reduces, and a table timed in a busy moment must not
- * outweigh the run's steps (*table_scale = k, 1 as measured). */
+ * the plan at this point sums to the run's median step.  Where the table's
+ * exposed communication E at this point is more than the run's whole wait
+ * W, the table is scaled down (k in [0.001, 1], by bisection) until it is
+ * W: at this p the table stands for the run's all-reduces, and a table
+ * timed in a busy moment must not outweigh the run's steps (*table_scale =
+ * k, 1 as measured).  Returns the overlap; writes the gather wait and the
+ * run's median step. */
 static double run_terms(const struct run_recs *rr, struct point *pt, double comm_cpu, int sgd, double *cal,
                         double *gather_wait, double *step, double *table_scale) {
     int64_t k0 = RUN_WARMUP, n = rr->n;
