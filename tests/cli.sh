@@ -1041,6 +1041,16 @@ if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 65536 --iters
    "$BIN" plan --model mlp --workers 2 --batch 16 --optim sgd --profile "$T/cal2.json" --json >"$T/plan2.json" 2>>"$T/cal2.log" &&
    python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); p=json.load(open(sys.argv[2])); n=669706; assert abs(p["fwd_s"] - 8 * c["fwd_sample_s"]) <= 1e-6 * p["fwd_s"] and abs(p["bwd_s"] - 8 * c["bwd_sample_s"]) <= 1e-6 * p["bwd_s"] and abs(p["opt_s"] - n * c["sgd_param_s"]) <= 1e-6 * p["opt_s"] and abs(p["zero_s"] - n * c["zero_param_s"]) <= 1e-6 * p["zero_s"] + 1e-15 and p["step_s"] >= p["fwd_s"] + p["bwd_s"] + p["opt_s"] and abs(p["overlap_s"] - c["overlap_s"]) <= 1e-4 * c["overlap_s"] and abs(p["straggle_s"] - c["straggle_cv"] * (p["fwd_s"] + p["bwd_s"] + p["steal_s"])) <= 1e-4 * p["straggle_s"] + 1e-12, (c, p)' "$T/cal2.json" "$T/plan2.json" 2>>"$T/cal2.log"
 then ok calibrate_model_profile; else bad calibrate_model_profile "$(cat "$T/cal2.log")"; fi
+# calibrate --metrics without --run: calibrate's own steps make the trainer's per-step all-gather of
+# every rank's wait after the update (dp_train_gather_waits), so the profile's gather wait is
+# measured, not taken from a run: gather_s (its median time) > 0, gather_wait_s = what of it is
+# beyond the plan's formula (P-1)(alpha + 8 beta) on the ring fit, and plan --metrics' gather term
+# is then the measured all-gather; the cal2.json above (no --metrics) has no gather
+if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 65536 --iters 2 --compute-iters 3 --metrics \
+     --out "$T/calm.json" >"$T/calm.log" 2>&1 &&
+   "$BIN" plan --model mlp --workers 2 --batch 16 --optim sgd --metrics --profile "$T/calm.json" --json >"$T/planm.json" 2>>"$T/calm.log" &&
+   python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); p=json.load(open(sys.argv[2])); z=json.load(open(sys.argv[3])); f=c["ring_alpha_s"] + 8 * c["ring_beta_s"]; assert c["gathers"] == 1 and c["gather_s"] > 0 and abs(c["gather_wait_s"] - max(0, c["gather_s"] - f)) <= 1e-5 * c["gather_s"] + 1e-12 and abs(p["gather_s"] - max(c["gather_s"], f)) <= 1e-4 * p["gather_s"] and z["gathers"] == 0 and z["gather_s"] == 0 and z["gather_wait_s"] == 0, (c, p)' "$T/calm.json" "$T/planm.json" "$T/cal2.json" 2>>"$T/calm.log"
+then ok calibrate_metrics_gather; else bad calibrate_metrics_gather "$(cat "$T/calm.log")"; fi
 expect_error profile_other_model "cal2.json was calibrated for --model mlp" \
   "$BIN" plan --model cnn --workers 2 --profile "$T/cal2.json"
 expect_error profile_params_not_model "calibrated for --model mlp" "$BIN" plan --params 1e6 --workers 2 --profile "$T/cal2.json"
