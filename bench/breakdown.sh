@@ -10,6 +10,9 @@
 #   ind2  two independent one-worker processes at batch 64 at once (scaling.sh's
 #         ceiling: no communication, but both cores busy, sharing caches and memory)
 #   dp2   `--workers 2`: 64 per worker, gradients all-reduced
+#   dp2m  dp2 with metrics (--out, as bench/plan_validate.sh's runs): after every update the
+#         trainer all-gathers each rank's wait, a second sync point per step (issue 14: what
+#         the plan's "metrics gather" costs beyond its formula; the row dp2m - dp2)
 # Each run writes a timeline (--timeline): per step and worker the phases data,
 # forward, backward, wait (from the end of backward until the step's last
 # bucket is reduced: exposed communication plus waiting for the other worker)
@@ -24,7 +27,7 @@
 # times per step: the part of `wait` that is one worker waiting for the other.
 #
 # Knobs: REPS=3 MODELS="mlp cnn" STEPS (default mlp 300, cnn 100) DPTRAIN=./build/dptrain
-#        RESULTS=bench/results
+#        RESULTS=bench/results VARIANTS="one ind2 dp2 dp2m" (the runs' order rotates per repetition)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -34,6 +37,7 @@ ROOT=$PWD
 
 REPS=${REPS:-3}
 MODELS=${MODELS:-"mlp cnn"}
+VARIANTS=${VARIANTS:-"one ind2 dp2 dp2m"}
 DPTRAIN=${DPTRAIN:-./build/dptrain}
 RESULTS=${RESULTS:-bench/results}
 PY=${PY:-python3}
@@ -67,6 +71,9 @@ run_variant() { # run_variant VARIANT MODEL REP: timelines into $WORK/VARIANT-MO
           wait "$pid" ;;
     dp2) "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 2 --batch 128 --max-steps "$s" "${RECIPE[@]}" \
              --timeline "$base.json" >"$base.log" 2>&1 ;;
+    dp2m) "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 2 --batch 128 --max-steps "$s" "${RECIPE[@]}" \
+              --out "$base.run" --timeline "$base.json" >"$base.log" 2>&1 ;;
+    *) die "unknown variant '$v' (VARIANTS: one ind2 dp2 dp2m)" ;;
     esac || die "$v $m rep $r failed: $(tail -2 "$base"*.log)"
 }
 
@@ -75,14 +82,14 @@ OUTTSV=${OUTMD%.md}.tsv
 for m in $MODELS; do
     for r in $(seq 1 "$REPS"); do
         # the order rotates from one repetition to the next
-        case $((r % 3)) in 1) order="one ind2 dp2" ;; 2) order="ind2 dp2 one" ;; *) order="dp2 one ind2" ;; esac
-        for v in $order; do run_variant "$v" "$m" "$r"; done
+        read -r -a vs <<<"$VARIANTS"
+        for i in "${!vs[@]}"; do run_variant "${vs[$(((i + r - 1) % ${#vs[@]}))]}" "$m" "$r"; done
     done
 done
 
-"$PY" - "$WORK" "$MODELS" "$REPS" "$OUTTSV" >"$WORK/table.md" <<'EOF'
+"$PY" - "$WORK" "$MODELS" "$REPS" "$OUTTSV" "$VARIANTS" >"$WORK/table.md" <<'EOF'
 import json, statistics, sys, glob, os
-work, models, reps, out_tsv = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4]
+work, models, reps, out_tsv, variants = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4], sys.argv[5].split()
 PH = ["data", "forward", "backward", "wait", "optimizer"]
 COLS = ["step"] + PH + ["other"]
 
@@ -131,7 +138,7 @@ print("| model | variant | step ms | data | forward | backward | wait | optimize
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for m in models:
     med = {}
-    for v in ["one", "ind2", "dp2"]:
+    for v in [v for v in ["one", "ind2", "dp2", "dp2m"] if v in variants]:
         rows = []
         for r in range(1, reps + 1):
             files = sorted(glob.glob(os.path.join(work, f"{v}-{m}-{r}*.json")))
@@ -142,16 +149,18 @@ for m in models:
         mv = med[v]
         print(f"| {m} | {v} | " + " | ".join(f"{mv[c]:.3f}" for c in COLS) + f" | {mv.get('imbal', 0):.3f} |" if "imbal" in mv
               else f"| {m} | {v} | " + " | ".join(f"{mv[c]:.3f}" for c in COLS) + " | |")
-    for a, b in (("dp2", "ind2"), ("ind2", "one")):
-        print(f"| {m} | {a} - {b} | " + " | ".join(f"{med[a][c] - med[b][c]:+.3f}" for c in COLS) + " | |")
-    print(f"| {m} | dp2 / ind2 throughput | {med['ind2']['step'] / med['dp2']['step']:.3f} | | | | | | | |")
+    for a, b in (("dp2", "ind2"), ("ind2", "one"), ("dp2m", "dp2")):
+        if a in med and b in med:
+            print(f"| {m} | {a} - {b} | " + " | ".join(f"{med[a][c] - med[b][c]:+.3f}" for c in COLS) + " | |")
+    if "dp2" in med and "ind2" in med:
+        print(f"| {m} | dp2 / ind2 throughput | {med['ind2']['step'] / med['dp2']['step']:.3f} | | | | | | | |")
 EOF
 
 {
     echo "# breakdown $STAMP"
     echo
     echo "CPU: $CPU_MODEL ($NCPU cores); load average at start: $LOAD1; git $GIT_REV"
-    echo "REPS=$REPS; per-step medians in ms (steps after the 5th), the median over the repetitions;"
+    echo "REPS=$REPS VARIANTS=\"$VARIANTS\"; per-step medians in ms (steps after the 5th), the median over the repetitions;"
     echo "raw per-run rows: $(basename "$OUTTSV")"
     echo
     cat "$WORK/table.md"

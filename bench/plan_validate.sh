@@ -2,12 +2,19 @@
 # Validation of `dptrain plan` against measured steps (issue 14, G2 "Validation"): for every case,
 # in this order and in the same run (so the machine's load weighs on both alike):
 #
-#   1. dptrain calibrate ... --model M --batch N --algo ring --out prof.json   the profile (docs/plan.md)
-#   2. dptrain plan --model M --workers P --batch N --optim sgd --algo ring --profile prof.json --json
+#   1. dptrain calibrate ... --model M --batch N --algo ring --metrics --out prof.json
+#        the profile (docs/plan.md), calibrate's own measurements alone: its steps with the
+#        trainer's reducer, update and metrics all-gather; independent of the run below
+#   2. dptrain plan --model M --workers P --batch N --optim sgd --algo ring --metrics
+#        --profile prof.json --json                                   the prediction
 #   3. dptrain train --model M --workers P (or P hosts) --batch N --optim sgd --momentum 0.9
 #        --algo ring --max-steps STEPS --out run                      metrics.jsonl
 #   measured step = the median of step_s over rank 0's step records after the WARMUP-th
 #   error = (predicted - measured) / measured
+# With CAL_STEPS > 0 also, before 3: a calibration run of the same training (CAL_STEPS steps,
+# --out calrun), calibrate ... --run calrun (the step terms from its records) and plan from that
+# profile: its figures go to separate columns, "from a run of the same configuration": a
+# consistency check of the model, not a prediction (the terms come from a run like the measured one).
 #
 # Cases:
 #   threads   MODELS (cnn mlp) at P = 2 worker threads of one process, global batch BATCH (128)
@@ -24,7 +31,8 @@
 #   one emulated-hosts case:  MODELS=mlp HOSTS=2 RATES=1gbit bash bench/plan_validate.sh
 #   knobs (environment): MODELS="cnn mlp" STEPS=40 WARMUP=5 REPS=1 BATCH=128 PERHOST=64
 #   HOSTS="2 4" RATES="1gbit 100mbit" NETNS=1 (0: threads only) CAL_ITERS=10 (per size)
-#   CAL_COMPUTE=20 (compute iterations) DPTRAIN=build/dptrain RESULTS=bench/results
+#   CAL_COMPUTE=20 (compute iterations) CAL_STEPS=0 (> 0: also the calibration run of that many
+#   steps and the consistency check from it) DPTRAIN=build/dptrain RESULTS=bench/results
 # Writes bench/results/plan_validate-<stamp>.md (the table) and .tsv (every case's figures,
 # predicted and measured breakdown); prints the table.
 set -uo pipefail  # (not -e: tests/netns/cluster.sh relies on failing greps)
@@ -42,6 +50,7 @@ RATES=${RATES:-1gbit 100mbit}
 NETNS=${NETNS:-1}
 CAL_ITERS=${CAL_ITERS:-10}
 CAL_COMPUTE=${CAL_COMPUTE:-20}
+CAL_STEPS=${CAL_STEPS:-0}
 DPTRAIN=${DPTRAIN:-$PWD/build/dptrain}
 RESULTS=${RESULTS:-bench/results}
 DATA=${DP_DATA:-/usr/share/datasets/fashion-mnist}
@@ -54,7 +63,7 @@ bench_facts plan_validate
 TSV=${OUTMD%.md}.tsv
 WORK=$(mktemp -d /tmp/plan_validate.XXXXXX)
 
-printf 'case\tmodel\tworkers\trate\trep\tbatch\tpred_step_ms\tmeas_step_ms\terr_pct\trunc_step_ms\trunc_err_pct\tpred_fwd_ms\tmeas_fwd_ms\tpred_bwd_ms\tmeas_bwd_ms\tpred_exposed_ms\tmeas_exposed_ms\tpred_opt_ms\tmeas_opt_ms\tpred_other_ms\tmeas_other_ms\tcomm_cpu\tmeas_steps\tpred_steal_ms\tpred_straggle_ms\n' >"$TSV"
+printf 'case\tmodel\tworkers\trate\trep\tbatch\tpred_step_ms\tmeas_step_ms\terr_pct\trunc_step_ms\trunc_err_pct\tpred_fwd_ms\tmeas_fwd_ms\tpred_bwd_ms\tmeas_bwd_ms\tpred_exposed_ms\tmeas_exposed_ms\tpred_opt_ms\tmeas_opt_ms\tpred_other_ms\tmeas_other_ms\tcomm_cpu\tmeas_steps\tpred_steal_ms\tpred_straggle_ms\tpred_gather_ms\tcalrun_step_ms\tcalrun_err_pct\tcalrun_other_ms\n' >"$TSV"
 NOTES=()
 
 # runcompute PROF RUN P BATCH WARM OUT: the profile with the run's own compute in place of the
@@ -79,15 +88,15 @@ PY
 # nparams PLAN: the model's parameter count, from plan's bucket sizes
 nparams() { /usr/bin/python3 -c 'import json,sys; p=json.loads(open(sys.argv[1]).readline()); print(round(sum(p["bucket_bytes"]) / 4))' "$1"; }
 
-# compare CASE MODEL P RATE REP BATCH PROF PLAN RUN WARM PLANRUN: one row of the TSV from the profile, the plan's
-# JSON and the run's metrics.  The plan's columns as the run times them: backward + the compute lost to
+# compare CASE MODEL P RATE REP BATCH PROF PLAN RUN WARM PLANRUN PLANCAL: one row of the TSV from the profile,
+# the plan's JSON and the run's metrics; PLANCAL the plan from the --run calibration ("-": none).  The plan's columns as the run times them: backward + the compute lost to
 # the all-reduces beside it (the run's backward has it inside), exposed + the straggler wait (rank 0's
 # comm_exposed_s runs from its backward's end, waiting for the slowest worker too), other = data +
 # zeroing + metrics gather; in the run, other = step - forward - backward - exposed - optimizer
 compare() {
   /usr/bin/python3 - "$@" >>"$TSV" <<'PY'
 import json, statistics as st, sys
-case, model, P, rate, rep, batch, prof, plan, run, warm, planrun = sys.argv[1:12]
+case, model, P, rate, rep, batch, prof, plan, run, warm, planrun, plancal = sys.argv[1:13]
 c = json.load(open(prof)); p = json.loads(open(plan).readline()); q = json.loads(open(planrun).readline())
 rs = [json.loads(l) for l in open(run + "/metrics.jsonl") if '"kind": "step"' in l][int(warm):]
 if not rs: raise SystemExit("no step records after the warm-up in " + run)
@@ -99,12 +108,18 @@ row = [case, model, P, rate, rep, batch, "%.3f" % pred, "%.3f" % meas, "%.1f" % 
        "%.3f" % (p["fwd_s"] * 1e3), "%.3f" % m("forward_s"), "%.3f" % ((p["bwd_s"] + p["steal_s"]) * 1e3), "%.3f" % m("backward_s"),
        "%.3f" % ((p["exposed_s"] + p.get("straggle_s", 0)) * 1e3), "%.3f" % m("comm_exposed_s"), "%.3f" % (p["opt_s"] * 1e3), "%.3f" % m("optimizer_s"),
        "%.3f" % ((p["data_s"] + p["zero_s"] + p["gather_s"]) * 1e3), "%.3f" % other, "%.2f" % c.get("comm_cpu", 0),
-       str(len(rs)), "%.3f" % (p["steal_s"] * 1e3), "%.3f" % (p.get("straggle_s", 0) * 1e3)]
+       str(len(rs)), "%.3f" % (p["steal_s"] * 1e3), "%.3f" % (p.get("straggle_s", 0) * 1e3), "%.3f" % (p["gather_s"] * 1e3)]
+if plancal != "-":
+    k = json.loads(open(plancal).readline())
+    row += ["%.3f" % (k["step_s"] * 1e3), "%.1f" % (100 * (k["step_s"] * 1e3 - meas) / meas),
+            "%.3f" % ((k["data_s"] + k["zero_s"] + k["gather_s"]) * 1e3)]
+else:
+    row += ["-", "-", "-"]
 print("\t".join(row))
 PY
 }
 
-train_common=(--optim sgd --lr 0.05 --momentum 0.9 --seed 1 --epochs 1 --max-steps "$STEPS" --threads 1
+train_common=(--optim sgd --lr 0.05 --momentum 0.9 --seed 1 --epochs 1 --threads 1
   --algo ring --progress none --test-limit 100 --data "$DATA")
 
 # ---- threads ----------------------------------------------------------------------------
@@ -113,20 +128,31 @@ for rep in $(seq 1 "$REPS"); do
     d=$WORK/thr-$model-$rep
     mkdir -p "$d"
     echo "threads: $model P=2 rep $rep" >&2
-    "$DPTRAIN" calibrate --workers 2 --threads 1 --model "$model" --batch "$BATCH" --algo ring --max-bytes 4194304 \
-      --iters "$CAL_ITERS" --compute-iters "$CAL_COMPUTE" --out "$d/prof.json" >"$d/cal.log" 2>&1 ||
-      { cat "$d/cal.log" >&2; die "calibrate failed ($model)"; }
-    "$DPTRAIN" plan --model "$model" --workers 2 --batch "$BATCH" --optim sgd --algo ring --metrics \
-      --profile "$d/prof.json" --json >"$d/plan.json" 2>"$d/plan.log" || { cat "$d/plan.log" >&2; die "plan failed"; }
+    cal=(calibrate --workers 2 --threads 1 --model "$model" --batch "$BATCH" --algo ring --max-bytes 4194304
+      --iters "$CAL_ITERS" --compute-iters "$CAL_COMPUTE" --metrics)
+    pl=(plan --model "$model" --workers 2 --batch "$BATCH" --optim sgd --algo ring --metrics --json)
+    "$DPTRAIN" "${cal[@]}" --out "$d/prof.json" >"$d/cal.log" 2>&1 || { cat "$d/cal.log" >&2; die "calibrate failed ($model)"; }
+    "$DPTRAIN" "${pl[@]}" --profile "$d/prof.json" >"$d/plan.json" 2>"$d/plan.log" || { cat "$d/plan.log" >&2; die "plan failed"; }
+    plancal=-
+    if ((CAL_STEPS > 0)); then
+      "$DPTRAIN" train --model "$model" --workers 2 --batch "$BATCH" --train-limit $((BATCH * (CAL_STEPS + 1))) \
+        --max-steps "$CAL_STEPS" "${train_common[@]}" --out "$d/calrun" >"$d/calrun.log" 2>&1 ||
+        { tail -5 "$d/calrun.log" >&2; die "calibration run failed ($model)"; }
+      "$DPTRAIN" "${cal[@]}" --run "$d/calrun" --out "$d/profcal.json" >"$d/calr.log" 2>&1 ||
+        { cat "$d/calr.log" >&2; die "calibrate --run failed ($model)"; }
+      plancal=$d/plancal.json
+      "$DPTRAIN" "${pl[@]}" --profile "$d/profcal.json" >"$plancal" 2>>"$d/plan.log" || { cat "$d/plan.log" >&2; die "plan failed"; }
+    fi
     "$DPTRAIN" train --model "$model" --workers 2 --batch "$BATCH" --train-limit $((BATCH * (STEPS + 1))) \
-      "${train_common[@]}" --out "$d/run" >"$d/train.log" 2>&1 || { tail -5 "$d/train.log" >&2; die "train failed"; }
+      --max-steps "$STEPS" "${train_common[@]}" --out "$d/run" >"$d/train.log" 2>&1 || { tail -5 "$d/train.log" >&2; die "train failed"; }
     runcompute "$d/prof.json" "$d/run" 2 "$BATCH" "$WARMUP" "$d/profrun.json" "$(nparams "$d/plan.json")" &&
       "$DPTRAIN" plan --model "$model" --workers 2 --batch "$BATCH" --optim sgd --algo ring --metrics \
         --profile "$d/profrun.json" --json >"$d/planrun.json" 2>>"$d/plan.log" ||
       { cat "$d/plan.log" >&2; die "plan with the run's compute failed"; }
-    compare threads "$model" 2 - "$rep" "$BATCH" "$d/prof.json" "$d/plan.json" "$d/run" "$WARMUP" "$d/planrun.json" ||
+    compare threads "$model" 2 - "$rep" "$BATCH" "$d/prof.json" "$d/plan.json" "$d/run" "$WARMUP" "$d/planrun.json" "$plancal" ||
       die "compare failed ($d)"
     cp "$d/prof.json" "$WORK/profile-threads-$model-$rep.json"
+    [[ $plancal == - ]] || cp "$d/profcal.json" "$WORK/profile-threads-$model-$rep-run.json"
   done
 done
 
@@ -163,21 +189,33 @@ if [[ -z $netns_note ]]; then
           d=$WORK/ns-$P-$RATE-$model-$rep
           mkdir -p "$d"
           echo "netns: $model $P hosts $RATE rep $rep" >&2
-          cluster_run -np "$P" "$DPTRAIN" calibrate --backend mpi --threads 1 --model "$model" --batch "$N" --algo ring \
-            --max-bytes 4194304 --iters "$CAL_ITERS" --compute-iters "$CAL_COMPUTE" --out "$d/prof.json" \
-            >"$d/cal.log" 2>&1 || { tail -5 "$d/cal.log" >&2; die "calibrate failed ($model, $P hosts, $RATE)"; }
-          "$DPTRAIN" plan --model "$model" --workers "$P" --batch "$N" --optim sgd --algo ring --metrics \
-            --profile "$d/prof.json" --json >"$d/plan.json" 2>"$d/plan.log" || { cat "$d/plan.log" >&2; die "plan failed"; }
+          cal=(calibrate --backend mpi --threads 1 --model "$model" --batch "$N" --algo ring --max-bytes 4194304
+            --iters "$CAL_ITERS" --compute-iters "$CAL_COMPUTE" --metrics)
+          pl=(plan --model "$model" --workers "$P" --batch "$N" --optim sgd --algo ring --metrics --json)
+          cluster_run -np "$P" "$DPTRAIN" "${cal[@]}" --out "$d/prof.json" >"$d/cal.log" 2>&1 ||
+            { tail -5 "$d/cal.log" >&2; die "calibrate failed ($model, $P hosts, $RATE)"; }
+          "$DPTRAIN" "${pl[@]}" --profile "$d/prof.json" >"$d/plan.json" 2>"$d/plan.log" || { cat "$d/plan.log" >&2; die "plan failed"; }
+          plancal=-
+          if ((CAL_STEPS > 0)); then
+            cluster_run -np "$P" "$DPTRAIN" train --backend mpi --workers 1 --model "$model" --batch "$N" \
+              --train-limit $((N * (CAL_STEPS + 1))) --max-steps "$CAL_STEPS" "${train_common[@]}" --out "$d/calrun" \
+              >"$d/calrun.log" 2>&1 || { tail -5 "$d/calrun.log" >&2; die "calibration run failed ($model, $P hosts, $RATE)"; }
+            cluster_run -np "$P" "$DPTRAIN" "${cal[@]}" --run "$d/calrun" --out "$d/profcal.json" >"$d/calr.log" 2>&1 ||
+              { tail -5 "$d/calr.log" >&2; die "calibrate --run failed ($model, $P hosts, $RATE)"; }
+            plancal=$d/plancal.json
+            "$DPTRAIN" "${pl[@]}" --profile "$d/profcal.json" >"$plancal" 2>>"$d/plan.log" || { cat "$d/plan.log" >&2; die "plan failed"; }
+          fi
           cluster_run -np "$P" "$DPTRAIN" train --backend mpi --workers 1 --model "$model" --batch "$N" \
-            --train-limit $((N * (STEPS + 1))) "${train_common[@]}" --out "$d/run" >"$d/train.log" 2>&1 ||
+            --train-limit $((N * (STEPS + 1))) --max-steps "$STEPS" "${train_common[@]}" --out "$d/run" >"$d/train.log" 2>&1 ||
             { tail -5 "$d/train.log" >&2; die "train failed ($model, $P hosts, $RATE)"; }
           runcompute "$d/prof.json" "$d/run" "$P" "$N" "$WARMUP" "$d/profrun.json" "$(nparams "$d/plan.json")" &&
             "$DPTRAIN" plan --model "$model" --workers "$P" --batch "$N" --optim sgd --algo ring --metrics \
               --profile "$d/profrun.json" --json >"$d/planrun.json" 2>>"$d/plan.log" ||
             { cat "$d/plan.log" >&2; die "plan with the run's compute failed"; }
-          compare netns "$model" "$P" "$RATE" "$rep" "$N" "$d/prof.json" "$d/plan.json" "$d/run" "$WARMUP" "$d/planrun.json" ||
+          compare netns "$model" "$P" "$RATE" "$rep" "$N" "$d/prof.json" "$d/plan.json" "$d/run" "$WARMUP" "$d/planrun.json" "$plancal" ||
             die "compare failed ($d)"
           cp "$d/prof.json" "$WORK/profile-netns-$P-$RATE-$model-$rep.json"
+          [[ $plancal == - ]] || cp "$d/profcal.json" "$WORK/profile-netns-$P-$RATE-$model-$rep-run.json"
         done
       done
     done
@@ -190,24 +228,29 @@ fi
   echo "# plan against measured steps (bench/plan_validate.sh)"
   echo
   echo "CPU: $CPU_MODEL, $NCPU cores; load average at the start: $LOAD1; git $GIT_REV; $STAMP"
-  echo "Knobs: MODELS=\"$MODELS\" STEPS=$STEPS WARMUP=$WARMUP REPS=$REPS BATCH=$BATCH PERHOST=$PERHOST HOSTS=\"$HOSTS\" RATES=\"$RATES\" CAL_ITERS=$CAL_ITERS CAL_COMPUTE=$CAL_COMPUTE"
+  echo "Knobs: MODELS=\"$MODELS\" STEPS=$STEPS WARMUP=$WARMUP REPS=$REPS BATCH=$BATCH PERHOST=$PERHOST HOSTS=\"$HOSTS\" RATES=\"$RATES\" CAL_ITERS=$CAL_ITERS CAL_COMPUTE=$CAL_COMPUTE CAL_STEPS=$CAL_STEPS"
   echo "Emulated hosts: ${netns_note:-run}"
   for n in "${NOTES[@]}"; do echo "- $n"; done
   echo
-  echo "Predicted (dptrain plan from the profile calibrated just before) against measured (median step_s"
-  echo "after the first $WARMUP steps); ms per step, error = (predicted - measured) / measured."
+  echo "Predicted (dptrain plan from the profile calibrated just before, calibrate's own measurements"
+  echo "alone: a prediction) against measured (median step_s after the first $WARMUP steps); ms per step,"
+  echo "error = (predicted - measured) / measured."
   echo "fwd, bwd, exp(osed comm), opt: predicted / measured; bwd predicted with the compute lost to the"
   echo "all-reduces beside it (steal), exp predicted with the straggler wait (straggle); other: data +"
   echo "zeroing + the metrics' all-gather (plan) / step - the four phases (run).  \"run's compute\": the"
   echo "plan again with the run's own forward, backward and optimizer medians in the profile (the error"
-  echo "of the rest of the model, apart from how well calibration caught the run's compute)."
+  echo "of the rest of the model, apart from how well calibration caught the run's compute); gather: the"
+  echo "plan's metrics all-gather (in other).  \"calibrated on a run\" (CAL_STEPS > 0): plan from calibrate"
+  echo "--run of a run of the same configuration (model, batch, P): a consistency check, not a prediction;"
+  echo "its step (error) and other."
   echo
-  echo "| case | model | P | rate | predicted | measured | error | with the run's compute | fwd | bwd | exp | opt | other | comm_cpu | steal | straggle |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-  tail -n +2 "$TSV" | awk -F'\t' '{printf "| %s | %s | %s | %s | %s | %s | %+.1f%% | %s (%+.1f%%) | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s | %s | %s | %s |\n",
-    $1, $2, $3, $4, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $24, $25}'
+  echo "| case | model | P | rate | predicted | measured | error | with the run's compute | fwd | bwd | exp | opt | other | comm_cpu | steal | straggle | gather | calibrated on a run (check) | its other |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  tail -n +2 "$TSV" | awk -F'\t' '{c = $27 == "-" ? "-" : sprintf("%s (%+.1f%%)", $27, $28)
+    printf "| %s | %s | %s | %s | %s | %s | %+.1f%% | %s (%+.1f%%) | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s | %s | %s | %s | %s | %s | %s |\n",
+    $1, $2, $3, $4, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $24, $25, $26, c, $29}'
   echo
-  echo "Profiles (JSON, one per case):"
+  echo "Profiles (JSON, one per case; -run: the calibration on a run of the same configuration):"
   echo
   for f in "$WORK"/profile-*.json; do [[ -e $f ]] && { echo "    $(basename "$f"): $(cat "$f")"; }; done
 } >"$OUTMD"

@@ -1049,22 +1049,79 @@ if "$BIN" calibrate --workers 2 --max-bytes 262144 --iters 3 --run "$T/prun" --o
    "$BIN" plan --model mlp --workers 2 --batch 64 --profile "$T/cal.json" | grep -q " = forward 2.56 + backward 5.12 + exposed comm"
 then ok calibrate_profile; else bad calibrate_profile "$(cat "$T/cal.log")"; fi
 expect_error calibrate_run_missing "no-such-run" "$BIN" calibrate --run "$T/no-such-run" --max-bytes 16384
-# calibrate --model: the step's calibrated terms (profile version 3), and plan reads them back:
+# calibrate --model: the step's calibrated terms (profile version 4), and plan reads them back:
 # forward = fwd_sample_s x 8 samples per worker, optimizer = sgd_param_s x parameters, the
 # steal's comm_cpu = steal_s / overlap_s (the plan's overlap at this point), and the straggler
 # wait at the calibrated 2 workers = straggle_cv x (forward + backward + steal)
 if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 65536 --iters 2 --compute-iters 2 \
      --out "$T/cal2.json" >"$T/cal2.log" 2>&1 &&
-   python3 -c 'import json,sys,math; d=json.load(open(sys.argv[1])); pos=["fwd_sample_s","bwd_sample_s","fwd_sample_1_s","bwd_sample_1_s","sgd_param_s","adamw_param_s","data_sample_s"]; assert d["version"] == 3 and d["model"] == "mlp" and d["level"] == "thread" and all(math.isfinite(d[k]) and d[k] > 0 for k in pos + ["overlap_s", "compute_s"]) and d["zero_param_s"] >= 0 and 0 <= d["comm_cpu"] <= 1 and abs(d["comm_cpu"] - min(1, d["steal_s"] / d["overlap_s"])) < 1e-3 and d["straggle_cv"] >= 0 and d["compute_cv"] >= 0, d' "$T/cal2.json" 2>>"$T/cal2.log" &&
+   python3 -c 'import json,sys,math; d=json.load(open(sys.argv[1])); pos=["fwd_sample_s","bwd_sample_s","fwd_sample_1_s","bwd_sample_1_s","sgd_param_s","adamw_param_s","data_sample_s"]; assert d["version"] == 4 and d["model"] == "mlp" and d["level"] == "thread" and all(math.isfinite(d[k]) and d[k] > 0 for k in pos + ["overlap_s", "compute_s"]) and d["zero_param_s"] >= 0 and 0 <= d["comm_cpu"] <= 1 and abs(d["comm_cpu"] - min(1, d["steal_s"] / d["overlap_s"])) < 1e-3 and d["straggle_cv"] >= 0 and d["compute_cv"] >= 0, d' "$T/cal2.json" 2>>"$T/cal2.log" &&
    "$BIN" plan --model mlp --workers 2 --batch 16 --optim sgd --profile "$T/cal2.json" --json >"$T/plan2.json" 2>>"$T/cal2.log" &&
    python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); p=json.load(open(sys.argv[2])); n=669706; assert abs(p["fwd_s"] - 8 * c["fwd_sample_s"]) <= 1e-6 * p["fwd_s"] and abs(p["bwd_s"] - 8 * c["bwd_sample_s"]) <= 1e-6 * p["bwd_s"] and abs(p["opt_s"] - n * c["sgd_param_s"]) <= 1e-6 * p["opt_s"] and abs(p["zero_s"] - n * c["zero_param_s"]) <= 1e-6 * p["zero_s"] + 1e-15 and p["step_s"] >= p["fwd_s"] + p["bwd_s"] + p["opt_s"] and abs(p["overlap_s"] - c["overlap_s"]) <= 1e-4 * c["overlap_s"] and abs(p["straggle_s"] - c["straggle_cv"] * (p["fwd_s"] + p["bwd_s"] + p["steal_s"])) <= 1e-4 * p["straggle_s"] + 1e-12, (c, p)' "$T/cal2.json" "$T/plan2.json" 2>>"$T/cal2.log"
 then ok calibrate_model_profile; else bad calibrate_model_profile "$(cat "$T/cal2.log")"; fi
+# calibrate --metrics without --run: calibrate's own steps make the trainer's per-step all-gather of
+# every rank's wait after the update (dp_train_gather_waits), so the profile's gather wait is
+# measured, not taken from a run: gather_s (its median time) > 0, gather_wait_s = what of it is
+# beyond the plan's formula (P-1)(alpha + 8 beta) on the ring fit, and plan --metrics' gather term
+# is then the measured all-gather; the cal2.json above (no --metrics) has no gather
+if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 65536 --iters 2 --compute-iters 3 --metrics \
+     --out "$T/calm.json" >"$T/calm.log" 2>&1 &&
+   "$BIN" plan --model mlp --workers 2 --batch 16 --optim sgd --metrics --profile "$T/calm.json" --json >"$T/planm.json" 2>>"$T/calm.log" &&
+   python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); p=json.load(open(sys.argv[2])); z=json.load(open(sys.argv[3])); f=c["ring_alpha_s"] + 8 * c["ring_beta_s"]; assert c["gathers"] == 1 and c["gather_s"] > 0 and abs(c["gather_wait_s"] - max(0, c["gather_s"] - f)) <= 1e-5 * c["gather_s"] + 1e-12 and abs(p["gather_s"] - max(c["gather_s"], f)) <= 1e-4 * p["gather_s"] and z["gathers"] == 0 and z["gather_s"] == 0 and z["gather_wait_s"] == 0, (c, p)' "$T/calm.json" "$T/planm.json" "$T/cal2.json" 2>>"$T/calm.log"
+then ok calibrate_metrics_gather; else bad calibrate_metrics_gather "$(cat "$T/calm.log")"; fi
 expect_error profile_other_model "cal2.json was calibrated for --model mlp" \
   "$BIN" plan --model cnn --workers 2 --profile "$T/cal2.json"
 expect_error profile_params_not_model "calibrated for --model mlp" "$BIN" plan --params 1e6 --workers 2 --profile "$T/cal2.json"
-printf '{"kind": "profile", "version": 4, "alpha_s": 1e-6, "beta_s": 1e-10}\n' >"$T/cal4.json"
-expect_error profile_newer_version "profile version 4: this dptrain reads versions 1 to 3" \
-  "$BIN" plan --model mlp --workers 2 --profile "$T/cal4.json"
+printf '{"kind": "profile", "version": 5, "alpha_s": 1e-6, "beta_s": 1e-10}\n' >"$T/cal5.json"
+expect_error profile_newer_version "profile version 5: this dptrain reads versions 1 to 4" \
+  "$BIN" plan --model mlp --workers 2 --profile "$T/cal5.json"
+# calibrate --model --run: the step terms from a run's records (rank 0's medians after the 5th
+# step; mlp, 2 workers, global batch 16, no epoch record as in a --max-steps run): forward 10,
+# backward 20 (the steal inside), exposed 20, optimizer 2 ms and a median step of 60 ms, whose
+# 8 ms rest beyond the phases is the metrics all-gather's wait; plan at that point sums to the
+# median step and gives each phase back (exposed: with the straggler wait); without --metrics
+# the wait goes with the gather
+mkdir -p "$T/crun"
+python3 -c '
+import json
+for k in range(12):
+    w = k < 5  # the warm-up: far off, left out
+    j = [0, 1, -1, 2, 0, -2, 0][k - 5] if not w else 0
+    print(json.dumps({"kind": "step", "step": k + 1, "samples": 16, "step_s": 0.5 if w else 0.060 + j * 1e-3,
+                      "forward_s": 0.3 if w else 0.010 + j * 1e-4, "backward_s": 0.2 if w else 0.020 - j * 1e-4,
+                      "comm_exposed_s": 0 if w else 0.020 + j * 2e-4, "optimizer_s": 0.1 if w else 0.002 + j * 1e-5}))
+' >"$T/crun/metrics.jsonl"
+if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 65536 --iters 2 --compute-iters 2 --run "$T/crun" \
+     --out "$T/calr.json" >"$T/calr.log" 2>&1 &&
+   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); n=669706; assert d["version"] == 4 and d["run_steps"] == 7 and d["run_step_s"] == 0.06 and abs(d["fwd_sample_s"] - 0.010 / 8) < 1e-9 and abs(d["sgd_param_s"] * n / 0.002 - 1) < 1e-5 and abs(d["steal_s"] - d["comm_cpu"] * d["overlap_s"]) < 1e-6 and abs(d["compute_s"] - 0.03) < 1e-9 and d["straggle_cv"] > 0 and d["gather_wait_s"] > 0.0075, d' "$T/calr.json" 2>>"$T/calr.log" &&
+   "$BIN" plan --model mlp --workers 2 --batch 16 --optim sgd --metrics --profile "$T/calr.json" --json >"$T/planr.json" 2>>"$T/calr.log" &&
+   "$BIN" plan --model mlp --workers 2 --batch 16 --optim sgd --profile "$T/calr.json" --json >"$T/planr0.json" 2>>"$T/calr.log" &&
+   python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); q=json.load(open(sys.argv[2])); c=json.load(open(sys.argv[3])); near=lambda a, b: abs(a - b) <= 2e-5 * b; assert near(p["step_s"], 0.06) and near(p["fwd_s"], 0.01) and near(p["bwd_s"] + p["steal_s"], 0.02) and near(p["exposed_s"] + p["straggle_s"], 0.02) and near(p["opt_s"], 0.002) and p["gather_s"] > c["gather_wait_s"] and near(q["step_s"], 0.06 - p["gather_s"]) and q["gather_s"] == 0, (p, q, c)' "$T/planr.json" "$T/planr0.json" "$T/calr.json" 2>>"$T/calr.log"
+then ok calibrate_run_step_terms; else bad calibrate_run_step_terms "$(cat "$T/calr.log")"; fi
+# a run whose whole wait after backward (50 us) is below the table's exposed communication there:
+# the table is scaled down (table_scale < 1) until the plan's exposed communication is the run's,
+# and the plan still sums to the median step (40 ms)
+sed 's/"comm_exposed_s": [0-9.e-]*/"comm_exposed_s": 5e-05/; s/"step_s": [0-9.e-]*/"step_s": 0.04/' "$T/crun/metrics.jsonl" >"$T/crunlow.jsonl"
+if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 65536 --iters 2 --compute-iters 1 --run "$T/crunlow.jsonl" \
+     --out "$T/call.json" >"$T/call.log" 2>&1 &&
+   "$BIN" plan --model mlp --workers 2 --batch 16 --optim sgd --metrics --profile "$T/call.json" --json >"$T/planl.json" 2>>"$T/call.log" &&
+   python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); p=json.load(open(sys.argv[2])); assert 0 < c["table_scale"] < 1 and abs(p["exposed_s"] + p["straggle_s"] - 5e-5) < 1e-7 and abs(p["step_s"] - 0.04) < 1e-6, (c, p)' "$T/call.json" "$T/planl.json" 2>>"$T/call.log"
+then ok calibrate_run_scales_table; else bad calibrate_run_scales_table "$(cat "$T/call.log")"; fi
+# --optim adamw: the run's optimizer time goes to adamw_param_s (sgd_param_s stays calibrate's own)
+if "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 16384 --iters 1 --compute-iters 1 --run "$T/crun" \
+     --optim adamw --out "$T/calra.json" >"$T/calra.log" 2>&1 &&
+   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); n=669706; assert abs(d["adamw_param_s"] * n / 0.002 - 1) < 1e-5 and abs(d["sgd_param_s"] * n / 0.002 - 1) > 1e-3, d' "$T/calra.json" 2>>"$T/calra.log"
+then ok calibrate_run_optim; else bad calibrate_run_optim "$(cat "$T/calra.log")"; fi
+sed 's/"samples": 16/"samples": 32/' "$T/crun/metrics.jsonl" >"$T/crun32.jsonl"
+expect_error calibrate_run_other_batch "a step of 32 samples, not the --batch 16 calibrated" \
+  "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 16384 --iters 1 --compute-iters 1 --run "$T/crun32.jsonl"
+head -5 "$T/crun/metrics.jsonl" >"$T/crun5.jsonl"
+expect_error calibrate_run_too_short "5 step records; the step terms need more than the first 5" \
+  "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 16384 --iters 1 --compute-iters 1 --run "$T/crun5.jsonl"
+{ cat "$T/crun/metrics.jsonl"; echo '{"kind": "epoch", "epoch": 1, "workers": 4}'; } >"$T/crun4w.jsonl"
+expect_error calibrate_run_other_workers "a run of 4 workers, not the --workers 2 calibrated" \
+  "$BIN" calibrate --workers 2 --model mlp --batch 16 --max-bytes 16384 --iters 1 --compute-iters 1 --run "$T/crun4w.jsonl"
+expect_error calibrate_bad_optim "--optim: expected sgd or adamw" "$BIN" calibrate --optim lamb
 # a version 2 profile (no straggler terms: forward and backward were the slowest worker's)
 # still loads, with no straggler wait
 printf '{"kind": "profile", "version": 2, "workers": 2, "alpha_s": 1e-6, "beta_s": 1e-10, "model": "mlp", "fwd_sample_s": 8e-5, "bwd_sample_s": 1.6e-4, "comm_cpu": 0.5}\n' >"$T/cal2b.json"

@@ -433,7 +433,19 @@ TEST(plan_step_terms) {
     ASSERT_NEAR(r.gather_s, 10e-6 + 8 * 1.5e-9, 1e-15);
     ASSERT_NEAR(r.step_s, 43e-3 + r.gather_s + (r.exposed_s - 9e-3), 1e-12); /* α also delays the buckets */
     dp_plan_result_free(&r);
-    p.gathers = 0;
+    /* the gather's measured sync wait (calibrate --run) joins it, per gather, and the step */
+    p.gather_wait_s = 0.2e-3;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.gather_s, 10e-6 + 8 * 1.5e-9 + 0.2e-3, 1e-15);
+    ASSERT_NEAR(r.step_s, 43e-3 + r.gather_s + (r.exposed_s - 9e-3), 1e-12);
+    dp_plan_result_free(&r);
+    p.gathers = 0; /* no metrics: no gather, no wait */
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_NEAR(r.gather_s, 0, 1e-15);
+    dp_plan_result_free(&r);
+    p.gather_wait_s = -1e-3;
+    ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
+    p.gather_wait_s = 0;
     for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) p.net.alpha_s[a] = 0;
     p.bwd_sample_s = 0; /* forward alone */
     ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);

@@ -198,6 +198,9 @@ struct dp_plan_params {
                                * (the thread backend on a machine with no spare core: near 1) */
     int gathers;              /* small all-gathers of p doubles per step outside the buckets: 1 when
                                * the run records metrics (the trainer gathers every rank's wait) */
+    double gather_wait_s;     /* per gather, beyond its formula: the measured cost of the step-boundary
+                               * sync it is (the wait for the slowest worker's update and the wake-up;
+                               * dptrain calibrate --run, held at every p; 0 = absent) */
     /* The straggler wait: a synchronous step waits for the slowest of the p
      * workers' forward + backward, C (x) the mean.  Measured as fractions of
      * the mean compute C = fwd + bwd + steal (dptrain calibrate, from its
@@ -217,7 +220,7 @@ struct dp_plan_result {
     double overlap_s;             /* the part of comm_s that runs while backward does */
     double steal_s;               /* compute lost to it: comm_cpu x overlap_s */
     double straggle_s;            /* the wait for the slowest worker's compute (see dp_plan_params) */
-    double gather_s;              /* the per-step all-gathers (gathers) */
+    double gather_s;              /* the per-step all-gathers (gathers x (formula + gather_wait_s)) */
     double exposed_s;             /* communication left after backward */
     double step_s;                /* data + zero + fwd + bwd + steal + straggle + exposed + opt + gather */
     double efficiency;            /* (data + zero + fwd + bwd + opt) / step: throughput over p x the

@@ -210,6 +210,13 @@ int dp_parse_simulate_jitter(const char *spec, struct dp_jitter *j);
  * same shares on every rank and every build. */
 void dp_balance_plan(const int64_t *rate, int world, int64_t units, int64_t *share);
 
+/* The trainer's per-step all-gather of every rank's wait when it records
+ * metrics (a run with an output folder): rank `rank` of G puts `wait` in
+ * waits[rank], the call fills waits[0..G) on every rank and *last is the
+ * last arriver (the smallest wait).  Exposed for `dptrain calibrate`, which
+ * times the same call in its steps. */
+int dp_train_gather_waits(struct dp_comm *comm, int G, int rank, double wait, double *waits, int *last);
+
 struct dp_trainer;
 /* The default --det-chunk for a global batch: a quarter of the batch, within 8..32 (and at most
  * the batch).  It depends on the batch alone, so runs at any worker count that keep the batch

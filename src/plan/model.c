@@ -42,9 +42,12 @@
  *          Added after backward (the buckets before the last are not moved:
  *          first order, as the steal).  `dptrain simulate --mode sync` draws
  *          the same max from normal compute times: the two agree.
- *   gather gathers x ((p-1)α + (p-1)/p 8p β)  the trainer's all-gather of every rank's
- *                                          wait (p doubles) after each step when it records
- *                                          metrics: a ring all-gather on the ring's link
+ *   gather gathers x ((p-1)α + (p-1)/p 8p β + gather_wait)  the trainer's all-gather of
+ *                                          every rank's wait (p doubles) after each step when
+ *                                          it records metrics: a ring all-gather on the ring's
+ *                                          link, and a second sync point of the step: its
+ *                                          measured wait beyond the formula (the slowest
+ *                                          worker's update, the wake-up; calibrate --run)
  *
  * The schedule of the buckets is not moved by the steal (a first-order
  * model: the backward's stretch and the buckets' delay are small beside the
@@ -253,6 +256,7 @@ static int check(const struct dp_plan_params *p) {
             p->opt_param_s, p->zero_param_s, p->data_sample_s);
     if (!(p->comm_cpu >= 0 && p->comm_cpu <= 1)) BAD("comm_cpu %g: expected 0..1", p->comm_cpu);
     if (p->gathers < 0 || p->gathers > 1000) BAD("gathers per step %d: expected 0..1000", p->gathers);
+    if (!(p->gather_wait_s >= 0 && p->gather_wait_s < 1e3)) BAD("gather wait %g s: expected >= 0", p->gather_wait_s);
     if (!(p->compute_cv >= 0 && p->compute_cv <= 10 && p->straggle_cv >= 0 && p->straggle_cv <= 10) ||
         p->straggle_workers < 0)
         BAD("compute spread %g, straggle %g at %d workers: expected 0..10", p->compute_cv, p->straggle_cv,
@@ -329,7 +333,9 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
                                                          : p->compute_cv > 0 ? dp_plan_normal_max(P) * p->compute_cv : 0;
     r->straggle_s = spread * (r->fwd_s + r->bwd_s + r->steal_s);
     double ng = 8.0 * P;
-    r->gather_s = P > 1 ? p->gathers * ((P - 1) * p->net.alpha_s[DP_PLAN_RING] + (P - 1) * ng / P * p->net.beta_s[DP_PLAN_RING]) : 0;
+    r->gather_s = P > 1 ? p->gathers * ((P - 1) * p->net.alpha_s[DP_PLAN_RING] + (P - 1) * ng / P * p->net.beta_s[DP_PLAN_RING] +
+                                        p->gather_wait_s)
+                        : 0;
     double rest = r->zero_s + bwd_end + r->steal_s + r->straggle_s + r->exposed_s + r->opt_s + r->gather_s, D = b_local * p->data_sample_s;
     r->data_s = (D > rest ? D - rest : 0) + p->comm_cpu * (D < rest ? D : rest);
     r->step_s = r->data_s + rest;

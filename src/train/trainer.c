@@ -1427,22 +1427,24 @@ static void paced_grad_ready(void *arg, int64_t offset, int64_t count) {
     dp_reducer_grad_ready(&w->red, offset, count);
 }
 
-/* After a step: every rank's wait (w->step_wait) gathered into w->waits,
- * and the last arriver.  The rank that arrives last at a reduction finds
- * the others there and waits least (only for the transfer), so the last
- * arriver is the rank with the smallest wait: no clock is compared across
- * ranks (MPI hosts share none).  One all-gather of G doubles per step (a
- * latency-bound collective, not yet benchmarked), only when gather_waits
- * (docs/ddp.md). */
-static int gather_waits(struct worker *w, int *last) {
-    struct dp_trainer *t = w->t;
-    memset(w->waits, 0, sizeof(double) * (size_t)t->G);
-    w->waits[w->grank] = w->step_wait;
-    int rc = dp_comm_allgather(w->comm, w->waits, t->G, DP_DTYPE_F64, DP_ALGO_AUTO);
+/* After a step: every rank's wait gathered into waits[0..G), and the last
+ * arriver.  The rank that arrives last at a reduction finds the others
+ * there and waits least (only for the transfer), so the last arriver is the
+ * rank with the smallest wait: no clock is compared across ranks (MPI hosts
+ * share none).  One all-gather of G doubles per step (a latency-bound
+ * collective, not yet benchmarked), only when gather_waits (docs/ddp.md).
+ * Exposed (dp/train.h) so that `dptrain calibrate` times this very call. */
+int dp_train_gather_waits(struct dp_comm *comm, int G, int rank, double wait, double *waits, int *last) {
+    memset(waits, 0, sizeof(double) * (size_t)G);
+    waits[rank] = wait;
+    int rc = dp_comm_allgather(comm, waits, G, DP_DTYPE_F64, DP_ALGO_AUTO);
     *last = 0;
-    for (int r = 1; r < t->G; r++)
-        if (w->waits[r] < w->waits[*last]) *last = r;
+    for (int r = 1; r < G; r++)
+        if (waits[r] < waits[*last]) *last = r;
     return rc;
+}
+static int gather_waits(struct worker *w, int *last) {
+    return dp_train_gather_waits(w->comm, w->t->G, w->grank, w->step_wait, w->waits, last);
 }
 
 /* ---- backup workers (--backup-workers b) ---------------------------------------------------

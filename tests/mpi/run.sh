@@ -112,15 +112,21 @@ backup_refused() {
 # loopback (the transport between machines): level "process", 3 workers, alpha/beta per
 # algorithm >= 0 and finite, a measured time for each of the 6 sizes 4 KiB..4 MiB, the compute
 # terms of the mlp measured on every process at once, the steal and the straggler spread from
-# steps with the reducer across the processes (profile version 3).  (Sizes up to 4 MiB: over 4..64 KiB alone,
+# steps with the reducer across the processes, and with --run (every process reads the run) the step
+# terms of a run's records: 7 after the warm-up, a median step of 60 ms (profile version 4); with
+# --metrics the steps' all-gather of every rank's wait across the processes (gather_s > 0).  (Sizes up to 4 MiB: over 4..64 KiB alone,
 # 3 processes on 2 cores time the scheduler rather than the link, and the fitted beta came out 0.)
 calibrate_mpi() {
   local log=$T/calibrate prof=$T/profile.json
+  python3 -c 'import json
+for k in range(12):
+    print(json.dumps({"kind": "step", "samples": 24, "step_s": 0.06, "forward_s": 0.01, "backward_s": 0.02,
+                      "comm_exposed_s": 0.02, "optimizer_s": 0.002}))' >"$T/calrun.jsonl"
   OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo timeout 120 mpirun --oversubscribe -np 3 \
     "$BUILD/dptrain" calibrate --backend mpi --model mlp --batch 24 --max-bytes 4194304 --iters 3 \
-    --compute-iters 2 --out "$prof" >"$log" 2>&1
+    --compute-iters 2 --metrics --run "$T/calrun.jsonl" --out "$prof" >"$log" 2>&1
   local rc=$?
-  if [[ $rc -eq 0 ]] && python3 -c 'import json,sys,math; d=json.load(open(sys.argv[1])); k=[a+"_"+b for a in ("ring","rhd") for b in ("alpha_s","beta_s")]; assert d["level"] == "process" and d["backend"] == "mpi" and d["workers"] == 3 and all(math.isfinite(d[x]) and d[x] >= 0 for x in k) and d["beta_s"] > 0 and len(d["sizes"]) == 6 and len(d["ring_measured_s"]) == 6 and d["fwd_sample_s"] > 0 and d["bwd_sample_s"] > 0 and 0 <= d["comm_cpu"] <= 1 and d["version"] == 3 and all(math.isfinite(d[x]) and d[x] >= 0 for x in ("steal_s", "straggle_cv", "compute_cv")) and d["compute_s"] > 0, d' "$prof" >>"$log" 2>&1 &&
+  if [[ $rc -eq 0 ]] && python3 -c 'import json,sys,math; d=json.load(open(sys.argv[1])); k=[a+"_"+b for a in ("ring","rhd") for b in ("alpha_s","beta_s")]; assert d["level"] == "process" and d["backend"] == "mpi" and d["workers"] == 3 and all(math.isfinite(d[x]) and d[x] >= 0 for x in k) and d["beta_s"] > 0 and len(d["sizes"]) == 6 and len(d["ring_measured_s"]) == 6 and d["fwd_sample_s"] > 0 and d["bwd_sample_s"] > 0 and 0 <= d["comm_cpu"] <= 1 and d["version"] == 4 and d["run_steps"] == 7 and d["run_step_s"] == 0.06 and d["gather_wait_s"] > 0 and d["gathers"] == 1 and d["gather_s"] > 0 and all(math.isfinite(d[x]) and d[x] >= 0 for x in ("steal_s", "straggle_cv", "compute_cv")) and d["compute_s"] > 0, d' "$prof" >>"$log" 2>&1 &&
      "$BUILD/dptrain" plan --model mlp --workers 3 --batch 24 --profile "$prof" >>"$log" 2>&1; then
     echo "ok   mpi_calibrate_process_level"; pass=$((pass + 1))
   else echo "FAIL mpi_calibrate_process_level: exit $rc"; sed 's/^/    /' "$log" | head -20; fail=$((fail + 1)); fi

@@ -269,12 +269,14 @@ static const char *help_plan =
     "  --first-bucket-mb M   [1]\n"
     "  --no-overlap          all buckets after backward\n"
     "  --metrics             the run records metrics (train --out): one all-gather of P doubles\n"
-    "                        per step (every rank's wait) joins the step\n"
+    "                        per step (every rank's wait) joins the step, with the profile's\n"
+    "                        gather_wait_s (its measured wait, calibrate --metrics or --run)\n"
     "  --profile FILE        a JSON profile (dptrain calibrate writes one): alpha_s, beta_s,\n"
     "                        gamma_s, flops, sample_s, <algo>_alpha_s, <algo>_beta_s; from\n"
     "                        calibrate --model (version 2) also fwd_sample_s, bwd_sample_s,\n"
     "                        sgd_param_s, adamw_param_s, zero_param_s, data_sample_s, comm_cpu;\n"
-    "                        version 3 also compute_cv and straggle_cv (the straggler wait)\n"
+    "                        version 3 also compute_cv and straggle_cv (the straggler wait),\n"
+    "                        version 4 (calibrate --model) also gather_wait_s\n"
     "                        (then --model must name the calibrated model); with the same\n"
     "                        --workers as calibrated, the measured times per size (sizes,\n"
     "                        <algo>_measured_s) time the all-reduces, interpolated; options\n"
@@ -303,9 +305,10 @@ struct profile_info {
 
 /* A profile: version 1 (no "version": communication, gamma, sample_s), 2
  * (dptrain calibrate --model: the step's calibrated terms too; forward and
- * backward the slowest worker's) or 3 (forward and backward the workers'
+ * backward the slowest worker's), 3 (forward and backward the workers'
  * mean, and the straggler wait apart: compute_cv, straggle_cv at the
- * profile's workers); a newer one is refused. */
+ * profile's workers) or 4 (with --run: the step terms from a run's records,
+ * and gather_wait_s); a newer one is refused. */
 static void load_profile(const char *path, struct dp_plan_params *p, struct profile_info *pi) {
     FILE *f = fopen(path, "r");
     if (!f) die("%s: %s", path, strerror(errno));
@@ -322,9 +325,9 @@ static void load_profile(const char *path, struct dp_plan_params *p, struct prof
         die("%s: %s", path, msg);
     }
     double version = dp_json_num(&o, "version", 1);
-    if (version > 3) {
+    if (version > 4) {
         dp_json_obj_free(&o);
-        die("%s: profile version %g: this dptrain reads versions 1 to 3 (calibrate again with this build)", path,
+        die("%s: profile version %g: this dptrain reads versions 1 to 4 (calibrate again with this build)", path,
             version);
     }
     snprintf(pi->path, sizeof pi->path, "%s", path);
@@ -342,6 +345,8 @@ static void load_profile(const char *path, struct dp_plan_params *p, struct prof
     double cv = dp_json_num(&o, "compute_cv", NAN), sv = dp_json_num(&o, "straggle_cv", NAN);
     if (cv == cv) p->compute_cv = cv;
     if (sv == sv) p->straggle_cv = sv, p->straggle_workers = (int)dp_json_num(&o, "workers", 0);
+    double gw = dp_json_num(&o, "gather_wait_s", NAN); /* version 4, from calibrate --metrics or --run */
+    if (gw == gw) p->gather_wait_s = gw;
     double a = dp_json_num(&o, "alpha_s", NAN), b = dp_json_num(&o, "beta_s", NAN);
     for (int k = 0; k < DP_PLAN_ALGO_COUNT; k++) {
         char ka[64], kb[64];
