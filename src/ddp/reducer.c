@@ -68,6 +68,7 @@ void dp_reducer_free(struct dp_reducer *r) {
 void dp_reducer_begin(struct dp_reducer *r) {
     r->next = 0;
     r->rc = 0;
+    r->shard_done = 0;
     r->t_begin = dp_time();
     r->t_backward_end = 0;
     r->bytes_sent = r->bytes_recv = r->bytes_fp32 = r->t_compress = r->t_decompress = 0;
@@ -123,7 +124,7 @@ static void poll(struct dp_reducer *r) {
             int w = dp_comm_wait(r->comm, b->req);
             b->req = NULL;
             if (w && !r->rc) r->rc = w, snprintf(r->err, sizeof r->err, "%s", dp_errmsg());
-            if (!w && r->done) r->done(r->done_arg, i);
+            if (!w && r->done) r->done(r->done_arg, i), r->shard_done += b->count;
         }
     }
 }
@@ -132,6 +133,10 @@ void dp_reducer_grad_ready(void *arg, int64_t offset, int64_t count) {
     struct dp_reducer *r = arg;
     (void)count;
     if (!r->p.overlap || r->p.scatter || dp__compress_mode(r->cz, r->step) == 2) return;
+    if (r->p.shard && r->nb) { /* written from the slab's top down to offset, less what was reduced */
+        int64_t held = r->b[0].off + r->b[0].count - offset - r->shard_done;
+        if (held > r->shard_hw) r->shard_hw = held;
+    }
     poll(r);
     /* Every bucket whose lowest offset has been reached is complete. */
     while (r->next < r->nb && offset <= r->b[r->next].off) start(r, &r->b[r->next++]);
