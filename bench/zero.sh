@@ -8,7 +8,9 @@
 #     back) beside the formulas 16 psi, 8 psi + 8 psi / P, 4 psi + 12 psi / P, 16 psi / P, and the
 #     process's peak RSS: its model-state part per worker (rss_per_worker: less the RSS before
 #     init and the data set, over P) beside formula + act (activations, loader buffers) +
-#     inflight (the ranges a sharded step holds at once), rss/bound (bench/zero_mem.c);
+#     inflight (the ranges a sharded step holds at once), rss/bound (bench/zero_mem.c); lib: what
+#     the GEMM library keeps per process once used (in the RSS before init: a warm-up GEMM first),
+#     grad_hw: the most gradient a worker held unreduced during backward;
 #  2. speed: `dptrain train` samples/s (its "throughput:" line, steps after the 5th) of cnn and mlp
 #     at P = 2: plain, --zero 1 (all-reduce, overlapped), --zero 1 --zero-reduce scatter, --zero 2
 #     and --zero 3, REPS interleaved repetitions each (median reported).
@@ -68,7 +70,7 @@ OUT=$RESULTS/zero-$STAMP.txt
   echo "## 4 psi + 12 psi / P (2), 16 psi / P (3); state_step/formula: the resident model state against it;"
   echo "## rss/bound: the peak RSS's model-state part per worker against formula + act + inflight"
   printf 'model\tP\tzero\tparams\tlive_init\tpeak\tdata\tper_worker\tper_param\tstate_step\tstate_per_param\trss_peak'
-  printf '\tformula\tact\tinflight\trss_base\trss_per_worker\trss/bound\tstate_step/formula\n'
+  printf '\tformula\tact\tinflight\trss_base\trss_per_worker\trss/bound\tlib\tgrad_hw\tstate_step/formula\n'
   for model in $MODELS; do
     for P in 1 2 4; do
       for z in 0 1 2 3; do

@@ -109,6 +109,18 @@ static void start(struct dp_reducer *r, struct dp_bucket *b) {
     }
 }
 
+/* p.shard: bucket i's reduce-scatter waited for (at once if it completed)
+ * and its memory given back now, during backward (an error is kept for
+ * finish). */
+static void reduced(struct dp_reducer *r, int i) {
+    struct dp_bucket *b = &r->b[i];
+    int w = dp_comm_wait(r->comm, b->req);
+    b->req = NULL;
+    if (b->t_done == 0) b->t_done = dp_time();
+    if (w && !r->rc) r->rc = w, snprintf(r->err, sizeof r->err, "%s", dp_errmsg());
+    if (!w && r->done) r->done(r->done_arg, i), r->shard_done += b->count;
+}
+
 /* Notes when started buckets complete, by polling between layers: that is
  * the resolution of the communication timings (one layer's backward). */
 static void poll(struct dp_reducer *r) {
@@ -118,14 +130,7 @@ static void poll(struct dp_reducer *r) {
         int done = 0;
         if (dp_comm_test(r->comm, b->req, &done) == DP_OK && done) b->t_done = dp_time();
         else break; /* buckets complete in order */
-        /* p.shard: the bucket's memory goes back now, during backward (the
-         * wait returns at once; an error is kept for finish) */
-        if (r->p.shard) {
-            int w = dp_comm_wait(r->comm, b->req);
-            b->req = NULL;
-            if (w && !r->rc) r->rc = w, snprintf(r->err, sizeof r->err, "%s", dp_errmsg());
-            if (!w && r->done) r->done(r->done_arg, i), r->shard_done += b->count;
-        }
+        if (r->p.shard) reduced(r, i);
     }
 }
 
@@ -140,6 +145,19 @@ void dp_reducer_grad_ready(void *arg, int64_t offset, int64_t count) {
     poll(r);
     /* Every bucket whose lowest offset has been reached is complete. */
     while (r->next < r->nb && offset <= r->b[r->next].off) start(r, &r->b[r->next++]);
+    /* p.shard: before backward writes on, every started bucket but the last
+     * is reduced (waited for, in order), so the gradient pages resident are
+     * at most two buckets': the one being written and the one in flight
+     * (dp_zero_inflight_bytes).  Without this, a worker ahead of its peers
+     * (a slower peer, or a loaded machine: reductions lagging backward)
+     * held every bucket it had written until the peers caught up: up to 28 of
+     * the deep mlp's 33 MB at P = 4 (docs/ddp.md "ZeRO").  The wait costs
+     * nothing a step does not pay anyway: the step's end waits for every
+     * bucket, and the peer the wait is for is the one the all-gather after
+     * the update waits for too. */
+    if (r->p.shard)
+        for (int i = 0; i < r->next - 1; i++)
+            if (r->b[i].req) reduced(r, i);
 }
 
 /* PowerSGD: the whole gradient after backward (dp__compress_powersgd);
