@@ -140,7 +140,9 @@ int dp_reducer_init(struct dp_reducer *r, const struct dp_model *m, struct dp_co
 void dp_reducer_free(struct dp_reducer *r);
 /* Before each backward that must communicate. */
 void dp_reducer_begin(struct dp_reducer *r);
-/* The model's grad_ready callback (arg = the reducer). */
+/* The model's grad_ready callback (arg = the reducer).  With p.shard it also
+ * waits for every started bucket but the last, so that backward holds at
+ * most two buckets of unreduced gradient (src/ddp/reducer.c). */
 void dp_reducer_grad_ready(void *arg, int64_t offset, int64_t count);
 /* Starts whatever has not started yet and waits for every bucket.  Records
  * the communication time in total (the time the progress thread was busy

@@ -54,9 +54,10 @@
  * (zero-2026-12-02-005334.txt, docs/ddp.md "ZeRO").  So the gradient is given
  * back from the top of the slab down as buckets complete (they complete in
  * order, b[0] the highest): after bucket k, every whole unit above b[k].off
- * goes, a unit shared by two buckets too once both are reduced, and what
- * stays resident between steps is at most the two partial units at the
- * slab's ends. */
+ * goes, a unit shared by two buckets too once both are reduced; the slab is
+ * whole units of its own (dp_slab_map), so its end units go too and nothing
+ * of it stays resident between steps.  The price is one fault per unit and
+ * step (docs/ddp.md "ZeRO": 2 a step on mlp's 2.7 MB slab). */
 #include <math.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -495,7 +496,8 @@ int64_t dp_zero_live_bytes(const struct dp_zero *z, const struct dp_optim *o) {
 }
 
 /* Backward at range k holds k's gradient (being written) and k - 1's (its
- * reduce-scatter in flight), and stage 3 also k's parameters and the
+ * reduce-scatter in flight; dp_reducer_grad_ready waits for the older
+ * ones before backward writes on), and stage 3 also k's parameters and the
  * prefetched next range's: two adjacent ranges of each, and the units
  * those share with their neighbours (release_range). */
 int64_t dp_zero_inflight_bytes(const struct dp_zero *z) {
