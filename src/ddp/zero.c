@@ -425,8 +425,8 @@ int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *
      * it is let go as a plain prefetch once backward starts (or dropped if
      * a new forward pass starts: the evaluation's passes have no backward) */
     if (fwd && k == 0 && z->cur == 1 && x != 1) z->keep = 1, z->cur = -1;
-    if (z->keep >= 0 && (fwd ? k != 0 : z->keep != next && z->keep != k && z->keep != x)) drop(z, z->keep);
-    if (!fwd) z->keep = -1;
+    if (z->keep >= 0 && z->keep != k && z->keep != x && (fwd ? k != 0 : z->keep != next)) drop(z, z->keep);
+    if (!fwd || k != 0) z->keep = -1; /* (kept and read now: held as k, x or the prefetch) */
     if (z->cur >= 0 && z->cur != k && z->cur != x) drop(z, z->cur);
     if (z->xcur >= 0 && z->xcur != k && z->xcur != x) drop(z, z->xcur);
     z->cur = k, z->xcur = x;
