@@ -7,7 +7,7 @@
  * AdamW for WORKERS thread workers and --zero ZERO, trains 3 steps, and
  * prints one tab-separated line:
  *     model  P  zero  params  live_init  peak  data  per_worker  per_param  state_step  state_per_param  rss_peak
- *     formula  act  inflight  rss_base  rss_per_worker  rss/bound
+ *     formula  act  inflight  rss_base  rss_per_worker  rss/bound  lib  grad_hw
  * live_init: the library's live bytes after dp_trainer_init; peak: the most
  * live at any time during init and the steps; data: the bytes the data set
  * itself holds (loaded alone, the same way); per_worker = (peak - data) / P,
@@ -26,14 +26,22 @@
  * after init (dp_trainer_live_bytes); inflight: the slab bytes a sharded
  * worker holds at once during a step (dp_trainer_inflight_bytes: stage 2 two
  * ranges of gradients, stage 3 also two of parameters); rss_base: the RSS
- * before dp_trainer_init (code, libraries); rss_per_worker = (rss_peak -
- * rss_base - data) / P, the model-state part of the peak RSS per worker,
- * set beside bound = formula + act + inflight (rss/bound). */
+ * before dp_trainer_init (code, libraries), after a few GEMMs of each
+ * transposition the layers use (warm_gemm), so that it also holds what the
+ * GEMM library keeps once used, per process: oneDNN's code pages, its
+ * JIT-compiled kernels and buffers (lib: what the warm-up added, ~10 MB);
+ * rss_per_worker = (rss_peak - rss_base - data) / P, the model-state part of
+ * the peak RSS per worker, set beside bound = formula + act + inflight
+ * (rss/bound); grad_hw: the most gradient bytes a worker's backward had
+ * written and not yet seen reduced at a layer's end, over the workers
+ * (dp_trainer_zero_counts; 0 unless sharded). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 
+#include "dp/core.h"
 #include "dp/ddp.h"
 
 #include "dp/data.h"
@@ -67,6 +75,20 @@ static long long vm_rss(void) {
         if (strncmp(line, "VmRSS:", 6) == 0) kb = atoll(line + 6);
     if (f) fclose(f);
     return kb * 1024;
+}
+
+/* dp_gemm NN, NT and TN (a linear layer's forward and backward) on mapped
+ * buffers, given back after (mapped, so that the C library's heap is left
+ * as it was). */
+static void warm_gemm(void) {
+    const int64_t M = 128, N = 1024, K = 1024;
+    size_t bytes = sizeof(float) * (size_t)(M * K + K * N + M * N);
+    float *a = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a == MAP_FAILED) return;
+    float *b = a + M * K, *c = b + K * N;
+    for (int t = 0; t < 3; t++)
+        dp_gemm(t == 2, t == 1, M, N, K, 1.0f, a, t == 2 ? M : K, b, t == 1 ? K : N, 0.0f, c, N);
+    munmap(a, bytes);
 }
 
 static struct dp_trainer *trainer;
@@ -106,6 +128,8 @@ int main(int argc, char **argv) {
     dp_dataset_free(&tr);
     dp_dataset_free(&te);
     live = peak = 0;
+    long long rss0 = vm_rss();
+    warm_gemm();
     long long rss_base = vm_rss();
     struct dp_trainer *t;
     int rc = dp_trainer_init(&t, &p);
@@ -117,7 +141,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "zero_mem: %s\n", dp_errmsg());
         return 1;
     }
-    int64_t n = dp_trainer_model(t)->num_params;
+    int64_t n = dp_trainer_model(t)->num_params, grad_hw = 0;
+    for (int r = 0; r < p.workers; r++) {
+        struct dp_zero_counts c;
+        if (dp_trainer_zero_counts(t, r, &c) == 0 && c.grad_hw_bytes > grad_hw) grad_hw = c.grad_hw_bytes;
+    }
     dp_trainer_free(t);
     dp_set_allocator(NULL);
     double per = (double)(peak - data) / p.workers;
@@ -127,9 +155,9 @@ int main(int argc, char **argv) {
     double f = z == 0 ? 16 * psi : z == 1 ? 8 * psi + 8 * psi / P : z == 2 ? 4 * psi + 12 * psi / P : 16 * psi / P;
     double act = ((double)init - (double)data) / P - (double)state_init;
     double rss_w = ((double)ru.ru_maxrss * 1024 - (double)rss_base - (double)data) / P;
-    printf("%s\t%d\t%d\t%lld\t%zu\t%zu\t%zu\t%.0f\t%.2f\t%lld\t%.2f\t%lld\t%.0f\t%.0f\t%lld\t%lld\t%.0f\t%.3f\n",
+    printf("%s\t%d\t%d\t%lld\t%zu\t%zu\t%zu\t%.0f\t%.2f\t%lld\t%.2f\t%lld\t%.0f\t%.0f\t%lld\t%lld\t%.0f\t%.3f\t%lld\t%lld\n",
            p.model, p.workers, p.zero, (long long)n, init, peak, data, per, per / (double)n, (long long)state_step,
            (double)state_step / (double)n, (long long)ru.ru_maxrss * 1024, f, act, (long long)inflight, rss_base,
-           rss_w, rss_w / (f + act + (double)inflight));
+           rss_w, rss_w / (f + act + (double)inflight), rss_base - rss0, (long long)grad_hw);
     return 0;
 }

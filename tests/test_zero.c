@@ -369,6 +369,74 @@ TEST_T(zero23_memory_given_back, 120) {
     free(ref);
 }
 
+/* Stage 3 gathers no range twice in a row: forward's range 1 is kept for
+ * backward, whose first prefetch it is, instead of being given back as
+ * forward enters range 0 and gathered again a layer later.  mlp (buckets of
+ * 1 MiB: fc3, fc2, fc1; a slab of 2.7 MB, two 2 MiB units, fc2 across the
+ * boundary) at P = 2: a step gathers forward's 3 ranges and backward's 1
+ * (range 2; 0 and 1 are held), 4 = 2 x 3 - 2, and no unit of the parameter
+ * slab is given back and faulted in again within the pass (giving back
+ * range 1 took unit 0, which fc1 shares with fc2, and backward wrote it
+ * again: 5 gathers and 1 refault a step). */
+struct count_probe {
+    struct dp_trainer *t;
+    int n;
+    struct dp_zero_counts c[4];
+};
+static void count_on_event(void *arg, const struct dp_event *ev) {
+    struct count_probe *cp = arg;
+    if (ev->kind == DP_EVENT_STEP && cp->n < 4) ASSERT_EQ(dp_trainer_zero_counts(cp->t, 0, &cp->c[cp->n++]), 0);
+}
+TEST_T(zero3_backward_regathers_nothing_forward_held, 120) {
+    require_data();
+    struct dp_train_params p = base("mlp", 2);
+    p.zero = 3;
+    p.first_bucket_bytes = p.bucket_cap_bytes = 1u << 20;
+    p.max_steps = 4;
+    struct count_probe cp = {0};
+    p.on_event = count_on_event, p.event_arg = &cp;
+    ASSERT_OK(dp_trainer_init(&cp.t, &p));
+    ASSERT_OK(dp_trainer_run(cp.t));
+    ASSERT_EQ(cp.n, 4);
+    for (int s = 1; s < 4; s++) {
+        int64_t g = cp.c[s].gathers - cp.c[s - 1].gathers, f = cp.c[s].refaults - cp.c[s - 1].refaults;
+        fprintf(stderr, "    step %d: %lld gathers, %lld units faulted back\n", s + 1, (long long)g, (long long)f);
+        ASSERT_EQ(g, 4);
+        ASSERT_EQ(f, 0);
+    }
+    dp_trainer_free(cp.t);
+}
+
+/* Stage 2's gradient in flight stays two buckets (dp_reducer_grad_ready
+ * waits, before backward writes on, for every started bucket but the last),
+ * even for a worker far ahead of its peer: worker 1 sleeps 20 ms at the
+ * start of every step (DP_FAULT_SLOW), so worker 0 runs its whole backward
+ * before worker 1 starts any reduce-scatter.  Each layer a bucket (4 KiB
+ * caps): fc1 100480 floats, fc2..fc4 16512, fc5 1290; the two adjacent
+ * buckets hold at most 116992 floats (fc1 + fc2, dp_trainer_inflight_bytes),
+ * all five 151306, which is what worker 0 held without the wait. */
+TEST_T(zero2_gradient_in_flight_two_buckets, 120) {
+    require_data();
+    struct dp_train_params p = base("mlp:784,128,128,128,128,10", 2);
+    p.zero = 2;
+    p.bucket_cap_bytes = p.first_bucket_bytes = 4096;
+    p.max_steps = 3;
+    p.fault_kind = DP_FAULT_SLOW, p.fault_worker = 1, p.fault_step = 0;
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    ASSERT_OK(dp_trainer_run(t));
+    int64_t pair = dp_trainer_inflight_bytes(t);
+    ASSERT_EQ(pair, 4 * 116992);
+    for (int r = 0; r < 2; r++) {
+        struct dp_zero_counts c;
+        ASSERT_EQ(dp_trainer_zero_counts(t, r, &c), 0);
+        fprintf(stderr, "    worker %d: gradient in flight at most %lld bytes (two buckets: %lld)\n", r,
+                (long long)c.grad_hw_bytes, (long long)pair);
+        ASSERT_TRUE(c.grad_hw_bytes > 0 && c.grad_hw_bytes <= pair);
+    }
+    dp_trainer_free(t);
+}
+
 /* A small model cut into several buckets (4 KiB caps: fc1 alone, the
  * others together; uneven pieces), P = 3, --accum 2: stages 2 and 3 (and 1)
  * with their per-bucket reduce-scatters, prefetched gathers and releases

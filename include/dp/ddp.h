@@ -111,6 +111,9 @@ struct dp_reducer {
     int rc;                    /* first error of a start inside the callback */
     void (*done)(void *arg, int k); /* p.shard: bucket k is reduced (dp_zero_bucket_done) */
     void *done_arg;
+    int64_t shard_done;        /* p.shard: floats of this step's buckets reduced (and given back) */
+    int64_t shard_hw;          /* p.shard: the most gradient floats backward had written and not yet
+                                  seen reduced at a layer's end, since init: the gradient in flight */
     char err[256];
     /* timing of the last step */
     double t_begin, t_backward_end, t_end;
@@ -137,7 +140,9 @@ int dp_reducer_init(struct dp_reducer *r, const struct dp_model *m, struct dp_co
 void dp_reducer_free(struct dp_reducer *r);
 /* Before each backward that must communicate. */
 void dp_reducer_begin(struct dp_reducer *r);
-/* The model's grad_ready callback (arg = the reducer). */
+/* The model's grad_ready callback (arg = the reducer).  With p.shard it also
+ * waits for every started bucket but the last, so that backward holds at
+ * most two buckets of unreduced gradient (src/ddp/reducer.c). */
 void dp_reducer_grad_ready(void *arg, int64_t offset, int64_t count);
 /* Starts whatever has not started yet and waits for every bucket.  Records
  * the communication time in total (the time the progress thread was busy
@@ -235,11 +240,24 @@ struct dp_zero {
     unsigned char *have;       /* stage 3: bucket k's parameters are in the slab */
     int cur;                   /* stage 3: the bucket whose layers run (-1: none) */
     int xcur;                  /* stage 3: the bucket held for the running layer's tied range (-1: none) */
+    int keep;                  /* stage 3: bucket 1, kept from forward for backward, which needs it
+                                  right after bucket 0 (-1: none; dp_zero_layer_begin) */
+    unsigned char *gone;       /* stage 3: per 2 MiB unit of the parameter slab, given back in this
+                                  pass (release_range) */
+    int64_t gathers;           /* stage 3: bucket all-gathers started, since dp_zero_plan */
+    int64_t refaults;          /* stage 3: units given back and gathered into again in the same pass
+                                  (each a fault of a zeroed huge page), since dp_zero_plan */
     uintptr_t grel;            /* the lowest address of the gradient slab given back in this step */
     int padded;                /* DP_REPLICA_LAZY_* of the slabs: whole 2 MiB units (dp_slab_map), so
                                   releasing a whole slab gives back its last unit too */
     int accumulate;            /* dp_zero_bucket_done adds into gshard (a micro-batch after the first) */
     double t_g0, t_g1;         /* the last step's all-gather (dp_time) */
+};
+
+/* What a sharded worker's steps cost in memory traffic, since init (dp_trainer_zero_counts). */
+struct dp_zero_counts {
+    int64_t gathers, refaults; /* dp_zero.gathers, .refaults */
+    int64_t grad_hw_bytes;     /* 4 x dp_reducer.shard_hw */
 };
 int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, const struct dp_optim_params *op);
 /* Stages 2 and 3 with G > 1: the pieces from the reducer's buckets (every

@@ -247,6 +247,9 @@ int64_t dp_trainer_live_bytes(const struct dp_trainer *t, int worker);
 /* ZeRO 2 and 3: the most slab bytes a worker holds resident at once beyond
  * its shards during a step (dp_zero_inflight_bytes); 0 for other stages. */
 int64_t dp_trainer_inflight_bytes(const struct dp_trainer *t);
+/* ZeRO 2 and 3: worker `worker`'s struct dp_zero_counts (all 0 for other stages); -1 for a
+ * worker out of range. */
+int dp_trainer_zero_counts(const struct dp_trainer *t, int worker, struct dp_zero_counts *c);
 void dp_trainer_free(struct dp_trainer *t);
 
 /* ---- checkpoints ---------------------------------------------------------

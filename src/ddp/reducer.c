@@ -68,6 +68,7 @@ void dp_reducer_free(struct dp_reducer *r) {
 void dp_reducer_begin(struct dp_reducer *r) {
     r->next = 0;
     r->rc = 0;
+    r->shard_done = 0;
     r->t_begin = dp_time();
     r->t_backward_end = 0;
     r->bytes_sent = r->bytes_recv = r->bytes_fp32 = r->t_compress = r->t_decompress = 0;
@@ -108,6 +109,18 @@ static void start(struct dp_reducer *r, struct dp_bucket *b) {
     }
 }
 
+/* p.shard: bucket i's reduce-scatter waited for (at once if it completed)
+ * and its memory given back now, during backward (an error is kept for
+ * finish). */
+static void reduced(struct dp_reducer *r, int i) {
+    struct dp_bucket *b = &r->b[i];
+    int w = dp_comm_wait(r->comm, b->req);
+    b->req = NULL;
+    if (b->t_done == 0) b->t_done = dp_time();
+    if (w && !r->rc) r->rc = w, snprintf(r->err, sizeof r->err, "%s", dp_errmsg());
+    if (!w && r->done) r->done(r->done_arg, i), r->shard_done += b->count;
+}
+
 /* Notes when started buckets complete, by polling between layers: that is
  * the resolution of the communication timings (one layer's backward). */
 static void poll(struct dp_reducer *r) {
@@ -117,14 +130,7 @@ static void poll(struct dp_reducer *r) {
         int done = 0;
         if (dp_comm_test(r->comm, b->req, &done) == DP_OK && done) b->t_done = dp_time();
         else break; /* buckets complete in order */
-        /* p.shard: the bucket's memory goes back now, during backward (the
-         * wait returns at once; an error is kept for finish) */
-        if (r->p.shard) {
-            int w = dp_comm_wait(r->comm, b->req);
-            b->req = NULL;
-            if (w && !r->rc) r->rc = w, snprintf(r->err, sizeof r->err, "%s", dp_errmsg());
-            if (!w && r->done) r->done(r->done_arg, i);
-        }
+        if (r->p.shard) reduced(r, i);
     }
 }
 
@@ -132,9 +138,26 @@ void dp_reducer_grad_ready(void *arg, int64_t offset, int64_t count) {
     struct dp_reducer *r = arg;
     (void)count;
     if (!r->p.overlap || r->p.scatter || dp__compress_mode(r->cz, r->step) == 2) return;
+    if (r->p.shard && r->nb) { /* written from the slab's top down to offset, less what was reduced */
+        int64_t held = r->b[0].off + r->b[0].count - offset - r->shard_done;
+        if (held > r->shard_hw) r->shard_hw = held;
+    }
     poll(r);
     /* Every bucket whose lowest offset has been reached is complete. */
     while (r->next < r->nb && offset <= r->b[r->next].off) start(r, &r->b[r->next++]);
+    /* p.shard: before backward writes on, every started bucket but the last
+     * is reduced (waited for, in order), so the gradient pages resident are
+     * at most two buckets': the one being written and the one in flight
+     * (dp_zero_inflight_bytes).  Without this, a worker ahead of its peers
+     * (a slower peer, or a loaded machine: reductions lagging backward)
+     * held every bucket it had written until the peers caught up: up to 28 of
+     * the deep mlp's 33 MB at P = 4 (docs/ddp.md "ZeRO").  The wait costs
+     * nothing a step does not pay anyway: the step's end waits for every
+     * bucket, and the peer the wait is for is the one the all-gather after
+     * the update waits for too. */
+    if (r->p.shard)
+        for (int i = 0; i < r->next - 1; i++)
+            if (r->b[i].req) reduced(r, i);
 }
 
 /* PowerSGD: the whole gradient after backward (dp__compress_powersgd);

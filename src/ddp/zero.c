@@ -54,9 +54,10 @@
  * (zero-2026-12-02-005334.txt, docs/ddp.md "ZeRO").  So the gradient is given
  * back from the top of the slab down as buckets complete (they complete in
  * order, b[0] the highest): after bucket k, every whole unit above b[k].off
- * goes, a unit shared by two buckets too once both are reduced, and what
- * stays resident between steps is at most the two partial units at the
- * slab's ends. */
+ * goes, a unit shared by two buckets too once both are reduced; the slab is
+ * whole units of its own (dp_slab_map), so its end units go too and nothing
+ * of it stays resident between steps.  The price is one fault per unit and
+ * step (docs/ddp.md "ZeRO": 2 a step on mlp's 2.7 MB slab). */
 #include <math.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -90,13 +91,17 @@ static void release_in(float *x, int64_t n, int zero, int tail, uintptr_t unit) 
 
 static void release_to(float *x, int64_t n, int zero, int tail) { release_in(x, n, zero, tail, UNIT); }
 
+/* The parameter slab's units, counted from the unit its start lies in. */
+static int64_t unit_of(const struct dp_zero *z, uintptr_t a) { return (int64_t)((a - ((uintptr_t)z->params & ~(UNIT - 1))) / UNIT); }
+static int64_t nunits(const struct dp_zero *z) { return unit_of(z, (uintptr_t)(z->params + z->n) + UNIT - 1) + 1; }
+
 int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, const struct dp_optim_params *op) {
     memset(z, 0, sizeof *z);
     if (stage < 0 || stage > 3) return dp_seterr(DP_EINVAL, "ZeRO stage must be in 0..3 (got %d)", stage);
     z->stage = stage;
     z->comm = comm;
     z->n = n;
-    z->cur = z->xcur = -1;
+    z->cur = z->xcur = z->keep = -1;
     z->parts = op->kind == DP_OPTIM_ADAMW ? 2 : op->momentum != 0.0f ? 1 : 0;
     int G = comm && stage ? dp_comm_world(comm) : 1;
     dp_comm_split(n, G, G > 1 ? dp_comm_rank(comm) : 0, &z->off, &z->len);
@@ -130,8 +135,9 @@ int dp_zero_plan(struct dp_zero *z, const struct dp_bucket *b, int nb, float *pa
     z->len = soff, z->off = -1; /* no contiguous slab shard */
     size_t bytes = sizeof(float) * (size_t)(soff ? soff : 1);
     z->gshard = dp_malloc_big(bytes);
-    if (z->stage == 3) z->pshard = dp_malloc_big(bytes);
-    if (!z->gshard || (z->stage == 3 && !z->pshard)) return dp_seterr(DP_ENOMEM, "ZeRO: out of memory for the shard");
+    if (z->stage == 3) z->pshard = dp_malloc_big(bytes), z->gone = dp_calloc((size_t)nunits(z), 1);
+    if (!z->gshard || (z->stage == 3 && (!z->pshard || !z->gone)))
+        return dp_seterr(DP_ENOMEM, "ZeRO: out of memory for the shard");
     memset(z->gshard, 0, bytes);
     release_to(grads, z->n, 1, z->padded & DP_REPLICA_LAZY_GRADS); /* zero until backward writes: nothing resident */
     return DP_OK;
@@ -140,7 +146,7 @@ int dp_zero_plan(struct dp_zero *z, const struct dp_bucket *b, int nb, float *pa
 /* (a gather still in flight after an error is released by dp_comm_free) */
 void dp_zero_free(struct dp_zero *z) {
     if (!z) return;
-    dp_free(z->piece), dp_free(z->greq), dp_free(z->have), dp_free(z->gshard), dp_free(z->pshard);
+    dp_free(z->piece), dp_free(z->greq), dp_free(z->have), dp_free(z->gshard), dp_free(z->pshard), dp_free(z->gone);
     memset(z, 0, sizeof *z);
 }
 
@@ -199,6 +205,12 @@ int dp_zero_sumsq(struct dp_zero *z, const float *g, double *sumsq) {
  * other ranks' pieces land straight where the layers read them. */
 static int gather_start(struct dp_zero *z, int k) {
     const struct dp_zero_piece *p = &z->piece[k];
+    z->gathers++;
+    if (z->gone) /* its units given back earlier in this pass come back now, zero-filled */
+        for (int64_t u = unit_of(z, (uintptr_t)(z->params + p->roff)),
+                     e = unit_of(z, (uintptr_t)(z->params + p->roff + p->rcount) - 1);
+             u <= e; u++)
+            z->refaults += z->gone[u], z->gone[u] = 0;
     if (z->pshard) memcpy(z->params + p->off, z->pshard + p->soff, sizeof(float) * (size_t)p->len);
     return dp_comm_iallgather(z->comm, z->params + p->roff, p->rcount, DP_DTYPE_F32, DP_ALGO_AUTO, &z->greq[k]);
 }
@@ -288,7 +300,8 @@ int dp_zero_release_params(struct dp_zero *z) {
         z->have[k] = 0;
     }
     release_to(z->params, z->n, 0, z->padded & DP_REPLICA_LAZY_PARAMS);
-    z->cur = z->xcur = -1;
+    z->cur = z->xcur = z->keep = -1;
+    if (z->gone) memset(z->gone, 0, (size_t)nunits(z)); /* a new pass: faulting back in is its price */
     return rc;
 }
 
@@ -314,7 +327,9 @@ static void release_range(struct dp_zero *z, int k) {
     ok = up <= s1 || (z->padded & DP_REPLICA_LAZY_PARAMS); /* past the slab's end: its own padding only */
     for (int j = k - 1; ok && j >= 0 && (uintptr_t)(z->params + z->piece[j].roff) < up; j--) ok = !range_held(z, j);
     if (ok) hi = up;
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* (a failure leaves the pages in place) */
+    if (hi <= lo) return;
+    madvise((void *)lo, hi - lo, MADV_DONTNEED); /* (a failure leaves the pages in place) */
+    for (int64_t u = unit_of(z, lo); u < unit_of(z, hi); u++) z->gone[u] = 1;
 }
 
 /* Ranges from the slab's start up (b[0] is the highest), one at a time:
@@ -360,6 +375,7 @@ static void drop(struct dp_zero *z, int k) {
     z->have[k] = 0;
     if (z->cur == k) z->cur = -1; /* no longer held, so a unit it shares with the other can go too */
     if (z->xcur == k) z->xcur = -1;
+    if (z->keep == k) z->keep = -1;
     release_range(z, k);
 }
 
@@ -374,13 +390,19 @@ static void drop(struct dp_zero *z, int k) {
  * run together), k's and x's gathers are waited for (started now if no
  * prefetch did: both started, then both waited), and the range after k in
  * the pass's direction is started (prefetch) so that it travels while the
- * layer computes.  The range forward ends in (0), and the head's tied
- * range, are kept for backward, which starts with them; backward's last
- * range is released by dp_zero_release_params after the pass.  So a tied
- * range is held only while its reader runs: GPT's tok+pos range is
- * gathered three times a step (embedding forward; head forward through
- * head backward; embedding backward), and from the head's backward until
- * ln_f's, three ranges are resident (0, the tied one, the prefetch of 1).
+ * layer computes.  The range forward ends in (0), the head's tied range,
+ * and the range before 0 (1, the keep) are kept for backward, which starts
+ * with them: 1 would otherwise be given back as forward enters 0 and
+ * gathered again by backward's first prefetch, one layer later (a second
+ * all-gather, and on a small model the units it shares with its
+ * neighbours faulted back: mlp's 2.7 MB slab is two units).  Holding 1
+ * instead of prefetching nothing at forward's end keeps two ranges held,
+ * as everywhere else in the pass.  Backward's last range is released by
+ * dp_zero_release_params after the pass.  So a tied range is held only
+ * while its reader runs: GPT's tok+pos range is gathered three times a
+ * step (embedding forward; head forward through head backward; embedding
+ * backward), and from the head's forward until ln_f's backward, three
+ * ranges are resident (0, the tied one, 1).
  *
  * The tied weight's gradient needs nothing here: the head adds its dW
  * first (it is the last layer), but it reports no range, and the bucket
@@ -397,6 +419,14 @@ int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *
         return dp_seterr(DP_EINTERNAL, "ZeRO-3: layer %s's tied parameters cross a bucket boundary", l->name);
     if (x == k) x = -1;
     if (k < 0 && x < 0) return DP_OK;
+    int fwd = phase == DP_PHASE_FORWARD, next = fwd ? k - 1 : k + 1;
+    /* forward's last range (0): the one before it (1) is the one backward
+     * prefetches first, so it is kept, not given back and gathered again;
+     * it is let go as a plain prefetch once backward starts (or dropped if
+     * a new forward pass starts: the evaluation's passes have no backward) */
+    if (fwd && k == 0 && z->cur == 1 && x != 1) z->keep = 1, z->cur = -1;
+    if (z->keep >= 0 && z->keep != k && z->keep != x && (fwd ? k != 0 : z->keep != next)) drop(z, z->keep);
+    if (!fwd || k != 0) z->keep = -1; /* (kept and read now: held as k, x or the prefetch) */
     if (z->cur >= 0 && z->cur != k && z->cur != x) drop(z, z->cur);
     if (z->xcur >= 0 && z->xcur != k && z->xcur != x) drop(z, z->xcur);
     z->cur = k, z->xcur = x;
@@ -405,7 +435,6 @@ int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *
     if (!rc && x >= 0 && !z->have[x] && !z->greq[x]) rc = gather_start(z, x);
     if (!rc && k >= 0) rc = gather_wait(z, k);
     if (!rc && x >= 0) rc = gather_wait(z, x);
-    int next = phase == DP_PHASE_FORWARD ? k - 1 : k + 1;
     if (!rc && k >= 0 && next >= 0 && next < z->npieces && !z->have[next] && !z->greq[next])
         rc = gather_start(z, next);
     return rc;
@@ -440,7 +469,8 @@ int64_t dp_zero_live_bytes(const struct dp_zero *z, const struct dp_optim *o) {
 }
 
 /* Backward at range k holds k's gradient (being written) and k - 1's (its
- * reduce-scatter in flight), and stage 3 also k's parameters and the
+ * reduce-scatter in flight; dp_reducer_grad_ready waits for the older
+ * ones before backward writes on), and stage 3 also k's parameters and the
  * prefetched next range's: two adjacent ranges of each, and the units
  * those share with their neighbours (release_range). */
 int64_t dp_zero_inflight_bytes(const struct dp_zero *z) {

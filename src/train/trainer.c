@@ -217,6 +217,12 @@ int64_t dp_trainer_live_bytes(const struct dp_trainer *t, int worker) {
     return dp_zero_live_bytes(&t->w[worker].zero, &t->w[worker].opt);
 }
 int64_t dp_trainer_inflight_bytes(const struct dp_trainer *t) { return dp_zero_inflight_bytes(&t->w[0].zero); }
+int dp_trainer_zero_counts(const struct dp_trainer *t, int worker, struct dp_zero_counts *c) {
+    if (worker < 0 || worker >= t->P) return -1;
+    const struct worker *w = &t->w[worker];
+    *c = (struct dp_zero_counts){w->zero.gathers, w->zero.refaults, (int64_t)sizeof(float) * w->red.shard_hw};
+    return 0;
+}
 uint64_t dp_trainer_param_hash(const struct dp_trainer *t) { return dp_replica_hash(&t->w[0].rep); }
 const char *dp_trainer_note(const struct dp_trainer *t) { return t->note[0] ? t->note : NULL; }
 
