@@ -838,6 +838,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     t->max_batch = share > t->eval_chunk ? share : t->eval_chunk;
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = p->comm_timeout;
+    cp.progress = p->comm_progress;
     rc = p->inter ? dp_comm_thread_world_init_hier(&t->world, t->P, &cp, p->inter)
                   : dp_comm_thread_world_init(&t->world, t->P, &cp);
     if (rc) goto fail;
