@@ -625,10 +625,14 @@ static void abort_other_thread_member(struct dp_comm *c, void *arg) {
 
 TEST_T(comm_abort_while_blocked, 20) { team(2, NULL, abort_other_thread_member, NULL); }
 
-/* arg: NULL blocking; else nonblocking, polled with dp_comm_test first */
+/* arg: NULL blocking; else nonblocking, polled with dp_comm_test first.  The
+ * ranks start together (a barrier): the first to time out aborts the world
+ * for the other, so a rank whose thread started late would otherwise see
+ * less than 0.25 s (seen on a loaded machine). */
 static void timeout_member(struct dp_comm *c, void *arg) {
     int r = dp_comm_rank(c);
     float x[100] = {0};
+    ASSERT_OK(dp_comm_barrier(c));
     if (r == 2) {
         usleep(3000 * 1000); /* "stuck in compute": never arrives in time */
         ASSERT_ERR(dp_comm_allreduce(c, x, 100, DP_DTYPE_F32, DP_ALGO_DIRECT), DP_ECANCELED,
