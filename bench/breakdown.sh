@@ -13,6 +13,11 @@
 #   dp2m  dp2 with metrics (--out, as bench/plan_validate.sh's runs): after every update the
 #         trainer all-gathers each rank's wait, a second sync point per step (issue 14: what
 #         the plan's "metrics gather" costs beyond its formula; the row dp2m - dp2)
+#   dp2c  (with VARIANTS including it) dp2 with --comm-progress caller: the workers sum their
+#         own blocks of each bucket between layers, no communication thread
+#   dp2cs (with VARIANTS including it) dp2c with --comm-spin-us SPIN_US (200): a waiting worker
+#         spins that long before it sleeps (no third thread needs its core)
+#   dp2n  (with VARIANTS including it) dp2 with --no-overlap: every bucket after backward
 # Each run writes a timeline (--timeline): per step and worker the phases data,
 # forward, backward, wait (from the end of backward until the step's last
 # bucket is reduced: exposed communication plus waiting for the other worker)
@@ -26,8 +31,8 @@
 # `imbal` (dp2) is the median |difference| of the two workers' backward end
 # times per step: the part of `wait` that is one worker waiting for the other.
 #
-# Knobs: REPS=3 MODELS="mlp cnn" STEPS (default mlp 300, cnn 100) DPTRAIN=./build/dptrain
-#        RESULTS=bench/results VARIANTS="one ind2 dp2 dp2m" (the runs' order rotates per repetition)
+# Knobs: REPS=3 MODELS="mlp cnn" STEPS (default mlp 300, resnet 40, others 100) VARIANTS="one ind2 dp2"
+#        (add dp2m, dp2c, dp2cs, dp2n) SPIN_US=200 DPTRAIN=./build/dptrain RESULTS=bench/results
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -37,13 +42,15 @@ ROOT=$PWD
 
 REPS=${REPS:-3}
 MODELS=${MODELS:-"mlp cnn"}
-VARIANTS=${VARIANTS:-"one ind2 dp2 dp2m"}
+VARIANTS=${VARIANTS:-"one ind2 dp2"}
 DPTRAIN=${DPTRAIN:-./build/dptrain}
 RESULTS=${RESULTS:-bench/results}
 PY=${PY:-python3}
 
 die() { echo "breakdown: error: $*" >&2; exit 1; }
 [ -x "$DPTRAIN" ] || die "$DPTRAIN not found: build it first (make)"
+for v in $VARIANTS; do case $v in one | ind2 | dp2 | dp2m | dp2c | dp2cs | dp2n) ;; *) die "unknown variant $v (one ind2 dp2 dp2m dp2c dp2cs dp2n)" ;; esac; done
+[[ " $VARIANTS " == *" ind2 "* ]] || die "VARIANTS must include ind2 (the differences are taken against it)"
 "$PY" -c 'import json, statistics' 2>/dev/null || die "$PY cannot run"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/breakdown.XXXXXX")
@@ -53,7 +60,7 @@ RECIPE=(--lr 0.05 --momentum 0.9 --seed 1 --epochs 1 --threads 1 --progress none
 
 steps_for() {
     if [ -n "${STEPS:-}" ]; then echo "$STEPS"; return; fi
-    case $1 in mlp) echo 300 ;; *) echo 100 ;; esac
+    case $1 in mlp) echo 300 ;; resnet) echo 40 ;; *) echo 100 ;; esac
 }
 
 run_variant() { # run_variant VARIANT MODEL REP: timelines into $WORK/VARIANT-MODEL-REP*.json
@@ -69,27 +76,34 @@ run_variant() { # run_variant VARIANT MODEL REP: timelines into $WORK/VARIANT-MO
           "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 1 --batch 64 --max-steps "$s" "${RECIPE[@]}" \
               --timeline "$base-b.json" >"$base-b.log" 2>&1
           wait "$pid" ;;
-    dp2) "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 2 --batch 128 --max-steps "$s" "${RECIPE[@]}" \
-             --timeline "$base.json" >"$base.log" 2>&1 ;;
-    dp2m) "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 2 --batch 128 --max-steps "$s" "${RECIPE[@]}" \
-              --out "$base.run" --timeline "$base.json" >"$base.log" 2>&1 ;;
-    *) die "unknown variant '$v' (VARIANTS: one ind2 dp2 dp2m)" ;;
+    dp2 | dp2m | dp2c | dp2cs | dp2n)
+        local extra=()
+        case $v in
+        dp2c) extra=(--comm-progress caller) ;;
+        dp2cs) extra=(--comm-progress caller --comm-spin-us "${SPIN_US:-200}") ;;
+        dp2n) extra=(--no-overlap) ;;
+        dp2m) extra=(--out "$base.run") ;;
+        esac
+        "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 2 --batch 128 --max-steps "$s" "${RECIPE[@]}" \
+            "${extra[@]}" --timeline "$base.json" >"$base.log" 2>&1 ;;
     esac || die "$v $m rep $r failed: $(tail -2 "$base"*.log)"
 }
 
 bench_facts breakdown
 OUTTSV=${OUTMD%.md}.tsv
+read -r -a VARR <<<"$VARIANTS"
+NV=${#VARR[@]}
 for m in $MODELS; do
     for r in $(seq 1 "$REPS"); do
         # the order rotates from one repetition to the next
-        read -r -a vs <<<"$VARIANTS"
-        for i in "${!vs[@]}"; do run_variant "${vs[$(((i + r - 1) % ${#vs[@]}))]}" "$m" "$r"; done
+        for k in $(seq 0 $((NV - 1))); do run_variant "${VARR[$(((k + r - 1) % NV))]}" "$m" "$r"; done
     done
 done
 
 "$PY" - "$WORK" "$MODELS" "$REPS" "$OUTTSV" "$VARIANTS" >"$WORK/table.md" <<'EOF'
 import json, statistics, sys, glob, os
-work, models, reps, out_tsv, variants = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4], sys.argv[5].split()
+work, models, reps, out_tsv = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4]
+variants = sys.argv[5].split()
 PH = ["data", "forward", "backward", "wait", "optimizer"]
 COLS = ["step"] + PH + ["other"]
 
@@ -138,7 +152,7 @@ print("| model | variant | step ms | data | forward | backward | wait | optimize
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for m in models:
     med = {}
-    for v in [v for v in ["one", "ind2", "dp2", "dp2m"] if v in variants]:
+    for v in variants:
         rows = []
         for r in range(1, reps + 1):
             files = sorted(glob.glob(os.path.join(work, f"{v}-{m}-{r}*.json")))
@@ -149,18 +163,20 @@ for m in models:
         mv = med[v]
         print(f"| {m} | {v} | " + " | ".join(f"{mv[c]:.3f}" for c in COLS) + f" | {mv.get('imbal', 0):.3f} |" if "imbal" in mv
               else f"| {m} | {v} | " + " | ".join(f"{mv[c]:.3f}" for c in COLS) + " | |")
-    for a, b in (("dp2", "ind2"), ("ind2", "one"), ("dp2m", "dp2")):
-        if a in med and b in med:
-            print(f"| {m} | {a} - {b} | " + " | ".join(f"{med[a][c] - med[b][c]:+.3f}" for c in COLS) + " | |")
-    if "dp2" in med and "ind2" in med:
-        print(f"| {m} | dp2 / ind2 throughput | {med['ind2']['step'] / med['dp2']['step']:.3f} | | | | | | | |")
+    dps = [v for v in variants if v.startswith("dp2")]
+    pairs = [(v, "ind2") for v in dps] + ([("ind2", "one")] if "one" in med else []) + \
+        ([("dp2m", "dp2")] if "dp2m" in med and "dp2" in med else [])
+    for a, b in pairs:
+        print(f"| {m} | {a} - {b} | " + " | ".join(f"{med[a][c] - med[b][c]:+.3f}" for c in COLS) + " | |")
+    for v in dps:
+        print(f"| {m} | {v} / ind2 throughput | {med['ind2']['step'] / med[v]['step']:.3f} | | | | | | | |")
 EOF
 
 {
     echo "# breakdown $STAMP"
     echo
     echo "CPU: $CPU_MODEL ($NCPU cores); load average at start: $LOAD1; git $GIT_REV"
-    echo "REPS=$REPS VARIANTS=\"$VARIANTS\"; per-step medians in ms (steps after the 5th), the median over the repetitions;"
+    echo "VARIANTS=\"$VARIANTS\" REPS=$REPS; per-step medians in ms (steps after the 5th), the median over the repetitions;"
     echo "raw per-run rows: $(basename "$OUTTSV")"
     echo
     cat "$WORK/table.md"

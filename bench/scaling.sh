@@ -9,7 +9,7 @@
 # For each model (mlp, cnn), REPS repetitions of four variants, interleaved within a
 # repetition (the order rotates from one repetition to the next), all with global batch
 # 128, SGD lr 0.05 momentum 0.9, one thread per worker/process, one epoch cut off by
-# --max-steps S (S = 400 for mlp, 150 for cnn):
+# --max-steps S (S = 400 for mlp, 150 for cnn, 30 for resnet):
 #
 #   dp1   ./build/dptrain train --workers 1 --threads 1 ...            (batch 128)
 #   dp2   ./build/dptrain train --workers 2 --threads 1 ...            (64 per worker)
@@ -21,6 +21,9 @@
 #         memory bandwidth, each paying its own optimizer step and 64-row GEMMs)
 #   zero1 (with VARIANTS including it) dp2 with --zero 1 (the optimizer step sharded): issue 13
 #         asks for mlp's --zero 1 throughput against ind2's ceiling, side by side
+#   dp2c  (with VARIANTS including it) dp2 with --comm-progress caller: the workers sum their own
+#         blocks of each bucket between layers, no communication thread (issue 9)
+#   dp2cs (with VARIANTS including it) dp2c that spins SPIN_US (200) µs before it sleeps at a wait
 #   det, det8, det32  (with VARIANTS including them) dp2 with --deterministic at the default
 #         chunk (dp_det_chunk_auto: 32 at batch 128) / --det-chunk 8 / 32: what the bit-exact
 #         mode costs against dp2 (docs/ddp.md, "Deterministic mode")
@@ -42,7 +45,7 @@
 # runs pytorch_ddp.py --world 1 and --world 2 on the same recipe.
 #
 # Environment knobs:
-#   REPS=3  STEPS_MLP=400  STEPS_CNN=150  MODELS="mlp cnn"  VARIANTS="dp1 dp2 pt1 pt2"
+#   REPS=3  STEPS_MLP=400  STEPS_CNN=150  STEPS_RESNET=30  MODELS="mlp cnn"  VARIANTS="dp1 dp2 pt1 pt2"  SPIN_US=200
 #   PT_ENV=tuned|installed  SEED=1
 #   ACCURACY=0  ACC_EPOCHS=5  ACC_SEEDS="1"  ACC_TOL=0.3  ACC_PYTORCH=0
 #   ACC_EXTRA="..."  (appended to the accuracy command lines, e.g. --train-limit 5000 for a smoke test)
@@ -57,6 +60,8 @@ ROOT=$PWD
 REPS=${REPS:-3}
 STEPS_MLP=${STEPS_MLP:-400}
 STEPS_CNN=${STEPS_CNN:-150}
+STEPS_RESNET=${STEPS_RESNET:-30}
+SPIN_US=${SPIN_US:-200}
 MODELS=${MODELS:-"mlp cnn"}
 VARIANTS=${VARIANTS:-"dp1 dp2 pt1 pt2"}
 PT_ENV=${PT_ENV:-tuned}
@@ -82,10 +87,10 @@ note() { echo "scaling: $*" >&2; }
 "$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
     die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
 case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
-for v in $VARIANTS; do case $v in dp1 | dp2 | pt1 | pt2 | ind2 | zero1 | det | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 pt1 pt2 ind2 zero1 det det8 det32)" ;; esac; done
+for v in $VARIANTS; do case $v in dp1 | dp2 | dp2c | dp2cs | pt1 | pt2 | ind2 | zero1 | det | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 dp2c dp2cs pt1 pt2 ind2 zero1 det det8 det32)" ;; esac; done
 [ -n "${VARIANTS// /}" ] || die "no variants to run"
 
-steps_for() { case $1 in mlp) echo "$STEPS_MLP" ;; cnn) echo "$STEPS_CNN" ;; *) die "unknown model $1 (mlp, cnn)" ;; esac; }
+steps_for() { case $1 in mlp) echo "$STEPS_MLP" ;; cnn) echo "$STEPS_CNN" ;; resnet) echo "$STEPS_RESNET" ;; *) die "unknown model $1 (mlp, cnn, resnet)" ;; esac; }
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/scaling.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -109,6 +114,9 @@ build_cmd() {
     case $variant in
     dp1 | dp2) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers "${variant#dp}" --threads 1
                     "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
+    dp2c | dp2cs) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --comm-progress caller
+                       "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none)
+                  [[ $variant == dp2c ]] || CMD+=(--comm-spin-us "$SPIN_US") ;;
     zero1) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --zero 1
                 "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
     det | det8 | det32) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
@@ -222,7 +230,7 @@ fi
 bench_facts scaling
 TORCH_VER=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo unknown)
 DPTRAIN_BIN=$DPTRAIN
-export RAW ACCRAW REPS STEPS_MLP STEPS_CNN LOAD0 LOAD1 T_START CPU_MODEL NCPU GIT_REV TORCH_VER DPTRAIN_BIN
+export RAW ACCRAW REPS STEPS_MLP STEPS_CNN STEPS_RESNET SPIN_US LOAD0 LOAD1 T_START CPU_MODEL NCPU GIT_REV TORCH_VER DPTRAIN_BIN
 export PT_ENV ACC_EPOCHS ACC_TOL ACC_EXTRA SEED
 "$PY" - >"$OUTMD" <<'EOF'
 import os, statistics, time
@@ -238,7 +246,7 @@ for variant, model, rep, sps, c in rows:
         data.setdefault((variant, model), {})[int(rep)] = float(sps)
     if c != "NA":
         cpu.setdefault((variant, model), []).append(float(c))
-steps = {"mlp": E["STEPS_MLP"], "cnn": E["STEPS_CNN"]}
+steps = {"mlp": E["STEPS_MLP"], "cnn": E["STEPS_CNN"], "resnet": E["STEPS_RESNET"]}
 
 def med(xs):
     return statistics.median(xs) if xs else None
@@ -271,7 +279,7 @@ p(f"- date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, wall {time.time() - int(E['
   f"dptrain `{E['DPTRAIN_BIN']}` at git `{E['GIT_REV']}`")
 p(f"- machine: {E['CPU_MODEL']}, {E['NCPU']} CPUs; load average at start {E['LOAD0']}, at end {E['LOAD1']}")
 p(f"- recipe: global batch 128 (64 per worker/process at P=2), SGD lr 0.05 momentum 0.9, seed {E['SEED']}, fp32, "
-  f"1 thread per worker/process; {E['STEPS_MLP']} steps (mlp), {E['STEPS_CNN']} steps (cnn); "
+  f"1 thread per worker/process; {E['STEPS_MLP']} steps (mlp), {E['STEPS_CNN']} steps (cnn), {E['STEPS_RESNET']} (resnet); "
   "global samples/s over the steps after the 5th, no evaluation")
 p(f"- PyTorch: `bench/pytorch_ddp.py`, environment `{E['PT_ENV']}`"
   + (" (AVX-512 OpenBLAS, OMP_WAIT_POLICY=PASSIVE, glibc.malloc.hugetlb=1)" if E["PT_ENV"] == "tuned" else "")
@@ -311,6 +319,17 @@ if any(v == "ind2" for v, _ in data):
           f"{cell(ratios('dp2', 'ind2', m, 1), True)} | {fmt(med(list(data.get(('zero1', m), {}).values())))} | "
           f"{cell(ratios('zero1', 'ind2', m, 1), True)} |")
     p("")
+    if any(v.startswith("dp2c") for v, _ in data):
+        p(f"Caller progress (`--comm-progress caller`, no communication thread; dp2cs also `--comm-spin-us {E['SPIN_US']}`), "
+          "side by side with the same ceiling (issue 9 targets: cnn and resnet >= 97%, mlp >= 93%):")
+        p("")
+        p("| model | dptrain P=2 / ceiling | dp2c samples/s | dp2c / ceiling | dp2c / dptrain P=2 | dp2cs samples/s | dp2cs / ceiling |")
+        p("|---|---:|---:|---:|---:|---:|---:|")
+        for m in models:
+            p(f"| {m} | {cell(ratios('dp2', 'ind2', m, 1), True)} | {fmt(med(list(data.get(('dp2c', m), {}).values())))} | "
+              f"{cell(ratios('dp2c', 'ind2', m, 1), True)} | {cell(ratios('dp2c', 'dp2', m, 1), False)} | "
+              f"{fmt(med(list(data.get(('dp2cs', m), {}).values())))} | {cell(ratios('dp2cs', 'ind2', m, 1), True)} |")
+        p("")
 if any(v.startswith("det") for v, _ in data):
     p("## What deterministic mode costs: dptrain P=2 with --deterministic, against ordinary P=2")
     p("")

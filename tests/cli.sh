@@ -106,6 +106,17 @@ sys.exit(0 if need <= names else 1)" && grep -q "hidden behind backward" "$T/tl.
   ok timeline_and_breakdown
 else bad timeline_and_breakdown "$(tail -3 "$T/tl.log")"; fi
 
+# --comm-progress caller: the workers reduce their own blocks of each bucket, no communication
+# thread; the same bits as the default (thread), with one bucket per layer
+for how in thread caller; do
+  "$BIN" train --model cnn --epochs 1 "${SMALL[@]}" --workers 2 --max-steps 4 --bucket-cap-mb 0.01 \
+    --first-bucket-mb 0.0001 --comm-progress $how --comm-spin-us 50 --out "$T/cp_$how" >/dev/null 2>&1
+done
+h1=$(hash_of "$T/cp_thread/checkpoint.bin"); h2=$(hash_of "$T/cp_caller/checkpoint.bin")
+if same_hash "$h1" "$h2"; then ok comm_progress_caller_equal; else bad comm_progress_caller_equal "thread '$h1' vs caller '$h2'"; fi
+expect_error comm_progress_bad "--comm-progress: expected thread or caller, got 'cpu'" "$BIN" train --comm-progress cpu
+expect_error comm_spin_us_bad "--comm-spin-us: '-1' is not an integer" "$BIN" train --comm-spin-us -1
+
 # slow workers on purpose: bad specs are one-line errors; rank 1 at 3x is the last arriver in most
 # steps (step records have last_rank and wait_s; the timeline has its "slow" and rank 0's "wait"
 # phases); a deterministic run trains the same bits with and without the slowdown

@@ -428,6 +428,123 @@ TEST_T(comm_test_before_wait_overlaps, 60) {
     team(2, NULL, overlap_member, NULL);
 }
 
+/* ---- caller progress (dp_comm_params.progress) --------------------------------------------- */
+
+static struct dp_comm_params caller_params(void) {
+    struct dp_comm_params cp = dp_comm_default_params();
+    cp.progress = DP_PROGRESS_CALLER;
+    return cp;
+}
+
+/* The nonblocking matrix above, with the direct all-reduces advanced by the
+ * callers' own test and wait calls, mixed with ring, rhd and the
+ * communication thread's broadcast and barrier, waited in reverse order. */
+TEST(comm_caller_progress_nonblocking_in_order) {
+    struct dp_comm_params cp = caller_params();
+    for (int P = 1; P <= 5; P++) team(P, &cp, nonblocking_member, NULL);
+}
+
+/* The blocking matrix (every count, P = 1..8): a world with caller progress
+ * runs its blocking direct all-reduces the same way. */
+TEST(comm_caller_progress_blocking_matrix) {
+    struct dp_comm_params cp = caller_params();
+    struct matrix_arg a = {OP_ALLREDUCE};
+    for (int P = 1; P <= 8; P++) team(P, &cp, matrix_member, &a);
+}
+
+/* Nobody but the ranks themselves runs a caller-progress all-reduce: rank 0
+ * starts it and then stays away for a while; rank 1, which arrives second
+ * and so sums its own block at once, keeps polling but must see "not done"
+ * until rank 0 calls in again (rank 0's block is still unsummed).  With the
+ * communication threads doing the work it would complete within
+ * microseconds.  Then both finish, and the sums are exact. */
+static atomic_int caller_started, caller_back;
+static void caller_member(struct dp_comm *c, void *arg) {
+    (void)arg;
+    int r = dp_comm_rank(c);
+    int64_t n = 100003;
+    float *x = alloc_f32(n);
+    for (int64_t i = 0; i < n; i++) x[i] = pattern(r, i, 3);
+    struct dp_comm_req *req;
+    if (r == 0) {
+        ASSERT_OK(dp_comm_iallreduce(c, x, n, DP_DTYPE_F32, DP_ALGO_DIRECT, &req));
+        atomic_store(&caller_started, 1);
+        usleep(200 * 1000); /* "backward": no call into the communicator */
+        atomic_store(&caller_back, 1);
+    } else {
+        while (!atomic_load(&caller_started)) usleep(100);
+        ASSERT_OK(dp_comm_iallreduce(c, x, n, DP_DTYPE_F32, DP_ALGO_DIRECT, &req));
+        int done = 0;
+        while (!atomic_load(&caller_back)) {
+            ASSERT_OK(dp_comm_test(c, req, &done));
+            if (done && !atomic_load(&caller_back))
+                dp_test_fail(__FILE__, __LINE__, "the all-reduce completed while rank 0 was away");
+            usleep(1000);
+        }
+    }
+    ASSERT_OK(dp_comm_wait(c, req));
+    for (int64_t i = 0; i < n; i++) ASSERT_TRUE(x[i] == (float)(1 + 2 * (int)((i + 3) % 7)));
+    dp_free(x);
+}
+
+TEST_T(comm_caller_progress_runs_on_the_callers, 30) {
+    struct dp_comm_params cp = caller_params();
+    atomic_store(&caller_started, 0);
+    atomic_store(&caller_back, 0);
+    team(2, &cp, caller_member, NULL);
+}
+
+/* The same bits as the communication thread's direct all-reduce, on inputs
+ * whose sums round (so the order of the additions shows): P = 3 ranks, a
+ * chain of buckets polled between "layers" as the reducer does, and one
+ * blocking all-reduce among them.  Each rank keeps its result per mode. */
+#define BITS_OPS 5
+static const int64_t bits_sizes[BITS_OPS] = {7, 200000, 1, 65537, 3000};
+static float *bits_out[2][3][BITS_OPS];
+static void bits_member(struct dp_comm *c, void *arg) {
+    int mode = *(int *)arg, r = dp_comm_rank(c);
+    struct dp_comm_req *req[BITS_OPS];
+    uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(r + 1);
+    for (int k = 0; k < BITS_OPS; k++) {
+        float *x = bits_out[mode][r][k] = alloc_f32(bits_sizes[k]);
+        for (int64_t i = 0; i < bits_sizes[k]; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            x[i] = (float)((double)(s >> 11) / 9007199254740992.0 - 0.5) * (float)(1 + (i % 5) * 1000);
+        }
+    }
+    for (int k = 0; k < BITS_OPS; k++) {
+        if (k == 2) {
+            ASSERT_OK(dp_comm_allreduce(c, bits_out[mode][r][k], bits_sizes[k], DP_DTYPE_F32, DP_ALGO_DIRECT));
+            req[k] = NULL;
+            continue;
+        }
+        ASSERT_OK(dp_comm_iallreduce(c, bits_out[mode][r][k], bits_sizes[k], DP_DTYPE_F32, DP_ALGO_DIRECT, &req[k]));
+        for (int j = 0; j < k; j++) { /* the reducer's poll between layers */
+            int done;
+            if (req[j]) ASSERT_OK(dp_comm_test(c, req[j], &done));
+        }
+        if (r == k % 3) usleep(2000); /* a slow layer, on a different rank each time */
+    }
+    for (int k = BITS_OPS - 1; k >= 0; k--)
+        if (req[k]) ASSERT_OK(dp_comm_wait(c, req[k]));
+}
+
+TEST(comm_caller_progress_same_bits) {
+    for (int mode = 0; mode < 2; mode++) {
+        struct dp_comm_params cp = dp_comm_default_params();
+        cp.progress = mode ? DP_PROGRESS_CALLER : DP_PROGRESS_THREAD;
+        team(3, &cp, bits_member, &mode);
+    }
+    for (int r = 0; r < 3; r++)
+        for (int k = 0; k < BITS_OPS; k++) {
+            ASSERT_TRUE(memcmp(bits_out[0][r][k], bits_out[1][r][k], sizeof(float) * (size_t)bits_sizes[k]) == 0);
+            /* every rank holds the same sum */
+            ASSERT_TRUE(memcmp(bits_out[1][r][k], bits_out[1][0][k], sizeof(float) * (size_t)bits_sizes[k]) == 0);
+        }
+    for (int r = 0; r < 3; r++)
+        for (int k = 0; k < BITS_OPS; k++) dp_free(bits_out[0][r][k]), dp_free(bits_out[1][r][k]);
+}
+
 /* ---- failures: abort, timeout, mismatch ----------------------------------------------------- */
 
 static atomic_int abort_ready;
@@ -473,6 +590,9 @@ TEST_T(comm_abort_unblocks_every_rank, 20) {
     team(4, NULL, abort_member, NULL);
     atomic_store(&abort_ready, 0);
     team(8, NULL, abort_member, NULL);
+    struct dp_comm_params cp = caller_params(); /* the direct ones run on the callers */
+    atomic_store(&abort_ready, 0);
+    team(4, &cp, abort_member, NULL);
 }
 
 /* An abort from a thread that is not the rank's worker (a watchdog), while
@@ -505,10 +625,14 @@ static void abort_other_thread_member(struct dp_comm *c, void *arg) {
 
 TEST_T(comm_abort_while_blocked, 20) { team(2, NULL, abort_other_thread_member, NULL); }
 
+/* arg: NULL blocking; else nonblocking, polled with dp_comm_test first.  The
+ * ranks start together (a barrier): the first to time out aborts the world
+ * for the other, so a rank whose thread started late would otherwise see
+ * less than 0.25 s (seen on a loaded machine). */
 static void timeout_member(struct dp_comm *c, void *arg) {
-    (void)arg;
     int r = dp_comm_rank(c);
     float x[100] = {0};
+    ASSERT_OK(dp_comm_barrier(c));
     if (r == 2) {
         usleep(3000 * 1000); /* "stuck in compute": never arrives in time */
         ASSERT_ERR(dp_comm_allreduce(c, x, 100, DP_DTYPE_F32, DP_ALGO_DIRECT), DP_ECANCELED,
@@ -516,8 +640,15 @@ static void timeout_member(struct dp_comm *c, void *arg) {
         return;
     }
     double t0 = dp_time();
-    ASSERT_ERR(dp_comm_allreduce(c, x, 100, DP_DTYPE_F32, DP_ALGO_DIRECT), DP_ECANCELED,
-               "rank 2 did not arrive");
+    if (arg) {
+        struct dp_comm_req *q;
+        int done = 0;
+        ASSERT_OK(dp_comm_iallreduce(c, x, 100, DP_DTYPE_F32, DP_ALGO_DIRECT, &q));
+        ASSERT_OK(dp_comm_test(c, q, &done));
+        ASSERT_ERR(dp_comm_wait(c, q), DP_ECANCELED, "rank 2 did not arrive");
+    } else
+        ASSERT_ERR(dp_comm_allreduce(c, x, 100, DP_DTYPE_F32, DP_ALGO_DIRECT), DP_ECANCELED,
+                   "rank 2 did not arrive");
     double dt = dp_time() - t0;
     /* rank 2 arrives at 3 s: a wide margin, so a loaded machine (or a
      * sanitizer build) cannot make the timeout look late */
@@ -529,6 +660,8 @@ TEST_T(comm_timeout_names_missing_rank, 20) {
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = 0.25;
     team(3, &cp, timeout_member, NULL);
+    cp.progress = DP_PROGRESS_CALLER;
+    team(3, &cp, timeout_member, &cp);
 }
 
 /* ---- point-to-point messages ---------------------------------------------------------------- */
@@ -681,7 +814,11 @@ static void mismatch_member(struct dp_comm *c, void *arg) {
     ASSERT_TRUE(strstr(dp_errmsg(), "allreduce(count 10, f32, direct)") != NULL);
 }
 
-TEST_T(comm_mismatch_detected, 20) { team(2, NULL, mismatch_member, NULL); }
+TEST_T(comm_mismatch_detected, 20) {
+    team(2, NULL, mismatch_member, NULL);
+    struct dp_comm_params cp = caller_params();
+    team(2, &cp, mismatch_member, NULL);
+}
 
 /* ---- arguments, names, partition, backends -------------------------------------------------- */
 
@@ -818,6 +955,9 @@ TEST(comm_free_without_leaks) {
     dp_set_allocator(&a);
     for (int forget = 0; forget < 2; forget++) {
         team(4, NULL, leak_member, &forget);
+        ASSERT_EQ(atomic_load(&live_blocks), 0);
+        struct dp_comm_params cp = caller_params();
+        team(4, &cp, leak_member, &forget);
         ASSERT_EQ(atomic_load(&live_blocks), 0);
     }
     dp_set_allocator(NULL);

@@ -78,6 +78,28 @@ TEST_T(ddp_overlap_off_and_tiny_buckets_same_result, 300) {
     free(ref), free(a), free(b);
 }
 
+/* --comm-progress caller (the workers sum their own blocks of each bucket
+ * between layers, no communication thread) trains the same bits as the
+ * communication threads: cnn with 3 workers and one bucket per layer (many
+ * buckets in flight, a blocking all-reduce at the step's end), and resnet
+ * with 2, whose SyncBatchNorm all-reduces (blocking) come between buckets. */
+TEST_T(ddp_caller_progress_same_bits, 300) {
+    require_data();
+    const char *models[2] = {"cnn", "resnet"};
+    for (int k = 0; k < 2; k++) {
+        struct dp_train_params p = base(models[k], 3 - k);
+        p.max_steps = 3 - k;
+        if (k == 0) p.bucket_cap_bytes = 4096, p.first_bucket_bytes = 64;
+        int64_t n;
+        float *ref = train(&p, &n);
+        p.comm_progress = DP_PROGRESS_CALLER;
+        p.check_replicas = 1; /* every step: the replicas stay bit-identical */
+        float *got = train(&p, &n);
+        ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
+        free(ref), free(got);
+    }
+}
+
 TEST(ddp_buckets_plan) {
     struct dp_model *m;
     ASSERT_OK(dp_model_from_spec(&m, "cnn", 1, 28, 28));

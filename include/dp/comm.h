@@ -193,8 +193,19 @@ struct dp_comm_params {
                          rank's communicator); 0 = wait forever */
     int spin_us;      /* busy-wait this long before sleeping; -1 = auto (thread: 10 µs
                          when the ranks fit on the CPUs, else 1 µs; mpi: 50 µs) */
+    int progress;     /* enum dp_comm_progress: who runs the thread backend's nonblocking
+                         direct all-reduces (mpi: ignored) */
 };
-/* timeout_s 0, spin_us -1. */
+/* Thread backend.  DP_PROGRESS_THREAD: every nonblocking operation runs on the
+ * rank's communication thread.  DP_PROGRESS_CALLER: a direct all-reduce of a
+ * flat world advances inside the rank's own dp_comm_iallreduce, dp_comm_test
+ * and dp_comm_wait calls (each rank sums its own block once every rank has
+ * arrived), so no third thread competes with the compute threads for the
+ * cores; such an operation completes only once every rank has called in after
+ * the last one arrived.  The result has the same bits (comm_thread.c, "Caller
+ * progress"). */
+enum dp_comm_progress { DP_PROGRESS_THREAD = 0, DP_PROGRESS_CALLER = 1 };
+/* timeout_s 0, spin_us -1, progress DP_PROGRESS_THREAD. */
 struct dp_comm_params dp_comm_default_params(void);
 
 /* 1 if backend `name` is built in ("thread" always is; "mpi" when the build

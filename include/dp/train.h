@@ -108,6 +108,9 @@ struct dp_train_params {
     int64_t check_replicas;    /* compare replica hashes every N steps (0 = off) */
     int skip_nonfinite;        /* skip steps whose loss or gradient is not finite */
     double comm_timeout;       /* seconds a collective may block before the run fails (0 = off) */
+    int comm_progress;         /* enum dp_comm_progress: who runs the bucket all-reduces on
+                                  threads (dp/comm.h; default DP_PROGRESS_THREAD) */
+    int comm_spin_us;          /* dp_comm_params.spin_us of the workers' world (-1 = auto, default) */
     int deterministic;         /* bit-identical results for any worker count (docs/ddp.md) */
     /* ZeRO (docs/ddp.md "ZeRO"; dp/ddp.h): 1 = each worker keeps the optimizer state of its
      * 1/G shard of the parameters, updates that shard and all-gathers the parameters; 2 also

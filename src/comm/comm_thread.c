@@ -26,6 +26,33 @@
  * Data: buffers are read and written by peers between a mark's release store
  * and the acquire load that observes it; the algorithms' protocols (algo_*.c)
  * say which marks order which accesses.  No OpenMP here.
+ *
+ * Caller progress (params.progress = DP_PROGRESS_CALLER).  A direct
+ * all-reduce of a flat world (nonblocking or blocking: all of a world's
+ * direct all-reduces take this path, so the ranks of one operation agree on
+ * it) is never handed to the communication thread: the rank's own thread
+ * advances it inside dp_comm_iallreduce, dp_comm_test and dp_comm_wait, so on a machine with one core per rank the
+ * reduction no longer comes from a third thread that preempts a compute
+ * thread (which also made the two ranks' compute uneven: whichever core the
+ * progress threads ran on fell behind).  The protocol is the direct
+ * all-reduce's with owned blocks instead of claimed chunks, cut in phases
+ * that never block unless the caller waits:
+ *   phase 0 -> 1  publish the descriptor and mark 1 (arrived); at once on start;
+ *   phase 1 -> 2  once every rank has mark 1: sum block r (dp_comm_split of the
+ *                 count in P; rank order, as every direct all-reduce sums) from
+ *                 all P buffers into all P buffers, then mark 2;
+ *   phase 2 -> done  once every rank has mark 2 (the end rule: nobody touches
+ *                 this rank's buffer any more).
+ * Owned blocks, not claims: the rank that arrives second at a bucket would
+ * otherwise claim every chunk while its peer computes, and fall behind by the
+ * whole reduction; with blocks each rank pays its half, at its own next call.
+ * Requests still complete in issue order, one at a time (a rank arrives at
+ * operation k+1 only after k is done, which is what keeps the descriptor and
+ * peer_buf valid and the world's marks monotonic); the communication thread
+ * runs whatever other request is queued once the caller requests before it
+ * are done, and a waiter drives the caller requests ahead of its own.  The
+ * sum of every element is the same expression as with claims, so the bits
+ * are those of the thread-progress path.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -59,7 +86,8 @@ struct slot {
     _Alignas(64) atomic_uint_least64_t prog; /* seq << 24 | mark; 0 before the first op */
     atomic_int nwait;                        /* sleepers on cv */
     char pad[128 - sizeof(atomic_uint_least64_t) - sizeof(atomic_int)];
-    struct dp__op desc;                       /* written before mark 1, by the owner only */
+    struct dp__op desc[2];                    /* of request n in desc[n & 1] (desc_of): written
+                                                 before mark 1, by the owner only */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int present;                              /* rank initialised (under world mu) */
@@ -93,6 +121,10 @@ struct dp_comm_req {
     struct dp__op d;
     uint64_t seq;
     int state; /* under the rank's mu */
+    int caller;      /* advanced by the owner's calls ("Caller progress"); fixed at start */
+    int phase;       /* caller: 0 queued, 1 arrived, 2 own block summed, 3 finished (rc
+                        set; owner only) */
+    double deadline; /* caller: the timeout's deadline, from arrival; 0 = none */
     int rc;
     char msg[MSG_LEN];
 };
@@ -267,13 +299,21 @@ static void describe(char *out, size_t n, const struct dp__op *d) {
     if (k > 0 && (size_t)k < n) snprintf(out + k, n - (size_t)k, ")");
 }
 
+/* Rank r's descriptor of the operation with step-flag sequence number seq:
+ * two per rank, by the request number's parity, because with caller progress
+ * a rank publishes request n+1 while its peers may still be reading request
+ * n's (never n-1's: n+1 arrives only once n-1 is complete). */
+static struct dp__op *desc_of(struct dp_comm_world *w, int r, uint64_t seq) {
+    return &w->slots[r].desc[(seq / SUBOPS) & 1];
+}
+
 int dp__coll_peer(struct dp__coll *op, int peer, char **buf) {
     int rc = dp__coll_wait(op, peer, DP__MARK_ARRIVED);
     if (rc) return rc;
     /* The peer wrote desc before its mark 1 and rewrites it only for its next
      * operation, which it starts after this rank's last access to its buffer
      * (the end rule), so this read is ordered both ways. */
-    const struct dp__op *pd = &op->world->slots[peer].desc;
+    const struct dp__op *pd = desc_of(op->world, peer, op->seq);
     if (pd->coll != op->d.coll || pd->count != op->d.count || pd->dtype != op->d.dtype ||
         pd->algo != op->d.algo || pd->root != op->d.root) {
         char mine[160], theirs[160], msg[MSG_LEN];
@@ -311,7 +351,7 @@ static int local_stage(struct thread_comm *tc, uint64_t seq, const struct dp__op
     int rc = world_status(w);
     if (rc) return rc;
     if (timed && w->params.timeout_s > 0) op.deadline = dp_time() + w->params.timeout_s;
-    w->slots[tc->local].desc = *d;
+    *desc_of(w, tc->local, seq) = *d;
     tc->peer_buf[tc->local] = d->buf;
     dp__coll_mark(&op, DP__MARK_ARRIVED);
     return algos[d->coll][d->algo](&op);
@@ -420,12 +460,15 @@ static struct dp_comm_req *pop(struct thread_comm *tc) {
     return rq;
 }
 
+/* The communication thread may take the head request (caller requests are the owner's). */
+static int runnable(const struct thread_comm *tc) { return tc->head && !tc->running && !tc->head->caller; }
+
 static void *comm_thread_main(void *arg) {
     struct thread_comm *tc = arg;
     pthread_mutex_lock(&tc->mu);
     for (;;) {
-        while (!tc->stop && !(tc->head && !tc->running)) pthread_cond_wait(&tc->cv_work, &tc->mu);
-        if (!(tc->head && !tc->running)) break; /* stop, nothing runnable */
+        while (!tc->stop && !runnable(tc)) pthread_cond_wait(&tc->cv_work, &tc->mu);
+        if (!runnable(tc)) break; /* stop, nothing runnable */
         struct dp_comm_req *rq = pop(tc);
         pthread_mutex_unlock(&tc->mu);
         execute(tc, rq);
@@ -434,6 +477,92 @@ static void *comm_thread_main(void *arg) {
     }
     pthread_mutex_unlock(&tc->mu);
     return NULL;
+}
+
+/* ---- caller progress (see the file comment) ------------------------------------------------- */
+
+/* 1 when every peer's progress word has reached `mark` of op, or when the
+ * world is aborted or the deadline has passed (then the blocking wait that
+ * follows returns the error at once). */
+static int all_marked(const struct dp__coll *op, unsigned mark) {
+    struct dp_comm_world *w = op->world;
+    if (atomic_load_explicit(&w->aborted, memory_order_relaxed)) return 1;
+    if (op->deadline > 0 && dp_time() >= op->deadline) return 1;
+    uint64_t want = op->seq << 24 | mark;
+    for (int k = 1; k < op->nranks; k++)
+        if (atomic_load_explicit(&w->slots[(op->rank + k) % op->nranks].prog, memory_order_acquire) < want)
+            return 0;
+    return 1;
+}
+
+/* Moves caller request rq on as far as it goes without blocking, but not
+ * past phase `upto` (2: its own block summed; 3: finished); with `block`, to
+ * the end.  Runs on the owner's thread without tc->mu, with tc->running set.
+ * Returns 1 when rq is finished (rq->rc set), else 0. */
+static int caller_step(struct thread_comm *tc, struct dp_comm_req *rq, int upto, int block) {
+    struct dp_comm_world *w = tc->w;
+    struct dp__coll op = {w, tc->local, w->nranks, rq->seq * SUBOPS, rq->d, dp_dtype_size(rq->d.dtype),
+                          rq->deadline, tc->peer_buf};
+    int rc = 0;
+    if (rq->phase == 3) return 1;
+    if (rq->phase == 0) {
+        if ((rc = world_status(w))) goto out;
+        if (w->params.timeout_s > 0) op.deadline = rq->deadline = dp_time() + w->params.timeout_s;
+        *desc_of(w, tc->local, op.seq) = rq->d;
+        tc->peer_buf[tc->local] = rq->d.buf;
+        dp__coll_mark(&op, DP__MARK_ARRIVED);
+        rq->phase = 1;
+    }
+    if (rq->phase == 1) {
+        if (!block && !all_marked(&op, DP__MARK_ARRIVED)) return 0;
+        for (int k = 1; k < op.nranks && !rc; k++) {
+            char *b;
+            rc = dp__coll_peer(&op, (op.rank + k) % op.nranks, &b);
+        }
+        if (rc) goto out;
+        size_t off, len;
+        dp__block(&op, op.nranks, op.rank, &off, &len);
+        if (len && op.nranks > 1) dp__reduce_sum_to(op.peer_buf, op.nranks, op.peer_buf, op.nranks, off,
+                                   (int64_t)(len / op.esize), op.d.dtype);
+        dp__coll_mark(&op, 2);
+        rq->phase = 2;
+    }
+    if (upto < 3 || (!block && !all_marked(&op, 2))) return 0;
+    rc = dp__coll_wait_all(&op, 2);
+out:
+    rq->rc = rc;
+    rq->phase = 3;
+    if (rc) snprintf(rq->msg, sizeof rq->msg, "%s", dp_errmsg());
+    return 1;
+}
+
+/* Advances the caller requests at the head of the queue, in issue order: as
+ * far as they go without blocking, or (until != NULL) to the end of each one
+ * up to `until` or the first request that is not a caller request.  Once the
+ * head has summed its block, the request after it may arrive and sum its own
+ * (phases 0-2) before the head completes, so a rank that waits for the end of
+ * bucket k has already published bucket k+1: one round of waiting per bucket
+ * instead of two.  A request completes only at the head.  Called by the
+ * owner's thread with tc->mu held. */
+static void caller_advance(struct thread_comm *tc, const struct dp_comm_req *until) {
+    while (tc->head && tc->head->caller && !tc->running) {
+        struct dp_comm_req *rq = tc->head, *nx = rq->next;
+        tc->running = 1;
+        pthread_mutex_unlock(&tc->mu);
+        int done = caller_step(tc, rq, 3, 0);
+        if (!done && rq->phase == 2 && nx && nx->caller) caller_step(tc, nx, 2, 0);
+        if (!done && until) done = caller_step(tc, rq, 3, 1);
+        pthread_mutex_lock(&tc->mu);
+        if (!done) {
+            tc->running = 0;
+            break;
+        }
+        tc->head = rq->next;
+        if (!tc->head) tc->tail = NULL;
+        rq->next = NULL;
+        finish(tc, rq); /* wakes the communication thread if a request of its own is next */
+        if (rq == until) break;
+    }
 }
 
 /* ---- the ops table -------------------------------------------------------------------------- */
@@ -462,13 +591,19 @@ static int t_start(struct dp_comm *c, const struct dp__op *d, int blocking,
     rq->d = *d;
     rq->seq = ++tc->next_seq;
     rq->state = REQ_QUEUED;
+    /* blocking ones too: one op's ranks must all sum owned blocks (a rank
+     * that claimed chunks could re-add a block its peer already summed) */
+    rq->caller = tc->w->params.progress == DP_PROGRESS_CALLER && !tc->w->inter &&
+                 d->coll == DP_COLL_ALLREDUCE && d->algo == DP_ALGO_DIRECT;
     if (tc->tail) tc->tail->next = rq;
     else tc->head = rq;
     tc->tail = rq;
     tc->npending++;
     /* A blocking caller runs the operation itself in t_wait when it is first in
-     * line; otherwise hand it to the communication thread now. */
-    if (!tc->running && !(blocking && tc->head == rq)) pthread_cond_signal(&tc->cv_work);
+     * line; a caller request arrives now (and sums its block if every peer is
+     * there); otherwise hand it to the communication thread now. */
+    if (rq->caller) caller_advance(tc, NULL);
+    else if (!tc->running && !(blocking && tc->head == rq)) pthread_cond_signal(&tc->cv_work);
     pthread_mutex_unlock(&tc->mu);
     *req = rq;
     return 0;
@@ -477,6 +612,7 @@ static int t_start(struct dp_comm *c, const struct dp__op *d, int blocking,
 static int t_test(struct dp_comm *c, struct dp_comm_req *req, int *done) {
     struct thread_comm *tc = (struct thread_comm *)c;
     pthread_mutex_lock(&tc->mu);
+    caller_advance(tc, NULL);
     *done = req->state == REQ_DONE;
     pthread_mutex_unlock(&tc->mu);
     return 0;
@@ -486,6 +622,11 @@ static int t_wait(struct dp_comm *c, struct dp_comm_req *req) {
     struct thread_comm *tc = (struct thread_comm *)c;
     pthread_mutex_lock(&tc->mu);
     while (req->state != REQ_DONE) {
+        /* the caller requests ahead of req (or req itself) run on this thread */
+        if (tc->head && tc->head->caller && !tc->running) {
+            caller_advance(tc, req);
+            continue;
+        }
         if (req->state == REQ_QUEUED && tc->head == req && !tc->running) {
             pop(tc);
             pthread_mutex_unlock(&tc->mu);

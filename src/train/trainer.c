@@ -192,6 +192,7 @@ struct dp_train_params dp_train_default_params(void) {
     p.bucket_cap_bytes = 0; /* auto (dp/ddp.h) */
     p.first_bucket_bytes = 1u << 20;
     p.overlap = 1;
+    p.comm_spin_us = -1; /* auto */
     p.algo = DP_ALGO_AUTO;
     p.det_chunk = 0; /* auto: dp_det_chunk_auto(batch) */
     p.epochs = 1;
@@ -854,6 +855,8 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     t->max_batch = share > t->eval_chunk ? share : t->eval_chunk;
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = p->comm_timeout;
+    cp.progress = p->comm_progress;
+    cp.spin_us = p->comm_spin_us;
     rc = p->inter ? dp_comm_thread_world_init_hier(&t->world, t->P, &cp, p->inter)
                   : dp_comm_thread_world_init(&t->world, t->P, &cp);
     if (rc) goto fail;

@@ -182,6 +182,11 @@ static const char *help_train =
     "                      1..25 MiB]\n"
     "  --first-bucket-mb F the first (output-side) bucket in MiB [1]\n"
     "  --no-overlap        all-reduce only after backward (for comparison)\n"
+    "  --comm-progress WHO who runs the buckets' all-reduces on threads: thread (each worker's\n"
+    "                      communication thread) | caller (the workers themselves, between\n"
+    "                      layers; no third thread) [thread]\n"
+    "  --comm-spin-us N    a worker waiting for another spins N microseconds before it sleeps\n"
+    "                      [auto: 10, 1 with more workers than cores]\n"
     "  --algo NAME         all-reduce algorithm: auto | ring | rhd | direct | native [auto];\n"
     "                      with mpi it applies between processes (native = MPI's own)\n"
     "  --compress SPEC     gradient compression: none | bf16 | fp16 | powersgd:RANK | topk:FRACTION |\n"
@@ -505,6 +510,11 @@ static int cmd_train(int argc, char **argv) {
         else if (opt(&a, "--first-bucket-mb", &v))
             tp.first_bucket_bytes = (size_t)(parse_float("--first-bucket-mb", v, 1e-5, 1e5) * 1048576.0);
         else if (opt(&a, "--no-overlap", NULL)) tp.overlap = 0;
+        else if (opt(&a, "--comm-progress", &v)) {
+            if (!strcmp(v, "thread")) tp.comm_progress = DP_PROGRESS_THREAD;
+            else if (!strcmp(v, "caller")) tp.comm_progress = DP_PROGRESS_CALLER;
+            else die("--comm-progress: expected thread or caller, got '%s'", v);
+        } else if (opt(&a, "--comm-spin-us", &v)) tp.comm_spin_us = (int)parse_int("--comm-spin-us", v, 0, 1000000);
         else if (opt(&a, "--algo", &v)) {
             int k = dp_comm_algo_parse(v);
             if (k < 0) die("--algo: unknown algorithm '%s' (expected auto, ring, rhd, direct or native)", v);
