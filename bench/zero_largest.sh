@@ -25,6 +25,7 @@
 #   bash bench/zero_largest.sh                       # about 5 minutes (loaded: more)
 #   LIMIT_MIB=2048 STAGES="0 3" bash bench/zero_largest.sh
 #   LIMIT_MIB=20480 LAYERS=12 CAL="192 320" BATCH=2 bash bench/zero_largest.sh   # the machine: ~1 hour
+#   ... STAGES="1 3" FROM="1:2432 3:2624" ...   # resume the walks of an interrupted run at those widths
 # Writes bench/results/zero_largest-<date>.txt (needs `make`).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -41,7 +42,8 @@ STAGES=${STAGES:-"0 1 2 3"}
 WALK=${WALK:-4}
 RESERVE_MIB=${RESERVE_MIB:-512}
 RESULTS=${RESULTS:-bench/results}
-DPTRAIN=build/dptrain
+DPTRAIN=${DPTRAIN:-build/dptrain}
+FROM=${FROM:-} # "Z:D ...": start stage Z's walk at width D instead of the fit's prediction
 TOKENS=${TOKENS:-}
 [[ -x $DPTRAIN && -x /usr/bin/time ]] || { echo "build $DPTRAIN first (make); needs /usr/bin/time" >&2; exit 1; }
 WORK=$(mktemp -d /tmp/zero_largest.XXXXXX)
@@ -107,7 +109,7 @@ widest() {
 fits() { awk -F'\t' -v lim="$LIMIT_KB" '{ exit !($6 == 0 && $4 > 0 && $4 <= lim) }' <<<"$1"; }
 
 {
-    echo "# bash bench/zero_largest.sh (LIMIT_MIB=$LIMIT_MIB LAYERS=$LAYERS CTX=$CTX BATCH=$BATCH STEPS=$STEPS STEP=$STEP CAL=\"$CAL\"), git $GIT_REV"
+    echo "# bash bench/zero_largest.sh (LIMIT_MIB=$LIMIT_MIB LAYERS=$LAYERS CTX=$CTX BATCH=$BATCH STEPS=$STEPS STEP=$STEP CAL=\"$CAL\" FROM=\"$FROM\" DPTRAIN=$DPTRAIN), git $GIT_REV"
     echo "# CPU: $CPU_MODEL, $NCPU cores (lscpu: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1));" \
          "load average at the start: $LOAD1; MemTotal $MEM_KB kB"
     bench_tokens
@@ -125,6 +127,7 @@ fits() { awk -F'\t' -v lim="$LIMIT_KB" '{ exit !($6 == 0 && $4 > 0 && $4 <= lim)
             NR == 1 { p1 = $3; r1 = $4 * 1024 } NR == 2 { p2 = $3; r2 = $4 * 1024 }
             END { b = (r2 - r1) / (p2 - p1); printf "%.0f %.4f\n", r1 - b * p1, b }')
         pred=$(widest "$a" "$b" $((LIMIT_KB * 1024)))
+        for f in $FROM; do [[ ${f%%:*} == "$z" ]] && pred=${f#*:}; done
         best=0 bestline="" over=""
         line=$(run "$pred" "$z") || die "no verdict"; printf 'walk\t%s\n' "$line"
         if fits "$line"; then  # up the grid while it fits
