@@ -228,8 +228,11 @@ if "$BIN" --help | grep -q "mpi (built in)"; then
   expect_error ps_mpi_ssp_one_worker_per_process "--mode async across processes needs one worker per process" \
     "${NOLEAK[@]}" "$BIN" train "${SMALL[@]}" --backend mpi --workers 2 --staleness 0
 else skip ps_mpi_refused "MPI not built into $BIN"; fi
+# (--lr 0.01: at SMALL's 0.05 with momentum 0.9 and staleness up to 5, async mlp sat at the edge of
+# divergence, train loss 14 to 34000 in epoch 2, and under ASan once went non-finite; what is checked
+# here is the staleness reporting, which does not depend on the rate)
 if "$BIN" train --help 2>&1 | grep -q -- "--mode NAME" && "$BIN" train --help 2>&1 | grep -q -- "--staleness-lr" &&
-   "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 3 --mode async --servers 2 --out "$T/ps" >"$T/ps.log" 2>&1 &&
+   "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 3 --mode async --servers 2 --lr 0.01 --out "$T/ps" >"$T/ps.log" 2>&1 &&
    [[ $(grep -Ec "^epoch [12]/2 .* staleness mean [0-9.]+ p50 [0-9]+ p99 [0-9]+ max [0-9]+$" "$T/ps.log") -eq 2 ]] &&
    /usr/bin/python3 -c "
 import json
