@@ -577,6 +577,12 @@ static struct dp_plan_result plan_point(const struct point *pt, const double *ca
 
 #define RUN_WARMUP 5
 
+/* The measured all-reduce table (both algorithms) times k. */
+static void scale_table(struct point *pt, double k) {
+    for (int a = 0; a < 2; a++)
+        for (int s = 0; s < pt->n; s++) pt->tt[a][s] *= k;
+}
+
 /* The plan at the point with the table times k and backward Bk (with b
  * samples per worker) as the run's: cal[CAL_BWD] set so that the plan's
  * backward + steal is Bk (the overlap moves with backward: a few rounds
@@ -584,8 +590,7 @@ static struct dp_plan_result plan_point(const struct point *pt, const double *ca
 static struct dp_plan_result run_point(const struct point *pt, double k, double Bk, double b, double comm_cpu,
                                        double opt_param_s, double *cal) {
     struct point q = *pt;
-    for (int a = 0; a < 2; a++)
-        for (int s = 0; s < q.n; s++) q.tt[a][s] *= k;
+    scale_table(&q, k);
     double ov = 0;
     struct dp_plan_result r = {0};
     for (int it = 0; it < 8; it++) {
@@ -650,8 +655,7 @@ static double run_terms(const struct run_recs *rr, struct point *pt, double comm
         k = lo;
         dp_plan_result_free(&r);
         r = run_point(pt, k, Bk, b, comm_cpu, O / psi, cal);
-        for (int a = 0; a < 2; a++)
-            for (int s = 0; s < pt->n; s++) pt->tt[a][s] *= k;
+        scale_table(pt, k);
     }
     *table_scale = k;
     double ov = r.overlap_s;
