@@ -933,7 +933,10 @@ static void count_free(void *p, void *user) {
 
 static void leak_member(struct dp_comm *c, void *arg) {
     int forget = *(int *)arg;
-    float x[100];
+    /* not on this function's stack: rank 0's last operation is still in
+     * flight, reading x, until member_main frees the communicator */
+    static float xs[4][100];
+    float *x = xs[dp_comm_rank(c)];
     for (int i = 0; i < 100; i++) x[i] = 1;
     struct dp_comm_req *q[4];
     for (int k = 0; k < 4; k++)
@@ -948,6 +951,62 @@ static void leak_member(struct dp_comm *c, void *arg) {
         int rc = dp_comm_allreduce(c, x, 100, DP_DTYPE_F32, DP_ALGO_DIRECT);
         ASSERT_TRUE(rc == 0 || rc == DP_ECANCELED);
     }
+}
+
+/* A rank that frees its communicator with an operation in flight, and then
+ * its buffer, while its peers are still summing from that buffer: the free
+ * (and a peer's failed wait, before that peer frees its own buffer) must
+ * return only once nobody reads the buffers any more.  Rank 0 arrives last,
+ * at a 16 MB all-reduce its peers are already waiting in, and leaves at once.
+ * Without the wait, ASan sees a heap-use-after-free and TSan a race on the
+ * buffers; the plain build checks the return codes only. */
+#define FREED_COUNT (4 << 20)
+struct freed_member {
+    struct dp_comm_world *w;
+    int rank;
+};
+
+static void *freed_main(void *p) {
+    struct freed_member *m = p;
+    struct dp_comm *c;
+    ASSERT_OK(dp_comm_thread_init(&c, m->w, m->rank));
+    float *x = dp_malloc_big(sizeof(float) * FREED_COUNT);
+    ASSERT_TRUE(x != NULL);
+    for (int64_t i = 0; i < FREED_COUNT; i++) x[i] = 1;
+    ASSERT_OK(dp_comm_barrier(c));
+    if (m->rank == 0) {
+        struct dp_comm_req *q;
+        usleep(2000);
+        ASSERT_OK(dp_comm_iallreduce(c, x, FREED_COUNT, DP_DTYPE_F32, DP_ALGO_DIRECT, &q));
+        dp_comm_free(c);
+        memset(x, 0xff, sizeof(float) * FREED_COUNT);
+        dp_free(x);
+        return NULL;
+    }
+    int rc = dp_comm_allreduce(c, x, FREED_COUNT, DP_DTYPE_F32, DP_ALGO_DIRECT);
+    ASSERT_TRUE(rc == 0 || rc == DP_ECANCELED);
+    memset(x, 0xff, sizeof(float) * FREED_COUNT);
+    dp_free(x);
+    dp_comm_free(c);
+    return NULL;
+}
+
+TEST_T(comm_free_waits_for_peers_reading, 120) {
+    for (int caller = 0; caller < 2; caller++)
+        for (int P = 2; P <= 4; P += 2)
+            for (int rep = 0; rep < 3; rep++) {
+                struct dp_comm_params cp = caller ? caller_params() : dp_comm_default_params();
+                struct dp_comm_world *w;
+                ASSERT_OK(dp_comm_thread_world_init(&w, P, &cp));
+                pthread_t th[4];
+                struct freed_member m[4];
+                for (int r = 0; r < P; r++) {
+                    m[r] = (struct freed_member){w, r};
+                    ASSERT_EQ(pthread_create(&th[r], NULL, freed_main, &m[r]), 0);
+                }
+                for (int r = 0; r < P; r++) pthread_join(th[r], NULL);
+                dp_comm_thread_world_free(w);
+            }
 }
 
 TEST(comm_free_without_leaks) {

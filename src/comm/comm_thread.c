@@ -27,6 +27,17 @@
  * and the acquire load that observes it; the algorithms' protocols (algo_*.c)
  * say which marks order which accesses.  No OpenMP here.
  *
+ * Aborts and peers' buffers.  Once the world is aborted a rank's wait returns
+ * at once, possibly while a peer is still summing from that rank's buffer (a
+ * peer's reads are bounded by marks only on the success path).  So each rank
+ * counts, in its slot's `busy`, the stretches in which it touches peers'
+ * buffers, entering them only after raising the count and then finding the
+ * world not aborted (both seq_cst); and an operation that ends on an abort,
+ * and dp_comm_free, return only once every peer's count is 0 (quiesce).  With
+ * the abort flag set first (seq_cst) either the peer sees the abort and never
+ * enters, or the waiter sees its count: no peer reads a buffer whose owner
+ * has been told its operation is over.
+ *
  * Caller progress (params.progress = DP_PROGRESS_CALLER).  A direct
  * all-reduce of a flat world (nonblocking or blocking: all of a world's
  * direct all-reduces take this path, so the ranks of one operation agree on
@@ -56,6 +67,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -88,6 +100,9 @@ struct slot {
     char pad[128 - sizeof(atomic_uint_least64_t) - sizeof(atomic_int)];
     struct dp__op desc[2];                    /* of request n in desc[n & 1] (desc_of): written
                                                  before mark 1, by the owner only */
+    atomic_int busy;                          /* this rank's threads inside a stretch that
+                                                 touches peers' buffers ("Aborts and peers'
+                                                 buffers") */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int present;                              /* rank initialised (under world mu) */
@@ -169,6 +184,29 @@ static int world_abort(struct dp_comm_world *w, const char *msg) {
 static int world_status(const struct dp_comm_world *w) {
     if (!atomic_load_explicit(&w->aborted, memory_order_acquire)) return 0;
     return dp_seterr(DP_ECANCELED, "%s", w->abort_msg);
+}
+
+/* Enters a stretch that touches peers' buffers: 0, or the abort's error
+ * (then not entered).  seq_cst both ways, see the file comment. */
+static int touch_begin(struct dp_comm_world *w, int local) {
+    atomic_fetch_add(&w->slots[local].busy, 1);
+    if (!atomic_load(&w->aborted)) return 0;
+    atomic_fetch_sub(&w->slots[local].busy, 1);
+    return world_status(w);
+}
+
+static void touch_end(struct dp_comm_world *w, int local) {
+    atomic_fetch_sub(&w->slots[local].busy, 1);
+}
+
+/* After an abort: returns once no other rank of the world is inside a
+ * stretch that touches peers' buffers.  None can enter one any more, and the
+ * ones inside leave within a bounded time (their waits fail at once on the
+ * abort), so this ends. */
+static void quiesce(struct dp_comm_world *w, int local) {
+    if (!atomic_load(&w->aborted)) return;
+    for (int r = 0; r < w->nranks; r++)
+        while (r != local && atomic_load(&w->slots[r].busy) > 0) sched_yield();
 }
 
 /* ---- the step-flag layer ------------------------------------------------------------------ */
@@ -348,13 +386,15 @@ static const dp__algo_fn algos[DP_COLL_COUNT][DP_ALGO_COUNT] = {
 static int local_stage(struct thread_comm *tc, uint64_t seq, const struct dp__op *d, int timed) {
     struct dp_comm_world *w = tc->w;
     struct dp__coll op = {w, tc->local, w->nranks, seq, *d, dp_dtype_size(d->dtype), 0, tc->peer_buf};
-    int rc = world_status(w);
+    int rc = touch_begin(w, tc->local);
     if (rc) return rc;
     if (timed && w->params.timeout_s > 0) op.deadline = dp_time() + w->params.timeout_s;
     *desc_of(w, tc->local, seq) = *d;
     tc->peer_buf[tc->local] = d->buf;
     dp__coll_mark(&op, DP__MARK_ARRIVED);
-    return algos[d->coll][d->algo](&op);
+    rc = algos[d->coll][d->algo](&op);
+    touch_end(w, tc->local);
+    return rc;
 }
 
 /* The leader's stage on `inter`: a failure there aborts this process's
@@ -515,17 +555,22 @@ static int caller_step(struct thread_comm *tc, struct dp_comm_req *rq, int upto,
     }
     if (rq->phase == 1) {
         if (!block && !all_marked(&op, DP__MARK_ARRIVED)) return 0;
+        if ((rc = touch_begin(w, tc->local))) goto out;
         for (int k = 1; k < op.nranks && !rc; k++) {
             char *b;
             rc = dp__coll_peer(&op, (op.rank + k) % op.nranks, &b);
         }
+        if (!rc) {
+            size_t off, len;
+            dp__block(&op, op.nranks, op.rank, &off, &len);
+            if (len && op.nranks > 1)
+                dp__reduce_sum_to(op.peer_buf, op.nranks, op.peer_buf, op.nranks, off,
+                                  (int64_t)(len / op.esize), op.d.dtype);
+            dp__coll_mark(&op, 2);
+            rq->phase = 2;
+        }
+        touch_end(w, tc->local);
         if (rc) goto out;
-        size_t off, len;
-        dp__block(&op, op.nranks, op.rank, &off, &len);
-        if (len && op.nranks > 1) dp__reduce_sum_to(op.peer_buf, op.nranks, op.peer_buf, op.nranks, off,
-                                   (int64_t)(len / op.esize), op.d.dtype);
-        dp__coll_mark(&op, 2);
-        rq->phase = 2;
     }
     if (upto < 3 || (!block && !all_marked(&op, 2))) return 0;
     rc = dp__coll_wait_all(&op, 2);
@@ -643,6 +688,7 @@ static int t_wait(struct dp_comm *c, struct dp_comm_req *req) {
     tc->freelist = req;
     tc->npending--;
     pthread_mutex_unlock(&tc->mu);
+    if (rc) quiesce(tc->w, tc->local); /* the caller may free the buffer once this returns */
     return rc;
 }
 
@@ -674,6 +720,8 @@ static void t_free(struct dp_comm *c) {
     pthread_cond_broadcast(&tc->cv_work);
     pthread_mutex_unlock(&tc->mu);
     pthread_join(tc->thread, NULL);
+    /* Requests not waited for: their buffers may go once this returns. */
+    quiesce(w, tc->local);
     /* The comm thread has run (and, aborted, failed fast) every queued
      * operation; release every request, waited for or not. */
     for (struct dp_comm_req *rq = tc->all, *nx; rq; rq = nx) nx = rq->all_next, dp_free(rq);
