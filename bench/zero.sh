@@ -12,15 +12,23 @@
 #     the GEMM library keeps per process once used (in the RSS before init: a warm-up GEMM first),
 #     grad_hw: the most gradient a worker held unreduced during backward;
 #  2. speed: `dptrain train` samples/s (its "throughput:" line, steps after the 5th) of cnn and mlp
-#     at P = 2: plain, --zero 1 (all-reduce, overlapped), --zero 1 --zero-reduce scatter, --zero 2
-#     and --zero 3, REPS interleaved repetitions each (median reported).
+#     at P = 2: plain, --zero 1 (all-reduce, overlapped; on threads the all-gather within the
+#     step), --zero 1 --zero-reduce scatter, --zero 2, --zero 3 and --zero 1 --zero-gather ahead
+#     (the all-gather left in flight for the next forward), REPS interleaved repetitions each
+#     (median reported).
 #  3. steps: build/bench/zero_steps on STEPS_MODELS at P = 2, --zero 0..3: ms, minor page faults
 #     and kernel (sys) ms per step over STEPS steps (a 2 MiB unit given back and touched again is
 #     one fault), REPS interleaved repetitions each (median reported).
+#  4. hosts (only when PARTS names it; root, Open MPI, iproute2): the same speed on 2 emulated
+#     hosts (tests/netns/cluster.sh: a network namespace and its own core each, links shaped to
+#     HOST_RATE, 1gbit), one process per host, batch 128, HOST_STEPS (49) steps: plain, --zero 1
+#     --zero-gather step, --zero 1 --zero-gather ahead (auto's choice across processes), --zero 1
+#     --zero-reduce scatter; REPS interleaved repetitions each (median reported).
 #   bash bench/zero.sh                      # about 6 minutes
 #   MODELS=mlp:784,4096,4096,10 bash bench/zero.sh   # wider still: the model state dominates the RSS
 #   REPS=1 bash bench/zero.sh               # memory does not depend on load; speed does
 #   REPS=5 LIMIT=12000 bash bench/zero.sh
+#   PARTS="speed hosts" REPS=5 bash bench/zero.sh   # --zero-gather ahead against step, threads and hosts
 #   PARTS="speed steps" SPEED_MODELS=mlp REPS=5 BASE=/tmp/zmain bash bench/zero.sh
 #     only the speed and per-step parts, on mlp, each configuration also run with another tree's
 #     build (BASE/build/dptrain and BASE/build/bench/zero_steps: e.g. main's, from `git archive main |
@@ -38,7 +46,10 @@ SPEED_MODELS=${SPEED_MODELS:-cnn mlp}
 STEPS_MODELS=${STEPS_MODELS:-mlp}
 STEPS=${STEPS:-200}
 BASE=${BASE:-}
-CFGS=("--zero 0" "--zero 1" "--zero 1 --zero-reduce scatter" "--zero 2" "--zero 3")
+CFGS=("--zero 0" "--zero 1" "--zero 1 --zero-reduce scatter" "--zero 2" "--zero 3" "--zero 1 --zero-gather ahead")
+HOST_CFGS=("--zero 0" "--zero 1 --zero-gather step" "--zero 1 --zero-gather ahead" "--zero 1 --zero-reduce scatter")
+HOST_RATE=${HOST_RATE:-1gbit}
+HOST_STEPS=${HOST_STEPS:-49}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
 RESULTS=${RESULTS:-bench/results}
 MEM=build/bench/zero_mem
@@ -104,6 +115,40 @@ OUT=$RESULTS/zero-$STAMP.txt
     done
     unset runs
   done
+  fi
+  if has hosts; then
+  echo
+  echo "## hosts: mpirun -np 2 (2 emulated hosts, links $HOST_RATE) $BIN train --backend mpi --workers 1 --threads 1"
+  echo "## --model M --batch 128 --max-steps $HOST_STEPS (samples/s)"
+  # shellcheck source=tests/netns/cluster.sh
+  source tests/netns/cluster.sh
+  if ! why=$(cluster_check); then
+    echo "hosts: not run: $why"
+  else
+    # shellcheck disable=SC2034  # cluster_up reads it
+    CLUSTER_PREFIX=dpz-$$
+    cluster_trap
+    cluster_up 2 "$HOST_RATE" >/dev/null || echo "hosts: cluster_up failed"
+    echo "## cores: $(awk '{printf "%s%s: %s", (NR > 1 ? "; " : ""), $1, $2}' "$CLUSTER_STATE/cpus")"
+    for model in $SPEED_MODELS; do
+      declare -A runs=()
+      for _ in $(seq "$REPS"); do
+        for cfg in "${HOST_CFGS[@]}"; do
+          # shellcheck disable=SC2086
+          v=$(cluster_run -np 2 -x OMP_NUM_THREADS=1 "$ROOT/$BIN" train --backend mpi --workers 1 --threads 1 \
+                --model "$model" --data "$DATA" --batch 128 --train-limit $((128 * (HOST_STEPS + 1))) \
+                --max-steps "$HOST_STEPS" --test-limit 256 --progress none $cfg 2>&1 |
+                sed -n 's/^throughput: \([0-9.]*\) samples.*/\1/p')
+          runs[$cfg]="${runs[$cfg]:-} ${v:-NA}"
+        done
+      done
+      for cfg in "${HOST_CFGS[@]}"; do
+        printf '%s\thosts\t%s\tmedian %s\truns%s\n' "$model" "$cfg" "$(median <<<"${runs[$cfg]}")" "${runs[$cfg]}"
+      done
+      unset runs
+    done
+    cluster_down
+  fi
   fi
   if has steps; then
   echo

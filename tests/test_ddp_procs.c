@@ -26,6 +26,7 @@ struct proc {
     char err[512];
     float *params; /* params then buffers (caller frees) */
     int64_t n;
+    int64_t gathers; /* worker 0's ZeRO range all-gathers (dp_trainer_zero_counts) */
 };
 
 static void *proc_main(void *a) {
@@ -46,6 +47,8 @@ static void *proc_main(void *a) {
         pr->params = malloc(sizeof(float) * (size_t)pr->n);
         memcpy(pr->params, dp_trainer_replica(t)->params, sizeof(float) * (size_t)m->num_params);
         memcpy(pr->params + m->num_params, dp_trainer_replica(t)->buffers, sizeof(float) * (size_t)m->num_buffers);
+        struct dp_zero_counts zc;
+        if (dp_trainer_zero_counts(t, 0, &zc) == DP_OK) pr->gathers = zc.gathers;
     }
     dp_trainer_free(t);
     dp_comm_free(inter);
@@ -283,6 +286,41 @@ TEST_T(ddp_procs_zero_checkpoint_streamed, 300) {
         zero_procs_file("mlp:784,48,10", 3, 1, z, 1);
     }
     zero_procs_file("mlp:784,2700,10", 2, 1, 1, 0);
+}
+
+/* --zero 1 across processes: by default (auto) the parameters' all-gather
+ * is left in flight bucket by bucket for the next forward (src/ddp/zero.c
+ * "Ahead"), which with --zero-gather step it is not; the all-gather copies
+ * bits, so both end with the same bits.  2 processes x 1 worker and 2 x 2,
+ * mlp:784,48,10 in 16 KiB buckets, normal mode, --check-replicas. */
+TEST_T(ddp_procs_zero1_gathers_ahead, 300) {
+    require_data();
+    for (int T = 1; T <= 2; T++) {
+        float *got[2];
+        int64_t gathers[2], n = 0;
+        for (int g = 0; g < 2; g++) {
+            struct proc pr[2];
+            memset(pr, 0, sizeof pr);
+            for (int k = 0; k < 2; k++) {
+                pr[k].tp = base("mlp:784,48,10", T);
+                pr[k].tp.zero = 1, pr[k].tp.max_steps = 5, pr[k].tp.check_replicas = 1;
+                pr[k].tp.zero_gather = g ? DP_ZERO_GATHER_STEP : DP_ZERO_GATHER_AUTO;
+                pr[k].tp.bucket_cap_bytes = 16 << 10, pr[k].tp.first_bucket_bytes = 16 << 10;
+            }
+            run_procs(2, pr, 0);
+            for (int k = 0; k < 2; k++)
+                if (pr[k].rc) dp_test_fail(__FILE__, __LINE__, "process %d: %s", k, pr[k].err);
+            got[g] = pr[0].params, gathers[g] = pr[0].gathers, n = pr[0].n;
+            free(pr[1].params);
+        }
+        fprintf(stderr, "    2 processes x %d: range all-gathers %lld (auto), %lld (step); %s\n", T,
+                (long long)gathers[0], (long long)gathers[1],
+                memcmp(got[0], got[1], sizeof(float) * (size_t)n) ? "differ" : "same bits");
+        ASSERT_TRUE(gathers[0] >= 5 * 2); /* at least two ranges a step, issued ahead */
+        ASSERT_EQ(gathers[1], 0);
+        ASSERT_EQ(memcmp(got[0], got[1], sizeof(float) * (size_t)n), 0);
+        free(got[0]), free(got[1]);
+    }
 }
 
 /* A ZeRO checkpoint that cannot be written (a folder named checkpoint.bin

@@ -3,6 +3,8 @@
  * parallelism (the same bits under --deterministic); checkpoints keep the
  * whole-slab format, so any stage and worker count resumes them. */
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,21 +26,23 @@ static void equivalence(struct dp_train_params p, int minP, int maxP, const char
     require_data();
     for (int P = minP; P <= maxP; P++) {
         p.workers = P;
-        p.zero = 0, p.zero_scatter = 0;
+        p.zero = 0, p.zero_scatter = 0, p.zero_gather = DP_ZERO_GATHER_AUTO;
         p.check_replicas = 0;
         int64_t n0, n;
         float *ref = train(&p, &n0);
         /* --zero 1 in both reductions (one worker reduces nothing: no scatter
-         * form), then --zero 2 and --zero 3 */
-        for (int form = 0; form < 4; form++) {
-            if (form == 1 && P == 1) continue;
-            p.zero = form < 2 ? 1 : form, p.zero_scatter = form == 1;
+         * form), then --zero 2 and --zero 3, then --zero 1 with the all-gather
+         * left in flight for the next forward (--zero-gather ahead) */
+        for (int form = 0; form < 5; form++) {
+            if ((form == 1 || form == 4) && P == 1) continue;
+            p.zero = form < 2 || form == 4 ? 1 : form, p.zero_scatter = form == 1;
+            p.zero_gather = form == 4 ? DP_ZERO_GATHER_AHEAD : DP_ZERO_GATHER_AUTO;
             p.check_replicas = 1; /* the all-gather leaves every replica the same bits */
             float *got = train(&p, &n);
             ASSERT_EQ(n, n0);
             double d = rel_diff(ref, got, n);
             fprintf(stderr, "    %s P=%d --zero %d%s vs --zero 0: %.2e\n", what, P, p.zero,
-                    form == 0 ? " (allreduce)" : form == 1 ? " (scatter)" : "", d);
+                    form == 0 ? " (allreduce)" : form == 1 ? " (scatter)" : form == 4 ? " (gather ahead)" : "", d);
             ASSERT_TRUE(d <= 1e-6);
             free(got);
         }
@@ -95,12 +99,13 @@ TEST_T(zero_deterministic_bit_identical, 300) {
     int64_t n0, n;
     float *ref = train(&p, &n0);
     for (int P = 1; P <= 4; P++)
-        for (int z = 1; z <= (P > 1 ? 3 : 1); z++) {
+        for (int z = 1; z <= (P > 1 ? 4 : 1); z++) { /* 4: --zero 1 --zero-gather ahead */
             p.workers = P;
-            p.zero = z;
+            p.zero = z == 4 ? 1 : z;
+            p.zero_gather = z == 4 ? DP_ZERO_GATHER_AHEAD : DP_ZERO_GATHER_AUTO;
             float *got = train(&p, &n);
             ASSERT_EQ(n, n0);
-            fprintf(stderr, "    deterministic P=%d --zero %d: %s\n", P, z,
+            fprintf(stderr, "    deterministic P=%d --zero %d%s: %s\n", P, p.zero, z == 4 ? " ahead" : "",
                     memcmp(ref, got, sizeof(float) * (size_t)n) ? "differs" : "same bits");
             ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
             free(got);
@@ -192,9 +197,10 @@ TEST_T(zero_check_replicas_names_diverged_worker, 120) {
     require_data();
     /* stage 2 too: its replicas hold whole parameters after the all-gathers (stage 3's do not:
      * its check gathers the pieces first, so there is no replica to drift) */
-    for (int z = 1; z <= 2; z++) {
+    for (int z = 1; z <= 3; z++) { /* 3: --zero 1 with the gather ahead (the fault lands after it) */
         struct dp_train_params p = base("mlp", 3);
-        p.zero = z;
+        p.zero = z == 3 ? 1 : z;
+        p.zero_gather = z == 3 ? DP_ZERO_GATHER_AHEAD : DP_ZERO_GATHER_AUTO;
         p.fault_kind = DP_FAULT_DIVERGE;
         p.fault_worker = 1;
         p.fault_step = 2;
@@ -281,6 +287,14 @@ TEST(zero_refusals_one_line) {
         ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--zero-reduce is --zero 1's option");
         p.compress.kind = DP_COMPRESS_BF16;
     }
+    /* the all-gather left in flight: stage 1 with the all-reduce only */
+    p.compress.kind = DP_COMPRESS_NONE, p.zero_scatter = 0; /* (p.zero is 3) */
+    p.zero_gather = DP_ZERO_GATHER_AHEAD;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "this run is not --zero 1");
+    p.zero = 1, p.zero_scatter = 1;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--zero-reduce scatter gathers the one slab");
+    p.zero_scatter = 0, p.zero_gather = 7;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "zero_gather must be auto, step or ahead");
 }
 
 /* The non-finite check comes from the all-reduced shard sums of squares
@@ -741,4 +755,67 @@ TEST_T(zero_resume_reads_pieces_not_the_whole_file, 120) {
                 fresh, resumed, extra, (unsigned long long)h.payload_size);
         ASSERT_TRUE(extra < (double)h.payload_size / 4);
     }
+}
+
+/* Stage 1 ahead (src/ddp/zero.c "Ahead"): the update's all-gather is issued
+ * range by range and left in flight; forward's layer hook waits only for
+ * the ranges its layer reads, and dp_zero_settle for the rest.  Two thread
+ * ranks, three buckets of a 1000-float slab (b[0] the highest), momentum
+ * SGD on the same reduced gradient: after the step every range's gather is
+ * still pending; a layer in the lowest range waits for that one alone; after
+ * settling, each rank's slab is the bits of a plain whole-slab step. */
+#define AHEAD_N 1000
+static struct dp_comm_world *ahead_world;
+static float ahead_out[2][AHEAD_N];
+
+static void *ahead_rank(void *arg) {
+    int r = (int)(intptr_t)arg;
+    struct dp_comm *c;
+    ASSERT_OK(dp_comm_thread_init(&c, ahead_world, r));
+    struct dp_optim_params op = dp_optim_default_params();
+    op.momentum = 0.9f;
+    float *params = dp_malloc_big(sizeof(float) * AHEAD_N), *grads = dp_malloc_big(sizeof(float) * AHEAD_N);
+    ASSERT_TRUE(params && grads);
+    for (int i = 0; i < AHEAD_N; i++) params[i] = 1.0f + 0.001f * (float)i, grads[i] = 0.01f * (float)(i % 37);
+    struct dp_bucket b[3] = {{.off = 600, .count = 400}, {.off = 250, .count = 350}, {.off = 0, .count = 250}};
+    struct dp_zero z;
+    struct dp_optim o;
+    ASSERT_OK(dp_zero_init(&z, c, AHEAD_N, 1, &op));
+    z.ahead = 1;
+    ASSERT_OK(dp_zero_plan(&z, b, 3, params, grads));
+    ASSERT_EQ(z.npieces, 3);
+    ASSERT_TRUE(z.ahead && !z.sharded);
+    ASSERT_OK(dp_optim_init(&o, &op, z.len));
+    ASSERT_OK(dp_zero_step(&z, &o, params, grads, 0.1f, 0.0, 0.0));
+    for (int k = 0; k < 3; k++) ASSERT_TRUE(z.greq[k] != NULL); /* issued, none waited for */
+    struct dp_layer l = {.param_off = 10, .param_count = 200}; /* in range 2 = [0, 250) */
+    ASSERT_OK(dp_zero_layer_begin(&z, DP_PHASE_FORWARD, 0, &l));
+    ASSERT_TRUE(z.greq[2] == NULL && z.greq[1] != NULL && z.greq[0] != NULL);
+    ASSERT_OK(dp_zero_settle(&z));
+    for (int k = 0; k < 3; k++) ASSERT_TRUE(z.greq[k] == NULL);
+    memcpy(ahead_out[r], params, sizeof ahead_out[r]);
+    dp_optim_free(&o);
+    dp_zero_free(&z);
+    dp_comm_free(c);
+    dp_free(params), dp_free(grads);
+    return NULL;
+}
+
+TEST(zero1_ahead_gather_waits_per_layer) {
+    struct dp_comm_params cp = dp_comm_default_params();
+    ASSERT_OK(dp_comm_thread_world_init(&ahead_world, 2, &cp));
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) ASSERT_EQ(pthread_create(&th[r], NULL, ahead_rank, (void *)(intptr_t)r), 0);
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    dp_comm_thread_world_free(ahead_world);
+    /* the plain step on the whole slab */
+    struct dp_optim_params op = dp_optim_default_params();
+    op.momentum = 0.9f;
+    float params[AHEAD_N], grads[AHEAD_N];
+    for (int i = 0; i < AHEAD_N; i++) params[i] = 1.0f + 0.001f * (float)i, grads[i] = 0.01f * (float)(i % 37);
+    struct dp_optim o;
+    ASSERT_OK(dp_optim_init(&o, &op, AHEAD_N));
+    ASSERT_OK(dp_optim_step(&o, params, grads, AHEAD_N, 0.1f));
+    dp_optim_free(&o);
+    for (int r = 0; r < 2; r++) ASSERT_TRUE(memcmp(ahead_out[r], params, sizeof params) == 0);
 }

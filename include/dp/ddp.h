@@ -226,7 +226,10 @@ struct dp_zero_piece {
 };
 struct dp_zero {
     int stage;                 /* 0 (off) .. 3 */
-    int sharded;               /* stage 2 or 3 with G > 1: bucket-aligned pieces */
+    int sharded;               /* stage 2 or 3 with G > 1: bucket-aligned pieces, the gradient in gshard */
+    int ahead;                 /* stage 1 with G > 1 (set before dp_zero_plan; 0 with --zero-reduce
+                                  scatter): bucket-aligned pieces, the all-gather left in flight for the
+                                  next forward (src/ddp/zero.c "Ahead") */
     struct dp_comm *comm;
     int64_t n;                 /* parameters in the slab */
     int64_t off, len;          /* this worker's shard: stage 1 the slab's [off, off + len);
@@ -236,7 +239,7 @@ struct dp_zero {
     int npieces;
     float *gshard, *pshard;    /* sharded: the reduced gradient; stage 3: the master parameters */
     float *params, *grads;     /* the replica's slabs (dp_zero_plan) */
-    struct dp_comm_req **greq; /* stage 3: bucket k's parameter all-gather in flight */
+    struct dp_comm_req **greq; /* stage 3, ahead: bucket k's parameter all-gather in flight */
     unsigned char *have;       /* stage 3: bucket k's parameters are in the slab */
     int cur;                   /* stage 3: the bucket whose layers run (-1: none) */
     int xcur;                  /* stage 3: the bucket held for the running layer's tied range (-1: none) */
@@ -262,8 +265,9 @@ struct dp_zero_counts {
 int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, const struct dp_optim_params *op);
 /* Stages 2 and 3 with G > 1: the pieces from the reducer's buckets (every
  * rank plans the same), gshard (and pshard) allocated, and the whole
- * gradient slab given back zeroed.  Records the slabs for the calls below.
- * Other stages: records the slabs only. */
+ * gradient slab given back zeroed.  Stage 1 with `ahead`: the pieces only.
+ * Records the slabs for the calls below.  Other stages: records the slabs
+ * only (and clears `ahead`). */
 int dp_zero_plan(struct dp_zero *z, const struct dp_bucket *b, int nb, float *params, float *grads);
 void dp_zero_free(struct dp_zero *z);
 /* The reducer's bucket-done callback (arg = z): after bucket k's
@@ -276,8 +280,6 @@ void dp_zero_bucket_done(void *arg, int k);
 /* Deterministic mode (the whole reduced gradient g in the slab): its pieces
  * into gshard, and the slab released.  No-op unless sharded. */
 void dp_zero_take_grad(struct dp_zero *z, float *g);
-/* The contiguous shard gradient (len floats): gshard, or stage 1's g + off. */
-float *dp_zero_shard_grad(struct dp_zero *z, float *g);
 /* *sumsq = the sum over the whole slab of g^2, in double: each worker sums its
  * shard, one all-reduce of one double adds the G partial sums (so its bits
  * depend on G; a NaN or Inf anywhere makes it non-finite on every worker,
@@ -287,11 +289,18 @@ int dp_zero_sumsq(struct dp_zero *z, const float *g, double *sumsq);
  * coef = clip_norm / (sqrt(sumsq) + 1e-6) when coef < 1 (dp_clip_grad_norm's
  * rule, with the norm from dp_zero_sumsq), then dp_optim_step piece by piece
  * (o initialised over z->len; one o->step per call), then the all-gather of
- * params (stage 1: the slab; stage 2: bucket by bucket; stage 3: none, the
- * update went to pshard).  Collective. */
+ * params (stage 1: bucket by bucket, left in flight with `ahead`, else the
+ * slab; stage 2: bucket by bucket; stage 3: none, the update went to
+ * pshard).  Collective. */
 int dp_zero_step(struct dp_zero *z, struct dp_optim *o, float *params, float *g, float lr, double clip_norm,
                  double sumsq);
-/* Stage 3 (no-ops otherwise).  dp_zero_shard_init: this worker's pieces of
+/* Stage 1 ahead: waits for the all-gathers still in flight, so the slab
+ * holds the full parameters (a no-op otherwise).  dp_zero_step,
+ * dp_zero_materialize, dp_zero_gather_params and dp_zero_layer_begin in
+ * backward call it; whatever else reads the parameters after a step and
+ * before the next forward must. */
+int dp_zero_settle(struct dp_zero *z);
+/* Stage 3 (no-ops otherwise, but for dp_zero_settle's waits).  dp_zero_shard_init: this worker's pieces of
  * the initial parameters into pshard, copied from `whole` (a full slab,
  * equal on every rank: a checkpoint, --init-from) or, with whole NULL, drawn
  * from the seed piece by piece (dp_model_init_slice): no whole slab is built.
@@ -305,7 +314,8 @@ int dp_zero_step(struct dp_zero *z, struct dp_optim *o, float *params, float *g,
  * dp_zero_release_params: waits for gathers in flight and gives the whole
  * parameter slab back (pshard keeps the pieces).
  * dp_zero_layer_begin: the model's layer_begin hook (arg = z; see
- * dp_pass), collective in the layers' order. */
+ * dp_pass), collective in the layers' order; stage 1 ahead: waits for the
+ * layer's ranges in forward. */
 int dp_zero_shard_init(struct dp_zero *z, const struct dp_model *m, uint64_t seed, const float *whole);
 int dp_zero_materialize(struct dp_zero *z);
 int dp_zero_gather_params(struct dp_zero *z, int keep, uint64_t *hash);

@@ -79,6 +79,9 @@ struct dp_event {
 };
 typedef void (*dp_event_fn)(void *arg, const struct dp_event *ev);
 
+/* dp_train_params.zero_gather */
+enum { DP_ZERO_GATHER_AUTO = 0, DP_ZERO_GATHER_STEP = 1, DP_ZERO_GATHER_AHEAD = 2 };
+
 struct dp_train_params {
     const char *data_dir;      /* IDX files (train-*, t10k-*); for a gpt model, a token file
                                   (dptrain prepare-text, docs/text.md) */
@@ -120,6 +123,13 @@ struct dp_train_params {
      * Not with --backup-workers or the parameter server. */
     int zero;
     int zero_scatter;
+    /* --zero 1 with the all-reduce: when the all-gather of the updated parameters completes.
+     * DP_ZERO_GATHER_STEP: within the step; DP_ZERO_GATHER_AHEAD: issued bucket by bucket and
+     * waited for by the next forward, layer by layer (src/ddp/zero.c "Ahead");
+     * DP_ZERO_GATHER_AUTO (0, default): ahead when the workers span processes (the gather
+     * crosses a network and overlaps forward), within the step on threads (every core computes,
+     * so the overlap only moves the copy to the communication thread; docs/ddp.md "ZeRO"). */
+    int zero_gather;
     int64_t det_chunk;         /* deterministic mode: samples per fixed chunk (0 = dp_det_chunk_auto) */
     const char *timeline;      /* write a Chrome trace-event file of the run here (NULL = off) */
     /* Fault injection, for the tests of failure handling: at optimizer step
@@ -250,8 +260,8 @@ int64_t dp_trainer_live_bytes(const struct dp_trainer *t, int worker);
 /* ZeRO 2 and 3: the most slab bytes a worker holds resident at once beyond
  * its shards during a step (dp_zero_inflight_bytes); 0 for other stages. */
 int64_t dp_trainer_inflight_bytes(const struct dp_trainer *t);
-/* ZeRO 2 and 3: worker `worker`'s struct dp_zero_counts (all 0 for other stages); -1 for a
- * worker out of range. */
+/* ZeRO 2 and 3: worker `worker`'s struct dp_zero_counts (stage 1 with the all-gather ahead:
+ * its range all-gathers; all 0 otherwise); -1 for a worker out of range. */
 int dp_trainer_zero_counts(const struct dp_trainer *t, int worker, struct dp_zero_counts *c);
 void dp_trainer_free(struct dp_trainer *t);
 

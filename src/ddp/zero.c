@@ -3,8 +3,9 @@
  * dp/ddp.h; docs/ddp.md "ZeRO" has the memory accounting.
  *
  * The shard.  The slab is cut into RANGES that every rank plans alike: stage
- * 1 has one, the whole slab [0, n); stages 2 and 3 (with G > 1 workers) use
- * the reducer's buckets.  Worker r's PIECE of range k is its block
+ * 1 with --zero-reduce scatter has one, the whole slab [0, n); stage 1 with
+ * the all-reduce (`ahead`, below) and stages 2 and 3 (with G > 1 workers)
+ * use the reducer's buckets.  Worker r's PIECE of range k is its block
  * dp_comm_split(count_k, G, r) at off_k, which is exactly the block that a
  * reduce-scatter (or an all-gather) of the range gives rank r.  So a bucket's
  * gradient is reduced by dp_comm_ireduce_scatter on its range and its
@@ -29,9 +30,22 @@
  *     sumsq             s_r = sum over the shard of g^2; all-reduce(s) = ||g||^2
  *     clip (optional)   shard g *= min(1, c / (||g|| + 1e-6))
  *     optimizer         per piece: dp_optim_step on a view of the state
- *     all-gather        stage 1: the slab; stage 2: every range; stage 3:
- *                       none (each layer's range is gathered before it runs,
- *                       dp_zero_layer_begin)
+ *     all-gather        stage 1: every range, started and left in flight
+ *                       (ahead); with --zero-reduce scatter the slab; stage
+ *                       2: every range; stage 3: none (each layer's range is
+ *                       gathered before it runs, dp_zero_layer_begin)
+ *
+ * Ahead (stage 1, G > 1, the all-reduce reduction).  The all-gather of the
+ * updated shards is issued range by range in the order forward reads them
+ * (the last range, at the slab's start, first) and not waited for: the next
+ * forward waits, before each top-level layer, only for the ranges holding
+ * that layer's parameters (dp_zero_layer_begin), so the gather of the later
+ * layers travels while the first ones compute.  Whatever else reads the
+ * parameters first waits for all of them (dp_zero_settle: the evaluation,
+ * --check-replicas, the hashes and checkpoints through
+ * dp_zero_gather_params, deterministic steps through dp_zero_materialize).
+ * The all-gather copies bits, so the parameters are the same whenever they
+ * arrive.
  *
  * The optimizer kernels are elementwise (the AdamW bias correction is a
  * scalar of the step count), so the piece-by-piece update is the bits of
@@ -114,7 +128,10 @@ int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, 
 
 int dp_zero_plan(struct dp_zero *z, const struct dp_bucket *b, int nb, float *params, float *grads) {
     z->params = params, z->grads = grads;
-    if (z->stage < 2 || !z->comm || dp_comm_world(z->comm) == 1) return DP_OK; /* one worker: stage 1's shard */
+    if (!z->stage || !z->comm || dp_comm_world(z->comm) == 1 || (z->stage == 1 && !z->ahead)) {
+        z->ahead = 0; /* one worker, or stage 1 reduce-scattering the slab: the one contiguous shard */
+        return DP_OK;
+    }
     int G = dp_comm_world(z->comm), r = dp_comm_rank(z->comm);
     struct dp_zero_piece *pc = dp_calloc((size_t)(nb ? nb : 1), sizeof *pc);
     z->greq = dp_calloc((size_t)(nb ? nb : 1), sizeof *z->greq);
@@ -124,7 +141,7 @@ int dp_zero_plan(struct dp_zero *z, const struct dp_bucket *b, int nb, float *pa
         return dp_seterr(DP_ENOMEM, "ZeRO: out of memory");
     }
     dp_free(z->piece);
-    z->piece = pc, z->npieces = nb, z->sharded = 1;
+    z->piece = pc, z->npieces = nb, z->sharded = z->stage >= 2;
     int64_t soff = 0;
     for (int k = 0; k < nb; k++) {
         pc[k].roff = b[k].off, pc[k].rcount = b[k].count, pc[k].soff = soff;
@@ -133,6 +150,7 @@ int dp_zero_plan(struct dp_zero *z, const struct dp_bucket *b, int nb, float *pa
         soff += pc[k].len;
     }
     z->len = soff, z->off = -1; /* no contiguous slab shard */
+    if (!z->sharded) return DP_OK; /* stage 1 ahead: the gradient stays in the slab */
     size_t bytes = sizeof(float) * (size_t)(soff ? soff : 1);
     z->gshard = dp_malloc_big(bytes);
     if (z->stage == 3) z->pshard = dp_malloc_big(bytes), z->gone = dp_calloc((size_t)nunits(z), 1);
@@ -150,8 +168,8 @@ void dp_zero_free(struct dp_zero *z) {
     memset(z, 0, sizeof *z);
 }
 
-/* The contiguous shard of the reduced gradient: gshard, or stage 1's slab shard. */
-float *dp_zero_shard_grad(struct dp_zero *z, float *g) { return z->sharded ? z->gshard : g + z->off; }
+/* Where piece k's reduced gradient starts: in gshard (sharded), else in the slab. */
+static int64_t grad_at(const struct dp_zero *z, int k) { return z->sharded ? z->piece[k].soff : z->piece[k].off; }
 
 /* Bucket k's floats outside [lo, hi) zeroed, and [lo, hi) (whole units,
  * everything in it reduced) given back. */
@@ -191,10 +209,13 @@ void dp_zero_take_grad(struct dp_zero *z, float *g) {
 }
 
 int dp_zero_sumsq(struct dp_zero *z, const float *g, double *sumsq) {
-    const float *s = z->sharded ? z->gshard : g + z->off;
     double acc = 0.0;
+    for (int k = 0; k < z->npieces; k++) {
+        const float *s = (z->sharded ? z->gshard : g) + grad_at(z, k);
+        const int64_t len = z->piece[k].len;
 #pragma omp simd reduction(+ : acc)
-    for (int64_t i = 0; i < z->len; i++) acc += (double)s[i] * (double)s[i];
+        for (int64_t i = 0; i < len; i++) acc += (double)s[i] * (double)s[i];
+    }
     *sumsq = acc;
     if (!z->stage || dp_comm_world(z->comm) == 1) return DP_OK;
     return dp_comm_allreduce(z->comm, sumsq, 1, DP_DTYPE_F64, DP_ALGO_AUTO);
@@ -223,6 +244,15 @@ static int gather_wait(struct dp_zero *z, int k) {
     return rc;
 }
 
+int dp_zero_settle(struct dp_zero *z) {
+    int rc = DP_OK;
+    for (int k = 0; z->greq && k < z->npieces; k++) {
+        int w = gather_wait(z, k);
+        if (!rc) rc = w;
+    }
+    return rc;
+}
+
 /* Every range gathered (those in flight waited for, the others started
  * then waited for: the waits in range order, all started first). */
 static int gather_all(struct dp_zero *z) {
@@ -238,30 +268,38 @@ static int gather_all(struct dp_zero *z) {
 
 int dp_zero_step(struct dp_zero *z, struct dp_optim *o, float *params, float *g, float lr, double clip_norm,
                  double sumsq) {
-    float *gs = dp_zero_shard_grad(z, g);
+    int rc = dp_zero_settle(z); /* (nothing in flight after a forward; a caller without one) */
+    if (rc) return rc;
     if (clip_norm > 0) { /* dp_clip_grad_norm's rule on the global norm */
         double norm = sqrt(sumsq), coef = clip_norm / (norm + 1e-6);
         if (isfinite(norm) && coef < 1.0) {
             const float c = (float)coef;
+            for (int k = 0; k < z->npieces; k++) {
+                float *gs = (z->sharded ? z->gshard : g) + grad_at(z, k);
+                const int64_t len = z->piece[k].len;
 #pragma omp simd
-            for (int64_t i = 0; i < z->len; i++) gs[i] *= c;
+                for (int64_t i = 0; i < len; i++) gs[i] *= c;
+            }
         }
     }
     /* piece by piece, each on a view of the optimizer: n and state narrowed
      * to the piece (the state layout above), the step count shared */
-    int rc = DP_OK;
     for (int k = 0; k < z->npieces && !rc; k++) {
         const struct dp_zero_piece *p = &z->piece[k];
         struct dp_optim v = *o;
         v.n = p->len, v.state_len = (int64_t)z->parts * p->len;
         v.state = o->state ? o->state + (size_t)z->parts * (size_t)p->soff : NULL;
         float *x = z->pshard ? z->pshard + p->soff : params + p->off;
-        rc = dp_optim_step(&v, x, gs + (z->sharded ? p->soff : 0), p->len, lr);
+        rc = dp_optim_step(&v, x, (z->sharded ? z->gshard : g) + grad_at(z, k), p->len, lr);
     }
     if (rc) return rc;
     o->step++;
     z->t_g0 = z->t_g1 = dp_time();
     if (!z->stage || dp_comm_world(z->comm) == 1 || z->stage == 3) return DP_OK;
+    if (z->ahead) { /* issued in forward's order, waited for by forward (above) */
+        for (int k = z->npieces - 1; k >= 0 && !rc; k--) rc = gather_start(z, k);
+        return rc;
+    }
     if (!z->sharded) rc = dp_comm_allgather(z->comm, params, z->n, DP_DTYPE_F32, DP_ALGO_AUTO);
     else {
         memset(z->have, 0, (size_t)z->npieces);
@@ -284,7 +322,7 @@ int dp_zero_shard_init(struct dp_zero *z, const struct dp_model *m, uint64_t see
 }
 
 int dp_zero_materialize(struct dp_zero *z) {
-    if (z->stage != 3 || !z->sharded) return DP_OK;
+    if (z->stage != 3 || !z->sharded) return dp_zero_settle(z);
     double t0 = dp_time();
     int rc = gather_all(z);
     z->t_g0 = t0, z->t_g1 = dp_time();
@@ -339,8 +377,9 @@ static void release_range(struct dp_zero *z, int k) {
  * go (the whole slab released). */
 int dp_zero_gather_params(struct dp_zero *z, int keep, uint64_t *hash) {
     if (z->stage != 3 || !z->sharded) {
-        if (hash) *hash = dp_fnv1a64(z->params, sizeof(float) * (size_t)z->n, *hash);
-        return DP_OK;
+        int rc = dp_zero_settle(z);
+        if (!rc && hash) *hash = dp_fnv1a64(z->params, sizeof(float) * (size_t)z->n, *hash);
+        return rc;
     }
     int rc = DP_OK;
     for (int k = z->npieces - 1; k >= 0 && !rc; k--) {
@@ -379,6 +418,23 @@ static void drop(struct dp_zero *z, int k) {
     release_range(z, k);
 }
 
+/* 1 when range k and the floats [off, off + count) of the slab overlap. */
+static int overlaps(const struct dp_zero *z, int k, int64_t off, int64_t count) {
+    return count > 0 && off < z->piece[k].roff + z->piece[k].rcount && z->piece[k].roff < off + count;
+}
+
+/* Stage 1 ahead: forward waits for the ranges the layer reads (its own
+ * parameters and a tied weight, wherever the buckets cut them), backward
+ * for anything still in flight. */
+static int ahead_wait(struct dp_zero *z, int phase, const struct dp_layer *l) {
+    if (phase != DP_PHASE_FORWARD) return dp_zero_settle(z);
+    int rc = DP_OK;
+    for (int k = 0; k < z->npieces && !rc; k++)
+        if (z->greq[k] && (overlaps(z, k, l->param_off, l->param_count) || overlaps(z, k, l->tied_off, l->tied_count)))
+            rc = gather_wait(z, k);
+    return rc;
+}
+
 /* Before a top-level layer runs (forward: layers in increasing order, so
  * ranges from the last to 0; backward: the reverse).  The layer reads its
  * own range k (a layer without parameters runs in the current range) and
@@ -412,6 +468,7 @@ static void drop(struct dp_zero *z, int k) {
 int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *l) {
     struct dp_zero *z = arg;
     (void)layer;
+    if (z->ahead) return ahead_wait(z, phase, l);
     if (z->stage != 3 || !z->sharded) return DP_OK;
     int k = l->param_count > 0 ? range_of(z, l->param_off) : z->cur;
     int x = l->tied_count > 0 ? range_of(z, l->tied_off) : -1;

@@ -373,6 +373,11 @@ static int check_params(const struct dp_train_params *p) {
     if (p->zero && p->backup)
         return dp_seterr(DP_ENOTSUP, "--zero does not work with --backup-workers (their steps do not go through "
                          "the reducer)");
+    if (p->zero_gather < DP_ZERO_GATHER_AUTO || p->zero_gather > DP_ZERO_GATHER_AHEAD)
+        return dp_seterr(DP_EINVAL, "zero_gather must be auto, step or ahead (got %d)", p->zero_gather);
+    if (p->zero_gather && (p->zero != 1 || p->zero_scatter))
+        return dp_seterr(DP_EINVAL, "--zero-gather is --zero 1's option with --zero-reduce allreduce (%s)",
+                         p->zero != 1 ? "this run is not --zero 1" : "--zero-reduce scatter gathers the one slab");
     if (p->zero_scatter && p->compress.kind != DP_COMPRESS_NONE)
         return dp_seterr(DP_ENOTSUP, "--compress does not work with --zero-reduce scatter (the compressed forms "
                          "are all-reduces): use --zero-reduce allreduce");
@@ -546,6 +551,9 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
     if ((rc = dp_zero_init(&w->zero, w->comm, t->model->num_params, p->zero, &p->optim))) return rc;
     w->zero.padded = lazy;
+    /* (dp_zero_plan clears it with one worker) */
+    w->zero.ahead = p->zero == 1 && !p->zero_scatter &&
+                    (p->zero_gather == DP_ZERO_GATHER_AHEAD || (p->zero_gather == DP_ZERO_GATHER_AUTO && t->G > t->P));
     struct dp_loader_params lp = dp_loader_default_params();
     lp.batch = p->batch;
     lp.shuffle = 1;
@@ -1197,7 +1205,7 @@ static int evaluate_shared(struct worker *w, double *acc, double *loss) {
     dp_comm_split(nchunks, t->G / t->P, t->base / t->P, &c0, &len);
     double *slot = dp_calloc((size_t)(2 * nchunks + 1), sizeof(double));
     if (!slot) return dp_seterr(DP_ENOMEM, "evaluate: out of memory");
-    int rc = DP_OK;
+    int rc = dp_zero_settle(&w->zero); /* ZeRO 1: the last step's all-gather, left in flight */
     if (w->zero.stage == 3 && w->zero.sharded) {
         /* ZeRO 3: each pass gathers the layers' ranges in turn (collectives),
          * so every rank runs as many passes: chunk c is rank c mod G's, and a
@@ -1809,7 +1817,8 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         float ls = nmicro == 1 && !t->bk_on ? (float)(1.0 / ((double)lb->global_B * (double)t->pos)) : 1.0f;
         struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = ls};
         if (t->G > 1 && !t->bk_on) pass.stat_sync = stat_sync, pass.stat_sync_arg = w;
-        if (w->zero.sharded && w->zero.stage == 3) pass.layer_begin = dp_zero_layer_begin, pass.layer_begin_arg = &w->zero;
+        if ((w->zero.sharded && w->zero.stage == 3) || w->zero.ahead) /* ZeRO 3: gather; 1: wait for the gather */
+            pass.layer_begin = dp_zero_layer_begin, pass.layer_begin_arg = &w->zero;
         pace_start(w, mult, last_micro ? stall : 0, ta);
         if (last) {
             pass.grad_ready = t->simulate ? paced_grad_ready : dp_reducer_grad_ready;
@@ -1970,7 +1979,8 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
     }
     float lr = dp_sched_lr(&t->p.sched, w->step);
     int rc = update(w, g, lr, t->p.clip_norm, ss);
-    if (t->p.fault_kind == DP_FAULT_DIVERGE && w->grank == t->p.fault_worker && w->step == t->p.fault_step)
+    if (t->p.fault_kind == DP_FAULT_DIVERGE && w->grank == t->p.fault_worker && w->step == t->p.fault_step &&
+        !(rc = rc ? rc : dp_zero_settle(&w->zero))) /* (after the gather, which would write over it) */
         w->rep.params[m->num_params / 2] += 1e-3f;
     double t2 = dp_time();
     w->t_opt += t2 - t1;
@@ -2381,7 +2391,7 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     H(p->deterministic), H(p->det_chunk), H(p->algo), H(p->overlap), H(p->skip_nonfinite);
     H(p->check_replicas), H(p->accum), H(t->gather_waits), H(p->balance), H(p->backup), H(p->backup_workers);
     H(p->compress.kind), H(p->compress.rank), H(p->compress.fraction), H(p->compress.powersgd_start);
-    H(p->async), H(p->staleness), H(p->staleness_lr), H(p->servers), H(p->zero), H(p->zero_scatter);
+    H(p->async), H(p->staleness), H(p->staleness_lr), H(p->servers), H(p->zero), H(p->zero_scatter), H(p->zero_gather);
     H(p->share_lr), H(p->implicit_momentum);
     out[AGREE_CONFIG] = h;
     h = 0xcbf29ce484222325ull;

@@ -206,6 +206,9 @@ static const char *help_train =
     "                      parameters: each bucket gathered before its layers run, then freed [0]\n"
     "  --zero-reduce HOW   --zero 1's gradient reduction: allreduce (bucketed, overlapped with\n"
     "                      backward) | scatter (one reduce-scatter after backward) [allreduce]\n"
+    "  --zero-gather WHEN  --zero 1's parameter all-gather: step (within the step) | ahead (bucket\n"
+    "                      by bucket, waited for by the next forward layer by layer) | auto (ahead\n"
+    "                      when the workers span processes, else step) [auto]\n"
     "  --timeline FILE     write a Chrome trace (Perfetto, chrome://tracing): one compute and one\n"
     "                      all-reduce track per worker\n"
     "  --simulate-slow RANK:FACTOR[,RANK:FACTOR...]\n"
@@ -448,7 +451,7 @@ static int cmd_train(int argc, char **argv) {
      * the chosen mode would ignore it */
     const char *given_cosine = NULL, *given_step = NULL, *given_sgd = NULL, *given_adamw = NULL;
     const char *given_det = NULL;
-    int given_zr = 0; /* --zero-reduce given */
+    int given_zr = 0, given_zg = 0; /* --zero-reduce, --zero-gather given */
     int given_psgd_start = 0, given_no_ef = 0;
     struct args a = {argc, 0, argv, "train"};
     for (a.i = 1; a.i < argc; a.i++) {
@@ -557,6 +560,12 @@ static int cmd_train(int argc, char **argv) {
             else if (!strcmp(v, "scatter")) tp.zero_scatter = 1;
             else die("--zero-reduce: expected allreduce or scatter, got '%s'", v);
             given_zr = 1;
+        } else if (opt(&a, "--zero-gather", &v)) {
+            if (!strcmp(v, "auto")) tp.zero_gather = DP_ZERO_GATHER_AUTO;
+            else if (!strcmp(v, "step")) tp.zero_gather = DP_ZERO_GATHER_STEP;
+            else if (!strcmp(v, "ahead")) tp.zero_gather = DP_ZERO_GATHER_AHEAD;
+            else die("--zero-gather: expected auto, step or ahead, got '%s'", v);
+            given_zg = 1;
         }
         else if (opt(&a, "--det-chunk", &v)) tp.det_chunk = parse_int("--det-chunk", v, 1, 1 << 20), given_det = "--det-chunk";
         else if (opt(&a, "--comm-timeout", &v)) tp.comm_timeout = parse_float("--comm-timeout", v, 0, 1e6);
@@ -606,6 +615,8 @@ static int cmd_train(int argc, char **argv) {
         die("%s applies to --optim adamw only (this run's optimizer is %s)", given_adamw,
             dp_optim_kind_name(tp.optim.kind));
     if (given_zr && tp.zero != 1) die("--zero-reduce applies to --zero 1 only");
+    if (given_zg && (tp.zero != 1 || tp.zero_scatter))
+        die("--zero-gather applies to --zero 1 with --zero-reduce allreduce only");
     if (given_det && !tp.deterministic) die("%s applies to --deterministic runs only", given_det);
     if (given_psgd_start && tp.compress.kind != DP_COMPRESS_POWERSGD)
         die("--powersgd-start applies to --compress powersgd:RANK only (this run's is %s)",
