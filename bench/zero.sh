@@ -22,8 +22,9 @@
 #  4. hosts (only when PARTS names it; root, Open MPI, iproute2): the same speed on 2 emulated
 #     hosts (tests/netns/cluster.sh: a network namespace and its own core each, links shaped to
 #     HOST_RATE, 1gbit), one process per host, batch 128, HOST_STEPS (49) steps: plain, --zero 1
-#     --zero-gather step, --zero 1 --zero-gather ahead (auto's choice across processes), --zero 1
-#     --zero-reduce scatter; REPS interleaved repetitions each (median reported).
+#     --zero-gather step, --zero 1 --zero-gather ahead (auto's choice across processes), and both
+#     with --zero-reduce scatter (step: the slab reduce-scattered after backward; ahead: each
+#     bucket during backward); REPS interleaved repetitions each (median reported).
 #   bash bench/zero.sh                      # about 6 minutes
 #   MODELS=mlp:784,4096,4096,10 bash bench/zero.sh   # wider still: the model state dominates the RSS
 #   REPS=1 bash bench/zero.sh               # memory does not depend on load; speed does
@@ -47,7 +48,8 @@ STEPS_MODELS=${STEPS_MODELS:-mlp}
 STEPS=${STEPS:-200}
 BASE=${BASE:-}
 CFGS=("--zero 0" "--zero 1" "--zero 1 --zero-reduce scatter" "--zero 2" "--zero 3" "--zero 1 --zero-gather ahead")
-HOST_CFGS=("--zero 0" "--zero 1 --zero-gather step" "--zero 1 --zero-gather ahead" "--zero 1 --zero-reduce scatter")
+HOST_CFGS=("--zero 0" "--zero 1 --zero-gather step" "--zero 1 --zero-gather ahead"
+  "--zero 1 --zero-reduce scatter --zero-gather step" "--zero 1 --zero-reduce scatter --zero-gather ahead")
 HOST_RATE=${HOST_RATE:-1gbit}
 HOST_STEPS=${HOST_STEPS:-49}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}

@@ -291,20 +291,23 @@ TEST_T(ddp_procs_zero_checkpoint_streamed, 300) {
 /* --zero 1 across processes: by default (auto) the parameters' all-gather
  * is left in flight bucket by bucket for the next forward (src/ddp/zero.c
  * "Ahead"), which with --zero-gather step it is not; the all-gather copies
- * bits, so both end with the same bits.  2 processes x 1 worker and 2 x 2,
- * mlp:784,48,10 in 16 KiB buckets, normal mode, --check-replicas. */
+ * bits, so both end with the same bits.  With --zero-reduce scatter each
+ * bucket is then reduce-scattered during backward: the same model within
+ * 1e-6.  2 processes x 1 worker and 2 x 2, mlp:784,48,10 in 16 KiB
+ * buckets, normal mode, --check-replicas. */
 TEST_T(ddp_procs_zero1_gathers_ahead, 300) {
     require_data();
     for (int T = 1; T <= 2; T++) {
-        float *got[2];
-        int64_t gathers[2], n = 0;
-        for (int g = 0; g < 2; g++) {
+        float *got[3];
+        int64_t gathers[3], n = 0;
+        for (int g = 0; g < 3; g++) { /* auto, step, auto with scatter */
             struct proc pr[2];
             memset(pr, 0, sizeof pr);
             for (int k = 0; k < 2; k++) {
                 pr[k].tp = base("mlp:784,48,10", T);
                 pr[k].tp.zero = 1, pr[k].tp.max_steps = 5, pr[k].tp.check_replicas = 1;
-                pr[k].tp.zero_gather = g ? DP_ZERO_GATHER_STEP : DP_ZERO_GATHER_AUTO;
+                pr[k].tp.zero_gather = g == 1 ? DP_ZERO_GATHER_STEP : DP_ZERO_GATHER_AUTO;
+                pr[k].tp.zero_scatter = g == 2;
                 pr[k].tp.bucket_cap_bytes = 16 << 10, pr[k].tp.first_bucket_bytes = 16 << 10;
             }
             run_procs(2, pr, 0);
@@ -313,13 +316,15 @@ TEST_T(ddp_procs_zero1_gathers_ahead, 300) {
             got[g] = pr[0].params, gathers[g] = pr[0].gathers, n = pr[0].n;
             free(pr[1].params);
         }
-        fprintf(stderr, "    2 processes x %d: range all-gathers %lld (auto), %lld (step); %s\n", T,
-                (long long)gathers[0], (long long)gathers[1],
-                memcmp(got[0], got[1], sizeof(float) * (size_t)n) ? "differ" : "same bits");
-        ASSERT_TRUE(gathers[0] >= 5 * 2); /* at least two ranges a step, issued ahead */
+        double d = rel_diff(got[0], got[2], n);
+        fprintf(stderr, "    2 processes x %d: range all-gathers %lld (auto), %lld (step), %lld (scatter); auto and "
+                "step %s; scatter %.2e\n", T, (long long)gathers[0], (long long)gathers[1], (long long)gathers[2],
+                memcmp(got[0], got[1], sizeof(float) * (size_t)n) ? "differ" : "same bits", d);
+        ASSERT_TRUE(gathers[0] >= 5 * 2 && gathers[2] == gathers[0]); /* two ranges or more a step, ahead */
         ASSERT_EQ(gathers[1], 0);
         ASSERT_EQ(memcmp(got[0], got[1], sizeof(float) * (size_t)n), 0);
-        free(got[0]), free(got[1]);
+        ASSERT_TRUE(d <= 1e-6);
+        free(got[0]), free(got[1]), free(got[2]);
     }
 }
 

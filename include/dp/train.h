@@ -118,12 +118,13 @@ struct dp_train_params {
     /* ZeRO (docs/ddp.md "ZeRO"; dp/ddp.h): 1 = each worker keeps the optimizer state of its
      * 1/G shard of the parameters, updates that shard and all-gathers the parameters; 2 also
      * shards the gradient, 3 the parameters (0 = off).  zero_scatter: the gradient is
-     * reduce-scattered after backward (each worker needs only its shard's sum: half an
-     * all-reduce's bytes, no overlap) instead of all-reduced bucket by bucket during backward.
+     * reduce-scattered (each worker needs only its shard's sum: half an all-reduce's bytes)
+     * instead of all-reduced bucket by bucket during backward: bucket by bucket during backward
+     * when the all-gather is ahead (zero_gather), else the whole slab after backward.
      * Not with --backup-workers or the parameter server. */
     int zero;
     int zero_scatter;
-    /* --zero 1 with the all-reduce: when the all-gather of the updated parameters completes.
+    /* --zero 1: when the all-gather of the updated parameters completes.
      * DP_ZERO_GATHER_STEP: within the step; DP_ZERO_GATHER_AHEAD: issued bucket by bucket and
      * waited for by the next forward, layer by layer (src/ddp/zero.c "Ahead");
      * DP_ZERO_GATHER_AUTO (0, default): ahead when the workers span processes (the gather

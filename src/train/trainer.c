@@ -375,9 +375,8 @@ static int check_params(const struct dp_train_params *p) {
                          "the reducer)");
     if (p->zero_gather < DP_ZERO_GATHER_AUTO || p->zero_gather > DP_ZERO_GATHER_AHEAD)
         return dp_seterr(DP_EINVAL, "zero_gather must be auto, step or ahead (got %d)", p->zero_gather);
-    if (p->zero_gather && (p->zero != 1 || p->zero_scatter))
-        return dp_seterr(DP_EINVAL, "--zero-gather is --zero 1's option with --zero-reduce allreduce (%s)",
-                         p->zero != 1 ? "this run is not --zero 1" : "--zero-reduce scatter gathers the one slab");
+    if (p->zero_gather && p->zero != 1)
+        return dp_seterr(DP_EINVAL, "--zero-gather is --zero 1's option (this run is --zero %d)", p->zero);
     if (p->zero_scatter && p->compress.kind != DP_COMPRESS_NONE)
         return dp_seterr(DP_ENOTSUP, "--compress does not work with --zero-reduce scatter (the compressed forms "
                          "are all-reduces): use --zero-reduce allreduce");
@@ -551,9 +550,12 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
     if ((rc = dp_zero_init(&w->zero, w->comm, t->model->num_params, p->zero, &p->optim))) return rc;
     w->zero.padded = lazy;
-    /* (dp_zero_plan clears it with one worker) */
-    w->zero.ahead = p->zero == 1 && !p->zero_scatter &&
-                    (p->zero_gather == DP_ZERO_GATHER_AHEAD || (p->zero_gather == DP_ZERO_GATHER_AUTO && t->G > t->P));
+    /* ZeRO 1: the all-gather ahead (src/ddp/zero.c "Ahead"); the shard is then cut along the
+     * buckets, so --zero-reduce scatter reduce-scatters each bucket during backward (the
+     * reducer's shard form, as stages 2 and 3) instead of the slab after it */
+    const int ahead = p->zero == 1 && t->G > 1 &&
+                      (p->zero_gather == DP_ZERO_GATHER_AHEAD || (p->zero_gather == DP_ZERO_GATHER_AUTO && t->G > t->P));
+    w->zero.ahead = ahead;
     struct dp_loader_params lp = dp_loader_default_params();
     lp.batch = p->batch;
     lp.shuffle = 1;
@@ -602,12 +604,12 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     rp.compress.seed = p->seed;
     if (p->optim.kind == DP_OPTIM_SGD && !p->optim.nesterov && p->optim.dampening == 0)
         rp.compress.momentum = p->optim.momentum;
-    rp.scatter = p->zero && p->zero_scatter;
-    rp.shard = p->zero >= 2 && t->G > 1;
+    rp.scatter = p->zero && p->zero_scatter && !ahead;
+    rp.shard = (p->zero >= 2 && t->G > 1) || (ahead && p->zero_scatter);
     if ((rc = dp_reducer_init(&w->red, t->model, w->comm, w->rep.grads, &rp))) return rc;
     /* ZeRO: the optimizer state of this worker's shard only (the memory win);
      * stages 2 and 3 cut the shard along the reducer's buckets */
-    w->red.done = dp_zero_bucket_done, w->red.done_arg = &w->zero;
+    if (p->zero >= 2) w->red.done = dp_zero_bucket_done, w->red.done_arg = &w->zero; /* (1: the sums stay in the slab) */
     if ((rc = dp_zero_plan(&w->zero, w->red.b, w->red.nb, w->rep.params, w->rep.grads)) ||
         (rc = dp_optim_init(&w->opt, &p->optim, w->zero.len)))
         return rc;

@@ -205,7 +205,8 @@ static const char *help_train =
     "                      each bucket reduce-scattered, its memory given back | 3 and the\n"
     "                      parameters: each bucket gathered before its layers run, then freed [0]\n"
     "  --zero-reduce HOW   --zero 1's gradient reduction: allreduce (bucketed, overlapped with\n"
-    "                      backward) | scatter (one reduce-scatter after backward) [allreduce]\n"
+    "                      backward) | scatter (half the bytes: each bucket reduce-scattered during\n"
+    "                      backward with the gather ahead, else the slab after backward) [allreduce]\n"
     "  --zero-gather WHEN  --zero 1's parameter all-gather: step (within the step) | ahead (bucket\n"
     "                      by bucket, waited for by the next forward layer by layer) | auto (ahead\n"
     "                      when the workers span processes, else step) [auto]\n"
@@ -615,8 +616,7 @@ static int cmd_train(int argc, char **argv) {
         die("%s applies to --optim adamw only (this run's optimizer is %s)", given_adamw,
             dp_optim_kind_name(tp.optim.kind));
     if (given_zr && tp.zero != 1) die("--zero-reduce applies to --zero 1 only");
-    if (given_zg && (tp.zero != 1 || tp.zero_scatter))
-        die("--zero-gather applies to --zero 1 with --zero-reduce allreduce only");
+    if (given_zg && tp.zero != 1) die("--zero-gather applies to --zero 1 only");
     if (given_det && !tp.deterministic) die("%s applies to --deterministic runs only", given_det);
     if (given_psgd_start && tp.compress.kind != DP_COMPRESS_POWERSGD)
         die("--powersgd-start applies to --compress powersgd:RANK only (this run's is %s)",
