@@ -27,6 +27,9 @@ struct proc {
     float *params; /* params then buffers (caller frees) */
     int64_t n;
     int64_t gathers; /* worker 0's ZeRO range all-gathers (dp_trainer_zero_counts) */
+    const char *save; /* after the run: dp_trainer_save here; its code and message: */
+    int save_rc;
+    char save_err[512];
 };
 
 static void *proc_main(void *a) {
@@ -49,6 +52,10 @@ static void *proc_main(void *a) {
         memcpy(pr->params + m->num_params, dp_trainer_replica(t)->buffers, sizeof(float) * (size_t)m->num_buffers);
         struct dp_zero_counts zc;
         if (dp_trainer_zero_counts(t, 0, &zc) == DP_OK) pr->gathers = zc.gathers;
+        if (pr->save) {
+            pr->save_rc = dp_trainer_save(t, pr->save);
+            snprintf(pr->save_err, sizeof pr->save_err, "%s", pr->save_rc ? dp_errmsg() : "");
+        }
     }
     dp_trainer_free(t);
     dp_comm_free(inter);
@@ -326,6 +333,41 @@ TEST_T(ddp_procs_zero1_gathers_ahead, 300) {
         ASSERT_TRUE(d <= 1e-6);
         free(got[0]), free(got[1]), free(got[2]);
     }
+}
+
+/* Saving through the library after a multi-process ZeRO run: the shards
+ * live in processes whose trainers may be gone, so dp_trainer_save refuses
+ * with one line (the run writes its checkpoints itself, during the run) and
+ * writes no file; a plain multi-process run saves. */
+TEST_T(ddp_procs_zero_save_after_run_refused, 120) {
+    require_data();
+    char dir[] = "/tmp/dptrain-procs-XXXXXX", ck[300];
+    make_dir(dir, ck, sizeof ck);
+    for (int z = 0; z <= 1; z++) {
+        struct proc pr[2];
+        memset(pr, 0, sizeof pr);
+        for (int k = 0; k < 2; k++) {
+            pr[k].tp = base("mlp:784,48,10", 1);
+            pr[k].tp.zero = z, pr[k].tp.max_steps = 2;
+        }
+        pr[0].save = ck;
+        run_procs(2, pr, 0);
+        for (int k = 0; k < 2; k++) {
+            if (pr[k].rc) dp_test_fail(__FILE__, __LINE__, "process %d: %s", k, pr[k].err);
+            free(pr[k].params);
+        }
+        fprintf(stderr, "    --zero %d: dp_trainer_save: %s\n", z, pr[0].save_rc ? pr[0].save_err : "saved");
+        if (z) {
+            ASSERT_EQ(pr[0].save_rc, DP_ENOTSUP);
+            ASSERT_TRUE(strstr(pr[0].save_err, "multi-process ZeRO job writes its checkpoints during the run") != NULL);
+            ASSERT_TRUE(access(ck, F_OK) != 0);
+        } else {
+            ASSERT_OK(pr[0].save_rc);
+            ASSERT_EQ(access(ck, F_OK), 0);
+            ASSERT_EQ(unlink(ck), 0);
+        }
+    }
+    remove_dir(dir);
 }
 
 /* A ZeRO checkpoint that cannot be written (a folder named checkpoint.bin
