@@ -24,6 +24,10 @@
 #   dp2c  (with VARIANTS including it) dp2 with --comm-progress caller: the workers sum their own
 #         blocks of each bucket between layers, no communication thread (issue 9)
 #   dp2cs (with VARIANTS including it) dp2c that spins SPIN_US (200) µs before it sleeps at a wait
+#   dp2p, dp2cp, ind2p  (with VARIANTS including them) dp2, dp2c and ind2 pinned: --pin-threads
+#         (worker r on the r-th core the process may use), and each ind2 process given its own
+#         core (`taskset -c`, the k-th of this script's cores) with the same flag: the same
+#         pinning on both sides of the ratio (issue 9)
 #   det, det8, det32  (with VARIANTS including them) dp2 with --deterministic at the default
 #         chunk (dp_det_chunk_auto: 32 at batch 128) / --det-chunk 8 / 32: what the bit-exact
 #         mode costs against dp2 (docs/ddp.md, "Deterministic mode")
@@ -87,7 +91,9 @@ note() { echo "scaling: $*" >&2; }
 "$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
     die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
 case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
-for v in $VARIANTS; do case $v in dp1 | dp2 | dp2c | dp2cs | pt1 | pt2 | ind2 | zero1 | det | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 dp2c dp2cs pt1 pt2 ind2 zero1 det det8 det32)" ;; esac; done
+for v in $VARIANTS; do case $v in dp1 | dp2 | dp2c | dp2cs | dp2p | dp2cp | pt1 | pt2 | ind2 | ind2p | zero1 | det | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 dp2c dp2cs dp2p dp2cp pt1 pt2 ind2 ind2p zero1 det det8 det32)" ;; esac; done
+# the cores this script may use, for ind2p's taskset (one per process)
+read -r -a CORES <<<"$("$PY" -c 'import os; print(" ".join(map(str, sorted(os.sched_getaffinity(0)))))')"
 [ -n "${VARIANTS// /}" ] || die "no variants to run"
 
 steps_for() { case $1 in mlp) echo "$STEPS_MLP" ;; cnn) echo "$STEPS_CNN" ;; resnet) echo "$STEPS_RESNET" ;; *) die "unknown model $1 (mlp, cnn, resnet)" ;; esac; }
@@ -114,16 +120,20 @@ build_cmd() {
     case $variant in
     dp1 | dp2) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers "${variant#dp}" --threads 1
                     "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
-    dp2c | dp2cs) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --comm-progress caller
-                       "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none)
-                  [[ $variant == dp2c ]] || CMD+=(--comm-spin-us "$SPIN_US") ;;
+    dp2c | dp2cs | dp2cp) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
+                               --comm-progress caller "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none)
+                  [[ $variant != dp2cs ]] || CMD+=(--comm-spin-us "$SPIN_US")
+                  [[ $variant != dp2cp ]] || CMD+=(--pin-threads) ;;
+    dp2p) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --pin-threads
+               "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
     zero1) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --zero 1
                 "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
     det | det8 | det32) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
                              --deterministic "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none)
                          [[ $variant == det ]] || CMD+=(--det-chunk "${variant#det}") ;;
-    ind2) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 1 --threads 1
-               "${RECIPE[@]}" --batch 64 --epochs 1 --max-steps "$steps" --progress none) ;;
+    ind2 | ind2p) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 1 --threads 1
+                       "${RECIPE[@]}" --batch 64 --epochs 1 --max-steps "$steps" --progress none)
+                  [[ $variant == ind2 ]] || CMD+=(--pin-threads) ;;
     pt1 | pt2) CMD=("${PTENV[@]}" "$PY" bench/pytorch_ddp.py --model "$model" --world "${variant#pt}" --threads 1
                     "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --no-eval) ;;
     esac
@@ -148,10 +158,12 @@ run_one() {
     build_cmd "$variant" "$model" "$steps"
     local rc=0
     local sps cpu
-    if [ "$variant" = ind2 ]; then
-        # two independent processes at once; samples/s summed
-        "$TIME" -f '%e %U %S' -o "$log.time" "${CMD[@]}" >"$log" 2>&1 & local pid=$!
-        "${CMD[@]}" >"$log.b" 2>&1 || rc=$?
+    if [ "$variant" = ind2 ] || [ "$variant" = ind2p ]; then
+        # two independent processes at once; samples/s summed (ind2p: each on its own core)
+        local ta=() tb=()
+        if [ "$variant" = ind2p ]; then ta=(taskset -c "${CORES[0]}") tb=(taskset -c "${CORES[$((1 % ${#CORES[@]}))]}"); fi
+        "$TIME" -f '%e %U %S' -o "$log.time" "${ta[@]}" "${CMD[@]}" >"$log" 2>&1 & local pid=$!
+        "${tb[@]}" "${CMD[@]}" >"$log.b" 2>&1 || rc=$?
         wait "$pid" || rc=$?
         local a b
         a=$(parse_sps "$variant" "$log"); b=$(parse_sps "$variant" "$log.b")
@@ -330,6 +342,19 @@ if any(v == "ind2" for v, _ in data):
               f"{cell(ratios('dp2c', 'ind2', m, 1), True)} | {cell(ratios('dp2c', 'dp2', m, 1), False)} | "
               f"{fmt(med(list(data.get(('dp2cs', m), {}).values())))} | {cell(ratios('dp2cs', 'ind2', m, 1), True)} |")
         p("")
+if any(v == "ind2p" for v, _ in data):
+    p("## Pinned: --pin-threads (worker r on the r-th core), against the ceiling pinned the same way")
+    p("")
+    p("ind2p = the two independent processes, each on its own core (taskset) with --pin-threads. "
+      "Issue 9 targets: cnn and resnet >= 97%, mlp >= 93% of the ceiling.")
+    p("")
+    p("| model | ind2p samples/s | ind2p / ind2 | dp2p / ind2p | dp2cp (caller) / ind2p | dp2 / ind2 (unpinned) | dp2c / ind2 (unpinned) |")
+    p("|---|---:|---:|---:|---:|---:|---:|")
+    for m in models:
+        p(f"| {m} | {fmt(med(list(data.get(('ind2p', m), {}).values())))} | {cell(ratios('ind2p', 'ind2', m, 1), False)} | "
+          f"{cell(ratios('dp2p', 'ind2p', m, 1), True)} | {cell(ratios('dp2cp', 'ind2p', m, 1), True)} | "
+          f"{cell(ratios('dp2', 'ind2', m, 1), True)} | {cell(ratios('dp2c', 'ind2', m, 1), True)} |")
+    p("")
 if any(v.startswith("det") for v, _ in data):
     p("## What deterministic mode costs: dptrain P=2 with --deterministic, against ordinary P=2")
     p("")

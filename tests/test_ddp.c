@@ -1,6 +1,8 @@
 /* Data parallelism: P workers train the same model as one worker (the
  * central invariant), replicas stay equal, failures stop every worker. */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -76,6 +78,51 @@ TEST_T(ddp_overlap_off_and_tiny_buckets_same_result, 300) {
     ASSERT_TRUE(memcmp(ref, a, sizeof(float) * (size_t)n) == 0);
     ASSERT_TRUE(memcmp(ref, b, sizeof(float) * (size_t)n) == 0);
     free(ref), free(a), free(b);
+}
+
+/* --pin-threads: worker r runs on the r-th core of the process's affinity
+ * (here worker 0, seen from its step events: one core, the first allowed),
+ * the caller's thread gets its affinity back after the run, and the model
+ * is the same bits as unpinned (the sums do not depend on where they run).
+ * mlp, 2 workers (on a 1-core machine both on that core). */
+struct pin_seen {
+    cpu_set_t allowed;
+    int events, one_core, first;
+};
+static void pin_event(void *arg, const struct dp_event *ev) {
+    struct pin_seen *s = arg;
+    if (ev->kind != DP_EVENT_STEP) return;
+    cpu_set_t now;
+    ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof now, &now), 0);
+    int first = -1;
+    for (int c = 0; c < CPU_SETSIZE && first < 0; c++)
+        if (CPU_ISSET(c, &s->allowed)) first = c;
+    s->events++;
+    s->one_core += CPU_COUNT(&now) == 1;
+    s->first += CPU_ISSET(first, &now) != 0;
+}
+TEST_T(ddp_pin_threads_one_core_each, 120) {
+    require_data();
+    struct dp_train_params p = base("mlp", 2);
+    p.max_steps = 4;
+    int64_t n;
+    float *ref = train(&p, &n);
+    struct pin_seen seen;
+    memset(&seen, 0, sizeof seen);
+    ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof seen.allowed, &seen.allowed), 0);
+    p.pin_threads = 1;
+    p.on_event = pin_event, p.event_arg = &seen;
+    float *got = train(&p, &n);
+    cpu_set_t after;
+    ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof after, &after), 0);
+    fprintf(stderr, "    %d step events: %d on one core, %d on the first allowed; affinity after the run %s\n",
+            seen.events, seen.one_core, seen.first, CPU_EQUAL(&after, &seen.allowed) ? "restored" : "NOT restored");
+    ASSERT_EQ(seen.events, 4);
+    ASSERT_EQ(seen.one_core, 4);
+    ASSERT_EQ(seen.first, 4);
+    ASSERT_TRUE(CPU_EQUAL(&after, &seen.allowed));
+    ASSERT_EQ(memcmp(ref, got, sizeof(float) * (size_t)n), 0);
+    free(ref), free(got);
 }
 
 /* --comm-progress caller (the workers sum their own blocks of each bucket

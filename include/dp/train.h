@@ -114,6 +114,11 @@ struct dp_train_params {
     int comm_progress;         /* enum dp_comm_progress: who runs the bucket all-reduces on
                                   threads (dp/comm.h; default DP_PROGRESS_THREAD) */
     int comm_spin_us;          /* dp_comm_params.spin_us of the workers' world (-1 = auto, default) */
+    int pin_threads;           /* 1: worker r of this process runs only on the (r mod n)-th of the n
+                                  cores the process may use (its affinity at dp_trainer_run), so the
+                                  workers never share a core or migrate (the communication threads
+                                  are not pinned); the calling thread's affinity is restored after
+                                  the run.  0 (default): the scheduler places them. */
     int deterministic;         /* bit-identical results for any worker count (docs/ddp.md) */
     /* ZeRO (docs/ddp.md "ZeRO"; dp/ddp.h): 1 = each worker keeps the optimizer state of its
      * 1/G shard of the parameters, updates that shard and all-gathers the parameters; 2 also

@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +122,7 @@ struct worker {
 };
 
 struct dp_trainer {
+    cpu_set_t cpus;            /* --pin-threads: the process's affinity at dp_trainer_run */
     struct dp_train_params p;
     struct dp_dataset train, test;
     /* text (a token model): the token file, its split, the window length */
@@ -2394,7 +2396,7 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     H(p->check_replicas), H(p->accum), H(t->gather_waits), H(p->balance), H(p->backup), H(p->backup_workers);
     H(p->compress.kind), H(p->compress.rank), H(p->compress.fraction), H(p->compress.powersgd_start);
     H(p->async), H(p->staleness), H(p->staleness_lr), H(p->servers), H(p->zero), H(p->zero_scatter), H(p->zero_gather);
-    H(p->share_lr), H(p->implicit_momentum);
+    H(p->share_lr), H(p->implicit_momentum), H(p->pin_threads);
     out[AGREE_CONFIG] = h;
     h = 0xcbf29ce484222325ull;
     H(w->step), H(w->epoch), H(w->in_epoch);
@@ -2736,10 +2738,33 @@ static int worker_loop(struct worker *w) {
     return DP_OK;
 }
 
+/* --pin-threads: the calling thread onto the (rank mod n)-th of the n cores
+ * in `allowed` (the process's affinity, read once before any worker pins
+ * itself).  One compute thread per core and no migrations: the workers'
+ * identical steps then take the same time (on a 2-core VM the unpinned
+ * scheduler moved them, and the faster worker waited for the other at every
+ * step's end: docs/results.md "Pinned workers").  A failure leaves the
+ * thread unpinned. */
+static void pin_to_core(const cpu_set_t *allowed, int rank) {
+    int n = CPU_COUNT(allowed), want = n > 0 ? rank % n : 0, k = 0;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE && n > 0; c++)
+        if (CPU_ISSET(c, allowed) && k++ == want) {
+            CPU_SET(c, &one);
+            break;
+        }
+    if (CPU_COUNT(&one)) pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+}
+
 static void *worker_main(void *arg) {
     struct worker *w = arg;
+    cpu_set_t before;
+    int pinned = w->t->p.pin_threads && pthread_getaffinity_np(pthread_self(), sizeof before, &before) == 0;
+    if (pinned) pin_to_core(&w->t->cpus, w->rank);
     dp_set_num_threads(w->t->p.threads);
     w->rc = worker_loop(w);
+    if (pinned) pthread_setaffinity_np(pthread_self(), sizeof before, &before); /* (the caller's, for worker 0) */
     if (w->rc) {
         snprintf(w->err, sizeof w->err, "%s", dp_errmsg());
         /* Unblock every other worker: their pending and future collectives
@@ -2753,6 +2778,7 @@ static void *worker_main(void *arg) {
 
 int dp_trainer_run(struct dp_trainer *t) {
     t->t_origin = dp_time();
+    if (t->p.pin_threads && sched_getaffinity(0, sizeof t->cpus, &t->cpus) != 0) CPU_ZERO(&t->cpus);
     for (int r = 0; r < t->P; r++) t->w[r].step = t->step, t->w[r].epoch = t->epoch, t->w[r].in_epoch = t->step_in_epoch;
     if (t->star) { /* rank 0's collector opens the first step */
         int rc = dp_backup_star_start(t->star, t->step);

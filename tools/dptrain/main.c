@@ -187,6 +187,8 @@ static const char *help_train =
     "                      layers; no third thread) [thread]\n"
     "  --comm-spin-us N    a worker waiting for another spins N microseconds before it sleeps\n"
     "                      [auto: 10, 1 with more workers than cores]\n"
+    "  --pin-threads       worker r runs only on the r-th core this process may use (its\n"
+    "                      affinity: give each process on a host its own cores) [off]\n"
     "  --algo NAME         all-reduce algorithm: auto | ring | rhd | direct | native [auto];\n"
     "                      with mpi it applies between processes (native = MPI's own)\n"
     "  --compress SPEC     gradient compression: none | bf16 | fp16 | powersgd:RANK | topk:FRACTION |\n"
@@ -519,6 +521,7 @@ static int cmd_train(int argc, char **argv) {
             else if (!strcmp(v, "caller")) tp.comm_progress = DP_PROGRESS_CALLER;
             else die("--comm-progress: expected thread or caller, got '%s'", v);
         } else if (opt(&a, "--comm-spin-us", &v)) tp.comm_spin_us = (int)parse_int("--comm-spin-us", v, 0, 1000000);
+        else if (opt(&a, "--pin-threads", NULL)) tp.pin_threads = 1;
         else if (opt(&a, "--algo", &v)) {
             int k = dp_comm_algo_parse(v);
             if (k < 0) die("--algo: unknown algorithm '%s' (expected auto, ring, rhd, direct or native)", v);
