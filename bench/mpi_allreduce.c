@@ -37,6 +37,8 @@ int main(void) {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "mpi_bench.h"
 #include <sys/mman.h>
 
 static long long parse_bytes(const char *s) {
@@ -89,10 +91,7 @@ int main(int argc, char **argv) {
     double times[MAX_ITERS], worst[MAX_ITERS];
     if (!rank) {
         char lib[MPI_MAX_LIBRARY_VERSION_STRING];
-        int len;
-        MPI_Get_library_version(lib, &len);
-        char *nl = strchr(lib, '\n');
-        if (nl) *nl = '\0';
+        mpi_library(lib);
         printf("# mpi_allreduce: %s, %d processes, MPI_FLOAT MPI_SUM in place\n", lib, P);
         printf("%12s %12s %6s %8s %12s %12s %12s %12s\n", "bytes", "count", "iters", "algo",
                "time_us", "algbw_GB/s", "busbw_GB/s", "best_busbw");

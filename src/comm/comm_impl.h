@@ -81,6 +81,10 @@ struct dp_comm {
 
 /* The mpi backend (comm_mpi.c; DP_WITH_MPI only): dp_comm_init(c, "mpi", p). */
 int dp__comm_mpi_init(struct dp_comm **c, const struct dp_comm_params *params);
+/* Tests (comm_mpi.c): the mpi communicator c takes ranks q and r to be on one
+ * host iff q / per_host == r / per_host (message segments differ between
+ * hosts); every rank calls it alike before any operation. */
+void dp__comm_mpi_fake_hosts(struct dp_comm *c, int per_host);
 
 /* ---- the shared-memory step-flag layer (implemented in comm_thread.c) -------------- */
 

@@ -15,6 +15,7 @@
  *   - the requests not yet released, in issue order (a FIFO);
  *   - the scratch the point-to-point reductions receive into (WINDOW
  *     segments, allocated once);
+ *   - which ranks are on another host (their messages are cut finer);
  *   - the abort flag and message (dp_comm_abort may come from any thread).
  *
  * Execution and order.  A native operation is handed to MPI when it is
@@ -65,6 +66,42 @@
 #ifndef WINDOW
 #define WINDOW 4
 #endif
+/* Segments to and from a rank on another host: NET_SEG_BYTES, NET_WINDOW of
+ * them in flight.
+ *
+ * Why.  Over TCP (Open MPI's ob1 with the tcp BTL: the link between
+ * machines) a message above the eager limit (64 KiB with its header, the
+ * default) is a rendezvous: the sender announces it and sends the bulk only
+ * once the receiver has acknowledged.  That acknowledgement leaves through
+ * the receiver's own outgoing link (between two ranks, on the very TCP
+ * connection of the receiver's own sends) behind whatever the receiver is
+ * already sending: socket buffer and the link's queue, milliseconds at
+ * 1 Gbit/s.  Every ring and rhd step sends and receives at once, so a rank
+ * whose bulk has started holds back the acknowledgement its peer waits for;
+ * at P = 2 the two directions then run one after the other, twice the link
+ * time.  Measured on 2 emulated hosts at 1 Gbit/s (bench/reduce_scatter.sh;
+ * bench/results/reduce_scatter-2026-12-02-100654.txt with 1 MiB segments,
+ * -100716.txt with these; loaded machine): a 2.68 MB ring reduce-scatter
+ * took 21.5 ms (median; the fastest 11.2), now 11.2 ms, the link time 10.7;
+ * the ring all-reduce 32.7 ms, now 22.4 (link time 21.4); 4 hosts:
+ * -100806.txt, -100739.txt.  An eager message needs no acknowledgement, so
+ * across hosts the segments are eager-sized: 64 KiB less 128 bytes for
+ * ob1's match header (MPICH's TCP eager limit, 128 KiB, is larger); more of
+ * them are in flight, NET_WINDOW * NET_SEG_BYTES = 2 MB, milliseconds of
+ * link time, so the link stays busy while a waiting rank sleeps between
+ * polls.  Within a host (shared memory) the large segments stay: single-copy
+ * transfers, measured best there.  Both ends of a transfer make the same
+ * choice (the pair is on one host or not), so they cut
+ * it into the same segments. */
+#ifndef NET_SEG_BYTES
+#define NET_SEG_BYTES ((size_t)65408)
+#endif
+#ifndef NET_WINDOW
+#define NET_WINDOW 32
+#endif
+#define MAX_WINDOW (WINDOW > NET_WINDOW ? WINDOW : NET_WINDOW)
+#define SCRATCH_BYTES \
+    (WINDOW * SEG_BYTES > NET_WINDOW * NET_SEG_BYTES ? WINDOW * SEG_BYTES : NET_WINDOW * NET_SEG_BYTES)
 /* Native collectives take an int count: larger all-reduces and broadcasts
  * are issued in parts of NATIVE_PART elements (at most NATIVE_PARTS). */
 #define NATIVE_PART ((int64_t)1 << 30)
@@ -101,10 +138,13 @@ struct step {
     int reduce, forward;
 };
 
-/* The segments of one transfer of the running step. */
+/* The segments of one transfer of the running step: nseg of seg bytes (the
+ * last one shorter), at most win in flight. */
 struct stream {
     int64_t nseg, posted, done;
-    MPI_Request req[WINDOW]; /* segment k in req[k % WINDOW] */
+    size_t seg;
+    int win;
+    MPI_Request req[MAX_WINDOW]; /* segment k in req[k % win] */
 };
 
 enum { KIND_NATIVE, KIND_P2P };
@@ -134,11 +174,12 @@ struct mpi_comm {
     int tag_ub;
     int provided;             /* MPI's thread level */
     int local_rank, local_size;
+    unsigned char *remote;    /* (P) rank q is on another host: NET_SEG_BYTES segments */
     double timeout_s, spin_s;
     struct dp_comm_req *head, *tail, *freelist;
     int npending;
     uint64_t next_seq;
-    char *scratch;            /* WINDOW * SEG_BYTES */
+    char *scratch;            /* SCRATCH_BYTES: win slots of seg bytes */
     uint64_t *diag_out;       /* the timeout message; leaked if its sends never complete */
     int diag_sent;
     atomic_int aborted;
@@ -191,7 +232,7 @@ static void fail_op(struct mpi_comm *m, struct dp_comm_req *rq, int rc) {
         for (int i = 0; rq->kind == KIND_P2P && i < 2; i++) {
             struct stream *s = &rq->rs[i];
             for (int64_t k = s->done; k < s->posted; k++) {
-                MPI_Request *q = &s->req[k % WINDOW];
+                MPI_Request *q = &s->req[k % s->win];
                 int flag = 0;
                 MPI_Cancel(q);
                 MPI_Test(q, &flag, MPI_STATUS_IGNORE);
@@ -694,11 +735,20 @@ static int build_schedule(struct mpi_comm *m, struct dp_comm_req *rq) {
 
 /* ---- running a schedule ------------------------------------------------------------------- */
 
-static int64_t nsegs(size_t len) { return (int64_t)((len + SEG_BYTES - 1) / SEG_BYTES); }
-static void seg_of(const struct xfer *x, int64_t k, size_t *off, size_t *len) {
-    size_t o = (size_t)k * SEG_BYTES;
+/* A stream for transfer x (NULL: none): the segments for its peer's host. */
+static struct stream stream_of(const struct mpi_comm *m, const struct xfer *x) {
+    struct stream s = {0};
+    int net = x && m->remote[x->peer];
+    s.seg = net ? NET_SEG_BYTES : SEG_BYTES;
+    s.win = net ? NET_WINDOW : WINDOW;
+    s.nseg = x ? (int64_t)((x->len + s.seg - 1) / s.seg) : 0;
+    return s;
+}
+static void seg_of(const struct xfer *x, const struct stream *s, int64_t k, size_t *off,
+                   size_t *len) {
+    size_t o = (size_t)k * s->seg;
     *off = x->off + o;
-    *len = x->len - o < SEG_BYTES ? x->len - o : SEG_BYTES;
+    *len = x->len - o < s->seg ? x->len - o : s->seg;
 }
 
 /* Posts what the windows allow and tests what is in flight, in segment
@@ -718,8 +768,8 @@ static int step_poll(struct mpi_comm *m, struct dp_comm_req *rq, int *step_done,
     int tag = (int)(rq->seq % ((uint64_t)m->tag_ub + 1)), err, again = 1;
     if (!rq->begun) {
         for (int i = 0; i < 2; i++) {
-            rq->ss[i] = (struct stream){i < st->nsend ? nsegs(st->send[i].len) : 0, 0, 0, {0}};
-            rq->rs[i] = (struct stream){i < st->nrecv ? nsegs(st->recv[i].len) : 0, 0, 0, {0}};
+            rq->ss[i] = stream_of(m, i < st->nsend ? &st->send[i] : NULL);
+            rq->rs[i] = stream_of(m, i < st->nrecv ? &st->recv[i] : NULL);
         }
         rq->begun = 1;
     }
@@ -729,20 +779,27 @@ static int step_poll(struct mpi_comm *m, struct dp_comm_req *rq, int *step_done,
         for (int i = 0; i < st->nsend; i++) {
             struct stream *s = &rq->ss[i];
             const struct xfer *x = &st->send[i];
-            int64_t ready = st->forward && i == 0 ? rq->rs[0].done : s->nseg;
+            int64_t ready = s->nseg;
+            if (st->forward && i == 0) {
+                /* the segments whose bytes have all arrived: recv[0] is the
+                 * same range, perhaps cut differently (its peer's host) */
+                const struct stream *in = &rq->rs[0];
+                size_t got = in->done == in->nseg ? x->len : (size_t)in->done * in->seg;
+                ready = got >= x->len ? s->nseg : (int64_t)(got / s->seg);
+            }
             for (int more = 1; more;) {
                 more = 0;
-                for (; s->posted < ready && s->posted - s->done < WINDOW; s->posted++) {
+                for (; s->posted < ready && s->posted - s->done < s->win; s->posted++) {
                     size_t o, n;
-                    seg_of(x, s->posted, &o, &n);
+                    seg_of(x, s, s->posted, &o, &n);
                     err = MPI_Isend(buf + o, (int)n, MPI_BYTE, x->peer, tag, m->p2p,
-                                    &s->req[s->posted % WINDOW]);
+                                    &s->req[s->posted % s->win]);
                     if (err != MPI_SUCCESS) return mpi_fail(m, err, "MPI_Isend");
                     rq->inflight = 1;
                 }
                 while (s->done < s->posted) {
                     int flag = 0;
-                    err = MPI_Test(&s->req[s->done % WINDOW], &flag, MPI_STATUS_IGNORE);
+                    err = MPI_Test(&s->req[s->done % s->win], &flag, MPI_STATUS_IGNORE);
                     if (err != MPI_SUCCESS) return mpi_fail(m, err, "MPI_Test");
                     if (!flag) break;
                     s->done++;
@@ -756,24 +813,24 @@ static int step_poll(struct mpi_comm *m, struct dp_comm_req *rq, int *step_done,
             struct stream *s = &rq->rs[i];
             const struct xfer *x = &st->recv[i];
             int scratch = st->reduce && i == 0;
-            for (; s->posted < s->nseg && s->posted - s->done < WINDOW; s->posted++) {
+            for (; s->posted < s->nseg && s->posted - s->done < s->win; s->posted++) {
                 size_t o, n;
-                seg_of(x, s->posted, &o, &n);
-                char *dst = scratch ? m->scratch + (size_t)(s->posted % WINDOW) * SEG_BYTES : buf + o;
+                seg_of(x, s, s->posted, &o, &n);
+                char *dst = scratch ? m->scratch + (size_t)(s->posted % s->win) * s->seg : buf + o;
                 err = MPI_Irecv(dst, (int)n, MPI_BYTE, x->peer, tag, m->p2p,
-                                &s->req[s->posted % WINDOW]);
+                                &s->req[s->posted % s->win]);
                 if (err != MPI_SUCCESS) return mpi_fail(m, err, "MPI_Irecv");
                 rq->inflight = 1;
             }
             if (s->done < s->posted) {
                 int flag = 0;
-                err = MPI_Test(&s->req[s->done % WINDOW], &flag, MPI_STATUS_IGNORE);
+                err = MPI_Test(&s->req[s->done % s->win], &flag, MPI_STATUS_IGNORE);
                 if (err != MPI_SUCCESS) return mpi_fail(m, err, "MPI_Test");
                 if (!flag) continue;
                 if (scratch) {
                     size_t o, n;
-                    seg_of(x, s->done, &o, &n);
-                    dp__reduce_add(buf + o, m->scratch + (size_t)(s->done % WINDOW) * SEG_BYTES,
+                    seg_of(x, s, s->done, &o, &n);
+                    dp__reduce_add(buf + o, m->scratch + (size_t)(s->done % s->win) * s->seg,
                                    (int64_t)(n / dp_dtype_size(rq->d.dtype)), rq->d.dtype);
                 }
                 s->done++;
@@ -1108,7 +1165,7 @@ static void m_free(struct dp_comm *c) {
     MPI_Comm_free(&m->p2p);
     MPI_Comm_free(&m->side);
     MPI_Comm_free(&m->msgc);
-    dp_free(m->scratch);
+    dp_free(m->scratch), dp_free(m->remote);
     if (m->diag_sent != 2) dp_free(m->diag_out); /* else MPI may still read it */
     pthread_mutex_destroy(&m->mu);
     dp_free(m);
@@ -1280,6 +1337,37 @@ static int dup_world(struct mpi_comm *m, MPI_Comm *out) {
     return 0;
 }
 
+/* m->remote: every rank of coll that is not in `local` (this host's ranks). */
+static int find_remote(struct mpi_comm *m, MPI_Comm local) {
+    int P = m->base.nranks, n = m->local_size, err = MPI_SUCCESS;
+    int *in = dp_malloc(2 * sizeof *in * (size_t)n);
+    m->remote = dp_malloc((size_t)P);
+    if (!in || !m->remote) {
+        dp_free(in);
+        return dp_seterr(DP_ENOMEM, "comm: mpi: out of memory");
+    }
+    memset(m->remote, 1, (size_t)P);
+    MPI_Group gl = MPI_GROUP_NULL, gc = MPI_GROUP_NULL;
+    for (int k = 0; k < n; k++) in[k] = k;
+    if ((err = MPI_Comm_group(local, &gl)) == MPI_SUCCESS &&
+        (err = MPI_Comm_group(m->coll, &gc)) == MPI_SUCCESS &&
+        (err = MPI_Group_translate_ranks(gl, n, in, gc, in + n)) == MPI_SUCCESS)
+        for (int k = 0; k < n; k++)
+            if (in[n + k] >= 0 && in[n + k] < P) m->remote[in[n + k]] = 0;
+    if (gl != MPI_GROUP_NULL) MPI_Group_free(&gl);
+    if (gc != MPI_GROUP_NULL) MPI_Group_free(&gc);
+    dp_free(in);
+    return err == MPI_SUCCESS ? 0 : mpi_fail(m, err, "MPI_Group_translate_ranks");
+}
+
+/* (comm_impl.h; tests) Takes ranks q and r to be on one host iff
+ * q / per_host == r / per_host, whatever MPI says. */
+void dp__comm_mpi_fake_hosts(struct dp_comm *c, int per_host) {
+    struct mpi_comm *m = (struct mpi_comm *)c;
+    for (int q = 0; q < c->nranks && per_host > 0; q++)
+        m->remote[q] = q / per_host != c->rank / per_host;
+}
+
 int dp__comm_mpi_init(struct dp_comm **cp, const struct dp_comm_params *params) {
     int inited = 0, fin = 0, provided = 0, err;
     pthread_mutex_lock(&g_mu);
@@ -1333,13 +1421,14 @@ int dp__comm_mpi_init(struct dp_comm **cp, const struct dp_comm_params *params) 
         } else {
             MPI_Comm_rank(local, &m->local_rank);
             MPI_Comm_size(local, &m->local_size);
+            rc = find_remote(m, local);
             MPI_Comm_free(&local);
         }
     }
     if (!rc && (err = MPI_Op_create(bf16_sum_fn, 1, &m->bf16_sum)) != MPI_SUCCESS)
         rc = mpi_fail(m, err, "MPI_Op_create");
     if (!rc) {
-        m->scratch = dp_malloc_big(WINDOW * SEG_BYTES);
+        m->scratch = dp_malloc_big(SCRATCH_BYTES);
         m->diag_out = dp_calloc(2, sizeof *m->diag_out);
         if (!m->scratch || !m->diag_out) rc = dp_seterr(DP_ENOMEM, "comm: mpi: out of memory");
     }
@@ -1352,7 +1441,7 @@ int dp__comm_mpi_init(struct dp_comm **cp, const struct dp_comm_params *params) 
         if (m->p2p != MPI_COMM_NULL) MPI_Comm_free(&m->p2p);
         if (m->side != MPI_COMM_NULL) MPI_Comm_free(&m->side);
         if (m->msgc != MPI_COMM_NULL) MPI_Comm_free(&m->msgc);
-        dp_free(m->scratch), dp_free(m->diag_out);
+        dp_free(m->scratch), dp_free(m->diag_out), dp_free(m->remote);
         pthread_mutex_destroy(&m->mu);
         dp_free(m);
         pthread_mutex_lock(&g_mu);

@@ -35,6 +35,7 @@
 #include <pthread.h>
 #include <math.h>
 
+#include "comm/comm_impl.h" /* dp__comm_mpi_fake_hosts */
 #include "dp/comm.h"
 #include "dp/core.h"
 
@@ -201,6 +202,63 @@ static void matrix(enum dp_comm_coll coll) {
     one_case(c, buf, coll, DP_ALGO_AUTO, DP_DTYPE_F32, 1000, 0, salt++);
     dp_free(buf);
     dp_comm_free(c);
+}
+
+/* ---- message segments across hosts ------------------------------------------------------------ */
+
+/* The largest MPI_Isend (bytes) while g_track is set: this program's
+ * MPI_Isend stands in front of MPI's (the profiling interface, PMPI), so it
+ * also sees the library's calls; only this file's main thread sets g_track,
+ * while no other thread runs. */
+static int g_track;
+static long long g_max_isend;
+int MPI_Isend(const void *buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm,
+              MPI_Request *req) {
+    int size = 0;
+    if (g_track && PMPI_Type_size(type, &size) == MPI_SUCCESS && (long long)count * size > g_max_isend)
+        g_max_isend = (long long)count * size;
+    return PMPI_Isend(buf, count, type, dest, tag, comm, req);
+}
+
+/* Ring and rhd between hosts send eager-sized segments (comm_mpi.c,
+ * NET_SEG_BYTES: over TCP a rendezvous' acknowledgement waits behind the
+ * peer's own data, which ran the two directions of a link one after the
+ * other), within a host the large ones; and every collective stays right
+ * with the hosts faked: one rank per host, then two (P = 3, 4: transfers cut
+ * both ways in one schedule, and the broadcast chain forwarding between
+ * them).  The limit checked is Open MPI's default eager limit for TCP, 64 KiB
+ * including ob1's header (16 bytes here). */
+static void test_segments_across_hosts(void) {
+    char *buf = dp_malloc_big(sizeof(double) * (BIG_COUNT + GUARD));
+    CHECK(buf != NULL);
+    const enum dp_comm_algo algos[] = {DP_ALGO_RING, DP_ALGO_RHD};
+    const int64_t counts[] = {g_P + 1, 100000, BIG_COUNT};
+    int salt = 0;
+    /* 0: the real hosts (run.sh: one; tests/netns: one rank each) */
+    for (int per_host = 0; per_host <= 2; per_host++) {
+        struct dp_comm *c = new_comm(TIMEOUT_S);
+        if (per_host) dp__comm_mpi_fake_hosts(c, per_host);
+        g_max_isend = 0, g_track = 1;
+        for (int coll = 0; coll < DP_COLL_BARRIER; coll++)
+            for (size_t a = 0; a < DP_ARRAY_LEN(algos); a++)
+                for (size_t k = 0; k < DP_ARRAY_LEN(counts); k++)
+                    one_case(c, buf, (enum dp_comm_coll)coll, algos[a],
+                             k == 1 ? DP_DTYPE_BF16 : DP_DTYPE_F32, counts[k], g_P - 1, salt++);
+        g_track = 0;
+        if (g_P > 1 && per_host == 1) CHECK(g_max_isend > 0 && g_max_isend <= 65536 - 16);
+        /* one host: 1 MiB segments on every rank (each sends a block of 1 MiB
+         * or more); two per host: some rank sends 1 MiB ones to the rank
+         * beside it (a rank alone on its host has none) */
+        long long most = g_max_isend;
+        MPI_Allreduce(&g_max_isend, &most, 1, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+        int lr, ls;
+        dp_comm_host_ranks(c, &lr, &ls);
+        if (g_P > 1 && per_host == 0 && ls == g_P) CHECK_EQ(g_max_isend, 1 << 20);
+        if (g_P > 1 && per_host == 0 && ls == 1) CHECK(g_max_isend > 0 && g_max_isend <= 65536 - 16);
+        if (g_P > 1 && per_host == 2) CHECK_EQ(most, 1 << 20);
+        dp_comm_free(c);
+    }
+    dp_free(buf);
 }
 
 static void test_allreduce_matrix(void) { matrix(DP_COLL_ALLREDUCE); }
@@ -708,6 +766,7 @@ static const struct test tests[] = {
     {"mpi_p2p", test_p2p},
     {"mpi_p2p_timeout", test_p2p_timeout},
     {"mpi_abort_is_local_and_final", test_abort_is_local_and_final},
+    {"mpi_segments_across_hosts", test_segments_across_hosts},
 };
 
 int main(int argc, char **argv) {

@@ -79,6 +79,9 @@ static const char *help_bench_allreduce =
     "  --backend NAME    thread | mpi [thread]; mpi runs one rank per process:\n"
     "                    mpirun -np P dptrain bench allreduce --backend mpi\n"
     "  --workers P       ranks (threads) of the thread backend [2]\n"
+    "  --coll NAME       allreduce | reduce_scatter | allgather [allreduce]: the\n"
+    "                    collective timed (one buffer of each size; reduce-scatter and\n"
+    "                    all-gather: busbw = algbw * (P-1)/P, no bound kernel)\n"
     "  --algo NAME       auto | ring | rhd | direct | native [auto]\n"
     "  --dtype NAME      f32 | bf16 | f64 [f32]\n"
     "  --min-bytes N     smallest message, suffixes K, M, G (binary) [4K]\n"
@@ -128,6 +131,7 @@ static long long parse_num(const char *opt, const char *s, long long lo, long lo
 
 struct bench {
     int P, warmup, iters_opt, pin, mpi, comm_thread;
+    enum dp_comm_coll coll; /* allreduce, reduce_scatter or allgather */
     enum dp_comm_algo algo;
     enum dp_dtype dtype;
     size_t min_bytes, max_bytes;
@@ -170,6 +174,49 @@ static double get(const void *buf, size_t i, enum dp_dtype t) {
     return dp_bf16_to_f32(((const uint16_t *)buf)[i]);
 }
 
+/* One call of the collective timed, on buf (count elements). */
+static int coll_run(const struct bench *b, struct dp_comm *c, void *buf, size_t count) {
+    if (b->coll == DP_COLL_REDUCE_SCATTER)
+        return dp_comm_reduce_scatter(c, buf, (int64_t)count, b->dtype, b->algo);
+    if (b->coll == DP_COLL_ALLGATHER)
+        return dp_comm_allgather(c, buf, (int64_t)count, b->dtype, b->algo);
+    return dp_comm_allreduce(c, buf, (int64_t)count, b->dtype, b->algo);
+}
+
+/* The checked call of size s on rank r: fills buf (all-reduce and
+ * reduce-scatter: r+1 everywhere; all-gather: r+1 in block r, 0 elsewhere),
+ * runs the collective once and probes the result (the first, middle and
+ * last element of what the rank must hold: the whole buffer = P(P+1)/2; block
+ * r = P(P+1)/2; block q = q+1 for every q).  0, or the message in msg. */
+static int coll_check(const struct bench *b, struct dp_comm *c, void *buf, int s, char *msg,
+                      size_t cap) {
+    int r = dp_comm_rank(c), P = dp_comm_world(c);
+    size_t count = b->sizes[s] / dp_dtype_size(b->dtype);
+    int64_t o, n;
+    dp_comm_split((int64_t)count, P, r, &o, &n);
+    fill(buf, count, b->dtype, b->coll == DP_COLL_ALLGATHER ? 0 : r + 1);
+    if (b->coll == DP_COLL_ALLGATHER) fill((char *)buf + (size_t)o * dp_dtype_size(b->dtype), (size_t)n, b->dtype, r + 1);
+    if (coll_run(b, c, buf, count)) {
+        snprintf(msg, cap, "%s", dp_errmsg());
+        return -1;
+    }
+    for (int q = 0; q < P; q++) {
+        if (b->coll != DP_COLL_ALLGATHER && q != (b->coll == DP_COLL_ALLREDUCE ? 0 : r)) continue;
+        if (b->coll == DP_COLL_ALLREDUCE) o = 0, n = (int64_t)count;
+        else dp_comm_split((int64_t)count, P, q, &o, &n);
+        double want = b->coll == DP_COLL_ALLGATHER ? q + 1 : P * (P + 1) / 2.0;
+        size_t probe[3] = {(size_t)o, (size_t)(o + n / 2), (size_t)(o + n - 1)};
+        for (int k = 0; k < 3 && n > 0; k++)
+            if (get(buf, probe[k], b->dtype) != want) {
+                snprintf(msg, cap, "wrong %s result at %zu bytes: element %zu is %g, expected %g",
+                         dp_comm_coll_name(b->coll), b->sizes[s], probe[k],
+                         get(buf, probe[k], b->dtype), want);
+                return -1;
+            }
+    }
+    return 0;
+}
+
 static void fail(struct bench *b, struct dp_comm *c, int rank, const char *what) {
     pthread_mutex_lock(&b->mu);
     if (b->failed_rank < 0) {
@@ -200,7 +247,7 @@ static void bound_kernel(const struct bench *b, int s, atomic_llong *next);
 static void *worker_main(void *p) {
     struct worker *wk = p;
     struct bench *b = wk->b;
-    int r = wk->rank, P = b->P;
+    int r = wk->rank;
     if (b->pin) pin_to(r);
     struct dp_comm *c = NULL;
     void *buf = NULL;
@@ -219,29 +266,18 @@ static void *worker_main(void *p) {
     for (int s = 0; s < b->nsizes; s++) {
         size_t count = b->sizes[s] / esize;
         /* one checked call */
-        fill(buf, count, b->dtype, r + 1);
-        if ((rc = dp_comm_allreduce(c, buf, (int64_t)count, b->dtype, b->algo))) {
-            fail(b, c, r, dp_errmsg());
+        char msg[400];
+        if (coll_check(b, c, buf, s, msg, sizeof msg)) {
+            fail(b, c, r, msg);
             goto out;
         }
-        double want = P * (P + 1) / 2.0;
-        size_t probe[3] = {0, count / 2, count - 1};
-        for (int k = 0; k < 3; k++)
-            if (get(buf, probe[k], b->dtype) != want) {
-                char msg[160];
-                snprintf(msg, sizeof msg,
-                         "wrong result at %zu bytes: element %zu is %g, expected %g", b->sizes[s],
-                         probe[k], get(buf, probe[k], b->dtype), want);
-                fail(b, c, r, msg);
-                goto out;
-            }
         for (int i = 0; i < b->warmup + b->iters[s]; i++) {
             if ((rc = dp_comm_barrier(c))) {
                 fail(b, c, r, dp_errmsg());
                 goto out;
             }
             double t0 = dp_time();
-            if ((rc = dp_comm_allreduce(c, buf, (int64_t)count, b->dtype, b->algo))) {
+            if ((rc = coll_run(b, c, buf, count))) {
                 fail(b, c, r, dp_errmsg());
                 goto out;
             }
@@ -342,9 +378,9 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static void print_head(int bound) {
-    printf("# time = median over iterations of the slowest rank; busbw = algbw * 2(P-1)/P;\n"
-           "# best_busbw from the fastest iteration\n");
+static void print_head(int bound, enum dp_comm_coll coll) {
+    printf("# time = median over iterations of the slowest rank; busbw = algbw * %s(P-1)/P;\n"
+           "# best_busbw from the fastest iteration\n", coll == DP_COLL_ALLREDUCE ? "2" : "");
     if (bound)
         printf("# bound_busbw: busbw of the bound kernel's fastest pass (%d per iteration): the same\n"
                "# threads reading all P buffers once and writing all P once, no synchronisation;\n"
@@ -389,7 +425,8 @@ static int print_table(const struct bench *b, const char *backend) {
     double *it = malloc(sizeof(double) * MAX_ITERS * KPASS);
     if (!it) die("out of memory");
     int beaten = 0;
-    double f = 2.0 * (b->P - 1) / b->P; /* busbw / algbw */
+    /* busbw / algbw: what each rank sends at the least, per byte of buffer */
+    double f = (b->coll == DP_COLL_ALLREDUCE ? 2.0 : 1.0) * (b->P - 1) / b->P;
     for (int s = 0; s < b->nsizes; s++) {
         iter_times(b, b->times, MAX_ITERS, s, b->iters[s], it);
         int n = b->iters[s];
@@ -399,7 +436,7 @@ static int print_table(const struct bench *b, const char *backend) {
         enum dp_comm_algo shown =
             b->algo != DP_ALGO_AUTO
                 ? b->algo
-                : dp_comm_choose_algo(backend, DP_COLL_ALLREDUCE, b->P, b->sizes[s]);
+                : dp_comm_choose_algo(backend, b->coll, b->P, b->sizes[s]);
         double best = (double)b->sizes[s] / it[0] * f;
         printf("%12zu %12zu %6d %8s %12.2f %12.3f %12.3f %12.3f", b->sizes[s],
                b->sizes[s] / esize, b->iters[s], dp_comm_algo_name(shown), med * 1e6,
@@ -447,24 +484,16 @@ static void *mpi_loop_main(void *arg) {
     struct bench *b = lp->b;
     struct dp_comm *c = lp->c;
     void *buf = lp->buf;
-    int r = dp_comm_rank(c), P = dp_comm_world(c);
+    int r = dp_comm_rank(c);
     size_t esize = dp_dtype_size(b->dtype);
     for (int s = 0; s < b->nsizes; s++) {
         size_t count = b->sizes[s] / esize;
-        fill(buf, count, b->dtype, r + 1);
-        if (dp_comm_allreduce(c, buf, (int64_t)count, b->dtype, b->algo))
-            mpi_die(c, "%s", dp_errmsg());
-        double want = P * (P + 1) / 2.0;
-        size_t probe[3] = {0, count / 2, count - 1};
-        for (int k = 0; k < 3; k++)
-            if (get(buf, probe[k], b->dtype) != want)
-                mpi_die(c, "wrong result at %zu bytes: element %zu is %g, expected %g",
-                        b->sizes[s], probe[k], get(buf, probe[k], b->dtype), want);
+        char msg[512];
+        if (coll_check(b, c, buf, s, msg, sizeof msg)) mpi_die(c, "%s", msg);
         for (int i = 0; i < b->warmup + b->iters[s]; i++) {
             if (dp_comm_barrier(c)) mpi_die(c, "%s", dp_errmsg());
             double t0 = dp_time();
-            if (dp_comm_allreduce(c, buf, (int64_t)count, b->dtype, b->algo))
-                mpi_die(c, "%s", dp_errmsg());
+            if (coll_run(b, c, buf, count)) mpi_die(c, "%s", dp_errmsg());
             double t1 = dp_time();
             if (i >= b->warmup)
                 b->times[((size_t)r * 64 + (size_t)s) * MAX_ITERS + (size_t)(i - b->warmup)] =
@@ -518,11 +547,11 @@ static int run_mpi(struct bench *b, const struct dp_comm_params *cp, int membw) 
     if (r == 0) {
         int lr, ls;
         dp_comm_host_ranks(c, &lr, &ls);
-        printf("# dptrain bench allreduce: backend mpi, %d processes (%d on this host), algo %s, "
-               "dtype %s, timeout %g s%s\n", P, ls, dp_comm_algo_name(b->algo),
+        printf("# dptrain bench allreduce: %s, backend mpi, %d processes (%d on this host), algo %s, "
+               "dtype %s, timeout %g s%s\n", dp_comm_coll_name(b->coll), P, ls, dp_comm_algo_name(b->algo),
                dp_dtype_name(b->dtype), cp->timeout_s,
                b->comm_thread ? ", calls from a second thread" : "");
-        print_head(0);
+        print_head(0, b->coll);
     }
     struct mpi_loop lp = {b, c, buf};
     if (b->comm_thread) {
@@ -571,6 +600,12 @@ int dptrain_cmd_bench_allreduce(int argc, char **argv) {
         } else if (!strcmp(a, "--workers")) {
             NEEDV();
             b.P = (int)parse_num(a, v, 1, 64, 0);
+        } else if (!strcmp(a, "--coll")) {
+            NEEDV();
+            if (!strcmp(v, "allreduce")) b.coll = DP_COLL_ALLREDUCE;
+            else if (!strcmp(v, "reduce_scatter")) b.coll = DP_COLL_REDUCE_SCATTER;
+            else if (!strcmp(v, "allgather")) b.coll = DP_COLL_ALLGATHER;
+            else die("--coll: unknown collective '%s' (allreduce, reduce_scatter, allgather)", v);
         } else if (!strcmp(a, "--algo")) {
             NEEDV();
             int x = dp_comm_algo_parse(v);
@@ -642,15 +677,17 @@ int dptrain_cmd_bench_allreduce(int argc, char **argv) {
     if (b.mpi) return run_mpi(&b, &cp, membw);
 
     b.times = calloc((size_t)b.P * 64 * MAX_ITERS, sizeof(double));
-    b.bound = membw && b.P > 1; /* one rank moves nothing: no bound */
+    /* one rank moves nothing: no bound; the kernel is an all-reduce's traffic */
+    b.bound = membw && b.P > 1 && b.coll == DP_COLL_ALLREDUCE;
     if (b.bound) b.ktimes = calloc((size_t)b.P * 64 * MAX_ITERS * KPASS, sizeof(double));
     if (!b.times || (b.bound && !b.ktimes)) die("out of memory");
     pthread_mutex_init(&b.mu, NULL);
     if (dp_comm_thread_world_init(&b.w, b.P, &cp)) die("%s", dp_errmsg());
 
-    printf("# dptrain bench allreduce: backend thread, %d workers%s, algo %s, dtype %s\n", b.P,
-           b.pin ? " (pinned)" : "", dp_comm_algo_name(b.algo), dp_dtype_name(b.dtype));
-    print_head(b.bound);
+    printf("# dptrain bench allreduce: %s, backend thread, %d workers%s, algo %s, dtype %s\n",
+           dp_comm_coll_name(b.coll), b.P, b.pin ? " (pinned)" : "", dp_comm_algo_name(b.algo),
+           dp_dtype_name(b.dtype));
+    print_head(b.bound, b.coll);
 
     pthread_t th[64];
     struct worker wk[64];
