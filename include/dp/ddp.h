@@ -85,10 +85,11 @@ struct dp_reducer_params {
                                   after backward (dp_comm_reduce_scatter: rank r's block
                                   dp_comm_split(n, P, r) holds the sum, the rest is scratch);
                                   not with compression */
-    int shard;                 /* ZeRO stages 2, 3: each bucket is reduce-scattered (rank r's block
+    int shard;                 /* ZeRO stages 2, 3 (and 1 with --zero-reduce scatter and the gather
+                                  ahead): each bucket is reduce-scattered (rank r's block
                                   dp_comm_split(count, P, r) of the bucket holds the sum) as soon as
-                                  it is ready, and done(done_arg, k) is called once bucket k has
-                                  completed (from grad_ready's polling or from finish) */
+                                  it is ready, and done(done_arg, k), if set, is called once bucket k
+                                  has completed (from grad_ready's polling or from finish) */
 };
 struct dp_reducer_params dp_reducer_default_params(void);
 
@@ -227,9 +228,9 @@ struct dp_zero_piece {
 struct dp_zero {
     int stage;                 /* 0 (off) .. 3 */
     int sharded;               /* stage 2 or 3 with G > 1: bucket-aligned pieces, the gradient in gshard */
-    int ahead;                 /* stage 1 with G > 1 (set before dp_zero_plan; 0 with --zero-reduce
-                                  scatter): bucket-aligned pieces, the all-gather left in flight for the
-                                  next forward (src/ddp/zero.c "Ahead") */
+    int ahead;                 /* stage 1 with G > 1 and --zero-gather ahead (set before dp_zero_plan):
+                                  bucket-aligned pieces, the all-gather left in flight for the next
+                                  forward (src/ddp/zero.c "Ahead") */
     struct dp_comm *comm;
     int64_t n;                 /* parameters in the slab */
     int64_t off, len;          /* this worker's shard: stage 1 the slab's [off, off + len);

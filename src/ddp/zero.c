@@ -3,9 +3,9 @@
  * dp/ddp.h; docs/ddp.md "ZeRO" has the memory accounting.
  *
  * The shard.  The slab is cut into RANGES that every rank plans alike: stage
- * 1 with --zero-reduce scatter has one, the whole slab [0, n); stage 1 with
- * the all-reduce (`ahead`, below) and stages 2 and 3 (with G > 1 workers)
- * use the reducer's buckets.  Worker r's PIECE of range k is its block
+ * 1 with the all-gather within the step has one, the whole slab [0, n);
+ * stage 1 with the all-gather ahead (`ahead`, below) and stages 2 and 3
+ * (with G > 1 workers) use the reducer's buckets.  Worker r's PIECE of range k is its block
  * dp_comm_split(count_k, G, r) at off_k, which is exactly the block that a
  * reduce-scatter (or an all-gather) of the range gives rank r.  So a bucket's
  * gradient is reduced by dp_comm_ireduce_scatter on its range and its
@@ -31,11 +31,11 @@
  *     clip (optional)   shard g *= min(1, c / (||g|| + 1e-6))
  *     optimizer         per piece: dp_optim_step on a view of the state
  *     all-gather        stage 1: every range, started and left in flight
- *                       (ahead); with --zero-reduce scatter the slab; stage
- *                       2: every range; stage 3: none (each layer's range is
+ *                       (ahead), else the slab; stage 2: every range; stage 3: none (each layer's range is
  *                       gathered before it runs, dp_zero_layer_begin)
  *
- * Ahead (stage 1, G > 1, the all-reduce reduction).  The all-gather of the
+ * Ahead (stage 1, G > 1, --zero-gather ahead: by default across
+ * processes).  The all-gather of the
  * updated shards is issued range by range in the order forward reads them
  * (the last range, at the slab's start, first) and not waited for: the next
  * forward waits, before each top-level layer, only for the ranges holding
@@ -129,7 +129,7 @@ int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, 
 int dp_zero_plan(struct dp_zero *z, const struct dp_bucket *b, int nb, float *params, float *grads) {
     z->params = params, z->grads = grads;
     if (!z->stage || !z->comm || dp_comm_world(z->comm) == 1 || (z->stage == 1 && !z->ahead)) {
-        z->ahead = 0; /* one worker, or stage 1 reduce-scattering the slab: the one contiguous shard */
+        z->ahead = 0; /* one worker, or stage 1 gathering within the step: the one contiguous shard */
         return DP_OK;
     }
     int G = dp_comm_world(z->comm), r = dp_comm_rank(z->comm);
