@@ -2396,7 +2396,7 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     H(p->check_replicas), H(p->accum), H(t->gather_waits), H(p->balance), H(p->backup), H(p->backup_workers);
     H(p->compress.kind), H(p->compress.rank), H(p->compress.fraction), H(p->compress.powersgd_start);
     H(p->async), H(p->staleness), H(p->staleness_lr), H(p->servers), H(p->zero), H(p->zero_scatter), H(p->zero_gather);
-    H(p->share_lr), H(p->implicit_momentum), H(p->pin_threads);
+    H(p->share_lr), H(p->implicit_momentum); /* (not pin_threads: where a process's workers run is its own) */
     out[AGREE_CONFIG] = h;
     h = 0xcbf29ce484222325ull;
     H(w->step), H(w->epoch), H(w->in_epoch);
@@ -2740,11 +2740,12 @@ static int worker_loop(struct worker *w) {
 
 /* --pin-threads: the calling thread onto the (rank mod n)-th of the n cores
  * in `allowed` (the process's affinity, read once before any worker pins
- * itself).  One compute thread per core and no migrations: the workers'
- * identical steps then take the same time (on a 2-core VM the unpinned
- * scheduler moved them, and the faster worker waited for the other at every
- * step's end: docs/results.md "Pinned workers").  A failure leaves the
- * thread unpinned. */
+ * itself).  One compute thread per core and no migrations.  Unpinned, on a
+ * 2-core VM, one worker ended backward later at nearly every step of a run
+ * (identical work: placement, not noise), and the other waited for it at the
+ * step's end; pinned, cnn and resnet came 5-6 points closer to the machine's
+ * ceiling (docs/results.md "Pinned workers").  A failure leaves the thread
+ * unpinned. */
 static void pin_to_core(const cpu_set_t *allowed, int rank) {
     int n = CPU_COUNT(allowed), want = n > 0 ? rank % n : 0, k = 0;
     cpu_set_t one;
