@@ -1206,8 +1206,11 @@ expect_error zero3_compress "--compress does not work with --zero 3" "$BIN" trai
 expect_error zero_range "--zero: '4' is not an integer in 0..3" "$BIN" train --zero 4
 expect_error zero_reduce_alone "--zero-reduce applies to --zero 1 only" "$BIN" train --zero-reduce scatter
 expect_error zero_async "--zero does not work with --mode async" "$BIN" train --model mlp "${SMALL[@]}" --zero 1 --mode async
-if "$BIN" train --help | grep -q -- "--zero N" && "$BIN" train --help | grep -q -- "--zero-reduce HOW"; then ok zero_help
-else bad zero_help "--zero missing from train --help"; fi
+expect_error zero_gather_stage2 "--zero-gather applies to --zero 1 only" "$BIN" train --zero 2 --zero-gather ahead
+expect_error zero_gather_value "--zero-gather: expected auto, step or ahead, got 'later'" "$BIN" train --zero 1 --zero-gather later
+if "$BIN" train --help | grep -q -- "--zero N" && "$BIN" train --help | grep -q -- "--zero-reduce HOW" &&
+   "$BIN" train --help | grep -q -- "--zero-gather WHEN" && "$BIN" train --help | grep -q -- "--pin-threads"; then ok zero_help
+else bad zero_help "--zero, --zero-reduce, --zero-gather or --pin-threads missing from train --help"; fi
 if [[ -r "$DATA/train-images-idx3-ubyte.gz" ]]; then
   ZS=(--data "$DATA" --train-limit 1000 --test-limit 500 --batch 50 --progress none --optim adamw --lr 0.001)
   # deterministic: --zero 1 at P = 2 is plain P = 1's bits; its checkpoint (whole-slab optimizer
@@ -1230,6 +1233,17 @@ if [[ -r "$DATA/train-images-idx3-ubyte.gz" ]]; then
        grep -q '"traceEvents"' "$T/z$z.json"; then ok "zero${z}_deterministic_check_replicas_timeline"
     else bad "zero${z}_deterministic_check_replicas_timeline" "$(tail -3 "$T/z$z.log")"; fi
   done
+  # --zero 1 with the all-gather left in flight for the next forward, each bucket reduce-scattered
+  # during backward, with --check-replicas and a --timeline: plain P = 1's bits (deterministic);
+  # and plain P = 2 with --pin-threads, the same
+  "$BIN" train --model mlp "${ZS[@]}" --deterministic --workers 2 --zero 1 --zero-gather ahead --zero-reduce scatter \
+    --check-replicas 2 --timeline "$T/z1a.json" --out "$T/z1a" >"$T/z1a.log" 2>&1
+  if same_hash "$(hash_of "$T/z0d/checkpoint.bin")" "$(hash_of "$T/z1a/checkpoint.bin")" &&
+     grep -q '"traceEvents"' "$T/z1a.json"; then ok zero1_gather_ahead_deterministic
+  else bad zero1_gather_ahead_deterministic "$(tail -3 "$T/z1a.log")"; fi
+  "$BIN" train --model mlp "${ZS[@]}" --deterministic --workers 2 --pin-threads --out "$T/zpin" >"$T/zpin.log" 2>&1
+  if same_hash "$(hash_of "$T/z0d/checkpoint.bin")" "$(hash_of "$T/zpin/checkpoint.bin")"; then ok pin_threads_same_bits
+  else bad pin_threads_same_bits "$(tail -3 "$T/zpin.log")"; fi
   "$BIN" train --model mlp "${ZS[@]}" --deterministic --epochs 2 --resume "$T/z3/checkpoint.bin" \
     --out "$T/z3r" >"$T/z3r.log" 2>&1
   if same_hash "$(hash_of "$T/z0/checkpoint.bin")" "$(hash_of "$T/z3r/checkpoint.bin")"; then ok zero3_checkpoint_resumes_plain
@@ -1238,6 +1252,7 @@ else
   skip zero_checkpoint_resumes_plain "$DATA missing"
   skip zero2_deterministic_check_replicas_timeline "$DATA missing"
   skip zero3_deterministic_check_replicas_timeline "$DATA missing"
+  skip zero1_gather_ahead_deterministic "$DATA missing"; skip pin_threads_same_bits "$DATA missing"
   skip zero3_checkpoint_resumes_plain "$DATA missing"
 fi
 
