@@ -168,8 +168,10 @@ void dp_zero_free(struct dp_zero *z) {
     memset(z, 0, sizeof *z);
 }
 
-/* Where piece k's reduced gradient starts: in gshard (sharded), else in the slab. */
-static int64_t grad_at(const struct dp_zero *z, int k) { return z->sharded ? z->piece[k].soff : z->piece[k].off; }
+/* Piece k's reduced gradient: in gshard (sharded), else in the slab g. */
+static float *piece_grad(const struct dp_zero *z, float *g, int k) {
+    return z->sharded ? z->gshard + z->piece[k].soff : g + z->piece[k].off;
+}
 
 /* Bucket k's floats outside [lo, hi) zeroed, and [lo, hi) (whole units,
  * everything in it reduced) given back. */
@@ -211,7 +213,7 @@ void dp_zero_take_grad(struct dp_zero *z, float *g) {
 int dp_zero_sumsq(struct dp_zero *z, const float *g, double *sumsq) {
     double acc = 0.0;
     for (int k = 0; k < z->npieces; k++) {
-        const float *s = (z->sharded ? z->gshard : g) + grad_at(z, k);
+        const float *s = piece_grad(z, (float *)g, k); /* (only read) */
         const int64_t len = z->piece[k].len;
 #pragma omp simd reduction(+ : acc)
         for (int64_t i = 0; i < len; i++) acc += (double)s[i] * (double)s[i];
@@ -275,7 +277,7 @@ int dp_zero_step(struct dp_zero *z, struct dp_optim *o, float *params, float *g,
         if (isfinite(norm) && coef < 1.0) {
             const float c = (float)coef;
             for (int k = 0; k < z->npieces; k++) {
-                float *gs = (z->sharded ? z->gshard : g) + grad_at(z, k);
+                float *gs = piece_grad(z, g, k);
                 const int64_t len = z->piece[k].len;
 #pragma omp simd
                 for (int64_t i = 0; i < len; i++) gs[i] *= c;
@@ -290,7 +292,7 @@ int dp_zero_step(struct dp_zero *z, struct dp_optim *o, float *params, float *g,
         v.n = p->len, v.state_len = (int64_t)z->parts * p->len;
         v.state = o->state ? o->state + (size_t)z->parts * (size_t)p->soff : NULL;
         float *x = z->pshard ? z->pshard + p->soff : params + p->off;
-        rc = dp_optim_step(&v, x, (z->sharded ? z->gshard : g) + grad_at(z, k), p->len, lr);
+        rc = dp_optim_step(&v, x, piece_grad(z, g, k), p->len, lr);
     }
     if (rc) return rc;
     o->step++;
