@@ -28,6 +28,9 @@
 #         (worker r on the r-th core the process may use), and each ind2 process given its own
 #         core (`taskset -c`, the k-th of this script's cores) with the same flag: the same
 #         pinning on both sides of the ratio (issue 9)
+#   dp2pb, dp2cpb  (with VARIANTS including them) dp2p and dp2cp with --balance: each worker's
+#         share of the batch follows its measured speed (docs/ddp.md "Balanced shares"), as
+#         each independent ind2p process runs at its own core's speed (issue 9)
 #   det, det8, det32  (with VARIANTS including them) dp2 with --deterministic at the default
 #         chunk (dp_det_chunk_auto: 32 at batch 128) / --det-chunk 8 / 32: what the bit-exact
 #         mode costs against dp2 (docs/ddp.md, "Deterministic mode")
@@ -91,7 +94,7 @@ note() { echo "scaling: $*" >&2; }
 "$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
     die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
 case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
-for v in $VARIANTS; do case $v in dp1 | dp2 | dp2c | dp2cs | dp2p | dp2cp | pt1 | pt2 | ind2 | ind2p | zero1 | det | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 dp2c dp2cs dp2p dp2cp pt1 pt2 ind2 ind2p zero1 det det8 det32)" ;; esac; done
+for v in $VARIANTS; do case $v in dp1 | dp2 | dp2c | dp2cs | dp2p | dp2cp | dp2pb | dp2cpb | pt1 | pt2 | ind2 | ind2p | zero1 | det | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 dp2c dp2cs dp2p dp2cp dp2pb dp2cpb pt1 pt2 ind2 ind2p zero1 det det8 det32)" ;; esac; done
 # the cores this script may use, for ind2p's taskset (one per process)
 read -r -a CORES <<<"$("$PY" -c 'import os; print(" ".join(map(str, sorted(os.sched_getaffinity(0)))))')"
 [ -n "${VARIANTS// /}" ] || die "no variants to run"
@@ -120,12 +123,14 @@ build_cmd() {
     case $variant in
     dp1 | dp2) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers "${variant#dp}" --threads 1
                     "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
-    dp2c | dp2cs | dp2cp) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
+    dp2c | dp2cs | dp2cp | dp2cpb) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
                                --comm-progress caller "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none)
                   [[ $variant != dp2cs ]] || CMD+=(--comm-spin-us "$SPIN_US")
-                  [[ $variant != dp2cp ]] || CMD+=(--pin-threads) ;;
-    dp2p) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --pin-threads
-               "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
+                  [[ $variant != dp2cp* ]] || CMD+=(--pin-threads)
+                  [[ $variant != dp2cpb ]] || CMD+=(--balance) ;;
+    dp2p | dp2pb) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --pin-threads
+                       "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none)
+                  [[ $variant != dp2pb ]] || CMD+=(--balance) ;;
     zero1) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --zero 1
                 "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
     det | det8 | det32) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
@@ -354,6 +359,21 @@ if any(v == "ind2p" for v, _ in data):
         p(f"| {m} | {fmt(med(list(data.get(('ind2p', m), {}).values())))} | {cell(ratios('ind2p', 'ind2', m, 1), False)} | "
           f"{cell(ratios('dp2p', 'ind2p', m, 1), True)} | {cell(ratios('dp2cp', 'ind2p', m, 1), True)} | "
           f"{cell(ratios('dp2', 'ind2', m, 1), True)} | {cell(ratios('dp2c', 'ind2', m, 1), True)} |")
+    p("")
+if any(v in ("dp2pb", "dp2cpb") for v, _ in data):
+    p("## Pinned and balanced: --pin-threads --balance, against the pinned ceiling")
+    p("")
+    p("--balance gives each worker a share of the global batch in proportion to its measured speed "
+      "(docs/ddp.md \"Balanced shares\"); each ind2p process runs at its own core's speed. "
+      "Issue 9 targets: cnn and resnet >= 97%, mlp >= 93% of the ceiling.")
+    p("")
+    p("| model | dp2p / ind2p | dp2pb samples/s | dp2pb / ind2p | dp2pb / dp2p | dp2cp / ind2p | dp2cpb samples/s | dp2cpb / ind2p | dp2cpb / dp2cp |")
+    p("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for m in models:
+        p(f"| {m} | {cell(ratios('dp2p', 'ind2p', m, 1), True)} | {fmt(med(list(data.get(('dp2pb', m), {}).values())))} | "
+          f"{cell(ratios('dp2pb', 'ind2p', m, 1), True)} | {cell(ratios('dp2pb', 'dp2p', m, 1), False)} | "
+          f"{cell(ratios('dp2cp', 'ind2p', m, 1), True)} | {fmt(med(list(data.get(('dp2cpb', m), {}).values())))} | "
+          f"{cell(ratios('dp2cpb', 'ind2p', m, 1), True)} | {cell(ratios('dp2cpb', 'dp2cp', m, 1), False)} |")
     p("")
 if any(v.startswith("det") for v, _ in data):
     p("## What deterministic mode costs: dptrain P=2 with --deterministic, against ordinary P=2")

@@ -193,6 +193,30 @@ static void balanced(const char *model, int64_t limit, int check_shares) {
 TEST_T(balance_equivalence_and_shares_cnn, 300) { balanced("cnn", 360, 1); }
 TEST_T(balance_equivalence_mlp_whole_epoch, 300) { balanced("mlp", 1000, 0); }
 
+/* SyncBatchNorm: a fast rank's forward and backward hold the statistics
+ * all-reduces, where it waits for the slow rank.  Counted as compute, that
+ * wait made both ranks measure the slow one's speed, and the plan stayed
+ * at the equal split (observed: 30 and 30 of 60, 3 runs in 3).  Measured
+ * without it, rank 1 (3x slow) gets well under an equal part. */
+TEST_T(balance_batchnorm_shares_follow_speed, 300) {
+    require_data();
+    struct dp_train_params p = base("resnet", 2);
+    p.sched.base_lr = 0.01f;
+    p.train_limit = 360; /* one epoch of 6 steps: the epoch event gives the shares */
+    p.balance = 2, p.simulate_slow = "1:3";
+    struct shares_seen seen = {0};
+    p.on_event = on_epoch, p.event_arg = &seen;
+    int64_t n;
+    float *got = train(&p, &n);
+    fprintf(stderr, "    resnet P=2 --balance=2, rank 1 x3: shares %lld %lld of 60, taken %lld %lld\n",
+            (long long)seen.shares[0], (long long)seen.shares[1], (long long)seen.taken[0], (long long)seen.taken[1]);
+    ASSERT_EQ(seen.n, 2);
+    ASSERT_EQ(seen.taken[0] + seen.taken[1], 360);
+    ASSERT_TRUE(seen.shares[1] < 0.8 * 30);
+    ASSERT_TRUE((double)seen.taken[1] < 0.85 * 180);
+    free(got);
+}
+
 /* Deterministic mode: shares in whole chunks, the very bits of one worker
  * (P = 2, 3; the shares did move).  Rank 1 is 8x slow: at P = 3 two of the
  * workers share a core here, which alone makes a rank up to 2x slow, so at

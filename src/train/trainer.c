@@ -113,6 +113,7 @@ struct worker {
      * align samples per rank; NULL until the first change: equal) and the
      * all-gather buffer.  Each worker keeps its own copy; all are equal. */
     double bal_n, bal_s;
+    double stat_s;                 /* seconds in SyncBatchNorm's statistics all-reduces (stat_sync) */
     int64_t *bal_rate;             /* (G) samples/s x 1024, 0 = not measured yet */
     int64_t *bal_share, *bal_new;  /* (G) */
     double *bal_buf;               /* (2G) */
@@ -1255,10 +1256,15 @@ static int checkpoint(struct dp_trainer *t) {
  * gcc and clang at -O2 -march=native emit the very instructions of the old
  * pointer-cast loop (vpandd, vpcmpd over 16 floats at a time). */
 
-/* BatchNorm statistics summed over the workers (SyncBatchNorm). */
+/* BatchNorm statistics summed over the workers (SyncBatchNorm).  Timed:
+ * the all-reduce is mostly a wait for the slowest worker, which --balance
+ * must not count as this worker's compute. */
 static int stat_sync(void *arg, double *buf, int64_t n) {
     struct worker *w = arg;
-    return dp_comm_allreduce(w->comm, buf, n, DP_DTYPE_F64, DP_ALGO_AUTO);
+    double t0 = dp_time();
+    int rc = dp_comm_allreduce(w->comm, buf, n, DP_DTYPE_F64, DP_ALGO_AUTO);
+    w->stat_s += dp_time() - t0;
+    return rc;
 }
 
 /* Every rank's k 64-bit hashes: on return (*all)[r * k + j] is rank r's hash
@@ -1824,6 +1830,7 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         if ((w->zero.sharded && w->zero.stage == 3) || w->zero.ahead) /* ZeRO 3: gather; 1: wait for the gather */
             pass.layer_begin = dp_zero_layer_begin, pass.layer_begin_arg = &w->zero;
         pace_start(w, mult, last_micro ? stall : 0, ta);
+        double stat_before = w->stat_s;
         if (last) {
             pass.grad_ready = t->simulate ? paced_grad_ready : dp_reducer_grad_ready;
             pass.grad_ready_arg = t->simulate ? (void *)w : (void *)&w->red;
@@ -1866,9 +1873,11 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         pace(w);
         w->step_slow += w->pace_slept;
         /* --balance: this rank's compute, its simulated slowness included
-         * (a slowed rank is a slower host); the wait for others is not */
+         * (a slowed rank is a slower host); the wait for others is not, nor
+         * SyncBatchNorm's all-reduces inside forward and backward (there a
+         * faster rank waits for the slower one) */
         w->bal_n += (double)b.B;
-        w->bal_s += pass.t_forward + pass.t_backward + (w->pace_slept - slept_in_run);
+        w->bal_s += pass.t_forward + pass.t_backward + (w->pace_slept - slept_in_run) - (w->stat_s - stat_before);
         dp_timeline_add(&w->tl, "forward", 0, w->step, ta, ta + pass.t_forward);
         dp_timeline_add(&w->tl, "backward", 0, w->step, ta + pass.t_forward, ta + pass.t_forward + pass.t_backward);
         if (last) {
