@@ -1005,6 +1005,19 @@ expect_error plan_bad_profile "prof.json: json: column" "$BIN" plan --params 1e6
 echo '{"beta_s": 8e-10, "alpha_s": 0.001}' >"$T/prof.json"
 pl=$("$BIN" plan --params 1e6 --layers 1 --workers 2 --batch 2 --algo ring --profile "$T/prof.json" 2>&1)
 if grep -q "^communication 5.2 ms" <<<"$pl"; then ok plan_profile; else bad plan_profile "$pl"; fi
+# hier from two calibrated levels: --profile across hosts (10 us, 1 ns/B) and --intra-profile inside
+# a host (its ring's 1 us, 0.01 ns/B; the across-hosts profile names no intra link).  8 workers, 4 per
+# host, one 4 MB bucket: inside, 2 x 3 steps of (1 us + 1 MB x 0.01 ns) = 66 us; between the 2 hosts,
+# a ring of 1 MB: 2 x 10 us + 1 MB x 1 ns = 1.02 ms; 1.086 ms in all
+echo '{"kind": "profile", "level": "thread", "ring_alpha_s": 1e-6, "ring_beta_s": 1e-11, "alpha_s": 5, "beta_s": 5}' >"$T/intra.json"
+echo '{"kind": "profile", "level": "process", "alpha_s": 1e-5, "beta_s": 1e-9}' >"$T/inter.json"
+pl=$("$BIN" plan --params 1e6 --layers 1 --workers 8 --per-host 4 --algo hier --no-overlap --batch 8 --json \
+  --profile "$T/inter.json" --intra-profile "$T/intra.json" 2>&1)
+if python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert abs(d["comm_s"] - 1.086e-3) < 1e-12, d' "$pl" 2>/dev/null
+then ok plan_hier_two_profiles; else bad plan_hier_two_profiles "$pl"; fi
+echo '{"kind": "profile", "gamma_s": 1e-10}' >"$T/nolink.json"
+expect_error plan_intra_profile_no_link "nolink.json: no ring_alpha_s, ring_beta_s (or alpha_s, beta_s) for the intra-host link" \
+  "$BIN" plan --params 1e6 --intra-profile "$T/nolink.json"
 if "$BIN" plan --help | grep -q -- "--per-host" && "$BIN" help plan | grep -q -- "--sweep" &&
    "$BIN" --help | grep -q "^  plan "; then ok plan_help
 else bad plan_help "plan missing from the help"; fi
