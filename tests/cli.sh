@@ -1062,6 +1062,36 @@ for f in sorted(glob.glob(sys.argv[1] + "/*.svg")):
     assert len(units) >= 2, (f, labels)
 PY
 then ok plot_all; else bad plot_all "$(cat "$T/plot.log")"; fi
+# several runs overlaid (issue 14, G4): a second run of 4 ranks beside prun: each loss and accuracy
+# plot has one line per run, named by its folder; the straggler profile a bar per rank of each run
+# (2 + 4); the scaling plot the sweep's 4 predicted points and a measured point per run (at 2 and
+# 4 workers); the breakdown its five stacked layers, of the first run
+mkdir -p "$T/prun4"
+{ for s in 1 2 3 4; do
+    echo "{\"kind\": \"step\", \"step\": $s, \"epoch\": 1, \"loss\": 1.$((5 - s)), \"samples\": 50, \"step_s\": 0.02, \"data_wait_s\": 0.001, \"forward_s\": 0.002, \"backward_s\": 0.004, \"comm_s\": 0.002, \"comm_exposed_s\": 0.001, \"optimizer_s\": 0.001}"
+    [[ $s == 2 || $s == 4 ]] && echo "{\"kind\": \"epoch\", \"epoch\": $((s / 2)), \"step\": $s, \"workers\": 4, \"test_acc\": 0.$((5 + s)), \"samples_per_s\": 9000.0, \"epoch_time_s\": 0.04, \"rank_arrival_s\": [0.001, 0.002, 0.003, 0.004]}"
+  done; } >"$T/prun4/metrics.jsonl"
+if "$BIN" plot --out "$T/svgo" "$T/prun" "$T/prun4" "$T/sweep.jsonl" >"$T/ploto.log" 2>&1 &&
+   python3 - "$T/svgo" <<'PY' 2>>"$T/ploto.log"
+import sys, xml.dom.minidom as m
+def load(name):
+    d = m.parse(sys.argv[1] + "/" + name)
+    texts = [t.firstChild.data for t in d.getElementsByTagName("text") if t.firstChild]
+    return d, texts
+for f in ("loss_step.svg", "loss_time.svg", "accuracy_step.svg", "accuracy_time.svg"):
+    d, texts = load(f)
+    assert "prun" in texts and "prun4" in texts, (f, texts)
+    assert len(d.getElementsByTagName("polyline")) == 2, f
+d, texts = load("wait.svg")
+bars = [r for r in d.getElementsByTagName("rect") if r.getAttribute("width") not in ("10", "") and r.getAttribute("fill") != "white" and r.getAttribute("fill") != "none"]
+assert "prun" in texts and "prun4" in texts and len(bars) == 6, (texts, len(bars))
+d, texts = load("scaling.svg")
+assert "measured" in texts and len(d.getElementsByTagName("circle")) == 4 + 2, texts
+d, texts = load("breakdown.svg")
+assert len(d.getElementsByTagName("polygon")) == 5 and "Step breakdown: prun" in texts, texts
+assert all(k in texts for k in ("data wait", "forward", "backward", "exposed comm", "optimizer")), texts
+PY
+then ok plot_runs_overlaid; else bad plot_runs_overlaid "$(cat "$T/ploto.log")"; fi
 pl=$("$BIN" plot --out "$T/svg2" "$T/prun" 2>&1)
 if grep -q "^skipped staleness.svg: no staleness" <<<"$pl" && grep -q "^skipped scaling.svg" <<<"$pl" &&
    grep -q "^wrote .*/wait.svg" <<<"$pl"; then ok plot_skips; else bad plot_skips "$pl"; fi
