@@ -1005,6 +1005,19 @@ expect_error plan_bad_profile "prof.json: json: column" "$BIN" plan --params 1e6
 echo '{"beta_s": 8e-10, "alpha_s": 0.001}' >"$T/prof.json"
 pl=$("$BIN" plan --params 1e6 --layers 1 --workers 2 --batch 2 --algo ring --profile "$T/prof.json" 2>&1)
 if grep -q "^communication 5.2 ms" <<<"$pl"; then ok plan_profile; else bad plan_profile "$pl"; fi
+# hier from two calibrated levels: --profile across hosts (10 us, 1 ns/B) and --intra-profile inside
+# a host (its ring's 1 us, 0.01 ns/B; the across-hosts profile names no intra link).  8 workers, 4 per
+# host, one 4 MB bucket: inside, 2 x 3 steps of (1 us + 1 MB x 0.01 ns) = 66 us; between the 2 hosts,
+# a ring of 1 MB: 2 x 10 us + 1 MB x 1 ns = 1.02 ms; 1.086 ms in all
+echo '{"kind": "profile", "level": "thread", "ring_alpha_s": 1e-6, "ring_beta_s": 1e-11, "alpha_s": 5, "beta_s": 5}' >"$T/intra.json"
+echo '{"kind": "profile", "level": "process", "alpha_s": 1e-5, "beta_s": 1e-9}' >"$T/inter.json"
+pl=$("$BIN" plan --params 1e6 --layers 1 --workers 8 --per-host 4 --algo hier --no-overlap --batch 8 --json \
+  --profile "$T/inter.json" --intra-profile "$T/intra.json" 2>&1)
+if python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert abs(d["comm_s"] - 1.086e-3) < 1e-12, d' "$pl" 2>/dev/null
+then ok plan_hier_two_profiles; else bad plan_hier_two_profiles "$pl"; fi
+echo '{"kind": "profile", "gamma_s": 1e-10}' >"$T/nolink.json"
+expect_error plan_intra_profile_no_link "nolink.json: no ring_alpha_s, ring_beta_s (or alpha_s, beta_s) for the intra-host link" \
+  "$BIN" plan --params 1e6 --intra-profile "$T/nolink.json"
 if "$BIN" plan --help | grep -q -- "--per-host" && "$BIN" help plan | grep -q -- "--sweep" &&
    "$BIN" --help | grep -q "^  plan "; then ok plan_help
 else bad plan_help "plan missing from the help"; fi
@@ -1049,6 +1062,36 @@ for f in sorted(glob.glob(sys.argv[1] + "/*.svg")):
     assert len(units) >= 2, (f, labels)
 PY
 then ok plot_all; else bad plot_all "$(cat "$T/plot.log")"; fi
+# several runs overlaid (issue 14, G4): a second run of 4 ranks beside prun: each loss and accuracy
+# plot has one line per run, named by its folder; the straggler profile a bar per rank of each run
+# (2 + 4); the scaling plot the sweep's 4 predicted points and a measured point per run (at 2 and
+# 4 workers); the breakdown its five stacked layers, of the first run
+mkdir -p "$T/prun4"
+{ for s in 1 2 3 4; do
+    echo "{\"kind\": \"step\", \"step\": $s, \"epoch\": 1, \"loss\": 1.$((5 - s)), \"samples\": 50, \"step_s\": 0.02, \"data_wait_s\": 0.001, \"forward_s\": 0.002, \"backward_s\": 0.004, \"comm_s\": 0.002, \"comm_exposed_s\": 0.001, \"optimizer_s\": 0.001}"
+    [[ $s == 2 || $s == 4 ]] && echo "{\"kind\": \"epoch\", \"epoch\": $((s / 2)), \"step\": $s, \"workers\": 4, \"test_acc\": 0.$((5 + s)), \"samples_per_s\": 9000.0, \"epoch_time_s\": 0.04, \"rank_arrival_s\": [0.001, 0.002, 0.003, 0.004]}"
+  done; } >"$T/prun4/metrics.jsonl"
+if "$BIN" plot --out "$T/svgo" "$T/prun" "$T/prun4" "$T/sweep.jsonl" >"$T/ploto.log" 2>&1 &&
+   python3 - "$T/svgo" <<'PY' 2>>"$T/ploto.log"
+import sys, xml.dom.minidom as m
+def load(name):
+    d = m.parse(sys.argv[1] + "/" + name)
+    texts = [t.firstChild.data for t in d.getElementsByTagName("text") if t.firstChild]
+    return d, texts
+for f in ("loss_step.svg", "loss_time.svg", "accuracy_step.svg", "accuracy_time.svg"):
+    d, texts = load(f)
+    assert "prun" in texts and "prun4" in texts, (f, texts)
+    assert len(d.getElementsByTagName("polyline")) == 2, f
+d, texts = load("wait.svg")
+bars = [r for r in d.getElementsByTagName("rect") if r.getAttribute("width") not in ("10", "") and r.getAttribute("fill") != "white" and r.getAttribute("fill") != "none"]
+assert "prun" in texts and "prun4" in texts and len(bars) == 6, (texts, len(bars))
+d, texts = load("scaling.svg")
+assert "measured" in texts and len(d.getElementsByTagName("circle")) == 4 + 2, texts
+d, texts = load("breakdown.svg")
+assert len(d.getElementsByTagName("polygon")) == 5 and "Step breakdown: prun" in texts, texts
+assert all(k in texts for k in ("data wait", "forward", "backward", "exposed comm", "optimizer")), texts
+PY
+then ok plot_runs_overlaid; else bad plot_runs_overlaid "$(cat "$T/ploto.log")"; fi
 pl=$("$BIN" plot --out "$T/svg2" "$T/prun" 2>&1)
 if grep -q "^skipped staleness.svg: no staleness" <<<"$pl" && grep -q "^skipped scaling.svg" <<<"$pl" &&
    grep -q "^wrote .*/wait.svg" <<<"$pl"; then ok plot_skips; else bad plot_skips "$pl"; fi

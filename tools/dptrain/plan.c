@@ -263,6 +263,8 @@ static const char *help_plan =
     "  --reduce-gbs R        reduction rate, GB/s (gamma = 1/R); 0 = free [0]\n"
     "  --per-host G          workers per host for hier [0 = hier not considered]\n"
     "  --intra-gbps G        link inside a host [800]   --intra-latency-us U [1]\n"
+    "  --intra-profile FILE  the link inside a host from a profile (its ring alpha, beta):\n"
+    "                        calibrate on one host, beside --profile of calibrate across hosts\n"
     "  --shards S            parameter-server shards [1]\n"
     "  --algo A              ring | rhd | tree | hier | ps | best (per bucket) [best]\n"
     "  --bucket-mb M         bucket cap (0 = the reducer's auto rule) [0]\n"
@@ -308,8 +310,9 @@ struct profile_info {
  * backward the slowest worker's), 3 (forward and backward the workers'
  * mean, and the straggler wait apart: compute_cv, straggle_cv at the
  * profile's workers) or 4 (with --run: the step terms from a run's records,
- * and gather_wait_s); a newer one is refused. */
-static void load_profile(const char *path, struct dp_plan_params *p, struct profile_info *pi) {
+ * and gather_wait_s); a newer one is refused.  read_profile reads and parses
+ * one into *o, and dies with one line on a bad or newer one. */
+static void read_profile(const char *path, struct dp_json_obj *o) {
     FILE *f = fopen(path, "r");
     if (!f) die("%s: %s", path, strerror(errno));
     char buf[1 << 16];
@@ -317,19 +320,37 @@ static void load_profile(const char *path, struct dp_plan_params *p, struct prof
     int full = n == sizeof buf;
     fclose(f);
     if (full) die("%s: larger than 64 KiB", path);
-    struct dp_json_obj o;
-    if (dp_json_parse(buf, n, &o)) {
+    if (dp_json_parse(buf, n, o)) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s", dp_errmsg());
-        dp_json_obj_free(&o);
+        dp_json_obj_free(o);
         die("%s: %s", path, msg);
     }
-    double version = dp_json_num(&o, "version", 1);
+    double version = dp_json_num(o, "version", 1);
     if (version > 4) {
-        dp_json_obj_free(&o);
+        dp_json_obj_free(o);
         die("%s: profile version %g: this dptrain reads versions 1 to 4 (calibrate again with this build)", path,
             version);
     }
+}
+
+/* The intra-host link of hier from a second profile (--intra-profile): its
+ * ring's alpha and beta (else its alpha_s, beta_s), e.g. a thread-level
+ * calibrate on one host beside a process-level one across hosts (--profile):
+ * hier's reduce-scatter and all-gather inside a host are ring steps. */
+static void load_intra_profile(const char *path, struct dp_plan_params *p) {
+    struct dp_json_obj o;
+    read_profile(path, &o);
+    double a = dp_json_num(&o, "ring_alpha_s", dp_json_num(&o, "alpha_s", NAN));
+    double b = dp_json_num(&o, "ring_beta_s", dp_json_num(&o, "beta_s", NAN));
+    dp_json_obj_free(&o);
+    if (!(a >= 0 && b > 0)) die("%s: no ring_alpha_s, ring_beta_s (or alpha_s, beta_s) for the intra-host link", path);
+    p->net.intra_alpha_s = a, p->net.intra_beta_s = b;
+}
+
+static void load_profile(const char *path, struct dp_plan_params *p, struct profile_info *pi) {
+    struct dp_json_obj o;
+    read_profile(path, &o);
     snprintf(pi->path, sizeof pi->path, "%s", path);
     const struct dp_json_field *mf = dp_json_get(&o, "model");
     snprintf(pi->model, sizeof pi->model, "%s", mf && mf->type == DP_JSON_STR ? mf->str : "");
@@ -499,6 +520,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
         } else if (dptrain_take(argc, argv, &i, "--per-host", &v)) p.net.per_host = (int)dptrain_int_arg(a, v, 0, 1000000);
         else if (dptrain_take(argc, argv, &i, "--intra-gbps", &v)) p.net.intra_beta_s = 8 / (dptrain_num_arg(a, v, 1e-6, 1e9) * 1e9);
         else if (dptrain_take(argc, argv, &i, "--intra-latency-us", &v)) p.net.intra_alpha_s = dptrain_num_arg(a, v, 0, 1e9) / 1e6;
+        else if (dptrain_take(argc, argv, &i, "--intra-profile", &v)) load_intra_profile(v, &p);
         else if (dptrain_take(argc, argv, &i, "--shards", &v)) p.net.shards = (int)dptrain_int_arg(a, v, 1, 1000000);
         else if (dptrain_take(argc, argv, &i, "--algo", &v)) {
             if (dp_plan_algo_parse(v, &p.algo)) die("--algo: %s", dp_errmsg());
