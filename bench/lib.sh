@@ -35,3 +35,32 @@ bench_tokens() {
     fi
     [ -r "$TOKENS" ] || die "token file $TOKENS not readable"
 }
+
+# step_throughput FILE: "samples/s steps" from a run's metrics.jsonl, over the step records
+# after the WARMUP-th (sum of samples / sum of step_s); "NA 0" without any.  Uses $PY, $WARMUP.
+step_throughput() {
+    "$PY" - "$1" "$WARMUP" <<'PYEOF'
+import json, sys
+n = t = k = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("kind") == "step" and r["step"] > int(sys.argv[2]):
+        n += r["samples"]; t += r["step_s"]; k += 1
+print(f"{n / t:.1f} {k}" if t > 0 else "NA 0")
+PYEOF
+}
+
+# bench_interleaved REPS NAME...: the sourcing script's `run_one NAME REP` for every NAME in
+# each repetition, side by side, the order rotated by one from a repetition to the next (so
+# no variant always runs first or right after the same one); the script's note per repetition.
+bench_interleaved() {
+    local reps=$1 rep i
+    shift
+    local names=("$@")
+    for rep in $(seq 1 "$reps"); do
+        note "repetition $rep/$reps"
+        for i in $(seq 0 $(($# - 1))); do
+            run_one "${names[$(((i + rep - 1) % $#))]}" "$rep"
+        done
+    done
+}

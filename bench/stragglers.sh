@@ -92,19 +92,6 @@ build_cmd() {
     esac
 }
 
-# "samples/s steps" from a metrics.jsonl: the step records after the WARMUP-th.
-parse_metrics() {
-    "$PY" - "$1" "$WARMUP" <<'EOF'
-import json, sys
-n = t = k = 0
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r.get("kind") == "step" and r["step"] > int(sys.argv[2]):
-        n += r["samples"]; t += r["step_s"]; k += 1
-print(f"{n / t:.1f} {k}" if t > 0 else "NA 0")
-EOF
-}
-
 run_one() {
     local variant=$1 rep=$2
     local dir=$WORK/$variant-r$rep log=$WORK/$variant-r$rep.log
@@ -117,7 +104,7 @@ run_one() {
         "${CMD[@]}" --epochs 1 --max-steps "$STEPS" --out "$dir" >"$log" 2>&1 || rc=$?
     fi
     local sps="NA" k=0
-    [ -f "$dir/metrics.jsonl" ] && read -r sps k <<<"$(parse_metrics "$dir/metrics.jsonl")"
+    [ -f "$dir/metrics.jsonl" ] && read -r sps k <<<"$(step_throughput "$dir/metrics.jsonl")"
     if [ "$rc" != 0 ] || [ "$sps" = NA ]; then
         note "$variant rep=$rep: no throughput (exit $rc); last lines of its output:"
         tail -n 5 "$log" | sed 's/^/    /' >&2
@@ -128,16 +115,10 @@ run_one() {
 }
 
 # ---- throughput -------------------------------------------------------------------
-NV=${#VARIANTS[@]}
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 T_START=$(date +%s)
 note "variants: ${VARIANTS[*]}; $REPS repetition(s); cnn, $STEPS steps, warm-up $WARMUP; rank 1 ${SLOW}x slow"
-for rep in $(seq 1 "$REPS"); do
-    note "repetition $rep/$REPS"
-    for k in $(seq 0 $((NV - 1))); do
-        run_one "${VARIANTS[$(((k + rep - 1) % NV))]}" "$rep"
-    done
-done
+bench_interleaved "$REPS" "${VARIANTS[@]}"
 
 # ---- optional: accuracy, balance (slowed) vs sync0 (unslowed) ---------------------------
 final_acc() { sed -n 's/^epoch \([0-9]*\)\/[0-9]* .*test acc \([0-9.]*\)%.*/\2 \1/p' "$1" | tail -n 1; }
