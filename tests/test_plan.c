@@ -663,6 +663,20 @@ TEST(svg_rejects_bad_plots) {
     }
 }
 
+/* Bars stand at whole x (a rank, a bucket): the x axis gets a tick at each
+ * whole value and none between (2 ranks once had ticks at -0.5, 0.5, 1.5). */
+TEST(svg_bars_whole_ticks) {
+    double x[2] = {0, 1}, y[2] = {3, 5};
+    struct dp_svg_series s = {"wait", x, y, 2};
+    struct dp_svg_plot p = {DP_SVG_BARS, "Straggler profile", "rank (index)", "wait (ms)", 0, 0, 0};
+    int rc = 0;
+    char *o = render(&p, &s, 1, &rc);
+    ASSERT_OK(rc);
+    ASSERT_TRUE(strstr(o, ">0</text>") && strstr(o, ">1</text>"));
+    ASSERT_TRUE(!strstr(o, ">0.5</text>") && !strstr(o, ">-0.5</text>") && !strstr(o, ">1.5</text>"));
+    dp_free(o);
+}
+
 /* The fit recovers α and β from times the model itself made (ring and rhd,
  * with a γ term), and from the same times with ±2% noise within 10%. */
 TEST(plan_fit_recovers_alpha_beta) {

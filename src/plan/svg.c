@@ -64,6 +64,7 @@ static void axes(FILE *o, const struct frame *f, const struct dp_svg_plot *p, in
     fprintf(o, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"none\" stroke=\"#444\"/>\n", f->L,
             f->T, f->pw, f->ph);
     double st = nice_step(f->x1 - f->x0, 5);
+    if (p->kind == DP_SVG_BARS && st < 1) st = 1; /* bars stand at whole x (ranks): no tick between */
     for (double v = ceil(f->x0 / st - 1e-9) * st; v <= f->x1 + st * 1e-9; v += st) {
         double x = px(f, v), vv = fabs(v) < st * 1e-9 ? 0 : v;
         fprintf(o, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#ddd\"/>\n", x, f->T, x, f->T + f->ph);
