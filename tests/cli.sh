@@ -995,6 +995,13 @@ if python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["workers"] =
 then ok plan_model_json; else bad plan_model_json "$pl"; fi
 pl=$("$BIN" plan --params 2e8 --batch 1600 --flops 1e14 --tokens 1024 --sweep 1024 2>&1)
 if grep -q "^communication exceeds compute from 256 workers on" <<<"$pl"; then ok plan_sweep; else bad plan_sweep "$pl"; fi
+# docs/plan.md's 20,000-worker case: the figures the text argues from
+pl=$("$BIN" plan --params 2e8 --workers 20000 --batch 4000000 --tokens 1024 --flops 1e14 --link-gbps 100 2>&1)
+pl2=$("$BIN" plan --params 2e8 --workers 20000 --batch 4000000 --sample-ms 160 --link-gbps 100 2>&1)
+if grep -q "sent per worker per step: 2.4 GB  all workers per second: 19.44 TB/s" <<<"$pl" &&
+   grep -q "^step 2468.42 ms" <<<"$pl" && grep -q "all workers per second: 1.499 TB/s" <<<"$pl2" &&
+   grep -q "^step 32010.8 ms" <<<"$pl2"; then ok plan_textbook_20000
+else bad plan_textbook_20000 "$pl $pl2"; fi
 expect_error plan_no_model "give --params N or --model SPEC" "$BIN" plan --workers 4
 expect_error plan_bad_algo "unknown algorithm 'mesh'" "$BIN" plan --params 1e6 --algo mesh
 expect_error plan_hier_hosts "hier needs --per-host" "$BIN" plan --params 1e6 --workers 8 --algo hier
