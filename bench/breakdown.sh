@@ -17,6 +17,10 @@
 #         own blocks of each bucket between layers, no communication thread
 #   dp2cs (with VARIANTS including it) dp2c with --comm-spin-us SPIN_US (200): a waiting worker
 #         spins that long before it sleeps (no third thread needs its core)
+#   ind2p, dp2cp, dp2cpb  (with VARIANTS including them) ind2 with each process on its own core
+#         (taskset) and --pin-threads; dp2c pinned (--pin-threads); and that with --balance
+#         (shares by busy time): issue 9's best variant against the pinned ceiling; with ind2p in
+#         VARIANTS and not ind2, the differences are taken against ind2p
 #   dp2n  (with VARIANTS including it) dp2 with --no-overlap: every bucket after backward
 # Each run writes a timeline (--timeline): per step and worker the phases data,
 # forward, backward, wait (from the end of backward until the step's last
@@ -28,6 +32,11 @@
 # The table's last rows are the differences dp2 - ind2 (what our machinery
 # costs) and ind2 - one (what the second core's contention costs), column by
 # column: the columns of a difference add up to its step time.
+# `floor` (ind2, ind2p): the two independent processes' step times paired by step index,
+# each less its own mean; were they made to step together, each step would last the longer
+# one, m + E|d|/2 on average: m / (m + E|d|/2) is the share of the ceiling that synchronous
+# data parallelism keeps on this machine with no communication at all (the row "synchronised:
+# the floor").
 # `imbal` (dp2) is the median |difference| of the two workers' backward end
 # times per step: the part of `wait` that is one worker waiting for the other.
 #
@@ -49,10 +58,13 @@ PY=${PY:-python3}
 
 die() { echo "breakdown: error: $*" >&2; exit 1; }
 [ -x "$DPTRAIN" ] || die "$DPTRAIN not found: build it first (make)"
-for v in $VARIANTS; do case $v in one | ind2 | dp2 | dp2m | dp2c | dp2cs | dp2n) ;; *) die "unknown variant $v (one ind2 dp2 dp2m dp2c dp2cs dp2n)" ;; esac; done
-[[ " $VARIANTS " == *" ind2 "* ]] || die "VARIANTS must include ind2 (the differences are taken against it)"
+for v in $VARIANTS; do case $v in one | ind2 | ind2p | dp2 | dp2m | dp2c | dp2cs | dp2n | dp2cp | dp2cpb) ;; *) die "unknown variant $v (one ind2 ind2p dp2 dp2m dp2c dp2cs dp2n dp2cp dp2cpb)" ;; esac; done
+[[ " $VARIANTS " == *" ind2 "* || " $VARIANTS " == *" ind2p "* ]] ||
+    die "VARIANTS must include ind2 or ind2p (the differences are taken against it)"
 "$PY" -c 'import json, statistics' 2>/dev/null || die "$PY cannot run"
 
+# the cores this script may use, for ind2p's taskset (one per process)
+read -r -a CORES <<<"$("$PY" -c 'import os; print(" ".join(map(str, sorted(os.sched_getaffinity(0)))))')"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/breakdown.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 PIN=(env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1)
@@ -70,16 +82,22 @@ run_variant() { # run_variant VARIANT MODEL REP: timelines into $WORK/VARIANT-MO
     case $v in
     one) "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 1 --batch 64 --max-steps "$s" "${RECIPE[@]}" \
              --timeline "$base.json" >"$base.log" 2>&1 ;;
-    ind2) "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 1 --batch 64 --max-steps "$s" "${RECIPE[@]}" \
-              --timeline "$base-a.json" >"$base-a.log" 2>&1 &
+    ind2 | ind2p)
+          local ta=() tb=() pin=()
+          # ind2p: each process on its own core, pinned as dp2cp's workers are
+          if [ "$v" = ind2p ]; then ta=(taskset -c "${CORES[0]}") tb=(taskset -c "${CORES[$((1 % ${#CORES[@]}))]}") pin=(--pin-threads); fi
+          "${ta[@]}" "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 1 --batch 64 --max-steps "$s" "${RECIPE[@]}" \
+              "${pin[@]}" --timeline "$base-a.json" >"$base-a.log" 2>&1 &
           local pid=$!
-          "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 1 --batch 64 --max-steps "$s" "${RECIPE[@]}" \
-              --timeline "$base-b.json" >"$base-b.log" 2>&1
+          "${tb[@]}" "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 1 --batch 64 --max-steps "$s" "${RECIPE[@]}" \
+              "${pin[@]}" --timeline "$base-b.json" >"$base-b.log" 2>&1
           wait "$pid" ;;
-    dp2 | dp2m | dp2c | dp2cs | dp2n)
+    dp2 | dp2m | dp2c | dp2cs | dp2n | dp2cp | dp2cpb)
         local extra=()
         case $v in
         dp2c) extra=(--comm-progress caller) ;;
+        dp2cp) extra=(--comm-progress caller --pin-threads) ;;
+        dp2cpb) extra=(--comm-progress caller --pin-threads --balance) ;;
         dp2cs) extra=(--comm-progress caller --comm-spin-us "${SPIN_US:-200}") ;;
         dp2n) extra=(--no-overlap) ;;
         dp2m) extra=(--out "$base.run") ;;
@@ -144,10 +162,31 @@ def run_row(files):
         a, b = workers
         ks = [k for k in a if k >= 5 and k in b and "bwd_end" in a[k] and "bwd_end" in b[k]]
         row["imbal"] = statistics.median(abs(a[k]["bwd_end"] - b[k]["bwd_end"]) for k in ks) if ks else 0.0
+    if len(per) == 2 and len(workers) == 2:  # ind2: what a step barrier alone would cost them
+        row["floor"] = sync_floor(*workers)
     return row
 
+def sync_floor(a, b):
+    """The two independent processes' step times paired by step index, each
+    less its own mean (what --balance would even out): were they made to
+    step together, each step would last the longer of the two, i.e. on
+    average m + E|d|/2 for a mean step m and the paired difference d.  The
+    floor is m / (m + E|d|/2): the share of ind2's throughput that any
+    synchronous data parallelism on this machine keeps, with no
+    communication at all."""
+    def times(w):
+        ks = sorted(k for k in w if k >= 5 and k + 1 in w and "t0" in w[k] and "t0" in w[k + 1])
+        return {k: w[k + 1]["t0"] - w[k]["t0"] for k in ks}
+    ta, tb = times(a), times(b)
+    ks = [k for k in ta if k in tb]
+    if len(ks) < 2: return float("nan")
+    ma, mb = statistics.mean(ta[k] for k in ks), statistics.mean(tb[k] for k in ks)
+    d = statistics.mean(abs((ta[k] - ma) - (tb[k] - mb)) for k in ks)
+    m = (ma + mb) / 2
+    return m / (m + d / 2)
+
 tsv = open(out_tsv, "w")
-tsv.write("model\tvariant\trep\t" + "\t".join(COLS) + "\timbal\n")
+tsv.write("model\tvariant\trep\t" + "\t".join(COLS) + "\timbal\tfloor\n")
 print("| model | variant | step ms | data | forward | backward | wait | optimizer | other | imbal |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for m in models:
@@ -158,18 +197,25 @@ for m in models:
             files = sorted(glob.glob(os.path.join(work, f"{v}-{m}-{r}*.json")))
             row = run_row(files)
             rows.append(row)
-            tsv.write(f"{m}\t{v}\t{r}\t" + "\t".join(f"{row[c]:.4f}" for c in COLS) + f"\t{row.get('imbal', 0):.4f}\n")
-        med[v] = {c: statistics.median(x[c] for x in rows) for c in COLS + ["imbal"] if c in rows[0]}
+            tsv.write(f"{m}\t{v}\t{r}\t" + "\t".join(f"{row[c]:.4f}" for c in COLS) +
+                      f"\t{row.get('imbal', 0):.4f}\t{row.get('floor', float('nan')):.4f}\n")
+        med[v] = {c: statistics.median(x[c] for x in rows) for c in COLS + ["imbal", "floor"] if c in rows[0]}
         mv = med[v]
         print(f"| {m} | {v} | " + " | ".join(f"{mv[c]:.3f}" for c in COLS) + f" | {mv.get('imbal', 0):.3f} |" if "imbal" in mv
               else f"| {m} | {v} | " + " | ".join(f"{mv[c]:.3f}" for c in COLS) + " | |")
     dps = [v for v in variants if v.startswith("dp2")]
-    pairs = [(v, "ind2") for v in dps] + ([("ind2", "one")] if "one" in med else []) + \
+    # the pinned variants against the pinned ceiling when there is one
+    def ceiling(v):
+        return "ind2p" if "ind2p" in med and (v in ("dp2cp", "dp2cpb") or "ind2" not in med) else "ind2"
+    pairs = [(v, ceiling(v)) for v in dps] + ([("ind2", "one")] if "one" in med and "ind2" in med else []) + \
         ([("dp2m", "dp2")] if "dp2m" in med and "dp2" in med else [])
     for a, b in pairs:
         print(f"| {m} | {a} - {b} | " + " | ".join(f"{med[a][c] - med[b][c]:+.3f}" for c in COLS) + " | |")
     for v in dps:
-        print(f"| {m} | {v} / ind2 throughput | {med['ind2']['step'] / med[v]['step']:.3f} | | | | | | | |")
+        print(f"| {m} | {v} / {ceiling(v)} throughput | {med[ceiling(v)]['step'] / med[v]['step']:.3f} | | | | | | | |")
+    for v in ("ind2", "ind2p"):
+        if v in med and "floor" in med[v]:
+            print(f"| {m} | {v} synchronised: the floor | {med[v]['floor']:.3f} | | | | | | | |")
 EOF
 
 {
