@@ -16,6 +16,7 @@
 
 #include "dp/comm.h"
 #include "dp/core.h"
+#include "comm/comm_impl.h"
 #include "test.h"
 
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
@@ -868,6 +869,46 @@ TEST(comm_names_and_choice) {
                 a = dp_comm_choose_algo("mpi", (enum dp_comm_coll)k, P, b);
                 ASSERT_TRUE(a > DP_ALGO_AUTO && a < DP_ALGO_COUNT);
             }
+}
+
+/* The reduction kernels give the bits of a plain in-order sum at any start
+ * (0..17 elements off a 64-byte line, so the scalar head before the first
+ * line boundary runs every length 0..15) and any length, fp32 and fp64, for
+ * the P = 2 fast path and the general one, with 0, 1 and 2 outputs. */
+TEST(comm_reduce_kernels_any_alignment) {
+    enum { N = 160, PAD = 32 };
+    float *f = alloc_f32(3 * (N + PAD)), *g = alloc_f32(2 * (N + PAD));
+    double *d = dp_malloc(sizeof(double) * 3 * (N + PAD)), *e = dp_malloc(sizeof(double) * 2 * (N + PAD));
+    ASSERT_TRUE(f && g && d && e);
+    for (int sh = 0; sh < 18; sh++)
+        for (int n = 0; n <= 70; n += (n < 20 ? 1 : 7))
+            for (int ns = 2; ns <= 3; ns++)
+                for (int nd = 0; nd <= 2; nd++) {
+                    for (int i = 0; i < 3 * (N + PAD); i++) f[i] = 0.1f * (float)((i * 37) % 101) + 1e-3f * (float)i, d[i] = f[i];
+                    char *fs[3], *fd[2], *ds[3], *dd[2];
+                    for (int j = 0; j < 3; j++) fs[j] = (char *)(f + j * (N + PAD)), ds[j] = (char *)(d + j * (N + PAD));
+                    for (int j = 0; j < 2; j++) fd[j] = (char *)(g + j * (N + PAD)), dd[j] = (char *)(e + j * (N + PAD));
+                    dp__reduce_sum_to(fd, nd, fs, ns, (size_t)sh * sizeof(float), n, DP_DTYPE_F32);
+                    dp__reduce_sum_to(dd, nd, ds, ns, (size_t)sh * sizeof(double), n, DP_DTYPE_F64);
+                    for (int j = 0; j < nd; j++)
+                        for (int i = 0; i < n; i++) {
+                            float want = f[sh + i];
+                            double wd = d[sh + i];
+                            for (int k = 1; k < ns; k++) want += f[k * (N + PAD) + sh + i], wd += d[k * (N + PAD) + sh + i];
+                            ASSERT_TRUE(memcmp(&g[j * (N + PAD) + sh + i], &want, sizeof want) == 0);
+                            ASSERT_TRUE(memcmp(&e[j * (N + PAD) + sh + i], &wd, sizeof wd) == 0);
+                        }
+                    /* dst += src */
+                    for (int i = 0; i < n; i++) g[sh + i] = f[sh + i], e[sh + i] = d[sh + i];
+                    dp__reduce_add(g + sh, f + (N + PAD) + sh, n, DP_DTYPE_F32);
+                    dp__reduce_add(e + sh, d + (N + PAD) + sh, n, DP_DTYPE_F64);
+                    for (int i = 0; i < n; i++) {
+                        float want = f[sh + i] + f[N + PAD + sh + i];
+                        double wd = d[sh + i] + d[N + PAD + sh + i];
+                        ASSERT_TRUE(memcmp(&g[sh + i], &want, sizeof want) == 0 && memcmp(&e[sh + i], &wd, sizeof wd) == 0);
+                    }
+                }
+    dp_free(f), dp_free(g), dp_free(d), dp_free(e);
 }
 
 TEST(comm_split_partition) {

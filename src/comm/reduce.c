@@ -6,9 +6,14 @@
  * 8 fp64, 16 bf16 widened to fp32) per vector, so that they vectorise at -O2
  * whatever the compiler's cost model says (GCC 12's -O2 model refuses loops
  * that need a scalar epilogue).  Loads and stores go through memcpy, so no
- * alignment is assumed.  Every element is summed in the same order by the
- * vector body and the scalar tail, so results do not depend on alignment or
- * on where a block boundary falls.
+ * alignment is assumed, but the fp32 and fp64 loops first run scalar up to
+ * the next 64-byte boundary of their first output (line_head): a block that
+ * starts mid-line (a split of a count that is not a multiple of 16) would
+ * otherwise make every vector load and store touch two cache lines.  At
+ * mlp's 2.68 MB gradient, 2 ranks, direct (5 chunks 20 bytes off a line):
+ * 80-84 us misaligned against 58 us for an aligned 2.5 MiB.  Every element is
+ * summed in the same order by the head, the vector body and the scalar tail,
+ * so results do not depend on alignment or on where a block boundary falls.
  *
  * bf16: inputs are widened to fp32 (exact), summed in fp32 in source order,
  * and the sum is rounded to bf16 once (round to nearest even; NaN stays a
@@ -55,10 +60,20 @@ static inline void st_bf16(uint16_t *p, v16f f) {
     memcpy(p, &h, sizeof h);
 }
 
+/* Elements of size esize from p to the next 64-byte boundary, at most n (0
+ * when p is not aligned to its element: no boundary is reachable). */
+static inline int64_t line_head(const void *p, size_t esize, int64_t n) {
+    size_t mis = (size_t)((uintptr_t)p % 64);
+    if (mis % esize) return 0;
+    int64_t k = (int64_t)((64 - mis) % 64 / esize);
+    return k < n ? k : n;
+}
+
 /* ---- dst += src ----------------------------------------------------------------- */
 
 static void add_f32(float *dst, const float *src, int64_t n) {
     int64_t i = 0;
+    for (int64_t h = line_head(dst, sizeof *dst, n); i < h; i++) dst[i] = dst[i] + src[i];
     for (; i + 32 <= n; i += 32) {
         v16f a0 = ld_f32(dst + i) + ld_f32(src + i);
         v16f a1 = ld_f32(dst + i + 16) + ld_f32(src + i + 16);
@@ -70,6 +85,7 @@ static void add_f32(float *dst, const float *src, int64_t n) {
 
 static void add_f64(double *dst, const double *src, int64_t n) {
     int64_t i = 0;
+    for (int64_t h = line_head(dst, sizeof *dst, n); i < h; i++) dst[i] = dst[i] + src[i];
     for (; i + 16 <= n; i += 16) {
         v8d a0 = ld_f64(dst + i) + ld_f64(src + i);
         v8d a1 = ld_f64(dst + i + 8) + ld_f64(src + i + 8);
@@ -104,6 +120,11 @@ static void sum_to_f32(char *const *dp, int nd, char *const *sp, int ns, size_t 
     for (int j = 0; j < nd; j++) dst[j] = (float *)(dp[j] + off);
     for (int j = 0; j < ns; j++) src[j] = (const float *)(sp[j] + off);
     int64_t i = 0;
+    for (int64_t h = line_head(nd ? (const void *)dst[0] : (const void *)src[0], sizeof(float), n); i < h; i++) {
+        float s = src[0][i];
+        for (int j = 1; j < ns; j++) s += src[j][i];
+        for (int j = 0; j < nd; j++) dst[j][i] = s;
+    }
     if (ns == 2 && nd == 2) { /* P = 2 all-reduce: the hot case, one pass, no inner loops */
         const float *a = src[0], *b = src[1];
         float *x = dst[0], *y = dst[1];
@@ -132,6 +153,11 @@ static void sum_to_f64(char *const *dp, int nd, char *const *sp, int ns, size_t 
     for (int j = 0; j < nd; j++) dst[j] = (double *)(dp[j] + off);
     for (int j = 0; j < ns; j++) src[j] = (const double *)(sp[j] + off);
     int64_t i = 0;
+    for (int64_t h = line_head(nd ? (const void *)dst[0] : (const void *)src[0], sizeof(double), n); i < h; i++) {
+        double s = src[0][i];
+        for (int j = 1; j < ns; j++) s += src[j][i];
+        for (int j = 0; j < nd; j++) dst[j][i] = s;
+    }
     for (; i + 8 <= n; i += 8) {
         v8d s = ld_f64(src[0] + i);
         for (int j = 1; j < ns; j++) s += ld_f64(src[j] + i);
