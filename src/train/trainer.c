@@ -1686,7 +1686,7 @@ void dp_balance_plan(const int64_t *rate, int world, int64_t units, int64_t *sha
  * n_r / busy_r) is the split where every rank's busy time is the same, i.e.
  * all arrive at the reduction together.  Measured on 2 pinned workers whose
  * cores differed, forward + backward alone were planned equal while the
- * slower core's update and data still made it arrive later at every step.
+ * slower core's update and data still made it arrive later at most steps.
  * ZeRO's update holds collectives (the norm, the gathers): not counted. */
 static void bal_busy_update(struct worker *w, double seconds) {
     if (!w->t->p.zero) w->bal_s += seconds;
