@@ -10,8 +10,8 @@
  * the next 64-byte boundary of their first output (line_head): a block that
  * starts mid-line (a split of a count that is not a multiple of 16) would
  * otherwise make every vector load and store touch two cache lines.  At
- * mlp's 2.68 MB gradient, 2 ranks, direct (5 chunks 20 bytes off a line):
- * 80-84 us misaligned against 58 us for an aligned 2.5 MiB.  Every element is
+ * mlp's 2.68 MB gradient, 2 ranks, direct (3 of its 5 chunks start mid-line):
+ * 1.5x the time of an aligned 2.5 MiB before, 1.1x after (docs/results.md).  Every element is
  * summed in the same order by the head, the vector body and the scalar tail,
  * so results do not depend on alignment or on where a block boundary falls.
  *
