@@ -12,7 +12,8 @@
 # --max-steps S (S = 400 for mlp, 150 for cnn, 30 for resnet):
 #
 #   dp1   ./build/dptrain train --workers 1 --threads 1 ...            (batch 128)
-#   dp2   ./build/dptrain train --workers 2 --threads 1 ...            (64 per worker)
+#   dp2   ./build/dptrain train --workers 2 --threads 1 ...            (64 per worker; the default
+#         --comm-progress auto: caller where the 2 workers fill the cores, as on a 2-core machine)
 #   pt1   bench/pytorch_ddp.py --world 1 --threads 1 ...   plain PyTorch, no DDP (batch 128)
 #   pt2   bench/pytorch_ddp.py --world 2 --threads 1 ...   DDP, gloo, 2 processes (64 per process)
 #   ind2  (with VARIANTS including it) two independent `dptrain --workers 1 --batch 64` processes
@@ -21,6 +22,7 @@
 #         memory bandwidth, each paying its own optimizer step and 64-row GEMMs)
 #   zero1 (with VARIANTS including it) dp2 with --zero 1 (the optimizer step sharded): issue 13
 #         asks for mlp's --zero 1 throughput against ind2's ceiling, side by side
+#   dp2t  (with VARIANTS including it) dp2 with --comm-progress thread (the default before auto)
 #   dp2c  (with VARIANTS including it) dp2 with --comm-progress caller: the workers sum their own
 #         blocks of each bucket between layers, no communication thread (issue 9)
 #   dp2cs (with VARIANTS including it) dp2c that spins SPIN_US (200) µs before it sleeps at a wait
@@ -94,7 +96,7 @@ note() { echo "scaling: $*" >&2; }
 "$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
     die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
 case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
-for v in $VARIANTS; do case $v in dp1 | dp2 | dp2c | dp2cs | dp2p | dp2cp | dp2pb | dp2cpb | pt1 | pt2 | ind2 | ind2p | zero1 | det | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 dp2c dp2cs dp2p dp2cp dp2pb dp2cpb pt1 pt2 ind2 ind2p zero1 det det8 det32)" ;; esac; done
+for v in $VARIANTS; do case $v in dp1 | dp2 | dp2t | dp2c | dp2cs | dp2p | dp2cp | dp2pb | dp2cpb | pt1 | pt2 | ind2 | ind2p | zero1 | det | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 dp2t dp2c dp2cs dp2p dp2cp dp2pb dp2cpb pt1 pt2 ind2 ind2p zero1 det det8 det32)" ;; esac; done
 # the cores this script may use, for ind2p's taskset (one per process)
 read -r -a CORES <<<"$("$PY" -c 'import os; print(" ".join(map(str, sorted(os.sched_getaffinity(0)))))')"
 [ -n "${VARIANTS// /}" ] || die "no variants to run"
@@ -123,6 +125,8 @@ build_cmd() {
     case $variant in
     dp1 | dp2) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers "${variant#dp}" --threads 1
                     "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
+    dp2t) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --comm-progress thread
+               "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
     dp2c | dp2cs | dp2cp | dp2cpb) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
                                --comm-progress caller "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none)
                   [[ $variant != dp2cs ]] || CMD+=(--comm-spin-us "$SPIN_US")
@@ -359,6 +363,15 @@ if any(v == "ind2p" for v, _ in data):
         p(f"| {m} | {fmt(med(list(data.get(('ind2p', m), {}).values())))} | {cell(ratios('ind2p', 'ind2', m, 1), False)} | "
           f"{cell(ratios('dp2p', 'ind2p', m, 1), True)} | {cell(ratios('dp2cp', 'ind2p', m, 1), True)} | "
           f"{cell(ratios('dp2', 'ind2', m, 1), True)} | {cell(ratios('dp2c', 'ind2', m, 1), True)} |")
+    p("")
+if any(v == "dp2t" for v, _ in data) and any(v == "ind2" for v, _ in data):
+    p("## The default's progress: --comm-progress auto (dp2) against thread (dp2t)")
+    p("")
+    p("| model | dp2 / ind2 | dp2t / ind2 | dp2 / dp2t |")
+    p("|---|---:|---:|---:|")
+    for m in models:
+        p(f"| {m} | {cell(ratios('dp2', 'ind2', m, 1), True)} | {cell(ratios('dp2t', 'ind2', m, 1), True)} | "
+          f"{cell(ratios('dp2', 'dp2t', m, 1), False)} |")
     p("")
 if any(v in ("dp2pb", "dp2cpb") for v, _ in data):
     p("## Pinned and balanced: --pin-threads --balance, against the pinned ceiling")

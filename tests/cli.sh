@@ -114,7 +114,16 @@ for how in thread caller; do
 done
 h1=$(hash_of "$T/cp_thread/checkpoint.bin"); h2=$(hash_of "$T/cp_caller/checkpoint.bin")
 if same_hash "$h1" "$h2"; then ok comm_progress_caller_equal; else bad comm_progress_caller_equal "thread '$h1' vs caller '$h2'"; fi
-expect_error comm_progress_bad "--comm-progress: expected thread or caller, got 'cpu'" "$BIN" train --comm-progress cpu
+expect_error comm_progress_bad "--comm-progress: expected auto, thread or caller, got 'cpu'" "$BIN" train --comm-progress cpu
+# auto (the default): 2 workers on 2 CPUs reduce by themselves (the header says so), on 1 CPU on
+# their communication threads; the same bits either way
+CPUS=$(python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0))[:2])))')
+taskset -c "$CPUS" "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --max-steps 3 --out "$T/pa2" >"$T/pa2.log" 2>&1
+taskset -c "${CPUS%%,*}" "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --max-steps 3 --out "$T/pa1" >"$T/pa1.log" 2>&1
+if [[ $CPUS == *,* ]] && grep -q "^reduction: by the workers between layers (--comm-progress caller, auto" "$T/pa2.log" &&
+   ! grep -q "^reduction:" "$T/pa1.log" &&
+   same_hash "$(hash_of "$T/pa2/checkpoint.bin")" "$(hash_of "$T/pa1/checkpoint.bin")"; then ok comm_progress_auto
+else bad comm_progress_auto "$(head -3 "$T/pa2.log") / $(head -3 "$T/pa1.log")"; fi
 expect_error comm_spin_us_bad "--comm-spin-us: '-1' is not an integer" "$BIN" train --comm-spin-us -1
 
 # slow workers on purpose: bad specs are one-line errors; rank 1 at 3x is the last arriver in most

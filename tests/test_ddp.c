@@ -138,6 +138,7 @@ TEST_T(ddp_caller_progress_same_bits, 300) {
         p.max_steps = 3 - k;
         if (k == 0) p.bucket_cap_bytes = 4096, p.first_bucket_bytes = 64;
         int64_t n;
+        p.comm_progress = DP_PROGRESS_THREAD; /* (auto may choose caller here) */
         float *ref = train(&p, &n);
         p.comm_progress = DP_PROGRESS_CALLER;
         p.check_replicas = 1; /* every step: the replicas stay bit-identical */
@@ -145,6 +146,51 @@ TEST_T(ddp_caller_progress_same_bits, 300) {
         ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
         free(ref), free(got);
     }
+}
+
+/* --comm-progress auto: caller exactly when the workers' threads fill the
+ * cores with none left for a communication thread each; and the trainer
+ * resolves it from the CPUs its caller may use (2 workers on 2 CPUs:
+ * caller; on 1 CPU: thread), never passing "auto" on. */
+TEST(ddp_progress_auto) {
+    static const int rule[][4] = {
+        /* workers, threads, cpus, expected */
+        {2, 1, 2, DP_PROGRESS_CALLER}, {2, 1, 3, DP_PROGRESS_CALLER}, {2, 1, 4, DP_PROGRESS_THREAD},
+        {3, 1, 2, DP_PROGRESS_THREAD}, {1, 1, 1, DP_PROGRESS_THREAD}, {1, 4, 4, DP_PROGRESS_THREAD},
+        {2, 2, 4, DP_PROGRESS_CALLER}, {2, 2, 5, DP_PROGRESS_CALLER}, {2, 2, 6, DP_PROGRESS_THREAD},
+        {4, 1, 4, DP_PROGRESS_CALLER}, {4, 1, 8, DP_PROGRESS_THREAD}, {8, 2, 12, DP_PROGRESS_THREAD},
+    };
+    for (size_t i = 0; i < DP_ARRAY_LEN(rule); i++)
+        ASSERT_EQ(dp_train_progress_auto(rule[i][0], rule[i][1], rule[i][2]), rule[i][3]);
+    cpu_set_t all, two, one;
+    ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+    if (CPU_COUNT(&all) < 2) SKIP("one CPU: cannot give the trainer two");
+    CPU_ZERO(&two);
+    CPU_ZERO(&one);
+    for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; c++)
+        if (CPU_ISSET(c, &all)) {
+            if (k == 0) CPU_SET(c, &one);
+            CPU_SET(c, &two), k++;
+        }
+    struct dp_train_params p = dp_train_default_params();
+    ASSERT_EQ(p.comm_progress, DP_PROGRESS_AUTO);
+    p.model = "mlp", p.workers = 2, p.train_limit = 8, p.test_limit = 8, p.batch = 4;
+    p.data_dir = DATA;
+    require_data();
+    const cpu_set_t *sets[2] = {&two, &one};
+    const int want[2] = {DP_PROGRESS_CALLER, DP_PROGRESS_THREAD};
+    for (int k = 0; k < 2; k++) {
+        ASSERT_EQ(sched_setaffinity(0, sizeof *sets[k], sets[k]), 0);
+        struct dp_trainer *t;
+        int rc = dp_trainer_init(&t, &p);
+        sched_setaffinity(0, sizeof all, &all);
+        ASSERT_OK(rc);
+        ASSERT_EQ(dp_trainer_comm_progress(t), want[k]);
+        dp_trainer_free(t);
+    }
+    p.comm_progress = 3;
+    struct dp_trainer *t;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "comm_progress must be");
 }
 
 TEST(ddp_buckets_plan) {

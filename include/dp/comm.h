@@ -203,8 +203,9 @@ struct dp_comm_params {
  * arrived), so no third thread competes with the compute threads for the
  * cores; such an operation completes only once every rank has called in after
  * the last one arrived.  The result has the same bits (comm_thread.c, "Caller
- * progress"). */
-enum dp_comm_progress { DP_PROGRESS_THREAD = 0, DP_PROGRESS_CALLER = 1 };
+ * progress").  DP_PROGRESS_AUTO is the trainer's choice between the two
+ * (dp_train_progress_auto); a communicator given it runs as THREAD. */
+enum dp_comm_progress { DP_PROGRESS_THREAD = 0, DP_PROGRESS_CALLER = 1, DP_PROGRESS_AUTO = 2 };
 /* timeout_s 0, spin_us -1, progress DP_PROGRESS_THREAD. */
 struct dp_comm_params dp_comm_default_params(void);
 

@@ -112,7 +112,8 @@ struct dp_train_params {
     int skip_nonfinite;        /* skip steps whose loss or gradient is not finite */
     double comm_timeout;       /* seconds a collective may block before the run fails (0 = off) */
     int comm_progress;         /* enum dp_comm_progress: who runs the bucket all-reduces on
-                                  threads (dp/comm.h; default DP_PROGRESS_THREAD) */
+                                  threads (dp/comm.h; default DP_PROGRESS_AUTO, resolved by
+                                  dp_train_progress_auto) */
     int comm_spin_us;          /* dp_comm_params.spin_us of the workers' world (-1 = auto, default) */
     int pin_threads;           /* 1: worker r of this process runs only on the (r mod n)-th of the n
                                   cores the process may use (its affinity at dp_trainer_run), so the
@@ -241,6 +242,13 @@ struct dp_trainer;
  * the batch).  It depends on the batch alone, so runs at any worker count that keep the batch
  * keep the bits; docs/ddp.md "Deterministic mode" gives the trade-off. */
 int64_t dp_det_chunk_auto(int64_t batch);
+/* --comm-progress auto: DP_PROGRESS_CALLER when the process's `workers` x
+ * `threads` compute threads fill its `cpus` with no core left for their
+ * communication threads (workers x threads <= cpus < workers x threads +
+ * workers), else DP_PROGRESS_THREAD (a spare core each: the reduction runs
+ * beside the compute; more threads than cores: the tested thread path).
+ * docs/ddp.md "Who runs the reduction" gives the measurements. */
+int dp_train_progress_auto(int workers, int threads, int cpus);
 int dp_trainer_init(struct dp_trainer **t, const struct dp_train_params *p);
 /* Trains until the epoch count (or max_steps) is reached. */
 int dp_trainer_run(struct dp_trainer *t);
@@ -256,6 +264,9 @@ uint64_t dp_trainer_param_hash(const struct dp_trainer *t);
  * error-feedback state reset because the worker count changed. */
 const char *dp_trainer_note(const struct dp_trainer *t);
 const struct dp_model *dp_trainer_model(const struct dp_trainer *t);
+/* Who runs this process's bucket all-reduces: DP_PROGRESS_THREAD or
+ * DP_PROGRESS_CALLER (--comm-progress, auto resolved at init). */
+int dp_trainer_comm_progress(const struct dp_trainer *t);
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t);
 /* The bytes of model state worker `worker` of this process holds in memory
  * now: the resident pages of its gradient and parameter slabs (ZeRO 2 and 3

@@ -40,6 +40,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dp/ddp.h"
 #include "dp/ps.h"
@@ -138,6 +139,7 @@ struct dp_trainer {
     struct worker *w;          /* w[0..P): this process's workers */
     int P;                     /* workers in this process */
     int G, base;               /* workers in the job, and the job rank of w[0] */
+    int comm_progress;         /* the world's dp_comm_params.progress (auto resolved) */
     /* identical on every worker; written by each worker for itself and read
      * by rank 0 only at points where all workers are past a collective */
     int64_t step, epoch, step_in_epoch, batches_per_epoch, steps_per_epoch, max_batch;
@@ -196,6 +198,7 @@ struct dp_train_params dp_train_default_params(void) {
     p.first_bucket_bytes = 1u << 20;
     p.overlap = 1;
     p.comm_spin_us = -1; /* auto */
+    p.comm_progress = DP_PROGRESS_AUTO;
     p.algo = DP_ALGO_AUTO;
     p.det_chunk = 0; /* auto: dp_det_chunk_auto(batch) */
     p.epochs = 1;
@@ -215,6 +218,8 @@ struct dp_train_params dp_train_default_params(void) {
 }
 
 const struct dp_model *dp_trainer_model(const struct dp_trainer *t) { return t->model; }
+
+int dp_trainer_comm_progress(const struct dp_trainer *t) { return t->comm_progress; }
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t) { return &t->w[0].rep; }
 int64_t dp_trainer_live_bytes(const struct dp_trainer *t, int worker) {
     if (worker < 0 || worker >= t->P) return -1;
@@ -337,6 +342,8 @@ static int check_params(const struct dp_train_params *p) {
     if (p->accum < 1 || p->accum > 1 << 16) return dp_seterr(DP_EINVAL, "--accum must be in 1..65536 (got %d)", p->accum);
     if (!(p->sched.base_lr > 0.0f) || !isfinite(p->sched.base_lr))
         return dp_seterr(DP_EINVAL, "--lr must be a positive number (got %g)", (double)p->sched.base_lr);
+    if (p->comm_progress < DP_PROGRESS_THREAD || p->comm_progress > DP_PROGRESS_AUTO)
+        return dp_seterr(DP_EINVAL, "comm_progress must be thread, caller or auto (got %d)", p->comm_progress);
     if (p->threads < 1 || p->threads > 256)
         return dp_seterr(DP_EINVAL, "--threads must be in 1..256 (got %d)", p->threads);
     if (p->clip_norm < 0) return dp_seterr(DP_EINVAL, "--clip must be >= 0 (got %g)", p->clip_norm);
@@ -766,6 +773,26 @@ int64_t dp_det_chunk_auto(int64_t batch) {
     return c < batch ? c : batch;
 }
 
+/* Measured on 2 cores with 2 workers of 1 thread (docs/results.md, the
+ * quiet runs of caller progress and of pinned workers): without a third
+ * thread per worker mlp ran 1.12-1.15x as fast and cnn and resnet within a
+ * few percent either way, the same bits.  With a spare core per worker the
+ * communication thread reduces beside the compute instead of between its
+ * layers; with more compute threads than cores the thread path is the one
+ * measured and tested under load. */
+int dp_train_progress_auto(int workers, int threads, int cpus) {
+    int64_t busy = (int64_t)workers * (threads > 0 ? threads : 1);
+    return workers > 1 && busy <= cpus && cpus < busy + workers ? DP_PROGRESS_CALLER : DP_PROGRESS_THREAD;
+}
+
+/* The CPUs this process may run on (1 if unknown). */
+static int cpus_allowed(void) {
+    cpu_set_t s;
+    if (sched_getaffinity(0, sizeof s, &s) == 0 && CPU_COUNT(&s) > 0) return CPU_COUNT(&s);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     *out = NULL;
     int rc = check_params(p);
@@ -868,7 +895,10 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     t->max_batch = share > t->eval_chunk ? share : t->eval_chunk;
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = p->comm_timeout;
-    cp.progress = p->comm_progress;
+    /* (a hierarchical world, with processes, reduces on its threads whatever is asked) */
+    cp.progress = p->comm_progress == DP_PROGRESS_AUTO ? dp_train_progress_auto(t->P, p->threads, cpus_allowed())
+                                                       : p->comm_progress;
+    t->comm_progress = p->inter ? DP_PROGRESS_THREAD : cp.progress;
     cp.spin_us = p->comm_spin_us;
     rc = p->inter ? dp_comm_thread_world_init_hier(&t->world, t->P, &cp, p->inter)
                   : dp_comm_thread_world_init(&t->world, t->P, &cp);

@@ -22,8 +22,10 @@
  *                      of the model's input shape, synchronous: what the
  *                      prefetch thread does), image models only
  *   steps              forward + backward with the trainer's own reducer (its
- *                      buckets, their all-reduces started from backward on the
- *                      communicator's progress thread, the wait at the end) and
+ *                      buckets, their all-reduces started from backward and
+ *                      run as train's default runs them, on the communicator's
+ *                      progress thread or by the workers between layers
+ *                      (dp_train_progress_auto), the wait at the end) and
  *                      the update (--optim), as a training step has them, and
  *                      with --metrics the trainer's own all-gather of every
  *                      rank's wait after the update (dp_train_gather_waits,
@@ -64,6 +66,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -497,6 +500,10 @@ static void calibrate_compute(struct cal *c, double *out) {
     if (pthread_barrier_init(&c->bar, NULL, (unsigned)c->P)) die("cannot make a barrier");
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = 120;
+    /* the steps reduce as train's would by default (--comm-progress auto) */
+    cpu_set_t cs;
+    int cpus = sched_getaffinity(0, sizeof cs, &cs) == 0 && CPU_COUNT(&cs) > 0 ? CPU_COUNT(&cs) : 1;
+    cp.progress = dp_train_progress_auto(c->P, c->threads, cpus);
     if (!c->job && dp_comm_thread_world_init(&c->w, c->P, &cp)) die("%s", dp_errmsg());
     struct cal_job *j = calloc((size_t)c->P, sizeof *j);
     pthread_t *th = calloc((size_t)c->P, sizeof *th);

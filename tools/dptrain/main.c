@@ -184,7 +184,9 @@ static const char *help_train =
     "  --no-overlap        all-reduce only after backward (for comparison)\n"
     "  --comm-progress WHO who runs the buckets' all-reduces on threads: thread (each worker's\n"
     "                      communication thread) | caller (the workers themselves, between\n"
-    "                      layers; no third thread) [thread]\n"
+    "                      layers; no third thread) | auto (caller when the workers' threads\n"
+    "                      fill the process's cores with none left for a communication\n"
+    "                      thread each, else thread) [auto]\n"
     "  --comm-spin-us N    a worker waiting for another spins N microseconds before it sleeps\n"
     "                      [auto: 10, 1 with more workers than cores]\n"
     "  --pin-threads       worker r runs only on the r-th core this process may use (its\n"
@@ -519,7 +521,8 @@ static int cmd_train(int argc, char **argv) {
         else if (opt(&a, "--comm-progress", &v)) {
             if (!strcmp(v, "thread")) tp.comm_progress = DP_PROGRESS_THREAD;
             else if (!strcmp(v, "caller")) tp.comm_progress = DP_PROGRESS_CALLER;
-            else die("--comm-progress: expected thread or caller, got '%s'", v);
+            else if (!strcmp(v, "auto")) tp.comm_progress = DP_PROGRESS_AUTO;
+            else die("--comm-progress: expected auto, thread or caller, got '%s'", v);
         } else if (opt(&a, "--comm-spin-us", &v)) tp.comm_spin_us = (int)parse_int("--comm-spin-us", v, 0, 1000000);
         else if (opt(&a, "--pin-threads", NULL)) tp.pin_threads = 1;
         else if (opt(&a, "--algo", &v)) {
@@ -677,6 +680,9 @@ static int cmd_train(int argc, char **argv) {
                dp_optim_kind_name(tp.optim.kind), (double)tp.sched.base_lr, procs, tp.workers,
                tp.workers > 1 ? "s" : "", tp.threads, tp.threads > 1 ? "s" : "",
                dp_gemm_backend_name(dp_gemm_get_backend()), det);
+    if (me == 0 && tp.workers > 1 && dp_trainer_comm_progress(t) == DP_PROGRESS_CALLER && !tp.async)
+        printf("reduction: by the workers between layers (--comm-progress caller%s)\n",
+               tp.comm_progress == DP_PROGRESS_AUTO ? ", auto: no core left for a communication thread" : "");
     fflush(stdout);
     /* The MFU's denominator, measured now (~10 ms, before the workers load
      * the cores): 0 where it cannot be measured, and then no MFU is printed. */
