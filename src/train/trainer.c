@@ -1653,10 +1653,10 @@ static int backup_star(struct worker *w, double n_local, double *n_acc, int *bad
 }
 
 /* ---- heterogeneity-aware batches (--balance) ------------------------------------------------
- * Each rank measures its throughput: samples over busy seconds (its data,
- * forward, backward and update, plus its simulated slowness; not its waits
+ * Each rank measures its throughput: samples over compute seconds (forward
+ * + backward, plus its simulated slowness; not the data wait nor its waits
  * in collectives, the reduction's and SyncBatchNorm's, which measure the
- * others: train_step, bal_busy_update).  Every `balance` steps the
+ * others).  Every `balance` steps the
  * ranks all-gather (samples, seconds) since the last re-plan, one G x 2
  * doubles collective at those steps only, and every rank updates the same
  * EMA and computes the same plan from the same gathered numbers:
@@ -1707,19 +1707,6 @@ void dp_balance_plan(const int64_t *rate, int world, int64_t units, int64_t *sha
         }
         share[best]++;
     }
-}
-
-/* The update's share of a rank's busy time.  Every rank updates the whole
- * slab whatever its share, so on a slower core this fixed part is longer
- * too, and only fewer samples make up for it: with busy = data + forward +
- * backward + update, the plan's fixed point (share_r proportional to
- * n_r / busy_r) is the split where every rank's busy time is the same, i.e.
- * all arrive at the reduction together.  Measured on 2 pinned workers whose
- * cores differed, forward + backward alone were planned equal while the
- * slower core's update and data still made it arrive later at most steps.
- * ZeRO's update holds collectives (the norm, the gathers): not counted. */
-static void bal_busy_update(struct worker *w, double seconds) {
-    if (!w->t->p.zero) w->bal_s += seconds;
 }
 
 /* The re-plan, on every rank after the same steps (see above). */
@@ -1847,7 +1834,6 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
     double mult = 1, stall = 0;
     if (t->simulate) pace_plan(w, &mult, &stall);
     w->step_wait = w->step_slow = 0;
-    double arrive = 0, stat0 = w->stat_s; /* --balance's busy time (below) */
     for (int64_t k = 0; k < nmicro; k++) {
         const struct dp_loader_batch *lb;
         double td = dp_time();
@@ -1875,6 +1861,7 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         if ((w->zero.sharded && w->zero.stage == 3) || w->zero.ahead) /* ZeRO 3: gather; 1: wait for the gather */
             pass.layer_begin = dp_zero_layer_begin, pass.layer_begin_arg = &w->zero;
         pace_start(w, mult, last_micro ? stall : 0, ta);
+        double stat_before = w->stat_s;
         if (last) {
             pass.grad_ready = t->simulate ? paced_grad_ready : dp_reducer_grad_ready;
             pass.grad_ready_arg = t->simulate ? (void *)w : (void *)&w->red;
@@ -1916,11 +1903,16 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         double slept_in_run = w->pace_slept;
         pace(w);
         w->step_slow += w->pace_slept;
+        /* --balance: this rank's compute, its simulated slowness included
+         * (a slowed rank is a slower host); the wait for others is not, nor
+         * SyncBatchNorm's all-reduces inside forward and backward (there a
+         * faster rank waits for the slower one) */
+        w->bal_n += (double)b.B;
+        w->bal_s += pass.t_forward + pass.t_backward + (w->pace_slept - slept_in_run) - (w->stat_s - stat_before);
         dp_timeline_add(&w->tl, "forward", 0, w->step, ta, ta + pass.t_forward);
         dp_timeline_add(&w->tl, "backward", 0, w->step, ta + pass.t_forward, ta + pass.t_forward + pass.t_backward);
         if (last) {
             rc = dp_reducer_finish(&w->red);
-            arrive = w->red.t_backward_end;
             /* wait: from the end of this rank's compute (backward and its
              * simulated sleep) to the completion of its last bucket */
             w->step_wait += w->red.t_end - w->red.t_backward_end;
@@ -1954,14 +1946,6 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         w->t_fwd += pass.t_forward;
         w->t_bwd += pass.t_backward - slept_in_run;
     }
-    /* --balance: this rank's busy time, from the step's start to its arrival
-     * at the reduction (data, forward, backward, its simulated slowness: a
-     * slowed rank is a slower host), less SyncBatchNorm's all-reduces (where
-     * a fast rank waits for the slow one); the update adds its optimizer
-     * step (bal_busy_update) */
-    if (arrive == 0) arrive = dp_time();
-    w->bal_n += n_local;
-    w->bal_s += arrive - w->t_step0 - (w->stat_s - stat0);
     double n_acc = 0;
     int bk_bad = 0;
     if (t->bk_on) {
@@ -2045,7 +2029,6 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
     double t2 = dp_time();
     w->t_opt += t2 - t1;
     dp_timeline_add(&w->tl, "optimizer", 0, w->step, t1, t2);
-    bal_busy_update(w, t2 - t1);
     return rc;
 }
 
@@ -2140,8 +2123,8 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
         pace(w);
         w->step_slow = w->pace_slept;
     }
+    w->bal_n += n_local, w->bal_s += compute + w->step_slow; /* --balance: as in train_step */
     double tc = dp_time();
-    w->bal_n += n_local, w->bal_s += tc - w->t_step0; /* --balance: as in train_step */
     w->arrival[0] += tc - w->t_step0; /* one reduction per step: "bucket" 0 */
     w->arrival_steps++;
     int rc = dp_comm_allreduce(w->comm, w->acc, np, DP_DTYPE_F64, (enum dp_comm_algo)t->p.algo);
@@ -2167,9 +2150,7 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
     rc = update(w, g, dp_sched_lr(&t->p.sched, w->step), 0, 0);
     zrc = dp_zero_release_params(&w->zero);
     if (!rc) rc = zrc;
-    double t2 = dp_time();
-    w->t_opt += t2 - t1;
-    bal_busy_update(w, t2 - t1);
+    w->t_opt += dp_time() - t1;
     return rc;
 }
 
