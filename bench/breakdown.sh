@@ -9,7 +9,8 @@
 #   one   one worker at batch 64, alone on the machine
 #   ind2  two independent one-worker processes at batch 64 at once (scaling.sh's
 #         ceiling: no communication, but both cores busy, sharing caches and memory)
-#   dp2   `--workers 2`: 64 per worker, gradients all-reduced
+#   dp2   `--workers 2`: 64 per worker, gradients all-reduced (the default --comm-progress auto:
+#         where the 2 workers fill the cores, caller progress, so dp2 is then dp2c)
 #   dp2m  dp2 with metrics (--out, as bench/plan_validate.sh's runs): after every update the
 #         trainer all-gathers each rank's wait, a second sync point per step (issue 14: what
 #         the plan's "metrics gather" costs beyond its formula; the row dp2m - dp2)
