@@ -162,6 +162,9 @@ int64_t dp_gemm_fallback_count(void);
  * data-parallel worker thread can set its own. */
 void dp_set_num_threads(int n);
 int dp_get_num_threads(void);
+/* The CPUs the calling thread may run on: its affinity (taskset, a cgroup
+ * cpuset or an MPI binding narrow it), else the online CPUs; at least 1. */
+int dp_cpus_allowed(void);
 
 /* ---- small helpers --------------------------------------------------------- */
 

@@ -2,8 +2,10 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dp/core.h"
 
@@ -11,6 +13,13 @@ double dp_time(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int dp_cpus_allowed(void) {
+    cpu_set_t s;
+    if (sched_getaffinity(0, sizeof s, &s) == 0 && CPU_COUNT(&s) > 0) return CPU_COUNT(&s);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
 }
 
 int dp_cond_init_monotonic(pthread_cond_t *cv) {

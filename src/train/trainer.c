@@ -40,7 +40,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "dp/ddp.h"
 #include "dp/ps.h"
@@ -785,14 +784,6 @@ int dp_train_progress_auto(int workers, int threads, int cpus) {
     return workers > 1 && busy <= cpus && cpus < busy + workers ? DP_PROGRESS_CALLER : DP_PROGRESS_THREAD;
 }
 
-/* The CPUs this process may run on (1 if unknown). */
-static int cpus_allowed(void) {
-    cpu_set_t s;
-    if (sched_getaffinity(0, sizeof s, &s) == 0 && CPU_COUNT(&s) > 0) return CPU_COUNT(&s);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     *out = NULL;
     int rc = check_params(p);
@@ -896,7 +887,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = p->comm_timeout;
     /* (a hierarchical world, with processes, reduces on its threads whatever is asked) */
-    cp.progress = p->comm_progress == DP_PROGRESS_AUTO ? dp_train_progress_auto(t->P, p->threads, cpus_allowed())
+    cp.progress = p->comm_progress == DP_PROGRESS_AUTO ? dp_train_progress_auto(t->P, p->threads, dp_cpus_allowed())
                                                        : p->comm_progress;
     t->comm_progress = p->inter ? DP_PROGRESS_THREAD : cp.progress;
     cp.spin_us = p->comm_spin_us;

@@ -66,7 +66,6 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -501,9 +500,7 @@ static void calibrate_compute(struct cal *c, double *out) {
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = 120;
     /* the steps reduce as train's would by default (--comm-progress auto) */
-    cpu_set_t cs;
-    int cpus = sched_getaffinity(0, sizeof cs, &cs) == 0 && CPU_COUNT(&cs) > 0 ? CPU_COUNT(&cs) : 1;
-    cp.progress = dp_train_progress_auto(c->P, c->threads, cpus);
+    cp.progress = dp_train_progress_auto(c->P, c->threads, dp_cpus_allowed());
     if (!c->job && dp_comm_thread_world_init(&c->w, c->P, &cp)) die("%s", dp_errmsg());
     struct cal_job *j = calloc((size_t)c->P, sizeof *j);
     pthread_t *th = calloc((size_t)c->P, sizeof *th);

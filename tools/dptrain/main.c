@@ -445,10 +445,8 @@ static int cmd_train(int argc, char **argv) {
     tp.model = NULL;
     /* One worker per core this process may run on (its affinity: under mpirun,
      * taskset or a cgroup cpuset that is fewer than the machine's cores). */
-    cpu_set_t allowed;
-    long ncpu = sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed)
-                                                                  : sysconf(_SC_NPROCESSORS_ONLN);
-    tp.workers = ncpu < 1 ? 1 : ncpu > 256 ? 256 : (int)ncpu;
+    int ncpu = dp_cpus_allowed();
+    tp.workers = ncpu > 256 ? 256 : ncpu;
     struct progress prog_state = {.mode = PROG_AUTO, .last_test_acc = NAN, .last_test_loss = NAN, .slow_rank = -1};
     const char *v, *backend = "auto";
     int model_given = 0, workers_given = 0, data_given = 0;
