@@ -23,6 +23,9 @@
 #   zero1 (with VARIANTS including it) dp2 with --zero 1 (the optimizer step sharded): issue 13
 #         asks for mlp's --zero 1 throughput against ind2's ceiling, side by side
 #   dp2t  (with VARIANTS including it) dp2 with --comm-progress thread (the default before auto)
+#   dp2s  (with VARIANTS including it) dp2 with --comm-spin-us 10: a waiting worker spins 10 µs and
+#         sleeps, the wait before the default's long spin while a worker has its core to itself
+#         (docs/ddp.md "Who runs the reduction")
 #   dp2c  (with VARIANTS including it) dp2 with --comm-progress caller: the workers sum their own
 #         blocks of each bucket between layers, no communication thread (issue 9)
 #   dp2cs (with VARIANTS including it) dp2c that spins SPIN_US (200) µs before it sleeps at a wait
@@ -96,7 +99,7 @@ note() { echo "scaling: $*" >&2; }
 "$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
     die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
 case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
-for v in $VARIANTS; do case $v in dp1 | dp2 | dp2t | dp2c | dp2cs | dp2p | dp2cp | dp2pb | dp2cpb | pt1 | pt2 | ind2 | ind2p | zero1 | det | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 dp2t dp2c dp2cs dp2p dp2cp dp2pb dp2cpb pt1 pt2 ind2 ind2p zero1 det det8 det32)" ;; esac; done
+for v in $VARIANTS; do case $v in dp1 | dp2 | dp2t | dp2s | dp2c | dp2cs | dp2p | dp2cp | dp2pb | dp2cpb | pt1 | pt2 | ind2 | ind2p | zero1 | det | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 dp2t dp2s dp2c dp2cs dp2p dp2cp dp2pb dp2cpb pt1 pt2 ind2 ind2p zero1 det det8 det32)" ;; esac; done
 # the cores this script may use, for ind2p's taskset (one per process)
 read -r -a CORES <<<"$("$PY" -c 'import os; print(" ".join(map(str, sorted(os.sched_getaffinity(0)))))')"
 [ -n "${VARIANTS// /}" ] || die "no variants to run"
@@ -126,6 +129,8 @@ build_cmd() {
     dp1 | dp2) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers "${variant#dp}" --threads 1
                     "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
     dp2t) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --comm-progress thread
+               "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
+    dp2s) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --comm-spin-us 10
                "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
     dp2c | dp2cs | dp2cp | dp2cpb) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
                                --comm-progress caller "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none)
@@ -372,6 +377,15 @@ if any(v == "dp2t" for v, _ in data) and any(v == "ind2" for v, _ in data):
     for m in models:
         p(f"| {m} | {cell(ratios('dp2', 'ind2', m, 1), True)} | {cell(ratios('dp2t', 'ind2', m, 1), True)} | "
           f"{cell(ratios('dp2', 'dp2t', m, 1), False)} |")
+    p("")
+if any(v == "dp2s" for v, _ in data) and any(v == "ind2" for v, _ in data):
+    p("## The default's wait: the long spin (dp2) against 10 µs then sleep (dp2s)")
+    p("")
+    p("| model | dp2 / ind2 | dp2s / ind2 | dp2 / dp2s |")
+    p("|---|---:|---:|---:|")
+    for m in models:
+        p(f"| {m} | {cell(ratios('dp2', 'ind2', m, 1), True)} | {cell(ratios('dp2s', 'ind2', m, 1), True)} | "
+          f"{cell(ratios('dp2', 'dp2s', m, 1), False)} |")
     p("")
 if any(v in ("dp2pb", "dp2cpb") for v, _ in data):
     p("## Pinned and balanced: --pin-threads --balance, against the pinned ceiling")

@@ -11,6 +11,7 @@
  * ThreadSanitizer is ~10× slower on memory-bound loops).
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -493,6 +494,49 @@ TEST_T(comm_caller_progress_runs_on_the_callers, 30) {
     atomic_store(&caller_started, 0);
     atomic_store(&caller_back, 0);
     team(2, &cp, caller_member, NULL);
+}
+
+/* The long spin's test of the core ("Waiting" in comm_thread.c): the
+ * kernel's per-thread times move as the thread runs, and a thread that
+ * shares its one CPU with a busy thread is told the core is not its own
+ * (it waits in the run queue about half of the time, the limit is 25%).
+ * Both threads pinned to the first CPU the test may use; 4 windows. */
+static atomic_int hog_stop;
+static void *hog(void *arg) {
+    (void)arg;
+    while (!atomic_load_explicit(&hog_stop, memory_order_relaxed)) {
+    }
+    return NULL;
+}
+TEST_T(comm_core_own_sees_a_busy_neighbour, 30) {
+    double run0, runq0, run1, runq1;
+    ASSERT_EQ(dp_thread_sched_times(&run0, &runq0), 0);
+    for (double t0 = dp_time(); dp_time() - t0 < 0.02;) {
+    }
+    ASSERT_EQ(dp_thread_sched_times(&run1, &runq1), 0);
+    ASSERT_TRUE(run1 > run0 && runq1 >= runq0);
+    cpu_set_t all, one;
+    ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) {
+            CPU_SET(c, &one);
+            break;
+        }
+    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setaffinity_np(&a, sizeof one, &one);
+    pthread_t th;
+    atomic_store(&hog_stop, 0);
+    ASSERT_EQ(pthread_create(&th, &a, hog, NULL), 0);
+    pthread_attr_destroy(&a);
+    int own = -1;
+    for (double t0 = dp_time(), now; (now = dp_time()) - t0 < 0.22;) own = dp__comm_core_own(now);
+    atomic_store(&hog_stop, 1);
+    pthread_join(th, NULL);
+    sched_setaffinity(0, sizeof all, &all);
+    ASSERT_EQ(own, 0);
 }
 
 /* The same bits as the communication thread's direct all-reduce, on inputs

@@ -192,7 +192,9 @@ struct dp_comm_params {
     double timeout_s; /* an operation blocked this long aborts the world (mpi: this
                          rank's communicator); 0 = wait forever */
     int spin_us;      /* busy-wait this long before sleeping; -1 = auto (thread: 10 µs
-                         when the ranks fit on the CPUs, else 1 µs; mpi: 50 µs) */
+                         when the ranks fit on the CPUs, else 1 µs, and with caller
+                         progress up to 2 ms while the waiting thread has its core to
+                         itself (comm_thread.c, "Waiting"); mpi: 50 µs) */
     int progress;     /* enum dp_comm_progress: who runs the thread backend's nonblocking
                          direct all-reduces (mpi: ignored) */
 };

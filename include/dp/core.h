@@ -165,6 +165,11 @@ int dp_get_num_threads(void);
 /* The CPUs the calling thread may run on: its affinity (taskset, a cgroup
  * cpuset or an MPI binding narrow it), else the online CPUs; at least 1. */
 int dp_cpus_allowed(void);
+/* The calling thread's seconds on a CPU and seconds runnable but waiting for
+ * one (the run queue: another thread had its core, or it was being woken),
+ * since the thread started, from the kernel's /proc/thread-self/schedstat.
+ * Returns 0, or -1 where the kernel does not say (not Linux, no schedstat). */
+int dp_thread_sched_times(double *run_s, double *runq_s);
 
 /* ---- small helpers --------------------------------------------------------- */
 

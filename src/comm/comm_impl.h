@@ -110,6 +110,9 @@ int dp__coll_peer(struct dp__coll *op, int peer, char **buf);
 /* Waits until `peer` has set mark `mark` (or moved past this operation).
  * Spins briefly, then sleeps.  0, or DP_ECANCELED (abort or timeout). */
 int dp__coll_wait(struct dp__coll *op, int peer, unsigned mark);
+/* 1 while the calling thread has its core to itself, by its run-queue time
+ * over the last window (comm_thread.c, "Waiting"); `now` is dp_time(). */
+int dp__comm_core_own(double now);
 /* dp__coll_wait for every rank but this one. */
 int dp__coll_wait_all(struct dp__coll *op, unsigned mark);
 /* Publishes mark `mark` of this rank (release), waking sleepers. */

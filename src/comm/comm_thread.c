@@ -16,7 +16,15 @@
  *
  * Waiting.  A rank waiting for a peer's mark spins for spin_us (checking the
  * abort flag and the deadline; default 10 µs, 1 µs when there are more ranks
- * than CPUs), then sleeps on the peer's condvar.  A rank that
+ * than CPUs), then sleeps on the peer's condvar.  With caller progress and
+ * spin_us left to auto (the trainer's default where the workers fill the
+ * cores: each rank's thread has a core of its own and nothing else to run),
+ * it spins up to LONG_SPIN_S instead while the thread has its core to itself
+ * (core_own): sleeping there leaves the core idle and costs the wake-up, about
+ * 90 µs a wait on the 2-core VM (schedstat's run-queue time of a worker over
+ * its wake-ups), at 3 to 6 waits a step.  Where other processes want the
+ * cores, a spinning rank burns its share of the CPU, so it sleeps at once
+ * again.  A rank that
  * sets a mark wakes sleepers only when the slot's waiter count is non-zero.
  * Lost wake-ups are impossible: the waiter increments the count and re-reads
  * prog under the slot mutex (both seq_cst), the setter stores prog and reads
@@ -119,6 +127,7 @@ struct dp_comm_world {
     int proc, nprocs;      /* this process's rank in inter and their number (0, 1 if flat) */
     struct dp_comm_params params;
     double spin_s;
+    int long_spin;         /* spin up to LONG_SPIN_S while the core is the thread's own */
     atomic_int aborted;    /* 0, then 1 once; abort_msg is final before it is set */
     _Alignas(64) atomic_uint_least64_t claim; /* dp__coll_claim: seq << 32 | next chunk */
     char claim_pad[64 - sizeof(atomic_uint_least64_t)];
@@ -217,6 +226,34 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* The long spin ("Waiting" in the file comment).  core_own: 1 while the
+ * calling thread waited in the run queue for less than CORE_BUSY of the
+ * last CORE_WINDOW_S (measured at most once a window, from the kernel's
+ * schedstat, per thread): a thread alone on its core waits there only for its
+ * wake-ups and the odd kernel or loader thread (12% measured on the 2-core
+ * VM while sleeping at every wait, 3 to 6% while spinning), one sharing its
+ * core with a busy process for half of the time (55%).  0 until the first
+ * window has been measured, on a communication thread (it shares its rank's
+ * core), and where the kernel does not say. */
+#define LONG_SPIN_S 2e-3
+#define CORE_WINDOW_S 0.05
+#define CORE_BUSY 0.25
+static _Thread_local struct { double t, runq; int own, off; } core_watch;
+
+int dp__comm_core_own(double now) {
+    if (core_watch.off) return 0;
+    if (core_watch.t == 0 || now - core_watch.t >= CORE_WINDOW_S) {
+        double run, runq;
+        if (dp_thread_sched_times(&run, &runq)) {
+            core_watch.off = 1;
+            return 0;
+        }
+        if (core_watch.t > 0) core_watch.own = runq - core_watch.runq < CORE_BUSY * (now - core_watch.t);
+        core_watch.t = now, core_watch.runq = runq;
+    }
+    return core_watch.own;
+}
+
 /* Step-flag sequence numbers per request: stage k of request n uses
  * n * SUBOPS + k (the hierarchical world runs up to two local stages). */
 #define SUBOPS 4u
@@ -260,7 +297,8 @@ int dp__coll_wait(struct dp__coll *op, int peer, unsigned mark) {
      * next reduction (one measurement: 64 MiB, 2 ranks, a busy neighbour
      * process: median 14 GB/s busbw with 0 µs spins, 11 with 20, 8 with 50), and the
      * communication thread of a rank shares a core with its compute thread. */
-    double now = dp_time(), spin_end = now + w->spin_s;
+    double now = dp_time();
+    double spin_end = now + (w->long_spin && dp__comm_core_own(now) ? LONG_SPIN_S : w->spin_s);
     for (unsigned i = 1;; i++) {
         if (atomic_load_explicit(&s->prog, memory_order_acquire) >= want) return 0;
         if (atomic_load_explicit(&w->aborted, memory_order_relaxed)) return world_status(w);
@@ -505,6 +543,7 @@ static int runnable(const struct thread_comm *tc) { return tc->head && !tc->runn
 
 static void *comm_thread_main(void *arg) {
     struct thread_comm *tc = arg;
+    core_watch.off = 1; /* it shares a core with its rank's compute: no long spin */
     pthread_mutex_lock(&tc->mu);
     for (;;) {
         while (!tc->stop && !runnable(tc)) pthread_cond_wait(&tc->cv_work, &tc->mu);
@@ -919,6 +958,9 @@ int dp_comm_thread_world_init(struct dp_comm_world **wp, int nranks,
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int spin_us = p.spin_us >= 0 ? p.spin_us : (ncpu > 0 && nranks <= ncpu ? 10 : 1);
     w->spin_s = 1e-6 * spin_us;
+    /* caller progress, auto spin, a CPU per rank: the ranks' threads are
+     * the only ones meant to run on these cores ("Waiting") */
+    w->long_spin = p.spin_us < 0 && p.progress == DP_PROGRESS_CALLER && nranks <= dp_cpus_allowed();
     atomic_init(&w->aborted, 0);
     atomic_init(&w->claim, 0);
     pthread_mutex_init(&w->mu, NULL);

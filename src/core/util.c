@@ -3,6 +3,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,6 +21,18 @@ int dp_cpus_allowed(void) {
     if (sched_getaffinity(0, sizeof s, &s) == 0 && CPU_COUNT(&s) > 0) return CPU_COUNT(&s);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+int dp_thread_sched_times(double *run_s, double *runq_s) {
+    /* "run_ns runq_ns timeslices" (Documentation/scheduler/sched-stats.rst) */
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (!f) return -1;
+    unsigned long long run = 0, runq = 0;
+    int n = fscanf(f, "%llu %llu", &run, &runq);
+    fclose(f);
+    if (n != 2) return -1;
+    *run_s = 1e-9 * (double)run, *runq_s = 1e-9 * (double)runq;
+    return 0;
 }
 
 int dp_cond_init_monotonic(pthread_cond_t *cv) {
