@@ -19,7 +19,10 @@
 #   ind2  (with VARIANTS including it) two independent `dptrain --workers 1 --batch 64` processes
 #         at once, no communication at all: their summed samples/s over 2 x dp1 is the ceiling
 #         of any replicated data parallelism on this machine (two cores sharing caches and
-#         memory bandwidth, each paying its own optimizer step and 64-row GEMMs)
+#         memory bandwidth, each paying its own optimizer step and 64-row GEMMs); the report
+#         adds ind2sync = 2 x the slower process's samples/s: with equal shares a step barrier
+#         runs both workers at the slower core's pace, so that is their bound where the cores'
+#         speeds differ (ind2p: ind2psync)
 #   zero1 (with VARIANTS including it) dp2 with --zero 1 (the optimizer step sharded): issue 13
 #         asks for mlp's --zero 1 throughput against ind2's ceiling, side by side
 #   dp2t  (with VARIANTS including it) dp2 with --comm-progress thread (the default before auto)
@@ -182,7 +185,12 @@ run_one() {
         local a b
         a=$(parse_sps "$variant" "$log"); b=$(parse_sps "$variant" "$log.b")
         sps=""
-        if [ -n "$a" ] && [ -n "$b" ]; then sps=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.1f", a + b }'); fi
+        if [ -n "$a" ] && [ -n "$b" ]; then
+            sps=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.1f", a + b }')
+            # the pace of a step barrier between them: 2 x the slower one ("<variant>sync")
+            awk -v v="${variant}sync" -v m="$model" -v r="$rep" -v a="$a" -v b="$b" \
+                'BEGIN { printf "%s\t%s\t%s\t%.1f\tNA\n", v, m, r, 2 * (a < b ? a : b) }' >>"$RAW"
+        fi
     else
         "$TIME" -f '%e %U %S' -o "$log.time" "${CMD[@]}" >"$log" 2>&1 || rc=$?
         sps=$(parse_sps "$variant" "$log")
@@ -344,6 +352,17 @@ if any(v == "ind2" for v, _ in data):
         p(f"| {m} | {fmt(med(list(data.get(('ind2', m), {}).values())))} | {cell(ratios('ind2', 'dp1', m, 2), True)} | "
           f"{cell(ratios('dp2', 'ind2', m, 1), True)} | {fmt(med(list(data.get(('zero1', m), {}).values())))} | "
           f"{cell(ratios('zero1', 'ind2', m, 1), True)} |")
+    p("")
+    p("Where the two cores do not run at the same speed, the ceiling sums a fast and a slow process, "
+      "while a step barrier (synchronous data parallelism with equal shares) runs both workers at the "
+      "slower one's pace: `ind2sync` = 2 x the slower process's samples/s in the same run, the bound of "
+      "equal shares; `ind2sync / ind2` is what the cores' difference costs them; only unequal shares "
+      "(`--balance`) can go above it.")
+    p("")
+    p("| model | ind2sync / ind2 | dptrain P=2 / ind2sync |")
+    p("|---|---:|---:|")
+    for m in models:
+        p(f"| {m} | {cell(ratios('ind2sync', 'ind2', m, 1), True)} | {cell(ratios('dp2', 'ind2sync', m, 1), True)} |")
     p("")
     if any(v.startswith("dp2c") for v, _ in data):
         p(f"Caller progress (`--comm-progress caller`, no communication thread; dp2cs also `--comm-spin-us {E['SPIN_US']}`), "
