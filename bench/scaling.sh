@@ -388,24 +388,20 @@ if any(v == "ind2p" for v, _ in data):
           f"{cell(ratios('dp2p', 'ind2p', m, 1), True)} | {cell(ratios('dp2cp', 'ind2p', m, 1), True)} | "
           f"{cell(ratios('dp2', 'ind2', m, 1), True)} | {cell(ratios('dp2c', 'ind2', m, 1), True)} |")
     p("")
-if any(v == "dp2t" for v, _ in data) and any(v == "ind2" for v, _ in data):
-    p("## The default's progress: --comm-progress auto (dp2) against thread (dp2t)")
+def against_default(other, title):
+    """dp2 (the default) against a variant of it, both against the ceiling, side by side."""
+    if not (any(v == other for v, _ in data) and any(v == "ind2" for v, _ in data)):
+        return
+    p(f"## {title}")
     p("")
-    p("| model | dp2 / ind2 | dp2t / ind2 | dp2 / dp2t |")
+    p(f"| model | dp2 / ind2 | {other} / ind2 | dp2 / {other} |")
     p("|---|---:|---:|---:|")
     for m in models:
-        p(f"| {m} | {cell(ratios('dp2', 'ind2', m, 1), True)} | {cell(ratios('dp2t', 'ind2', m, 1), True)} | "
-          f"{cell(ratios('dp2', 'dp2t', m, 1), False)} |")
+        p(f"| {m} | {cell(ratios('dp2', 'ind2', m, 1), True)} | {cell(ratios(other, 'ind2', m, 1), True)} | "
+          f"{cell(ratios('dp2', other, m, 1), False)} |")
     p("")
-if any(v == "dp2s" for v, _ in data) and any(v == "ind2" for v, _ in data):
-    p("## The default's wait: the long spin (dp2) against 10 µs then sleep (dp2s)")
-    p("")
-    p("| model | dp2 / ind2 | dp2s / ind2 | dp2 / dp2s |")
-    p("|---|---:|---:|---:|")
-    for m in models:
-        p(f"| {m} | {cell(ratios('dp2', 'ind2', m, 1), True)} | {cell(ratios('dp2s', 'ind2', m, 1), True)} | "
-          f"{cell(ratios('dp2', 'dp2s', m, 1), False)} |")
-    p("")
+against_default("dp2t", "The default's progress: --comm-progress auto (dp2) against thread (dp2t)")
+against_default("dp2s", "The default's wait: the long spin (dp2) against 10 µs then sleep (dp2s)")
 if any(v in ("dp2pb", "dp2cpb") for v, _ in data):
     p("## Pinned and balanced: --pin-threads --balance, against the pinned ceiling")
     p("")
