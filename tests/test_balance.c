@@ -55,26 +55,53 @@ TEST(balance_split_by_shares) {
 TEST(balance_plan_apportions) {
     int64_t s[4];
     int64_t r2[2] = {2000, 1000};
-    dp_balance_plan(r2, 2, 60, s);
+    dp_balance_plan(r2, NULL, 2, 60, s);
     ASSERT_TRUE(s[0] == 40 && s[1] == 20);
     /* 3:1 of 61: quotas 1 + 59 x (3/4, 1/4) = 44.25, 14.75 + 1: largest remainder to rank 1 */
     int64_t r3[2] = {3, 1};
-    dp_balance_plan(r3, 2, 61, s);
+    dp_balance_plan(r3, NULL, 2, 61, s);
     ASSERT_TRUE(s[0] == 45 && s[1] == 16);
     /* every rank keeps one unit however slow it is */
     int64_t slow[3] = {1000000, 1000000, 1};
-    dp_balance_plan(slow, 3, 10, s);
+    dp_balance_plan(slow, NULL, 3, 10, s);
     ASSERT_TRUE(s[2] == 1 && s[0] + s[1] == 9 && s[0] >= 4 && s[1] >= 4);
     /* ties go to the lower rank; fewer units than ranks: empty shares */
     int64_t eq[4] = {5, 5, 5, 5};
-    dp_balance_plan(eq, 4, 6, s);
+    dp_balance_plan(eq, NULL, 4, 6, s);
     ASSERT_TRUE(s[0] == 2 && s[1] == 2 && s[2] == 1 && s[3] == 1);
-    dp_balance_plan(eq, 4, 2, s);
+    dp_balance_plan(eq, NULL, 4, 2, s);
     ASSERT_TRUE(s[0] == 1 && s[1] == 1 && s[2] == 0 && s[3] == 0);
     /* unmeasured ranks count as the mean of the measured ones */
     int64_t un[3] = {300, 0, 100};
-    dp_balance_plan(un, 3, 6, s);
+    dp_balance_plan(un, NULL, 3, 6, s);
     ASSERT_TRUE(s[0] == 3 && s[1] == 2 && s[2] == 1);
+}
+
+/* Fixed parts (the update, whatever the share): shares that end the steps
+ * together, n_r = v_r (T - a_r).  Equal speeds, rank 1's update 10 units
+ * longer: 10 units fewer.  Equal fixed parts change nothing.  2:1 speeds,
+ * the fast rank's update worth 6 of its units: 1 + 59 x ... = 37.33 and
+ * 21.67, the leftover unit to rank 1 (38 / 2 + 3 = 22, 23 / 1 = 23: the
+ * steps' lengths in rank 1's units).  A fixed part that alone outlasts the
+ * other's whole step leaves that rank its one unit. */
+TEST(balance_plan_fixed_parts) {
+    int64_t s[2];
+    int64_t eq[2] = {1000, 1000}, f1[2] = {0, 10 * 1024}, fboth[2] = {10 * 1024, 10 * 1024};
+    dp_balance_plan(eq, f1, 2, 60, s);
+    ASSERT_TRUE(s[0] == 35 && s[1] == 25);
+    dp_balance_plan(eq, fboth, 2, 60, s);
+    ASSERT_TRUE(s[0] == 30 && s[1] == 30);
+    int64_t r21[2] = {2000, 1000}, f0[2] = {6 * 1024, 0};
+    dp_balance_plan(r21, f0, 2, 61, s);
+    ASSERT_TRUE(s[0] == 38 && s[1] == 23);
+    int64_t big[2] = {0, 100 * 1024};
+    dp_balance_plan(eq, big, 2, 20, s);
+    ASSERT_TRUE(s[0] == 19 && s[1] == 1);
+    /* no fixed parts: the same shares as NULL */
+    int64_t zero[2] = {0, 0}, t[2];
+    dp_balance_plan(r21, zero, 2, 61, s);
+    dp_balance_plan(r21, NULL, 2, 61, t);
+    ASSERT_TRUE(s[0] == t[0] && s[1] == t[1]);
 }
 
 /* A loader's split changes at the next batch returned, prefetched batches

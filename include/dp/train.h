@@ -223,12 +223,17 @@ struct dp_jitter {
 int dp_parse_simulate_jitter(const char *spec, struct dp_jitter *j);
 
 /* The --balance plan (exposed for the tests): `units` units of a full
- * global batch apportioned to `world` ranks in proportion to rate[r] (an
- * integer throughput, 1..2^30; <= 0: not measured yet, counted as the mean
- * of the measured ones), by largest remainders in integer arithmetic, every
- * rank at least one unit when units >= world.  Integer in, integer out: the
- * same shares on every rank and every build. */
-void dp_balance_plan(const int64_t *rate, int world, int64_t units, int64_t *share);
+ * global batch apportioned to `world` ranks so that their steps end
+ * together, each rank's step lasting fixed[r] / 1024 + share[r] units at
+ * rate[r] (an integer throughput, 1..2^30; <= 0: not measured yet, counted
+ * as the mean of the measured ones); fixed[r] (NULL: none) is rank r's
+ * fixed part, the units it could compute in that time, in 1/1024 units.
+ * Without fixed parts the shares are in proportion to rate.  Largest
+ * remainders in integer arithmetic, every rank at least one unit when
+ * units >= world (one whose fixed part alone outlasts the others' steps
+ * gets just that).  Integer in, integer out: the same shares on every rank
+ * and every build. */
+void dp_balance_plan(const int64_t *rate, const int64_t *fixed, int world, int64_t units, int64_t *share);
 
 /* The trainer's per-step all-gather of every rank's wait when it records
  * metrics (a run with an output folder): rank `rank` of G puts `wait` in

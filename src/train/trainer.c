@@ -112,11 +112,14 @@ struct worker {
      * re-plan, every rank's throughput EMA, the plan in force (units of
      * align samples per rank; NULL until the first change: equal) and the
      * all-gather buffer.  Each worker keeps its own copy; all are equal. */
-    double bal_n, bal_s;
+    double bal_n, bal_s, bal_a;    /* ... and the update's seconds (the fixed part) over bal_k steps */
+    int64_t bal_k;
     double stat_s;                 /* seconds in SyncBatchNorm's statistics all-reduces (stat_sync) */
     int64_t *bal_rate;             /* (G) samples/s x 1024, 0 = not measured yet */
+    int64_t *bal_fix;              /* (G) EMA of the update's µs per step, 0 = not measured (or ZeRO) */
+    int64_t *bal_fixu;             /* (G) the same in 1/1024 units of the split (dp_balance_plan) */
     int64_t *bal_share, *bal_new;  /* (G) */
-    double *bal_buf;               /* (2G) */
+    double *bal_buf;               /* (3G) */
     unsigned char *dropped;        /* (P) backup workers: this step's dropped ranks (1 = dropped) */
     int ndropped;
     int64_t ps_stale;              /* parameter server: the staleness of this worker's last push */
@@ -245,6 +248,8 @@ void dp_trainer_free(struct dp_trainer *t) {
         dp_free(w->arrival);
         dp_free(w->waits);
         dp_free(w->bal_rate);
+        dp_free(w->bal_fix);
+        dp_free(w->bal_fixu);
         dp_free(w->bal_share);
         dp_free(w->bal_new);
         dp_free(w->bal_buf);
@@ -628,9 +633,12 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     if (t->bk_on && !(w->dropped = dp_calloc((size_t)t->G, 1))) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
     if (t->balance) {
         w->bal_rate = dp_calloc((size_t)t->G, sizeof(int64_t));
+        w->bal_fix = dp_calloc((size_t)t->G, sizeof(int64_t));
+        w->bal_fixu = dp_calloc((size_t)t->G, sizeof(int64_t));
         w->bal_new = dp_calloc((size_t)t->G, sizeof(int64_t));
-        w->bal_buf = dp_calloc(2 * (size_t)t->G, sizeof(double));
-        if (!w->bal_rate || !w->bal_new || !w->bal_buf) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
+        w->bal_buf = dp_calloc(3 * (size_t)t->G, sizeof(double));
+        if (!w->bal_rate || !w->bal_fix || !w->bal_fixu || !w->bal_new || !w->bal_buf)
+            return dp_seterr(DP_ENOMEM, "trainer: out of memory");
     }
     return DP_OK;
 }
@@ -1647,15 +1655,22 @@ static int backup_star(struct worker *w, double n_local, double *n_acc, int *bad
  * Each rank measures its throughput: samples over compute seconds (forward
  * + backward, plus its simulated slowness; not the data wait nor its waits
  * in collectives, the reduction's and SyncBatchNorm's, which measure the
- * others).  Every `balance` steps the
- * ranks all-gather (samples, seconds) since the last re-plan, one G x 2
- * doubles collective at those steps only, and every rank updates the same
- * EMA and computes the same plan from the same gathered numbers:
+ * others), and its fixed part: the update's seconds per step, the same work
+ * whatever its share (not with ZeRO, whose update waits in its gather).
+ * Every `balance` steps the ranks all-gather (samples, seconds, update
+ * seconds per step) since the last re-plan, one G x 3 doubles collective at
+ * those steps only, and every rank updates the same EMAs and computes the
+ * same plan from the same gathered numbers:
  *
  *   rate_r = round(1024 n_r / s_r)          (integer, clamped to 1..2^30)
- *   ema_r  = rate_r the first time, else (ema_r + rate_r) / 2  (integers)
- *   share  = dp_balance_plan(ema, G, U)     U = ceil(batch / align) units
+ *   fix_r  = round(1e6 a_r)                 (µs, clamped to 1..2^23)
+ *   ema    = the first value, else (ema + value) / 2  (integers, each)
+ *   share  = dp_balance_plan(ema_rate, ema_rate ema_fix / (1e6 align), G, U)
+ *                                           U = ceil(batch / align) units
  *
+ * so that a_r + n_r / s_r, each rank's step, is the same for all (a core
+ * that is slower at the memory-bound update as well as at compute, as one
+ * of the 2-core VM's often is, gets fewer samples for both reasons). 
  * From the gathered doubles on, everything is integer arithmetic, so no
  * rank (nor a rank built by another compiler) can round differently.  A
  * rank with an empty share measures nothing and keeps its EMA.  The plan is
@@ -1664,60 +1679,96 @@ static int backup_star(struct worker *w, double n_local, double *n_acc, int *bad
  * shapes, not worth it for a sample or two of noise.  The split itself is
  * dp_loader_split; the gradient does not depend on it (docs/ddp.md). */
 #define BAL_RATE_MAX ((int64_t)1 << 30)
+#define BAL_FIX_MAX ((int64_t)1 << 40) /* 1/1024 units */
 
-void dp_balance_plan(const int64_t *rate, int world, int64_t units, int64_t *share) {
+/* Rank r's plan with fixed parts.  Its step lasts a_r + n_r / v_r (a_r: the
+ * update, the same work whatever its share; v_r: its units per second), and
+ * the shares that end every rank's step together are n_r = v_r (T - a_r)
+ * with sum n_r = U.  In units: f_r = v_r a_r (what r could have computed
+ * during its fixed part) and n_r = (U + sum f) v_r / sum v - f_r.  With the
+ * one unit each reserved first (min), the free units are apportioned that
+ * way; a rank whose n_r would fall below 0 (its fixed part alone outlasts
+ * the others' steps) keeps min and leaves the sum (water-filling).  Exact
+ * fractions: n_r = num_r / (Q 1024), num_r = (free 1024 + F) q_r - f_r Q,
+ * f in 1/1024 units; |num_r| < 2^127. */
+typedef __int128 bal_wide; /* gcc and clang */
+static bal_wide bal_num(int64_t free, int64_t F, int64_t Q, int64_t q, int64_t f) {
+    return ((bal_wide)free * 1024 + F) * q - (bal_wide)f * Q;
+}
+
+void dp_balance_plan(const int64_t *rate, const int64_t *fixed, int world, int64_t units, int64_t *share) {
     int64_t known = 0, sum = 0;
     for (int r = 0; r < world; r++)
         if (rate[r] > 0) known++, sum += rate[r] < BAL_RATE_MAX ? rate[r] : BAL_RATE_MAX;
     int64_t fill = known ? sum / known : 1; /* an unmeasured rank counts as the mean */
     if (fill < 1) fill = 1;
+#define BAL_Q(r) (rate[r] > 0 ? (rate[r] < BAL_RATE_MAX ? rate[r] : BAL_RATE_MAX) : fill)
+#define BAL_F(r) (fixed && fixed[r] > 0 ? (fixed[r] < BAL_FIX_MAX ? fixed[r] : BAL_FIX_MAX) : 0)
     /* One unit each first (when there are enough): a rank with no work
      * measures nothing, so the plan could never see it speed up again. */
-    int64_t min = units >= world ? 1 : 0, free = units - min * world, Q = 0, given = 0;
-    for (int r = 0; r < world; r++) {
-        int64_t q = rate[r] > 0 ? (rate[r] < BAL_RATE_MAX ? rate[r] : BAL_RATE_MAX) : fill;
-        Q += q;
+    int64_t min = units >= world ? 1 : 0, free = units - min * world, Q, F;
+    /* share[r] = -1: out of the apportioning (keeps min) */
+    for (int r = 0; r < world; r++) share[r] = 0;
+    for (int changed = 1; changed;) {
+        changed = 0, Q = 0, F = 0;
+        for (int r = 0; r < world; r++)
+            if (share[r] == 0) Q += BAL_Q(r), F += BAL_F(r);
+        for (int r = 0; r < world; r++)
+            if (share[r] == 0 && bal_num(free, F, Q, BAL_Q(r), BAL_F(r)) < 0) share[r] = -1, changed = 1;
     }
-    /* Largest remainders: floor(free q_r / Q) each, then one more unit to
-     * the ranks with the largest remainders (ties: the lower rank).
-     * free <= 2^20 and q <= 2^30: the products fit in int64. */
+    /* Largest remainders: floor(n_r) each, then one more unit to the ranks
+     * with the largest remainders (ties: the lower rank).  Without fixed
+     * parts this is floor(free q_r / Q) and the remainders of free q_r / Q. */
+    const int64_t den = Q * 1024;
+    int64_t given = 0;
     for (int r = 0; r < world; r++) {
-        int64_t q = rate[r] > 0 ? (rate[r] < BAL_RATE_MAX ? rate[r] : BAL_RATE_MAX) : fill;
-        share[r] = min + free * q / Q;
-        given += free * q / Q;
+        int64_t n = share[r] < 0 ? 0 : (int64_t)(bal_num(free, F, Q, BAL_Q(r), BAL_F(r)) / den);
+        share[r] = min + n;
+        given += n;
     }
     for (int64_t left = free - given; left > 0; left--) {
         int best = -1;
-        int64_t best_rem = -1;
+        bal_wide best_rem = -1;
         for (int r = 0; r < world; r++) {
-            int64_t q = rate[r] > 0 ? (rate[r] < BAL_RATE_MAX ? rate[r] : BAL_RATE_MAX) : fill;
-            int64_t rem = free * q % Q;
-            /* a rank already given its extra unit has share > min + floor */
-            if (share[r] > min + free * q / Q) continue;
-            if (rem > best_rem) best = r, best_rem = rem;
+            bal_wide num = bal_num(free, F, Q, BAL_Q(r), BAL_F(r));
+            /* out of the apportioning, or already given its extra unit */
+            if (num < 0 || share[r] > min + (int64_t)(num / den)) continue;
+            if (num % den > best_rem) best = r, best_rem = num % den;
         }
         share[best]++;
     }
+#undef BAL_Q
+#undef BAL_F
 }
 
 /* The re-plan, on every rank after the same steps (see above). */
 static int rebalance(struct worker *w) {
     struct dp_trainer *t = w->t;
     int G = t->G;
-    memset(w->bal_buf, 0, 2 * sizeof(double) * (size_t)G);
-    w->bal_buf[2 * w->grank] = w->bal_n, w->bal_buf[2 * w->grank + 1] = w->bal_s;
-    w->bal_n = w->bal_s = 0;
-    int rc = dp_comm_allgather(w->comm, w->bal_buf, 2 * G, DP_DTYPE_F64, DP_ALGO_AUTO);
+    memset(w->bal_buf, 0, 3 * sizeof(double) * (size_t)G);
+    double *mine = w->bal_buf + 3 * w->grank;
+    mine[0] = w->bal_n, mine[1] = w->bal_s, mine[2] = w->bal_k > 0 ? w->bal_a / (double)w->bal_k : 0;
+    w->bal_n = w->bal_s = w->bal_a = 0, w->bal_k = 0;
+    int rc = dp_comm_allgather(w->comm, w->bal_buf, 3 * G, DP_DTYPE_F64, DP_ALGO_AUTO);
     if (rc) return rc;
     for (int r = 0; r < G; r++) {
-        double n = w->bal_buf[2 * r], sec = w->bal_buf[2 * r + 1];
+        double n = w->bal_buf[3 * r], sec = w->bal_buf[3 * r + 1], fix = w->bal_buf[3 * r + 2];
+        if (fix > 0) { /* the update's µs per step, within 1 µs .. 2^23 µs */
+            double us = fix * 1e6;
+            int64_t f = !(us < (double)(1 << 23)) ? 1 << 23 : us < 1 ? 1 : (int64_t)llround(us);
+            w->bal_fix[r] = w->bal_fix[r] > 0 ? (w->bal_fix[r] + f) / 2 : f;
+        }
         if (!(n > 0 && sec > 0)) continue;
         double x = n * 1024.0 / sec;
         int64_t rate = !(x < (double)BAL_RATE_MAX) ? BAL_RATE_MAX : x < 1 ? 1 : (int64_t)llround(x);
         w->bal_rate[r] = w->bal_rate[r] > 0 ? (w->bal_rate[r] + rate) / 2 : rate;
     }
     int64_t a = t->bal_align, U = (t->p.batch + a - 1) / a, move = 0;
-    dp_balance_plan(w->bal_rate, G, U, w->bal_new);
+    /* the fixed parts in 1/1024 units: rate (1024 samples/s) x µs / 1e6 / align
+     * (< 2^53: rate <= 2^30, µs <= 2^23); a rank not measured yet has none */
+    for (int r = 0; r < G; r++)
+        w->bal_fixu[r] = w->bal_rate[r] > 0 ? w->bal_rate[r] * w->bal_fix[r] / (1000000 * a) : 0;
+    dp_balance_plan(w->bal_rate, w->bal_fixu, G, U, w->bal_new);
     for (int r = 0; r < G; r++) {
         int64_t cur = w->bal_share ? w->bal_share[r] : U / G + (r < U % G); /* NULL: the equal split */
         int64_t d = w->bal_new[r] - cur;
@@ -2019,6 +2070,7 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         w->rep.params[m->num_params / 2] += 1e-3f;
     double t2 = dp_time();
     w->t_opt += t2 - t1;
+    if (!t->p.zero) w->bal_a += t2 - t1, w->bal_k++; /* --balance: the fixed part (ZeRO's waits in its gather) */
     dp_timeline_add(&w->tl, "optimizer", 0, w->step, t1, t2);
     return rc;
 }
@@ -2141,7 +2193,9 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
     rc = update(w, g, dp_sched_lr(&t->p.sched, w->step), 0, 0);
     zrc = dp_zero_release_params(&w->zero);
     if (!rc) rc = zrc;
-    w->t_opt += dp_time() - t1;
+    double t2 = dp_time();
+    w->t_opt += t2 - t1;
+    if (!t->p.zero) w->bal_a += t2 - t1, w->bal_k++; /* --balance: as in train_step */
     return rc;
 }
 
