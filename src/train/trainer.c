@@ -1670,7 +1670,7 @@ static int backup_star(struct worker *w, double n_local, double *n_acc, int *bad
  *
  * so that a_r + n_r / s_r, each rank's step, is the same for all (a core
  * that is slower at the memory-bound update as well as at compute, as one
- * of the 2-core VM's often is, gets fewer samples for both reasons). 
+ * of the 2-core VM's often is, gets fewer samples for both reasons).
  * From the gathered doubles on, everything is integer arithmetic, so no
  * rank (nor a rank built by another compiler) can round differently.  A
  * rank with an empty share measures nothing and keeps its EMA.  The plan is
