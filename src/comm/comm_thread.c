@@ -230,9 +230,9 @@ static inline void cpu_relax(void) {
  * calling thread waited in the run queue for less than CORE_BUSY of the
  * last CORE_WINDOW_S (measured at most once a window, from the kernel's
  * schedstat, per thread): a thread alone on its core waits there only for its
- * wake-ups and the odd kernel or loader thread (12% measured on the 2-core
- * VM while sleeping at every wait, 3 to 6% while spinning), one sharing its
- * core with a busy process for half of the time (55%).  0 until the first
+ * wake-ups and the odd kernel or loader thread (about 12% measured on the
+ * 2-core VM while sleeping at every wait, 0.3 to 10% while spinning), one
+ * sharing its core with a busy process for 31 to 57% of most windows.  0 until the first
  * window has been measured, on a communication thread (it shares its rank's
  * core), and where the kernel does not say. */
 #define LONG_SPIN_S 2e-3
