@@ -37,7 +37,7 @@
 #         core (`taskset -c`, the k-th of this script's cores) with the same flag: the same
 #         pinning on both sides of the ratio (issue 9)
 #   dp2pb, dp2cpb  (with VARIANTS including them) dp2p and dp2cp with --balance: each worker's
-#         share of the batch follows its measured speed (docs/ddp.md "Balanced shares"), as
+#         share of the batch follows its measured speed and update time (docs/ddp.md "Balanced shares"), as
 #         each independent ind2p process runs at its own core's speed (issue 9)
 #   det, det8, det32  (with VARIANTS including them) dp2 with --deterministic at the default
 #         chunk (dp_det_chunk_auto: 32 at batch 128) / --det-chunk 8 / 32: what the bit-exact
@@ -405,7 +405,7 @@ against_default("dp2s", "The default's wait: the long spin (dp2) against 10 µs 
 if any(v in ("dp2pb", "dp2cpb") for v, _ in data):
     p("## Pinned and balanced: --pin-threads --balance, against the pinned ceiling")
     p("")
-    p("--balance gives each worker a share of the global batch in proportion to its measured speed "
+    p("--balance gives each worker a share of the global batch such that, at its measured speed and update time, every worker's step ends together "
       "(docs/ddp.md \"Balanced shares\"); each ind2p process runs at its own core's speed. "
       "Issue 9 targets: cnn and resnet >= 97%, mlp >= 93% of the ceiling.")
     p("")
