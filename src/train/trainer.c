@@ -1852,6 +1852,14 @@ static int ef_gather_state(struct worker *w) {
     return rc;
 }
 
+/* The update phase's seconds of one step (from the reduced gradient to the
+ * updated parameters): the optimizer total, and --balance's fixed part
+ * (not with ZeRO, whose update waits in its gather). */
+static void update_done(struct worker *w, double s) {
+    w->t_opt += s;
+    if (!w->t->p.zero) w->bal_a += s, w->bal_k++;
+}
+
 /* One optimizer step on worker w: `accum` micro-batches, the reduction,
  * the update.  Returns 0, or an error (already with its context). */
 static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
@@ -2069,8 +2077,7 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
         !(rc = rc ? rc : dp_zero_settle(&w->zero))) /* (after the gather, which would write over it) */
         w->rep.params[m->num_params / 2] += 1e-3f;
     double t2 = dp_time();
-    w->t_opt += t2 - t1;
-    if (!t->p.zero) w->bal_a += t2 - t1, w->bal_k++; /* --balance: the fixed part (ZeRO's waits in its gather) */
+    update_done(w, t2 - t1);
     dp_timeline_add(&w->tl, "optimizer", 0, w->step, t1, t2);
     return rc;
 }
@@ -2194,8 +2201,7 @@ static int det_step(struct worker *w, int64_t nmicro, double *n_step, double *lo
     zrc = dp_zero_release_params(&w->zero);
     if (!rc) rc = zrc;
     double t2 = dp_time();
-    w->t_opt += t2 - t1;
-    if (!t->p.zero) w->bal_a += t2 - t1, w->bal_k++; /* --balance: as in train_step */
+    update_done(w, t2 - t1);
     return rc;
 }
 
