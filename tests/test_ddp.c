@@ -151,8 +151,16 @@ TEST_T(ddp_caller_progress_same_bits, 300) {
 /* --comm-progress auto: caller exactly when the workers' threads fill the
  * cores with none left for a communication thread each; and the trainer
  * resolves it from the CPUs its caller may use (2 workers on 2 CPUs:
- * caller; on 1 CPU: thread), never passing "auto" on. */
+ * caller; on 1 CPU: thread), never passing "auto" on.  --prefetch auto the
+ * same way: no loader thread (0) once the compute threads fill the CPUs (2
+ * workers on 2 CPUs or on 1), else 2; an explicit count stays. */
 TEST(ddp_progress_auto) {
+    static const int fetch[][4] = {
+        /* workers, threads, cpus, expected */
+        {2, 1, 2, 0}, {2, 1, 3, 2}, {1, 1, 2, 2}, {1, 1, 1, 0}, {1, 4, 4, 0}, {2, 2, 6, 2}, {3, 1, 2, 0},
+    };
+    for (size_t i = 0; i < DP_ARRAY_LEN(fetch); i++)
+        ASSERT_EQ(dp_train_prefetch_auto(fetch[i][0], fetch[i][1], fetch[i][2]), fetch[i][3]);
     static const int rule[][4] = {
         /* workers, threads, cpus, expected */
         {2, 1, 2, DP_PROGRESS_CALLER}, {2, 1, 3, DP_PROGRESS_CALLER}, {2, 1, 4, DP_PROGRESS_THREAD},
@@ -174,6 +182,7 @@ TEST(ddp_progress_auto) {
         }
     struct dp_train_params p = dp_train_default_params();
     ASSERT_EQ(p.comm_progress, DP_PROGRESS_AUTO);
+    ASSERT_EQ(p.prefetch, -1);
     p.model = "mlp", p.workers = 2, p.train_limit = 8, p.test_limit = 8, p.batch = 4;
     p.data_dir = DATA;
     require_data();
@@ -181,12 +190,19 @@ TEST(ddp_progress_auto) {
     const int want[2] = {DP_PROGRESS_CALLER, DP_PROGRESS_THREAD};
     for (int k = 0; k < 2; k++) {
         ASSERT_EQ(sched_setaffinity(0, sizeof *sets[k], sets[k]), 0);
-        struct dp_trainer *t;
-        int rc = dp_trainer_init(&t, &p);
+        struct dp_trainer *t, *one_worker, *fixed;
+        struct dp_train_params q = p, f = p;
+        q.workers = 1, f.prefetch = 3;
+        int rc = dp_trainer_init(&t, &p), rc1 = dp_trainer_init(&one_worker, &q), rcf = dp_trainer_init(&fixed, &f);
         sched_setaffinity(0, sizeof all, &all);
         ASSERT_OK(rc);
+        ASSERT_OK(rc1);
+        ASSERT_OK(rcf);
         ASSERT_EQ(dp_trainer_comm_progress(t), want[k]);
-        dp_trainer_free(t);
+        ASSERT_EQ(dp_trainer_prefetch(t), 0);                  /* 2 workers fill 2 CPUs, or 1 */
+        ASSERT_EQ(dp_trainer_prefetch(one_worker), k ? 0 : 2); /* 1 on 2 CPUs leaves a core */
+        ASSERT_EQ(dp_trainer_prefetch(fixed), 3);
+        dp_trainer_free(t), dp_trainer_free(one_worker), dp_trainer_free(fixed);
     }
     p.comm_progress = 3;
     struct dp_trainer *t;

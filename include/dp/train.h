@@ -197,7 +197,8 @@ struct dp_train_params {
     uint64_t seed;
     int threads;               /* compute threads */
     struct dp_augment aug;
-    int prefetch;              /* batches prepared ahead */
+    int prefetch;              /* batches a loader thread prepares ahead; 0: none, each worker assembles
+                                  its batch itself; -1 (default) auto: dp_train_prefetch_auto */
     float norm_mean, norm_std; /* input normalisation */
     const char *out_dir;       /* metrics.jsonl, checkpoints (NULL = none) */
     int ckpt_every;            /* epochs between checkpoints (0 = only at the end) */
@@ -254,6 +255,12 @@ int64_t dp_det_chunk_auto(int64_t batch);
  * beside the compute; more threads than cores: the tested thread path).
  * docs/ddp.md "Who runs the reduction" gives the measurements. */
 int dp_train_progress_auto(int workers, int threads, int cpus);
+/* --prefetch auto: 0 when the process's `workers` x `threads` compute
+ * threads fill its `cpus` (a loader thread then has no core of its own: it
+ * takes its time slices from a worker, and the batch it wrote must move to
+ * the worker's core; assembling in place was faster on the 2-core VM,
+ * docs/results.md "The loader thread on a full machine"), else 2. */
+int dp_train_prefetch_auto(int workers, int threads, int cpus);
 int dp_trainer_init(struct dp_trainer **t, const struct dp_train_params *p);
 /* Trains until the epoch count (or max_steps) is reached. */
 int dp_trainer_run(struct dp_trainer *t);
@@ -272,6 +279,8 @@ const struct dp_model *dp_trainer_model(const struct dp_trainer *t);
 /* Who runs this process's bucket all-reduces: DP_PROGRESS_THREAD or
  * DP_PROGRESS_CALLER (--comm-progress, auto resolved at init). */
 int dp_trainer_comm_progress(const struct dp_trainer *t);
+/* The batches each worker's loader prepares ahead (--prefetch, auto resolved at init). */
+int dp_trainer_prefetch(const struct dp_trainer *t);
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t);
 /* The bytes of model state worker `worker` of this process holds in memory
  * now: the resident pages of its gradient and parameter slabs (ZeRO 2 and 3

@@ -212,7 +212,7 @@ struct dp_train_params dp_train_default_params(void) {
     p.seed = 1;
     p.staleness = -1;
     p.threads = 1;
-    p.prefetch = 2;
+    p.prefetch = -1; /* auto */
     /* Fashion-MNIST pixel statistics (train set, after /255). */
     p.norm_mean = 0.2860f;
     p.norm_std = 0.3530f;
@@ -222,6 +222,7 @@ struct dp_train_params dp_train_default_params(void) {
 const struct dp_model *dp_trainer_model(const struct dp_trainer *t) { return t->model; }
 
 int dp_trainer_comm_progress(const struct dp_trainer *t) { return t->comm_progress; }
+int dp_trainer_prefetch(const struct dp_trainer *t) { return t->p.prefetch; }
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t) { return &t->w[0].rep; }
 int64_t dp_trainer_live_bytes(const struct dp_trainer *t, int worker) {
     if (worker < 0 || worker >= t->P) return -1;
@@ -792,6 +793,10 @@ int dp_train_progress_auto(int workers, int threads, int cpus) {
     return workers > 1 && busy <= cpus && cpus < busy + workers ? DP_PROGRESS_CALLER : DP_PROGRESS_THREAD;
 }
 
+int dp_train_prefetch_auto(int workers, int threads, int cpus) {
+    return (int64_t)workers * (threads > 0 ? threads : 1) >= cpus ? 0 : 2;
+}
+
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     *out = NULL;
     int rc = check_params(p);
@@ -800,6 +805,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (!t) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
     t->p = *p;
     if (p->staleness >= 0) t->p.async = 1; /* --staleness implies the parameter server */
+    if (p->prefetch < 0) t->p.prefetch = dp_train_prefetch_auto(p->workers, p->threads, dp_cpus_allowed());
     if (p->deterministic && !p->det_chunk) t->p.det_chunk = dp_det_chunk_auto(p->batch);
     p = &t->p;
     t->P = p->workers;

@@ -247,7 +247,8 @@ static const char *help_train =
     "\n"
     "run:\n"
     "  --seed N            seed for initialisation, shuffling, dropout, augmentation [1]\n"
-    "  --prefetch N        batches prepared ahead by the loader thread [2]\n"
+    "  --prefetch N|auto   batches a loader thread prepares ahead; 0: each worker assembles its\n"
+    "                      own [auto: 0 where the compute threads fill the CPUs, else 2]\n"
     "  --gemm NAME         dnnl | blas | ref [dnnl when built]\n"
     "  --out DIR           write metrics.jsonl and checkpoint.bin there\n"
     "  --ckpt-every N      checkpoint every N epochs [only at the end]\n"
@@ -576,7 +577,7 @@ static int cmd_train(int argc, char **argv) {
         }
         else if (opt(&a, "--det-chunk", &v)) tp.det_chunk = parse_int("--det-chunk", v, 1, 1 << 20), given_det = "--det-chunk";
         else if (opt(&a, "--comm-timeout", &v)) tp.comm_timeout = parse_float("--comm-timeout", v, 0, 1e6);
-        else if (opt(&a, "--prefetch", &v)) tp.prefetch = (int)parse_int("--prefetch", v, 0, 64);
+        else if (opt(&a, "--prefetch", &v)) tp.prefetch = !strcmp(v, "auto") ? -1 : (int)parse_int("--prefetch", v, 0, 64);
         else if (opt(&a, "--crop-pad", &v)) tp.aug.crop_pad = (int)parse_int("--crop-pad", v, 0, 64);
         else if (opt(&a, "--hflip", NULL)) tp.aug.hflip = 1;
         else if (opt(&a, "--train-limit", &v)) tp.train_limit = parse_int("--train-limit", v, 1, INT64_MAX / 2);
@@ -683,6 +684,8 @@ static int cmd_train(int argc, char **argv) {
     if (me == 0 && tp.workers > 1 && dp_trainer_comm_progress(t) == DP_PROGRESS_CALLER && !tp.async)
         printf("reduction: by the workers between layers (--comm-progress caller%s)\n",
                tp.comm_progress == DP_PROGRESS_AUTO ? ", auto: no core left for a communication thread" : "");
+    if (me == 0 && tp.prefetch < 0 && dp_trainer_prefetch(t) == 0 && !tp.async)
+        printf("loader: each worker assembles its own batches (--prefetch auto: no core left for a loader thread)\n");
     fflush(stdout);
     /* The MFU's denominator, measured now (~10 ms, before the workers load
      * the cores): 0 where it cannot be measured, and then no MFU is printed. */
