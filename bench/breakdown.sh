@@ -8,7 +8,8 @@
 # Variants (global batch 128, SGD lr 0.05 momentum 0.9, one thread per worker):
 #   one   one worker at batch 64, alone on the machine
 #   ind2  two independent one-worker processes at batch 64 at once (scaling.sh's
-#         ceiling: no communication, but both cores busy, sharing caches and memory)
+#         ceiling: no communication, but both cores busy, sharing caches and memory), with
+#         --prefetch 0: no loader thread, as dp2's --prefetch auto on the cores it fills
 #   dp2   `--workers 2`: 64 per worker, gradients all-reduced (the default --comm-progress auto:
 #         where the 2 workers fill the cores, caller progress, so dp2 is then dp2c)
 #   dp2m  dp2 with metrics (--out, as bench/plan_validate.sh's runs): after every update the
@@ -84,9 +85,9 @@ run_variant() { # run_variant VARIANT MODEL REP: timelines into $WORK/VARIANT-MO
     one) "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 1 --batch 64 --max-steps "$s" "${RECIPE[@]}" \
              --timeline "$base.json" >"$base.log" 2>&1 ;;
     ind2 | ind2p)
-          local ta=() tb=() pin=()
+          local ta=() tb=() pin=(--prefetch 0)
           # ind2p: each process on its own core, pinned as dp2cp's workers are
-          if [ "$v" = ind2p ]; then ta=(taskset -c "${CORES[0]}") tb=(taskset -c "${CORES[$((1 % ${#CORES[@]}))]}") pin=(--pin-threads); fi
+          if [ "$v" = ind2p ]; then ta=(taskset -c "${CORES[0]}") tb=(taskset -c "${CORES[$((1 % ${#CORES[@]}))]}") pin+=(--pin-threads); fi
           "${ta[@]}" "${PIN[@]}" "$DPTRAIN" train --model "$m" --workers 1 --batch 64 --max-steps "$s" "${RECIPE[@]}" \
               "${pin[@]}" --timeline "$base-a.json" >"$base-a.log" 2>&1 &
           local pid=$!

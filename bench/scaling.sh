@@ -16,13 +16,18 @@
 #         --comm-progress auto: caller where the 2 workers fill the cores, as on a 2-core machine)
 #   pt1   bench/pytorch_ddp.py --world 1 --threads 1 ...   plain PyTorch, no DDP (batch 128)
 #   pt2   bench/pytorch_ddp.py --world 2 --threads 1 ...   DDP, gloo, 2 processes (64 per process)
-#   ind2  (with VARIANTS including it) two independent `dptrain --workers 1 --batch 64` processes
-#         at once, no communication at all: their summed samples/s over 2 x dp1 is the ceiling
+#   ind2  (with VARIANTS including it) two independent `dptrain --workers 1 --batch 64 --prefetch 0`
+#         processes at once, no communication at all: their summed samples/s over 2 x dp1 is the ceiling
 #         of any replicated data parallelism on this machine (two cores sharing caches and
 #         memory bandwidth, each paying its own optimizer step and 64-row GEMMs); the report
 #         adds ind2sync = 2 x the slower process's samples/s: with equal shares a step barrier
 #         runs both workers at the slower core's pace, so that is their bound where the cores'
-#         speeds differ (ind2p: ind2psync)
+#         speeds differ (ind2p: ind2psync).  --prefetch 0: what dp2's --prefetch auto resolves to on
+#         a machine its workers fill (no loader thread); each process of the pair alone would resolve
+#         2, but the pair fills the cores as dp2 does
+#   dp2f, ind2f  (with VARIANTS including them) dp2 and ind2 with --prefetch 2: a loader thread per
+#         worker, the default before --prefetch auto (docs/results.md "The loader thread on a full
+#         machine")
 #   zero1 (with VARIANTS including it) dp2 with --zero 1 (the optimizer step sharded): issue 13
 #         asks for mlp's --zero 1 throughput against ind2's ceiling, side by side
 #   dp2t  (with VARIANTS including it) dp2 with --comm-progress thread (the default before auto)
@@ -102,7 +107,7 @@ note() { echo "scaling: $*" >&2; }
 "$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
     die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
 case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
-for v in $VARIANTS; do case $v in dp1 | dp2 | dp2t | dp2s | dp2c | dp2cs | dp2p | dp2cp | dp2pb | dp2cpb | pt1 | pt2 | ind2 | ind2p | zero1 | det | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 dp2t dp2s dp2c dp2cs dp2p dp2cp dp2pb dp2cpb pt1 pt2 ind2 ind2p zero1 det det8 det32)" ;; esac; done
+for v in $VARIANTS; do case $v in dp1 | dp2 | dp2t | dp2s | dp2f | dp2c | dp2cs | dp2p | dp2cp | dp2pb | dp2cpb | pt1 | pt2 | ind2 | ind2p | ind2f | zero1 | det | det8 | det32) ;; *) die "unknown variant $v (dp1 dp2 dp2t dp2s dp2f dp2c dp2cs dp2p dp2cp dp2pb dp2cpb pt1 pt2 ind2 ind2p ind2f zero1 det det8 det32)" ;; esac; done
 # the cores this script may use, for ind2p's taskset (one per process)
 read -r -a CORES <<<"$("$PY" -c 'import os; print(" ".join(map(str, sorted(os.sched_getaffinity(0)))))')"
 [ -n "${VARIANTS// /}" ] || die "no variants to run"
@@ -135,6 +140,8 @@ build_cmd() {
                "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
     dp2s) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --comm-spin-us 10
                "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
+    dp2f) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1 --prefetch 2
+               "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none) ;;
     dp2c | dp2cs | dp2cp | dp2cpb) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
                                --comm-progress caller "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none)
                   [[ $variant != dp2cs ]] || CMD+=(--comm-spin-us "$SPIN_US")
@@ -148,9 +155,10 @@ build_cmd() {
     det | det8 | det32) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 2 --threads 1
                              --deterministic "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --progress none)
                          [[ $variant == det ]] || CMD+=(--det-chunk "${variant#det}") ;;
-    ind2 | ind2p) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 1 --threads 1
-                       "${RECIPE[@]}" --batch 64 --epochs 1 --max-steps "$steps" --progress none)
-                  [[ $variant == ind2 ]] || CMD+=(--pin-threads) ;;
+    ind2 | ind2p | ind2f) CMD=(env "${PIN[@]}" "$DPTRAIN" train --model "$model" --workers 1 --threads 1
+                               "${RECIPE[@]}" --batch 64 --epochs 1 --max-steps "$steps" --progress none)
+                  [[ $variant == ind2f ]] && CMD+=(--prefetch 2) || CMD+=(--prefetch 0)
+                  [[ $variant != ind2p ]] || CMD+=(--pin-threads) ;;
     pt1 | pt2) CMD=("${PTENV[@]}" "$PY" bench/pytorch_ddp.py --model "$model" --world "${variant#pt}" --threads 1
                     "${RECIPE[@]}" --epochs 1 --max-steps "$steps" --no-eval) ;;
     esac
@@ -175,7 +183,7 @@ run_one() {
     build_cmd "$variant" "$model" "$steps"
     local rc=0
     local sps cpu
-    if [ "$variant" = ind2 ] || [ "$variant" = ind2p ]; then
+    if [ "$variant" = ind2 ] || [ "$variant" = ind2p ] || [ "$variant" = ind2f ]; then
         # two independent processes at once; samples/s summed (ind2p: each on its own core)
         local ta=() tb=()
         if [ "$variant" = ind2p ]; then ta=(taskset -c "${CORES[0]}") tb=(taskset -c "${CORES[$((1 % ${#CORES[@]}))]}"); fi
@@ -402,6 +410,16 @@ def against_default(other, title):
     p("")
 against_default("dp2t", "The default's progress: --comm-progress auto (dp2) against thread (dp2t)")
 against_default("dp2s", "The default's wait: the long spin (dp2) against 10 µs then sleep (dp2s)")
+against_default("dp2f", "The default's loader on a full machine: none, --prefetch auto (dp2), against a loader "
+                "thread, --prefetch 2 (dp2f)")
+if any(v == "ind2f" for v, _ in data) and any(v == "ind2" for v, _ in data):
+    p("## The ceiling's loader: --prefetch 0 (ind2) against a loader thread per process (ind2f)")
+    p("")
+    p("| model | ind2 / ind2f | dp2 / ind2f |")
+    p("|---|---:|---:|")
+    for m in models:
+        p(f"| {m} | {cell(ratios('ind2', 'ind2f', m, 1), False)} | {cell(ratios('dp2', 'ind2f', m, 1), True)} |")
+    p("")
 if any(v in ("dp2pb", "dp2cpb") for v, _ in data):
     p("## Pinned and balanced: --pin-threads --balance, against the pinned ceiling")
     p("")

@@ -125,6 +125,16 @@ if [[ $CPUS == *,* ]] && grep -q "^reduction: by the workers between layers (--c
    same_hash "$(hash_of "$T/pa2/checkpoint.bin")" "$(hash_of "$T/pa1/checkpoint.bin")"; then ok comm_progress_auto
 else bad comm_progress_auto "$(head -3 "$T/pa2.log") / $(head -3 "$T/pa1.log")"; fi
 expect_error comm_spin_us_bad "--comm-spin-us: '-1' is not an integer" "$BIN" train --comm-spin-us -1
+# --prefetch auto (the default): the same 2 workers on 2 CPUs run without loader threads (the header
+# says so), one worker on 2 CPUs keeps its loader thread, and the bits are those of --prefetch 2
+taskset -c "$CPUS" "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --max-steps 3 --prefetch 2 \
+  --out "$T/pf2" >"$T/pf2.log" 2>&1
+taskset -c "$CPUS" "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 1 --max-steps 3 >"$T/pf1.log" 2>&1
+if [[ $CPUS == *,* ]] && grep -q "^loader: each worker assembles its own batches (--prefetch auto" "$T/pa2.log" &&
+   ! grep -q "^loader:" "$T/pf2.log" && ! grep -q "^loader:" "$T/pf1.log" && grep -q "^done:" "$T/pf1.log" &&
+   same_hash "$(hash_of "$T/pa2/checkpoint.bin")" "$(hash_of "$T/pf2/checkpoint.bin")"; then ok prefetch_auto
+else bad prefetch_auto "$(head -3 "$T/pa2.log") / $(head -3 "$T/pf2.log") / $(head -2 "$T/pf1.log")"; fi
+expect_error prefetch_bad "--prefetch: 'x' is not an integer in 0..64" "$BIN" train --prefetch x
 
 # slow workers on purpose: bad specs are one-line errors; rank 1 at 3x is the last arriver in most
 # steps (step records have last_rank and wait_s; the timeline has its "slow" and rank 0's "wait"

@@ -31,7 +31,9 @@
  *   data   D = b data_sample_s, made by the loader's prefetch thread during the
  *          previous step's rest R = step - data: max(0, D - R) is waited for,
  *          and the part beside compute costs comm_cpu as the all-reduce does:
- *          data = max(0, D - R) + comm_cpu min(D, R).
+ *          data = max(0, D - R) + comm_cpu min(D, R).  (Where the workers fill
+ *          the cores there is no prefetch thread, --prefetch auto: the batch
+ *          is gathered in the step, and comm_cpu, about 1 there, gives D.)
  *   straggle  the wait for the slowest worker: every worker's F + B + steal
  *          (mean C) varies from step to step, and the last bucket's all-reduce
  *          starts when the slowest one ends, E[max_w c_w] - C after the mean
