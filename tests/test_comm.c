@@ -496,6 +496,80 @@ TEST_T(comm_caller_progress_runs_on_the_callers, 30) {
     team(2, &cp, caller_member, NULL);
 }
 
+/* dp_comm_iallreduce_post: every element is handed to exactly one rank's
+ * hook, on that rank's own post_arg, with the sum already in every rank's
+ * buffer; and every hook has run before any rank's wait returns (each rank
+ * counts the coverage right after its wait).  P = 1..5, counts 1, 1000 and
+ * BIG_COUNT, with the communication threads and with caller progress.  Where
+ * the hook cannot run (ring), DP_ENOTSUP and nothing started; no hook is
+ * DP_EINVAL. */
+struct post_shared {
+    atomic_int *cover;         /* per element: hook calls that covered it */
+    float *bufs[16];           /* every rank's buffer of the current operation */
+    atomic_int wrong;          /* elements a hook found without their sum in some buffer */
+};
+struct post_rank {
+    struct post_shared *sh;
+    int rank, P;
+};
+static void post_hook(void *arg, int64_t off, int64_t n) {
+    struct post_rank *pr = arg;
+    for (int64_t i = off; i < off + n; i++) {
+        atomic_fetch_add_explicit(&pr->sh->cover[i], 1, memory_order_relaxed);
+        float want = (float)(pr->P * (pr->P - 1) / 2 + pr->P * (int)((i + 5) % 7));
+        for (int q = 0; q < pr->P; q++)
+            if (pr->sh->bufs[q][i] != want) atomic_fetch_add_explicit(&pr->sh->wrong, 1, memory_order_relaxed);
+    }
+}
+static void post_member(struct dp_comm *c, void *arg) {
+    struct post_shared *sh = arg;
+    int P = dp_comm_world(c), r = dp_comm_rank(c);
+    struct post_rank pr = {sh, r, P};
+    const int64_t counts[3] = {1, 1000, BIG_COUNT};
+    float *x = alloc_f32(BIG_COUNT);
+    for (int k = 0; k < 3; k++) {
+        int64_t n = counts[k];
+        for (int64_t i = 0; i < n; i++) x[i] = pattern(r, i, 5);
+        set_guard(x, n);
+        ASSERT_OK(dp_comm_barrier(c)); /* the previous operation's checks are done */
+        if (r == 0) {
+            for (int64_t i = 0; i < n; i++) atomic_store_explicit(&sh->cover[i], 0, memory_order_relaxed);
+            atomic_store(&sh->wrong, 0);
+        }
+        sh->bufs[r] = x;
+        ASSERT_OK(dp_comm_barrier(c));
+        struct dp_comm_req *req;
+        ASSERT_OK(dp_comm_iallreduce_post(c, x, n, DP_DTYPE_F32, DP_ALGO_AUTO, post_hook, &pr, &req));
+        ASSERT_OK(dp_comm_wait(c, req));
+        int64_t covered = 0; /* every hook ran before this rank's wait returned */
+        for (int64_t i = 0; i < n; i++) {
+            int v = atomic_load_explicit(&sh->cover[i], memory_order_relaxed);
+            ASSERT_TRUE(v == 1);
+            covered += v;
+        }
+        ASSERT_EQ(covered, n);
+        ASSERT_EQ(atomic_load(&sh->wrong), 0);
+        check_guard(x, n);
+    }
+    struct dp_comm_req *req = (struct dp_comm_req *)1;
+    ASSERT_ERR(dp_comm_iallreduce_post(c, x, 8, DP_DTYPE_F32, DP_ALGO_RING, post_hook, &pr, &req), DP_ENOTSUP,
+               "post hook needs the thread backend's direct");
+    ASSERT_TRUE(req == NULL);
+    ASSERT_ERR(dp_comm_iallreduce_post(c, x, 8, DP_DTYPE_F32, DP_ALGO_AUTO, NULL, NULL, &req), DP_EINVAL,
+               "NULL post hook");
+    ASSERT_OK(dp_comm_allreduce(c, x, 8, DP_DTYPE_F32, DP_ALGO_AUTO)); /* nothing was started */
+    dp_free(x);
+}
+TEST(comm_allreduce_post_covers_once) {
+    struct post_shared sh = {.cover = dp_malloc(sizeof(atomic_int) * BIG_COUNT)};
+    ASSERT_TRUE(sh.cover != NULL);
+    for (int caller = 0; caller <= 1; caller++) {
+        struct dp_comm_params cp = caller ? caller_params() : dp_comm_default_params();
+        for (int P = 1; P <= 5; P++) team(P, &cp, post_member, &sh);
+    }
+    dp_free(sh.cover);
+}
+
 /* The long spin's test of the core ("Waiting" in comm_thread.c): the
  * kernel's per-thread times move as the thread runs, and a thread that
  * shares its one CPU with a busy thread is told the core is not its own

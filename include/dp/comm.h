@@ -359,6 +359,21 @@ int dp_comm_iallgather(struct dp_comm *c, void *buf, int64_t count, enum dp_dtyp
 int dp_comm_ibroadcast(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype, int root,
                        enum dp_comm_algo algo, struct dp_comm_req **req);
 int dp_comm_ibarrier(struct dp_comm *c, struct dp_comm_req **req);
+/* An all-reduce (sum) that also hands each part of the result to `post`:
+ * post(post_arg, off, n) runs once for each range [off, off + n) of the
+ * buffer, the ranges tiling [0, count), on the thread of the rank that summed
+ * that range (a rank's own post and arg), after the sum is stored in every
+ * rank's buffer and before the operation completes on any rank.  So a look
+ * at the result (the trainer's check for non-finite values) is shared among
+ * the ranks like the sum itself, while the sum is in the summing core's
+ * cache, instead of every rank reading the whole result again.  Only where
+ * every rank's buffer is in this process's memory: the thread backend, not
+ * hierarchical, with the direct algorithm (what DP_ALGO_AUTO resolves to for
+ * up to 16 ranks); elsewhere DP_ENOTSUP, nothing started. */
+typedef void (*dp_comm_post_fn)(void *arg, int64_t off, int64_t n);
+int dp_comm_iallreduce_post(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                            enum dp_comm_algo algo, dp_comm_post_fn post, void *post_arg,
+                            struct dp_comm_req **req);
 
 /* *done = 1 if req has completed (successfully or not), else 0.  Does not
  * block and does not release req.  Returns 0 (or DP_EINVAL for bad args).

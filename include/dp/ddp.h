@@ -100,6 +100,7 @@ struct dp_bucket {
     double t_ready, t_done;    /* when it was started / found complete (dp_time) */
     double t_c0, t_c1;         /* compression: when its compress ran (0: none) */
     double t_d0, t_d1;         /* and its decompress */
+    struct dp_reducer *owner;  /* the reducer it belongs to (its post hook) */
 };
 
 struct dp_reducer {
@@ -112,6 +113,14 @@ struct dp_reducer {
     int rc;                    /* first error of a start inside the callback */
     void (*done)(void *arg, int k); /* p.shard: bucket k is reduced (dp_zero_bucket_done) */
     void *done_arg;
+    /* (optional, plain fp32 all-reduce only) post(post_arg, off, n): the
+     * floats [off, off + n) of the slab are reduced in every replica, and this
+     * worker's thread was the one that summed them: called once per range
+     * across the workers, before any worker's bucket completes
+     * (dp_comm_iallreduce_post; the trainer's non-finite check).  A comm that
+     * cannot do it fails the bucket with DP_ENOTSUP. */
+    dp_comm_post_fn post;
+    void *post_arg;
     int64_t shard_done;        /* p.shard: floats of this step's buckets reduced (and given back) */
     int64_t shard_hw;          /* p.shard: the most gradient floats backward had written and not yet
                                   seen reduced at a layer's end, since init: the gradient in flight */

@@ -49,7 +49,9 @@ static int all_peers(struct dp__coll *op) {
  * that chunk of every buffer, its own included.  It sets mark 2 and waits for
  * mark 2 of all ranks (the end rule: nobody reads or writes its buffer any
  * more).  A chunk of any buffer is touched by its claimer alone, so the pass
- * needs no other ordering.  bf16 is rounded once.
+ * needs no other ordering.  bf16 is rounded once.  With a post hook
+ * (dp_comm_iallreduce_post) the claimer hands each chunk to it after the
+ * stores and before its mark 2, so every hook has run when any rank returns.
  *
  * Compared with "rank r reduces block r into its own buffer, then every rank
  * copies every block" this writes each result once where it is needed:
@@ -72,7 +74,11 @@ static int all_peers(struct dp__coll *op) {
  */
 int dp__allreduce_direct(struct dp__coll *op) {
     int P = op->nranks;
-    if (P == 1 || op->d.count == 0) return 0;
+    if (op->d.count == 0) return 0;
+    if (P == 1) {
+        if (op->d.post) op->d.post(op->d.post_arg, 0, op->d.count);
+        return 0;
+    }
     int rc = all_peers(op);
     if (rc) return rc;
     int64_t C = (int64_t)((size_t)op->d.count * op->esize >> 19);
@@ -83,6 +89,7 @@ int dp__allreduce_direct(struct dp__coll *op) {
         int64_t o, n;
         dp_comm_split(op->d.count, (int)C, (int)c, &o, &n);
         dp__reduce_sum_to(op->peer_buf, P, op->peer_buf, P, (size_t)o * op->esize, n, op->d.dtype);
+        if (op->d.post) op->d.post(op->d.post_arg, o, n); /* before mark 2: done before anyone returns */
     }
     dp__coll_mark(op, 2);
     return dp__coll_wait_all(op, 2);

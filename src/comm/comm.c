@@ -192,9 +192,9 @@ int dp_comm_host_ranks(const struct dp_comm *c, int *local_rank, int *local_size
 /* ---- dispatch -------------------------------------------------------------------------- */
 
 /* Checks the arguments (nothing is started on failure), resolves AUTO, starts. */
-static int start(struct dp_comm *c, enum dp_comm_coll coll, void *buf, int64_t count,
-                 enum dp_dtype dtype, int root, enum dp_comm_algo algo, int blocking,
-                 struct dp_comm_req **req) {
+static int start_post(struct dp_comm *c, enum dp_comm_coll coll, void *buf, int64_t count,
+                      enum dp_dtype dtype, int root, enum dp_comm_algo algo, int blocking,
+                      dp_comm_post_fn post, void *post_arg, struct dp_comm_req **req) {
     const char *name = dp_comm_coll_name(coll);
     if (req) *req = NULL;
     if (!c) return dp_seterr(DP_EINVAL, "comm: %s on a NULL communicator", name);
@@ -211,18 +211,33 @@ static int start(struct dp_comm *c, enum dp_comm_coll coll, void *buf, int64_t c
                          c->nranks - 1);
     if ((size_t)count > SIZE_MAX / 8)
         return dp_seterr(DP_EINVAL, "comm: %s: count %lld too large", name, (long long)count);
-    struct dp__op d = {coll, algo, dtype, root, count, buf};
+    struct dp__op d = {coll, algo, dtype, root, count, buf, post, post_arg};
     if (d.algo == DP_ALGO_AUTO)
         d.algo = dp_comm_choose_algo(c->ops->name, coll, c->nranks,
                                      (size_t)count * dp_dtype_size(dtype));
     /* The thread backend's own collectives are the direct ones. */
     if (d.algo == DP_ALGO_NATIVE && strcmp(c->ops->name, "thread") == 0) d.algo = DP_ALGO_DIRECT;
+    /* (the thread backend also refuses a hook in a hierarchical world) */
+    if (post && (strcmp(c->ops->name, "thread") != 0 || d.algo != DP_ALGO_DIRECT))
+        return dp_seterr(DP_ENOTSUP, "comm: %s with a post hook needs the thread backend's direct "
+                         "algorithm (%s backend, %s)", name, c->ops->name, dp_comm_algo_name(d.algo));
     return c->ops->start(c, &d, blocking, req);
+}
+static int start(struct dp_comm *c, enum dp_comm_coll coll, void *buf, int64_t count, enum dp_dtype dtype,
+                 int root, enum dp_comm_algo algo, int blocking, struct dp_comm_req **req) {
+    return start_post(c, coll, buf, count, dtype, root, algo, blocking, NULL, NULL, req);
 }
 
 int dp_comm_iallreduce(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
                        enum dp_comm_algo algo, struct dp_comm_req **req) {
     return start(c, DP_COLL_ALLREDUCE, buf, count, dtype, 0, algo, 0, req);
+}
+int dp_comm_iallreduce_post(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
+                            enum dp_comm_algo algo, dp_comm_post_fn post, void *post_arg,
+                            struct dp_comm_req **req) {
+    if (req) *req = NULL;
+    if (!post) return dp_seterr(DP_EINVAL, "comm: allreduce: NULL post hook");
+    return start_post(c, DP_COLL_ALLREDUCE, buf, count, dtype, 0, algo, 0, post, post_arg, req);
 }
 int dp_comm_ireduce_scatter(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
                             enum dp_comm_algo algo, struct dp_comm_req **req) {

@@ -40,6 +40,9 @@ struct dp__op {
     int root;               /* broadcast; 0 otherwise */
     int64_t count;          /* elements */
     void *buf;
+    dp_comm_post_fn post;   /* all-reduce, thread direct only: this rank's hook for each range it
+                               summed (dp_comm_iallreduce_post); NULL: none */
+    void *post_arg;
 };
 
 /* ---- the backend interface ------------------------------------------------------- */

@@ -605,6 +605,7 @@ static int caller_step(struct thread_comm *tc, struct dp_comm_req *rq, int upto,
             if (len && op.nranks > 1)
                 dp__reduce_sum_to(op.peer_buf, op.nranks, op.peer_buf, op.nranks, off,
                                   (int64_t)(len / op.esize), op.d.dtype);
+            if (len && op.d.post) op.d.post(op.d.post_arg, (int64_t)(off / op.esize), (int64_t)(len / op.esize));
             dp__coll_mark(&op, 2);
             rq->phase = 2;
         }
@@ -656,6 +657,9 @@ static int t_start(struct dp_comm *c, const struct dp__op *d, int blocking,
     struct thread_comm *tc = (struct thread_comm *)c;
     int rc = world_status(tc->w);
     if (rc) return rc;
+    if (d->post && tc->w->inter) /* the local stage's result is not yet the world's sum */
+        return dp_seterr(DP_ENOTSUP, "comm: allreduce with a post hook in a hierarchical (processes x "
+                         "threads) world");
     pthread_mutex_lock(&tc->mu);
     struct dp_comm_req *rq = tc->freelist;
     if (rq) {

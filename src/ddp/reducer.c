@@ -36,8 +36,15 @@ static int plan(struct dp_reducer *r, const struct dp_model *m) {
         cur->off = l->param_off;
         cur->count += l->param_count;
         cur->nlayers++;
+        cur->owner = r;
     }
     return r->nb;
+}
+
+/* A bucket's part of the reduced slab, to the reducer's post hook in slab offsets. */
+static void bucket_post(void *arg, int64_t off, int64_t n) {
+    struct dp_bucket *b = arg;
+    b->owner->post(b->owner->post_arg, b->off + off, n);
 }
 
 int dp_reducer_init(struct dp_reducer *r, const struct dp_model *m, struct dp_comm *comm, float *grads,
@@ -101,7 +108,9 @@ static void start(struct dp_reducer *r, struct dp_bucket *b) {
         b->t_ready = dp_time();
         double v = 2.0 * (P - 1) / P * 4.0 * (double)b->count;
         r->bytes_sent += v, r->bytes_recv += v;
-        rc = dp_comm_iallreduce(r->comm, r->grads + b->off, b->count, DP_DTYPE_F32, r->p.algo, &b->req);
+        rc = r->post ? dp_comm_iallreduce_post(r->comm, r->grads + b->off, b->count, DP_DTYPE_F32, r->p.algo,
+                                               bucket_post, b, &b->req)
+                     : dp_comm_iallreduce(r->comm, r->grads + b->off, b->count, DP_DTYPE_F32, r->p.algo, &b->req);
     }
     if (rc) {
         r->rc = rc;

@@ -187,7 +187,13 @@ struct dp_trainer {
     float *efstate;            /* multi-process job, rank 0 with out_dir: every rank's error-feedback
                                   state (G x dp_reducer_state_len), gathered by ef_gather_state */
     int64_t efstate_step;      /* the optimizer step efstate was gathered at (-1: never) */
+    int red_check;             /* the reduced gradient is checked for non-finite values inside the
+                                  all-reduce (reduced_check), not by every worker after it */
+    atomic_llong red_bad;      /* ... 1 + the last step whose reduced gradient had one */
 };
+
+static int red_check_possible(const struct dp_trainer *t);
+static void reduced_check(void *arg, int64_t off, int64_t n);
 
 struct dp_train_params dp_train_default_params(void) {
     struct dp_train_params p;
@@ -934,6 +940,8 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
             dp_adderr(rc, "worker %d", t->base + r);
             goto fail;
         }
+    t->red_check = red_check_possible(t);
+    for (int r = 0; t->red_check && r < t->P; r++) t->w[r].red.post = reduced_check, t->w[r].red.post_arg = &t->w[r];
     /* Rank 0 initialises; the others receive its parameters by broadcast
      * when the run starts.  (Every rank could draw the same values from the
      * seed; the broadcast makes "all replicas start equal" hold for any
@@ -1797,6 +1805,45 @@ static int rebalance(struct worker *w) {
 
 /* *bad = 1 when the reduced gradient is not finite, on every worker alike;
  * *ss = ||g||^2 with ZeRO (0 otherwise). */
+/* The check for non-finite values inside the reduction.  After an
+ * all-reduce every worker holds the same sum, and each worker used to read
+ * all of it again to look for an Inf or a NaN: one more pass over the whole
+ * gradient per worker and step (about 35 µs of mlp's 2.2 ms step on the
+ * 2-core VM, docs/results.md "The check inside the reduction").  On threads
+ * in one process the direct all-reduce hands each range to the worker that
+ * summed it, while the sum is in that core's cache (dp_comm_iallreduce_post),
+ * and that worker looks at it there: every element is looked at once, by one
+ * worker.  A worker that finds one records the step in red_bad; every range
+ * is looked at before any worker's all-reduce completes (the hook runs before
+ * the summer's completion mark, which every rank waits for), so after the
+ * reduction every worker reads the same verdict.  The decision that follows
+ * (fail, or skip with --skip-nonfinite) is the one the full pass made: the
+ * scaling after accumulation (by 1 / N <= 1) keeps finite values finite.
+ * Only where the reduction is a plain all-reduce of every replica in this
+ * process (not processes, ZeRO, compression, deterministic mode, backup
+ * workers or the parameter server), with the direct algorithm for every
+ * bucket. */
+static int red_check_possible(const struct dp_trainer *t) {
+    const struct dp_train_params *p = &t->p;
+    if (t->G < 2 || t->G != t->P || p->inter || p->deterministic || p->async || t->bk_on || p->zero ||
+        p->compress.kind != DP_COMPRESS_NONE)
+        return 0;
+    const struct dp_reducer *r = &t->w[0].red;
+    for (int i = 0; i < r->nb; i++) {
+        enum dp_comm_algo a = (enum dp_comm_algo)p->algo;
+        if (a == DP_ALGO_AUTO)
+            a = dp_comm_choose_algo("thread", DP_COLL_ALLREDUCE, t->G, sizeof(float) * (size_t)r->b[i].count);
+        if (a != DP_ALGO_DIRECT && a != DP_ALGO_NATIVE) return 0;
+    }
+    return 1;
+}
+
+static void reduced_check(void *arg, int64_t off, int64_t n) {
+    struct worker *w = arg;
+    if (dp_any_nonfinite(w->rep.grads + off, n))
+        atomic_store_explicit(&w->t->red_bad, w->step + 1, memory_order_relaxed);
+}
+
 static int grad_nonfinite(struct worker *w, const float *g, double *ss, int *bad) {
     *ss = 0;
     if (!w->t->p.zero) {
@@ -2049,7 +2096,9 @@ static int train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double
      * when the gradient stays finite. */
     double ss = 0; /* ZeRO: ||g||^2, from the shards */
     int gbad = 0;
-    if (!t->bk_on) {
+    if (t->red_check) /* looked at range by range inside the reduction */
+        gbad = atomic_load_explicit(&t->red_bad, memory_order_relaxed) == w->step + 1;
+    else if (!t->bk_on) {
         int rc = grad_nonfinite(w, g, &ss, &gbad);
         if (rc) return rc;
     }
