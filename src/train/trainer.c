@@ -1803,8 +1803,6 @@ static int rebalance(struct worker *w) {
  * and the clipping norm come from the all-reduced shard sums of squares, and
  * after the shard update the parameters are all-gathered. */
 
-/* *bad = 1 when the reduced gradient is not finite, on every worker alike;
- * *ss = ||g||^2 with ZeRO (0 otherwise). */
 /* The check for non-finite values inside the reduction.  After an
  * all-reduce every worker holds the same sum, and each worker used to read
  * all of it again to look for an Inf or a NaN: one more pass over the whole
@@ -1844,6 +1842,8 @@ static void reduced_check(void *arg, int64_t off, int64_t n) {
         atomic_store_explicit(&w->t->red_bad, w->step + 1, memory_order_relaxed);
 }
 
+/* *bad = 1 when the reduced gradient is not finite, on every worker alike;
+ * *ss = ||g||^2 with ZeRO (0 otherwise). */
 static int grad_nonfinite(struct worker *w, const float *g, double *ss, int *bad) {
     *ss = 0;
     if (!w->t->p.zero) {
