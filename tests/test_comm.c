@@ -501,8 +501,8 @@ TEST_T(comm_caller_progress_runs_on_the_callers, 30) {
  * buffer; and every hook has run before any rank's wait returns (each rank
  * counts the coverage right after its wait).  P = 1..5, counts 1, 1000 and
  * BIG_COUNT, with the communication threads and with caller progress.  Where
- * the hook cannot run (ring), DP_ENOTSUP and nothing started; no hook is
- * DP_EINVAL. */
+ * the hook cannot run (ring), dp_comm_post_supported says so and the start
+ * is DP_ENOTSUP with nothing started; no hook is DP_EINVAL. */
 struct post_shared {
     atomic_int *cover;         /* per element: hook calls that covered it */
     float *bufs[16];           /* every rank's buffer of the current operation */
@@ -551,6 +551,9 @@ static void post_member(struct dp_comm *c, void *arg) {
         ASSERT_EQ(atomic_load(&sh->wrong), 0);
         check_guard(x, n);
     }
+    ASSERT_TRUE(dp_comm_post_supported(c, 8, DP_DTYPE_F32, DP_ALGO_AUTO));
+    ASSERT_TRUE(dp_comm_post_supported(c, 8, DP_DTYPE_F32, DP_ALGO_NATIVE)); /* the thread backend's own: direct */
+    ASSERT_TRUE(!dp_comm_post_supported(c, 8, DP_DTYPE_F32, DP_ALGO_RING));
     struct dp_comm_req *req = (struct dp_comm_req *)1;
     ASSERT_ERR(dp_comm_iallreduce_post(c, x, 8, DP_DTYPE_F32, DP_ALGO_RING, post_hook, &pr, &req), DP_ENOTSUP,
                "post hook needs the thread backend's direct");

@@ -374,6 +374,11 @@ typedef void (*dp_comm_post_fn)(void *arg, int64_t off, int64_t n);
 int dp_comm_iallreduce_post(struct dp_comm *c, void *buf, int64_t count, enum dp_dtype dtype,
                             enum dp_comm_algo algo, dp_comm_post_fn post, void *post_arg,
                             struct dp_comm_req **req);
+/* 1 when an all-reduce of count elements of dtype with algo (AUTO resolved
+ * as the start resolves it) runs the direct algorithm on the thread backend,
+ * where dp_comm_iallreduce_post may be used (a hierarchical world, which the
+ * backend refuses at the start, aside); else 0. */
+int dp_comm_post_supported(const struct dp_comm *c, int64_t count, enum dp_dtype dtype, enum dp_comm_algo algo);
 
 /* *done = 1 if req has completed (successfully or not), else 0.  Does not
  * block and does not release req.  Returns 0 (or DP_EINVAL for bad args).

@@ -191,6 +191,21 @@ int dp_comm_host_ranks(const struct dp_comm *c, int *local_rank, int *local_size
 
 /* ---- dispatch -------------------------------------------------------------------------- */
 
+/* The algorithm an operation runs: AUTO by dp_comm_choose_algo; on the
+ * thread backend NATIVE is DIRECT (its own collectives are the direct ones). */
+static enum dp_comm_algo resolve_algo(const struct dp_comm *c, enum dp_comm_coll coll, int64_t count,
+                                      enum dp_dtype dtype, enum dp_comm_algo algo) {
+    if (algo == DP_ALGO_AUTO)
+        algo = dp_comm_choose_algo(c->ops->name, coll, c->nranks, (size_t)count * dp_dtype_size(dtype));
+    if (algo == DP_ALGO_NATIVE && strcmp(c->ops->name, "thread") == 0) algo = DP_ALGO_DIRECT;
+    return algo;
+}
+
+int dp_comm_post_supported(const struct dp_comm *c, int64_t count, enum dp_dtype dtype, enum dp_comm_algo algo) {
+    return c && strcmp(c->ops->name, "thread") == 0 &&
+           resolve_algo(c, DP_COLL_ALLREDUCE, count, dtype, algo) == DP_ALGO_DIRECT;
+}
+
 /* Checks the arguments (nothing is started on failure), resolves AUTO, starts. */
 static int start_post(struct dp_comm *c, enum dp_comm_coll coll, void *buf, int64_t count,
                       enum dp_dtype dtype, int root, enum dp_comm_algo algo, int blocking,
@@ -211,14 +226,9 @@ static int start_post(struct dp_comm *c, enum dp_comm_coll coll, void *buf, int6
                          c->nranks - 1);
     if ((size_t)count > SIZE_MAX / 8)
         return dp_seterr(DP_EINVAL, "comm: %s: count %lld too large", name, (long long)count);
-    struct dp__op d = {coll, algo, dtype, root, count, buf, post, post_arg};
-    if (d.algo == DP_ALGO_AUTO)
-        d.algo = dp_comm_choose_algo(c->ops->name, coll, c->nranks,
-                                     (size_t)count * dp_dtype_size(dtype));
-    /* The thread backend's own collectives are the direct ones. */
-    if (d.algo == DP_ALGO_NATIVE && strcmp(c->ops->name, "thread") == 0) d.algo = DP_ALGO_DIRECT;
+    struct dp__op d = {coll, resolve_algo(c, coll, count, dtype, algo), dtype, root, count, buf, post, post_arg};
     /* (the thread backend also refuses a hook in a hierarchical world) */
-    if (post && (strcmp(c->ops->name, "thread") != 0 || d.algo != DP_ALGO_DIRECT))
+    if (post && !dp_comm_post_supported(c, count, dtype, algo))
         return dp_seterr(DP_ENOTSUP, "comm: %s with a post hook needs the thread backend's direct "
                          "algorithm (%s backend, %s)", name, c->ops->name, dp_comm_algo_name(d.algo));
     return c->ops->start(c, &d, blocking, req);

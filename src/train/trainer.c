@@ -794,14 +794,15 @@ int64_t dp_det_chunk_auto(int64_t batch) {
  * communication thread reduces beside the compute instead of between its
  * layers; with more compute threads than cores the thread path is the one
  * measured and tested under load. */
+/* The process's compute threads, what the auto rules below weigh against its CPUs. */
+static int64_t compute_threads(int workers, int threads) { return (int64_t)workers * (threads > 0 ? threads : 1); }
+
 int dp_train_progress_auto(int workers, int threads, int cpus) {
-    int64_t busy = (int64_t)workers * (threads > 0 ? threads : 1);
+    int64_t busy = compute_threads(workers, threads);
     return workers > 1 && busy <= cpus && cpus < busy + workers ? DP_PROGRESS_CALLER : DP_PROGRESS_THREAD;
 }
 
-int dp_train_prefetch_auto(int workers, int threads, int cpus) {
-    return (int64_t)workers * (threads > 0 ? threads : 1) >= cpus ? 0 : 2;
-}
+int dp_train_prefetch_auto(int workers, int threads, int cpus) { return compute_threads(workers, threads) >= cpus ? 0 : 2; }
 
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     *out = NULL;
@@ -1827,12 +1828,8 @@ static int red_check_possible(const struct dp_trainer *t) {
         p->compress.kind != DP_COMPRESS_NONE)
         return 0;
     const struct dp_reducer *r = &t->w[0].red;
-    for (int i = 0; i < r->nb; i++) {
-        enum dp_comm_algo a = (enum dp_comm_algo)p->algo;
-        if (a == DP_ALGO_AUTO)
-            a = dp_comm_choose_algo("thread", DP_COLL_ALLREDUCE, t->G, sizeof(float) * (size_t)r->b[i].count);
-        if (a != DP_ALGO_DIRECT && a != DP_ALGO_NATIVE) return 0;
-    }
+    for (int i = 0; i < r->nb; i++)
+        if (!dp_comm_post_supported(r->comm, r->b[i].count, DP_DTYPE_F32, r->p.algo)) return 0;
     return 1;
 }
 
