@@ -34,6 +34,8 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
 REPS=${REPS:-3}
 MODELS=${MODELS:-"cnn resnet"}
@@ -112,7 +114,7 @@ run_one() {
         read -r comm exp < <(sed -n 's/^epoch [0-9]*\/[0-9]* .*[ (]comm \([0-9.]*\) exposed \([0-9.]*\).*/\1 \2/p' "$log" |
             awk '{ c += $1; e += $2; n++ } END { if (n) print c, e }') || true
     fi
-    sps=$(sed -n 's/^throughput: *\([0-9][0-9.eE+-]*\) *samples\/s.*/\1/p' "$log" | tail -n 1)
+    sps=$(dptrain_sps "$log")
     num "$sps" || sps=$(sed -n 's/^epoch .* \([0-9][0-9.eE+-]*\) samples\/s.*/\1/p' "$log" | tail -n 1)
     num "$comm" || comm=NA
     num "$exp" || exp=NA

@@ -144,7 +144,7 @@ speed_run() { # speed_run VARIANT REP
     --timeline "$WORK/$tag/tl.json" --out "$WORK/$tag" >"$LOGS/speed-$tag.log" 2>&1 ||
     note "speed $v rep $rep failed: $(tail -1 "$LOGS/speed-$tag.log")"
   local sps st
-  sps=$(sed -n 's/^throughput: *\([0-9.]*\) samples\/s.*/\1/p' "$LOGS/speed-$tag.log" | tail -1)
+  sps=$(dptrain_sps "$LOGS/speed-$tag.log")
   read -r -a st < <(stepstats "$WORK/$tag")
   local step=NA
   [[ -n $sps ]] && step=$(awk -v n="$BATCH" -v s="$sps" 'BEGIN { printf "%.5f", n / s }')

@@ -69,7 +69,7 @@ run_on() {
     out=$(taskset -c "$core" "$DPTRAIN" train --model "$model" --workers 1 --threads 1 --batch 64 \
           --prefetch 0 --lr 0.05 --momentum 0.9 --seed "$SEED" --epochs 1 \
           --max-steps "$(steps_of "$model")" --progress none 2>&1) || die "$model on core $core failed: $(tail -n 2 <<<"$out")"
-    sps=$(sed -n 's/^throughput: *\([0-9][0-9.eE+-]*\) *samples\/s.*/\1/p' <<<"$out" | tail -n 1)
+    sps=$(dptrain_sps /dev/stdin <<<"$out")
     [ -n "$sps" ] || die "$model on core $core printed no throughput"
     printf '%s\t%s\t%s\t%s\n' "$model" "$rep" "$core" "$sps" >>"$RAW"
     note "$model rep $rep core $core: $sps samples/s"

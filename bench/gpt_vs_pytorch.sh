@@ -162,7 +162,7 @@ is_pos() { [ -n "$1" ] && awk -v x="$1" 'BEGIN { exit !(x + 0 > 0) }'; }
 parse_tps() {
     local variant=$1 log=$2 v=""
     case $variant in
-    dp* | ind*) v=$(sed -n 's/^throughput: *\([0-9][0-9.eE+-]*\) *samples\/s.*/\1/p' "$log" | tail -n 1)
+    dp* | ind*) v=$(dptrain_sps "$log")
                 is_pos "$v" && v=$(awk -v s="$v" -v c="$CTX" 'BEGIN { printf "%.1f", s * c }') ;;
     *) v=$(sed -n 's/^RESULT .*[[:space:]]tokens_per_s=\([0-9][0-9.eE+-]*\).*/\1/p' "$log" | tail -n 1) ;;
     esac

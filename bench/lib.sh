@@ -15,6 +15,12 @@ bench_facts() {
     GIT_REV=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)
 }
 
+# dptrain_sps FILE: the samples/s of dptrain's last `throughput:` line in FILE; empty when
+# there is none.
+dptrain_sps() {
+    sed -n 's/^throughput: *\([0-9][0-9.eE+-]*\) *samples\/s.*/\1/p' "$1" | tail -n 1
+}
+
 # cpu_busy FILE: the cores a command kept busy, (user + sys) / wall, from the
 # `/usr/bin/time -f '%e %U %S' -o FILE` line it left; NA without one.
 cpu_busy() {

@@ -64,6 +64,8 @@
 # Writes bench/results/netns_scaling-<date>.md (the report) and .tsv (every run's raw figures).
 set -uo pipefail  # (not -e: tests/netns/cluster.sh relies on failing greps)
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 
 HOSTS=${HOSTS:-4}
 RATES=${RATES:-${RATE:-1gbit}}
@@ -177,7 +179,7 @@ run_variant() { # run_variant VARIANT REP
   local log=$WORK/$tag.log out=$WORK/$tag
   train "$v" "$out" "$log" "$STEPS" || { echo "  $v rep $rep failed:" >&2; tail -5 "$log" >&2; }
   local sps rec
-  sps=$(sed -n 's/^throughput: *\([0-9.]*\) samples\/s.*/\1/p' "$log" | tail -1)
+  sps=$(dptrain_sps "$log")
   rec=$(stepsums "$out")
   local ceil="NA NA NA"
   [[ $v == overlap ]] && ceil=$(ceiling "$out" "$P" "$(_cl_rate_bytes "$RATE")")

@@ -170,7 +170,7 @@ is_pos() { [ -n "$1" ] && awk -v x="$1" 'BEGIN { exit !(x + 0 > 0) }'; }
 parse_sps() {
     local variant=$1 log=$2 v=""
     case $variant in
-    dp* | ind* | det* | zero*) v=$(sed -n 's/^throughput: *\([0-9][0-9.eE+-]*\) *samples\/s.*/\1/p' "$log" | tail -n 1) ;;
+    dp* | ind* | det* | zero*) v=$(dptrain_sps "$log") ;;
     pt*) v=$(sed -n 's/^RESULT .*[[:space:]]samples_per_s=\([0-9][0-9.eE+-]*\).*/\1/p' "$log" | tail -n 1) ;;
     esac
     if is_pos "$v"; then echo "$v"; fi

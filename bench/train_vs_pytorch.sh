@@ -95,7 +95,7 @@ parse_sps() {
     local variant=$1 log=$2 v=""
     if [ "$variant" = dptrain ]; then
         # preferred: "throughput: N samples/s ..." (steps after the 5th)
-        v=$(sed -n 's/^throughput: *\([0-9][0-9.eE+-]*\) *samples\/s.*/\1/p' "$log" | tail -n 1)
+        v=$(dptrain_sps "$log")
         # else "done: ..., N samples/s (last epoch), ..." (0 when no epoch finished)
         [ -n "$v" ] || v=$(sed -n 's/^done:.* \([0-9][0-9.eE+-]*\) samples\/s.*/\1/p' "$log" | tail -n 1)
         # else the last "epoch k/E ... N samples/s" line
