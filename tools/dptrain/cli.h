@@ -4,6 +4,7 @@
 #define DPTRAIN_CLI_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "dp/comm.h"
 
@@ -51,5 +52,44 @@ struct dp_json_obj;
 void dptrain_each_record(const char *path, void (*fn)(const struct dp_json_obj *, void *), void *arg);
 /* tools/dptrain/plot.c */
 int dptrain_cmd_plot(int argc, char **argv);
+
+#define DPTRAIN_DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
+
+/* tools/dptrain/help.c: the help texts of the commands in main.c */
+extern const char *const dptrain_help_main, *const dptrain_help_train, *const dptrain_help_eval,
+    *const dptrain_help_ckpt;
+
+/* tools/dptrain/progress.c: train's progress state (rank 0), filled by the
+ * trainer's events (dptrain_on_event, its on_event callback), and the
+ * summary printed at the end of a run */
+struct dp_event;
+struct dp_trainer;
+struct dp_train_params;
+struct dp_model;
+enum progress_mode { PROG_AUTO, PROG_BAR, PROG_LINES, PROG_NONE };
+struct progress {
+    enum progress_mode mode;
+    double t0, last_draw;
+    double sum_loss;
+    int64_t nloss;
+    double last_test_acc, last_test_loss, last_sps;
+    int64_t positions; /* loss terms per sample: 1, or ctx for gpt (then tokens/s, perplexity) */
+    /* steady-state throughput: from the end of the 5th step of this run on */
+    int64_t run_steps, tp_samples;
+    double tp_t0, tp_t1;
+    /* per-phase totals over the epochs (rank 0) */
+    double sum_data, sum_fwd, sum_bwd, sum_comm, sum_exposed, sum_opt, sum_time;
+    /* gradient traffic per step (epoch means, summed) and compression times */
+    double sum_sent, sum_recv, sum_fp32, sum_cz, sum_dz;
+    int nepochs;
+    int slow_rank;     /* the last epoch's straggler, -1 if none */
+    double slow_lag;
+    const struct dp_model *model;
+};
+
+void dptrain_on_event(void *arg, const struct dp_event *ev);
+/* dt: the run's seconds; peak: one core's measured fp32 FLOP/s (0: unknown); ranks: the job's workers */
+void dptrain_progress_summary(const struct progress *p, const struct dp_trainer *t, const struct dp_train_params *tp,
+                              double dt, double peak, int ranks);
 
 #endif

@@ -15,7 +15,7 @@
 #include "dp/train.h"
 #include "cli.h"
 
-#define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
+#define DEFAULT_DATA DPTRAIN_DEFAULT_DATA
 
 static const char *prog = "dptrain";
 /* The process-level communicator of a multi-process job (MPI), once made. */
@@ -116,170 +116,6 @@ static const char *prepared_text_data(const char *data, int report) {
     return path;
 }
 
-/* ---- help texts --------------------------------------------------------------- */
-
-static const char *help_main =
-    "usage: dptrain <command> [options]\n"
-    "\n"
-    "Data-parallel neural-network training in C.\n"
-    "\n"
-    "commands:\n"
-    "  train          train a model on an IDX dataset (Fashion-MNIST by default), or gpt on text\n"
-    "  eval           evaluate a checkpoint on the test set\n"
-    "  ckpt info      print a checkpoint's header and parameter hash\n"
-    "  ckpt export    write a checkpoint's weights as safetensors (PyTorch names)\n"
-    "  ckpt diff      compare two checkpoints (max relative difference, hashes)\n"
-    "  bench allreduce  all-reduce time, algorithm and bus bandwidth by message size\n"
-    "  prepare-text   write a token file from text files (fortunes by default)\n"
-    "  sample         generate text with a gpt checkpoint (prompt, temperature, top-k, seed)\n"
-    "  plan           predict a step: buckets, all-reduce algorithms, overlap, ZeRO memory\n"
-    "  calibrate      measure alpha, beta, gamma and compute per sample: a profile for plan\n"
-    "  simulate       discrete-event simulation of steps: sync, ssp, async, backup workers\n"
-    "  plot           SVG plots of runs (metrics.jsonl) and of plan/simulate outputs\n"
-    "  help CMD       help for one command (same as CMD --help)\n"
-    "\n"
-    "Run 'dptrain train --help' for the training options.  Several processes:\n"
-    "  mpirun -np N dptrain train ...   (docs/cluster.md)\n";
-
-static const char *help_train =
-    "usage: dptrain train [options]\n"
-    "\n"
-    "data and model:\n"
-    "  --data DIR          IDX files train-*/t10k-* (plain or .gz) [" DEFAULT_DATA "]\n"
-    "  --data FILE         gpt: a token file (dptrain prepare-text; docs/text.md)\n"
-    "  --data DIR          gpt: a folder of text files, prepared into DIR/tokens.bin on first\n"
-    "                      use and reused while newer than every source file\n"
-    "  --model SPEC        mlp | cnn | resnet | mlp:784,W1,...,10 |\n"
-    "                      gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V] [mlp]\n"
-    "  --train-limit N     use only the first N training samples [all], and read no image\n"
-    "                      past them; gpt: N windows per epoch [training tokens / (ctx + 1)]\n"
-    "  --test-limit N      evaluate on the first N test samples [all] (read no image past\n"
-    "                      them); gpt: validation windows\n"
-    "  --crop-pad N        augmentation: random crop with N pixels of zero padding [0]\n"
-    "  --hflip             augmentation: random horizontal flip\n"
-    "\n"
-    "optimisation:\n"
-    "  --epochs N          [1]          --batch N        global batch size [128]\n"
-    "  --lr F              [0.05]       --optim NAME     sgd | adamw [sgd]\n"
-    "  --momentum F        SGD [0]      --nesterov       SGD Nesterov momentum\n"
-    "  --weight-decay F    [0]          --beta1 F, --beta2 F, --eps F   AdamW [0.9, 0.999, 1e-8]\n"
-    "  --schedule NAME     constant | step | cosine [constant]\n"
-    "  --warmup N          cosine: linear warmup steps [0]\n"
-    "  --step-size N       step: decay every N steps    --gamma F   step: factor [0.1]\n"
-    "  --min-lr F          cosine: final learning rate [0]\n"
-    "  --clip F            clip the global gradient norm to F [off]\n"
-    "  --max-steps N       stop after N steps in total [off]\n"
-    "\n"
-    "data parallelism:\n"
-    "  --workers P         data-parallel workers (threads, one replica each) per process\n"
-    "                      [cores / processes on this host]\n"
-    "  --backend NAME      auto | thread | mpi: mpi when started by mpirun/srun, else threads\n"
-    "                      in this process [auto]; with mpi the job has processes x workers\n"
-    "                      ranks (a hierarchical all-reduce: threads, then processes)\n"
-    "  --threads N         compute threads per worker [1]\n"
-    "  --accum K           gradient accumulation: K global batches per optimizer step [1]\n"
-    "  --bucket-cap-mb F   gradient bucket cap in MiB [auto: a quarter of the gradient,\n"
-    "                      1..25 MiB]\n"
-    "  --first-bucket-mb F the first (output-side) bucket in MiB [1]\n"
-    "  --no-overlap        all-reduce only after backward (for comparison)\n"
-    "  --comm-progress WHO who runs the buckets' all-reduces on threads: thread (each worker's\n"
-    "                      communication thread) | caller (the workers themselves, between\n"
-    "                      layers; no third thread) | auto (caller when the workers' threads\n"
-    "                      fill the process's cores with none left for a communication\n"
-    "                      thread each, else thread) [auto]\n"
-    "  --comm-spin-us N    a worker waiting for another spins N microseconds before it sleeps\n"
-    "                      [auto: 10, 1 with more workers than cores; with caller progress\n"
-    "                      up to 2000 while the worker has its core to itself]\n"
-    "  --pin-threads       worker r runs only on the r-th core this process may use (its\n"
-    "                      affinity: give each process on a host its own cores) [off]\n"
-    "  --algo NAME         all-reduce algorithm: auto | ring | rhd | direct | native [auto];\n"
-    "                      with mpi it applies between processes (native = MPI's own)\n"
-    "  --compress SPEC     gradient compression: none | bf16 | fp16 | powersgd:RANK | topk:FRACTION |\n"
-    "                      sign [none]; topk, sign and powersgd keep an error-feedback residual\n"
-    "                      per worker (saved in checkpoints); see docs/ddp.md\n"
-    "  --powersgd-start N  powersgd: plain all-reduce before optimizer step N [0]\n"
-    "  --no-error-feedback topk, sign, powersgd: drop the residual instead of adding it to the next\n"
-    "                      step's gradient (to measure what error feedback buys)\n"
-    "  --check-replicas N  compare every replica's parameter hash every N steps [off]\n"
-    "  --skip-nonfinite    skip steps whose loss or gradient is NaN/Inf instead of stopping\n"
-    "  --comm-timeout S    fail a collective that blocks longer than S seconds [off]\n"
-    "  --deterministic     bit-identical results for any --workers (fixed chunks, exact sums)\n"
-    "  --det-chunk N       deterministic mode: samples per chunk [batch/4, within 8..32]\n"
-    "  --zero N            ZeRO stage: 0 off | 1 each worker keeps the optimizer state of its 1/P\n"
-    "                      shard, updates it and all-gathers the parameters | 2 and the gradient:\n"
-    "                      each bucket reduce-scattered, its memory given back | 3 and the\n"
-    "                      parameters: each bucket gathered before its layers run, then freed [0]\n"
-    "  --zero-reduce HOW   --zero 1's gradient reduction: allreduce (bucketed, overlapped with\n"
-    "                      backward) | scatter (half the bytes: each bucket reduce-scattered during\n"
-    "                      backward with the gather ahead, else the slab after backward) [allreduce]\n"
-    "  --zero-gather WHEN  --zero 1's parameter all-gather: step (within the step) | ahead (bucket\n"
-    "                      by bucket, waited for by the next forward layer by layer) | auto (ahead\n"
-    "                      when the workers span processes, else step) [auto]\n"
-    "  --timeline FILE     write a Chrome trace (Perfetto, chrome://tracing): one compute and one\n"
-    "                      all-reduce track per worker\n"
-    "  --simulate-slow RANK:FACTOR[,RANK:FACTOR...]\n"
-    "                      make job rank RANK's compute FACTOR (>= 1) times slower by sleeping\n"
-    "                      (FACTOR - 1) x its measured compute of each step [off]\n"
-    "  --simulate-jitter SPEC  random stalls per (rank, step), replayed by --seed: p=P,ms=MS (a\n"
-    "                      stall of MS ms with probability P) and/or lognormal=SIGMA (compute x\n"
-    "                      exp(SIGMA z) when that is > 1) [off]; docs/ddp.md\n"
-    "  --balance[=K]       heterogeneity-aware batches: every K steps [10] re-split the global\n"
-    "                      batch by each rank's measured throughput and update time, so that\n"
-    "                      their steps end together (the same gradient; whole --det-chunk\n"
-    "                      chunks when deterministic) [off]\n"
-    "  --backup-workers B  each step takes the gradients of the first workers - B ranks to finish\n"
-    "                      (their samples' mean) and drops the late ones' [off]; under mpirun\n"
-    "                      with --workers 1 (through rank 0); no BatchNorm; docs/ddp.md\n"
-    "  --mode NAME         sync | async [sync]: async trains through a parameter server; each\n"
-    "                      worker loops pull, forward/backward on its own batch of batch/workers,\n"
-    "                      push, never waiting for another (no BatchNorm); under mpirun with\n"
-    "                      --workers 1, the last --servers ranks serve and the others work\n"
-    "  --servers S         parameter-server shards, each with its own lock [min(workers, 4)];\n"
-    "                      under mpirun: server ranks, one shard each [1]\n"
-    "  --staleness S       stale-synchronous (implies async): a clock's pushes make one update,\n"
-    "                      a worker at most S clocks ahead of the slowest (0 = synchronous)\n"
-    "  --staleness-lr      scale each update's lr by 1 / (1 + its staleness) [off]\n"
-    "                      (epoch lines and metrics.jsonl report the staleness; docs/ddp.md)\n"
-    "  --share-lr          async: scale each push's lr by its share of the batch (its samples /\n"
-    "                      --batch), so a global batch's pushes move as far as one sync step [off]\n"
-    "  --implicit-momentum async SGD: asynchrony acts like momentum 1 - 1/workers; the server runs\n"
-    "                      at momentum 1 - workers x (1 - --momentum), so the two compose to it [off]\n"
-    "\n"
-    "run:\n"
-    "  --seed N            seed for initialisation, shuffling, dropout, augmentation [1]\n"
-    "  --prefetch N|auto   batches a loader thread prepares ahead; 0: each worker assembles its\n"
-    "                      own [auto: 0 where the compute threads fill the CPUs, else 2]\n"
-    "  --gemm NAME         dnnl | blas | ref [dnnl when built]\n"
-    "  --out DIR           write metrics.jsonl and checkpoint.bin there\n"
-    "  --ckpt-every N      checkpoint every N epochs [only at the end]\n"
-    "  --resume FILE       continue exactly from a checkpoint (same --batch, --seed)\n"
-    "  --init-from FILE    initial weights from a safetensors file (PyTorch names)\n"
-    "  --progress MODE     auto | bar | lines | none [auto: bar on a terminal, else lines];\n"
-    "                      none prints only the per-epoch results\n";
-
-static const char *help_eval =
-    "usage: dptrain eval --ckpt FILE [--data DIR] [--threads N] [--test-limit N]\n"
-    "       dptrain eval --safetensors FILE --model SPEC [--data DIR] [--threads N] [--test-limit N]\n"
-    "\n"
-    "Evaluates the checkpoint's model (or the weights of a safetensors file, PyTorch names,\n"
-    "as 'ckpt export' writes and 'train --init-from' reads) on the test set and prints\n"
-    "accuracy and loss.  A gpt model: --data is its token file (or a folder of text files,\n"
-    "prepared into DIR/tokens.bin on first use as train does), and the validation windows\n"
-    "give the loss per token and the perplexity.\n";
-
-static const char *help_ckpt =
-    "usage: dptrain ckpt info FILE\n"
-    "       dptrain ckpt export FILE --safetensors OUT\n"
-    "       dptrain ckpt diff A B [--tol F]\n"
-    "\n"
-    "info prints the header fields and the FNV-1a 64 hash of the raw parameter and buffer\n"
-    "bytes (the hash runs are compared by).  export writes the weights as safetensors\n"
-    "with PyTorch state_dict names and layouts, and the model spec, input shape and input\n"
-    "normalisation in its metadata (docs/checkpoint.md: loading it in PyTorch).  diff\n"
-    "compares two checkpoints of the same model: max |A - B| / max |A| over the parameters\n"
-    "(and, separately, the buffers); it exits 0 when both are <= F [1e-5], 1 otherwise\n"
-    "(a NaN or Inf in either is a difference).\n";
-
 /* ---- option parsing ------------------------------------------------------------- */
 
 struct args {
@@ -325,111 +161,6 @@ static double parse_float(const char *name, const char *v, double lo, double hi)
     return x;
 }
 
-/* ---- progress ------------------------------------------------------------------- */
-
-enum progress_mode { PROG_AUTO, PROG_BAR, PROG_LINES, PROG_NONE };
-struct progress {
-    enum progress_mode mode;
-    double t0, last_draw;
-    double sum_loss;
-    int64_t nloss;
-    double last_test_acc, last_test_loss, last_sps;
-    int64_t positions; /* loss terms per sample: 1, or ctx for gpt (then tokens/s, perplexity) */
-    /* steady-state throughput: from the end of the 5th step of this run on */
-    int64_t run_steps, tp_samples;
-    double tp_t0, tp_t1;
-    /* per-phase totals over the epochs (rank 0) */
-    double sum_data, sum_fwd, sum_bwd, sum_comm, sum_exposed, sum_opt, sum_time;
-    /* gradient traffic per step (epoch means, summed) and compression times */
-    double sum_sent, sum_recv, sum_fp32, sum_cz, sum_dz;
-    int nepochs;
-    int slow_rank;     /* the last epoch's straggler, -1 if none */
-    double slow_lag;
-    const struct dp_model *model;
-};
-
-static void on_event(void *arg, const struct dp_event *ev) {
-    struct progress *p = arg;
-    if (ev->kind == DP_EVENT_STEP) {
-        double now_s = dp_time();
-        if (++p->run_steps == 5) p->tp_t0 = now_s;
-        else if (p->run_steps > 5) p->tp_samples += ev->samples, p->tp_t1 = now_s;
-    }
-    if (ev->kind == DP_EVENT_STEP) {
-        p->sum_loss += ev->loss;
-        p->nloss++;
-        if (p->mode == PROG_LINES) {
-            /* a plain line at every tenth of an epoch, for logs */
-            int64_t tenth = ev->steps_per_epoch >= 10 ? ev->steps_per_epoch / 10 : 1;
-            if (ev->step_in_epoch % tenth == 0 && ev->step_in_epoch != ev->steps_per_epoch) {
-                printf("  epoch %lld step %lld/%lld  loss %.4f  lr %.4g\n", (long long)ev->epoch + 1,
-                       (long long)ev->step_in_epoch, (long long)ev->steps_per_epoch,
-                       p->sum_loss / (double)p->nloss, (double)ev->lr);
-                fflush(stdout);
-            }
-        }
-        if (p->mode != PROG_BAR) return;
-        double now = dp_time();
-        if (now - p->last_draw < 0.1 && ev->step_in_epoch != ev->steps_per_epoch) return;
-        p->last_draw = now;
-        int width = 30, done = (int)(width * ev->step_in_epoch / (ev->steps_per_epoch ? ev->steps_per_epoch : 1));
-        char bar[64];
-        for (int i = 0; i < width; i++) bar[i] = i < done ? '#' : '.';
-        bar[width] = 0;
-        fprintf(stderr, "\repoch %lld/%lld [%s] %lld/%lld  loss %.4f  lr %.4g ", (long long)ev->epoch + 1,
-                (long long)ev->epochs, bar, (long long)ev->step_in_epoch, (long long)ev->steps_per_epoch,
-                p->sum_loss / (double)p->nloss, (double)ev->lr);
-        fflush(stderr);
-    } else if (ev->kind == DP_EVENT_EPOCH) {
-        if (p->mode == PROG_BAR) fprintf(stderr, "\r\033[K");
-        p->sum_loss = 0, p->nloss = 0;
-        /* exposed communication is the wait after backward: it is part of
-         * the step time; the rest of the communication hid behind backward */
-        double other = ev->epoch_time - ev->t_fwd - ev->t_bwd - ev->t_comm_exposed - ev->t_opt - ev->t_data;
-        if (ev->positions > 1) /* a language model: per-token losses on the validation windows */
-            printf("epoch %lld/%lld  train loss %.4f  val loss %.4f  val ppl %.2f  %.0f tokens/s  ",
-                   (long long)ev->epoch, (long long)ev->epochs, ev->loss, ev->test_loss, exp(ev->test_loss),
-                   ev->samples_per_s * (double)ev->positions);
-        else
-            printf("epoch %lld/%lld  train loss %.4f  train acc %.2f%%  test loss %.4f  test acc %.2f%%  "
-                   "%.0f samples/s  ", (long long)ev->epoch, (long long)ev->epochs, ev->loss, 100 * ev->train_acc,
-                   ev->test_loss, 100 * ev->test_acc, ev->samples_per_s);
-        printf("%.1fs (data %.2f fwd %.2f bwd %.2f comm %.2f exposed %.2f opt %.2f other %.2f)%s",
-               ev->epoch_time, ev->t_data, ev->t_fwd, ev->t_bwd, ev->t_comm, ev->t_comm_exposed, ev->t_opt,
-               other > 0 ? other : 0, ev->skipped ? "  [skipped non-finite steps]" : "");
-        /* gradient compression: wire bytes per step and the ratio to fp32 */
-        if (ev->bytes_sent > 0 && ev->bytes_fp32 != ev->bytes_sent)
-            printf("  wire %.3g MB/step (%.1fx less than fp32, compress %.2fs decompress %.2fs)",
-                   ev->bytes_sent / 1e6, ev->bytes_fp32 / ev->bytes_sent, ev->t_compress, ev->t_decompress);
-        p->sum_sent += ev->bytes_sent, p->sum_recv += ev->bytes_recv, p->sum_fp32 += ev->bytes_fp32;
-        p->sum_cz += ev->t_compress, p->sum_dz += ev->t_decompress, p->nepochs++;
-        /* --balance: the shares, when they fit on the line */
-        for (int r = 0; ev->shares && ev->nshares <= 8 && r < ev->nshares; r++)
-            printf("%s%lld", r ? "/" : "  shares ", (long long)ev->shares[r]);
-        /* --backup-workers: the steps each rank was dropped */
-        for (int r = 0; ev->dropped_steps && ev->nshares <= 8 && r < ev->nshares; r++)
-            printf("%s%lld", r ? "/" : "  dropped ", (long long)ev->dropped_steps[r]);
-        /* the parameter server: the staleness of the epoch's pushes */
-        if (ev->pushes)
-            printf("  staleness mean %.2f p50 %lld p99 %lld max %lld", ev->stale_mean, (long long)ev->stale_p50,
-                   (long long)ev->stale_p99, (long long)ev->stale_max);
-        printf("\n");
-        p->sum_data += ev->t_data, p->sum_fwd += ev->t_fwd, p->sum_bwd += ev->t_bwd;
-        p->sum_comm += ev->t_comm, p->sum_exposed += ev->t_comm_exposed, p->sum_opt += ev->t_opt;
-        p->sum_time += ev->epoch_time;
-        fflush(stdout);
-        p->last_test_acc = ev->test_acc;
-        p->last_test_loss = ev->test_loss;
-        p->positions = ev->positions;
-        p->last_sps = ev->samples_per_s;
-        p->slow_rank = ev->slow_rank, p->slow_lag = ev->slow_lag;
-    } else if (ev->kind == DP_EVENT_CHECKPOINT) {
-        if (p->mode == PROG_BAR) fprintf(stderr, "\r\033[K");
-        printf("checkpoint %s (step %lld)\n", ev->path, (long long)ev->step);
-        fflush(stdout);
-    }
-}
-
 /* ---- commands ------------------------------------------------------------------- */
 
 /* 1 if an MPI launcher started this process: mpirun/mpiexec (Open MPI,
@@ -462,7 +193,7 @@ static int cmd_train(int argc, char **argv) {
     struct args a = {argc, 0, argv, "train"};
     for (a.i = 1; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
-            fputs(help_train, stdout);
+            fputs(dptrain_help_train, stdout);
             return 0;
         } else if (opt(&a, "--data", &v)) tp.data_dir = v, data_given = 1;
         else if (opt(&a, "--model", &v)) tp.model = v, model_given = 1;
@@ -633,7 +364,7 @@ static int cmd_train(int argc, char **argv) {
         die("--no-error-feedback applies to --compress topk, sign and powersgd only (%s keeps no residual)",
             dp_compress_name(tp.compress.kind));
     if (prog_state.mode == PROG_AUTO) prog_state.mode = isatty(2) ? PROG_BAR : PROG_LINES;
-    tp.on_event = on_event;
+    tp.on_event = dptrain_on_event;
     tp.event_arg = &prog_state;
 
     /* Backend: a multi-process job over MPI, or threads in this process. */
@@ -698,58 +429,8 @@ static int cmd_train(int argc, char **argv) {
         die_rc(rc);
     }
     double dt = dp_time() - t0;
-    /* Steady-state throughput (after 5 warm-up steps) and model FLOP
-     * utilisation: a training step costs ~3x the forward FLOPs (forward, and
-     * two GEMMs of the same size per layer in backward), over the fp32 peak of
-     * one core measured at start (dp_cpu_peak_flops) times the cores in use,
-     * threads x ranks (each process of an mpi job on a CPU like rank 0's). */
-    double sps = prog_state.tp_t1 > prog_state.tp_t0
-                     ? (double)prog_state.tp_samples / (prog_state.tp_t1 - prog_state.tp_t0) : prog_state.last_sps;
-    double mfu = peak > 0 ? sps * 3.0 * (double)m->flops_fwd / (peak * tp.threads * ranks) : 0;
-    char acc[64] = "n/a (no epoch finished)";
-    if (!isnan(prog_state.last_test_acc)) snprintf(acc, sizeof acc, "%.2f%%", 100 * prog_state.last_test_acc);
-    int lm = dp_model_spec_reads_tokens(m->spec); /* a language model reports its validation loss */
-    if (lm && !isnan(prog_state.last_test_loss))
-        snprintf(acc, sizeof acc, "%.4f (perplexity %.2f)", prog_state.last_test_loss,
-                 exp(prog_state.last_test_loss));
     warn_gemm_fallback();
-    if (me != 0) { /* rank 0 reports for the job */
-        dp_trainer_free(t);
-        dp_comm_free(job);
-        job = NULL;
-        return 0;
-    }
-    printf("done: %.1fs, %s %s, param hash %016" PRIx64 "\n", dt,
-           lm ? "val loss" : "test acc", acc, dp_trainer_param_hash(t));
-    if (prog_state.sum_time > 0) {
-        struct progress *q = &prog_state;
-        double tot = q->sum_time;
-        printf("time per phase (worker 0): data %.1f%%  forward %.1f%%  backward %.1f%%  "
-               "communication %.2fs of which exposed %.2fs (%.0f%% hidden behind backward)  optimizer %.1f%%\n",
-               100 * q->sum_data / tot, 100 * q->sum_fwd / tot, 100 * q->sum_bwd / tot, q->sum_comm, q->sum_exposed,
-               q->sum_comm > 0 ? 100 * (1 - q->sum_exposed / q->sum_comm) : 100.0, 100 * q->sum_opt / tot);
-    }
-    if (prog_state.nepochs > 0 && prog_state.sum_sent > 0) {
-        struct progress *q = &prog_state;
-        char cspec[64];
-        dp_compress_format(&tp.compress, cspec, sizeof cspec);
-        printf("gradient traffic (worker 0, --compress %s): %.3g MB sent and %.3g MB received per step, "
-               "%.2fx less than fp32; compress %.2fs, decompress %.2fs\n",
-               cspec, q->sum_sent / q->nepochs / 1e6, q->sum_recv / q->nepochs / 1e6, q->sum_fp32 / q->sum_sent,
-               q->sum_cz, q->sum_dz);
-    }
-    if (prog_state.slow_rank >= 0)
-        printf("slowest rank (last epoch): %d, its reductions start %.3g ms per step after the earliest rank's\n",
-               prog_state.slow_rank, 1e3 * prog_state.slow_lag);
-    if (prog_state.run_steps > 5) {
-        printf("throughput: %.1f samples/s (training steps after the 5th, %lld steps), %.1f samples/s per worker",
-               sps, (long long)prog_state.run_steps - 5, sps / ranks);
-        if (lm) printf(", %.0f tokens/s", sps * (double)m->in_shape.d[0]);
-        if (peak > 0)
-            printf(", MFU %.1f%% of %d x %.0f GFLOP/s (measured, %s)", 100 * mfu, tp.threads * ranks, peak / 1e9,
-                   dp_cpu_peak_isa());
-        printf("\n");
-    }
+    if (me == 0) dptrain_progress_summary(&prog_state, t, &tp, dt, peak, ranks); /* rank 0 reports for the job */
     dp_trainer_free(t);
     dp_comm_free(job);
     job = NULL;
@@ -767,7 +448,7 @@ static int cmd_eval(int argc, char **argv) {
     struct args a = {argc, 0, argv, "eval"};
     for (a.i = 1; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
-            fputs(help_eval, stdout);
+            fputs(dptrain_help_eval, stdout);
             return 0;
         } else if (opt(&a, "--ckpt", &v)) ckpt = v;
         else if (opt(&a, "--safetensors", &v)) weights = v;
@@ -838,7 +519,7 @@ static int cmd_ckpt_diff(int argc, char **argv) {
     int nfile = 0;
     for (a.i = 1; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL)) {
-            fputs(help_ckpt, stdout);
+            fputs(dptrain_help_ckpt, stdout);
             return 0;
         } else if (opt(&a, "--tol", &v)) tol = parse_float("--tol", v, 0, 1e30);
         else if (argv[a.i][0] != '-' && nfile < 2) file[nfile++] = argv[a.i];
@@ -879,7 +560,7 @@ static int cmd_ckpt_diff(int argc, char **argv) {
 
 static int cmd_ckpt(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fputs(help_ckpt, argc < 2 ? stderr : stdout);
+        fputs(dptrain_help_ckpt, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     const char *sub = argv[1];
@@ -890,7 +571,7 @@ static int cmd_ckpt(int argc, char **argv) {
     struct args a = {argc, 0, argv, "ckpt"};
     for (a.i = 2; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL)) {
-            fputs(help_ckpt, stdout);
+            fputs(dptrain_help_ckpt, stdout);
             return 0;
         } else if (!strcmp(sub, "export") && opt(&a, "--safetensors", &v)) out = v;
         else if (argv[a.i][0] != '-' && !file) file = argv[a.i];
@@ -984,12 +665,12 @@ int main(int argc, char **argv) {
     mallopt(M_MMAP_THRESHOLD, 1 << 30);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
     if (argc < 2) {
-        fputs(help_main, stderr);
+        fputs(dptrain_help_main, stderr);
         return 2;
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
-        fputs(help_main, stdout);
+        fputs(dptrain_help_main, stdout);
         printf("\nbackends: thread (built in), mpi (%s), nccl (%s)\n",
                dp_comm_backend_available("mpi") ? "built in" : "not built in: install openmpi-bin libopenmpi-dev and rebuild",
                dp_comm_backend_available("nccl") ? "built in" : "not built in");
@@ -1021,8 +702,8 @@ int main(int argc, char **argv) {
             char *h[] = {"sample", "--help", NULL};
             return dptrain_cmd_sample(2, h);
         }
-        fputs(!strcmp(what, "train") ? help_train : !strcmp(what, "eval") ? help_eval
-              : !strcmp(what, "ckpt") ? help_ckpt : help_main, stdout);
+        fputs(!strcmp(what, "train") ? dptrain_help_train : !strcmp(what, "eval") ? dptrain_help_eval
+              : !strcmp(what, "ckpt") ? dptrain_help_ckpt : dptrain_help_main, stdout);
         return 0;
     }
     if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
