@@ -689,8 +689,8 @@ expect_error truncated_data "truncated" "$BIN" train --data "$T/trunc"
 printf '\x00\x00\x08\x01\x00\x00\x00\x05abcde' >"$T/trunc/train-images-idx3-ubyte"
 expect_error wrong_dims "train-images" "$BIN" train --data "$T/trunc"
 cp "$T/a/checkpoint.bin" "$T/keep.bin"; before=$(hash_of "$T/keep.bin")
-expect_error ckpt_other_model "model 'mlp'" "$BIN" train --model cnn "${SMALL[@]}" --resume "$T/keep.bin" --out "$T/a"
-expect_error ckpt_other_batch "batch" "$BIN" train --model mlp "${SMALL[@]}" --batch 64 --resume "$T/keep.bin" --out "$T/a"
+expect_error ckpt_other_model "model 'mlp'" "$BIN" train --model cnn "${SMALL[@]}" --resume "$T/keep.bin" --out "$T/a_other"
+expect_error ckpt_other_batch "batch" "$BIN" train --model mlp "${SMALL[@]}" --batch 64 --resume "$T/keep.bin" --out "$T/a_other"
 cp "$T/keep.bin" "$T/corrupt.bin"
 printf '\xff\xff\xff\xff' | dd of="$T/corrupt.bin" bs=1 seek=3000 conv=notrunc 2>/dev/null
 expect_error ckpt_corrupt "checksum" "$BIN" ckpt info "$T/corrupt.bin"
@@ -1324,6 +1324,11 @@ else
   skip zero1_gather_ahead_deterministic "$DATA missing"; skip pin_threads_same_bits "$DATA missing"
   skip zero3_checkpoint_resumes_plain "$DATA missing"
 fi
+
+# more checks, one file per subject (they use this file's helpers, BIN, DATA, T and SMALL)
+for f in "$(dirname "${BASH_SOURCE[0]}")"/cli.d/*.sh; do
+  [[ -f $f ]] && source "$f"
+done
 
 ci_strict=0
 [[ -n ${CI:-} && $CI != 0 && ${CI,,} != false ]] && ci_strict=1
