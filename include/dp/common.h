@@ -33,13 +33,14 @@ extern "C" {
     X(DP_EMISMATCH, -7, "mismatch")                                    \
     X(DP_ENONFINITE, -8, "non-finite value")                           \
     X(DP_ECANCELED, -9, "canceled")                                    \
-    X(DP_EINTERNAL, -10, "internal error")
+    X(DP_EINTERNAL, -10, "internal error")                             \
+    X(DP_EEXIST, -11, "already exists")
 
 enum dp_status {
 #define DP__ENUM(name, val, text) name = val,
     DP_STATUS_MAP(DP__ENUM)
 #undef DP__ENUM
-    DP_STATUS_COUNT = 11
+    DP_STATUS_COUNT = 12
 };
 
 /* Default text for a status code (never NULL). */

@@ -29,6 +29,8 @@ enum dp_event_kind {
     DP_EVENT_STEP = 0,    /* after each optimizer step */
     DP_EVENT_EPOCH,       /* after each epoch (train metrics + test accuracy) */
     DP_EVENT_CHECKPOINT,  /* a checkpoint was written */
+    DP_EVENT_EVAL,        /* an evaluation between epochs (eval_every, or the end of a run that
+                             max_steps stopped mid-epoch): step, epoch, test_acc, test_loss */
     DP_EVENT_KIND_COUNT
 };
 
@@ -200,8 +202,33 @@ struct dp_train_params {
     int prefetch;              /* batches a loader thread prepares ahead; 0: none, each worker assembles
                                   its batch itself; -1 (default) auto: dp_train_prefetch_auto */
     float norm_mean, norm_std; /* input normalisation */
-    const char *out_dir;       /* metrics.jsonl, checkpoints (NULL = none) */
+    /* The run folder: metrics.jsonl and checkpoint.bin (NULL = none), created with its missing
+     * parents.  A folder that holds a run already (a checkpoint.bin or a non-empty
+     * metrics.jsonl) is refused unless this run resumes that folder's own checkpoint (resume
+     * names the file in it) or `overwrite` is set; the error names what the folder holds.  A
+     * resume first cuts metrics.jsonl back to what it held when the checkpoint was written (a
+     * record cut short by a kill, and the records of steps past the checkpoint, are dropped),
+     * so every step is recorded once.  Each record reaches the file in one write. */
+    const char *out_dir;
+    int overwrite;
     int ckpt_every;            /* epochs between checkpoints (0 = only at the end) */
+    int64_t ckpt_every_steps;  /* and every N optimizer steps (0 = off) */
+    int64_t eval_every;        /* evaluate every N optimizer steps (0 = only at epoch ends): a
+                                  DP_EVENT_EVAL and test_loss/test_acc in that step's record */
+    /* A stop on request (a signal; the caller's flag, set to non-zero from any thread or a
+     * signal handler): the run finishes its current step, every rank at the same step (in one
+     * process they agree through a shared atomic step; across processes, one 8-byte
+     * all-reduce per step), writes the checkpoint and returns DP_OK; dp_trainer_stopped then
+     * gives the step.  NULL = off. */
+#ifdef __cplusplus
+    const volatile int *stop;  /* (the same object: C++ spells C11's _Atomic int differently) */
+#else
+    const _Atomic int *stop;
+#endif
+    /* The caller's configuration of the run, stored verbatim in every checkpoint (section
+     * "DPCONFIG"; dptrain: its train options, one per line) for a resume to restore
+     * (dp_ckpt_read_section).  NULL = none. */
+    const char *config;
     const char *resume;        /* checkpoint to continue from */
     const char *init_from;     /* safetensors file with initial weights */
     int64_t train_limit;       /* use only the first N training samples (0 = all); text: N windows per epoch */
@@ -262,8 +289,11 @@ int dp_train_progress_auto(int workers, int threads, int cpus);
  * docs/results.md "The loader thread on a full machine"), else 2. */
 int dp_train_prefetch_auto(int workers, int threads, int cpus);
 int dp_trainer_init(struct dp_trainer **t, const struct dp_train_params *p);
-/* Trains until the epoch count (or max_steps) is reached. */
+/* Trains until the epoch count (or max_steps) is reached, or a stop is requested. */
 int dp_trainer_run(struct dp_trainer *t);
+/* After dp_trainer_run: the step at which a requested stop (dp_train_params.stop) ended the
+ * run, or -1 when it ran to its end. */
+int64_t dp_trainer_stopped(const struct dp_trainer *t);
 /* Accuracy and mean loss of the current model on a dataset (eval mode); for
  * a text model ds is NULL and the data is its validation windows (per-token
  * accuracy and loss). */
@@ -340,6 +370,13 @@ struct dp_ckpt_section {
     uint32_t header_crc;       /* CRC-32 of this header with header_crc = 0 */
 };
 #define DP_CKPT_EF_TAG "DPEFSTAT"
+/* "DPCONFIG": dp_train_params.config, as given (text).  "DPMETRIC": a struct dp_ckpt_metrics,
+ * the length of the run folder's metrics.jsonl when the checkpoint was written. */
+#define DP_CKPT_CONFIG_TAG "DPCONFIG"
+#define DP_CKPT_METRICS_TAG "DPMETRIC"
+struct dp_ckpt_metrics {
+    int64_t bytes;
+};
 struct dp_ckpt_ef {            /* the data of a "DPEFSTAT" section starts with this */
     uint32_t kind;             /* enum dp_compress */
     uint32_t workers;          /* job ranks whose state follows, in rank order */
@@ -367,6 +404,9 @@ int dp_ckpt_writer_put(struct dp_ckpt_writer *w, const void *data, size_t n);
 uint64_t dp_ckpt_writer_hash(const struct dp_ckpt_writer *w);
 int dp_ckpt_writer_close(struct dp_ckpt_writer *w, struct dp_ckpt_header *h, const char *tag, const void *data,
                          uint64_t size);
+/* A section after the payload, before close (any number, each tag once): call it once every
+ * payload byte has been put. */
+int dp_ckpt_writer_section(struct dp_ckpt_writer *w, const char *tag, const void *data, uint64_t size);
 /* Reads and checks the whole file, and returns the data of section `tag`
  * (*data: caller frees with dp_free; NULL and *size 0 when the file has no
  * such section). */

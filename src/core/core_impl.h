@@ -35,5 +35,7 @@ int dp__atomic_write(struct dp__atomic *a, const void *data, size_t len);
 int dp__atomic_pwrite(struct dp__atomic *a, const void *data, size_t len, uint64_t off);
 int dp__atomic_commit(struct dp__atomic *a);
 void dp__atomic_abort(struct dp__atomic *a);
+/* mkdir -p: path and its missing parents (mode for the ones made); 0, or -1 with errno. */
+int dp__mkdir_p(const char *path, unsigned mode);
 
 #endif

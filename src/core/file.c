@@ -11,6 +11,7 @@
 #include <libgen.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/core_impl.h"
@@ -102,4 +103,30 @@ int dp__write_file_atomic(const char *path, const struct dp__wpart *parts, int n
     int rc = dp__atomic_open(&a, path, what);
     for (int i = 0; i < nparts && !rc; i++) rc = dp__atomic_write(&a, parts[i].data, parts[i].len);
     return rc ? rc : dp__atomic_commit(&a);
+}
+
+int dp__mkdir_p(const char *path, unsigned mode) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) {
+        errno = n ? ENAMETOOLONG : ENOENT;
+        return -1;
+    }
+    memcpy(buf, path, n + 1);
+    /* each prefix that ends at a '/', then the whole path; one that exists already is fine
+     * (as long as the last one is a folder) */
+    for (size_t i = 1; i <= n; i++) {
+        if (i < n && buf[i] != '/') continue;
+        char c = buf[i];
+        buf[i] = 0;
+        if (mkdir(buf, (mode_t)mode) != 0 && errno != EEXIST) return -1;
+        buf[i] = c;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
 }

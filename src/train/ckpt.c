@@ -68,6 +68,22 @@ int dp_ckpt_writer_put(struct dp_ckpt_writer *w, const void *data, size_t n) {
 
 uint64_t dp_ckpt_writer_hash(const struct dp_ckpt_writer *w) { return w->hash; }
 
+int dp_ckpt_writer_section(struct dp_ckpt_writer *w, const char *tag, const void *data, uint64_t size) {
+    if (w->rc) return w->rc;
+    if (w->put != w->want) {
+        dp__atomic_abort(&w->a);
+        return w->rc = dp_seterr(DP_EINTERNAL, "checkpoint: section %.8s before the payload's end", tag);
+    }
+    struct dp_ckpt_section sec;
+    memset(&sec, 0, sizeof sec);
+    memcpy(sec.tag, tag, strnlen(tag, 8));
+    sec.size = size;
+    sec.data_crc = dp_crc32(0, data, (size_t)size);
+    sec.header_crc = dp_crc32(0, &sec, sizeof sec);
+    if (!(w->rc = dp__atomic_write(&w->a, &sec, sizeof sec))) w->rc = dp__atomic_write(&w->a, data, (size_t)size);
+    return w->rc;
+}
+
 int dp_ckpt_writer_close(struct dp_ckpt_writer *w, struct dp_ckpt_header *h, const char *tag, const void *data,
                          uint64_t size) {
     int rc = w->rc;
@@ -82,15 +98,7 @@ int dp_ckpt_writer_close(struct dp_ckpt_writer *w, struct dp_ckpt_header *h, con
         h->payload_crc = w->crc;
         h->header_crc = 0;
         h->header_crc = dp_crc32(0, h, sizeof *h);
-        struct dp_ckpt_section sec;
-        memset(&sec, 0, sizeof sec);
-        if (tag) {
-            memcpy(sec.tag, tag, 8);
-            sec.size = size;
-            sec.data_crc = dp_crc32(0, data, (size_t)size);
-            sec.header_crc = dp_crc32(0, &sec, sizeof sec);
-            if (!(rc = dp__atomic_write(&w->a, &sec, sizeof sec))) rc = dp__atomic_write(&w->a, data, (size_t)size);
-        }
+        if (tag) rc = dp_ckpt_writer_section(w, tag, data, size);
         if (!rc && !(rc = dp__atomic_pwrite(&w->a, h, sizeof *h, 0))) rc = dp__atomic_commit(&w->a);
     }
     if (rc) dp__atomic_abort(&w->a); /* (a no-op where a failed write has already) */

@@ -44,6 +44,7 @@
 #include "dp/ddp.h"
 #include "dp/ps.h"
 #include "dp/train.h"
+#include "run_folder.h"
 #include "timeline.h"
 
 /* Backup workers (--backup-workers b; see "backup workers" below): the
@@ -78,6 +79,7 @@ struct worker {
     struct dp_replica rep;
     struct dp_optim opt;       /* over zero.len floats: the whole slab, or with ZeRO this worker's shard */
     uint64_t zhash;            /* ZeRO 3: dp_replica_hash's value, folded as the ranges passed (end_epoch) */
+    int ckpt_due;              /* --ckpt-every-steps fell on the epoch's last step: end_epoch checkpoints */
     struct dp_zero zero;
     struct dp_loader *loader;
     struct dp_comm *comm;
@@ -190,6 +192,9 @@ struct dp_trainer {
     int red_check;             /* the reduced gradient is checked for non-finite values inside the
                                   all-reduce (reduced_check), not by every worker after it */
     atomic_llong red_bad;      /* ... 1 + the last step whose reduced gradient had one */
+    atomic_llong stop_at;      /* a requested stop, in one process: the step after which every worker
+                                  stops (INT64_MAX: none; stop_agreed) */
+    int64_t stopped;           /* the step a requested stop ended the run at (-1: none) */
 };
 
 static int red_check_possible(const struct dp_trainer *t);
@@ -243,6 +248,7 @@ int dp_trainer_zero_counts(const struct dp_trainer *t, int worker, struct dp_zer
 }
 uint64_t dp_trainer_param_hash(const struct dp_trainer *t) { return dp_replica_hash(&t->w[0].rep); }
 const char *dp_trainer_note(const struct dp_trainer *t) { return t->note[0] ? t->note : NULL; }
+int64_t dp_trainer_stopped(const struct dp_trainer *t) { return t->stopped; }
 
 void dp_trainer_free(struct dp_trainer *t) {
     if (!t) return;
@@ -823,9 +829,18 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     t->ps_servers = p->inter && p->async ? (p->servers ? p->servers : 1) : 0;
     t->ps_W = t->G - t->ps_servers;
     t->efstate_step = -1;
+    t->stopped = -1;
     atomic_init(&t->eval_next, 0);
+    atomic_init(&t->stop_at, INT64_MAX);
     dp_set_num_threads(p->threads);
 
+    if (p->batch < t->ps_W) {
+        rc = dp_seterr(DP_EINVAL, "global batch %lld is smaller than the %d workers: each worker needs at least "
+                       "one sample per step (raise --batch or lower --workers)", (long long)p->batch, t->ps_W);
+        goto fail;
+    }
+    /* A folder that holds another run is refused before anything is loaded. */
+    if (p->out_dir && t->base == 0 && (rc = dp__run_folder_check(p->out_dir, p->resume, p->overwrite))) goto fail;
     /* A checkpoint names its model; --model may be omitted when resuming. */
     char spec[128];
     snprintf(spec, sizeof spec, "%s", p->model ? p->model : "");
@@ -978,22 +993,11 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
         if (rc || (whole && (rc = dp_zero_release_params(&t->w[0].zero)))) goto fail;
     }
     if (p->async && (rc = ps_init(t))) goto fail;
-    /* Only the job's rank 0 writes metrics and checkpoints. */
-    if (p->out_dir && t->base == 0) {
-        if (mkdir(p->out_dir, 0755) != 0 && errno != EEXIST) {
-            rc = dp_seterr(DP_EIO, "cannot create output folder %s: %s", p->out_dir, strerror(errno));
-            goto fail;
-        }
-        char path[4096];
-        snprintf(path, sizeof path, "%s/metrics.jsonl", p->out_dir);
-        /* Appending keeps the history of a resumed run in one file. */
-        snprintf(t->metrics_path, sizeof t->metrics_path, "%s", path);
-        t->metrics = fopen(path, p->resume ? "a" : "w");
-        if (!t->metrics) {
-            rc = dp_seterr(DP_EIO, "cannot write %s: %s", path, strerror(errno));
-            goto fail;
-        }
-    }
+    /* Only the job's rank 0 writes metrics and checkpoints (src/train/run_folder.c). */
+    if (p->out_dir && t->base == 0 &&
+        (rc = dp__run_folder_open(p->out_dir, p->resume, p->overwrite, &t->metrics, t->metrics_path,
+                                  sizeof t->metrics_path, t->note, sizeof t->note)))
+        goto fail;
     *out = t;
     return DP_OK;
 fail:
@@ -1140,20 +1144,32 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
         for (int r = 0; !gathered && r < t->P; r++)
             dp_reducer_state_get(&t->w[r].red, (float *)(void *)(data + sizeof ef) + (size_t)len * (size_t)r);
     }
-    const char *tag = data ? DP_CKPT_EF_TAG : NULL;
+    /* The sections after the payload: the error-feedback state, the length of metrics.jsonl
+     * now (a resume cuts the file back to it: load_metrics) and the caller's configuration. */
+    struct dp_ckpt_writer *out = NULL;
+    if (!rc) rc = dp_ckpt_writer_open(&out, path, &h);
+    int src;
     if (!t->p.zero) {
-        if (!rc) rc = dp_ckpt_write_section(path, &h, w->rep.params, w->rep.buffers, w->opt.state, tag, data, size);
-    } else {
-        struct dp_ckpt_writer *out = NULL;
-        if (!rc) rc = dp_ckpt_writer_open(&out, path, &h);
-        int src = zero_stream(w, out); /* (the others wait for the pieces even where the file failed) */
         if (out) {
-            h.param_hash = dp_ckpt_writer_hash(out);
-            int crc = dp_ckpt_writer_close(out, &h, tag, data, size);
-            if (!src) src = crc;
+            dp_ckpt_writer_put(out, w->rep.params, sizeof(float) * (size_t)h.num_params);
+            dp_ckpt_writer_put(out, w->rep.buffers, sizeof(float) * (size_t)h.num_buffers);
+            dp_ckpt_writer_put(out, w->opt.state, sizeof(float) * (size_t)h.optim_state_len);
         }
-        if (!rc) rc = src;
+        src = DP_OK;
+    } else
+        src = zero_stream(w, out); /* (the others wait for the pieces even where the file failed) */
+    if (out) {
+        if (t->p.zero) h.param_hash = dp_ckpt_writer_hash(out);
+        if (data) dp_ckpt_writer_section(out, DP_CKPT_EF_TAG, data, size);
+        if (t->metrics) {
+            struct dp_ckpt_metrics mb = {.bytes = ftell(t->metrics)}; /* (every record is flushed) */
+            dp_ckpt_writer_section(out, DP_CKPT_METRICS_TAG, &mb, sizeof mb);
+        }
+        if (t->p.config) dp_ckpt_writer_section(out, DP_CKPT_CONFIG_TAG, t->p.config, strlen(t->p.config));
+        int crc = dp_ckpt_writer_close(out, &h, NULL, NULL, 0);
+        if (!src) src = crc;
     }
+    if (!rc) rc = src;
     dp_free(data);
     return rc;
 }
@@ -2297,6 +2313,77 @@ static int metrics_error(const struct dp_trainer *t) {
     return dp_seterr(DP_EIO, "metrics: cannot write %s: %s", t->metrics_path, e ? strerror(e) : "I/O error");
 }
 
+/* The end of a metrics record: its closing brace and newline, then the flush that hands the
+ * whole record to the file in one write (src/train/run_folder.c). */
+static int metrics_end(const struct dp_trainer *t) {
+    errno = 0;
+    if (fputs("}\n", t->metrics) < 0 || fflush(t->metrics) != 0) return metrics_error(t);
+    return DP_OK;
+}
+
+/* Rank 0: an evaluation outside the epoch's end (a run --max-steps stopped mid-epoch): its
+ * event and an "eval" record. */
+static int report_eval(struct worker *w, int64_t step, int64_t epoch, double acc, double loss) {
+    struct dp_trainer *t = w->t;
+    struct dp_event ev = {.kind = DP_EVENT_EVAL, .step = step, .epoch = epoch, .test_acc = acc, .test_loss = loss,
+                          .positions = t->pos, .step_in_epoch = (t->step_in_epoch + t->p.accum - 1) / t->p.accum};
+    emit(t, &ev);
+    if (!t->metrics) return DP_OK;
+    errno = 0;
+    if (fprintf(t->metrics, "{\"kind\": \"eval\", \"step\": %lld, \"epoch\": %lld, \"test_loss\": %.6f, "
+                "\"test_acc\": %.6f", (long long)step, (long long)epoch + 1, loss, acc) < 0)
+        return metrics_error(t);
+    return metrics_end(t);
+}
+
+/* --ckpt-every-steps within an epoch: as end_epoch's checkpoint (every worker: ZeRO's last
+ * all-gather settled, the error-feedback state brought to rank 0, which writes while the
+ * others stream their pieces where ZeRO spans processes; then a barrier). */
+static int step_checkpoint(struct worker *w) {
+    struct dp_trainer *t = w->t;
+    if (!t->p.out_dir) return DP_OK;
+    int rc = dp_zero_settle(&w->zero);
+    if (!rc) rc = ef_gather_state(w);
+    if (!rc && w->grank == 0) rc = checkpoint(t);
+    else if (!rc && zero_serves(t)) rc = zero_stream(w, NULL);
+    return rc ? rc : dp_comm_barrier(w->comm);
+}
+
+/* A requested stop (dp_train_params.stop), checked before each step: *stop = 1 when every
+ * rank stops before step `step`.  The ranks must agree on the step, or one would wait
+ * forever in a collective the others never start.
+ *   One process: the first worker to see the request sets stop_at = step + STOP_LEAD, once
+ *   (compare-and-swap), and every worker stops before that step.  No worker has begun it: a
+ *   synchronous worker is at most one step ahead of another (the step's reduction needs
+ *   every rank), a backup worker at most BACKUP_DEPTH.
+ *   Several processes: one all-reduce of one double per step sums the ranks' views of
+ *   their process's request; every rank gets the same sum, so all stop at the same step
+ *   (measured in docs/results.md "A stop on request").  Backup workers across processes
+ *   run no per-step collective (that would wait for the late ranks they exist to drop): a
+ *   request there ends the run as a failure of the step. */
+#define STOP_LEAD (BACKUP_DEPTH + 2)
+static int stop_agreed(struct worker *w, int64_t step, int *stop) {
+    struct dp_trainer *t = w->t;
+    *stop = 0;
+    if (!t->p.stop) return DP_OK;
+    if (t->p.inter) {
+        if (t->bk_on)
+            return atomic_load(t->p.stop) ? dp_seterr(DP_ECANCELED, "stopped on request (--backup-workers across "
+                                                     "processes cannot agree on a step to stop at)") : DP_OK;
+        double v = atomic_load(t->p.stop) != 0;
+        int rc = dp_comm_allreduce(w->comm, &v, 1, DP_DTYPE_F64, DP_ALGO_AUTO);
+        *stop = !rc && v > 0;
+        return rc;
+    }
+    long long at = atomic_load(&t->stop_at);
+    if (at == INT64_MAX && atomic_load(t->p.stop)) {
+        atomic_compare_exchange_strong(&t->stop_at, &at, (long long)step + STOP_LEAD);
+        at = atomic_load(&t->stop_at); /* (ours, or the one another worker set first) */
+    }
+    *stop = step >= at;
+    return DP_OK;
+}
+
 /* Rank 0 at the end of an epoch: the event, the metrics record and the
  * checkpoint.  dt: the epoch's training time (evaluation excluded); tot as
  * epoch_totals gives it; test_acc and test_loss as evaluate_shared gives
@@ -2412,11 +2499,11 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
         if (t->text && fprintf(t->metrics, ", \"val_loss\": %.6f, \"val_ppl\": %.4f, \"tokens_per_s\": %.1f",
                                ev.test_loss, exp(ev.test_loss), ev.samples_per_s * (double)t->pos) < 0)
             return metrics_error(t);
-        if (fprintf(t->metrics, "}\n") < 0 || fflush(t->metrics) != 0) return metrics_error(t);
+        if ((rc = metrics_end(t))) return rc;
     }
     emit(t, &ev);
     int last = t->epoch == t->p.epochs;
-    if (last || (t->p.ckpt_every > 0 && t->epoch % t->p.ckpt_every == 0))
+    if (last || (t->p.ckpt_every > 0 && t->epoch % t->p.ckpt_every == 0) || w->ckpt_due)
         if ((rc = checkpoint(t))) return rc;
     return DP_OK;
 }
@@ -2439,7 +2526,7 @@ static int end_epoch(struct worker *w, double t_start) {
      * barrier.  With an output folder, the report's hash is folded range by
      * range as they pass (zhash), and the checkpoint streams the pieces
      * (zero_stream): neither needs the whole parameters. */
-    int last = e == t->p.epochs, ckpt = last || (t->p.ckpt_every > 0 && e % t->p.ckpt_every == 0);
+    int last = e == t->p.epochs, ckpt = last || (t->p.ckpt_every > 0 && e % t->p.ckpt_every == 0) || w->ckpt_due;
     if (!rc) rc = evaluate_shared(w, &test_acc, &test_loss);
     if (!rc && last) dp_zero_drop_grad_shard(&w->zero);
     if (!rc && (last || t->p.out_dir)) {
@@ -2451,6 +2538,7 @@ static int end_epoch(struct worker *w, double t_start) {
     if (!rc && w->grank == 0) rc = report_epoch(w, dt, tot, test_acc, test_loss);
     else if (!rc && ckpt && zero_serves(t)) rc = zero_stream(w, NULL); /* while rank 0 writes */
     dp_free(tot);
+    w->ckpt_due = 0;
     if (rc) return rc;
     /* The others wait while rank 0 writes the metrics and the checkpoint: a
      * short write, under --comm-timeout like any collective (a hung file
@@ -2470,7 +2558,7 @@ static void phase_sums(const struct worker *w, double out[6]) {
 /* One "step" line of metrics.jsonl (rank 0): the step's phase times are the
  * differences of the phase sums before (s0) and after it. */
 static int step_record(const struct worker *w, int64_t step, int64_t epoch, double loss, double samples,
-                       double step_s, const double s0[6], int last_rank) {
+                       double step_s, const double s0[6], int last_rank, double test_acc, double test_loss) {
     double s1[6];
     phase_sums(w, s1);
     errno = 0;
@@ -2494,8 +2582,10 @@ static int step_record(const struct worker *w, int64_t step, int64_t epoch, doub
     }
     /* parameter server: the staleness of rank 0's push */
     if (n >= 0 && w->t->ps_on) n = fprintf(w->t->metrics, ", \"staleness\": %lld", (long long)w->ps_stale);
-    if (n >= 0) n = fprintf(w->t->metrics, "}\n");
-    return n < 0 ? metrics_error(w->t) : DP_OK;
+    /* --eval-every: this step's evaluation */
+    if (n >= 0 && !isnan(test_acc))
+        n = fprintf(w->t->metrics, ", \"test_loss\": %.6f, \"test_acc\": %.6f", test_loss, test_acc);
+    return n < 0 ? metrics_error(w->t) : metrics_end(w->t);
 }
 
 /* ---- agreement before the first step ----------------------------------------------------
@@ -2670,7 +2760,7 @@ static int ps_loop(struct worker *w) {
                 reported = done, last_loss = loss;
                 emit(t, &ev);
                 /* the record's samples too (so samples / step_s over the records is the job's rate) */
-                if (t->metrics && (rc = step_record(w, epoch * spe + in_epoch, epoch, loss, (double)since, te - ts, s0, -1)))
+                if (t->metrics && (rc = step_record(w, epoch * spe + in_epoch, epoch, loss, (double)since, te - ts, s0, -1, NAN, NAN)))
                     break;
             }
         }
@@ -2693,7 +2783,7 @@ static int ps_loop(struct worker *w) {
                                   .staleness = w->ps_stale};
             reported += tail;
             emit(t, &ev);
-            if (t->metrics && (rc = step_record(w, (epoch + 1) * spe, epoch, last_loss, (double)tail, te - tb, s0, -1)))
+            if (t->metrics && (rc = step_record(w, (epoch + 1) * spe, epoch, last_loss, (double)tail, te - tb, s0, -1, NAN, NAN)))
                 break;
         }
         if ((rc = dp_ps_pull(ps, w->rank, (epoch + 1) * spe, w->rep.params))) break;
@@ -2772,7 +2862,7 @@ static int ps_net_loop(struct worker *w) {
                                           .last_rank = -1, .slow_s = w->step_slow, .staleness = w->ps_stale};
                     reported = done;
                     emit(t, &ev);
-                    if (t->metrics && (rc = step_record(w, epoch * spe + in_epoch, epoch, loss, n, te - ts, s0, -1)))
+                    if (t->metrics && (rc = step_record(w, epoch * spe + in_epoch, epoch, loss, n, te - ts, s0, -1, NAN, NAN)))
                         break;
                 }
             }
@@ -2825,13 +2915,21 @@ static int worker_loop(struct worker *w) {
         if (w->grank == 0 && t->bk_on) memset(t->dropped_count, 0, sizeof(int64_t) * (size_t)t->G);
         w->correct = w->seen = w->skipped = 0;
         while (in_epoch < t->batches_per_epoch) {
-            if (t->p.max_steps && step >= t->p.max_steps) {
-                /* the run's end: as end_epoch's last epoch */
+            int stop = 0;
+            if ((t->p.max_steps && step >= t->p.max_steps) || (rc = stop_agreed(w, step, &stop)) || stop) {
+                if (rc) return dp_adderr(rc, "worker %d, step %lld: the stop request", w->grank, (long long)step);
+                /* the run's end: as end_epoch's last epoch; --max-steps mid-epoch evaluates first
+                 * (a requested stop does not: it is to end soon) */
+                double acc = NAN, loss = NAN;
+                if (!stop && in_epoch > 0 && (rc = evaluate_shared(w, &acc, &loss))) return rc;
                 dp_zero_drop_grad_shard(&w->zero);
                 if ((rc = dp_zero_gather_params(&w->zero, w->rank == 0, NULL)) || (rc = ef_gather_state(w)))
                     return rc;
-                if (w->grank == 0) rc = checkpoint(t);
-                else if (zero_serves(t)) rc = zero_stream(w, NULL); /* while rank 0 writes */
+                if (w->grank == 0) {
+                    if (stop) t->stopped = step;
+                    if (!isnan(acc)) rc = report_eval(w, step, epoch, acc, loss);
+                    if (!rc) rc = checkpoint(t);
+                } else if (zero_serves(t)) rc = zero_stream(w, NULL); /* while rank 0 writes */
                 return rc ? rc : dp_comm_barrier(w->comm);
             }
             int64_t nmicro = t->batches_per_epoch - in_epoch < t->p.accum ? t->batches_per_epoch - in_epoch
@@ -2855,6 +2953,10 @@ static int worker_loop(struct worker *w) {
             /* every rank re-plans after the same steps (the step count is agreed) */
             if (t->balance && step % t->p.balance == 0 && (rc = rebalance(w)))
                 return dp_adderr(rc, "worker %d, step %lld: --balance", w->grank, (long long)step);
+            /* --eval-every: every rank evaluates (a collective), rank 0 reports with the step */
+            double eacc = NAN, eloss = NAN, step_s = dp_time() - ts;
+            if (t->p.eval_every && step % t->p.eval_every == 0 && (rc = evaluate_shared(w, &eacc, &eloss)))
+                return dp_adderr(rc, "worker %d, step %lld: --eval-every", w->grank, (long long)step);
             if (w->grank == 0) {
                 if (last_rank >= 0) t->last_count[last_rank]++;
                 for (int r = 0; t->bk_on && r < t->G; r++) t->dropped_count[r] += w->dropped[r];
@@ -2868,11 +2970,23 @@ static int worker_loop(struct worker *w) {
                                       .last_rank = last_rank, .wait_s = w->step_wait, .slow_s = w->step_slow,
                                       .ndropped = t->bk_on ? w->ndropped : 0};
                 emit(t, &ev);
-                if (t->metrics &&
-                    (rc = step_record(w, step, epoch, loss_step, n_step, dp_time() - ts, s0, last_rank)))
+                if (t->metrics && (rc = step_record(w, step, epoch, loss_step, n_step, step_s, s0, last_rank, eacc,
+                                                    eloss)))
                     return rc;
+                if (!isnan(eacc)) {
+                    struct dp_event eev = {.kind = DP_EVENT_EVAL, .step = step, .epoch = epoch,
+                                           .step_in_epoch = ev.step_in_epoch, .test_acc = eacc, .test_loss = eloss,
+                                           .positions = t->pos};
+                    emit(t, &eev);
+                }
             }
             if (t->p.check_replicas && step % t->p.check_replicas == 0 && (rc = check_replicas(w))) return rc;
+            /* --ckpt-every-steps: now, or with the epoch's end when this step ends the epoch */
+            if (t->p.ckpt_every_steps && step % t->p.ckpt_every_steps == 0) {
+                if (in_epoch >= t->batches_per_epoch) w->ckpt_due = 1;
+                else if ((rc = step_checkpoint(w)))
+                    return dp_adderr(rc, "worker %d, step %lld: --ckpt-every-steps", w->grank, (long long)step);
+            }
         }
         if ((rc = end_epoch(w, t_start))) return rc;
         epoch++;

@@ -4,6 +4,7 @@
 #define DPTRAIN_CLI_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "dp/comm.h"
@@ -28,6 +29,16 @@ int dptrain_take(int argc, char **argv, int *i, const char *name, const char **v
 long long dptrain_int_arg(const char *name, const char *v, long long lo, long long hi);
 double dptrain_num_arg(const char *name, const char *v, double lo, double hi);
 
+/* tools/dptrain/train_config.c: train's configuration in its checkpoints.  render: the
+ * options that define the run, one "--flag[=value]" per line (malloc'ed); stored: a
+ * checkpoint's (its DPCONFIG section, or for an older file what its header holds, with
+ * *from_header = 1), after the whole file's checksums; overrides: one line on f per option
+ * whose rendering differs between stored and now, and their count. */
+struct dp_train_params;
+char *dptrain_config_render(const struct dp_train_params *tp);
+char *dptrain_config_stored(const char *ckpt, int *from_header);
+int dptrain_config_overrides(const char *stored, const char *now, FILE *f);
+
 /* tools/dptrain/bench_allreduce.c */
 int dptrain_cmd_bench_allreduce(int argc, char **argv);
 /* Median all-reduce time per size of the thread backend, measured as bench
@@ -39,6 +50,10 @@ void dptrain_allreduce_medians_comm(struct dp_comm *c, enum dp_comm_algo algo, c
                                     double *med);
 /* tools/dptrain/prepare_text.c */
 int dptrain_cmd_prepare_text(int argc, char **argv);
+/* A language model's --data: a folder of text files becomes its token file
+ * (prepared on first use, reused while valid; one line on stderr says
+ * which, when report); anything else is returned as given. */
+const char *dptrain_prepared_text_data(const char *data, int report);
 /* tools/dptrain/sample.c */
 int dptrain_cmd_sample(int argc, char **argv);
 /* tools/dptrain/plan.c: simulate, plan, calibrate */
@@ -58,6 +73,13 @@ int dptrain_cmd_plot(int argc, char **argv);
 /* tools/dptrain/help.c: the help texts of the commands in main.c */
 extern const char *const dptrain_help_main, *const dptrain_help_train, *const dptrain_help_eval,
     *const dptrain_help_ckpt;
+/* The help of one ckpt subcommand: "info", "export" or "diff" (anything
+ * else, NULL included: the overview, dptrain_help_ckpt).  Static text. */
+const char *dptrain_help_ckpt_sub(const char *sub);
+/* `dptrain --help`'s list of communicator backends, and `dptrain --version`
+ * (the version, the git commit, compiler, gemm backends and MPI of this build) */
+void dptrain_print_backends(FILE *f);
+void dptrain_print_version(FILE *f);
 
 /* tools/dptrain/progress.c: train's progress state (rank 0), filled by the
  * trainer's events (dptrain_on_event, its on_event callback), and the
@@ -66,6 +88,7 @@ struct dp_event;
 struct dp_trainer;
 struct dp_train_params;
 struct dp_model;
+#define DPTRAIN_ETA_RING 16
 enum progress_mode { PROG_AUTO, PROG_BAR, PROG_LINES, PROG_NONE };
 struct progress {
     enum progress_mode mode;
@@ -85,6 +108,11 @@ struct progress {
     int slow_rank;     /* the last epoch's straggler, -1 if none */
     double slow_lag;
     const struct dp_model *model;
+    int64_t max_steps; /* --max-steps (0: none): where the ETA's run ends, when before its epochs */
+    /* the ETA's recent step rate: the time and number of the last steps, a ring */
+    double eta_t[DPTRAIN_ETA_RING];
+    int64_t eta_step[DPTRAIN_ETA_RING];
+    int eta_n;
 };
 
 void dptrain_on_event(void *arg, const struct dp_event *ev);

@@ -3,6 +3,8 @@
 #include <inttypes.h>
 #include <malloc.h>
 #include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -94,27 +96,6 @@ static void warn_gemm_fallback(void) {
     fflush(stderr);
 }
 
-/* A language model's --data DIR (a folder of text files): its token file
- * DIR/tokens.bin, written on first use and reused while it is valid and
- * newer than every source (dp_text_prepare_dir: the core of prepare-text).
- * One line on stderr says which, when report.  Returns the token file to
- * read; data itself when it is no folder (a token file: the trainer reads
- * and checks it). */
-static const char *prepared_text_data(const char *data, int report) {
-    struct stat st;
-    if (stat(data, &st) != 0 || !S_ISDIR(st.st_mode)) return data;
-    static char path[4096];
-    struct dp_text_prepared info;
-    int rc = dp_text_prepare_dir(data, path, sizeof path, &info);
-    if (rc) die_rc(rc);
-    if (report && info.built)
-        fprintf(stderr, "%s: prepared %s from %d file%s of %s (%lld tokens): %s\n", prog, path, info.nfiles,
-                info.nfiles == 1 ? "" : "s", data, (long long)info.tokens, info.why);
-    else if (report)
-        fprintf(stderr, "%s: reusing %s (%lld tokens, newer than its %d source file%s)\n", prog, path,
-                (long long)info.tokens, info.nfiles, info.nfiles == 1 ? "" : "s");
-    return path;
-}
 
 /* ---- option parsing ------------------------------------------------------------- */
 
@@ -173,6 +154,31 @@ static int launched_by_mpi(void) {
     return getenv("SLURM_PROCID") && n && atoi(n) > 1;
 }
 
+/* SIGINT and SIGTERM during training: the first asks the trainer to stop
+ * after its current step, with a checkpoint (dp_train_params.stop); a second
+ * ends the process at once, as the signal's default would. */
+static _Atomic int stop_signal;
+static void on_stop_signal(int sig) {
+    int first = 0;
+    if (!atomic_compare_exchange_strong(&stop_signal, &first, sig)) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    static const char msg[] = "\ndptrain: stopping after this step, with a checkpoint (again to abort now)\n";
+    ssize_t n = write(2, msg, sizeof msg - 1);
+    (void)n;
+}
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 static int cmd_train(int argc, char **argv) {
     struct dp_train_params tp = dp_train_default_params();
     tp.data_dir = DEFAULT_DATA;
@@ -190,14 +196,42 @@ static int cmd_train(int argc, char **argv) {
     const char *given_det = NULL;
     int given_zr = 0, given_zg = 0; /* --zero-reduce, --zero-gather given */
     int given_psgd_start = 0, given_no_ef = 0;
+    /* --resume: the checkpoint's configuration goes first, the command line's
+     * options after it override (tools/dptrain/train_config.c) */
+    const char *resume = NULL;
+    int help = 0, from_header = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) help = 1;
+        if (!strncmp(argv[i], "--resume=", 9)) resume = argv[i] + 9;
+        else if (!strcmp(argv[i], "--resume") && i + 1 < argc) resume = argv[i + 1];
+    }
+    char *stored = resume && !help ? dptrain_config_stored(resume, &from_header) : NULL;
+    int nstored = 0;
+    for (const char *c = stored; c && *c; c++) nstored += *c == '\n';
+    char **all = malloc(sizeof(char *) * (size_t)(argc + nstored + 1));
+    if (!all) die("out of memory");
+    all[0] = argv[0];
+    int nall = 1;
+    char *lines = stored ? strdup(stored) : NULL;
+    for (char *l = lines, *e; l && *l; l = e + 1) {
+        e = strchr(l, '\n');
+        *e = 0;
+        all[nall++] = l;
+    }
+    for (int i = 1; i < argc; i++) all[nall++] = argv[i];
+    all[nall] = NULL;
+    argc = nall, argv = all;
     struct args a = {argc, 0, argv, "train"};
     for (a.i = 1; a.i < argc; a.i++) {
+        if (a.i == 1 + nstored) /* the mode checks below are about what the user gave */
+            given_cosine = given_step = given_sgd = given_adamw = given_det = NULL,
+            given_zr = given_zg = given_psgd_start = given_no_ef = 0;
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
             fputs(dptrain_help_train, stdout);
             return 0;
         } else if (opt(&a, "--data", &v)) tp.data_dir = v, data_given = 1;
         else if (opt(&a, "--model", &v)) tp.model = v, model_given = 1;
-        else if (opt(&a, "--epochs", &v)) tp.epochs = parse_int("--epochs", v, 0, 1000000);
+        else if (opt(&a, "--epochs", &v)) tp.epochs = parse_int("--epochs", v, 1, 1000000);
         else if (opt(&a, "--batch", &v)) tp.batch = parse_int("--batch", v, 1, 1 << 20);
         else if (opt(&a, "--lr", &v)) tp.sched.base_lr = (float)parse_float("--lr", v, 1e-12, 1e6);
         else if (opt(&a, "--optim", &v)) {
@@ -315,6 +349,10 @@ static int cmd_train(int argc, char **argv) {
         else if (opt(&a, "--test-limit", &v)) tp.test_limit = parse_int("--test-limit", v, 1, INT64_MAX / 2);
         else if (opt(&a, "--out", &v)) tp.out_dir = v;
         else if (opt(&a, "--ckpt-every", &v)) tp.ckpt_every = (int)parse_int("--ckpt-every", v, 0, 1000000);
+        else if (opt(&a, "--ckpt-every-steps", &v))
+            tp.ckpt_every_steps = parse_int("--ckpt-every-steps", v, 0, INT64_MAX / 2);
+        else if (opt(&a, "--eval-every", &v)) tp.eval_every = parse_int("--eval-every", v, 0, INT64_MAX / 2);
+        else if (opt(&a, "--overwrite", NULL)) tp.overwrite = 1;
         else if (opt(&a, "--resume", &v)) tp.resume = v;
         else if (opt(&a, "--init-from", &v)) tp.init_from = v;
         else if (opt(&a, "--gemm", &v)) {
@@ -363,8 +401,12 @@ static int cmd_train(int argc, char **argv) {
         tp.compress.kind != DP_COMPRESS_POWERSGD)
         die("--no-error-feedback applies to --compress topk, sign and powersgd only (%s keeps no residual)",
             dp_compress_name(tp.compress.kind));
+    /* the configuration every checkpoint of this run stores, and what this resume changes */
+    char *config = dptrain_config_render(&tp);
+    tp.config = config;
     if (prog_state.mode == PROG_AUTO) prog_state.mode = isatty(2) ? PROG_BAR : PROG_LINES;
     tp.on_event = dptrain_on_event;
+    tp.stop = &stop_signal;
     tp.event_arg = &prog_state;
 
     /* Backend: a multi-process job over MPI, or threads in this process. */
@@ -391,12 +433,19 @@ static int cmd_train(int argc, char **argv) {
     struct dp_ckpt_header rh;
     const char *spec = tp.model ? tp.model
                        : tp.resume && dp_ckpt_read_header(tp.resume, &rh) == 0 ? rh.model_spec : NULL;
-    if (dp_model_spec_reads_tokens(spec) && data_given) tp.data_dir = prepared_text_data(tp.data_dir, me == 0);
+    if (dp_model_spec_reads_tokens(spec) && data_given) tp.data_dir = dptrain_prepared_text_data(tp.data_dir, me == 0);
 
     struct dp_trainer *t;
     int rc = dp_trainer_init(&t, &tp);
     if (rc) die_rc(rc);
     const struct dp_model *m = dp_trainer_model(t);
+    if (me == 0 && stored) {
+        if (from_header)
+            printf("resume: %s predates stored configurations: its model, batch, seed, optimizer and schedule "
+                   "kind come from its header, the rest from this command line\n", resume);
+        else printf("resume: the configuration of %s, with this command line's changes:\n", resume);
+        if (!dptrain_config_overrides(stored, config, stdout) && !from_header) printf("resume: (none)\n");
+    }
     if (me == 0 && dp_trainer_note(t)) printf("note: %s\n", dp_trainer_note(t));
     int ranks = tp.workers * nprocs; /* data-parallel ranks in the job */
     char procs[64] = "";
@@ -422,6 +471,7 @@ static int cmd_train(int argc, char **argv) {
      * the cores): 0 where it cannot be measured, and then no MFU is printed. */
     double peak = me == 0 ? dp_cpu_peak_flops() : 0;
     double t0 = dp_time();
+    catch_stop_signals();
     rc = dp_trainer_run(t);
     if (rc) {
         if (prog_state.mode == PROG_BAR) fprintf(stderr, "\n");
@@ -431,10 +481,26 @@ static int cmd_train(int argc, char **argv) {
     double dt = dp_time() - t0;
     warn_gemm_fallback();
     if (me == 0) dptrain_progress_summary(&prog_state, t, &tp, dt, peak, ranks); /* rank 0 reports for the job */
+    /* a stop on request: one line naming the checkpoint, and the shell's status for the signal */
+    int sig = atomic_load(&stop_signal), status = 0;
+    int64_t stopped = dp_trainer_stopped(t);
+    if (sig) status = 128 + sig;
+    if (me == 0 && stopped >= 0 && tp.out_dir)
+        printf("stopped by %s after step %lld: checkpoint %s/checkpoint.bin (continue with --resume "
+               "%s/checkpoint.bin --out %s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)stopped, tp.out_dir,
+               tp.out_dir, tp.out_dir);
+    else if (me == 0 && stopped >= 0)
+        printf("stopped by %s after step %lld (no --out: nothing saved)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+               (long long)stopped);
+    fflush(stdout);
+    free(config);
+    free(stored);
+    free(lines);
+    free(all);
     dp_trainer_free(t);
     dp_comm_free(job);
     job = NULL;
-    return 0;
+    return status;
 }
 
 static int cmd_eval(int argc, char **argv) {
@@ -483,7 +549,7 @@ static int cmd_eval(int argc, char **argv) {
         if (!data_given)
             die("model %s evaluates on text: pass --data tokens.bin (a token file) or --data DIR (a folder of "
                 "text files)", ckpt ? h.model_spec : model);
-        tp.data_dir = prepared_text_data(tp.data_dir, 1);
+        tp.data_dir = dptrain_prepared_text_data(tp.data_dir, 1);
     }
     struct dp_trainer *t;
     if ((rc = dp_trainer_init(&t, &tp))) die_rc(rc);
@@ -671,9 +737,11 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         fputs(dptrain_help_main, stdout);
-        printf("\nbackends: thread (built in), mpi (%s), nccl (%s)\n",
-               dp_comm_backend_available("mpi") ? "built in" : "not built in: install openmpi-bin libopenmpi-dev and rebuild",
-               dp_comm_backend_available("nccl") ? "built in" : "not built in");
+        dptrain_print_backends(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
+        dptrain_print_version(stdout);
         return 0;
     }
     if (!strcmp(cmd, "help")) {

@@ -1,0 +1,195 @@
+/* train's configuration in its checkpoints, so that --resume remembers the
+ * run (docs/checkpoint.md "What a resume restores").
+ *
+ * The configuration is train's own options, one per line as "--flag=value"
+ * or "--flag", rendered from the parsed parameters (so each option has one
+ * spelling, whatever the user typed) and stored by the library as the
+ * checkpoint's DPCONFIG section.  A resume puts the stored lines in front of
+ * the command line's options and parses both with train's one parser: an
+ * option given again overrides its stored value.  Rendering the result and
+ * comparing it line by line with the stored lines names each override.
+ *
+ * Stored: what decides the numbers a run computes and how it is recorded
+ * (data, model, optimizer, schedule, batch, epochs, seed, clipping, the
+ * data-parallel options that change the arithmetic or its failure modes,
+ * checkpoint and evaluation cadence).  Not stored: where and how fast this
+ * invocation runs (--workers, --threads, --backend, pinning, progress
+ * threads, prefetch, gemm), this invocation's own stop and outputs
+ * (--max-steps, --out, --resume, --overwrite, --init-from, --timeline,
+ * --progress) and the slowness simulations. */
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp/train.h"
+#include "cli.h"
+
+struct buf {
+    char *p;
+    size_t n, cap;
+};
+
+static void put(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(struct buf *b, const char *fmt, ...) {
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) return;
+        if (b->p && b->n + (size_t)k < b->cap) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t cap = (b->cap ? 2 * b->cap : 4096) + (size_t)k;
+        char *q = realloc(b->p, cap);
+        if (!q) dptrain_die("out of memory");
+        b->p = q, b->cap = cap;
+    }
+}
+
+char *dptrain_config_render(const struct dp_train_params *tp) {
+    struct buf b = {0};
+    char path[PATH_MAX];
+    /* the data as an absolute path: a resume may run from another folder */
+    const char *data = tp->data_dir && realpath(tp->data_dir, path) ? path : tp->data_dir;
+    if (data) put(&b, "--data=%s\n", data);
+    if (tp->model) put(&b, "--model=%s\n", tp->model);
+    if (tp->train_limit) put(&b, "--train-limit=%lld\n", (long long)tp->train_limit);
+    if (tp->test_limit) put(&b, "--test-limit=%lld\n", (long long)tp->test_limit);
+    if (tp->aug.crop_pad) put(&b, "--crop-pad=%d\n", tp->aug.crop_pad);
+    if (tp->aug.hflip) put(&b, "--hflip\n");
+    put(&b, "--epochs=%lld\n--batch=%lld\n--seed=%llu\n", (long long)tp->epochs, (long long)tp->batch,
+        (unsigned long long)tp->seed);
+    put(&b, "--lr=%.9g\n--optim=%s\n", (double)tp->sched.base_lr, dp_optim_kind_name(tp->optim.kind));
+    if (tp->optim.kind == DP_OPTIM_SGD) {
+        put(&b, "--momentum=%.9g\n", (double)tp->optim.momentum);
+        if (tp->optim.nesterov) put(&b, "--nesterov\n");
+    } else
+        put(&b, "--beta1=%.9g\n--beta2=%.9g\n--eps=%.9g\n", (double)tp->optim.beta1, (double)tp->optim.beta2,
+            (double)tp->optim.eps);
+    put(&b, "--weight-decay=%.9g\n--schedule=%s\n", (double)tp->optim.weight_decay, dp_sched_kind_name(tp->sched.kind));
+    if (tp->sched.kind == DP_SCHED_COSINE)
+        put(&b, "--warmup=%lld\n--min-lr=%.9g\n", (long long)tp->sched.warmup_steps, (double)tp->sched.min_lr);
+    if (tp->sched.kind == DP_SCHED_STEP)
+        put(&b, "--step-size=%lld\n--gamma=%.9g\n", (long long)tp->sched.step_size, (double)tp->sched.gamma);
+    if (tp->clip_norm > 0) put(&b, "--clip=%.17g\n", tp->clip_norm);
+    put(&b, "--accum=%d\n", tp->accum);
+    if (tp->bucket_cap_bytes) put(&b, "--bucket-cap-mb=%.17g\n", (double)tp->bucket_cap_bytes / 1048576.0);
+    if (tp->first_bucket_bytes) put(&b, "--first-bucket-mb=%.17g\n", (double)tp->first_bucket_bytes / 1048576.0);
+    if (!tp->overlap) put(&b, "--no-overlap\n");
+    put(&b, "--algo=%s\n", dp_comm_algo_name((enum dp_comm_algo)tp->algo));
+    char cz[64];
+    dp_compress_format(&tp->compress, cz, sizeof cz);
+    put(&b, "--compress=%s\n", cz);
+    if (tp->compress.kind == DP_COMPRESS_POWERSGD) put(&b, "--powersgd-start=%lld\n", (long long)tp->compress.powersgd_start);
+    if (tp->compress.no_ef) put(&b, "--no-error-feedback\n");
+    if (tp->check_replicas) put(&b, "--check-replicas=%lld\n", (long long)tp->check_replicas);
+    if (tp->skip_nonfinite) put(&b, "--skip-nonfinite\n");
+    if (tp->comm_timeout > 0) put(&b, "--comm-timeout=%.17g\n", tp->comm_timeout);
+    if (tp->deterministic) put(&b, "--deterministic\n");
+    if (tp->deterministic && tp->det_chunk) put(&b, "--det-chunk=%lld\n", (long long)tp->det_chunk);
+    put(&b, "--zero=%d\n", tp->zero);
+    if (tp->zero == 1)
+        put(&b, "--zero-reduce=%s\n--zero-gather=%s\n", tp->zero_scatter ? "scatter" : "allreduce",
+            tp->zero_gather == DP_ZERO_GATHER_STEP ? "step" : tp->zero_gather == DP_ZERO_GATHER_AHEAD ? "ahead" : "auto");
+    if (tp->balance) put(&b, "--balance=%lld\n", (long long)tp->balance);
+    if (tp->backup) put(&b, "--backup-workers=%d\n", tp->backup_workers);
+    put(&b, "--mode=%s\n", tp->async || tp->staleness >= 0 ? "async" : "sync");
+    if (tp->servers) put(&b, "--servers=%d\n", tp->servers);
+    if (tp->staleness >= 0) put(&b, "--staleness=%d\n", tp->staleness);
+    if (tp->staleness_lr) put(&b, "--staleness-lr\n");
+    if (tp->share_lr) put(&b, "--share-lr\n");
+    if (tp->implicit_momentum) put(&b, "--implicit-momentum\n");
+    put(&b, "--ckpt-every=%d\n", tp->ckpt_every);
+    if (tp->ckpt_every_steps) put(&b, "--ckpt-every-steps=%lld\n", (long long)tp->ckpt_every_steps);
+    if (tp->eval_every) put(&b, "--eval-every=%lld\n", (long long)tp->eval_every);
+    return b.p;
+}
+
+/* A checkpoint written before configurations were stored: what its header
+ * holds (model, batch, seed, the optimizer and the schedule's kind). */
+static char *from_header(const struct dp_ckpt_header *h) {
+    struct buf b = {0};
+    put(&b, "--model=%s\n--batch=%lld\n--seed=%llu\n--lr=%.9g\n--optim=%s\n", h->model_spec, (long long)h->batch,
+        (unsigned long long)h->seed, (double)h->lr, dp_optim_kind_name((enum dp_optim_kind)h->optim_kind));
+    if (h->optim_kind == DP_OPTIM_SGD) {
+        put(&b, "--momentum=%.9g\n", (double)h->momentum);
+        if (h->nesterov) put(&b, "--nesterov\n");
+    } else
+        put(&b, "--beta1=%.9g\n--beta2=%.9g\n--eps=%.9g\n", (double)h->beta1, (double)h->beta2, (double)h->eps);
+    put(&b, "--weight-decay=%.9g\n--schedule=%s\n", (double)h->weight_decay,
+        dp_sched_kind_name((enum dp_sched_kind)h->sched_kind));
+    return b.p;
+}
+
+char *dptrain_config_stored(const char *ckpt, int *from_hdr) {
+    struct dp_ckpt_header h;
+    void *data;
+    uint64_t size;
+    *from_hdr = 0;
+    /* the whole file's checksums first: a corrupt checkpoint is reported as
+     * corrupt, never as a configuration that differs */
+    if (dp_ckpt_read_header(ckpt, &h) || dp_ckpt_read_section(ckpt, DP_CKPT_CONFIG_TAG, &data, &size))
+        dptrain_die("%s", dp_errmsg());
+    if (!data) {
+        *from_hdr = 1;
+        return from_header(&h);
+    }
+    char *text = data; /* (dp_ckpt_read_section allocates one byte more) */
+    text[size] = 0;
+    char *copy = strdup(text);
+    dp_free(data);
+    if (!copy) dptrain_die("out of memory");
+    return copy;
+}
+
+/* The value of option `flag` in a rendered configuration ("" for a flag without a value), or
+ * NULL if absent; into out. */
+static const char *lookup(const char *cfg, const char *flag, char *out, size_t n) {
+    size_t k = strlen(flag);
+    for (const char *l = cfg; l && *l;) {
+        const char *e = strchr(l, '\n');
+        size_t len = e ? (size_t)(e - l) : strlen(l);
+        if (len >= k && !strncmp(l, flag, k) && (len == k || l[k] == '=')) {
+            size_t v = len > k ? len - k - 1 : 0;
+            if (v >= n) v = n - 1;
+            memcpy(out, l + k + (len > k), v);
+            out[v] = 0;
+            return out;
+        }
+        l = e ? e + 1 : NULL;
+    }
+    return NULL;
+}
+
+int dptrain_config_overrides(const char *stored, const char *now, FILE *f) {
+    int count = 0;
+    /* every option in either, once: the stored ones in order, then the new ones */
+    const char *lists[2] = {stored, now};
+    for (int which = 0; which < 2; which++)
+        for (const char *l = lists[which]; l && *l;) {
+            const char *e = strchr(l, '\n');
+            size_t len = e ? (size_t)(e - l) : strlen(l);
+            char flag[64];
+            size_t k = strcspn(l, "=\n");
+            if (k > len) k = len;
+            snprintf(flag, sizeof flag, "%.*s", (int)k, l);
+            char a[4096], b[4096];
+            const char *va = lookup(stored, flag, a, sizeof a), *vb = lookup(now, flag, b, sizeof b);
+            /* (the second pass adds the options the checkpoint's run did not have) */
+            if ((which == 0 || !va) && (!va != !vb || (va && vb && strcmp(va, vb)))) {
+                count++;
+                if (!vb)
+                    fprintf(f, "resume: %s%s%s from the checkpoint no longer applies\n", flag, *va ? " " : "", va);
+                else if (!va)
+                    fprintf(f, "resume: %s%s%s (not in the checkpoint's run)\n", flag, *vb ? " " : "", vb);
+                else
+                    fprintf(f, "resume: %s %s overrides the checkpoint's %s\n", flag, vb, va);
+            }
+            l = e ? e + 1 : NULL;
+        }
+    return count;
+}
