@@ -450,6 +450,9 @@ int dp_safetensors_save_meta(const char *path, const struct dp_model *m, const s
  * and shapes must match.  Extra tensors in the file are an error.  On error
  * the replica's contents are unspecified (callers discard it). */
 int dp_safetensors_load(const char *path, const struct dp_model *m, struct dp_replica *r);
+/* The "__metadata__" value of `key` (e.g. "dptrain_model", "input_shape") into val (cap
+ * bytes); DP_ENOENT when the file has no such entry. */
+int dp_safetensors_meta(const char *path, const char *key, char *val, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -173,6 +173,33 @@ static int num_array(struct js *j, uint64_t *v, int cap, int *n) {
     }
 }
 
+/* One entry's object: a tensor's dtype, shape and data offsets, or the metadata's string
+ * values (the one named want_key copied into want_val, *found = 1). */
+struct st_entry {
+    char dtype[16];
+    uint64_t shape[8], offs[2];
+    int ndim, noffs;
+};
+static int entry(struct js *j, int is_meta, struct st_entry *e, const char *want_key, char *want_val, size_t cap) {
+    memset(e, 0, sizeof *e);
+    e->ndim = e->noffs = -1;
+    char key[32];
+    int rc = expect(j, '{'), first = 1;
+    while (!rc && !peek(j, '}')) {
+        if (!first && (rc = expect(j, ','))) break;
+        first = 0;
+        if ((rc = str(j, key, sizeof key)) || (rc = expect(j, ':'))) break;
+        if (is_meta) {
+            char val[1024];
+            if (!(rc = str(j, val, sizeof val)) && want_key && !strcmp(key, want_key)) snprintf(want_val, cap, "%s", val);
+        } else if (strcmp(key, "dtype") == 0) rc = str(j, e->dtype, sizeof e->dtype);
+        else if (strcmp(key, "shape") == 0) rc = num_array(j, e->shape, 8, &e->ndim);
+        else if (strcmp(key, "data_offsets") == 0) rc = num_array(j, e->offs, 2, &e->noffs);
+        else rc = dp_seterr(DP_EFORMAT, "%s: unknown key '%s' in header", j->path, key);
+    }
+    return rc ? rc : expect(j, '}');
+}
+
 /* One tensor of the file: the model parameter it fills and its bytes in the
  * data section. */
 struct st_ent {
@@ -186,6 +213,39 @@ static int cmp_ent(const void *a, const void *b) {
 
 /* Reads the whole header and checks it before any tensor is read, so a bad
  * file loads nothing. */
+/* The header's JSON (n bytes, *hdr: dp_free) of an open file of fsz bytes. */
+static int read_header(FILE *f, const char *path, uint64_t fsz, char **hdr, uint64_t *n) {
+    *hdr = NULL;
+    if (fsz < 8 || fread(n, 8, 1, f) != 1 || *n > fsz - 8 || *n > (100u << 20))
+        return dp_seterr(DP_EFORMAT, "%s: not a safetensors file (bad header length)", path);
+    *hdr = dp_malloc(*n + 1);
+    if (!*hdr || fread(*hdr, 1, *n, f) != *n) return dp_seterr(DP_EIO, "%s: cannot read header", path);
+    return DP_OK;
+}
+
+int dp_safetensors_meta(const char *path, const char *key, char *val, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return dp_seterr(errno == ENOENT ? DP_ENOENT : DP_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    char *hdr = NULL;
+    uint64_t n = 0;
+    int rc = fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) ? dp_seterr(DP_EIO, "%s: not a regular file", path)
+                                                                 : read_header(f, path, (uint64_t)st.st_size, &hdr, &n);
+    val[0] = 0;
+    struct js j = {hdr, hdr + n, path};
+    if (!rc) rc = expect(&j, '{');
+    for (int first = 1; !rc && !peek(&j, '}'); first = 0) {
+        char name[128];
+        struct st_entry e;
+        if ((!first && (rc = expect(&j, ','))) || (rc = str(&j, name, sizeof name)) || (rc = expect(&j, ':'))) break;
+        rc = entry(&j, strcmp(name, "__metadata__") == 0, &e, key, val, cap);
+    }
+    if (!rc && !val[0]) rc = dp_seterr(DP_ENOENT, "%s: no \"%s\" in its metadata", path, key);
+    dp_free(hdr);
+    fclose(f);
+    return rc;
+}
+
 int dp_safetensors_load(const char *path, const struct dp_model *m, struct dp_replica *r) {
     FILE *f = fopen(path, "rb");
     if (!f) return dp_seterr(errno == ENOENT ? DP_ENOENT : DP_EIO, "%s: cannot open: %s", path, strerror(errno));
@@ -207,15 +267,7 @@ int dp_safetensors_load(const char *path, const struct dp_model *m, struct dp_re
         goto out;
     }
     uint64_t fsz = (uint64_t)st.st_size;
-    if (fsz < 8 || fread(&n, 8, 1, f) != 1 || n > fsz - 8 || n > (100u << 20)) {
-        rc = dp_seterr(DP_EFORMAT, "%s: not a safetensors file (bad header length)", path);
-        goto out;
-    }
-    hdr = dp_malloc(n + 1);
-    if (!hdr || fread(hdr, 1, n, f) != n) {
-        rc = dp_seterr(DP_EIO, "%s: cannot read header", path);
-        goto out;
-    }
+    if ((rc = read_header(f, path, fsz, &hdr, &n))) goto out;
     uint64_t data_size = fsz - 8 - n;
     struct js j = {hdr, hdr + n, path};
     if ((rc = expect(&j, '{'))) goto out;
@@ -223,31 +275,15 @@ int dp_safetensors_load(const char *path, const struct dp_model *m, struct dp_re
     while (!peek(&j, '}')) {
         if (!first && (rc = expect(&j, ','))) goto out;
         first = 0;
-        char name[128], key[32], dtype[16] = "";
-        uint64_t shape[8], offs[2];
-        int ndim = -1, noffs = -1;
-        if ((rc = str(&j, name, sizeof name)) || (rc = expect(&j, ':')) || (rc = expect(&j, '{'))) goto out;
-        int is_meta = strcmp(name, "__metadata__") == 0, f2 = 1;
-        while (!peek(&j, '}')) {
-            if (!f2 && (rc = expect(&j, ','))) goto out;
-            f2 = 0;
-            if ((rc = str(&j, key, sizeof key)) || (rc = expect(&j, ':'))) goto out;
-            if (is_meta) {
-                char val[1024];
-                if ((rc = str(&j, val, sizeof val))) goto out;
-            } else if (strcmp(key, "dtype") == 0) {
-                if ((rc = str(&j, dtype, sizeof dtype))) goto out;
-            } else if (strcmp(key, "shape") == 0) {
-                if ((rc = num_array(&j, shape, 8, &ndim))) goto out;
-            } else if (strcmp(key, "data_offsets") == 0) {
-                if ((rc = num_array(&j, offs, 2, &noffs))) goto out;
-            } else {
-                rc = dp_seterr(DP_EFORMAT, "%s: unknown key '%s' in header", path, key);
-                goto out;
-            }
-        }
-        if ((rc = expect(&j, '}'))) goto out;
+        char name[128];
+        struct st_entry e;
+        if ((rc = str(&j, name, sizeof name)) || (rc = expect(&j, ':'))) goto out;
+        int is_meta = strcmp(name, "__metadata__") == 0;
+        if ((rc = entry(&j, is_meta, &e, NULL, NULL, 0))) goto out;
         if (is_meta) continue;
+        char *dtype = e.dtype;
+        uint64_t *shape = e.shape, *offs = e.offs;
+        int ndim = e.ndim, noffs = e.noffs;
         /* A tensor: check it against the model. */
         const struct dp_param_info *p = dp_model_find_param(m, name);
         if (!p) {

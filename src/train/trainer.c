@@ -502,10 +502,18 @@ static int load_checkpoint(struct dp_trainer *t, const char *path) {
     else if (h.in_shape[0] != m->in_shape.d[0] || h.in_shape[1] != m->in_shape.d[1] ||
              h.in_shape[2] != m->in_shape.d[2])
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint input shape differs from the data's", path);
-    else if ((int)h.optim_kind != (int)t->p.optim.kind || h.optim_state_len != full_state)
-        rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint optimizer is %s (state %lld floats), this run uses %s (%lld)",
-                       path, dp_optim_kind_name((enum dp_optim_kind)h.optim_kind), (long long)h.optim_state_len,
-                       dp_optim_kind_name(t->p.optim.kind), (long long)full_state);
+    else if ((int)h.optim_kind != (int)t->p.optim.kind)
+        rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint's optimizer is %s, this run's is %s (--optim)", path,
+                       dp_optim_kind_name((enum dp_optim_kind)h.optim_kind), dp_optim_kind_name(t->p.optim.kind));
+    else if (h.optim_state_len != full_state && h.optim_kind == DP_OPTIM_SGD)
+        /* SGD keeps a velocity only with momentum */
+        rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint's SGD %s momentum state (--momentum %g), this run's %s "
+                       "(--momentum %g): give --momentum %g, or leave it out to take the checkpoint's", path,
+                       h.momentum > 0 ? "keeps" : "has no", (double)h.momentum, t->p.optim.momentum > 0 ? "needs it" : "has none",
+                       (double)t->p.optim.momentum, (double)h.momentum);
+    else if (h.optim_state_len != full_state)
+        rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint's optimizer state has %lld floats, this run's %s needs %lld", path,
+                       (long long)h.optim_state_len, dp_optim_kind_name(t->p.optim.kind), (long long)full_state);
     else if (h.batch != t->p.batch)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint was trained with batch %lld, this run uses %lld "
                        "(the data order would differ)", path, (long long)h.batch, (long long)t->p.batch);
@@ -513,6 +521,16 @@ static int load_checkpoint(struct dp_trainer *t, const char *path) {
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint seed %llu differs from --seed %llu", path,
                        (unsigned long long)h.seed, (unsigned long long)t->p.seed);
     struct dp_ckpt_reader *rd = NULL;
+    /* a corrupt file is reported as corrupt, not as a setting that differs: on a mismatch the
+     * whole file's checksums are checked first (a pass that loads nothing) */
+    if (rc) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", dp_errmsg());
+        struct dp_ckpt_header h2;
+        int crc = dp_ckpt_reader_open(&rd, path, &h2, NULL, NULL);
+        dp_ckpt_reader_close(rd);
+        return crc ? crc : dp_seterr(rc, "%s", why);
+    }
     const int p3 = t->w[0].zero.pshard != NULL; /* stage 3, sharded */
     if (!rc) rc = dp_ckpt_reader_open(&rd, path, &h, p3 ? NULL : t->w[0].rep.params, t->w[0].rep.buffers);
     for (int r = 0; !rc && r < t->P; r++) {

@@ -526,7 +526,14 @@ static int cmd_eval(int argc, char **argv) {
         else die("unknown option '%s' for eval (see '%s eval --help')", argv[a.i], prog);
     }
     if (!ckpt == !weights) die("eval needs either --ckpt FILE or --safetensors FILE");
-    if (weights && !model) die("eval --safetensors needs --model SPEC (the model the weights are for)");
+    /* the model of a safetensors file dptrain wrote is in its metadata (dptrain_model) */
+    static char meta_model[1024];
+    if (weights && !model) {
+        int rc = dp_safetensors_meta(weights, "dptrain_model", meta_model, sizeof meta_model);
+        if (rc == DP_ENOENT) die("%s; pass --model SPEC (the model the weights are for)", dp_errmsg());
+        if (rc) die_rc(rc);
+        model = meta_model;
+    }
     if (ckpt && model) die("eval --ckpt takes the model from the checkpoint, not --model");
     struct dp_ckpt_header h = {.step = -1};
     int rc;
