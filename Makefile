@@ -81,6 +81,16 @@ Q := $(if $(filter 1,$(V)),,@)
 FLAGS_STAMP := $(BUILD)/.cflags
 $(shell mkdir -p $(BUILD) && echo '$(CC) $(CFLAGS_ALL)' | cmp -s - $(FLAGS_STAMP) || echo '$(CC) $(CFLAGS_ALL)' >$(FLAGS_STAMP))
 
+# `dptrain --version`: the number (the VERSION file) and the commit built from (git describe,
+# empty outside a git checkout) reach tools/dptrain/help.c alone, through a stamp of their own,
+# so that a new commit rebuilds that one object and relinks, not everything.
+DPTRAIN_VERSION := $(shell head -n 1 VERSION 2>/dev/null | tr -cd 'A-Za-z0-9._+-')
+DPTRAIN_COMMIT := $(if $(wildcard .git),$(shell git describe --always --dirty 2>/dev/null | tr -cd 'A-Za-z0-9._+-'))
+VERSION_STAMP := $(BUILD)/.version
+$(shell echo '$(DPTRAIN_VERSION) $(DPTRAIN_COMMIT)' | cmp -s - $(VERSION_STAMP) || echo '$(DPTRAIN_VERSION) $(DPTRAIN_COMMIT)' >$(VERSION_STAMP))
+$(BUILD)/tools/dptrain/help.o: $(VERSION_STAMP)
+$(BUILD)/tools/dptrain/help.o: CFLAGS_ALL += -DDPTRAIN_VERSION='"$(DPTRAIN_VERSION)"' -DDPTRAIN_COMMIT='"$(DPTRAIN_COMMIT)"'
+
 $(BUILD)/%.o: %.c $(FLAGS_STAMP) $(wildcard include/dp/*.h include/*.h src/*/*.h tests/*.h tools/*/*.h)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC $<",true)

@@ -3,16 +3,44 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "dp/train.h"
 #include "cli.h"
 
+/* ---- the time left ------------------------------------------------------------- */
+
+/* Records step ev->step done at time now, and writes the run's time left into buf as
+ * "  ETA 1m05s": the steps left of the whole run (every epoch, or up to --max-steps) at the
+ * rate of the last DPTRAIN_ETA_RING steps.  Writes "" while fewer than two steps are known. */
+static void eta(struct progress *p, const struct dp_event *ev, double now, char *buf, size_t len) {
+    int k = p->eta_n % DPTRAIN_ETA_RING;
+    p->eta_t[k] = now, p->eta_step[k] = ev->step;
+    p->eta_n++;
+    buf[0] = 0;
+    int old = p->eta_n > DPTRAIN_ETA_RING ? p->eta_n % DPTRAIN_ETA_RING : 0; /* the oldest step kept */
+    double dt = now - p->eta_t[old];
+    int64_t dsteps = ev->step - p->eta_step[old];
+    if (p->eta_n < 2 || dt <= 0 || dsteps <= 0) return;
+    int64_t total = ev->epochs * ev->steps_per_epoch;
+    if (p->max_steps > 0 && p->max_steps < total) total = p->max_steps;
+    int64_t left = total > ev->step ? total - ev->step : 0;
+    double s = (double)left * dt / (double)dsteps;
+    if (s < 59.5) snprintf(buf, len, "  ETA %.0fs", s);
+    else if (s < 3599.5) snprintf(buf, len, "  ETA %dm%02ds", (int)(s + 0.5) / 60, (int)(s + 0.5) % 60);
+    else snprintf(buf, len, "  ETA %lldh%02dm", (long long)(s + 30) / 3600, (int)((long long)(s + 30) % 3600 / 60));
+}
+
+/* ---- the events ------------------------------------------------------------------- */
+
 void dptrain_on_event(void *arg, const struct dp_event *ev) {
     struct progress *p = arg;
+    char left[32] = "";
     if (ev->kind == DP_EVENT_STEP) {
         double now_s = dp_time();
         if (++p->run_steps == 5) p->tp_t0 = now_s;
         else if (p->run_steps > 5) p->tp_samples += ev->samples, p->tp_t1 = now_s;
+        if (p->mode == PROG_BAR || p->mode == PROG_LINES) eta(p, ev, now_s, left, sizeof left);
     }
     if (ev->kind == DP_EVENT_STEP) {
         p->sum_loss += ev->loss;
@@ -21,9 +49,9 @@ void dptrain_on_event(void *arg, const struct dp_event *ev) {
             /* a plain line at every tenth of an epoch, for logs */
             int64_t tenth = ev->steps_per_epoch >= 10 ? ev->steps_per_epoch / 10 : 1;
             if (ev->step_in_epoch % tenth == 0 && ev->step_in_epoch != ev->steps_per_epoch) {
-                printf("  epoch %lld step %lld/%lld  loss %.4f  lr %.4g\n", (long long)ev->epoch + 1,
+                printf("  epoch %lld step %lld/%lld  loss %.4f  lr %.4g%s\n", (long long)ev->epoch + 1,
                        (long long)ev->step_in_epoch, (long long)ev->steps_per_epoch,
-                       p->sum_loss / (double)p->nloss, (double)ev->lr);
+                       p->sum_loss / (double)p->nloss, (double)ev->lr, left);
                 fflush(stdout);
             }
         }
@@ -35,9 +63,10 @@ void dptrain_on_event(void *arg, const struct dp_event *ev) {
         char bar[64];
         for (int i = 0; i < width; i++) bar[i] = i < done ? '#' : '.';
         bar[width] = 0;
-        fprintf(stderr, "\repoch %lld/%lld [%s] %lld/%lld  loss %.4f  lr %.4g ", (long long)ev->epoch + 1,
+        /* \033[K: clear what a longer line left to the right */
+        fprintf(stderr, "\repoch %lld/%lld [%s] %lld/%lld  loss %.4f  lr %.4g%s\033[K", (long long)ev->epoch + 1,
                 (long long)ev->epochs, bar, (long long)ev->step_in_epoch, (long long)ev->steps_per_epoch,
-                p->sum_loss / (double)p->nloss, (double)ev->lr);
+                p->sum_loss / (double)p->nloss, (double)ev->lr, left);
         fflush(stderr);
     } else if (ev->kind == DP_EVENT_EPOCH) {
         if (p->mode == PROG_BAR) fprintf(stderr, "\r\033[K");
@@ -109,15 +138,43 @@ void dptrain_progress_summary(const struct progress *p, const struct dp_trainer 
                  exp(p->last_test_loss));
     printf("done: %.1fs, %s %s, param hash %016" PRIx64 "\n", dt,
            lm ? "val loss" : "test acc", acc, dp_trainer_param_hash(t));
-    if (p->sum_time > 0) {
-        const struct progress *q = p;
-        double tot = q->sum_time;
-        printf("time per phase (worker 0): data %.1f%%  forward %.1f%%  backward %.1f%%  "
-               "communication %.2fs of which exposed %.2fs (%.0f%% hidden behind backward)  optimizer %.1f%%\n",
-               100 * q->sum_data / tot, 100 * q->sum_fwd / tot, 100 * q->sum_bwd / tot, q->sum_comm, q->sum_exposed,
-               q->sum_comm > 0 ? 100 * (1 - q->sum_exposed / q->sum_comm) : 100.0, 100 * q->sum_opt / tot);
+    if (p->run_steps > 5) {
+        /* the headline: the job's samples/s (tokens/s for a language model) and MFU */
+        printf("throughput: %.1f samples/s (training steps after the 5th, %lld steps)", sps,
+               (long long)p->run_steps - 5);
+        if (lm) printf(", %.0f tokens/s", sps * (double)m->in_shape.d[0]);
+        if (peak > 0)
+            printf(", MFU %.1f%% of %d x %.0f GFLOP/s (measured, %s)", 100 * mfu, tp->threads * ranks, peak / 1e9,
+                   dp_cpu_peak_isa());
+        printf("\n");
     }
-    if (p->nepochs > 0 && p->sum_sent > 0) {
+    if (p->sum_time > 0) {
+        /* Worker 0's training time, phase by phase, adding up to 100%: exposed communication is
+         * the wait after backward (the rest of the communication hid behind backward, inside
+         * its share); other is what no phase measures (waiting for the other workers at the
+         * step's end, the step's bookkeeping).  Where the phases overlap by a little more than
+         * the time measured (rounding), they are the 100%. */
+        const char *name[] = {"data", "forward", "backward", "exposed communication", "optimizer", "other"};
+        double sec[6] = {p->sum_data, p->sum_fwd, p->sum_bwd, p->sum_exposed, p->sum_opt, 0};
+        double tot = 0;
+        for (int k = 0; k < 5; k++) tot += sec[k];
+        sec[5] = p->sum_time > tot ? p->sum_time - tot : 0;
+        tot = tot + sec[5];
+        int w[6];
+        printf("%-14s", "time per phase");
+        for (int k = 0; k < 6; k++) {
+            w[k] = (int)strlen(name[k]) > 6 ? (int)strlen(name[k]) : 6; /* "100.0%" fits */
+            printf("  %*s", w[k], name[k]);
+        }
+        printf("  %7s\n%-14s", "total", "(worker 0)");
+        for (int k = 0; k < 6; k++) printf("  %*.1f%%", w[k] - 1, 100 * sec[k] / tot);
+        printf("  %6.2fs\n", tot);
+        if (p->sum_comm > 0)
+            printf("communication (worker 0): %.2fs, %.0f%% of it hidden behind backward\n", p->sum_comm,
+                   p->sum_comm > p->sum_exposed ? 100 * (1 - p->sum_exposed / p->sum_comm) : 0.0);
+    }
+    /* the bytes on the wire, when compression changes them */
+    if (p->nepochs > 0 && p->sum_sent > 0 && tp->compress.kind != DP_COMPRESS_NONE) {
         const struct progress *q = p;
         char cspec[64];
         dp_compress_format(&tp->compress, cspec, sizeof cspec);
@@ -129,13 +186,4 @@ void dptrain_progress_summary(const struct progress *p, const struct dp_trainer 
     if (p->slow_rank >= 0)
         printf("slowest rank (last epoch): %d, its reductions start %.3g ms per step after the earliest rank's\n",
                p->slow_rank, 1e3 * p->slow_lag);
-    if (p->run_steps > 5) {
-        printf("throughput: %.1f samples/s (training steps after the 5th, %lld steps), %.1f samples/s per worker",
-               sps, (long long)p->run_steps - 5, sps / ranks);
-        if (lm) printf(", %.0f tokens/s", sps * (double)m->in_shape.d[0]);
-        if (peak > 0)
-            printf(", MFU %.1f%% of %d x %.0f GFLOP/s (measured, %s)", 100 * mfu, tp->threads * ranks, peak / 1e9,
-                   dp_cpu_peak_isa());
-        printf("\n");
-    }
 }
