@@ -263,6 +263,27 @@ TEST(data_dataset_load_dir) {
     dp_dataset_free(&tr);
 }
 
+/* A path that is no folder, as a user may pass it to --data: missing ("no
+ * such file or folder", not the four files missing from it), or a file
+ * (the message says what the folder holds; for one of the IDX files
+ * themselves, to give its folder).  Nothing is left allocated. */
+TEST(data_dataset_load_dir_not_a_folder) {
+    struct dp_dataset tr, te;
+    char p[512];
+    ASSERT_ERR(dp_dataset_load_dir(&tr, &te, tmp_path(p, "nope")), DP_ENOENT, "nope: no such file or folder");
+    ASSERT_TRUE(strstr(dp_errmsg(), "missing") == NULL);
+    ASSERT_TRUE(tr.x == NULL && te.x == NULL);
+    uint8_t text[] = "some text";
+    write_bytes(tmp_path(p, "notes.txt"), text, sizeof text - 1, 0);
+    ASSERT_ERR(dp_dataset_load_dir(&tr, &te, p), DP_EINVAL, "notes.txt is not a folder: an image model");
+    ASSERT_TRUE(strstr(dp_errmsg(), "train-images-idx3-ubyte, train-labels-idx1-ubyte") != NULL);
+    ASSERT_TRUE(strstr(dp_errmsg(), "give its folder") == NULL);
+    write_split(dp_test_tmpdir(), "train", 4, 5, 6, 10, 1);
+    ASSERT_ERR(dp_dataset_load_dir_first(&tr, NULL, tmp_path(p, "train-images-idx3-ubyte.gz"), 2, 0), DP_EINVAL,
+               "(that is one of them: give its folder)");
+    ASSERT_TRUE(tr.x == NULL);
+}
+
 /* --train-limit / --test-limit read only the samples they keep: the first
  * ones are those of the full load, the classes are the whole label file's,
  * and the images past them are not read (a file cut after them still loads

@@ -1,8 +1,10 @@
 /* Text data: token files (round trip, every header field, truncation, bad
  * tokens), the corpus (folders, name order, the default fortunes corpus),
  * the validation split and the training / validation windows. */
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -123,8 +125,8 @@ TEST(text_tokens_header_fields_rejected) {
         ASSERT_TRUE(strstr(dp_errmsg(), q) != NULL);                \
         ASSERT_ERR(dp_tokens_parse(b, n_, &t), DP_EFORMAT, needle); \
     } while (0)
-    CASE(b[0] = 'X', "bad magic");
-    CASE(b[7] = 0, "bad magic");
+    CASE(b[0] = 'X', "is not a token file (it starts with \"XPTOKENS\\x01\\x00");
+    CASE(b[7] = 0, "is not a token file");
     CASE(wr32(b + 8, 2), "unsupported version 2");
     CASE(wr32(b + 8, 0), "unsupported version 0");
     CASE(wr32(b + 12, 1), "vocab 1 out of range");
@@ -166,6 +168,32 @@ TEST(text_tokens_truncated) {
         ASSERT_ERR(dp_tokens_parse(raw, cut, &t), DP_EFORMAT, "truncated");
     }
     ASSERT_ERR(dp_tokens_parse(NULL, 100, &t), DP_EFORMAT, "truncated header");
+}
+
+/* What a user passes where a token file belongs (a line of text, a long
+ * text, an empty file): "not a token file", with its first bytes, from the
+ * reader (also for a file shorter than a header) and from dp_tokens_probe,
+ * which reads no more than those bytes. */
+TEST(text_tokens_not_a_token_file) {
+    char p[512], start[128];
+    struct dp_tokens t;
+    write_raw(tpath(p, "line.txt"), "hello\n", 6);
+    ASSERT_ERR(dp_tokens_read(p, &t), DP_EFORMAT, "line.txt is not a token file (it starts with \"hello\\n\"");
+    ASSERT_ERR(dp_tokens_probe(p, start, sizeof start), DP_EFORMAT, "line.txt is not a token file");
+    ASSERT_TRUE(strcmp(start, "it starts with \"hello\\n\"") == 0);
+    write_raw(p, "It was a dark and stormy night", 30);
+    ASSERT_ERR(dp_tokens_probe(p, start, sizeof start), DP_EFORMAT, "not a token file");
+    ASSERT_TRUE(strcmp(start, "it starts with \"It was a dark an...\"") == 0);
+    write_raw(p, "", 0);
+    ASSERT_ERR(dp_tokens_probe(p, start, sizeof start), DP_EFORMAT, "not a token file");
+    ASSERT_TRUE(strcmp(start, "it is empty") == 0);
+    ASSERT_ERR(dp_tokens_read(p, &t), DP_EFORMAT, "truncated header: 0 bytes"); /* a cut token file */
+    uint16_t tok[4] = {1, 2, 3, 4};
+    ASSERT_OK(dp_tokens_write(tpath(p, "t.bin"), tok, 4, 256));
+    ASSERT_OK(dp_tokens_probe(p, start, sizeof start));
+    ASSERT_TRUE(start[0] == 0);
+    ASSERT_ERR(dp_tokens_probe(tpath(p, "missing.bin"), NULL, 0), DP_ENOENT, "no such file");
+    ASSERT_ERR(dp_tokens_probe(dp_test_tmpdir(), NULL, 0), DP_EIO, "not a regular file");
 }
 
 TEST(text_tokens_io_errors) {
@@ -264,13 +292,28 @@ static int64_t token_bytes(const char *path, char *buf, int64_t cap) {
     return n;
 }
 
-/* dp_text_prepare_dir: the first use writes DIR/tokens.bin from the text
- * files in name order (not tokens.bin itself, nor a writer's temporary, nor
- * *.dat / *.u8); the next use reuses it untouched; a source newer than it, a
- * removed source and a corrupt token file each rebuild it. */
+/* The regular files of folder d, counted (what a run left there). */
+static int files_in(const char *d) {
+    DIR *dh = opendir(d);
+    ASSERT_TRUE(dh != NULL);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dh)))
+        if (e->d_name[0] != '.') n++;
+    closedir(dh);
+    return n;
+}
+
+/* dp_text_prepare_dir_in: the first use writes the folder's token file into
+ * the cache (not into the folder) from the text files in name order (not
+ * tokens.bin, nor a writer's temporary, nor *.dat / *.u8); the next use
+ * reuses it untouched; a source newer than it, a removed source and a
+ * corrupt token file each rebuild it, and the cache keeps one file per
+ * folder. */
 TEST(text_prepare_dir_first_use_then_reuse) {
-    char d[512], p[512], tok[512], buf[64];
+    char d[512], p[512], tok[512], cache[512], buf[64];
     tpath(d, "prep");
+    tpath(cache, "cache/a/b"); /* made as mkdir -p would */
     ASSERT_EQ(mkdir(d, 0755), 0);
     write_raw(tpath(p, "prep/b.txt"), "world", 5);
     set_mtime(p, 1000000000);
@@ -281,60 +324,189 @@ TEST(text_prepare_dir_first_use_then_reuse) {
     write_raw(tpath(p, "prep/tokens.bin.tmp.99.0"), "stale", 5);
 
     struct dp_text_prepared info;
-    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
-    ASSERT_TRUE(strcmp(tok, tpath(p, "prep/tokens.bin")) == 0);
+    ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, &info));
+    /* CACHE/prep-<16 hex>-<16 hex>.tokens */
+    ASSERT_TRUE(strncmp(tok, cache, strlen(cache)) == 0);
+    ASSERT_TRUE(strncmp(tok + strlen(cache), "/prep-", 6) == 0);
+    ASSERT_EQ(strlen(tok + strlen(cache)), strlen("/prep-") + 16 + 1 + 16 + strlen(".tokens"));
     ASSERT_EQ(info.built, 1);
+    ASSERT_EQ(info.in_dir, 0);
     ASSERT_EQ(info.nfiles, 2);
     ASSERT_EQ(info.tokens, 11);
-    ASSERT_TRUE(strstr(info.why, "no tokens.bin yet") != NULL);
+    ASSERT_TRUE(strstr(info.why, "in the cache yet") != NULL);
     ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 11);
     ASSERT_TRUE(memcmp(buf, "hello world", 11) == 0);
+    ASSERT_EQ(files_in(d), 5); /* nothing written into the folder */
+    ASSERT_EQ(files_in(cache), 1);
 
-    /* reused: not written again (same mtime), the same count */
+    /* reused: not written again (same mtime), the same count and file */
+    char first[512];
+    snprintf(first, sizeof first, "%s", tok);
     struct timespec t0 = mtime_of(tok);
-    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
+    ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, &info));
     ASSERT_EQ(info.built, 0);
     ASSERT_EQ(info.tokens, 11);
     ASSERT_EQ(info.nfiles, 2);
+    ASSERT_TRUE(strcmp(tok, first) == 0);
     ASSERT_TRUE(same_time(t0, mtime_of(tok)));
 
-    /* a source newer than the token file: rebuilt with the new text */
+    /* a source newer than the token file: rebuilt with the new text, under
+     * a new name (its mtime is part of it), the old file removed */
     write_raw(tpath(p, "prep/b.txt"), "there", 5);
     set_mtime(p, t0.tv_sec + 10);
-    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
+    ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, &info));
     ASSERT_EQ(info.built, 1);
-    ASSERT_TRUE(strstr(info.why, "b.txt is newer than tokens.bin") != NULL);
+    ASSERT_TRUE(strstr(info.why, "b.txt is newer than the cached token file") != NULL);
+    ASSERT_TRUE(strcmp(tok, first) != 0);
+    ASSERT_TRUE(access(first, F_OK) != 0);
+    ASSERT_EQ(files_in(cache), 1);
     ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 11);
     ASSERT_TRUE(memcmp(buf, "hello there", 11) == 0);
     /* the token file is now newer than both sources (its own mtime is now,
      * b.txt's t0 + 10 s): make sure, then check it is reused */
     set_mtime(tok, t0.tv_sec + 20);
-    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
+    ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, &info));
     ASSERT_EQ(info.built, 0);
 
     /* a removed source changes no remaining mtime: the count tells */
     ASSERT_EQ(unlink(tpath(p, "prep/a.txt")), 0);
-    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
+    ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, &info));
     ASSERT_EQ(info.built, 1);
     ASSERT_TRUE(strstr(info.why, "holds 11 tokens, the sources 5 bytes") != NULL);
     ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 5);
     ASSERT_TRUE(memcmp(buf, "there", 5) == 0);
 
+    /* a source replaced by one of the same size and an older mtime (as cp -p
+     * leaves it): the validity checks alone would reuse the old tokens, the
+     * name keyed by the sources' sizes and mtimes does not */
+    set_mtime(tok, t0.tv_sec + 30);
+    write_raw(tpath(p, "prep/b.txt"), "THERE", 5);
+    set_mtime(p, t0.tv_sec + 5);
+    ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, &info));
+    ASSERT_EQ(info.built, 1);
+    ASSERT_TRUE(strstr(info.why, "renamed or replaced") != NULL);
+    ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 5);
+    ASSERT_TRUE(memcmp(buf, "THERE", 5) == 0);
+
     /* a corrupt token file, newer than the sources: rebuilt */
     write_raw(tok, "DPTOKENS", 8);
     set_mtime(tok, t0.tv_sec + 30);
-    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, NULL));
+    ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, NULL));
     ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 5);
+    ASSERT_EQ(files_in(cache), 1);
+    ASSERT_EQ(files_in(d), 4);
 
-    /* refusals: no text files (only what does not count), not a folder */
+    /* refusals: no text files (only what does not count), not a folder, no
+     * such folder */
     char e[512];
     tpath(e, "prep_empty");
     ASSERT_EQ(mkdir(e, 0755), 0);
     write_raw(tpath(p, "prep_empty/x.dat"), "x", 1);
     write_raw(tpath(p, "prep_empty/tokens.bin"), "x", 1);
-    ASSERT_ERR(dp_text_prepare_dir(e, tok, sizeof tok, &info), DP_EINVAL, "no text files in");
-    ASSERT_ERR(dp_text_prepare_dir(tpath(p, "prep/b.txt"), tok, sizeof tok, &info), DP_EINVAL,
+    ASSERT_ERR(dp_text_prepare_dir_in(e, cache, tok, sizeof tok, &info), DP_EINVAL, "no text files in");
+    ASSERT_ERR(dp_text_prepare_dir_in(tpath(p, "prep/b.txt"), cache, tok, sizeof tok, &info), DP_EINVAL,
                "is not a folder");
+    ASSERT_ERR(dp_text_prepare_dir_in(tpath(p, "nope"), cache, tok, sizeof tok, &info), DP_ENOENT,
+               "nope: no such file or folder");
+}
+
+/* The cache folder: $XDG_CACHE_HOME/dptrain (made with its parents), else
+ * $HOME/.cache/dptrain (a relative XDG_CACHE_HOME is ignored, as the XDG
+ * rule says); dp_text_prepare_dir writes there and not into the folder. */
+TEST(text_prepare_dir_default_cache_folder) {
+    char d[512], p[512], tok[512], want[512], home[512];
+    tpath(d, "src");
+    ASSERT_EQ(mkdir(d, 0755), 0);
+    write_raw(tpath(p, "src/a.txt"), "some text", 9);
+    set_mtime(p, 1000000000);
+
+    ASSERT_EQ(setenv("XDG_CACHE_HOME", tpath(p, "xdg/deeper"), 1), 0);
+    ASSERT_OK(dp_text_cache_dir(tok, sizeof tok));
+    ASSERT_TRUE(strcmp(tok, tpath(want, "xdg/deeper/dptrain")) == 0);
+    struct dp_text_prepared info;
+    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
+    ASSERT_EQ(info.built, 1);
+    ASSERT_TRUE(strncmp(tok, want, strlen(want)) == 0);
+    struct stat st;
+    ASSERT_EQ(stat(want, &st), 0);
+    ASSERT_EQ(st.st_mode & 0777, 0700); /* the XDG rule for a folder it makes */
+    ASSERT_EQ(files_in(d), 1);
+
+    ASSERT_EQ(setenv("XDG_CACHE_HOME", "relative/cache", 1), 0);
+    ASSERT_EQ(setenv("HOME", tpath(home, "home"), 1), 0);
+    ASSERT_OK(dp_text_cache_dir(tok, sizeof tok));
+    ASSERT_TRUE(strcmp(tok, tpath(want, "home/.cache/dptrain")) == 0);
+    ASSERT_EQ(unsetenv("XDG_CACHE_HOME"), 0);
+    ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
+    ASSERT_EQ(info.built, 1);
+    ASSERT_TRUE(strncmp(tok, want, strlen(want)) == 0);
+    ASSERT_EQ(files_in(d), 1);
+
+    ASSERT_EQ(unsetenv("HOME"), 0);
+    ASSERT_ERR(dp_text_cache_dir(tok, sizeof tok), DP_ENOENT, "neither XDG_CACHE_HOME nor HOME");
+}
+
+/* DIR/tokens.bin as older versions wrote it: reused while valid, and read
+ * only (the cache gets nothing); once stale it is left as it is and the
+ * cache gets the new file.  Where the cache cannot be made, the token file
+ * goes into the folder (and is reused from there); where neither can be
+ * written, one error names both places. */
+TEST(text_prepare_dir_old_tokens_bin_and_no_cache) {
+    char d[512], p[512], tok[512], cache[512], legacy[512], buf[64];
+    tpath(d, "old");
+    tpath(cache, "cache");
+    ASSERT_EQ(mkdir(d, 0755), 0);
+    write_raw(tpath(p, "old/a.txt"), "abc", 3);
+    set_mtime(p, 1000000000);
+    const char *in[] = {p};
+    ASSERT_OK(dp_text_prepare(in, 1, tpath(legacy, "old/tokens.bin"), NULL));
+    struct timespec t0 = mtime_of(legacy);
+
+    struct dp_text_prepared info;
+    ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, &info));
+    ASSERT_EQ(info.built, 0);
+    ASSERT_EQ(info.in_dir, 1);
+    ASSERT_TRUE(strcmp(tok, legacy) == 0);
+    ASSERT_TRUE(same_time(t0, mtime_of(legacy)));
+    ASSERT_TRUE(access(cache, F_OK) != 0); /* nothing made in the cache */
+
+    /* stale: built into the cache, tokens.bin left as it was */
+    write_raw(p, "abcd", 4);
+    set_mtime(p, t0.tv_sec + 10);
+    ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, &info));
+    ASSERT_EQ(info.built, 1);
+    ASSERT_EQ(info.in_dir, 0);
+    ASSERT_TRUE(strstr(info.why, "a.txt is newer than tokens.bin") != NULL);
+    ASSERT_TRUE(strncmp(tok, cache, strlen(cache)) == 0);
+    ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 4);
+    ASSERT_TRUE(same_time(t0, mtime_of(legacy)));
+    ASSERT_EQ(token_bytes(legacy, buf, sizeof buf), 3);
+    ASSERT_EQ(unlink(legacy), 0);
+
+    /* a cache that cannot be made (under a file): into the folder, and
+     * the reason kept for the report; reused from there next time */
+    char nocache[512];
+    tpath(nocache, "old/a.txt/cache");
+    ASSERT_OK(dp_text_prepare_dir_in(d, nocache, tok, sizeof tok, &info));
+    ASSERT_EQ(info.built, 1);
+    ASSERT_EQ(info.in_dir, 1);
+    ASSERT_TRUE(strcmp(tok, legacy) == 0);
+    ASSERT_TRUE(strstr(info.cache_error, "cannot create") != NULL);
+    ASSERT_TRUE(strstr(info.cache_error, nocache) != NULL);
+    set_mtime(legacy, t0.tv_sec + 20); /* newer than a.txt's t0 + 10 */
+    ASSERT_OK(dp_text_prepare_dir_in(d, nocache, tok, sizeof tok, &info));
+    ASSERT_EQ(info.built, 0);
+    ASSERT_EQ(info.in_dir, 1);
+
+    /* neither place writable (tokens.bin a folder: refused even to root,
+     * which a read-only mode is not) */
+    ASSERT_EQ(unlink(legacy), 0);
+    ASSERT_EQ(mkdir(legacy, 0755), 0);
+    write_raw(tpath(p, "old/tokens.bin/x"), "x", 1);
+    ASSERT_ERR(dp_text_prepare_dir_in(d, nocache, tok, sizeof tok, &info), DP_EIO,
+               "neither in the cache (cannot create");
+    ASSERT_TRUE(strstr(dp_errmsg(), nocache) != NULL);
+    ASSERT_TRUE(strstr(dp_errmsg(), legacy) != NULL);
 }
 
 /* dp_text_prepare, the core of prepare-text: inputs -> token file. */

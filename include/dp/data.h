@@ -46,7 +46,10 @@ int dp_idx_parse(const uint8_t *buf, size_t len, uint8_t **data, int *ndim, int6
 /* Loads images (n, H, W) and labels (n) and checks they agree; pixels are
  * scaled to [0, 1]. */
 int dp_dataset_load_idx(struct dp_dataset *ds, const char *images_path, const char *labels_path);
-/* Finds train/test files in dir ("train-images-idx3-ubyte[.gz]" etc.). */
+/* Finds train/test files in dir ("train-images-idx3-ubyte[.gz]" etc.).
+ * DP_ENOENT "dataset: DIR: no such file or folder" for a missing dir,
+ * DP_EINVAL for a dir that is not a folder (the message says what the
+ * folder must hold), DP_ENOENT naming each missing file. */
 int dp_dataset_load_dir(struct dp_dataset *train, struct dp_dataset *test, const char *dir);
 /* Same, keeping only the first max_train training and max_test test samples
  * (0: all), and reading no image past them: what --train-limit and
@@ -181,9 +184,18 @@ struct dp_tokens {
 int dp_tokens_write(const char *path, const uint16_t *tok, int64_t n, int64_t vocab);
 /* Reads a token file, validating every header field (magic, version, vocab,
  * count against the file size, reserved, crc) and every token (< vocab).
- * DP_EFORMAT with a message naming the field; DP_ENOENT / DP_EIO for a
- * missing or unreadable file.  On failure t is zeroed. */
+ * DP_EFORMAT with a message naming the field (a file that does not start
+ * with the magic: "PATH is not a token file (it starts with "...")", its
+ * first bytes escaped); DP_ENOENT / DP_EIO for a missing or unreadable file.
+ * On failure t is zeroed. */
 int dp_tokens_read(const char *path, struct dp_tokens *t);
+/* Whether path is a token file by its first bytes only (the magic), without
+ * reading the rest: 0, DP_EFORMAT with "tokens: PATH is not a token file
+ * (it starts with "...")" (or "(it is empty)"), or the open errors of
+ * dp_tokens_read.  For a caller that must tell a token file from anything
+ * else a user may pass in its place before it reads the file.  start (may
+ * be NULL) gets the part in parentheses on DP_EFORMAT, "" otherwise. */
+int dp_tokens_probe(const char *path, char *start, size_t cap);
 /* Same from a memory image of the file (the fuzzer's entry point).  Never
  * allocates more than len bytes. */
 int dp_tokens_parse(const uint8_t *buf, size_t len, struct dp_tokens *t);
@@ -207,23 +219,54 @@ void dp_text_corpus_free(struct dp_text_corpus *c);
 
 /* Preparing a token file.  dp_text_prepare loads the inputs as
  * dp_text_corpus_load does and writes their byte-level tokens to out
- * (atomically): `dptrain prepare-text`.  dp_text_prepare_dir prepares a
- * folder of text files for training on first use: its token file is
- * DIR/DP_TEXT_DIR_TOKENS (written to path[0..cap)), made from the folder's
- * regular files in name order, leaving out the token file itself (and
- * temporaries of its writer), *.dat and *.u8.  An existing token file is
- * reused when it is valid (dp_tokens_read), byte-level, holds as many tokens
- * as the sources have bytes, and is strictly newer than every source;
- * otherwise it is rebuilt, atomically.  info (may be NULL) says which. */
+ * (atomically): `dptrain prepare-text`.
+ *
+ * dp_text_prepare_dir prepares a folder of text files for training on first
+ * use (`--data DIR`): its token file is made from the folder's regular files
+ * in name order, leaving out DP_TEXT_DIR_TOKENS (and temporaries of its
+ * writer), *.dat and *.u8, and written (atomically) into the cache folder
+ * (dp_text_cache_dir, made as mkdir -p would), not into DIR:
+ *
+ *     CACHE/NAME-P-C.tokens     NAME the folder's name, P a hash of its
+ *                               absolute path, C one of its sources' names,
+ *                               sizes and mtimes
+ *
+ * so a changed source means a new file (the folder's older ones are then
+ * removed).  The path of the token file to read goes to path[0..cap).  A
+ * token file is reused when it is valid (dp_tokens_read), byte-level,
+ * holds as many tokens as the sources have bytes, and is strictly newer
+ * than every source; otherwise it is rebuilt.  Where it is looked for, in
+ * order:
+ *   1. the cache file for these sources;
+ *   2. DIR/DP_TEXT_DIR_TOKENS, which dptrain wrote before it had a cache:
+ *      reused while valid, read only (a stale one is left alone);
+ *   3. none valid: built into the cache, or, when the cache folder cannot
+ *      be made or written (no HOME, a read-only home), into
+ *      DIR/DP_TEXT_DIR_TOKENS, which step 2 then finds next time.  When
+ *      both fail: DP_EIO with one message naming both places.
+ * info (may be NULL) says which.  DP_ENOENT for a missing DIR, DP_EINVAL
+ * for one that is not a folder or holds no text file.
+ * dp_text_prepare_dir_in is the same with the cache folder given (NULL:
+ * dp_text_cache_dir's). */
 #define DP_TEXT_DIR_TOKENS "tokens.bin"
 struct dp_text_prepared {
-    int built;        /* 1: the token file was written; 0: the existing one reused */
+    int built;        /* 1: the token file was written; 0: an existing one reused */
     int nfiles;       /* source files */
     int64_t tokens;   /* tokens in the file (= source bytes) */
-    char why[512];    /* built by dp_text_prepare_dir: why ("no tokens.bin yet", "X is newer ...") */
+    int in_dir;       /* dp_text_prepare_dir: 1 when the token file is DIR/DP_TEXT_DIR_TOKENS */
+    char why[512];    /* built by dp_text_prepare_dir: why ("no token file of DIR in the cache
+                       * yet", "X is newer than the cached token file", ...) */
+    char cache_error[512]; /* built into DIR: why not into the cache */
 };
 int dp_text_prepare(const char *const *inputs, int n, const char *out, struct dp_text_prepared *info);
 int dp_text_prepare_dir(const char *dir, char *path, size_t cap, struct dp_text_prepared *info);
+int dp_text_prepare_dir_in(const char *dir, const char *cache, char *path, size_t cap,
+                           struct dp_text_prepared *info);
+/* The cache folder of dp_text_prepare_dir into out[0..cap):
+ * $XDG_CACHE_HOME/dptrain when XDG_CACHE_HOME is an absolute path (the XDG
+ * base directory rule), else $HOME/.cache/dptrain.  It is not created here.
+ * DP_ENOENT when neither variable is set. */
+int dp_text_cache_dir(char *out, size_t cap);
 
 /* A fixed split: training tokens [0, train_n), validation tokens
  * [train_n, train_n + val_n), val_n = floor(n * val_frac).  val_frac in

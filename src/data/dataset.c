@@ -8,6 +8,7 @@
  *     t10k-images-idx3-ubyte[.gz]   (10000, 28, 28)
  *     t10k-labels-idx1-ubyte[.gz]   (10000)
  */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -106,9 +107,33 @@ static int find_file(char *out, size_t outsz, const char *dir, const char *base)
     return 0;
 }
 
+/* dir must be a folder.  A missing path or a file is the usual slip of a
+ * user (a typo, a token file meant for a gpt model, one of the IDX files
+ * instead of their folder); said as such, with what is expected, rather than
+ * "missing train-images-idx3-ubyte" (which reads as if the folder existed). */
+static int check_dir(const char *dir) {
+    struct stat st;
+    if (!dir) return dp_seterr(DP_EINVAL, "dataset: NULL folder");
+    if (stat(dir, &st) != 0) {
+        if (errno == ENOENT) return dp_seterr(DP_ENOENT, "dataset: %s: no such file or folder", dir);
+        return dp_seterr(DP_EIO, "dataset: %s: %s", dir, strerror(errno));
+    }
+    if (S_ISDIR(st.st_mode)) return DP_OK;
+    const char *base = strrchr(dir, '/');
+    base = base ? base + 1 : dir;
+    const char *hint = "";
+    for (int i = 0; i < 4; i++)
+        if (!strncmp(base, dir_files[i], strlen(dir_files[i]))) hint = " (that is one of them: give its folder)";
+    return dp_seterr(DP_EINVAL,
+                     "dataset: %s is not a folder: an image model (mlp, cnn, resnet) reads a folder holding "
+                     "the IDX files %s, %s, %s and %s (each plain or .gz), as Fashion-MNIST ships%s",
+                     dir, dir_files[0], dir_files[1], dir_files[2], dir_files[3], hint);
+}
+
 /* Loads the train and test splits from dir (see the list at the top; each
  * file plain or .gz).  test may be NULL to load only the training split.
- * Errors: DP_ENOENT naming every missing file, or the errors of
+ * Errors: DP_ENOENT for a missing dir, DP_EINVAL for a dir that is not a
+ * folder, DP_ENOENT naming every missing file, or the errors of
  * dp_dataset_load_idx.  On failure both datasets are left zeroed. */
 int dp_dataset_load_dir(struct dp_dataset *train, struct dp_dataset *test, const char *dir) {
     return dp_dataset_load_dir_first(train, test, dir, 0, 0);
@@ -118,6 +143,8 @@ int dp_dataset_load_dir_first(struct dp_dataset *train, struct dp_dataset *test,
                               int64_t max_train, int64_t max_test) {
     memset(train, 0, sizeof *train);
     if (test) memset(test, 0, sizeof *test);
+    int rc = check_dir(dir);
+    if (rc) return rc;
     char paths[4][4096];
     char missing[512] = "";
     int nfiles = test ? 4 : 2;
@@ -129,7 +156,7 @@ int dp_dataset_load_dir_first(struct dp_dataset *train, struct dp_dataset *test,
     }
     if (missing[0])
         return dp_seterr(DP_ENOENT, "dataset: %s: missing %s", dir, missing);
-    int rc = load_idx_first(train, paths[0], paths[1], max_train);
+    rc = load_idx_first(train, paths[0], paths[1], max_train);
     if (rc) return rc;
     if (test) {
         rc = load_idx_first(test, paths[2], paths[3], max_test);

@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,15 +51,46 @@ static void put64(uint8_t *p, uint64_t v) {
 
 /* ---- token files: reader ------------------------------------------------------ */
 
+/* The first bytes of a file, for a message: "it starts with \"...\"" with
+ * up to 16 bytes, C escapes for what is not printable ASCII; "it is empty"
+ * for no bytes.  A user who passed a text file, an image file or a
+ * checkpoint where a token file was expected recognises it from them. */
+static void describe_start(char *out, size_t cap, const uint8_t *buf, size_t len) {
+    if (len == 0) {
+        snprintf(out, cap, "it is empty");
+        return;
+    }
+    size_t o = (size_t)snprintf(out, cap, "it starts with \"");
+    for (size_t i = 0; i < len && i < 16 && o + 8 < cap; i++) {
+        uint8_t c = buf[i];
+        if (c == '\n') o += (size_t)snprintf(out + o, cap - o, "\\n");
+        else if (c == '\t') o += (size_t)snprintf(out + o, cap - o, "\\t");
+        else if (c == '"' || c == '\\') o += (size_t)snprintf(out + o, cap - o, "\\%c", c);
+        else if (c >= 0x20 && c < 0x7f) out[o++] = (char)c, out[o] = 0;
+        else o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
+    }
+    snprintf(out + o, cap - o, "%s\"", len > 16 ? "..." : "");
+}
+
+/* The magic is checked before the header's length, on the bytes there are,
+ * so that a short file that is no token file at all (a line of text) is
+ * called that, not a truncated token file; a cut token file (its bytes a
+ * prefix of the magic, or none) stays "truncated". */
+static int not_token_file(const char *name, const uint8_t *buf, size_t len) {
+    if (len == 0 || memcmp(buf, DP_TOKENS_MAGIC, len < 8 ? len : 8) == 0) return 0;
+    char start[128];
+    describe_start(start, sizeof start, buf, len);
+    return dp_seterr(DP_EFORMAT, "tokens: %s is not a token file (%s, not \"%s\")", name, start,
+                     DP_TOKENS_MAGIC);
+}
+
 static int tokens_parse(const char *name, const uint8_t *buf, size_t len, struct dp_tokens *t) {
     memset(t, 0, sizeof *t);
     if (!buf) len = 0;
+    if (not_token_file(name, buf, len)) return DP_EFORMAT;
     if (len < DP_TOKENS_HEADER_BYTES)
         return dp_seterr(DP_EFORMAT, "tokens: %s: truncated header: %zu bytes, expected %d", name,
                          len, DP_TOKENS_HEADER_BYTES);
-    if (memcmp(buf, DP_TOKENS_MAGIC, 8) != 0)
-        return dp_seterr(DP_EFORMAT, "tokens: %s: bad magic (expected \"%s\"): not a token file",
-                         name, DP_TOKENS_MAGIC);
     uint32_t version = le32(buf + 8);
     if (version != DP_TOKENS_VERSION)
         return dp_seterr(DP_EFORMAT, "tokens: %s: unsupported version %u (expected %d)", name,
@@ -186,6 +218,36 @@ int dp_tokens_read(const char *path, struct dp_tokens *t) {
     rc = tokens_parse(path, buf, len, t);
     dp_free(buf);
     return rc;
+}
+
+int dp_tokens_probe(const char *path, char *start, size_t cap) {
+    if (start && cap) start[0] = 0;
+    if (!path) return dp_seterr(DP_EINVAL, "tokens: NULL path");
+    int fd;
+    size_t size;
+    int rc = open_regular("tokens", path, &fd, &size);
+    if (rc) return rc;
+    /* 17 bytes: the magic, and enough of anything else to recognise it by
+     * (16 shown, the 17th says there is more) */
+    uint8_t head[17];
+    size_t n = 0;
+    while (n < sizeof head) {
+        ssize_t r = read(fd, head + n, sizeof head - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            close(fd);
+            return dp_seterr(DP_EIO, "tokens: %s: read failed: %s", path, strerror(e));
+        }
+        if (r == 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    if (n >= 8 && memcmp(head, DP_TOKENS_MAGIC, 8) == 0) return DP_OK;
+    char desc[128];
+    describe_start(desc, sizeof desc, head, n);
+    if (start && cap) snprintf(start, cap, "%s", desc);
+    return dp_seterr(DP_EFORMAT, "tokens: %s is not a token file (%s)", path, desc);
 }
 
 void dp_tokens_free(struct dp_tokens *t) {
@@ -463,21 +525,23 @@ static int ts_after(const struct timespec *a, const struct timespec *b) {
     return a->tv_sec != b->tv_sec ? a->tv_sec > b->tv_sec : a->tv_nsec > b->tv_nsec;
 }
 
-/* Why DIR's token file cannot be reused, into why[0..cap) ("" when it can):
- * it must be a valid token file (every check of dp_tokens_read) of byte
- * level tokens, hold as many tokens as the sources have bytes (a source
- * removed, or truncated, shows here: a removal touches no source's mtime),
- * and be strictly newer than every source (a source written in the same
- * clock tick as the token file counts as newer: rebuilding is the safe side
- * of a tie). */
-static int stale_reason(const char *path, const struct namelist *src, char *why, size_t cap,
-                        int64_t *tokens) {
+/* Why a folder's token file at path cannot be reused, into why[0..cap) (""
+ * when it can); label names it in the reason ("tokens.bin", "the cached
+ * token file").  It must be a valid token file (every check of
+ * dp_tokens_read) of byte level tokens, hold as many tokens as the sources
+ * have bytes (a source removed, or truncated, shows here: a removal touches
+ * no source's mtime), and be strictly newer than every source (a source
+ * written in the same clock tick as the token file counts as newer:
+ * rebuilding is the safe side of a tie). */
+static int stale_reason(const char *path, const char *label, const struct namelist *src, char *why,
+                        size_t cap, int64_t *tokens) {
     why[0] = 0;
     *tokens = 0;
     struct stat tst;
     if (stat(path, &tst) != 0) {
-        if (errno != ENOENT) return dp_seterr(DP_EIO, "text: %s: %s", path, strerror(errno));
-        snprintf(why, cap, "no %s yet", DP_TEXT_DIR_TOKENS);
+        if (errno != ENOENT && errno != ENOTDIR && errno != EACCES)
+            return dp_seterr(DP_EIO, "text: %s: %s", path, strerror(errno));
+        snprintf(why, cap, "no %s yet", label);
         return DP_OK;
     }
     int64_t bytes = 0;
@@ -487,7 +551,7 @@ static int stale_reason(const char *path, const struct namelist *src, char *why,
             return dp_seterr(DP_EIO, "text: %s: %s", src->v[i], strerror(errno));
         bytes += (int64_t)st.st_size;
         if (!why[0] && !ts_after(&tst.st_mtim, &st.st_mtim))
-            snprintf(why, cap, "%s is newer than %s", src->v[i], DP_TEXT_DIR_TOKENS);
+            snprintf(why, cap, "%s is newer than %s", src->v[i], label);
     }
     if (why[0]) return DP_OK;
     struct dp_tokens t;
@@ -496,47 +560,243 @@ static int stale_reason(const char *path, const struct namelist *src, char *why,
         return DP_OK;
     }
     if (t.vocab != DP_TOKENS_VOCAB_BYTES)
-        snprintf(why, cap, "%s has vocab %lld, not byte-level", DP_TEXT_DIR_TOKENS, (long long)t.vocab);
+        snprintf(why, cap, "%s has vocab %lld, not byte-level", label, (long long)t.vocab);
     else if (t.n != bytes)
-        snprintf(why, cap, "%s holds %lld tokens, the sources %lld bytes", DP_TEXT_DIR_TOKENS,
-                 (long long)t.n, (long long)bytes);
+        snprintf(why, cap, "%s holds %lld tokens, the sources %lld bytes", label, (long long)t.n,
+                 (long long)bytes);
     *tokens = t.n;
     dp_tokens_free(&t);
     return DP_OK;
 }
 
+/* ---- preparing a folder: its token file in the cache ------------------------------ */
+
+/* Where dp_text_prepare_dir keeps what it prepares, and why not in the
+ * folder itself: the folder is the user's (a checkout, a read-only mount, a
+ * shared data set), and a file written into it is a surprise at best and a
+ * failure at worst.  Each folder's token file is
+ *
+ *     CACHE/NAME-P-C.tokens
+ *
+ * NAME the folder's own name (for a person listing the cache), P a 64-bit
+ * FNV-1a hash of its absolute path (symlinks resolved), C one of its
+ * sources (each one's name, size and mtime, in name order).  A changed
+ * source is then a new file name, even where the validity checks alone
+ * would not notice (a file replaced by one of the same size with an older
+ * mtime, as cp -p or a checkout may leave); the checks of stale_reason still
+ * apply to the file found.  When a new file is written, the folder's older
+ * ones (same NAME-P-, other C) are removed, so the cache holds one file per
+ * folder. */
+#define FNV_BASIS 0xcbf29ce484222325ULL
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+int dp_text_cache_dir(char *out, size_t cap) {
+    if (!out || cap == 0) return dp_seterr(DP_EINVAL, "text: NULL argument");
+    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    int n;
+    /* The XDG base directory rule: a relative XDG_CACHE_HOME is ignored. */
+    if (x && x[0] == '/') n = snprintf(out, cap, "%s/dptrain", x);
+    else if (h && h[0]) n = snprintf(out, cap, "%s/.cache/dptrain", h);
+    else return dp_seterr(DP_ENOENT, "text: no cache folder: neither XDG_CACHE_HOME nor HOME is set");
+    if (n < 0 || (size_t)n >= cap) return dp_seterr(DP_EINVAL, "text: cache folder path too long");
+    return DP_OK;
+}
+
+/* mkdir -p: path and its missing parents, those made with mode 0700 (the
+ * XDG rule for a cache folder).  0, or -1 with errno. */
+static int mkdir_p(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) {
+        errno = n ? ENAMETOOLONG : ENOENT;
+        return -1;
+    }
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (i < n && buf[i] != '/') continue;
+        char c = buf[i];
+        buf[i] = 0;
+        if (mkdir(buf, 0700) != 0 && errno != EEXIST) return -1;
+        buf[i] = c;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+/* The cache file of folder dir with sources src (listed as "dir/name"):
+ * prefix = "NAME-P-" (the folder's files, whatever their C), file =
+ * cache/prefix C.tokens. */
+static int cache_file(const char *dir, const char *cache, const struct namelist *src, char *prefix,
+                      size_t pcap, char *file, size_t fcap) {
+    char abs[PATH_MAX];
+    if (!realpath(dir, abs)) return dp_seterr(DP_EIO, "text: %s: %s", dir, strerror(errno));
+    const char *base = strrchr(abs, '/');
+    base = base && base[1] ? base + 1 : "root";
+    char name[49];
+    size_t k = 0;
+    for (; base[k] && k < sizeof name - 1; k++) {
+        char c = base[k];
+        int keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                   c == '_' || (c == '.' && k > 0);
+        name[k] = keep ? c : '_';
+    }
+    name[k] = 0;
+    uint64_t ph = fnv1a(FNV_BASIS, abs, strlen(abs)), ch = FNV_BASIS;
+    size_t dlen = strlen(dir);
+    for (int i = 0; i < src->n; i++) {
+        struct stat st;
+        if (stat(src->v[i], &st) != 0) return dp_seterr(DP_EIO, "text: %s: %s", src->v[i], strerror(errno));
+        const char *nm = src->v[i] + dlen + 1; /* list_dir's "dir/name" */
+        int64_t v[3] = {(int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec, (int64_t)st.st_mtim.tv_nsec};
+        ch = fnv1a(ch, nm, strlen(nm) + 1);
+        ch = fnv1a(ch, v, sizeof v);
+    }
+    if (snprintf(prefix, pcap, "%s-%016llx-", name, (unsigned long long)ph) >= (int)pcap ||
+        snprintf(file, fcap, "%s/%s%016llx.tokens", cache, prefix, (unsigned long long)ch) >= (int)fcap)
+        return dp_seterr(DP_EINVAL, "text: cache path too long: %s", cache);
+    return DP_OK;
+}
+
+/* The folder's other token files in the cache (prefix, not file): why the
+ * one for these sources is missing, from the newest of them ("" when there
+ * is none); with remove, they are deleted instead. */
+static void cache_siblings(const char *cache, const char *prefix, const char *file,
+                           const struct namelist *src, char *why, size_t cap, int remove) {
+    if (why) why[0] = 0;
+    DIR *dh = opendir(cache);
+    if (!dh) return;
+    const char *own = strrchr(file, '/') + 1;
+    struct timespec newest = {0};
+    char path[4096];
+    struct dirent *e;
+    while ((e = readdir(dh))) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) || !ends_with(e->d_name, ".tokens") ||
+            !strcmp(e->d_name, own))
+            continue;
+        if (snprintf(path, sizeof path, "%s/%s", cache, e->d_name) >= (int)sizeof path) continue;
+        struct stat st;
+        if (remove) {
+            unlink(path);
+        } else if (stat(path, &st) == 0 && ts_after(&st.st_mtim, &newest)) {
+            newest = st.st_mtim;
+            int64_t have;
+            if (stale_reason(path, "the cached token file", src, why, cap, &have) == DP_OK && !why[0])
+                snprintf(why, cap, "a source was renamed or replaced since the cached token file was written");
+        }
+    }
+    closedir(dh);
+}
+
 int dp_text_prepare_dir(const char *dir, char *path, size_t cap, struct dp_text_prepared *info) {
+    return dp_text_prepare_dir_in(dir, NULL, path, cap, info);
+}
+
+int dp_text_prepare_dir_in(const char *dir, const char *cache, char *path, size_t cap,
+                           struct dp_text_prepared *info) {
     if (info) memset(info, 0, sizeof *info);
     if (!dir || !path || cap == 0) return dp_seterr(DP_EINVAL, "text: NULL argument");
     struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return dp_seterr(DP_EINVAL, "text: %s is not a folder", dir);
-    if (snprintf(path, cap, "%s/%s", dir, DP_TEXT_DIR_TOKENS) >= (int)cap)
+    if (stat(dir, &st) != 0) {
+        if (errno == ENOENT) return dp_seterr(DP_ENOENT, "text: %s: no such file or folder", dir);
+        return dp_seterr(DP_EIO, "text: %s: %s", dir, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode)) return dp_seterr(DP_EINVAL, "text: %s is not a folder", dir);
+    char legacy[4096], cdir[4096], cpath[4096], prefix[128];
+    if (snprintf(legacy, sizeof legacy, "%s/%s", dir, DP_TEXT_DIR_TOKENS) >= (int)sizeof legacy)
         return dp_seterr(DP_EINVAL, "text: path too long: %s/%s", dir, DP_TEXT_DIR_TOKENS);
     struct namelist src = {0};
     int rc = list_dir(&src, dir, SKIP_FORTUNE_INDEX | SKIP_TOKEN_FILE);
     if (!rc && src.n == 0)
         rc = dp_seterr(DP_EINVAL, "text: empty input: no text files in %s (%s, *.dat and *.u8 do not count)",
                        dir, DP_TEXT_DIR_TOKENS);
-    char why[sizeof info->why];
+    /* No cache folder (no HOME) is no error yet: the folder itself may do. */
+    char cerr[512] = "";
+    int have_cache = 0;
+    if (!rc) {
+        if (cache && snprintf(cdir, sizeof cdir, "%s", cache) >= (int)sizeof cdir)
+            rc = dp_seterr(DP_EINVAL, "text: cache path too long: %s", cache);
+        else if (cache) have_cache = 1;
+        else if (dp_text_cache_dir(cdir, sizeof cdir) == DP_OK) have_cache = 1;
+        else snprintf(cerr, sizeof cerr, "%s", dp_errmsg());
+        if (have_cache) rc = cache_file(dir, cdir, &src, prefix, sizeof prefix, cpath, sizeof cpath);
+    }
+    char why[sizeof info->why] = "", whyl[sizeof info->why];
     int64_t have = 0;
-    if (!rc) rc = stale_reason(path, &src, why, sizeof why, &have);
+    const char *found = NULL; /* the token file reused */
+    /* 1. the folder's token file in the cache, for these sources */
+    if (!rc && have_cache) {
+        rc = stale_reason(cpath, "the cached token file", &src, why, sizeof why, &have);
+        if (!rc && !why[0]) found = cpath;
+        else if (!rc && access(cpath, F_OK) != 0)
+            cache_siblings(cdir, prefix, cpath, &src, why, sizeof why, 0);
+    }
+    /* 2. DIR/tokens.bin, as an older dptrain wrote it (or step 3 when the
+     * cache could not be written): read while valid, never written here
+     * when the cache can be */
+    if (!rc && !found && access(legacy, F_OK) == 0) {
+        rc = stale_reason(legacy, DP_TEXT_DIR_TOKENS, &src, whyl, sizeof whyl, &have);
+        if (!rc && !whyl[0]) found = legacy;
+        else if (!rc && !why[0]) snprintf(why, sizeof why, "%s", whyl);
+    }
+    if (rc || found) {
+        if (!rc && snprintf(path, cap, "%s", found) >= (int)cap)
+            rc = dp_seterr(DP_EINVAL, "text: path too long: %s", found);
+        if (!rc) {
+            struct dp_text_corpus none = {.nfiles = src.n};
+            prepared_set(info, 0, &none, have, "");
+            if (info) info->in_dir = found == legacy;
+        }
+        names_free(&src);
+        return rc;
+    }
+    if (!why[0]) snprintf(why, sizeof why, "no token file of %s in the cache yet", dir);
+    /* 3. build: into the cache, else into the folder */
+    struct dp_text_corpus c;
+    rc = concat_files(&c, &src);
     if (rc) {
         names_free(&src);
         return rc;
     }
-    if (!why[0]) { /* reuse */
-        struct dp_text_corpus none = {.nfiles = src.n};
-        prepared_set(info, 0, &none, have, "");
-        names_free(&src);
-        return DP_OK;
+    const char *out = NULL;
+    if (have_cache) {
+        if (mkdir_p(cdir) != 0)
+            snprintf(cerr, sizeof cerr, "cannot create %s: %s", cdir, strerror(errno));
+        else if (write_corpus(&c, cpath) != DP_OK)
+            snprintf(cerr, sizeof cerr, "%s", dp_errmsg());
+        else
+            out = cpath, cache_siblings(cdir, prefix, cpath, &src, NULL, 0, 1);
     }
-    struct dp_text_corpus c;
-    rc = concat_files(&c, &src);
-    names_free(&src);
-    if (rc) return rc;
-    if (!(rc = write_corpus(&c, path))) prepared_set(info, 1, &c, (int64_t)c.len, why);
+    if (!out) {
+        char lerr[512] = "";
+        if (write_corpus(&c, legacy) == DP_OK) out = legacy;
+        else snprintf(lerr, sizeof lerr, "%s", dp_errmsg());
+        if (!out)
+            rc = dp_seterr(DP_EIO,
+                           "text: cannot write the token file of %s, neither in the cache (%s) nor in the "
+                           "folder (%s): set XDG_CACHE_HOME to a writable folder, or run 'dptrain "
+                           "prepare-text %s --out FILE' and pass --data FILE",
+                           dir, cerr, lerr, dir);
+    }
+    if (!rc && snprintf(path, cap, "%s", out) >= (int)cap)
+        rc = dp_seterr(DP_EINVAL, "text: path too long: %s", out);
+    if (!rc) {
+        prepared_set(info, 1, &c, (int64_t)c.len, why);
+        if (info) {
+            info->in_dir = out == legacy;
+            if (out == legacy) snprintf(info->cache_error, sizeof info->cache_error, "%s", cerr);
+        }
+    }
     dp_text_corpus_free(&c);
+    names_free(&src);
     return rc;
 }
 

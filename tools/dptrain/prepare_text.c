@@ -7,9 +7,11 @@
  * summary line.  The validation split is not stored: it is taken when the
  * file is used (the last 5% of the tokens by default).
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "dp/data.h"
 #include "cli.h"
@@ -60,4 +62,47 @@ int dptrain_cmd_prepare_text(int argc, char **argv) {
            DP_TOKENS_VOCAB_BYTES, out);
     free(inputs);
     return 0;
+}
+
+/* A language model's --data: a token file, or a folder of text files whose
+ * token file is prepared on first use into the cache folder
+ * ($XDG_CACHE_HOME/dptrain, else ~/.cache/dptrain; an older dptrain's
+ * DIR/tokens.bin is still read while valid) and reused while valid
+ * (dp_text_prepare_dir: the core of prepare-text).  One line on stderr says
+ * which, and where the file is, when report.  Returns the token file to
+ * read.
+ *
+ * What the user passed is checked here, where --data is known by its name,
+ * so that a mistake is one line saying what --data takes: a missing path
+ * (not "tokens: ... " as if it were a token file), or a file that is no
+ * token file (a text file, the image data set's file; its first bytes
+ * shown), instead of the reader's "bad magic". */
+const char *dptrain_prepared_text_data(const char *data, int report) {
+    struct stat st;
+    if (stat(data, &st) != 0) {
+        if (errno == ENOENT) die("--data %s: no such file or folder", data);
+        die("--data %s: %s", data, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        char start[128];
+        if (dp_tokens_probe(data, start, sizeof start) == DP_EFORMAT)
+            die("--data %s is not a token file (%s): --data takes a token file written by 'dptrain prepare-text "
+                "FILES --out tokens.bin', or a folder of text files",
+                data, start);
+        return data; /* a token file, or one the trainer's reader will name the trouble of */
+    }
+    static char path[4096];
+    struct dp_text_prepared info;
+    int rc = dp_text_prepare_dir(data, path, sizeof path, &info);
+    if (rc) die("%s", dp_errmsg()[0] ? dp_errmsg() : dp_strerror(rc));
+    if (report && info.built && info.cache_error[0])
+        fprintf(stderr, "dptrain: prepared %s from %d file%s of %s (%lld tokens): %s; in the folder, as the cache failed: %s\n", path,
+                info.nfiles, info.nfiles == 1 ? "" : "s", data, (long long)info.tokens, info.why, info.cache_error);
+    else if (report && info.built)
+        fprintf(stderr, "dptrain: prepared %s from %d file%s of %s (%lld tokens): %s\n", path, info.nfiles,
+                info.nfiles == 1 ? "" : "s", data, (long long)info.tokens, info.why);
+    else if (report)
+        fprintf(stderr, "dptrain: reusing %s (%lld tokens, newer than its %d source file%s)\n", path,
+                (long long)info.tokens, info.nfiles, info.nfiles == 1 ? "" : "s");
+    return path;
 }
