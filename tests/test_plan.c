@@ -453,6 +453,27 @@ TEST(plan_step_terms) {
     ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
 }
 
+/* Which compute the plan priced, the first that applies: calibrated
+ * forward and backward, else a measured time per sample, else FLOPs at the
+ * rate given (an estimate the CLI must not pass off as a measurement:
+ * `dptrain plan --profile` refuses a model's FLOP estimate, and says so
+ * without a profile). */
+TEST(plan_compute_source) {
+    struct dp_plan_params p = four_layers();
+    struct dp_plan_result r;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_EQ(r.compute, DP_PLAN_COMPUTE_FLOPS);
+    dp_plan_result_free(&r);
+    p.sample_s = 1e-3;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_EQ(r.compute, DP_PLAN_COMPUTE_SAMPLE);
+    dp_plan_result_free(&r);
+    p.fwd_sample_s = 1e-3, p.bwd_sample_s = 2e-3;
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_EQ(r.compute, DP_PLAN_COMPUTE_CALIBRATED);
+    dp_plan_result_free(&r);
+}
+
 /* e_p = E[max of p standard normals]: in closed form for p <= 3 (e_2 =
  * 1/sqrt(pi), e_3 = 3/(2 sqrt(pi))), the published table's values at 10 and
  * 100 (1.538753, 2.507594), and growing with p. */

@@ -212,7 +212,19 @@ struct dp_plan_params {
 };
 struct dp_plan_params dp_plan_default_params(void);
 
+/* Where a plan's forward and backward times come from, the first that
+ * applies: a calibrated model (fwd_sample_s, bwd_sample_s), a measured
+ * time per sample (sample_s), or FLOPs at a rate (flops): an estimate, from
+ * an assumed rate, not a measurement of the model. */
+enum dp_plan_compute {
+    DP_PLAN_COMPUTE_FLOPS = 0,
+    DP_PLAN_COMPUTE_SAMPLE,
+    DP_PLAN_COMPUTE_CALIBRATED,
+    DP_PLAN_COMPUTE_COUNT
+};
+
 struct dp_plan_result {
+    enum dp_plan_compute compute; /* where fwd_s and bwd_s come from */
     double fwd_s, bwd_s, opt_s;   /* per step per worker (opt: opt_s + opt_param_s x params) */
     double zero_s;                /* zeroing the gradient slab */
     double data_s;                /* the loader's part that the step waits for (see dp_plan_run) */

@@ -293,6 +293,9 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
                           : p->sample_s > 0   ? p->sample_s * b_local / (3 * fwd_flops)
                                               : b_local / p->flops;
     double bwd_per_flop = p->fwd_sample_s > 0 ? p->bwd_sample_s * b_local / fwd_flops : 2 * sec_per_flop;
+    r->compute = p->fwd_sample_s > 0 ? DP_PLAN_COMPUTE_CALIBRATED
+                 : p->sample_s > 0   ? DP_PLAN_COMPUTE_SAMPLE
+                                     : DP_PLAN_COMPUTE_FLOPS;
     r->fwd_s = fwd_flops * sec_per_flop;
     r->bwd_s = fwd_flops * bwd_per_flop;
     r->opt_s = p->opt_s + psi * p->opt_param_s;

@@ -840,6 +840,9 @@ int dptrain_cmd_calibrate(int argc, char **argv) {
             printf("  %s alpha %.3g us beta %.3g ns/B (%.3g GB/s)", dp_plan_algo_name(plan_algo[k]), alpha[k] * 1e6,
                    beta[k] * 1e9, beta[k] > 0 ? 1 / beta[k] / 1e9 : INFINITY);
         if (per_sample == per_sample) printf("  %.4g ms per sample", per_sample * 1e3);
+        /* plan --model refuses a profile with no compute (it would be a FLOP
+         * estimate): say so here, where the profile is made */
+        else printf("  (the link only: plan --model SPEC needs calibrate --model SPEC)");
         printf("\n");
         if (m)
             printf("%s, %lld per worker: forward %.4g + backward %.4g us per sample (alone %.4g + %.4g); "

@@ -254,7 +254,7 @@ static const char *help_plan =
     "  --compute-cv F        sigma / mean of a worker's forward + backward per step: the step\n"
     "                        waits e_P x F x compute for its slowest worker [0; profile]\n"
     "compute:\n"
-    "  --flops F             achieved FLOP/s per worker [1e12]\n"
+    "  --flops F             achieved FLOP/s per worker [1e12: an estimate, said so in the output]\n"
     "  --sample-ms MS        or measured forward + backward per sample (overrides --flops)\n"
     "network:\n"
     "  --workers P           [1]\n"
@@ -279,7 +279,9 @@ static const char *help_plan =
     "                        sgd_param_s, adamw_param_s, zero_param_s, data_sample_s, comm_cpu;\n"
     "                        version 3 also compute_cv and straggle_cv (the straggler wait),\n"
     "                        version 4 (calibrate --model) also gather_wait_s\n"
-    "                        (then --model must name the calibrated model); with the same\n"
+    "                        (then --model must name the calibrated model; a profile with\n"
+    "                        no compute for --model, from calibrate without --model, is\n"
+    "                        refused unless --sample-ms or --flops states it); with the same\n"
     "                        --workers as calibrated, the measured times per size (sizes,\n"
     "                        <algo>_measured_s) time the all-reduces, interpolated; options\n"
     "                        after it override it (a link given after it: the formulas)\n"
@@ -301,6 +303,7 @@ static void print_bytes(const char *label, double b) {
  * it was calibrated for (checked against --model once all options are read). */
 struct profile_info {
     char path[1024], model[128];
+    int compute; /* 1: the profile prices compute (calibrated fwd/bwd, sample_s or flops) */
     double sgd_param_s, adamw_param_s;
     double sizes[64], measured[DP_PLAN_ALGO_COUNT][64]; /* the all-reduce table (dp_plan_net tab_*) */
 };
@@ -381,6 +384,7 @@ static void load_profile(const char *path, struct dp_plan_params *p, struct prof
     if (g == g) p->net.gamma_s = g;
     if (fl == fl) p->flops = fl;
     if (ss == ss) p->sample_s = ss;
+    pi->compute = (fw == fw && bw == bw) || fl == fl || ss == ss;
     /* the measured all-reduce times per size, for the profile's worker count */
     const struct dp_json_field *sz = dp_json_get(&o, "sizes");
     double pw = dp_json_num(&o, "workers", 0);
@@ -402,7 +406,8 @@ static void load_profile(const char *path, struct dp_plan_params *p, struct prof
     dp_json_obj_free(&o);
 }
 
-static void print_plan_text(const struct dp_plan_params *p, const struct dp_plan_result *r, int buckets) {
+static void print_plan_text(const struct dp_plan_params *p, const struct dp_plan_result *r, int buckets,
+                            int flops_given) {
     double psi = 0;
     for (int k = 0; k < r->nb; k++) psi += (double)r->b[k].count;
     printf("model %.6g parameters in %d buckets  workers %d  global batch %lld (%.6g per worker)\n", psi, r->nb,
@@ -417,9 +422,14 @@ static void print_plan_text(const struct dp_plan_params *p, const struct dp_plan
         printf(" + data %.6g + zeroing %.6g + lost to comm %.6g + straggler wait %.6g + metrics gather %.6g ms",
                r->data_s * 1e3, r->zero_s * 1e3, r->steal_s * 1e3, r->straggle_s * 1e3, r->gather_s * 1e3);
     printf("\n");
-    printf("communication %.6g ms (%.1f%% hidden behind backward)  efficiency %.4f  %.6g samples/s\n",
+    printf("communication %.6g ms (%.1f%% hidden behind backward)  efficiency %.4f  %.6g samples/s",
            r->comm_s * 1e3, r->comm_s > 0 ? fmax(0, 100 * (1 - r->exposed_s / r->comm_s)) : 100.0, r->efficiency,
            r->samples_per_s);
+    /* the default rate is nobody's measurement: say so beside the figure
+     * (a rate given with --flops is the user's own assumption) */
+    if (r->compute == DP_PLAN_COMPUTE_FLOPS && !flops_given)
+        printf(" (compute: a FLOP estimate at the default %g FLOP/s, not measured)", p->flops);
+    printf("\n");
     int count[DP_PLAN_ALGO_COUNT] = {0};
     for (int k = 0; k < r->nb; k++) count[r->b[k].algo]++;
     printf("algorithm per bucket:");
@@ -479,6 +489,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
     p.net.intra_beta_s = 8 / 800e9;
     double gbps = 100, lat_us = 5;
     int gbps_given = 0, lat_given = 0, batch_given = 0, buckets = 0, json = 0, sgd = 0, state_given = 0;
+    int compute_given = 0, profile_given = 0; /* --flops or --sample-ms; --profile */
     struct profile_info pi = {.sgd_param_s = NAN, .adamw_param_s = NAN};
     long long sweep = 0;
     const char *model = NULL, *input = "1,28,28", *v;
@@ -509,8 +520,10 @@ int dptrain_cmd_plan(int argc, char **argv) {
         else if (dptrain_take(argc, argv, &i, "--compute-cv", &v))
             p.compute_cv = dptrain_num_arg(a, v, 0, 10), p.straggle_workers = 0; /* e_P x F at every P */
         else if (dptrain_take(argc, argv, &i, "--opt-ms", &v)) p.opt_s = dptrain_num_arg(a, v, 0, 1e9) / 1e3;
-        else if (dptrain_take(argc, argv, &i, "--flops", &v)) p.flops = dptrain_num_arg(a, v, 1, 1e20), p.sample_s = 0;
-        else if (dptrain_take(argc, argv, &i, "--sample-ms", &v)) p.sample_s = dptrain_num_arg(a, v, 1e-9, 1e9) / 1e3;
+        else if (dptrain_take(argc, argv, &i, "--flops", &v))
+            p.flops = dptrain_num_arg(a, v, 1, 1e20), p.sample_s = 0, compute_given = 1;
+        else if (dptrain_take(argc, argv, &i, "--sample-ms", &v))
+            p.sample_s = dptrain_num_arg(a, v, 1e-9, 1e9) / 1e3, compute_given = 1;
         else if (dptrain_take(argc, argv, &i, "--workers", &v)) p.net.workers = (int)dptrain_int_arg(a, v, 1, 100000000);
         else if (dptrain_take(argc, argv, &i, "--link-gbps", &v)) gbps = dptrain_num_arg(a, v, 1e-6, 1e9), gbps_given = 1;
         else if (dptrain_take(argc, argv, &i, "--latency-us", &v)) lat_us = dptrain_num_arg(a, v, 0, 1e9), lat_given = 1;
@@ -531,6 +544,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
         else if (!strcmp(a, "--metrics")) p.gathers = 1;
         else if (dptrain_take(argc, argv, &i, "--profile", &v)) {
             load_profile(v, &p, &pi);
+            profile_given = 1;
             gbps_given = lat_given = 0; /* the profile's link, unless given again after it */
         } else if (!strcmp(a, "--buckets")) buckets = 1;
         else if (dptrain_take(argc, argv, &i, "--sweep", &v)) sweep = dptrain_int_arg(a, v, 1, 100000000);
@@ -556,6 +570,18 @@ int dptrain_cmd_plan(int argc, char **argv) {
     if (pi.model[0] && (!model || strcmp(model, pi.model)))
         die("%s was calibrated for --model %s: plan that model, or calibrate again with --model %s", pi.path,
             pi.model, model ? model : "SPEC");
+    /* A profile from calibrate without --model measures the link only.  Its
+     * plan of a model would price the compute from FLOPs at --flops' rate
+     * (a peak, 1e12 unless given): cnn at 77,085 samples/s where the run
+     * measures about 5,800, with nothing to say the figure is no
+     * measurement.  Who passes a profile wants measured figures: refuse,
+     * and name the command that measures the model (or the options that
+     * state the compute on purpose). */
+    if (profile_given && model && !pi.compute && !compute_given)
+        die("%s has no measured compute for --model %s (calibrated without --model): the plan would price it from "
+            "FLOPs at %g FLOP/s, an estimate; run 'dptrain calibrate --model %s --out %s' (at the run's --workers and "
+            "--batch), or give --sample-ms MS or --flops F",
+            pi.path, model, p.flops, model, pi.path);
     int64_t *lp = NULL;
     double *lf = NULL;
     if (model) {
@@ -578,7 +604,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
             die("%s", dp_errmsg());
         }
         if (json) print_plan_json(&p, &r);
-        else print_plan_text(&p, &r, buckets);
+        else print_plan_text(&p, &r, buckets, compute_given || pi.compute);
         dp_plan_result_free(&r);
     } else {
         if (!json) printf("%8s %12s %12s %12s %12s %14s %10s\n", "workers", "compute_ms", "comm_ms", "exposed_ms",
