@@ -178,9 +178,13 @@ static void on_epoch(void *arg, const struct dp_event *ev) {
  * tests and on their horizons: cnn for 6 steps (an epoch of 360 samples;
  * plain P = 2 already drifts to 3e-5 from P = 1 over 17 cnn steps), mlp for
  * a whole epoch of 1000 (the short last batch split by the shares).  Rank 1
- * must take clearly less than an equal part (cnn: a 3x sleep against the
- * others' compute; the plan gives it about 1/3 at P = 2 after the first
- * re-plan, the bounds leave room for a loaded machine). */
+ * must take clearly less than an equal part (cnn: an 8x sleep against the
+ * others' compute; the plan gives it about 1/9 at P = 2 after the first
+ * re-plan).  8x, not 3x: the plan follows measured speed, and a CPU-bound
+ * process beside the test that shares a fast rank's core halves that
+ * rank's measured speed, so at 3x rank 1 measured up to 2/3 of it and took
+ * 150 of 360 samples at P = 2 (under 144 asked; shares 39/21) once in 5
+ * runs with 2 busy loops beside it.  The bounds asked are unchanged. */
 static void balanced(const char *model, int64_t limit, int check_shares) {
     require_data();
     struct dp_train_params p = base(model, 1);
@@ -191,13 +195,13 @@ static void balanced(const char *model, int64_t limit, int check_shares) {
         struct shares_seen seen = {0};
         p.workers = P;
         p.balance = 2;
-        p.simulate_slow = "1:3";
+        p.simulate_slow = "1:8";
         p.check_replicas = 1; /* every step: the replicas stay bit-identical */
         p.on_event = on_epoch, p.event_arg = &seen;
         float *got = train(&p, &n);
         ASSERT_EQ(n, n1);
         double d = rel_diff(ref, got, n);
-        fprintf(stderr, "    %s P=%d --balance=2, rank 1 x3: %.2e to P=1; shares", model, P, d);
+        fprintf(stderr, "    %s P=%d --balance=2, rank 1 x8: %.2e to P=1; shares", model, P, d);
         int64_t tot = 0;
         for (int r = 0; r < P; r++) fprintf(stderr, " %lld", (long long)seen.shares[r]), tot += seen.taken[r];
         fprintf(stderr, " of 60; samples taken");

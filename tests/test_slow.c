@@ -107,16 +107,26 @@ static int metrics_sums(const char *dir, double *compute, double *slow) {
     return n;
 }
 
-/* Rank 0 made 3x slower: the sleep it records is about twice the compute
- * it records (generous bounds: a ratio, not a speed target), and it is the
- * rank that arrives last at most reductions, while the other rank waits.
- * Then rank 1 slowed: it is the last arriver. */
+/* Rank 0 made 8x slower: the sleep it records is about 7 times the compute
+ * it records (generous bounds: 0.6 to 2 times that ratio, not a speed
+ * target), and it is the rank that arrives last at most reductions, while
+ * the other rank waits.  Then rank 1 slowed: it is the last arriver.
+ * 8x, not 3x: the slowed rank's lead is (8 - 1) x its compute, about 30 ms
+ * a step (an mlp step computes for about 4 ms here), well beyond the
+ * scheduler slice or so for which a CPU-bound process beside the test takes
+ * the other rank's core now and then.  At 3x the lead was 2 x 4 ms, within
+ * such a slice: rank 1 was last in only 8 of 12 steps once in 5 runs with 2
+ * busy loops beside it (9 of 12 asked).  The bounds asked are unchanged:
+ * the ratio's, relative to SLOW_F - 1, and 9 of 12 steps. */
+#define SLOW_F 8
 static void slow_rank_is_last(int overlap) {
     require_data();
     struct dp_train_params p = base("mlp", 2);
     p.overlap = overlap;
     p.max_steps = 12;
-    p.simulate_slow = "0:3";
+    char spec[32];
+    snprintf(spec, sizeof spec, "0:%d", SLOW_F);
+    p.simulate_slow = spec;
     char dir[512];
     snprintf(dir, sizeof dir, "%s/slow%d", dp_test_tmpdir(), overlap);
     p.out_dir = dir;
@@ -126,15 +136,16 @@ static void slow_rank_is_last(int overlap) {
     free(train(&p, &n));
     double compute, slow;
     ASSERT_EQ(metrics_sums(dir, &compute, &slow), 12);
-    fprintf(stderr, "    overlap %d, rank 0 at 3x: compute %.4f s, slept %.4f s (ratio %.2f)\n", overlap, compute,
-            slow, slow / compute);
-    ASSERT_TRUE(slow > 1.2 * compute && slow < 4 * compute);
+    fprintf(stderr, "    overlap %d, rank 0 at %dx: compute %.4f s, slept %.4f s (ratio %.2f)\n", overlap, SLOW_F,
+            compute, slow, slow / compute);
+    ASSERT_TRUE(slow > 0.6 * (SLOW_F - 1) * compute && slow < 2.0 * (SLOW_F - 1) * compute);
     int last0 = 0;
     for (int i = 0; i < s.n; i++) last0 += s.last[i] == 0;
     ASSERT_EQ(s.n, 12);
     ASSERT_TRUE(last0 >= 9);
 
-    p.simulate_slow = "1:3";
+    snprintf(spec, sizeof spec, "1:%d", SLOW_F);
+    p.out_dir = NULL; /* read from the events; dir holds the first run (refused as another run's) */
     memset(&s, 0, sizeof s);
     free(train(&p, &n));
     int last1 = 0;
@@ -143,7 +154,7 @@ static void slow_rank_is_last(int overlap) {
         last1 += s.last[i] == 1, wait0 += s.wait[i];
         ASSERT_TRUE(s.slow[i] == 0); /* rank 0 is not slowed */
     }
-    fprintf(stderr, "    rank 1 at 3x: last in %d of %d steps; rank 0 waited %.4f s\n", last1, s.n, wait0);
+    fprintf(stderr, "    rank 1 at %dx: last in %d of %d steps; rank 0 waited %.4f s\n", SLOW_F, last1, s.n, wait0);
     ASSERT_TRUE(last1 >= 9);
     ASSERT_TRUE(wait0 > 0);
 }
