@@ -188,8 +188,7 @@ if [[ " $PARTS " == *" speed "* || " $PARTS " == *" peer "* ]]; then
 else
   trap 'rm -rf "$WORK"' EXIT
 fi
-NP=$("$BIN" train --model cnn --epochs 0 --workers 1 --out "$WORK/np" 2>/dev/null |
-  sed -n 's/.*(\([0-9]*\) parameters.*/\1/p' | head -1)
+NP=$("$BIN" plan --model cnn --workers 1 2>/dev/null | sed -n 's/^model \([0-9]*\) parameters.*/\1/p' | head -1)
 CPUS_NOTE=''
 for P in $HOSTS; do
   [[ " $PARTS " == *" speed "* || " $PARTS " == *" peer "* ]] || break

@@ -117,8 +117,7 @@ EXTRA_CLEANUP=bench_cleanup
 CLUSTER_PREFIX=dpb-$$
 cluster_trap  # whatever happens, the cluster and WORK go at the end
 
-NP=$("$DPTRAIN" train --model "$MODEL" --epochs 0 --workers 1 --out "$WORK/np" 2>/dev/null |
-  sed -n 's/.*(\([0-9]*\) parameters.*/\1/p' | head -1)
+NP=$("$DPTRAIN" plan --model "$MODEL" --workers 1 2>/dev/null | sed -n 's/^model \([0-9]*\) parameters.*/\1/p' | head -1)
 [[ -n $NP ]] || die "cannot read the parameter count"
 
 RAW=$WORK/raw.tsv META=$WORK/meta.tsv

@@ -103,7 +103,7 @@ static int cut_metrics(const char *path, const char *resume, char *note, size_t 
     if (truncate(path, (off_t)keep) != 0) return dp_seterr(DP_EIO, "cannot cut %s: %s", path, strerror(errno));
     size_t len = strlen(note);
     snprintf(note + len, note_len - len, "%s%s: %s%lld record%s past the checkpoint removed (the resumed run records "
-             "those steps again)", len ? "; " : "", path, whole < size ? "a record cut short by a stop, and " : "",
+             "those steps again)", len ? "; " : "", path, whole < size ? "a record cut short, and " : "",
              (long long)(lines - kept), lines - kept == 1 ? "" : "s");
     return DP_OK;
 }

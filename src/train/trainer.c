@@ -852,11 +852,6 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     atomic_init(&t->stop_at, INT64_MAX);
     dp_set_num_threads(p->threads);
 
-    if (p->batch < t->ps_W) {
-        rc = dp_seterr(DP_EINVAL, "global batch %lld is smaller than the %d workers: each worker needs at least "
-                       "one sample per step (raise --batch or lower --workers)", (long long)p->batch, t->ps_W);
-        goto fail;
-    }
     /* A folder that holds another run is refused before anything is loaded. */
     if (p->out_dir && t->base == 0 && (rc = dp__run_folder_check(p->out_dir, p->resume, p->overwrite))) goto fail;
     /* A checkpoint names its model; --model may be omitted when resuming. */
@@ -2370,16 +2365,16 @@ static int step_checkpoint(struct worker *w) {
 /* A requested stop (dp_train_params.stop), checked before each step: *stop = 1 when every
  * rank stops before step `step`.  The ranks must agree on the step, or one would wait
  * forever in a collective the others never start.
- *   One process: the first worker to see the request sets stop_at = step + STOP_LEAD, once
- *   (compare-and-swap), and every worker stops before that step.  No worker has begun it: a
- *   synchronous worker is at most one step ahead of another (the step's reduction needs
- *   every rank), a backup worker at most BACKUP_DEPTH.
+ *   One process: the first worker to see the request, before step s, sets stop_at = s + lead,
+ *   once (compare-and-swap), and every worker stops before that step.  No worker has begun
+ *   it: a synchronous worker cannot finish step s before this one takes part in it (the
+ *   step's reduction needs every rank), so lead = 1; a backup worker runs at most
+ *   BACKUP_DEPTH steps ahead of the latest, so lead = BACKUP_DEPTH + 1.
  *   Several processes: one all-reduce of one double per step sums the ranks' views of
  *   their process's request; every rank gets the same sum, so all stop at the same step
  *   (measured in docs/results.md "A stop on request").  Backup workers across processes
  *   run no per-step collective (that would wait for the late ranks they exist to drop): a
  *   request there ends the run as a failure of the step. */
-#define STOP_LEAD (BACKUP_DEPTH + 2)
 static int stop_agreed(struct worker *w, int64_t step, int *stop) {
     struct dp_trainer *t = w->t;
     *stop = 0;
@@ -2395,7 +2390,7 @@ static int stop_agreed(struct worker *w, int64_t step, int *stop) {
     }
     long long at = atomic_load(&t->stop_at);
     if (at == INT64_MAX && atomic_load(t->p.stop)) {
-        atomic_compare_exchange_strong(&t->stop_at, &at, (long long)step + STOP_LEAD);
+        atomic_compare_exchange_strong(&t->stop_at, &at, (long long)step + (t->bk_on ? BACKUP_DEPTH + 1 : 1));
         at = atomic_load(&t->stop_at); /* (ours, or the one another worker set first) */
     }
     *stop = step >= at;

@@ -405,6 +405,7 @@ static int cmd_train(int argc, char **argv) {
     char *config = dptrain_config_render(&tp);
     tp.config = config;
     if (prog_state.mode == PROG_AUTO) prog_state.mode = isatty(2) ? PROG_BAR : PROG_LINES;
+    prog_state.max_steps = tp.max_steps;
     tp.on_event = dptrain_on_event;
     tp.stop = &stop_signal;
     tp.event_arg = &prog_state;
@@ -435,6 +436,12 @@ static int cmd_train(int argc, char **argv) {
                        : tp.resume && dp_ckpt_read_header(tp.resume, &rh) == 0 ? rh.model_spec : NULL;
     if (dp_model_spec_reads_tokens(spec) && data_given) tp.data_dir = dptrain_prepared_text_data(tp.data_dir, me == 0);
 
+    /* every worker needs a sample of each global batch (the library runs empty shares, for
+     * --balance; a user asking for them has mistyped --batch or --workers) */
+    int64_t job_workers = (int64_t)tp.workers * nprocs - (tp.async && nprocs > 1 ? (tp.servers ? tp.servers : 1) : 0);
+    if (tp.batch < job_workers)
+        die("global batch %lld is smaller than the %lld workers: each worker needs at least one sample per step "
+            "(raise --batch or lower --workers)", (long long)tp.batch, (long long)job_workers);
     struct dp_trainer *t;
     int rc = dp_trainer_init(&t, &tp);
     if (rc) die_rc(rc);
@@ -592,7 +599,7 @@ static int cmd_ckpt_diff(int argc, char **argv) {
     int nfile = 0;
     for (a.i = 1; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL)) {
-            fputs(dptrain_help_ckpt, stdout);
+            fputs(dptrain_help_ckpt_sub("diff"), stdout);
             return 0;
         } else if (opt(&a, "--tol", &v)) tol = parse_float("--tol", v, 0, 1e30);
         else if (argv[a.i][0] != '-' && nfile < 2) file[nfile++] = argv[a.i];
@@ -644,7 +651,7 @@ static int cmd_ckpt(int argc, char **argv) {
     struct args a = {argc, 0, argv, "ckpt"};
     for (a.i = 2; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL)) {
-            fputs(dptrain_help_ckpt, stdout);
+            fputs(dptrain_help_ckpt_sub(sub), stdout);
             return 0;
         } else if (!strcmp(sub, "export") && opt(&a, "--safetensors", &v)) out = v;
         else if (argv[a.i][0] != '-' && !file) file = argv[a.i];
@@ -778,7 +785,8 @@ int main(int argc, char **argv) {
             return dptrain_cmd_sample(2, h);
         }
         fputs(!strcmp(what, "train") ? dptrain_help_train : !strcmp(what, "eval") ? dptrain_help_eval
-              : !strcmp(what, "ckpt") ? dptrain_help_ckpt : dptrain_help_main, stdout);
+              : !strcmp(what, "ckpt") ? dptrain_help_ckpt_sub(argc > 3 ? argv[3] : NULL)
+                                       : dptrain_help_main, stdout);
         return 0;
     }
     if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);

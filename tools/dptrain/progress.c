@@ -115,6 +115,17 @@ void dptrain_on_event(void *arg, const struct dp_event *ev) {
         if (p->mode == PROG_BAR) fprintf(stderr, "\r\033[K");
         printf("checkpoint %s (step %lld)\n", ev->path, (long long)ev->step);
         fflush(stdout);
+    } else if (ev->kind == DP_EVENT_EVAL) { /* --eval-every, or a --max-steps stop mid-epoch */
+        if (p->mode == PROG_BAR) fprintf(stderr, "\r\033[K");
+        if (ev->positions > 1)
+            printf("eval step %lld  val loss %.4f  val ppl %.2f\n", (long long)ev->step, ev->test_loss,
+                   exp(ev->test_loss));
+        else
+            printf("eval step %lld  test loss %.4f  test acc %.2f%%\n", (long long)ev->step, ev->test_loss,
+                   100 * ev->test_acc);
+        fflush(stdout);
+        p->last_test_acc = ev->test_acc;
+        p->last_test_loss = ev->test_loss;
     }
 }
 

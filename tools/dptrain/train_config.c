@@ -50,7 +50,17 @@ static void put(struct buf *b, const char *fmt, ...) {
     }
 }
 
+/* A float's shortest rendering that reads back as the same float ("0.01", not "0.00999999978") */
+static const char *flt(char *out, size_t n, float x) {
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(out, n, "%.*g", prec, (double)x);
+        if (strtof(out, NULL) == x) break;
+    }
+    return out;
+}
+
 char *dptrain_config_render(const struct dp_train_params *tp) {
+    char f1[32], f2[32], f3[32];
     struct buf b = {0};
     char path[PATH_MAX];
     /* the data as an absolute path: a resume may run from another folder */
@@ -63,18 +73,19 @@ char *dptrain_config_render(const struct dp_train_params *tp) {
     if (tp->aug.hflip) put(&b, "--hflip\n");
     put(&b, "--epochs=%lld\n--batch=%lld\n--seed=%llu\n", (long long)tp->epochs, (long long)tp->batch,
         (unsigned long long)tp->seed);
-    put(&b, "--lr=%.9g\n--optim=%s\n", (double)tp->sched.base_lr, dp_optim_kind_name(tp->optim.kind));
+    put(&b, "--lr=%s\n--optim=%s\n", flt(f1, sizeof f1, tp->sched.base_lr), dp_optim_kind_name(tp->optim.kind));
     if (tp->optim.kind == DP_OPTIM_SGD) {
-        put(&b, "--momentum=%.9g\n", (double)tp->optim.momentum);
+        put(&b, "--momentum=%s\n", flt(f1, sizeof f1, tp->optim.momentum));
         if (tp->optim.nesterov) put(&b, "--nesterov\n");
     } else
-        put(&b, "--beta1=%.9g\n--beta2=%.9g\n--eps=%.9g\n", (double)tp->optim.beta1, (double)tp->optim.beta2,
-            (double)tp->optim.eps);
-    put(&b, "--weight-decay=%.9g\n--schedule=%s\n", (double)tp->optim.weight_decay, dp_sched_kind_name(tp->sched.kind));
+        put(&b, "--beta1=%s\n--beta2=%s\n--eps=%s\n", flt(f1, sizeof f1, tp->optim.beta1),
+            flt(f2, sizeof f2, tp->optim.beta2), flt(f3, sizeof f3, tp->optim.eps));
+    put(&b, "--weight-decay=%s\n--schedule=%s\n", flt(f1, sizeof f1, tp->optim.weight_decay),
+        dp_sched_kind_name(tp->sched.kind));
     if (tp->sched.kind == DP_SCHED_COSINE)
-        put(&b, "--warmup=%lld\n--min-lr=%.9g\n", (long long)tp->sched.warmup_steps, (double)tp->sched.min_lr);
+        put(&b, "--warmup=%lld\n--min-lr=%s\n", (long long)tp->sched.warmup_steps, flt(f1, sizeof f1, tp->sched.min_lr));
     if (tp->sched.kind == DP_SCHED_STEP)
-        put(&b, "--step-size=%lld\n--gamma=%.9g\n", (long long)tp->sched.step_size, (double)tp->sched.gamma);
+        put(&b, "--step-size=%lld\n--gamma=%s\n", (long long)tp->sched.step_size, flt(f1, sizeof f1, tp->sched.gamma));
     if (tp->clip_norm > 0) put(&b, "--clip=%.17g\n", tp->clip_norm);
     put(&b, "--accum=%d\n", tp->accum);
     if (tp->bucket_cap_bytes) put(&b, "--bucket-cap-mb=%.17g\n", (double)tp->bucket_cap_bytes / 1048576.0);
@@ -112,17 +123,28 @@ char *dptrain_config_render(const struct dp_train_params *tp) {
 /* A checkpoint written before configurations were stored: what its header
  * holds (model, batch, seed, the optimizer and the schedule's kind). */
 static char *from_header(const struct dp_ckpt_header *h) {
-    struct buf b = {0};
-    put(&b, "--model=%s\n--batch=%lld\n--seed=%llu\n--lr=%.9g\n--optim=%s\n", h->model_spec, (long long)h->batch,
-        (unsigned long long)h->seed, (double)h->lr, dp_optim_kind_name((enum dp_optim_kind)h->optim_kind));
-    if (h->optim_kind == DP_OPTIM_SGD) {
-        put(&b, "--momentum=%.9g\n", (double)h->momentum);
-        if (h->nesterov) put(&b, "--nesterov\n");
-    } else
-        put(&b, "--beta1=%.9g\n--beta2=%.9g\n--eps=%.9g\n", (double)h->beta1, (double)h->beta2, (double)h->eps);
-    put(&b, "--weight-decay=%.9g\n--schedule=%s\n", (double)h->weight_decay,
-        dp_sched_kind_name((enum dp_sched_kind)h->sched_kind));
-    return b.p;
+    /* the same lines as dptrain_config_render's for these fields */
+    struct dp_train_params tp = dp_train_default_params();
+    tp.model = h->model_spec, tp.batch = h->batch, tp.seed = h->seed, tp.sched.base_lr = h->lr;
+    tp.optim.kind = (enum dp_optim_kind)h->optim_kind, tp.optim.momentum = h->momentum;
+    tp.optim.nesterov = (int)h->nesterov, tp.optim.beta1 = h->beta1, tp.optim.beta2 = h->beta2, tp.optim.eps = h->eps;
+    tp.optim.weight_decay = h->weight_decay, tp.sched.kind = (enum dp_sched_kind)h->sched_kind;
+    char *all = dptrain_config_render(&tp), *keep = all, *out = all;
+    /* only the header's fields: drop the defaults rendered for the others */
+    static const char *const fields[] = {"--model=", "--batch=", "--seed=", "--lr=", "--optim=", "--momentum=",
+                                         "--nesterov", "--beta1=", "--beta2=", "--eps=", "--weight-decay=",
+                                         "--schedule="};
+    while (*keep) {
+        char *e = strchr(keep, '\n');
+        size_t len = (size_t)(e - keep) + 1;
+        int take = 0;
+        for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+            take |= !strncmp(keep, fields[i], strlen(fields[i]));
+        if (take) memmove(out, keep, len), out += len;
+        keep += len;
+    }
+    *out = 0;
+    return all;
 }
 
 char *dptrain_config_stored(const char *ckpt, int *from_hdr) {
