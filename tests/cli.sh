@@ -281,7 +281,7 @@ else bad ps_async_staleness_reported "$(tail -3 "$T/ps.log")"; fi
 # a checkpoint of another mode resumes at this mode's position in the schedule, with a note: async
 # counts pushes (40 per epoch of mlp at 2 workers, batches of 25), sync global batches (20)
 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 2 --mode async --out "$T/xm" >/dev/null 2>&1
-"$BIN" train --model mlp --epochs 3 "${SMALL[@]}" --workers 2 --resume "$T/xm/checkpoint.bin" --out "$T/xm" >"$T/xm.log" 2>&1
+"$BIN" train --model mlp --epochs 3 "${SMALL[@]}" --workers 2 --mode sync --resume "$T/xm/checkpoint.bin" --out "$T/xm" >"$T/xm.log" 2>&1
 "$BIN" train --model mlp --epochs 2 "${SMALL[@]}" --workers 2 --out "$T/xs" >/dev/null 2>&1
 "$BIN" train --model mlp --epochs 3 "${SMALL[@]}" --workers 2 --mode async --resume "$T/xs/checkpoint.bin" --out "$T/xs" \
   >"$T/xs.log" 2>&1
@@ -328,7 +328,8 @@ import struct, sys, zlib
 b = bytearray(open(sys.argv[1], "rb").read())
 hs = struct.unpack_from("<I", b, 12)[0]              # header_size; the payload follows
 struct.pack_into("<f", b, hs, float("nan"))          # parameter 0 of the payload
-struct.pack_into("<I", b, hs - 8, zlib.crc32(bytes(b[hs:])))  # payload_crc
+n = struct.unpack_from("<Q", b, hs - 16)[0]               # payload_size (sections may follow)
+struct.pack_into("<I", b, hs - 8, zlib.crc32(bytes(b[hs:hs + n])))  # payload_crc
 struct.pack_into("<I", b, hs - 4, 0)                 # header_crc is over the header with it 0
 struct.pack_into("<I", b, hs - 4, zlib.crc32(bytes(b[:hs])))
 open(sys.argv[2], "wb").write(b)

@@ -243,6 +243,7 @@ static void on_event(void *arg, const struct dp_event *ev) {
 static uint64_t run_hash(struct dp_train_params p, struct seen *s) {
     memset(s, 0, sizeof *s);
     p.on_event = on_event, p.event_arg = s;
+    p.overwrite = 1; /* (the folders are scratch, reused by the test's runs) */
     struct dp_trainer *t;
     ASSERT_OK(dp_trainer_init(&t, &p));
     ASSERT_OK(dp_trainer_run(t));

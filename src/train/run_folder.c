@@ -120,7 +120,7 @@ static int check(const char *dir, const char *resume, int overwrite, char *ckpt,
     snprintf(rdir, sizeof rdir, "%s", resume ? resume : "");
     *own = resume && same_dir(dirname(rdir), dir);
     struct stat st;
-    *has_ckpt = stat(ckpt, &st) == 0;
+    *has_ckpt = stat(ckpt, &st) == 0 && S_ISREG(st.st_mode); /* (anything else is no run's) */
     int64_t records = 0, whole;
     FILE *f = stat(path, &st) == 0 && st.st_size > 0 ? fopen(path, "rb") : NULL;
     if (f) { /* (a partial last line counts as a record) */

@@ -173,3 +173,9 @@ elif [[ $BIN == *-asan* || $BIN == *-tsan* ]]; then
 else
   skip mpi_signal_stops_every_rank "MPI not built into $BIN"; skip mpi_stop_resume_plot "MPI not built into $BIN"
 fi
+
+# --- R1: plot reads a metrics.jsonl whose last record was cut short ------------------------
+cp "$T/every/metrics.jsonl" "$T/cut.jsonl"; printf '{"kind": "step", "step": 11, "loss": 0.5, "byt' >>"$T/cut.jsonl"
+if "$BIN" plot --out "$T/cutplots" "$T/cut.jsonl" >"$T/cut.log" 2>"$T/cut.err" && [[ -s $T/cutplots/loss_step.svg ]] &&
+   [[ $(grep -c "warning: .*cut.jsonl:12: the last record is cut short" "$T/cut.err") -eq 1 ]]; then ok plot_reads_cut_last_record
+else bad plot_reads_cut_last_record "$(cat "$T/cut.err")"; fi

@@ -52,8 +52,16 @@ void dptrain_each_record(const char *path, void (*fn)(const struct dp_json_obj *
             char msg[256];
             snprintf(msg, sizeof msg, "%s", dp_errmsg());
             dp_json_obj_free(&o);
+            /* a last line without its newline is a record cut short (a run killed inside a
+             * write): one warning, and the records before it are read */
+            int partial = line[len - 1] != '\n' && getc(f) == EOF;
             free(line);
             fclose(f);
+            if (partial) {
+                fprintf(stderr, "dptrain: warning: %s:%ld: the last record is cut short (a killed run?): "
+                        "read the %ld before it\n", file, ln, ln - 1);
+                return;
+            }
             die("%s:%ld: %s", file, ln, msg);
         }
         fn(&o, arg);
