@@ -606,32 +606,6 @@ int dp_text_cache_dir(char *out, size_t cap) {
     return DP_OK;
 }
 
-/* mkdir -p: path and its missing parents, those made with mode 0700 (the
- * XDG rule for a cache folder).  0, or -1 with errno. */
-static int mkdir_p(const char *path) {
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf) {
-        errno = n ? ENAMETOOLONG : ENOENT;
-        return -1;
-    }
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (i < n && buf[i] != '/') continue;
-        char c = buf[i];
-        buf[i] = 0;
-        if (mkdir(buf, 0700) != 0 && errno != EEXIST) return -1;
-        buf[i] = c;
-    }
-    struct stat st;
-    if (stat(path, &st) != 0) return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        errno = ENOTDIR;
-        return -1;
-    }
-    return 0;
-}
-
 /* The cache file of folder dir with sources src (listed as "dir/name"):
  * prefix = "NAME-P-" (the folder's files, whatever their C), file =
  * cache/prefix C.tokens. */
@@ -768,8 +742,8 @@ int dp_text_prepare_dir_in(const char *dir, const char *cache, char *path, size_
     }
     const char *out = NULL;
     if (have_cache) {
-        if (mkdir_p(cdir) != 0)
-            snprintf(cerr, sizeof cerr, "cannot create %s: %s", cdir, strerror(errno));
+        if (dp__mkdir_p(cdir, 0700) != 0) /* (0700: the XDG rule for a cache folder) */
+            snprintf(cerr, sizeof cerr, "cannot create %.400s: %s", cdir, strerror(errno));
         else if (write_corpus(&c, cpath) != DP_OK)
             snprintf(cerr, sizeof cerr, "%s", dp_errmsg());
         else

@@ -60,8 +60,8 @@ const char *const dptrain_help_train =
     "\n"
     "data and model:\n"
     "  --data FILE         gpt: a token file (dptrain prepare-text; docs/text.md)\n"
-    "  --data DIR          gpt: a folder of text files, prepared into DIR/tokens.bin on first\n"
-    "                      use and reused while newer than every source file\n"
+    "  --data DIR          gpt: a folder of text files, prepared on first use into\n"
+    "                      ~/.cache/dptrain ($XDG_CACHE_HOME) and reused while valid\n"
     "  --train-limit N     use only the first N training samples [all], and read no image\n"
     "                      past them; gpt: N windows per epoch [training tokens / (ctx + 1)]\n"
     "  --test-limit N      evaluate on the first N test samples [all] (read no image past\n"
@@ -187,7 +187,7 @@ const char *const dptrain_help_eval =
     "Evaluates the checkpoint's model (or the weights of a safetensors file, PyTorch names,\n"
     "as 'ckpt export' writes and 'train --init-from' reads) on the test set and prints\n"
     "accuracy and loss.  A gpt model: --data is its token file (or a folder of text files,\n"
-    "prepared into DIR/tokens.bin on first use as train does), and the validation windows\n"
+    "prepared into the cache folder on first use as train does), and the validation windows\n"
     "give the loss per token and the perplexity.\n";
 
 /* `dptrain help ckpt`: the overview; each subcommand's own help below. */
