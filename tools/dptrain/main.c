@@ -228,6 +228,7 @@ static int cmd_train(int argc, char **argv) {
             given_zr = given_zg = given_psgd_start = given_no_ef = 0;
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
             fputs(dptrain_help_train, stdout);
+            free(stored), free(lines), free(all);
             return 0;
         } else if (opt(&a, "--data", &v)) tp.data_dir = v, data_given = 1;
         else if (opt(&a, "--model", &v)) tp.model = v, model_given = 1;
@@ -492,13 +493,14 @@ static int cmd_train(int argc, char **argv) {
     int sig = atomic_load(&stop_signal), status = 0;
     int64_t stopped = dp_trainer_stopped(t);
     if (sig) status = 128 + sig;
+    /* under mpirun or srun the stop is agreed by every process (one all-reduce
+     * per step), so rank 0 may stop on a signal another process received */
+    const char *by = sig == SIGINT ? "by SIGINT" : sig ? "by SIGTERM" : "on another process's signal";
     if (me == 0 && stopped >= 0 && tp.out_dir)
-        printf("stopped by %s after step %lld: checkpoint %s/checkpoint.bin (continue with --resume "
-               "%s/checkpoint.bin --out %s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)stopped, tp.out_dir,
-               tp.out_dir, tp.out_dir);
+        printf("stopped %s after step %lld: checkpoint %s/checkpoint.bin (continue with --resume "
+               "%s/checkpoint.bin --out %s)\n", by, (long long)stopped, tp.out_dir, tp.out_dir, tp.out_dir);
     else if (me == 0 && stopped >= 0)
-        printf("stopped by %s after step %lld (no --out: nothing saved)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-               (long long)stopped);
+        printf("stopped %s after step %lld (no --out: nothing saved)\n", by, (long long)stopped);
     fflush(stdout);
     free(config);
     free(stored);
