@@ -193,7 +193,8 @@ struct dp_trainer {
                                   all-reduce (reduced_check), not by every worker after it */
     atomic_llong red_bad;      /* ... 1 + the last step whose reduced gradient had one */
     atomic_llong stop_at;      /* a requested stop, in one process: the step after which every worker
-                                  stops (INT64_MAX: none; stop_agreed) */
+                                  stops (INT64_MAX: none; stop_agreed); the parameter server's
+                                  threads: the epoch at whose end they stop (ps_stop_note) */
     int64_t stopped;           /* the step a requested stop ended the run at (-1: none) */
 };
 
@@ -2727,6 +2728,14 @@ static int ps_batch(struct worker *w, int64_t epoch, int64_t k, double *n, doubl
     return DP_OK;
 }
 
+/* ps_stop_note: in the parameter server's modes a stop request (a signal)
+ * ends the run at the end of the epoch it arrives in, where every push is
+ * applied and the checkpoint is exact; a position inside an epoch of async
+ * claims could not be resumed.  Across processes the ranks agree through
+ * stop_agreed's all-reduce, servers included.  Among threads rank 0 reads
+ * the flag before the epoch's barrier and the others read its decision
+ * (stop_at) after it; rank 0 writes again only after end_epoch's barrier,
+ * which nobody passes before reading. */
 static int ps_loop(struct worker *w) {
     struct dp_trainer *t = w->t;
     struct dp_ps *ps = t->ps;
@@ -2781,7 +2790,11 @@ static int ps_loop(struct worker *w) {
         /* every push of the epoch is applied once all are here */
         double s0[6], tb = dp_time();
         phase_sums(w, s0);
+        /* A stop request ends the run at this epoch's end (ps_stop_note) */
+        if (w->rank == 0 && t->p.stop && atomic_load(t->p.stop)) atomic_store(&t->stop_at, (long long)epoch);
         if ((rc = dp_comm_barrier(w->comm))) break;
+        int stop = atomic_load(&t->stop_at) != INT64_MAX; /* (read before end_epoch's barrier) */
+        w->ckpt_due |= stop;
         /* The pushes the others made after rank 0's last one: one more step
          * event and record, whose time is rank 0's wait for them, so that
          * the records' samples add up to the epoch and samples / step_s over
@@ -2810,6 +2823,10 @@ static int ps_loop(struct worker *w) {
         }
         if ((rc = end_epoch(w, t_start))) break;
         epoch++;
+        if (stop) {
+            if (w->rank == 0) t->stopped = t->step;
+            break;
+        }
     }
     return rc;
 }
@@ -2882,6 +2899,10 @@ static int ps_net_loop(struct worker *w) {
             if (!rc) rc = dp_ps_net_end(net);
         }
         if (rc) break;
+        /* a stop request ends the run at this epoch's end (ps_stop_note): agreed by all ranks */
+        int stop = 0;
+        if ((rc = stop_agreed(w, epoch, &stop))) break;
+        w->ckpt_due |= stop;
         /* the server's state on every rank */
         dp_ps_net_collect(net, w->rep.params, w->opt.state, w->opt.state_len, meta);
         if ((rc = dp_comm_allreduce(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, DP_ALGO_AUTO)) ||
@@ -2894,6 +2915,10 @@ static int ps_net_loop(struct worker *w) {
         t->step = version;
         if ((rc = end_epoch(w, t_start))) break;
         epoch++;
+        if (stop) {
+            if (w->grank == 0) t->stopped = t->step;
+            break;
+        }
     }
     dp_free(meta);
     return rc;

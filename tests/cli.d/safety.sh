@@ -104,6 +104,22 @@ kill -INT $pid; wait $pid; rc=$?
 if [[ $rc -eq 130 && ! -e $T/sig2/checkpoint.bin ]] && ! grep -q "^stopped" "$T/sig2.log"; then ok second_signal_aborts
 else bad second_signal_aborts "exit $rc" "$(tail -2 "$T/sig2.log")"; fi
 
+# --- R2: the parameter server stops at the end of the epoch (every push applied) ----------
+# (every worker stalls 20 ms per push: an epoch outlasts the wait for the 20th record)
+ASYNC=(--model mlp --epochs 3 "${LONG[@]}" --mode async --deterministic)
+"$BIN" train "${ASYNC[@]}" --workers 2 --out "$T/astraight" >/dev/null 2>&1
+rm -rf "$T/async"
+"$BIN" train "${ASYNC[@]}" --workers 2 --simulate-jitter p=1,ms=20 --out "$T/async" >"$T/async.log" 2>&1 &
+pid=$!
+wait_steps "$T/async/metrics.jsonl" 20; kill -INT $pid; wait $pid; rc=$?
+e=$("$BIN" ckpt info "$T/async/checkpoint.bin" 2>/dev/null | sed -n 's/^step: .*(epoch \([0-9]*\), step 0 in epoch)$/\1/p')
+"$BIN" train --resume "$T/async/checkpoint.bin" --out "$T/async" >"$T/asyncr.log" 2>&1
+if [[ $rc -eq 130 && -n $e && $e -lt 3 ]] && grep -q "stopping at the end of this epoch" "$T/async.log" &&
+   grep -q "^stopped by SIGINT after step" "$T/async.log" &&
+   same_hash "$(hash_of "$T/astraight/checkpoint.bin")" "$(hash_of "$T/async/checkpoint.bin")"; then
+  ok async_signal_stops_at_epoch_end
+else bad async_signal_stops_at_epoch_end "exit $rc, checkpoint after epoch '$e'" "$(tail -2 "$T/async.log" "$T/asyncr.log")"; fi
+
 # --- R2: checkpoints and evaluations by steps; --max-steps mid-epoch evaluates ---------
 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --max-steps 10 --ckpt-every-steps 4 --eval-every 5 \
   --out "$T/every" >"$T/every.log" 2>&1
@@ -188,11 +204,28 @@ if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [
      "$BIN" plot --out "$T/mpistop/plots" "$T/mpistop" >"$T/mpiplot.log" 2>&1 && [[ -s $T/mpistop/plots/loss_step.svg ]]; then
     ok mpi_stop_resume_plot
   else bad mpi_stop_resume_plot "$(wc -l <<<"$s") step records" "$(tail -n 3 "$T/mpistopr.log" "$T/mpiplot.log")"; fi
+  # the parameter server across processes (2 workers, 1 server): a signal to one rank stops
+  # every rank, servers included, at the end of the epoch; the resume gives the threads' bits
+  rm -rf "$T/mpiasync"
+  timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train "${ASYNC[@]}" --workers 1 --simulate-jitter p=1,ms=20 \
+    --out "$T/mpiasync" >"$T/mpiasync.log" 2>&1 &
+  pid=$!
+  wait_steps "$T/mpiasync/metrics.jsonl" 20; kill -TERM "$(ranks_of $pid | tail -1)"; wait $pid; rc=$?
+  e=$("$BIN" ckpt info "$T/mpiasync/checkpoint.bin" 2>/dev/null | sed -n 's/^step: .*(epoch \([0-9]*\), step 0 in epoch)$/\1/p')
+  timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train --resume "$T/mpiasync/checkpoint.bin" --out "$T/mpiasync" \
+    >"$T/mpiasyncr.log" 2>&1
+  if [[ $rc -eq 143 && -n $e && $e -lt 3 ]] && grep -q "^stopped .* after step" "$T/mpiasync.log" &&
+     same_hash "$(hash_of "$T/astraight/checkpoint.bin")" "$(hash_of "$T/mpiasync/checkpoint.bin")"; then
+    ok mpi_async_signal_stops_at_epoch_end
+  else bad mpi_async_signal_stops_at_epoch_end "mpirun exit $rc, checkpoint after epoch '$e'" \
+    "$(tail -n 2 "$T/mpiasync.log" "$T/mpiasyncr.log")"; fi
 elif [[ $BIN == *-asan* || $BIN == *-tsan* ]]; then
   # by design, as cli.sh's MPI blocks: the plain build's run covers them
-  echo "note: mpi_signal_to_one_rank_stops_every_rank, mpi_ctrl_c_stops_with_checkpoint, mpi_stop_resume_plot not run on a sanitizer build"
+  echo "note: mpi_signal_to_one_rank_stops_every_rank, mpi_ctrl_c_stops_with_checkpoint, mpi_stop_resume_plot," \
+    "mpi_async_signal_stops_at_epoch_end not run on a sanitizer build"
 else
-  for n in mpi_signal_to_one_rank_stops_every_rank mpi_ctrl_c_stops_with_checkpoint mpi_stop_resume_plot; do
+  for n in mpi_signal_to_one_rank_stops_every_rank mpi_ctrl_c_stops_with_checkpoint mpi_stop_resume_plot \
+    mpi_async_signal_stops_at_epoch_end; do
     skip $n "MPI not built into $BIN"; done
 fi
 

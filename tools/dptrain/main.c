@@ -158,6 +158,7 @@ static int launched_by_mpi(void) {
  * after its current step, with a checkpoint (dp_train_params.stop); a second
  * ends the process at once, as the signal's default would. */
 static _Atomic int stop_signal;
+static const char *stop_msg = "\ndptrain: stopping after this step, with a checkpoint (again to abort now)\n";
 static void on_stop_signal(int sig) {
     int first = 0;
     if (!atomic_compare_exchange_strong(&stop_signal, &first, sig)) {
@@ -165,8 +166,7 @@ static void on_stop_signal(int sig) {
         raise(sig);
         return;
     }
-    static const char msg[] = "\ndptrain: stopping after this step, with a checkpoint (again to abort now)\n";
-    ssize_t n = write(2, msg, sizeof msg - 1);
+    ssize_t n = write(2, stop_msg, strlen(stop_msg));
     (void)n;
 }
 static void catch_stop_signals(void) {
@@ -479,6 +479,9 @@ static int cmd_train(int argc, char **argv) {
      * the cores): 0 where it cannot be measured, and then no MFU is printed. */
     double peak = me == 0 ? dp_cpu_peak_flops() : 0;
     double t0 = dp_time();
+    if (tp.async || tp.staleness >= 0) /* the parameter server stops at epoch ends (src/train/trainer.c ps_stop_note) */
+        stop_msg = "\ndptrain: stopping at the end of this epoch (--mode async and --staleness stop where every "
+                   "push is applied), with a checkpoint (again to abort now)\n";
     catch_stop_signals();
     rc = dp_trainer_run(t);
     if (rc) {
