@@ -25,13 +25,19 @@ static struct dp_comm *job;
 
 #define die dptrain_die
 void dptrain_die(const char *fmt, ...) {
+    /* the line in one write: under mpirun every process may die at once, and
+     * a line written in pieces comes out interleaved with the others' */
+    char line[4096];
+    int n = snprintf(line, sizeof line, "%s: error: ", prog);
+    if (job && dp_comm_world(job) > 1) n += snprintf(line + n, sizeof line - (size_t)n, "process %d: ", dp_comm_rank(job));
     va_list ap;
-    fprintf(stderr, "%s: error: ", prog);
-    if (job && dp_comm_world(job) > 1) fprintf(stderr, "process %d: ", dp_comm_rank(job));
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    fflush(stdout);
+    fwrite(line, 1, (size_t)n, stderr);
     fflush(stderr);
     /* The other processes may be waiting in a collective for this one: end
      * the whole job (MPI_Abort) instead of leaving them to time out. */
