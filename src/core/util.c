@@ -53,6 +53,10 @@ int dp_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, double deadline)
     return pthread_cond_timedwait(cv, mu, &ts) == ETIMEDOUT ? ETIMEDOUT : 0;
 }
 
+/* 1 if any x[i] is NaN or infinite: an all-ones exponent.  Integer tests so
+ * the loop vectorises (a float sum would be a serial dependency chain).  The
+ * bits are read with memcpy, not through a uint32_t pointer (which would
+ * break strict aliasing); a 4-byte memcpy compiles to the same plain load. */
 int dp_any_nonfinite(const float *x, int64_t n) {
     uint32_t bad = 0;
     /* (gcc 12 at -O2 only vectorises this with the explicit simd request) */

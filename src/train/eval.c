@@ -1,0 +1,119 @@
+/* Evaluation on the test split (or a token file's validation windows), shared
+ * by the workers in chunks and summed in a fixed order. */
+#include "trainer.h"
+
+/* ---- evaluation ----------------------------------------------------------------------------
+ * The test set (or, for text, the validation windows) is cut into chunks of
+ * t->eval_chunk samples (every replica's arena holds at least that many, see
+ * max_batch).  Chunk c's correct count and loss sum go to slot[2c],
+ * slot[2c + 1]; the totals are the slots summed in chunk order.  The chunks
+ * do not depend on the worker count, so the result is the same bits whoever
+ * evaluates which chunk. */
+
+/* Samples evaluated: the first `limit` (0 = all) of ds, or with ds NULL of
+ * the text validation windows. */
+static int64_t eval_count(const struct dp_trainer *t, const struct dp_dataset *ds, int64_t limit) {
+    int64_t n = ds ? ds->n : dp_text_val_windows(&t->split, t->ctx);
+    return limit > 0 && limit < n ? limit : n;
+}
+
+/* Evaluates chunks [c0, c1) of the first n samples of ds on replica w->rep
+ * (ds NULL: the text validation windows, filled into w's scratch). */
+/* gather: ZeRO 3 (sharded), the layers' ranges gathered as in training
+ * (collective: evaluate_shared); a chunk past the end is then an empty pass
+ * that takes part in the gathers. */
+static int eval_chunks(struct dp_trainer *t, struct worker *w, const struct dp_dataset *ds, int64_t n,
+                       int64_t c0, int64_t c1, double *slot, int gather) {
+    const int64_t E = t->eval_chunk;
+    for (int64_t c = c0; c < c1; c++) {
+        int64_t i = c * E, B = n - i < E ? n - i : E;
+        struct dp_batch b = {.B = B > 0 ? B : 0};
+        if (B <= 0) i = 0; /* an empty pass still reads from valid pointers */
+        if (ds) {
+            b.x = ds->x + i * ds->C * ds->H * ds->W;
+            b.targets = ds->y + i;
+        } else {
+            int rc = B > 0 ? dp_text_fill_val(&t->tokens, &t->split, t->ctx, i, B, w->etok, w->etgt) : DP_OK;
+            if (rc) return dp_adderr(rc, "evaluate");
+            b.tokens = w->etok, b.targets = w->etgt;
+        }
+        struct dp_pass pass = {.training = 0, .seed = t->p.seed};
+        if (gather) pass.layer_begin = dp_zero_layer_begin, pass.layer_begin_arg = &w->zero;
+        int rc = dp_model_run(t->model, &w->rep, &b, &pass);
+        if (rc) return dp_adderr(rc, "evaluate");
+        if (B > 0) slot[2 * c] = (double)pass.correct, slot[2 * c + 1] = pass.loss_sum;
+    }
+    return DP_OK;
+}
+
+/* Accuracy and loss per term: n samples of t->pos terms each. */
+static void eval_totals(const struct dp_trainer *t, const double *slot, int64_t nchunks, int64_t n,
+                        double *acc, double *loss) {
+    double correct = 0, loss_sum = 0;
+    for (int64_t c = 0; c < nchunks; c++) correct += slot[2 * c], loss_sum += slot[2 * c + 1];
+    double terms = (double)n * (double)t->pos;
+    *acc = n ? correct / terms : NAN;
+    *loss = n ? loss_sum / terms : NAN;
+}
+
+/* Evaluation runs on rank 0's replica (all replicas are equal). */
+int dp_trainer_evaluate(struct dp_trainer *t, const struct dp_dataset *ds, int64_t limit,
+                        double *acc, double *loss) {
+    if (!ds && !t->text) return dp_seterr(DP_EINVAL, "evaluate: no data set (only a text model has its own)");
+    if (ds && t->text) return dp_seterr(DP_EINVAL, "evaluate: a text model evaluates its validation windows (ds NULL)");
+    int64_t n = eval_count(t, ds, limit), nchunks = (n + t->eval_chunk - 1) / t->eval_chunk;
+    double *slot = dp_calloc((size_t)(2 * nchunks + 1), sizeof(double));
+    if (!slot) return dp_seterr(DP_ENOMEM, "evaluate: out of memory");
+    int rc = eval_chunks(t, &t->w[0], ds, n, 0, nchunks, slot, 0);
+    if (!rc) eval_totals(t, slot, nchunks, n, acc, loss);
+    dp_free(slot);
+    return rc;
+}
+
+/* The end-of-epoch evaluation, on every rank of the job at once (all
+ * replicas are equal).  Each process takes its block of the chunks
+ * (dp_comm_split over the processes), and its worker threads claim the
+ * block's chunks one at a time from a shared counter, so a worker that
+ * gets less CPU simply evaluates fewer chunks.  One all-reduce gathers the
+ * slots: each slot has one nonzero contributor and x + 0 = x exactly, so
+ * the totals are the bits dp_trainer_evaluate computes alone, whoever
+ * evaluated which chunk.
+ *
+ * Sharing the work matters beyond speed: with rank 0 evaluating alone, the
+ * others waited in a collective for the whole evaluation, and
+ * --comm-timeout (meant for a stalled peer) fired whenever evaluation took
+ * longer than the timeout.  Now the ranks of a process reach the
+ * all-reduce within about one chunk of each other, and processes compute
+ * equal blocks, as in a training step.
+ *
+ * The counter: every local worker has finished claiming once it enters the
+ * all-reduce, so when local rank 0 leaves it no claim is in flight; it
+ * resets the counter then, before the end-of-epoch barrier that every local
+ * worker passes before the next evaluation. */
+int dp__evaluate_shared(struct worker *w, double *acc, double *loss) {
+    struct dp_trainer *t = w->t;
+    const struct dp_dataset *ds = t->text ? NULL : &t->test;
+    int64_t n = eval_count(t, ds, t->p.test_limit), nchunks = (n + t->eval_chunk - 1) / t->eval_chunk;
+    int64_t c0, len;
+    dp_comm_split(nchunks, t->G / t->P, t->base / t->P, &c0, &len);
+    double *slot = dp_calloc((size_t)(2 * nchunks + 1), sizeof(double));
+    if (!slot) return dp_seterr(DP_ENOMEM, "evaluate: out of memory");
+    int rc = dp_zero_settle(&w->zero); /* ZeRO 1: the last step's all-gather, left in flight */
+    if (w->zero.stage == 3 && w->zero.sharded) {
+        /* ZeRO 3: each pass gathers the layers' ranges in turn (collectives),
+         * so every rank runs as many passes: chunk c is rank c mod G's, and a
+         * rank short of a chunk in the last round runs an empty one.  No
+         * whole replica is built; the totals are the same bits. */
+        for (int64_t c = w->grank; !rc && c - w->grank < nchunks; c += t->G)
+            rc = eval_chunks(t, w, ds, n, c, c + 1, slot, 1);
+        int rr = dp_zero_release_params(&w->zero);
+        if (!rc) rc = rr;
+    } else
+        for (int64_t k; !rc && (k = atomic_fetch_add(&t->eval_next, 1)) < len;)
+            rc = eval_chunks(t, w, ds, n, c0 + k, c0 + k + 1, slot, 0);
+    if (!rc && t->G > 1 && nchunks > 0) rc = dp_comm_allreduce(w->comm, slot, 2 * nchunks, DP_DTYPE_F64, DP_ALGO_AUTO);
+    if (w->rank == 0) atomic_store(&t->eval_next, 0);
+    if (!rc) eval_totals(t, slot, nchunks, n, acc, loss);
+    dp_free(slot);
+    return rc;
+}

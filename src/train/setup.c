@@ -1,0 +1,388 @@
+/* dp_trainer_init: the data, the model, the workers and what each mode needs
+ * (backup workers, the parameter server), and a resume's starting state. */
+#include "trainer.h"
+
+static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
+    const struct dp_train_params *p = &t->p;
+    w->t = t;
+    w->rank = rank;
+    w->grank = t->base + rank;
+    /* ZeRO 2 and 3 (sharded): the slabs a worker holds only parts of are
+     * mapped, never touched as a whole (the gradient; stage 3, the parameters) */
+    int lazy = p->zero >= 2 && t->G > 1 ? DP_REPLICA_LAZY_GRADS | (p->zero == 3 ? DP_REPLICA_LAZY_PARAMS : 0) : 0;
+    int rc = dp_replica_init_lazy(&w->rep, t->model, t->max_batch, lazy);
+    if (rc) return rc;
+    if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
+    if ((rc = dp_zero_init(&w->zero, w->comm, t->model->num_params, p->zero, &p->optim))) return rc;
+    w->zero.padded = lazy;
+    /* ZeRO 1: the all-gather ahead (src/ddp/zero.c "Ahead"); the shard is then cut along the
+     * buckets, so --zero-reduce scatter reduce-scatters each bucket during backward (the
+     * reducer's shard form, as stages 2 and 3) instead of the slab after it */
+    const int ahead = p->zero == 1 && t->G > 1 &&
+                      (p->zero_gather == DP_ZERO_GATHER_AHEAD || (p->zero_gather == DP_ZERO_GATHER_AUTO && t->G > t->P));
+    w->zero.ahead = ahead;
+    struct dp_loader_params lp = dp_loader_default_params();
+    lp.batch = p->batch;
+    lp.shuffle = 1;
+    lp.seed = p->seed;
+    lp.aug = p->aug;
+    lp.prefetch = p->prefetch;
+    lp.rank = w->grank;
+    lp.world = t->ps_W; /* G, but for the parameter server's ranks under mpirun */
+    if (lp.rank >= t->ps_W) lp.rank = 0, lp.prefetch = 0; /* a server rank: its loader is not read */
+    lp.align = p->deterministic && !p->async ? p->det_chunk : 1;
+    lp.uneven = t->balance;
+    if (t->ps_dynamic) {
+        /* plain async: this worker reads whichever batch k of ceil(batch / P)
+         * samples it claims (dp_loader_seek, then next); no prefetch, as the
+         * next batch it will read is not known in advance (ps_loop) */
+        lp.batch = (p->batch + t->ps_W - 1) / t->ps_W;
+        lp.rank = 0, lp.world = 1, lp.prefetch = 0;
+    }
+    if (t->text) {
+        rc = dp_loader_init_text(&w->loader, &t->tokens, &t->split, t->ctx, t->windows, &lp);
+        if (!rc) {
+            size_t n = (size_t)(t->eval_chunk * t->ctx);
+            w->etok = dp_malloc(n * sizeof(int32_t));
+            w->etgt = dp_malloc(n * sizeof(int32_t));
+            if (!w->etok || !w->etgt) rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
+        }
+    } else
+        rc = dp_loader_init(&w->loader, &t->train, &lp);
+    if (rc) return rc;
+    /* ~10 events per step: 200k covers long runs; later events are counted, not kept */
+    if ((rc = dp_timeline_init(&w->tl, p->timeline ? 200000 : 0))) return rc;
+    if (p->deterministic) {
+        w->acc = dp_malloc_big(sizeof(double) * (size_t)(t->model->num_params ? t->model->num_params : 1));
+        if (!w->acc) return dp_seterr(DP_ENOMEM, "deterministic mode: cannot allocate the accumulator");
+    }
+    if (p->skip_nonfinite && t->model->num_buffers > 0) {
+        w->buf_save = dp_malloc(sizeof(float) * (size_t)t->model->num_buffers);
+        if (!w->buf_save) return dp_seterr(DP_ENOMEM, "--skip-nonfinite: out of memory");
+    }
+    struct dp_reducer_params rp = dp_reducer_default_params();
+    rp.bucket_cap_bytes = p->bucket_cap_bytes;
+    rp.first_bucket_bytes = p->first_bucket_bytes;
+    rp.overlap = p->overlap;
+    rp.algo = (enum dp_comm_algo)p->algo;
+    rp.compress = p->compress;
+    rp.compress.seed = p->seed;
+    if (p->optim.kind == DP_OPTIM_SGD && !p->optim.nesterov && p->optim.dampening == 0)
+        rp.compress.momentum = p->optim.momentum;
+    rp.scatter = p->zero && p->zero_scatter && !ahead;
+    rp.shard = (p->zero >= 2 && t->G > 1) || (ahead && p->zero_scatter);
+    if ((rc = dp_reducer_init(&w->red, t->model, w->comm, w->rep.grads, &rp))) return rc;
+    /* ZeRO: the optimizer state of this worker's shard only (the memory win);
+     * stages 2 and 3 cut the shard along the reducer's buckets */
+    if (p->zero >= 2) w->red.done = dp_zero_bucket_done, w->red.done_arg = &w->zero; /* (1: the sums stay in the slab) */
+    if ((rc = dp_zero_plan(&w->zero, w->red.b, w->red.nb, w->rep.params, w->rep.grads)) ||
+        (rc = dp_optim_init(&w->opt, &p->optim, w->zero.len)))
+        return rc;
+    w->arrival = dp_calloc((size_t)w->red.nb + 1, sizeof(double));
+    w->waits = dp_calloc((size_t)t->G, sizeof(double));
+    if (!w->arrival || !w->waits) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
+    if (t->bk_on && !(w->dropped = dp_calloc((size_t)t->G, 1))) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
+    if (t->balance) {
+        w->bal_rate = dp_calloc((size_t)t->G, sizeof(int64_t));
+        w->bal_fix = dp_calloc((size_t)t->G, sizeof(int64_t));
+        w->bal_fixu = dp_calloc((size_t)t->G, sizeof(int64_t));
+        w->bal_new = dp_calloc((size_t)t->G, sizeof(int64_t));
+        w->bal_buf = dp_calloc(3 * (size_t)t->G, sizeof(double));
+        if (!w->bal_rate || !w->bal_fix || !w->bal_fixu || !w->bal_new || !w->bal_buf)
+            return dp_seterr(DP_ENOMEM, "trainer: out of memory");
+    }
+    return DP_OK;
+}
+
+/* Samples per evaluation chunk: images, and text windows.  Both are fixed
+ * (never derived from the worker count: see eval.c).  A window
+ * costs T positions of activations, O(T^2) per head in attention, so text
+ * chunks are small. */
+#define EVAL_CHUNK 256
+#define TEXT_EVAL_CHUNK 16
+
+/* A token model's data: the token file named by --data, its fixed split
+ * (the last DP_TEXT_VAL_FRAC of the tokens validate), and the model.
+ *
+ * An epoch is floor(train_n / (ctx + 1)) windows, as many as fit side by
+ * side in the training part: an epoch reads about as many tokens as the part
+ * holds (windows are drawn with replacement, so not each one exactly once).
+ * train_limit caps the windows per epoch, test_limit the validation windows. */
+static int load_text(struct dp_trainer *t, const char *spec) {
+    const struct dp_train_params *p = &t->p;
+    struct stat st;
+    if (!p->data_dir || (stat(p->data_dir, &st) == 0 && S_ISDIR(st.st_mode)))
+        return dp_seterr(DP_EINVAL, "model '%s' trains on a token file, and --data %s is a folder: run "
+                         "'dptrain prepare-text %s --out tokens.bin' first, then train with --data tokens.bin",
+                         spec, p->data_dir ? p->data_dir : "(none)", p->data_dir ? p->data_dir : "DIR");
+    int rc = dp_tokens_read(p->data_dir, &t->tokens);
+    if (rc) return rc;
+    if ((rc = dp_model_from_spec(&t->model, spec, 1, 1, 1))) return rc;
+    t->ctx = t->model->in_shape.d[0];
+    if (t->tokens.vocab > dp_model_num_classes(t->model))
+        return dp_seterr(DP_EMISMATCH, "%s has a vocabulary of %lld tokens, model '%s' outputs %lld",
+                         p->data_dir, (long long)t->tokens.vocab, spec,
+                         (long long)dp_model_num_classes(t->model));
+    if ((rc = dp_text_split_init(&t->split, t->tokens.n, DP_TEXT_VAL_FRAC))) return rc;
+    if (t->split.train_n < t->ctx + 1)
+        return dp_seterr(DP_EINVAL, "%s: the training part holds %lld tokens, a window of ctx %lld needs %lld",
+                         p->data_dir, (long long)t->split.train_n, (long long)t->ctx, (long long)(t->ctx + 1));
+    t->windows = t->split.train_n / (t->ctx + 1);
+    if (p->train_limit > 0 && p->train_limit < t->windows) t->windows = p->train_limit;
+    t->eval_chunk = TEXT_EVAL_CHUNK;
+    return DP_OK;
+}
+
+/* The backup workers' step slot (the protocol is at backup_step). */
+static int backup_init(struct dp_trainer *t) {
+    struct backup *bk = &t->bk;
+    size_t np = (size_t)(t->model->num_params ? t->model->num_params : 1);
+    bk->need = t->P - t->p.backup_workers;
+    bk->src = dp_calloc((size_t)t->P, sizeof *bk->src);
+    bk->n = dp_calloc((size_t)t->P, sizeof(double));
+    bk->arrived = dp_calloc((size_t)t->P, sizeof(int64_t));
+    t->dropped_count = dp_calloc((size_t)t->G, sizeof(int64_t));
+    int bad = !bk->src || !bk->n || !bk->arrived || !t->dropped_count;
+    for (int k = 0; k < BACKUP_DEPTH; k++) {
+        bk->upd[k] = dp_malloc_big(sizeof(float) * np);
+        bk->acc[k] = dp_calloc((size_t)t->P, 1);
+        bad |= !bk->upd[k] || !bk->acc[k];
+    }
+    if (bad) return dp_seterr(DP_ENOMEM, "--backup-workers: out of memory");
+    if (pthread_mutex_init(&bk->mu, NULL) != 0) return dp_seterr(DP_ENOMEM, "--backup-workers: cannot create a mutex");
+    if (dp_cond_init_monotonic(&bk->cv) != 0) {
+        pthread_mutex_destroy(&bk->mu);
+        return dp_seterr(DP_ENOMEM, "--backup-workers: cannot create a condition variable");
+    }
+    bk->init = 1;
+    return DP_OK;
+}
+
+/* The parameter server (after the model and any checkpoint are loaded; its
+ * state is set from worker 0's when the run starts).  Default shards:
+ * min(P, 4): a push holds one shard at a time, so up to S workers apply at
+ * once (bench/ps_shards.sh measures it).  Schedule: async applies about P
+ * updates per global batch, so lr = sched(version / P) spans the same
+ * epochs as sync; SSP's version counts clocks (global batches). */
+static int ps_init(struct dp_trainer *t) {
+    const struct dp_train_params *p = &t->p;
+    struct dp_ps_params pp = {.shards = p->servers ? p->servers : (t->P < 4 ? t->P : 4), .workers = t->P,
+                              .staleness = p->staleness, .staleness_lr = p->staleness_lr,
+                              .share_batch = p->share_lr ? p->batch : 0,
+                              .implicit_momentum = p->implicit_momentum,
+                              .ordered = p->deterministic && p->staleness < 0,
+                              .exact = p->deterministic, .timeout_s = p->comm_timeout, .optim = p->optim,
+                              .sched = p->sched, .lr_div = p->staleness < 0 ? t->P : 1};
+    if (p->servers > t->model->num_params)
+        return dp_seterr(DP_EINVAL, "--servers must be in 1..%lld (the parameters of '%s'; got %d)",
+                         (long long)t->model->num_params, t->model->spec, p->servers);
+    if (t->step_in_epoch != 0)
+        return dp_seterr(DP_ENOTSUP, "the parameter server resumes only from an epoch boundary (the checkpoint "
+                         "is at step %lld of epoch %lld)", (long long)t->step_in_epoch, (long long)t->epoch + 1);
+    t->ps_div = pp.lr_div;
+    t->ps_on = 1;
+    atomic_init(&t->ps_next, 0);
+    atomic_init(&t->ps_samples, 0);
+    if (p->inter) { /* server ranks: the last S processes; one shard each (src/ddp/ps_mpi.c) */
+        struct dp_ps_net_params np = {.c = p->inter, .servers = t->ps_servers, .n = t->model->num_params,
+                                      .batches = t->ps_batches, .ps = pp};
+        np.ps.workers = pp.workers = t->ps_W;
+        if (p->staleness < 0) np.ps.lr_div = t->ps_div = t->ps_W;
+        np.slow = t->slow_factor ? t->slow_factor[t->base] : 1;
+        float mu; /* every rank refuses what the servers' dp_ps_init would */
+        int rc = dp_ps_momentum(&np.ps, &mu);
+        return rc ? rc : dp_ps_net_init(&t->psn, &np);
+    }
+    t->ps_servers = pp.shards;
+    return dp_ps_init(&t->ps, &pp, t->model->num_params);
+}
+
+int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
+    *out = NULL;
+    int rc = dp__check_params(p);
+    if (rc) return rc;
+    struct dp_trainer *t = dp_calloc(1, sizeof *t);
+    if (!t) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
+    t->p = *p;
+    if (p->staleness >= 0) t->p.async = 1; /* --staleness implies the parameter server */
+    if (p->prefetch < 0) t->p.prefetch = dp_train_prefetch_auto(p->workers, p->threads, dp_cpus_allowed());
+    if (p->deterministic && !p->det_chunk) t->p.det_chunk = dp_det_chunk_auto(p->batch);
+    p = &t->p;
+    t->P = p->workers;
+    t->G = p->inter ? t->P * dp_comm_world(p->inter) : t->P;
+    t->base = p->inter ? t->P * dp_comm_rank(p->inter) : 0;
+    t->slow_rank = -1;
+    /* the parameter server under mpirun: the last S ranks serve (check_ps: one worker each) */
+    t->ps_servers = p->inter && p->async ? (p->servers ? p->servers : 1) : 0;
+    t->ps_W = t->G - t->ps_servers;
+    t->efstate_step = -1;
+    t->stopped = -1;
+    atomic_init(&t->eval_next, 0);
+    atomic_init(&t->stop_at, INT64_MAX);
+    dp_set_num_threads(p->threads);
+
+    /* A folder that holds another run is refused before anything is loaded. */
+    if (p->out_dir && t->base == 0 && (rc = dp__run_folder_check(p->out_dir, p->resume, p->overwrite))) goto fail;
+    /* A checkpoint names its model; --model may be omitted when resuming. */
+    char spec[128];
+    snprintf(spec, sizeof spec, "%s", p->model ? p->model : "");
+    if (p->resume) {
+        struct dp_ckpt_header h;
+        if ((rc = dp_ckpt_read_header(p->resume, &h))) goto fail;
+        if (!p->model) snprintf(spec, sizeof spec, "%s", h.model_spec);
+    }
+    if (!spec[0]) {
+        rc = dp_seterr(DP_EINVAL, "no model given (--model)");
+        goto fail;
+    }
+    /* A language model (gpt:...) reads token ids: its data is a token file. */
+    t->text = dp_model_spec_reads_tokens(spec);
+    if (t->text) {
+        if ((rc = load_text(t, spec))) goto fail;
+    } else {
+        /* only the samples the limits keep are read (a short run decompresses
+         * no more than it trains and evaluates on) */
+        if ((rc = dp_dataset_load_dir_first(&t->train, &t->test, p->data_dir, p->train_limit > 0 ? p->train_limit : 0,
+                                            p->test_limit > 0 ? p->test_limit : 0)))
+            goto fail;
+        dp_dataset_normalize(&t->train, p->norm_mean, p->norm_std);
+        dp_dataset_normalize(&t->test, p->norm_mean, p->norm_std);
+        if ((rc = dp_model_from_spec(&t->model, spec, t->train.C, t->train.H, t->train.W))) goto fail;
+        t->eval_chunk = EVAL_CHUNK;
+    }
+    {
+        struct dp_shape os = dp_model_cur_shape(t->model);
+        t->pos = dp_shape_numel(&os) / os.d[os.ndim - 1];
+    }
+    if (t->text && p->fault_kind == DP_FAULT_NAN) {
+        /* the fault puts a NaN into the float inputs; a token model has none */
+        rc = dp_seterr(DP_ENOTSUP, "the NaN fault injects into float inputs; model '%s' reads token ids", spec);
+        goto fail;
+    }
+    if (!t->text && t->train.num_classes > dp_model_num_classes(t->model)) {
+        rc = dp_seterr(DP_EMISMATCH, "the data has %lld classes, model '%s' outputs %lld",
+                       (long long)t->train.num_classes, spec, (long long)dp_model_num_classes(t->model));
+        goto fail;
+    }
+    if (p->deterministic && t->model->num_buffers > 0) {
+        rc = dp_seterr(DP_ENOTSUP, "--deterministic does not support models with BatchNorm yet ('%s'): "
+                       "their batch statistics are summed in floating point across workers", spec);
+        goto fail;
+    }
+    if (p->backup && t->model->num_buffers > 0) {
+        rc = dp_seterr(DP_ENOTSUP, "--backup-workers does not support models with BatchNorm ('%s'): their "
+                       "statistics are synchronised across every worker in forward", spec);
+        goto fail;
+    }
+    if (p->async && t->model->num_buffers > 0) {
+        rc = dp_seterr(DP_ENOTSUP, "%s does not support models with BatchNorm ('%s'): their statistics are "
+                       "synchronised across every worker in forward", p->staleness >= 0 ? "--staleness" : "--mode async",
+                       spec);
+        goto fail;
+    }
+    /* plain async claims batches as it goes; SSP and the replay take static shares */
+    t->ps_dynamic = p->async && p->staleness < 0 && !p->deterministic;
+    /* --backup-workers 0 with --deterministic is plain deterministic sync */
+    t->bk_on = p->backup && !p->deterministic;
+    if (t->bk_on && !p->inter && (rc = backup_init(t))) goto fail;
+    if (t->bk_on && p->inter) {
+        if (!(t->dropped_count = dp_calloc((size_t)t->G, sizeof(int64_t)))) {
+            rc = dp_seterr(DP_ENOMEM, "--backup-workers: out of memory");
+            goto fail;
+        }
+        if ((rc = dp_backup_star_init(&t->star, p->inter, t->model->num_params, p->backup_workers,
+                                      (double)t->pos, p->comm_timeout)))
+            goto fail;
+    }
+    /* A worker's share is at most ceil(batch / P); evaluation uses up to
+     * eval_chunk samples. */
+    int64_t share = (p->batch + t->ps_W - 1) / t->ps_W;
+    t->balance = p->balance > 0 && t->G > 1;
+    t->bal_align = p->deterministic ? p->det_chunk : 1;
+    if (t->balance) share = p->batch; /* a balanced share may be the whole batch */
+    if (p->deterministic && !p->async) share = p->det_chunk; /* one chunk at a time */
+    t->max_batch = share > t->eval_chunk ? share : t->eval_chunk;
+    struct dp_comm_params cp = dp_comm_default_params();
+    cp.timeout_s = p->comm_timeout;
+    /* (a hierarchical world, with processes, reduces on its threads whatever is asked) */
+    cp.progress = p->comm_progress == DP_PROGRESS_AUTO ? dp_train_progress_auto(t->P, p->threads, dp_cpus_allowed())
+                                                       : p->comm_progress;
+    t->comm_progress = p->inter ? DP_PROGRESS_THREAD : cp.progress;
+    cp.spin_us = p->comm_spin_us;
+    rc = p->inter ? dp_comm_thread_world_init_hier(&t->world, t->P, &cp, p->inter)
+                  : dp_comm_thread_world_init(&t->world, t->P, &cp);
+    if (rc) goto fail;
+    if (p->simulate_slow) {
+        t->slow_factor = dp_malloc(sizeof(double) * (size_t)t->G);
+        if (!t->slow_factor) {
+            rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
+            goto fail;
+        }
+        /* the ranks are known now: a rank out of range is an error here */
+        if ((rc = dp_parse_simulate_slow(p->simulate_slow, t->G, t->slow_factor))) goto fail;
+    }
+    if (p->simulate_jitter) (void)dp_parse_simulate_jitter(p->simulate_jitter, &t->jit); /* checked above */
+    t->simulate = p->simulate_slow || p->simulate_jitter;
+    /* (not with backup workers: a per-step all-gather would wait for the late) */
+    t->gather_waits = t->G > 1 && (p->out_dir || t->simulate) && !t->bk_on && !p->async;
+    t->last_count = dp_calloc((size_t)t->G, sizeof(int64_t));
+    t->rank_samples = dp_calloc((size_t)t->G, sizeof(int64_t));
+    t->share_samples = dp_calloc((size_t)t->G, sizeof(int64_t));
+    t->w = dp_calloc((size_t)t->P, sizeof *t->w);
+    if (!t->w || !t->last_count || !t->rank_samples || !t->share_samples) {
+        rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
+        goto fail;
+    }
+    for (int r = 0; r < t->P; r++)
+        if ((rc = worker_init(t, &t->w[r], r))) {
+            dp_adderr(rc, "worker %d", t->base + r);
+            goto fail;
+        }
+    t->red_check = dp__red_check_possible(t);
+    for (int r = 0; t->red_check && r < t->P; r++) t->w[r].red.post = dp__reduced_check, t->w[r].red.post_arg = &t->w[r];
+    /* Rank 0 initialises; the others receive its parameters by broadcast
+     * when the run starts.  (Every rank could draw the same values from the
+     * seed; the broadcast makes "all replicas start equal" hold for any
+     * initialisation, including --init-from on rank 0 only.)  ZeRO 3
+     * (sharded) builds no replica: each worker draws its own pieces from the
+     * seed, below, and rank 0 only its buffers. */
+    int zero3 = p->zero == 3 && t->G > 1;
+    if (zero3 && !p->init_from)
+        dp_model_init_slice(t->model, 1, t->w[0].rep.buffers, 0, t->model->num_buffers, p->seed);
+    else dp_model_init_params(t->model, &t->w[0].rep, p->seed);
+    if (p->init_from && (rc = dp_safetensors_load(p->init_from, t->model, &t->w[0].rep))) goto fail;
+    t->batches_per_epoch = dp_loader_steps_per_epoch(t->w[0].loader);
+    if (t->ps_dynamic) { /* the loader's batches are batch / P: the schedule counts global batches */
+        int64_t n = t->text ? t->windows : t->train.n;
+        t->ps_batches = t->batches_per_epoch;
+        t->batches_per_epoch = (n + p->batch - 1) / p->batch;
+    }
+    t->steps_per_epoch = (t->batches_per_epoch + p->accum - 1) / p->accum;
+    if (t->p.sched.total_steps <= 0) t->p.sched.total_steps = t->steps_per_epoch * p->epochs;
+    if ((rc = dp__check_schedule(t))) goto fail;
+
+    if (p->resume && (rc = dp__load_checkpoint(t, p->resume))) goto fail;
+    if (p->resume && t->step_in_epoch == 0) dp__resume_position(t);
+    /* ZeRO 3: each worker's pieces, drawn from the seed, or copied from rank
+     * 0's slab where --init-from filled it, which is then given back; a
+     * checkpoint has put them in place already (load_checkpoint).  Every
+     * process of an MPI job computes the same pieces (the same seed, the
+     * same files), so the parameters need no broadcast. */
+    if (zero3) {
+        const float *whole = p->init_from ? t->w[0].rep.params : NULL;
+        for (int r = 0; r < t->P && !rc && !p->resume; r++)
+            rc = dp_zero_shard_init(&t->w[r].zero, t->model, p->seed, whole);
+        if (rc || (whole && (rc = dp_zero_release_params(&t->w[0].zero)))) goto fail;
+    }
+    if (p->async && (rc = ps_init(t))) goto fail;
+    /* Only the job's rank 0 writes metrics and checkpoints (src/train/run_folder.c). */
+    if (p->out_dir && t->base == 0 &&
+        (rc = dp__run_folder_open(p->out_dir, p->resume, p->overwrite, &t->metrics, t->metrics_path,
+                                  sizeof t->metrics_path, t->note, sizeof t->note)))
+        goto fail;
+    *out = t;
+    return DP_OK;
+fail:
+    dp_trainer_free(t);
+    return rc;
+}

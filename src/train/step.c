@@ -1,0 +1,315 @@
+/* One synchronous training step: forward and backward over the micro-batches,
+ * the bucketed all-reduce overlapped with backward (or ZeRO's reduce-scatter),
+ * the non-finite check, clipping and the optimizer update. */
+#include "trainer.h"
+
+/* BatchNorm statistics summed over the workers (SyncBatchNorm).  Timed:
+ * the all-reduce is mostly a wait for the slowest worker, which --balance
+ * must not count as this worker's compute. */
+static int stat_sync(void *arg, double *buf, int64_t n) {
+    struct worker *w = arg;
+    double t0 = dp_time();
+    int rc = dp_comm_allreduce(w->comm, buf, n, DP_DTYPE_F64, DP_ALGO_AUTO);
+    w->stat_s += dp_time() - t0;
+    return rc;
+}
+
+/* ---- the update after the reduction -------------------------------------------------------
+ * Plain: every worker checks, clips and updates the whole slab.  ZeRO
+ * (dp/ddp.h): only this worker's shard of g is used (with --zero-reduce
+ * scatter it is the only part that holds the sum), so the non-finite check
+ * and the clipping norm come from the all-reduced shard sums of squares, and
+ * after the shard update the parameters are all-gathered. */
+
+/* The check for non-finite values inside the reduction.  After an
+ * all-reduce every worker holds the same sum, and each worker used to read
+ * all of it again to look for an Inf or a NaN: one more pass over the whole
+ * gradient per worker and step (about 35 µs of mlp's 2.2 ms step on the
+ * 2-core VM, docs/results.md "The check inside the reduction").  On threads
+ * in one process the direct all-reduce hands each range to the worker that
+ * summed it, while the sum is in that core's cache (dp_comm_iallreduce_post),
+ * and that worker looks at it there: every element is looked at once, by one
+ * worker.  A worker that finds one records the step in red_bad; every range
+ * is looked at before any worker's all-reduce completes (the hook runs before
+ * the summer's completion mark, which every rank waits for), so after the
+ * reduction every worker reads the same verdict.  The decision that follows
+ * (fail, or skip with --skip-nonfinite) is the one the full pass made: the
+ * scaling after accumulation (by 1 / N <= 1) keeps finite values finite.
+ * Only where the reduction is a plain all-reduce of every replica in this
+ * process (not processes, ZeRO, compression, deterministic mode, backup
+ * workers or the parameter server), with the direct algorithm for every
+ * bucket. */
+int dp__red_check_possible(const struct dp_trainer *t) {
+    const struct dp_train_params *p = &t->p;
+    if (t->G < 2 || t->G != t->P || p->inter || p->deterministic || p->async || t->bk_on || p->zero ||
+        p->compress.kind != DP_COMPRESS_NONE)
+        return 0;
+    const struct dp_reducer *r = &t->w[0].red;
+    for (int i = 0; i < r->nb; i++)
+        if (!dp_comm_post_supported(r->comm, r->b[i].count, DP_DTYPE_F32, r->p.algo)) return 0;
+    return 1;
+}
+
+void dp__reduced_check(void *arg, int64_t off, int64_t n) {
+    struct worker *w = arg;
+    if (dp_any_nonfinite(w->rep.grads + off, n))
+        atomic_store_explicit(&w->t->red_bad, w->step + 1, memory_order_relaxed);
+}
+
+/* *bad = 1 when the reduced gradient is not finite, on every worker alike;
+ * *ss = ||g||^2 with ZeRO (0 otherwise). */
+static int grad_nonfinite(struct worker *w, const float *g, double *ss, int *bad) {
+    *ss = 0;
+    if (!w->t->p.zero) {
+        *bad = dp_any_nonfinite(g, w->t->model->num_params);
+        return DP_OK;
+    }
+    int rc = dp_zero_sumsq(&w->zero, g, ss);
+    *bad = !isfinite(*ss);
+    return rc;
+}
+
+/* [clip to clip_norm] -> optimizer step at lr (ss: ZeRO's ||g||^2). */
+int dp__update_params(struct worker *w, float *g, float lr, double clip_norm, double ss) {
+    struct dp_trainer *t = w->t;
+    int64_t np = t->model->num_params;
+    if (!t->p.zero) {
+        if (clip_norm > 0) dp_clip_grad_norm(g, np, clip_norm);
+        return dp_optim_step(&w->opt, w->rep.params, g, np, lr);
+    }
+    int rc = dp_zero_step(&w->zero, &w->opt, w->rep.params, g, lr, clip_norm, ss);
+    if (w->zero.t_g1 > w->zero.t_g0) dp_timeline_add(&w->tl, "gather", 0, w->step, w->zero.t_g0, w->zero.t_g1);
+    return rc;
+}
+
+/* The update phase's seconds of one step (from the reduced gradient to the
+ * updated parameters): the optimizer total, and --balance's fixed part
+ * (not with ZeRO, whose update waits in its gather). */
+void dp__update_done(struct worker *w, double s) {
+    w->t_opt += s;
+    if (!w->t->p.zero) w->bal_a += s, w->bal_k++;
+}
+
+/* One optimizer step on worker w: `accum` micro-batches, the reduction,
+ * the update.  Returns 0, or an error (already with its context). */
+int dp__train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
+    struct dp_trainer *t = w->t;
+    const struct dp_model *m = t->model;
+    if (t->p.fault_kind == DP_FAULT_SLOW && w->grank == t->p.fault_worker && w->step >= t->p.fault_step)
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    /* ZeRO 2, 3: the last reduction gave the slab back zeroed (dp_zero_bucket_done) */
+    if (!w->zero.sharded) memset(w->rep.grads, 0, sizeof(float) * (size_t)m->num_params);
+    /* Forward in training mode updates the BatchNorm running statistics
+     * before anyone knows whether this step will be skipped, and with
+     * SyncBatchNorm one worker's NaN reaches every replica's statistics.
+     * So with --skip-nonfinite the buffer slab (3 floats per BN channel:
+     * 1353 floats for resnet, 0.4% of its parameters) is saved here and put back
+     * if the step is skipped: a skipped step leaves parameters, buffers and
+     * optimizer state exactly as they were.  (Deferring the update into
+     * the layer would need a commit call through every layer for a copy
+     * this small.) */
+    if (w->buf_save) memcpy(w->buf_save, w->rep.buffers, sizeof(float) * (size_t)m->num_buffers);
+    double n_total = 0, loss_sum = 0, n_local = 0;
+    int local_bad = 0;
+    double mult = 1, stall = 0;
+    if (t->simulate) dp__pace_plan(w, &mult, &stall);
+    w->step_wait = w->step_slow = 0;
+    for (int64_t k = 0; k < nmicro; k++) {
+        const struct dp_loader_batch *lb;
+        double td = dp_time();
+        int rc = dp_loader_next(w->loader, &lb);
+        if (rc) return rc;
+        double ta = dp_time();
+        dp_timeline_add(&w->tl, "data", 0, w->step, td, ta);
+        int last_micro = k == nmicro - 1;
+        /* with one worker there is nothing to reduce: no reducer, no
+         * progress thread to wake */
+        int last = last_micro && t->G > 1 && !t->bk_on; /* backup workers: no reducer (backup_step) */
+        /* ZeRO 2, 3: every micro-batch is reduce-scattered, and its pieces
+         * added into gshard (dp_zero_bucket_done), so no whole gradient stays
+         * alive from one micro-batch to the next (k times the traffic) */
+        if (w->zero.sharded && t->G > 1) last = 1, w->zero.accumulate = k > 0;
+        struct dp_batch b = {.B = lb->B, .x = lb->x, .tokens = lb->tokens, .targets = lb->y,
+                             .sample_idx = lb->idx, .epoch = lb->epoch};
+        /* With one micro-batch the global batch size is known before
+         * backward, so the 1/N of the mean (N = samples x positions) is
+         * folded into the loss gradient (no extra pass); with accumulation
+         * the sum is scaled at the end. */
+        float ls = nmicro == 1 && !t->bk_on ? (float)(1.0 / ((double)lb->global_B * (double)t->pos)) : 1.0f;
+        struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = ls};
+        if (t->G > 1 && !t->bk_on) pass.stat_sync = stat_sync, pass.stat_sync_arg = w;
+        if ((w->zero.sharded && w->zero.stage == 3) || w->zero.ahead) /* ZeRO 3: gather; 1: wait for the gather */
+            pass.layer_begin = dp_zero_layer_begin, pass.layer_begin_arg = &w->zero;
+        dp__pace_start(w, mult, last_micro ? stall : 0, ta);
+        double stat_before = w->stat_s;
+        if (last) {
+            pass.grad_ready = t->simulate ? dp__paced_grad_ready : dp_reducer_grad_ready;
+            pass.grad_ready_arg = t->simulate ? (void *)w : (void *)&w->red;
+            w->red.step = w->step;
+            /* the scale applied after the reduction (below): 1 when folded into the loss */
+            w->red.grad_unit = nmicro == 1 ? 1.0f
+                               : (float)(1.0 / ((n_total + (double)lb->global_B) * (double)t->pos));
+            dp_reducer_begin(&w->red);
+        }
+        int fault = t->p.fault_kind && w->grank == t->p.fault_worker && w->step == t->p.fault_step && last_micro;
+        if (fault && t->p.fault_kind == DP_FAULT_ALLOC) rc = dp_seterr(DP_ENOMEM, "injected allocation failure");
+        else if (fault && t->p.fault_kind == DP_FAULT_DATA) rc = dp_seterr(DP_EIO, "injected data error");
+        else if (fault && t->p.fault_kind == DP_FAULT_NAN && b.B > 0) {
+            /* a NaN in one input: forward, loss and gradients all turn NaN */
+            size_t n = (size_t)(b.B * dp_shape_numel(&m->in_shape));
+            float *x = dp_malloc(n * sizeof(float));
+            if (!x) return dp_seterr(DP_ENOMEM, "out of memory");
+            memcpy(x, b.x, n * sizeof(float));
+            x[0] = NAN;
+            b.x = x;
+            rc = dp_model_run(m, &w->rep, &b, &pass);
+            dp_free(x);
+        } else
+            rc = dp_model_run(m, &w->rep, &b, &pass);
+        /* ZeRO 3: backward's last bucket (and any prefetch) given back */
+        int rrc = pass.layer_begin ? dp_zero_release_params(&w->zero) : DP_OK;
+        if (!rc) rc = rrc;
+        if (rc) {
+            if (last) { /* leave nothing in flight, and keep this error's message */
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", dp_errmsg());
+                dp_reducer_finish(&w->red);
+                dp_seterr(rc, "%s", msg);
+            }
+            return rc;
+        }
+        /* the sleep paid inside backward (grad_ready) is not compute; the
+         * rest of the debt is paid now, before the reduction is waited for */
+        double slept_in_run = w->pace_slept;
+        dp__pace_sleep(w);
+        w->step_slow += w->pace_slept;
+        /* --balance: this rank's compute, its simulated slowness included
+         * (a slowed rank is a slower host); the wait for others is not, nor
+         * SyncBatchNorm's all-reduces inside forward and backward (there a
+         * faster rank waits for the slower one) */
+        w->bal_n += (double)b.B;
+        w->bal_s += pass.t_forward + pass.t_backward + (w->pace_slept - slept_in_run) - (w->stat_s - stat_before);
+        dp_timeline_add(&w->tl, "forward", 0, w->step, ta, ta + pass.t_forward);
+        dp_timeline_add(&w->tl, "backward", 0, w->step, ta + pass.t_forward, ta + pass.t_forward + pass.t_backward);
+        if (last) {
+            rc = dp_reducer_finish(&w->red);
+            /* wait: from the end of this rank's compute (backward and its
+             * simulated sleep) to the completion of its last bucket */
+            w->step_wait += w->red.t_end - w->red.t_backward_end;
+            dp_timeline_add(&w->tl, "wait", 0, w->step, w->red.t_backward_end, w->red.t_end);
+            for (int i = 0; i < w->red.nb; i++)
+                if (w->red.b[i].t_ready > 0) {
+                    dp_timeline_add_bucket(&w->tl, i, (int64_t)sizeof(float) * w->red.b[i].count,
+                                           w->red.b[i].t_ready, w->red.b[i].t_done);
+                    w->arrival[i] += w->red.b[i].t_ready - w->t_step0;
+                }
+            w->arrival_steps++;
+            /* compression: its own phase on the compute track */
+            for (int i = 0; i < w->red.nb; i++) {
+                const struct dp_bucket *bk = &w->red.b[i];
+                if (bk->t_c1 > 0) dp_timeline_add(&w->tl, "compress", 0, w->step, bk->t_c0, bk->t_c1);
+                if (bk->t_d1 > 0) dp_timeline_add(&w->tl, "decompress", 0, w->step, bk->t_d0, bk->t_d1);
+            }
+            w->b_sent += w->red.bytes_sent, w->b_recv += w->red.bytes_recv, w->b_fp32 += w->red.bytes_fp32;
+            w->t_cz += w->red.t_compress, w->t_dz += w->red.t_decompress;
+            w->t_comm += w->red.comm_total, w->t_exposed += w->red.comm_exposed;
+            w->reduce_steps += last_micro; /* the bytes are per optimizer step */
+            if (rc) return rc;
+        }
+        n_total += (double)lb->global_B;
+        loss_sum += pass.loss_sum;
+        local_bad |= !isfinite(pass.loss_sum);
+        w->loss_sum += pass.loss_sum;
+        w->correct += pass.correct;
+        w->seen += b.B;
+        n_local += (double)b.B;
+        w->t_fwd += pass.t_forward;
+        w->t_bwd += pass.t_backward - slept_in_run;
+    }
+    double n_acc = 0;
+    int bk_bad = 0;
+    if (t->bk_on) {
+        /* backup workers: the first P - b ranks' mean gradient (backup_step);
+         * the wait runs from the end of this rank's compute to the update */
+        double tw = dp_time();
+        w->arrival[0] += tw - w->t_step0; /* one arrival per step: "bucket" 0, as in det_step */
+        w->arrival_steps++;
+        int rc = t->star ? dp__backup_star(w, n_local, &n_acc, &bk_bad) : dp__backup_step(w, n_local, &n_acc, &bk_bad);
+        double te = dp_time();
+        w->step_wait = t->G > 1 ? te - tw : 0;
+        w->t_comm += te - tw, w->t_exposed += te - tw;
+        if (t->G > 1) dp_timeline_add(&w->tl, "wait", 0, w->step, tw, te);
+        if (rc) return rc;
+    }
+    w->t_wait += w->step_wait, w->t_slow += w->step_slow;
+    *n_step = n_total;
+    *loss_step = n_local > 0 ? loss_sum / (n_local * (double)t->pos) : 0;
+    double t1 = dp_time();
+    /* sum -> mean over the global batch */
+    float *g = w->rep.grads;
+    if (t->bk_on) {
+        /* every replica has the same update, n_acc and flag: the same decision */
+        if (bk_bad) {
+            if (t->p.skip_nonfinite) {
+                (*skipped)++;
+                return DP_OK;
+            }
+            return dp_seterr(DP_ENONFINITE, "step %lld (epoch %lld): the gradient of the accepted workers is not "
+                             "finite; try a lower --lr, --clip, or --skip-nonfinite", (long long)w->step,
+                             (long long)w->epoch + 1);
+        }
+        if (n_acc == 0) return DP_OK; /* the accepted ranks had no samples: no update */
+    } else if (nmicro > 1) {
+        float scale = (float)(1.0 / (n_total * (double)t->pos));
+        float *gs = w->zero.sharded ? w->zero.gshard : g; /* ZeRO 2, 3: only the shard is reduced */
+        int64_t len = w->zero.sharded ? w->zero.len : m->num_params;
+#pragma omp simd
+        for (int64_t i = 0; i < len; i++) gs[i] *= scale;
+    }
+    /* Every replica holds the same reduced gradient, and the same buffers
+     * (the BatchNorm statistics are synchronised), so every worker takes
+     * the same decision here without talking to the others.  The buffers
+     * are checked too: a running statistic must not become non-finite even
+     * when the gradient stays finite. */
+    double ss = 0; /* ZeRO: ||g||^2, from the shards */
+    int gbad = 0;
+    if (t->red_check) /* looked at range by range inside the reduction */
+        gbad = atomic_load_explicit(&t->red_bad, memory_order_relaxed) == w->step + 1;
+    else if (!t->bk_on) {
+        int rc = grad_nonfinite(w, g, &ss, &gbad);
+        if (rc) return rc;
+    }
+    if (!t->bk_on && (gbad || dp_any_nonfinite(w->rep.buffers, m->num_buffers))) {
+        /* Which worker? Each contributes a flag for its own loss. */
+        double *flags = dp_calloc((size_t)t->G, sizeof(double));
+        if (!flags) return dp_seterr(DP_ENOMEM, "out of memory");
+        flags[w->grank] = local_bad;
+        int rc = dp_comm_allreduce(w->comm, flags, t->G, DP_DTYPE_F64, DP_ALGO_AUTO);
+        int who = -1;
+        for (int r = 0; !rc && r < t->G && who < 0; r++)
+            if (flags[r] != 0) who = r;
+        dp_free(flags);
+        if (rc) return rc;
+        if (t->p.skip_nonfinite) {
+            if (w->buf_save) memcpy(w->rep.buffers, w->buf_save, sizeof(float) * (size_t)m->num_buffers);
+            (*skipped)++;
+            return DP_OK;
+        }
+        if (who >= 0)
+            return dp_seterr(DP_ENONFINITE, "step %lld (epoch %lld): worker %d: the loss is not finite; "
+                             "try a lower --lr, --clip, or --skip-nonfinite", (long long)w->step,
+                             (long long)w->epoch + 1, who);
+        return dp_seterr(DP_ENONFINITE, "step %lld (epoch %lld): the gradient (or a BatchNorm running "
+                         "statistic) is not finite; try a lower --lr, --clip, or --skip-nonfinite",
+                         (long long)w->step, (long long)w->epoch + 1);
+    }
+    float lr = dp_sched_lr(&t->p.sched, w->step);
+    int rc = dp__update_params(w, g, lr, t->p.clip_norm, ss);
+    if (t->p.fault_kind == DP_FAULT_DIVERGE && w->grank == t->p.fault_worker && w->step == t->p.fault_step &&
+        !(rc = rc ? rc : dp_zero_settle(&w->zero))) /* (after the gather, which would write over it) */
+        w->rep.params[m->num_params / 2] += 1e-3f;
+    double t2 = dp_time();
+    dp__update_done(w, t2 - t1);
+    dp_timeline_add(&w->tl, "optimizer", 0, w->step, t1, t2);
+    return rc;
+}

@@ -1,0 +1,237 @@
+/* The trainer's internals, shared by its files (src/train/): the workers, the
+ * trainer, and the functions one file calls in another.  Not installed. */
+#ifndef DP_TRAIN_TRAINER_H
+#define DP_TRAIN_TRAINER_H
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include "dp/ddp.h"
+#include "dp/ps.h"
+#include "dp/train.h"
+#include "run_folder.h"
+#include "timeline.h"
+
+/* Backup workers (--backup-workers b; backup.c): the
+ * process's step slot, shared by its P workers under mu.  Published
+ * gradients live in a ring of BACKUP_DEPTH slots (step s in s % D), so the
+ * ranks that close a step may run up to D steps ahead of a late rank. */
+#define BACKUP_DEPTH DP_BACKUP_DEPTH
+
+struct backup {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int init;                       /* mu and cv initialised */
+    int need;                       /* P - b: gradients accepted per step */
+    int64_t open;                   /* the step collecting gradients; all before it are published */
+    int count;                      /* gradients accepted for `open` so far */
+    const float **src;              /* (P) the accepted ranks' gradient sums for `open`, else NULL */
+    double *n;                      /* (P) their sample counts */
+    int64_t *arrived;               /* (P) the last step each rank arrived at (-1: none) */
+    float *upd[BACKUP_DEPTH];       /* step s's gradient (the accepted samples' mean) */
+    int64_t upd_step[BACKUP_DEPTH]; /* the step a slot holds (-1: none) */
+    int consumed[BACKUP_DEPTH];     /* workers that have taken it: the slot is free again at P */
+    double upd_n[BACKUP_DEPTH];     /* samples accepted (0: no update to apply) */
+    int upd_bad[BACKUP_DEPTH];      /* the gradient is not finite */
+    unsigned char *acc[BACKUP_DEPTH]; /* (P) 1: the rank's gradient was accepted */
+    int failed;                     /* a worker failed: every wait returns DP_ECANCELED */
+    char why[400];
+};
+
+struct worker {
+    struct dp_trainer *t;
+    int rank;                  /* index in this process: w[rank] */
+    int grank;                 /* rank in the whole job (= rank with one process) */
+    struct dp_replica rep;
+    struct dp_optim opt;       /* over zero.len floats: the whole slab, or with ZeRO this worker's shard */
+    uint64_t zhash;            /* ZeRO 3: dp_replica_hash's value, folded as the ranges passed (end_epoch) */
+    int ckpt_due;              /* --ckpt-every-steps fell on the epoch's last step: end_epoch checkpoints */
+    struct dp_zero zero;
+    struct dp_loader *loader;
+    struct dp_comm *comm;
+    struct dp_reducer red;
+    struct dp_timeline tl;
+    double *acc;               /* deterministic mode: fixed-point gradient sums (num_params) */
+    float *buf_save;           /* --skip-nonfinite: the buffers before this step (num_buffers) */
+    pthread_t thread;
+    int started;
+    int rc;
+    char err[512];
+    int32_t *etok, *etgt;      /* text: one evaluation chunk's windows (eval_chunk x ctx) */
+    /* this epoch's sums */
+    double loss_sum, t_fwd, t_bwd, t_opt, t_comm, t_exposed, wait0;
+    double t_step0;            /* when this step started (dp_time) */
+    double *arrival;           /* (nb) per bucket: sum over this epoch's steps of the time from
+                                  the step's start to the bucket's reduction start */
+    int64_t arrival_steps;     /* steps summed in arrival */
+    int64_t correct, seen, skipped;
+    int64_t step, epoch, in_epoch; /* this worker's copy of the position */
+    /* --simulate-slow/--simulate-jitter (simulate.c): this micro-batch's
+     * multiplier, stall, start of compute and sleep so far */
+    double pace_mult, pace_stall, pace_t0, pace_slept;
+    double step_wait, step_slow;   /* this step's wait in the reduction, and simulated sleep */
+    /* this epoch's gradient traffic (sums over its reducing steps, from the
+     * reducer's per-step accounting) and compression times */
+    double b_sent, b_recv, b_fp32, t_cz, t_dz;
+    int64_t reduce_steps;
+    double t_wait, t_slow;         /* this epoch's sums of them */
+    double *waits;                 /* (G) every rank's step_wait, gathered per step (gather_waits) */
+    /* --balance (see rebalance): samples and compute seconds since the last
+     * re-plan, every rank's throughput EMA, the plan in force (units of
+     * align samples per rank; NULL until the first change: equal) and the
+     * all-gather buffer.  Each worker keeps its own copy; all are equal. */
+    double bal_n, bal_s, bal_a;    /* ... and the update's seconds (the fixed part) over bal_k steps */
+    int64_t bal_k;
+    double stat_s;                 /* seconds in SyncBatchNorm's statistics all-reduces (stat_sync) */
+    int64_t *bal_rate;             /* (G) samples/s x 1024, 0 = not measured yet */
+    int64_t *bal_fix;              /* (G) EMA of the update's µs per step, 0 = not measured (or ZeRO) */
+    int64_t *bal_fixu;             /* (G) the same in 1/1024 units of the split (dp_balance_plan) */
+    int64_t *bal_share, *bal_new;  /* (G) */
+    double *bal_buf;               /* (3G) */
+    unsigned char *dropped;        /* (P) backup workers: this step's dropped ranks (1 = dropped) */
+    int ndropped;
+    int64_t ps_stale;              /* parameter server: the staleness of this worker's last push */
+};
+
+struct dp_trainer {
+    cpu_set_t cpus;            /* --pin-threads: the process's affinity at dp_trainer_run */
+    struct dp_train_params p;
+    struct dp_dataset train, test;
+    /* text (a token model): the token file, its split, the window length */
+    int text;
+    struct dp_tokens tokens;
+    struct dp_text_split split;
+    int64_t ctx, windows;      /* windows: training windows per epoch */
+    int64_t pos;               /* loss terms per sample: 1, or T for a language model */
+    int64_t eval_chunk;        /* samples per evaluation chunk */
+    struct dp_model *model;
+    struct dp_comm_world *world;
+    struct worker *w;          /* w[0..P): this process's workers */
+    int P;                     /* workers in this process */
+    int G, base;               /* workers in the job, and the job rank of w[0] */
+    int comm_progress;         /* the world's dp_comm_params.progress (auto resolved) */
+    /* identical on every worker; written by each worker for itself and read
+     * by rank 0 only at points where all workers are past a collective */
+    int64_t step, epoch, step_in_epoch, batches_per_epoch, steps_per_epoch, max_batch;
+    double t_origin;
+    FILE *metrics;
+    char metrics_path[4096];
+    atomic_llong eval_next;    /* evaluate_shared: the next chunk of this process's block to claim */
+    int slow_rank;             /* the last epoch's straggler (rank 0), -1 if none */
+    double slow_lag;
+    /* slow workers on purpose: per job rank, the compute factor (NULL when
+     * no rank is slowed), the jitter, and whether either is on */
+    double *slow_factor;
+    struct dp_jitter jit;
+    int simulate;
+    /* gather every rank's wait after each step, for last_rank (G > 1 and
+     * metrics written or a simulation on; the same on every rank, agreed) */
+    int gather_waits;
+    int64_t *last_count;       /* (G) rank 0: this epoch's steps each rank arrived last */
+    int balance;               /* --balance on and G > 1 */
+    int64_t bal_align;         /* split unit: det_chunk, or 1 */
+    int64_t *rank_samples;     /* (G) rank 0: samples each rank took in the epoch (epoch_totals) */
+    int64_t *share_samples;    /* (G) rank 0, with balance: the plan in samples, for the report */
+    int bk_on;                 /* backup workers: steps go through bk, not the reducer */
+    struct dp_backup_star *star; /* ... across processes (with `inter`): through rank 0 instead */
+    struct backup bk;
+    int64_t *dropped_count;    /* (G) rank 0, with bk_on: this epoch's steps each rank was dropped */
+    char note[512];            /* for the caller: what the resume changed (dp_trainer_note) */
+    /* parameter server (--mode async; see ps_loop): the server, whether the workers claim
+     * batches dynamically (plain async) and the epoch's next batch to claim, batches per
+     * epoch in that case, the divisor from server versions to schedule steps, the samples
+     * pushed so far (for rank 0's step events) and the epoch's staleness (rank 0) */
+    struct dp_ps *ps;
+    struct dp_ps_net *psn;     /* ... across processes (`inter`, --servers S ranks): see ps_net_loop */
+    int ps_on;                 /* either of them */
+    int ps_servers;            /* shards (threads) or server ranks (mpi) */
+    int ps_W;                  /* the job's workers: P on threads, processes - S on mpi */
+    int ps_dynamic;
+    atomic_llong ps_next, ps_samples;
+    int64_t ps_batches, ps_div;
+    struct dp_ps_hist ps_hist;
+    int zsaving;               /* rank 0 inside checkpoint(): a multi-process ZeRO job's other workers send
+                                  their pieces (zero_stream) */
+    float *efstate;            /* multi-process job, rank 0 with out_dir: every rank's error-feedback
+                                  state (G x dp_reducer_state_len), gathered by ef_gather_state */
+    int64_t efstate_step;      /* the optimizer step efstate was gathered at (-1: never) */
+    int red_check;             /* the reduced gradient is checked for non-finite values inside the
+                                  all-reduce (reduced_check), not by every worker after it */
+    atomic_llong red_bad;      /* ... 1 + the last step whose reduced gradient had one */
+    atomic_llong stop_at;      /* a requested stop, in one process: the step after which every worker
+                                  stops (INT64_MAX: none; stop_agreed); the parameter server's
+                                  threads: the epoch at whose end they stop (ps_stop_note) */
+    int64_t stopped;           /* the step a requested stop ended the run at (-1: none) */
+};
+
+/* params.c */
+int dp__check_ps(const struct dp_train_params *p);
+int dp__check_params(const struct dp_train_params *p);
+int dp__check_schedule(const struct dp_trainer *t);
+
+/* trainer.c */
+void *dp__worker_main(void *arg);
+
+/* checkpointing.c */
+int dp__load_checkpoint(struct dp_trainer *t, const char *path);
+void dp__resume_position(struct dp_trainer *t);
+int dp__zero_stream(struct worker *w, struct dp_ckpt_writer *out);
+int dp__zero_serves(const struct dp_trainer *t);
+int dp__checkpoint_write(struct dp_trainer *t);
+int dp__ef_gather_state(struct worker *w);
+int dp__step_checkpoint(struct worker *w);
+
+/* eval.c */
+int dp__evaluate_shared(struct worker *w, double *acc, double *loss);
+
+/* report.c */
+void dp__emit_event(struct dp_trainer *t, struct dp_event *ev);
+int dp__gather_waits(struct worker *w, int *last);
+int dp__metrics_error(const struct dp_trainer *t);
+int dp__report_eval(struct worker *w, int64_t step, int64_t epoch, double acc, double loss);
+int dp__end_epoch(struct worker *w, double t_start);
+void dp__phase_sums(const struct worker *w, double out[6]);
+int dp__step_record(const struct worker *w, int64_t step, int64_t epoch, double loss, double samples,
+                    double step_s, const double s0[6], int last_rank, double test_acc, double test_loss);
+
+/* step.c */
+int dp__red_check_possible(const struct dp_trainer *t);
+void dp__reduced_check(void *arg, int64_t off, int64_t n);
+int dp__update_params(struct worker *w, float *g, float lr, double clip_norm, double ss);
+void dp__update_done(struct worker *w, double s);
+int dp__train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step);
+
+/* agree.c */
+int dp__check_replicas(struct worker *w);
+int dp__stop_agreed(struct worker *w, int64_t step, int *stop);
+int dp__agree_config(struct worker *w);
+
+/* simulate.c */
+void dp__pace_plan(const struct worker *w, double *mult, double *stall);
+void dp__pace_start(struct worker *w, double mult, double stall, double t0);
+void dp__pace_sleep(struct worker *w);
+void dp__paced_grad_ready(void *arg, int64_t offset, int64_t count);
+
+/* backup.c */
+void dp__backup_abort(struct dp_trainer *t, const char *why);
+int dp__backup_step(struct worker *w, double n_local, double *n_acc, int *bad);
+int dp__backup_star(struct worker *w, double n_local, double *n_acc, int *bad);
+
+/* balance.c */
+int dp__rebalance(struct worker *w);
+
+/* det_step.c */
+int dp__det_step(struct worker *w, int64_t nmicro, double *n_step, double *loss_step);
+
+/* ps_loop.c */
+int dp__ps_loop(struct worker *w);
+int dp__ps_net_loop(struct worker *w);
+
+#endif
