@@ -75,7 +75,7 @@ static int backup_wait(struct worker *w, double deadline) {
  * w->rep.grads over n_local samples; on return w->rep.grads holds the step's
  * gradient (see above), *n_acc the accepted samples (0: apply nothing) and
  * *bad whether it is not finite; w->dropped the dropped ranks. */
-int dp__backup_step(struct worker *w, double n_local, double *n_acc, int *bad) {
+static int backup_step(struct worker *w, double n_local, double *n_acc, int *bad) {
     struct dp_trainer *t = w->t;
     struct backup *bk = &t->bk;
     const int64_t s = w->step, np = t->model->num_params;
@@ -141,7 +141,7 @@ int dp__backup_step(struct worker *w, double n_local, double *n_acc, int *bad) {
 }
 
 /* The same step across processes, through rank 0 (src/ddp/backup_star.c). */
-int dp__backup_star(struct worker *w, double n_local, double *n_acc, int *bad) {
+static int backup_star(struct worker *w, double n_local, double *n_acc, int *bad) {
     struct dp_trainer *t = w->t;
     int rc = dp_backup_star_step(t->star, w->step, w->rep.grads, n_local, n_acc, bad, w->dropped);
     if (rc) return rc;
@@ -149,3 +149,79 @@ int dp__backup_star(struct worker *w, double n_local, double *n_acc, int *bad) {
     for (int r = 0; r < t->G; r++) w->dropped[r] = !w->dropped[r], w->ndropped += w->dropped[r];
     return DP_OK;
 }
+
+/* The backup workers' step slot (the protocol is at backup_step). */
+static int backup_slot_init(struct dp_trainer *t) {
+    struct backup *bk = &t->bk;
+    size_t np = (size_t)(t->model->num_params ? t->model->num_params : 1);
+    bk->need = t->P - t->p.backup_workers;
+    bk->src = dp_calloc((size_t)t->P, sizeof *bk->src);
+    bk->n = dp_calloc((size_t)t->P, sizeof(double));
+    bk->arrived = dp_calloc((size_t)t->P, sizeof(int64_t));
+    t->dropped_count = dp_calloc((size_t)t->G, sizeof(int64_t));
+    int bad = !bk->src || !bk->n || !bk->arrived || !t->dropped_count;
+    for (int k = 0; k < BACKUP_DEPTH; k++) {
+        bk->upd[k] = dp_malloc_big(sizeof(float) * np);
+        bk->acc[k] = dp_calloc((size_t)t->P, 1);
+        bad |= !bk->upd[k] || !bk->acc[k];
+    }
+    if (bad) return dp_seterr(DP_ENOMEM, "--backup-workers: out of memory");
+    if (pthread_mutex_init(&bk->mu, NULL) != 0) return dp_seterr(DP_ENOMEM, "--backup-workers: cannot create a mutex");
+    if (dp_cond_init_monotonic(&bk->cv) != 0) {
+        pthread_mutex_destroy(&bk->mu);
+        return dp_seterr(DP_ENOMEM, "--backup-workers: cannot create a condition variable");
+    }
+    bk->init = 1;
+    return DP_OK;
+}
+
+/* The mode's setup: the step slot on threads, rank 0's collector across processes */
+static int backup_setup(struct dp_trainer *t) {
+    const struct dp_train_params *p = &t->p;
+    if (!p->inter) return backup_slot_init(t);
+    if (!(t->dropped_count = dp_calloc((size_t)t->G, sizeof(int64_t))))
+        return dp_seterr(DP_ENOMEM, "--backup-workers: out of memory");
+    return dp_backup_star_init(&t->star, p->inter, t->model->num_params, p->backup_workers, (double)t->pos,
+                               p->comm_timeout);
+}
+
+/* One step: the compute (no reduction hooks: the gradient sums stay local),
+ * then the first P - b ranks' mean gradient (backup_step, or backup_star
+ * across processes), the decision on it, the update. */
+static const struct dp__micro_hooks backup_hooks = {0};
+static int backup_mode_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
+    struct dp_trainer *t = w->t;
+    struct dp__sums c;
+    int rc = dp__compute(w, nmicro, &backup_hooks, &c);
+    if (rc) return rc;
+    /* the wait runs from the end of this rank's compute to the update */
+    double n_acc = 0, tw = dp_time();
+    int bad = 0;
+    w->arrival[0] += tw - w->t_step0; /* one arrival per step: "bucket" 0, as in det_step */
+    w->arrival_steps++;
+    rc = t->star ? backup_star(w, c.n_local, &n_acc, &bad) : backup_step(w, c.n_local, &n_acc, &bad);
+    double te = dp_time();
+    w->step_wait = t->G > 1 ? te - tw : 0;
+    w->t_comm += te - tw, w->t_exposed += te - tw;
+    if (t->G > 1) dp_timeline_add(&w->tl, "wait", 0, w->step, tw, te);
+    if (rc) return rc;
+    w->t_wait += w->step_wait, w->t_slow += w->step_slow;
+    *n_step = c.n_total;
+    *loss_step = c.n_local > 0 ? c.loss_sum / (c.n_local * (double)t->pos) : 0;
+    double t1 = dp_time();
+    /* every replica has the same update, n_acc and flag: the same decision */
+    if (bad) {
+        if (t->p.skip_nonfinite) {
+            (*skipped)++;
+            return DP_OK;
+        }
+        return dp_seterr(DP_ENONFINITE, "step %lld (epoch %lld): the gradient of the accepted workers is not "
+                         "finite; try a lower --lr, --clip, or --skip-nonfinite", (long long)w->step,
+                         (long long)w->epoch + 1);
+    }
+    if (n_acc == 0) return DP_OK; /* the accepted ranks had no samples: no update */
+    return dp__apply_update(w, w->rep.grads, t->p.clip_norm, 0, t1);
+}
+
+const struct dp__mode dp__mode_backup = {.name = "backup workers", .setup = backup_setup, .loop = dp__step_loop,
+                                         .step = backup_mode_step};

@@ -43,7 +43,8 @@ static void det_grad_ready(void *arg, int64_t off, int64_t count) {
     dc->done += count;
 }
 
-int dp__det_step(struct worker *w, int64_t nmicro, double *n_step, double *loss_step) {
+static int det_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
+    (void)skipped; /* (a non-finite sum is an error here: the fixed-point sums cannot hold it) */
     struct dp_trainer *t = w->t;
     const struct dp_model *m = t->model;
     int64_t np = m->num_params, C = t->p.det_chunk;
@@ -124,3 +125,5 @@ int dp__det_step(struct worker *w, int64_t nmicro, double *n_step, double *loss_
     dp__update_done(w, t2 - t1);
     return rc;
 }
+
+const struct dp__mode dp__mode_det = {.name = "deterministic", .loop = dp__step_loop, .step = det_step};

@@ -26,6 +26,45 @@
  *
  * Clocks: the c-th batch of epoch e is clock e x steps_per_epoch + c (the
  * replay applies push (clock, r) at version clock x P + r). */
+/* The parameter server (after the model and any checkpoint are loaded; its
+ * state is set from worker 0's when the run starts).  Default shards:
+ * min(P, 4): a push holds one shard at a time, so up to S workers apply at
+ * once (bench/ps_shards.sh measures it).  Schedule: async applies about P
+ * updates per global batch, so lr = sched(version / P) spans the same
+ * epochs as sync; SSP's version counts clocks (global batches). */
+static int ps_init(struct dp_trainer *t) {
+    const struct dp_train_params *p = &t->p;
+    struct dp_ps_params pp = {.shards = p->servers ? p->servers : (t->P < 4 ? t->P : 4), .workers = t->P,
+                              .staleness = p->staleness, .staleness_lr = p->staleness_lr,
+                              .share_batch = p->share_lr ? p->batch : 0,
+                              .implicit_momentum = p->implicit_momentum,
+                              .ordered = p->deterministic && p->staleness < 0,
+                              .exact = p->deterministic, .timeout_s = p->comm_timeout, .optim = p->optim,
+                              .sched = p->sched, .lr_div = p->staleness < 0 ? t->P : 1};
+    if (p->servers > t->model->num_params)
+        return dp_seterr(DP_EINVAL, "--servers must be in 1..%lld (the parameters of '%s'; got %d)",
+                         (long long)t->model->num_params, t->model->spec, p->servers);
+    if (t->step_in_epoch != 0)
+        return dp_seterr(DP_ENOTSUP, "the parameter server resumes only from an epoch boundary (the checkpoint "
+                         "is at step %lld of epoch %lld)", (long long)t->step_in_epoch, (long long)t->epoch + 1);
+    t->ps_div = pp.lr_div;
+    t->ps_on = 1;
+    atomic_init(&t->ps_next, 0);
+    atomic_init(&t->ps_samples, 0);
+    if (p->inter) { /* server ranks: the last S processes; one shard each (src/ddp/ps_mpi.c) */
+        struct dp_ps_net_params np = {.c = p->inter, .servers = t->ps_servers, .n = t->model->num_params,
+                                      .batches = t->ps_batches, .ps = pp};
+        np.ps.workers = pp.workers = t->ps_W;
+        if (p->staleness < 0) np.ps.lr_div = t->ps_div = t->ps_W;
+        np.slow = t->slow_factor ? t->slow_factor[t->base] : 1;
+        float mu; /* every rank refuses what the servers' dp_ps_init would */
+        int rc = dp_ps_momentum(&np.ps, &mu);
+        return rc ? rc : dp_ps_net_init(&t->psn, &np);
+    }
+    t->ps_servers = pp.shards;
+    return dp_ps_init(&t->ps, &pp, t->model->num_params);
+}
+
 static int ps_batch(struct worker *w, int64_t epoch, int64_t k, double *n, double *loss) {
     struct dp_trainer *t = w->t;
     const struct dp_model *m = t->model;
@@ -71,7 +110,7 @@ static int ps_batch(struct worker *w, int64_t epoch, int64_t k, double *n, doubl
  * the flag before the epoch's barrier and the others read its decision
  * (stop_at) after it; rank 0 writes again only after end_epoch's barrier,
  * which nobody passes before reading. */
-int dp__ps_loop(struct worker *w) {
+static int ps_loop(struct worker *w) {
     struct dp_trainer *t = w->t;
     struct dp_ps *ps = t->ps;
     const int64_t spe = t->steps_per_epoch;
@@ -178,7 +217,7 @@ int dp__ps_loop(struct worker *w) {
  * holds the server's state for end_epoch's shared evaluation and rank 0's
  * report and checkpoint (today's format).  The server ranks take part in
  * end_epoch with zero totals (their rank_samples are 0). */
-int dp__ps_net_loop(struct worker *w) {
+static int ps_net_loop(struct worker *w) {
     struct dp_trainer *t = w->t;
     struct dp_ps_net *net = t->psn;
     const struct dp_model *m = t->model;
@@ -258,3 +297,6 @@ int dp__ps_net_loop(struct worker *w) {
     dp_free(meta);
     return rc;
 }
+
+const struct dp__mode dp__mode_ps = {.name = "parameter server", .setup = ps_init, .loop = ps_loop};
+const struct dp__mode dp__mode_ps_net = {.name = "parameter server (processes)", .setup = ps_init, .loop = ps_net_loop};

@@ -133,70 +133,6 @@ static int load_text(struct dp_trainer *t, const char *spec) {
     return DP_OK;
 }
 
-/* The backup workers' step slot (the protocol is at backup_step). */
-static int backup_init(struct dp_trainer *t) {
-    struct backup *bk = &t->bk;
-    size_t np = (size_t)(t->model->num_params ? t->model->num_params : 1);
-    bk->need = t->P - t->p.backup_workers;
-    bk->src = dp_calloc((size_t)t->P, sizeof *bk->src);
-    bk->n = dp_calloc((size_t)t->P, sizeof(double));
-    bk->arrived = dp_calloc((size_t)t->P, sizeof(int64_t));
-    t->dropped_count = dp_calloc((size_t)t->G, sizeof(int64_t));
-    int bad = !bk->src || !bk->n || !bk->arrived || !t->dropped_count;
-    for (int k = 0; k < BACKUP_DEPTH; k++) {
-        bk->upd[k] = dp_malloc_big(sizeof(float) * np);
-        bk->acc[k] = dp_calloc((size_t)t->P, 1);
-        bad |= !bk->upd[k] || !bk->acc[k];
-    }
-    if (bad) return dp_seterr(DP_ENOMEM, "--backup-workers: out of memory");
-    if (pthread_mutex_init(&bk->mu, NULL) != 0) return dp_seterr(DP_ENOMEM, "--backup-workers: cannot create a mutex");
-    if (dp_cond_init_monotonic(&bk->cv) != 0) {
-        pthread_mutex_destroy(&bk->mu);
-        return dp_seterr(DP_ENOMEM, "--backup-workers: cannot create a condition variable");
-    }
-    bk->init = 1;
-    return DP_OK;
-}
-
-/* The parameter server (after the model and any checkpoint are loaded; its
- * state is set from worker 0's when the run starts).  Default shards:
- * min(P, 4): a push holds one shard at a time, so up to S workers apply at
- * once (bench/ps_shards.sh measures it).  Schedule: async applies about P
- * updates per global batch, so lr = sched(version / P) spans the same
- * epochs as sync; SSP's version counts clocks (global batches). */
-static int ps_init(struct dp_trainer *t) {
-    const struct dp_train_params *p = &t->p;
-    struct dp_ps_params pp = {.shards = p->servers ? p->servers : (t->P < 4 ? t->P : 4), .workers = t->P,
-                              .staleness = p->staleness, .staleness_lr = p->staleness_lr,
-                              .share_batch = p->share_lr ? p->batch : 0,
-                              .implicit_momentum = p->implicit_momentum,
-                              .ordered = p->deterministic && p->staleness < 0,
-                              .exact = p->deterministic, .timeout_s = p->comm_timeout, .optim = p->optim,
-                              .sched = p->sched, .lr_div = p->staleness < 0 ? t->P : 1};
-    if (p->servers > t->model->num_params)
-        return dp_seterr(DP_EINVAL, "--servers must be in 1..%lld (the parameters of '%s'; got %d)",
-                         (long long)t->model->num_params, t->model->spec, p->servers);
-    if (t->step_in_epoch != 0)
-        return dp_seterr(DP_ENOTSUP, "the parameter server resumes only from an epoch boundary (the checkpoint "
-                         "is at step %lld of epoch %lld)", (long long)t->step_in_epoch, (long long)t->epoch + 1);
-    t->ps_div = pp.lr_div;
-    t->ps_on = 1;
-    atomic_init(&t->ps_next, 0);
-    atomic_init(&t->ps_samples, 0);
-    if (p->inter) { /* server ranks: the last S processes; one shard each (src/ddp/ps_mpi.c) */
-        struct dp_ps_net_params np = {.c = p->inter, .servers = t->ps_servers, .n = t->model->num_params,
-                                      .batches = t->ps_batches, .ps = pp};
-        np.ps.workers = pp.workers = t->ps_W;
-        if (p->staleness < 0) np.ps.lr_div = t->ps_div = t->ps_W;
-        np.slow = t->slow_factor ? t->slow_factor[t->base] : 1;
-        float mu; /* every rank refuses what the servers' dp_ps_init would */
-        int rc = dp_ps_momentum(&np.ps, &mu);
-        return rc ? rc : dp_ps_net_init(&t->psn, &np);
-    }
-    t->ps_servers = pp.shards;
-    return dp_ps_init(&t->ps, &pp, t->model->num_params);
-}
-
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     *out = NULL;
     int rc = dp__check_params(p);
@@ -284,16 +220,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     t->ps_dynamic = p->async && p->staleness < 0 && !p->deterministic;
     /* --backup-workers 0 with --deterministic is plain deterministic sync */
     t->bk_on = p->backup && !p->deterministic;
-    if (t->bk_on && !p->inter && (rc = backup_init(t))) goto fail;
-    if (t->bk_on && p->inter) {
-        if (!(t->dropped_count = dp_calloc((size_t)t->G, sizeof(int64_t)))) {
-            rc = dp_seterr(DP_ENOMEM, "--backup-workers: out of memory");
-            goto fail;
-        }
-        if ((rc = dp_backup_star_init(&t->star, p->inter, t->model->num_params, p->backup_workers,
-                                      (double)t->pos, p->comm_timeout)))
-            goto fail;
-    }
+    t->mode = dp__mode_for(t);
     /* A worker's share is at most ceil(batch / P); evaluation uses up to
      * eval_chunk samples. */
     int64_t share = (p->batch + t->ps_W - 1) / t->ps_W;
@@ -374,7 +301,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
             rc = dp_zero_shard_init(&t->w[r].zero, t->model, p->seed, whole);
         if (rc || (whole && (rc = dp_zero_release_params(&t->w[0].zero)))) goto fail;
     }
-    if (p->async && (rc = ps_init(t))) goto fail;
+    if (t->mode->setup && (rc = t->mode->setup(t))) goto fail;
     /* Only the job's rank 0 writes metrics and checkpoints (src/train/run_folder.c). */
     if (p->out_dir && t->base == 0 &&
         (rc = dp__run_folder_open(p->out_dir, p->resume, p->overwrite, &t->metrics, t->metrics_path,

@@ -90,9 +90,11 @@ void dp__update_done(struct worker *w, double s) {
     if (!w->t->p.zero) w->bal_a += s, w->bal_k++;
 }
 
-/* One optimizer step on worker w: `accum` micro-batches, the reduction,
- * the update.  Returns 0, or an error (already with its context). */
-int dp__train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
+/* ---- a step's compute, shared by the modes that reduce gradients ----------------------
+ * Each micro-batch: data -> [the mode's begin: the pass's hooks] -> forward and
+ * backward -> [after_run: what the hooks left in flight when the run failed] ->
+ * the simulated slowness -> [finish: the reduction's end and its accounting]. */
+int dp__compute(struct worker *w, int64_t nmicro, const struct dp__micro_hooks *h, struct dp__sums *c) {
     struct dp_trainer *t = w->t;
     const struct dp_model *m = t->model;
     if (t->p.fault_kind == DP_FAULT_SLOW && w->grank == t->p.fault_worker && w->step >= t->p.fault_step)
@@ -109,8 +111,7 @@ int dp__train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n
      * the layer would need a commit call through every layer for a copy
      * this small.) */
     if (w->buf_save) memcpy(w->buf_save, w->rep.buffers, sizeof(float) * (size_t)m->num_buffers);
-    double n_total = 0, loss_sum = 0, n_local = 0;
-    int local_bad = 0;
+    memset(c, 0, sizeof *c);
     double mult = 1, stall = 0;
     if (t->simulate) dp__pace_plan(w, &mult, &stall);
     w->step_wait = w->step_slow = 0;
@@ -122,35 +123,12 @@ int dp__train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n
         double ta = dp_time();
         dp_timeline_add(&w->tl, "data", 0, w->step, td, ta);
         int last_micro = k == nmicro - 1;
-        /* with one worker there is nothing to reduce: no reducer, no
-         * progress thread to wake */
-        int last = last_micro && t->G > 1 && !t->bk_on; /* backup workers: no reducer (backup_step) */
-        /* ZeRO 2, 3: every micro-batch is reduce-scattered, and its pieces
-         * added into gshard (dp_zero_bucket_done), so no whole gradient stays
-         * alive from one micro-batch to the next (k times the traffic) */
-        if (w->zero.sharded && t->G > 1) last = 1, w->zero.accumulate = k > 0;
         struct dp_batch b = {.B = lb->B, .x = lb->x, .tokens = lb->tokens, .targets = lb->y,
                              .sample_idx = lb->idx, .epoch = lb->epoch};
-        /* With one micro-batch the global batch size is known before
-         * backward, so the 1/N of the mean (N = samples x positions) is
-         * folded into the loss gradient (no extra pass); with accumulation
-         * the sum is scaled at the end. */
-        float ls = nmicro == 1 && !t->bk_on ? (float)(1.0 / ((double)lb->global_B * (double)t->pos)) : 1.0f;
-        struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = ls};
-        if (t->G > 1 && !t->bk_on) pass.stat_sync = stat_sync, pass.stat_sync_arg = w;
-        if ((w->zero.sharded && w->zero.stage == 3) || w->zero.ahead) /* ZeRO 3: gather; 1: wait for the gather */
-            pass.layer_begin = dp_zero_layer_begin, pass.layer_begin_arg = &w->zero;
+        struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = 1.0f};
+        int reducing = h->begin ? h->begin(w, &pass, k, nmicro, lb, c->n_total) : 0;
         dp__pace_start(w, mult, last_micro ? stall : 0, ta);
         double stat_before = w->stat_s;
-        if (last) {
-            pass.grad_ready = t->simulate ? dp__paced_grad_ready : dp_reducer_grad_ready;
-            pass.grad_ready_arg = t->simulate ? (void *)w : (void *)&w->red;
-            w->red.step = w->step;
-            /* the scale applied after the reduction (below): 1 when folded into the loss */
-            w->red.grad_unit = nmicro == 1 ? 1.0f
-                               : (float)(1.0 / ((n_total + (double)lb->global_B) * (double)t->pos));
-            dp_reducer_begin(&w->red);
-        }
         int fault = t->p.fault_kind && w->grank == t->p.fault_worker && w->step == t->p.fault_step && last_micro;
         if (fault && t->p.fault_kind == DP_FAULT_ALLOC) rc = dp_seterr(DP_ENOMEM, "injected allocation failure");
         else if (fault && t->p.fault_kind == DP_FAULT_DATA) rc = dp_seterr(DP_EIO, "injected data error");
@@ -166,18 +144,8 @@ int dp__train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n
             dp_free(x);
         } else
             rc = dp_model_run(m, &w->rep, &b, &pass);
-        /* ZeRO 3: backward's last bucket (and any prefetch) given back */
-        int rrc = pass.layer_begin ? dp_zero_release_params(&w->zero) : DP_OK;
-        if (!rc) rc = rrc;
-        if (rc) {
-            if (last) { /* leave nothing in flight, and keep this error's message */
-                char msg[512];
-                snprintf(msg, sizeof msg, "%s", dp_errmsg());
-                dp_reducer_finish(&w->red);
-                dp_seterr(rc, "%s", msg);
-            }
-            return rc;
-        }
+        if (h->after_run) rc = h->after_run(w, &pass, reducing, rc);
+        if (rc) return rc;
         /* the sleep paid inside backward (grad_ready) is not compute; the
          * rest of the debt is paid now, before the reduction is waited for */
         double slept_in_run = w->pace_slept;
@@ -191,76 +159,128 @@ int dp__train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n
         w->bal_s += pass.t_forward + pass.t_backward + (w->pace_slept - slept_in_run) - (w->stat_s - stat_before);
         dp_timeline_add(&w->tl, "forward", 0, w->step, ta, ta + pass.t_forward);
         dp_timeline_add(&w->tl, "backward", 0, w->step, ta + pass.t_forward, ta + pass.t_forward + pass.t_backward);
-        if (last) {
-            rc = dp_reducer_finish(&w->red);
-            /* wait: from the end of this rank's compute (backward and its
-             * simulated sleep) to the completion of its last bucket */
-            w->step_wait += w->red.t_end - w->red.t_backward_end;
-            dp_timeline_add(&w->tl, "wait", 0, w->step, w->red.t_backward_end, w->red.t_end);
-            for (int i = 0; i < w->red.nb; i++)
-                if (w->red.b[i].t_ready > 0) {
-                    dp_timeline_add_bucket(&w->tl, i, (int64_t)sizeof(float) * w->red.b[i].count,
-                                           w->red.b[i].t_ready, w->red.b[i].t_done);
-                    w->arrival[i] += w->red.b[i].t_ready - w->t_step0;
-                }
-            w->arrival_steps++;
-            /* compression: its own phase on the compute track */
-            for (int i = 0; i < w->red.nb; i++) {
-                const struct dp_bucket *bk = &w->red.b[i];
-                if (bk->t_c1 > 0) dp_timeline_add(&w->tl, "compress", 0, w->step, bk->t_c0, bk->t_c1);
-                if (bk->t_d1 > 0) dp_timeline_add(&w->tl, "decompress", 0, w->step, bk->t_d0, bk->t_d1);
-            }
-            w->b_sent += w->red.bytes_sent, w->b_recv += w->red.bytes_recv, w->b_fp32 += w->red.bytes_fp32;
-            w->t_cz += w->red.t_compress, w->t_dz += w->red.t_decompress;
-            w->t_comm += w->red.comm_total, w->t_exposed += w->red.comm_exposed;
-            w->reduce_steps += last_micro; /* the bytes are per optimizer step */
-            if (rc) return rc;
-        }
-        n_total += (double)lb->global_B;
-        loss_sum += pass.loss_sum;
-        local_bad |= !isfinite(pass.loss_sum);
+        if (reducing && (rc = h->finish(w, last_micro))) return rc;
+        c->n_total += (double)lb->global_B;
+        c->loss_sum += pass.loss_sum;
+        c->local_bad |= !isfinite(pass.loss_sum);
         w->loss_sum += pass.loss_sum;
         w->correct += pass.correct;
         w->seen += b.B;
-        n_local += (double)b.B;
+        c->n_local += (double)b.B;
         w->t_fwd += pass.t_forward;
         w->t_bwd += pass.t_backward - slept_in_run;
     }
-    double n_acc = 0;
-    int bk_bad = 0;
-    if (t->bk_on) {
-        /* backup workers: the first P - b ranks' mean gradient (backup_step);
-         * the wait runs from the end of this rank's compute to the update */
-        double tw = dp_time();
-        w->arrival[0] += tw - w->t_step0; /* one arrival per step: "bucket" 0, as in det_step */
-        w->arrival_steps++;
-        int rc = t->star ? dp__backup_star(w, n_local, &n_acc, &bk_bad) : dp__backup_step(w, n_local, &n_acc, &bk_bad);
-        double te = dp_time();
-        w->step_wait = t->G > 1 ? te - tw : 0;
-        w->t_comm += te - tw, w->t_exposed += te - tw;
-        if (t->G > 1) dp_timeline_add(&w->tl, "wait", 0, w->step, tw, te);
-        if (rc) return rc;
+    return DP_OK;
+}
+
+/* lr = schedule(step) -> [clip] -> the optimizer step, timed from t1 (the
+ * reduced gradient's arrival); shared by the modes. */
+int dp__apply_update(struct worker *w, float *g, double clip_norm, double ss, double t1) {
+    struct dp_trainer *t = w->t;
+    float lr = dp_sched_lr(&t->p.sched, w->step);
+    int rc = dp__update_params(w, g, lr, clip_norm, ss);
+    if (t->p.fault_kind == DP_FAULT_DIVERGE && w->grank == t->p.fault_worker && w->step == t->p.fault_step &&
+        !(rc = rc ? rc : dp_zero_settle(&w->zero))) /* (after the gather, which would write over it) */
+        w->rep.params[t->model->num_params / 2] += 1e-3f;
+    double t2 = dp_time();
+    dp__update_done(w, t2 - t1);
+    dp_timeline_add(&w->tl, "optimizer", 0, w->step, t1, t2);
+    return rc;
+}
+
+/* ---- the synchronous mode: the reducer (buckets all-reduced as backward
+ * finishes them, compression) or ZeRO's reduce-scatter ----------------------------------- */
+
+/* Micro-batch k's hooks: the last one (every one with ZeRO 2, 3) reduces. */
+static int sync_begin(struct worker *w, struct dp_pass *pass, int64_t k, int64_t nmicro,
+                      const struct dp_loader_batch *lb, double n_before) {
+    struct dp_trainer *t = w->t;
+    /* with one worker there is nothing to reduce: no reducer, no progress
+     * thread to wake */
+    int last = k == nmicro - 1 && t->G > 1;
+    /* ZeRO 2, 3: every micro-batch is reduce-scattered, and its pieces
+     * added into gshard (dp_zero_bucket_done), so no whole gradient stays
+     * alive from one micro-batch to the next (k times the traffic) */
+    if (w->zero.sharded && t->G > 1) last = 1, w->zero.accumulate = k > 0;
+    /* With one micro-batch the global batch size is known before
+     * backward, so the 1/N of the mean (N = samples x positions) is
+     * folded into the loss gradient (no extra pass); with accumulation
+     * the sum is scaled at the end. */
+    if (nmicro == 1) pass->loss_scale = (float)(1.0 / ((double)lb->global_B * (double)t->pos));
+    if (t->G > 1) pass->stat_sync = stat_sync, pass->stat_sync_arg = w;
+    if ((w->zero.sharded && w->zero.stage == 3) || w->zero.ahead) /* ZeRO 3: gather; 1: wait for the gather */
+        pass->layer_begin = dp_zero_layer_begin, pass->layer_begin_arg = &w->zero;
+    if (last) {
+        pass->grad_ready = t->simulate ? dp__paced_grad_ready : dp_reducer_grad_ready;
+        pass->grad_ready_arg = t->simulate ? (void *)w : (void *)&w->red;
+        w->red.step = w->step;
+        /* the scale applied after the reduction (sync_step): 1 when folded into the loss */
+        w->red.grad_unit = nmicro == 1 ? 1.0f : (float)(1.0 / ((n_before + (double)lb->global_B) * (double)t->pos));
+        dp_reducer_begin(&w->red);
     }
+    return last;
+}
+
+/* After the run: ZeRO 3's last bucket (and any prefetch) given back; on an
+ * error nothing left in flight, and that error's message kept. */
+static int sync_after_run(struct worker *w, const struct dp_pass *pass, int reducing, int rc) {
+    int rrc = pass->layer_begin ? dp_zero_release_params(&w->zero) : DP_OK;
+    if (!rc) rc = rrc;
+    if (rc && reducing) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", dp_errmsg());
+        dp_reducer_finish(&w->red);
+        dp_seterr(rc, "%s", msg);
+    }
+    return rc;
+}
+
+/* The reduction's end: the wait, the buckets' times, the traffic. */
+static int sync_finish(struct worker *w, int last_micro) {
+    int rc = dp_reducer_finish(&w->red);
+    /* wait: from the end of this rank's compute (backward and its
+     * simulated sleep) to the completion of its last bucket */
+    w->step_wait += w->red.t_end - w->red.t_backward_end;
+    dp_timeline_add(&w->tl, "wait", 0, w->step, w->red.t_backward_end, w->red.t_end);
+    for (int i = 0; i < w->red.nb; i++)
+        if (w->red.b[i].t_ready > 0) {
+            dp_timeline_add_bucket(&w->tl, i, (int64_t)sizeof(float) * w->red.b[i].count, w->red.b[i].t_ready,
+                                   w->red.b[i].t_done);
+            w->arrival[i] += w->red.b[i].t_ready - w->t_step0;
+        }
+    w->arrival_steps++;
+    /* compression: its own phase on the compute track */
+    for (int i = 0; i < w->red.nb; i++) {
+        const struct dp_bucket *bk = &w->red.b[i];
+        if (bk->t_c1 > 0) dp_timeline_add(&w->tl, "compress", 0, w->step, bk->t_c0, bk->t_c1);
+        if (bk->t_d1 > 0) dp_timeline_add(&w->tl, "decompress", 0, w->step, bk->t_d0, bk->t_d1);
+    }
+    w->b_sent += w->red.bytes_sent, w->b_recv += w->red.bytes_recv, w->b_fp32 += w->red.bytes_fp32;
+    w->t_cz += w->red.t_compress, w->t_dz += w->red.t_decompress;
+    w->t_comm += w->red.comm_total, w->t_exposed += w->red.comm_exposed;
+    w->reduce_steps += last_micro; /* the bytes are per optimizer step */
+    return rc;
+}
+
+static const struct dp__micro_hooks sync_hooks = {sync_begin, sync_after_run, sync_finish};
+
+/* One optimizer step on worker w: `accum` micro-batches, the reduction,
+ * the non-finite decision, the update.  Returns 0, or an error (already
+ * with its context). */
+static int sync_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
+    struct dp_trainer *t = w->t;
+    const struct dp_model *m = t->model;
+    struct dp__sums c;
+    int rc = dp__compute(w, nmicro, &sync_hooks, &c);
+    if (rc) return rc;
     w->t_wait += w->step_wait, w->t_slow += w->step_slow;
-    *n_step = n_total;
-    *loss_step = n_local > 0 ? loss_sum / (n_local * (double)t->pos) : 0;
+    *n_step = c.n_total;
+    *loss_step = c.n_local > 0 ? c.loss_sum / (c.n_local * (double)t->pos) : 0;
     double t1 = dp_time();
     /* sum -> mean over the global batch */
     float *g = w->rep.grads;
-    if (t->bk_on) {
-        /* every replica has the same update, n_acc and flag: the same decision */
-        if (bk_bad) {
-            if (t->p.skip_nonfinite) {
-                (*skipped)++;
-                return DP_OK;
-            }
-            return dp_seterr(DP_ENONFINITE, "step %lld (epoch %lld): the gradient of the accepted workers is not "
-                             "finite; try a lower --lr, --clip, or --skip-nonfinite", (long long)w->step,
-                             (long long)w->epoch + 1);
-        }
-        if (n_acc == 0) return DP_OK; /* the accepted ranks had no samples: no update */
-    } else if (nmicro > 1) {
-        float scale = (float)(1.0 / (n_total * (double)t->pos));
+    if (nmicro > 1) {
+        float scale = (float)(1.0 / (c.n_total * (double)t->pos));
         float *gs = w->zero.sharded ? w->zero.gshard : g; /* ZeRO 2, 3: only the shard is reduced */
         int64_t len = w->zero.sharded ? w->zero.len : m->num_params;
 #pragma omp simd
@@ -275,16 +295,14 @@ int dp__train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n
     int gbad = 0;
     if (t->red_check) /* looked at range by range inside the reduction */
         gbad = atomic_load_explicit(&t->red_bad, memory_order_relaxed) == w->step + 1;
-    else if (!t->bk_on) {
-        int rc = grad_nonfinite(w, g, &ss, &gbad);
-        if (rc) return rc;
-    }
-    if (!t->bk_on && (gbad || dp_any_nonfinite(w->rep.buffers, m->num_buffers))) {
+    else if ((rc = grad_nonfinite(w, g, &ss, &gbad)))
+        return rc;
+    if (gbad || dp_any_nonfinite(w->rep.buffers, m->num_buffers)) {
         /* Which worker? Each contributes a flag for its own loss. */
         double *flags = dp_calloc((size_t)t->G, sizeof(double));
         if (!flags) return dp_seterr(DP_ENOMEM, "out of memory");
-        flags[w->grank] = local_bad;
-        int rc = dp_comm_allreduce(w->comm, flags, t->G, DP_DTYPE_F64, DP_ALGO_AUTO);
+        flags[w->grank] = c.local_bad;
+        rc = dp_comm_allreduce(w->comm, flags, t->G, DP_DTYPE_F64, DP_ALGO_AUTO);
         int who = -1;
         for (int r = 0; !rc && r < t->G && who < 0; r++)
             if (flags[r] != 0) who = r;
@@ -303,13 +321,7 @@ int dp__train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n
                          "statistic) is not finite; try a lower --lr, --clip, or --skip-nonfinite",
                          (long long)w->step, (long long)w->epoch + 1);
     }
-    float lr = dp_sched_lr(&t->p.sched, w->step);
-    int rc = dp__update_params(w, g, lr, t->p.clip_norm, ss);
-    if (t->p.fault_kind == DP_FAULT_DIVERGE && w->grank == t->p.fault_worker && w->step == t->p.fault_step &&
-        !(rc = rc ? rc : dp_zero_settle(&w->zero))) /* (after the gather, which would write over it) */
-        w->rep.params[m->num_params / 2] += 1e-3f;
-    double t2 = dp_time();
-    dp__update_done(w, t2 - t1);
-    dp_timeline_add(&w->tl, "optimizer", 0, w->step, t1, t2);
-    return rc;
+    return dp__apply_update(w, g, t->p.clip_norm, ss, t1);
 }
+
+const struct dp__mode dp__mode_sync = {.name = "sync", .loop = dp__step_loop, .step = sync_step};

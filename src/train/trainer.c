@@ -101,10 +101,19 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_free(t);
 }
 
-static int worker_loop(struct worker *w) {
+/* The mode of a trainer's parameters (struct dp__mode). */
+const struct dp__mode *dp__mode_for(const struct dp_trainer *t) {
+    if (t->p.async) return t->p.inter ? &dp__mode_ps_net : &dp__mode_ps; /* ps_loop.c */
+    if (t->bk_on) return &dp__mode_backup;                                 /* backup.c */
+    if (t->p.deterministic) return &dp__mode_det;                          /* det_step.c */
+    return &dp__mode_sync;                                                 /* step.c */
+}
+
+/* The synchronous family's worker loop: epochs of steps from the resume
+ * position, each step the mode's; stops, evaluations, reports and
+ * checkpoints between them. */
+int dp__step_loop(struct worker *w) {
     struct dp_trainer *t = w->t;
-    if (t->psn) return dp__ps_net_loop(w); /* across processes (ps_loop.c) */
-    if (t->ps) return dp__ps_loop(w); /* the parameter server on threads (ps_loop.c) */
     const struct dp_model *m = t->model;
     /* Every worker advances its own copy of the position; they stay equal
      * because every worker runs the same sequence of steps.  Only rank 0
@@ -155,8 +164,7 @@ static int worker_loop(struct worker *w) {
             double s0[6], ts = dp_time();
             dp__phase_sums(w, s0); /* for the per-step record */
             w->t_step0 = ts;
-            rc = t->p.deterministic ? dp__det_step(w, nmicro, &n_step, &loss_step)
-                                    : dp__train_step(w, nmicro, &w->skipped, &n_step, &loss_step);
+            rc = t->mode->step(w, nmicro, &w->skipped, &n_step, &loss_step);
             if (rc)
                 /* non-finite errors already name the worker and step that caused them */
                 return rc == DP_ENONFINITE ? rc : dp_adderr(rc, "worker %d, step %lld", w->grank, (long long)step);
@@ -236,7 +244,7 @@ void *dp__worker_main(void *arg) {
     int pinned = w->t->p.pin_threads && pthread_getaffinity_np(pthread_self(), sizeof before, &before) == 0;
     if (pinned) pin_to_core(&w->t->cpus, w->rank);
     dp_set_num_threads(w->t->p.threads);
-    w->rc = worker_loop(w);
+    w->rc = w->t->mode->loop(w);
     if (pinned) pthread_setaffinity_np(pthread_self(), sizeof before, &before); /* (the caller's, for worker 0) */
     if (w->rc) {
         snprintf(w->err, sizeof w->err, "%s", dp_errmsg());

@@ -100,7 +100,44 @@ struct worker {
     int64_t ps_stale;              /* parameter server: the staleness of this worker's last push */
 };
 
+/* A mode of training: how a worker runs and what one optimizer step is.
+ * Chosen once, at dp_trainer_init (dp__mode_for); a new mode is one file that
+ * defines its table, and one line in dp__mode_for.  The synchronous family
+ * (plain with the reducer or ZeRO, deterministic, backup workers) shares the
+ * step loop (dp__step_loop: positions, stops, reports, checkpoints) and
+ * differs in `step`; the parameter server keeps its own loop shape. */
+struct dp__mode {
+    const char *name;
+    int (*setup)(struct dp_trainer *t); /* once the model, the workers and any checkpoint are in (NULL: none) */
+    int (*loop)(struct worker *w);      /* the worker's run, from the resume position to the end */
+    /* with loop = dp__step_loop: one optimizer step of `nmicro` micro-batches;
+     * *skipped counts a step skipped by --skip-nonfinite, *n_step the global
+     * batch's samples and *loss_step this worker's mean loss */
+    int (*step)(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step);
+};
+extern const struct dp__mode dp__mode_sync, dp__mode_det, dp__mode_backup, dp__mode_ps, dp__mode_ps_net;
+
+/* What a step's compute sums over its micro-batches (dp__compute) */
+struct dp__sums {
+    double n_total;  /* samples of the global batch */
+    double n_local;  /* this worker's */
+    double loss_sum; /* this worker's loss, summed */
+    int local_bad;   /* this worker's loss is not finite */
+};
+/* A mode's hooks on each micro-batch of dp__compute (each may be NULL but finish) */
+struct dp__micro_hooks {
+    /* before micro-batch k's run: the pass's hooks and loss scale (n_before:
+     * the global samples of the micro-batches before it); 1 if it reduces */
+    int (*begin)(struct worker *w, struct dp_pass *pass, int64_t k, int64_t nmicro,
+                 const struct dp_loader_batch *lb, double n_before);
+    /* right after the run (rc: its result): what the hooks hold released */
+    int (*after_run)(struct worker *w, const struct dp_pass *pass, int reducing, int rc);
+    /* after the micro-batch's compute, when it reduces: the reduction's end */
+    int (*finish)(struct worker *w, int last_micro);
+};
+
 struct dp_trainer {
+    const struct dp__mode *mode; /* chosen once at init: dp__mode_for */
     cpu_set_t cpus;            /* --pin-threads: the process's affinity at dp_trainer_run */
     struct dp_train_params p;
     struct dp_dataset train, test;
@@ -178,6 +215,8 @@ int dp__check_schedule(const struct dp_trainer *t);
 
 /* trainer.c */
 void *dp__worker_main(void *arg);
+int dp__step_loop(struct worker *w);
+const struct dp__mode *dp__mode_for(const struct dp_trainer *t);
 
 /* checkpointing.c */
 int dp__load_checkpoint(struct dp_trainer *t, const char *path);
@@ -206,7 +245,8 @@ int dp__red_check_possible(const struct dp_trainer *t);
 void dp__reduced_check(void *arg, int64_t off, int64_t n);
 int dp__update_params(struct worker *w, float *g, float lr, double clip_norm, double ss);
 void dp__update_done(struct worker *w, double s);
-int dp__train_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step);
+int dp__compute(struct worker *w, int64_t nmicro, const struct dp__micro_hooks *h, struct dp__sums *c);
+int dp__apply_update(struct worker *w, float *g, double clip_norm, double ss, double t1);
 
 /* agree.c */
 int dp__check_replicas(struct worker *w);
@@ -221,17 +261,10 @@ void dp__paced_grad_ready(void *arg, int64_t offset, int64_t count);
 
 /* backup.c */
 void dp__backup_abort(struct dp_trainer *t, const char *why);
-int dp__backup_step(struct worker *w, double n_local, double *n_acc, int *bad);
-int dp__backup_star(struct worker *w, double n_local, double *n_acc, int *bad);
 
 /* balance.c */
 int dp__rebalance(struct worker *w);
 
-/* det_step.c */
-int dp__det_step(struct worker *w, int64_t nmicro, double *n_step, double *loss_step);
 
-/* ps_loop.c */
-int dp__ps_loop(struct worker *w);
-int dp__ps_net_loop(struct worker *w);
 
 #endif
