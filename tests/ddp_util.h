@@ -12,6 +12,7 @@
 
 #include "dp/train.h"
 #include "test.h"
+#include "train/fault.h" /* fault injection: the tests' own interface */
 
 #define DATA "/usr/share/datasets/fashion-mnist"
 
@@ -39,10 +40,18 @@ static inline struct dp_train_params base(const char *model, int workers) {
     return p;
 }
 
-/* Trains and returns a copy of the parameters then the buffers (caller frees). */
-static inline float *train(const struct dp_train_params *p, int64_t *n) {
+/* dp_trainer_init, then the fault f armed (f NULL or kind 0: none) */
+static inline int init_faulty(struct dp_trainer **t, const struct dp_train_params *p, const struct dp_fault *f) {
+    int rc = dp_trainer_init(t, p);
+    if (!rc && f && f->kind && (rc = dp__trainer_set_fault(*t, f))) dp_trainer_free(*t), *t = NULL;
+    return rc;
+}
+
+/* Trains with fault f (NULL: none) and returns a copy of the parameters then
+ * the buffers (caller frees). */
+static inline float *train_faulty(const struct dp_train_params *p, const struct dp_fault *f, int64_t *n) {
     struct dp_trainer *t;
-    ASSERT_OK(dp_trainer_init(&t, p));
+    ASSERT_OK(init_faulty(&t, p, f));
     ASSERT_OK(dp_trainer_run(t));
     const struct dp_model *m = dp_trainer_model(t);
     *n = m->num_params + m->num_buffers;
@@ -52,6 +61,7 @@ static inline float *train(const struct dp_train_params *p, int64_t *n) {
     dp_trainer_free(t);
     return out;
 }
+static inline float *train(const struct dp_train_params *p, int64_t *n) { return train_faulty(p, NULL, n); }
 
 /* The library's comparison (dp_rel_diff: NaN or Inf counts as a difference),
  * the same one `dptrain ckpt diff` uses. */

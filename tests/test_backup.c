@@ -131,8 +131,8 @@ TEST_T(backup_failure_and_timeout, 300) {
     struct dp_trainer *t;
     struct dp_train_params p = base("mlp", 3);
     p.backup = 1, p.backup_workers = 1;
-    p.fault_kind = DP_FAULT_DATA, p.fault_worker = 2, p.fault_step = 3;
-    ASSERT_OK(dp_trainer_init(&t, &p));
+    struct dp_fault f = {DP_FAULT_DATA, 2, 3};
+    ASSERT_OK(init_faulty(&t, &p, &f));
     ASSERT_ERR(dp_trainer_run(t), DP_EIO, "injected data error");
     dp_trainer_free(t);
 
@@ -227,8 +227,8 @@ TEST_T(backup_tiny_model_protocol, 120) {
     free(got);
     struct dp_trainer *t;
     p.on_event = NULL;
-    p.fault_kind = DP_FAULT_DATA, p.fault_worker = 2, p.fault_step = 3;
-    ASSERT_OK(dp_trainer_init(&t, &p));
+    struct dp_fault f = {DP_FAULT_DATA, 2, 3};
+    ASSERT_OK(init_faulty(&t, &p, &f));
     ASSERT_ERR(dp_trainer_run(t), DP_EIO, "injected data error");
     dp_trainer_free(t);
 }

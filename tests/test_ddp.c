@@ -229,20 +229,18 @@ TEST(ddp_buckets_plan) {
     dp_model_free(m);
 }
 
-static void expect_failure(int kind, int worker, const char *needle) {
+static void expect_failure(enum dp_fault_kind kind, int worker, const char *needle) {
     require_data();
     struct dp_train_params p = base("mlp", 3);
     p.epochs = 3;
-    p.fault_kind = kind;
-    p.fault_worker = worker;
-    p.fault_step = 20; /* in the second epoch: the first epoch's checkpoint exists */
+    struct dp_fault f = {kind, worker, 20}; /* in the second epoch: the first epoch's checkpoint exists */
     char dir[512], ck[600];
     snprintf(dir, sizeof dir, "%s/run", dp_test_tmpdir());
     snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
     p.out_dir = dir;
     p.ckpt_every = 1;
     struct dp_trainer *t;
-    ASSERT_OK(dp_trainer_init(&t, &p));
+    ASSERT_OK(init_faulty(&t, &p, &f));
     double t0 = dp_time();
     int rc = dp_trainer_run(t);
     double dt = dp_time() - t0;
@@ -271,13 +269,11 @@ TEST_T(ddp_failure_data_stops_all_workers, 120) { expect_failure(DP_FAULT_DATA, 
 TEST_T(ddp_skip_nonfinite_goes_on, 120) {
     require_data();
     struct dp_train_params p = base("mlp", 2);
-    p.fault_kind = DP_FAULT_NAN;
-    p.fault_worker = 1;
-    p.fault_step = 5;
+    struct dp_fault f = {DP_FAULT_NAN, 1, 5};
     p.skip_nonfinite = 1;
     p.check_replicas = 1;
     int64_t n;
-    float *got = train(&p, &n);
+    float *got = train_faulty(&p, &f, &n);
     for (int64_t i = 0; i < n; i++) ASSERT_TRUE(isfinite(got[i]));
     free(got);
 }
@@ -316,12 +312,10 @@ TEST(ddp_deterministic_rejects_batchnorm) {
 TEST_T(ddp_check_replicas_names_diverged_worker, 120) {
     require_data();
     struct dp_train_params p = base("mlp", 3);
-    p.fault_kind = DP_FAULT_DIVERGE;
-    p.fault_worker = 2;
-    p.fault_step = 6;
+    struct dp_fault f = {DP_FAULT_DIVERGE, 2, 6};
     p.check_replicas = 4; /* checked after steps 4, 8, ...: caught at 8 */
     struct dp_trainer *t;
-    ASSERT_OK(dp_trainer_init(&t, &p));
+    ASSERT_OK(init_faulty(&t, &p, &f));
     int rc = dp_trainer_run(t);
     dp_trainer_free(t);
     ASSERT_EQ(rc, DP_EMISMATCH);
@@ -385,9 +379,9 @@ TEST_T(ddp_skip_nonfinite_keeps_batchnorm_buffers, 300) {
     float *before = train(&p, &n);
     struct step_log lg = {0};
     p.max_steps = 3;
-    p.fault_kind = DP_FAULT_NAN, p.fault_worker = 1, p.fault_step = 2;
+    struct dp_fault f = {DP_FAULT_NAN, 1, 2};
     p.on_event = log_events, p.event_arg = &lg;
-    float *after = train(&p, &n2);
+    float *after = train_faulty(&p, &f, &n2);
     ASSERT_EQ(n2, n);
     ASSERT_EQ(lg.steps, 3);
     ASSERT_EQ(lg.skipped, 1);

@@ -22,6 +22,7 @@ struct proc {
     struct dp_comm_world *iw;
     int p;
     struct dp_train_params tp;
+    struct dp_fault fault; /* armed after dp_trainer_init (kind 0: none) */
     int rc;
     char err[512];
     float *params; /* params then buffers (caller frees) */
@@ -38,7 +39,7 @@ static void *proc_main(void *a) {
     ASSERT_OK(dp_comm_thread_init(&inter, pr->iw, pr->p));
     pr->tp.inter = inter;
     struct dp_trainer *t = NULL;
-    pr->rc = dp_trainer_init(&t, &pr->tp);
+    pr->rc = init_faulty(&t, &pr->tp, &pr->fault);
     if (!pr->rc) pr->rc = dp_trainer_run(t);
     if (pr->rc) {
         snprintf(pr->err, sizeof pr->err, "%s", dp_errmsg());
@@ -154,7 +155,7 @@ TEST_T(ddp_procs_failure_in_one_process, 120) {
     memset(pr, 0, sizeof pr);
     for (int k = 0; k < 2; k++) {
         pr[k].tp = base("mlp", 2);
-        pr[k].tp.fault_kind = DP_FAULT_ALLOC, pr[k].tp.fault_worker = 3, pr[k].tp.fault_step = 2;
+        pr[k].fault = (struct dp_fault){DP_FAULT_ALLOC, 3, 2};
     }
     double t0 = dp_time();
     run_procs(2, pr, 2.0);
@@ -412,7 +413,7 @@ TEST_T(ddp_procs_straggler_named, 120) {
     memset(pr, 0, sizeof pr);
     for (int k = 0; k < 2; k++) {
         pr[k].tp = base("mlp", 2);
-        pr[k].tp.fault_kind = DP_FAULT_SLOW, pr[k].tp.fault_worker = 2, pr[k].tp.fault_step = 0;
+        pr[k].fault = (struct dp_fault){DP_FAULT_SLOW, 2, 0};
         pr[k].tp.on_event = on_epoch;
     }
     run_procs(2, pr, 0);

@@ -185,10 +185,10 @@ TEST_T(zero_with_bf16_compression, 300) {
     free(ref), free(got);
 }
 
-/* Builds and runs a trainer on p; returns the run's status. */
-static int run_status(const struct dp_train_params *p) {
+/* Builds and runs a trainer on p with fault f (NULL: none); returns the run's status. */
+static int run_status(const struct dp_train_params *p, const struct dp_fault *f) {
     struct dp_trainer *t;
-    ASSERT_OK(dp_trainer_init(&t, p));
+    ASSERT_OK(init_faulty(&t, p, f));
     int rc = dp_trainer_run(t);
     dp_trainer_free(t);
     return rc;
@@ -203,11 +203,9 @@ TEST_T(zero_check_replicas_names_diverged_worker, 120) {
         struct dp_train_params p = base("mlp", 3);
         p.zero = z == 3 ? 1 : z;
         p.zero_gather = z == 3 ? DP_ZERO_GATHER_AHEAD : DP_ZERO_GATHER_AUTO;
-        p.fault_kind = DP_FAULT_DIVERGE;
-        p.fault_worker = 1;
-        p.fault_step = 2;
+        struct dp_fault f = {DP_FAULT_DIVERGE, 1, 2};
         p.check_replicas = 3;
-        ASSERT_EQ(run_status(&p), DP_EMISMATCH);
+        ASSERT_EQ(run_status(&p, &f), DP_EMISMATCH);
         ASSERT_TRUE(strstr(dp_errmsg(), "replica of worker 1 diverged") != NULL);
     }
 }
@@ -303,10 +301,8 @@ TEST(zero_refusals_one_line) {
 static void nonfinite_named(int zero, int scatter) {
     struct dp_train_params p = base("mlp", 3);
     p.zero = zero, p.zero_scatter = scatter;
-    p.fault_kind = DP_FAULT_NAN;
-    p.fault_worker = 2;
-    p.fault_step = 3;
-    ASSERT_EQ(run_status(&p), DP_ENONFINITE);
+    struct dp_fault f = {DP_FAULT_NAN, 2, 3};
+    ASSERT_EQ(run_status(&p, &f), DP_ENONFINITE);
     fprintf(stderr, "    --zero %d: %s\n", zero, dp_errmsg());
     ASSERT_TRUE(strstr(dp_errmsg(), "step 3 ") != NULL);
     ASSERT_TRUE(strstr(dp_errmsg(), "worker 2") != NULL);
@@ -314,7 +310,7 @@ static void nonfinite_named(int zero, int scatter) {
     p.skip_nonfinite = 1;
     p.check_replicas = 1;
     p.max_steps = 5;
-    ASSERT_OK(run_status(&p));
+    ASSERT_OK(run_status(&p, &f));
 }
 TEST_T(zero_nonfinite_gradient_named, 120) {
     require_data();
@@ -435,9 +431,9 @@ TEST_T(zero2_gradient_in_flight_two_buckets, 120) {
     p.zero = 2;
     p.bucket_cap_bytes = p.first_bucket_bytes = 4096;
     p.max_steps = 3;
-    p.fault_kind = DP_FAULT_SLOW, p.fault_worker = 1, p.fault_step = 0;
+    struct dp_fault f = {DP_FAULT_SLOW, 1, 0};
     struct dp_trainer *t;
-    ASSERT_OK(dp_trainer_init(&t, &p));
+    ASSERT_OK(init_faulty(&t, &p, &f));
     ASSERT_OK(dp_trainer_run(t));
     int64_t pair = dp_trainer_inflight_bytes(t);
     ASSERT_EQ(pair, 4 * 116992);
@@ -645,7 +641,7 @@ static char *checkpoint_bytes(struct dp_train_params p, const char *name, size_t
     snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
     p.out_dir = dir;
     p.overwrite = 1; /* (a scratch folder, one per call's name, reused) */
-    ASSERT_OK(run_status(&p));
+    ASSERT_OK(run_status(&p, NULL));
     return read_whole_file(ck, n);
 }
 
@@ -746,7 +742,7 @@ TEST_T(zero_resume_reads_pieces_not_the_whole_file, 120) {
     snprintf(dir, sizeof dir, "%s/zres", dp_test_tmpdir());
     snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
     p.out_dir = dir;
-    ASSERT_OK(run_status(&p));
+    ASSERT_OK(run_status(&p, NULL));
     p.out_dir = NULL, p.max_steps = 0;
     struct dp_ckpt_header h;
     ASSERT_OK(dp_ckpt_read_header(ck, &h));

@@ -141,16 +141,6 @@ struct dp_train_params {
     int zero_gather;
     int64_t det_chunk;         /* deterministic mode: samples per fixed chunk (0 = dp_det_chunk_auto) */
     const char *timeline;      /* write a Chrome trace-event file of the run here (NULL = off) */
-    /* Fault injection, for the tests of failure handling: at optimizer step
-     * fault_step, worker fault_worker fails the way fault_kind says. */
-    enum { DP_FAULT_NONE = 0, DP_FAULT_NAN, DP_FAULT_ALLOC, DP_FAULT_DATA, DP_FAULT_DIVERGE, DP_FAULT_SLOW,
-           DP_FAULT_KIND_COUNT } fault_kind;
-    /* DP_FAULT_DIVERGE: the worker's replica silently drifts (one parameter
-     * changed after its update), for --check-replicas.  DP_FAULT_SLOW: from
-     * step fault_step on, the worker sleeps 20 ms at the start of every step
-     * (a straggler, for the slowest-rank report) */
-    int fault_worker;
-    int64_t fault_step;
     /* Slow workers on purpose (docs/ddp.md "Slow workers on purpose"): sleep
      * proportional to a rank's measured compute.  simulate_slow:
      * "RANK:FACTOR[,RANK:FACTOR...]" (job ranks, FACTOR >= 1);

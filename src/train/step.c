@@ -97,7 +97,7 @@ void dp__update_done(struct worker *w, double s) {
 int dp__compute(struct worker *w, int64_t nmicro, const struct dp__micro_hooks *h, struct dp__sums *c) {
     struct dp_trainer *t = w->t;
     const struct dp_model *m = t->model;
-    if (t->p.fault_kind == DP_FAULT_SLOW && w->grank == t->p.fault_worker && w->step >= t->p.fault_step)
+    if (t->fault.kind == DP_FAULT_SLOW && w->grank == t->fault.worker && w->step >= t->fault.step)
         nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
     /* ZeRO 2, 3: the last reduction gave the slab back zeroed (dp_zero_bucket_done) */
     if (!w->zero.sharded) memset(w->rep.grads, 0, sizeof(float) * (size_t)m->num_params);
@@ -129,10 +129,10 @@ int dp__compute(struct worker *w, int64_t nmicro, const struct dp__micro_hooks *
         int reducing = h->begin ? h->begin(w, &pass, k, nmicro, lb, c->n_total) : 0;
         dp__pace_start(w, mult, last_micro ? stall : 0, ta);
         double stat_before = w->stat_s;
-        int fault = t->p.fault_kind && w->grank == t->p.fault_worker && w->step == t->p.fault_step && last_micro;
-        if (fault && t->p.fault_kind == DP_FAULT_ALLOC) rc = dp_seterr(DP_ENOMEM, "injected allocation failure");
-        else if (fault && t->p.fault_kind == DP_FAULT_DATA) rc = dp_seterr(DP_EIO, "injected data error");
-        else if (fault && t->p.fault_kind == DP_FAULT_NAN && b.B > 0) {
+        int fault = t->fault.kind && w->grank == t->fault.worker && w->step == t->fault.step && last_micro;
+        if (fault && t->fault.kind == DP_FAULT_ALLOC) rc = dp_seterr(DP_ENOMEM, "injected allocation failure");
+        else if (fault && t->fault.kind == DP_FAULT_DATA) rc = dp_seterr(DP_EIO, "injected data error");
+        else if (fault && t->fault.kind == DP_FAULT_NAN && b.B > 0) {
             /* a NaN in one input: forward, loss and gradients all turn NaN */
             size_t n = (size_t)(b.B * dp_shape_numel(&m->in_shape));
             float *x = dp_malloc(n * sizeof(float));
@@ -179,7 +179,7 @@ int dp__apply_update(struct worker *w, float *g, double clip_norm, double ss, do
     struct dp_trainer *t = w->t;
     float lr = dp_sched_lr(&t->p.sched, w->step);
     int rc = dp__update_params(w, g, lr, clip_norm, ss);
-    if (t->p.fault_kind == DP_FAULT_DIVERGE && w->grank == t->p.fault_worker && w->step == t->p.fault_step &&
+    if (t->fault.kind == DP_FAULT_DIVERGE && w->grank == t->fault.worker && w->step == t->fault.step &&
         !(rc = rc ? rc : dp_zero_settle(&w->zero))) /* (after the gather, which would write over it) */
         w->rep.params[t->model->num_params / 2] += 1e-3f;
     double t2 = dp_time();

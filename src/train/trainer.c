@@ -101,6 +101,15 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_free(t);
 }
 
+int dp__trainer_set_fault(struct dp_trainer *t, const struct dp_fault *f) {
+    if ((int)f->kind < 0 || f->kind >= DP_FAULT_KIND_COUNT) return dp_seterr(DP_EINVAL, "unknown fault kind %d", (int)f->kind);
+    if (t->text && f->kind == DP_FAULT_NAN) /* the fault puts a NaN into the float inputs; a token model has none */
+        return dp_seterr(DP_ENOTSUP, "the NaN fault injects into float inputs; model '%s' reads token ids",
+                         t->model->spec);
+    t->fault = *f;
+    return DP_OK;
+}
+
 /* The mode of a trainer's parameters (struct dp__mode). */
 const struct dp__mode *dp__mode_for(const struct dp_trainer *t) {
     if (t->p.async) return t->p.inter ? &dp__mode_ps_net : &dp__mode_ps; /* ps_loop.c */

@@ -16,6 +16,7 @@
 #include "dp/ddp.h"
 #include "dp/ps.h"
 #include "dp/train.h"
+#include "fault.h"
 #include "run_folder.h"
 #include "timeline.h"
 
@@ -138,6 +139,7 @@ struct dp__micro_hooks {
 
 struct dp_trainer {
     const struct dp__mode *mode; /* chosen once at init: dp__mode_for */
+    struct dp_fault fault;       /* the tests' injected fault (fault.h; kind 0: none) */
     cpu_set_t cpus;            /* --pin-threads: the process's affinity at dp_trainer_run */
     struct dp_train_params p;
     struct dp_dataset train, test;
