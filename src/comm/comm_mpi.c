@@ -79,12 +79,8 @@
  * 1 Gbit/s.  Every ring and rhd step sends and receives at once, so a rank
  * whose bulk has started holds back the acknowledgement its peer waits for;
  * at P = 2 the two directions then run one after the other, twice the link
- * time.  Measured on 2 emulated hosts at 1 Gbit/s (bench/reduce_scatter.sh;
- * bench/results/reduce_scatter-2026-12-02-100654.txt with 1 MiB segments,
- * -100716.txt with these; loaded machine): a 2.68 MB ring reduce-scatter
- * took 21.5 ms (median; the fastest 11.2), now 11.2 ms, the link time 10.7;
- * the ring all-reduce 32.7 ms, now 22.4 (link time 21.4); 4 hosts:
- * -100806.txt, -100739.txt.  An eager message needs no acknowledgement, so
+ * time (docs/mpi.md has the measurement: about twice the link time before
+ * this change, the link time after).  An eager message needs no acknowledgement, so
  * across hosts the segments are eager-sized: 64 KiB less 128 bytes for
  * ob1's match header (MPICH's TCP eager limit, 128 KiB, is larger); more of
  * them are in flight, NET_WINDOW * NET_SEG_BYTES = 2 MB, milliseconds of

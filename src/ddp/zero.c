@@ -62,16 +62,15 @@
  * of the slab's own block, so nothing else lives there.
  *
  * The unit is 2 MiB, a transparent huge page (dp_malloc_big asks for them),
- * not a 4 KiB page: here a 4 KiB page faulted back costs ~80 us, which made
- * a 4 KiB-grained stage 2 ten times slower than stage 1 on mlp, while a huge
- * page comes back at about twice the cost of writing it
- * (zero-2026-12-02-005334.txt, docs/ddp.md "ZeRO").  So the gradient is given
+ * not a 4 KiB page: on VMs a 4 KiB page faulted back costs far more than
+ * writing it, while a huge page comes back at about twice the cost of
+ * writing it (docs/ddp.md "ZeRO" has the measurements).  So the gradient is given
  * back from the top of the slab down as buckets complete (they complete in
  * order, b[0] the highest): after bucket k, every whole unit above b[k].off
  * goes, a unit shared by two buckets too once both are reduced; the slab is
  * whole units of its own (dp_slab_map), so its end units go too and nothing
  * of it stays resident between steps.  The price is one fault per unit and
- * step (docs/ddp.md "ZeRO": 2 a step on mlp's 2.7 MB slab). */
+ * step (docs/ddp.md "ZeRO"). */
 #include <math.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -543,7 +542,7 @@ int64_t dp_zero_inflight_bytes(const struct dp_zero *z) {
 
 /* Piece i's floats in this worker's memory: part k of its optimizer state
  * (the layout at the top), or with k = -1 its stage-3 parameters (pshard).
- * For a checkpoint written from the shards (src/train/trainer.c zero_stream). */
+ * For a checkpoint written from the shards (src/train/checkpointing.c zero_stream). */
 const float *dp_zero_piece_data(const struct dp_zero *z, const struct dp_optim *o, int i, int k) {
     const struct dp_zero_piece *p = &z->piece[i];
     if (k < 0) return z->pshard + p->soff;

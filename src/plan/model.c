@@ -17,7 +17,7 @@
  * (fwd_sample_s, bwd_sample_s) replace both and are shared out over the
  * layers in proportion to their FLOPs.
  *
- * The whole step, as the trainer times it (src/train/trainer.c train_step):
+ * The whole step, as the trainer times it (src/train/step.c sync_step):
  *
  *   step = zero + data + F + B + steal + straggle + exposed + opt + gather
  *

@@ -485,7 +485,7 @@ static int cmd_train(int argc, char **argv) {
      * the cores): 0 where it cannot be measured, and then no MFU is printed. */
     double peak = me == 0 ? dp_cpu_peak_flops() : 0;
     double t0 = dp_time();
-    if (tp.async || tp.staleness >= 0) /* the parameter server stops at epoch ends (src/train/trainer.c ps_stop_note) */
+    if (tp.async || tp.staleness >= 0) /* the parameter server stops at epoch ends (src/train/ps_loop.c ps_stop_note) */
         stop_msg = "\ndptrain: stopping at the end of this epoch (--mode async and --staleness stop where every "
                    "push is applied), with a checkpoint (again to abort now)\n";
     catch_stop_signals();
