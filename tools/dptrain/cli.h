@@ -11,19 +11,28 @@
 
 /* Prints "dptrain: error: MESSAGE" (naming this process in a multi-process
  * job) and exits 1; in an MPI job it first ends the whole job, so the other
- * processes do not wait for this one until a timeout.  (main.c) */
+ * processes do not wait for this one until a timeout.  (cli.c, as the rest
+ * of this header up to train_config.c's part) */
 void dptrain_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+/* ... with a library error: its detailed message, or the code's text */
+void dptrain_die_rc(int rc) __attribute__((noreturn));
+/* One warning line when any GEMM of this process fell back from oneDNN to the
+ * reference (the library records it, dp_gemm_fallback_note; it never prints). */
+void dptrain_warn_gemm_fallback(void);
 
-/* A subcommand's options (main.c), for commands called with argv[0] = their
+/* The process communicator of an MPI job (made on the first call, with
+ * default parameters or cp; a failure ends the program; from then on
+ * dptrain_die ends the whole job), and its end (MPI_Finalize, after a
+ * barrier inside). */
+struct dp_comm *dptrain_job_init(void);
+struct dp_comm *dptrain_job_start(const struct dp_comm_params *cp);
+void dptrain_job_free(void);
+
+/* A subcommand's options, for commands called with argv[0] = their
  * name: "--name VALUE" or "--name=VALUE" gives 1 and *val when argv[*i] is
  * option `name` (a missing value ends the program, naming the command's
- * help); the number parsers end it on a value that is not a number in
- * [lo, hi], naming the option. */
-/* The process communicator of an MPI job (made on the first call; from
- * then on dptrain_die ends the whole job), and its end (MPI_Finalize, after a
- * barrier inside).  (main.c) */
-struct dp_comm *dptrain_job_init(void);
-void dptrain_job_free(void);
+ * help); the number parsers end it on a value that is not a finite number
+ * in [lo, hi], naming the option. */
 
 int dptrain_take(int argc, char **argv, int *i, const char *name, const char **val);
 long long dptrain_int_arg(const char *name, const char *v, long long lo, long long hi);

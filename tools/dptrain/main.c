@@ -20,88 +20,8 @@
 #define DEFAULT_DATA DPTRAIN_DEFAULT_DATA
 
 static const char *prog = "dptrain";
-/* The process-level communicator of a multi-process job (MPI), once made. */
-static struct dp_comm *job;
-
 #define die dptrain_die
-void dptrain_die(const char *fmt, ...) {
-    /* the line in one write: under mpirun every process may die at once, and
-     * a line written in pieces comes out interleaved with the others' */
-    char line[4096];
-    int n = snprintf(line, sizeof line, "%s: error: ", prog);
-    if (job && dp_comm_world(job) > 1) n += snprintf(line + n, sizeof line - (size_t)n, "process %d: ", dp_comm_rank(job));
-    va_list ap;
-    va_start(ap, fmt);
-    n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
-    va_end(ap);
-    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
-    line[n++] = '\n';
-    fflush(stdout);
-    fwrite(line, 1, (size_t)n, stderr);
-    fflush(stderr);
-    /* The other processes may be waiting in a collective for this one: end
-     * the whole job (MPI_Abort) instead of leaving them to time out. */
-    if (job && dp_comm_world(job) > 1) dp_comm_kill_job(job, 1);
-    dp_comm_free(job);
-    exit(1);
-}
-
-struct dp_comm *dptrain_job_init(void) {
-    struct dp_comm_params cp = dp_comm_default_params();
-    if (!job && dp_comm_init(&job, "mpi", &cp)) die("%s", dp_errmsg());
-    return job;
-}
-void dptrain_job_free(void) {
-    dp_comm_free(job);
-    job = NULL;
-}
-
-int dptrain_take(int argc, char **argv, int *i, const char *name, const char **val) {
-    size_t n = strlen(name);
-    const char *s = argv[*i];
-    if (strncmp(s, name, n) != 0) return 0;
-    if (s[n] == '=') {
-        *val = s + n + 1;
-        return 1;
-    }
-    if (s[n] != 0) return 0;
-    if (*i + 1 >= argc) dptrain_die("option %s needs a value (see 'dptrain %s --help')", name, argv[0]);
-    *val = argv[++*i];
-    return 1;
-}
-
-long long dptrain_int_arg(const char *name, const char *v, long long lo, long long hi) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi)
-        dptrain_die("%s: '%s' is not an integer in %lld..%lld", name, v, lo, hi);
-    return x;
-}
-
-double dptrain_num_arg(const char *name, const char *v, double lo, double hi) {
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !(x >= lo && x <= hi))
-        dptrain_die("%s: '%s' is not a number in %g..%g", name, v, lo, hi);
-    return x;
-}
-/* A library error: its detailed message, or the code's text. */
-static void die_rc(int rc) { die("%s", dp_errmsg()[0] ? dp_errmsg() : dp_strerror(rc)); }
-
-/* One warning line when any GEMM of this process fell back from oneDNN to the
- * reference (the library records it, dp_gemm_fallback_note; it never prints). */
-static void warn_gemm_fallback(void) {
-    const char *note = dp_gemm_fallback_note();
-    if (!note) return;
-    fprintf(stderr, "%s: warning: ", prog);
-    if (job && dp_comm_world(job) > 1) fprintf(stderr, "process %d: ", dp_comm_rank(job));
-    fprintf(stderr, "%s; %lld GEMM call%s fell back so far\n", note, (long long)dp_gemm_fallback_count(),
-            dp_gemm_fallback_count() == 1 ? "" : "s");
-    fflush(stderr);
-}
-
+#define die_rc dptrain_die_rc
 
 /* ---- option parsing ------------------------------------------------------------- */
 
@@ -131,21 +51,10 @@ static int opt(struct args *a, const char *name, const char **val) {
 }
 
 static int64_t parse_int(const char *name, const char *v, int64_t lo, int64_t hi) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi)
-        die("%s: '%s' is not an integer in %lld..%lld", name, v, (long long)lo, (long long)hi);
-    return x;
+    return dptrain_int_arg(name, v, lo, hi);
 }
-
 static double parse_float(const char *name, const char *v, double lo, double hi) {
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !isfinite(x) || x < lo || x > hi)
-        die("%s: '%s' is not a number in %g..%g", name, v, lo, hi);
-    return x;
+    return dptrain_num_arg(name, v, lo, hi);
 }
 
 /* ---- commands ------------------------------------------------------------------- */
@@ -422,11 +331,11 @@ static int cmd_train(int argc, char **argv) {
     else if (strcmp(backend, "thread") && strcmp(backend, "mpi"))
         die("--backend: expected auto, thread or mpi, got '%s'", backend);
     int nprocs = 1, me = 0;
+    struct dp_comm *job = NULL;
     if (!strcmp(backend, "mpi")) {
         struct dp_comm_params cp = dp_comm_default_params();
         cp.timeout_s = tp.comm_timeout;
-        int rc = dp_comm_init(&job, "mpi", &cp);
-        if (rc) die_rc(rc);
+        job = dptrain_job_start(&cp);
         nprocs = dp_comm_world(job), me = dp_comm_rank(job);
         int host_rank, host_size;
         if (!workers_given && dp_comm_host_ranks(job, &host_rank, &host_size) == 0 && host_size > 0)
@@ -496,7 +405,7 @@ static int cmd_train(int argc, char **argv) {
         die_rc(rc);
     }
     double dt = dp_time() - t0;
-    warn_gemm_fallback();
+    dptrain_warn_gemm_fallback();
     if (me == 0) dptrain_progress_summary(&prog_state, t, &tp, dt, peak, ranks); /* rank 0 reports for the job */
     /* a stop on request: one line naming the checkpoint, and the shell's status for the signal */
     int sig = atomic_load(&stop_signal), status = 0;
@@ -516,8 +425,7 @@ static int cmd_train(int argc, char **argv) {
     free(lines);
     free(all);
     dp_trainer_free(t);
-    dp_comm_free(job);
-    job = NULL;
+    dptrain_job_free();
     return status;
 }
 
@@ -596,7 +504,7 @@ static int cmd_eval(int argc, char **argv) {
     printf("model %s%s  test acc %.2f%%  test loss %.4f  (%lld samples)\n", dp_trainer_model(t)->spec, step,
            100 * acc, loss,
            (long long)(tp.test_limit && tp.test_limit < test.n ? tp.test_limit : test.n));
-    warn_gemm_fallback();
+    dptrain_warn_gemm_fallback();
     dp_dataset_free(&train);
     dp_dataset_free(&test);
     dp_trainer_free(t);
