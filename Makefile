@@ -3,6 +3,10 @@
 # build-asan/ with AddressSanitizer + UndefinedBehaviorSanitizer; SAN=tsan
 # builds with ThreadSanitizer.  CC=clang works the same way.
 #
+# `make install PREFIX=/usr/local` (DESTDIR honoured) installs the CLI, the public
+# headers, libdptrain.a, libdptrain.so and dptrain.pc for pkg-config; `make uninstall`
+# removes them (see the install section below).
+#
 # Optional libraries are detected: oneDNN (libdnnl-dev) and OpenBLAS
 # (libopenblas-dev) for GEMM; Open MPI (openmpi-bin libopenmpi-dev: found through
 # its mpicc) for the communicator's mpi backend and build/dptest_mpi (MPI=0 builds
@@ -61,6 +65,11 @@ endif
 
 LIB_SRC := $(sort $(wildcard src/*/*.c))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+# The library's objects are position-independent, so that libdptrain.a and libdptrain.so are
+# made of the same objects (one compile).  -fno-semantic-interposition lets the compiler inline
+# and call directly within the library as in an executable (no dp_ function is meant to be
+# replaced by another definition at run time); the CLI is no slower (docs/results.md).
+PIC := -fPIC -fno-semantic-interposition
 CLI_SRC := $(sort $(wildcard tools/dptrain/*.c))
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC := $(sort $(wildcard tests/*.c))
@@ -70,7 +79,7 @@ EX_BIN := $(EX_SRC:examples/%.c=$(BUILD)/examples/%)
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all test clean fuzz
+.PHONY: all test clean fuzz install uninstall FORCE
 all: $(BUILD)/dptrain $(BUILD)/dptest $(EX_BIN) $(BENCH_BIN) $(MPI_BIN)
 
 V ?= 0
@@ -79,7 +88,7 @@ Q := $(if $(filter 1,$(V)),,@)
 # Objects depend on the flags too (MPI found or not, OPT, CFLAGS): the stamp
 # file changes only when they do, so a changed setting rebuilds everything.
 FLAGS_STAMP := $(BUILD)/.cflags
-$(shell mkdir -p $(BUILD) && echo '$(CC) $(CFLAGS_ALL)' | cmp -s - $(FLAGS_STAMP) || echo '$(CC) $(CFLAGS_ALL)' >$(FLAGS_STAMP))
+$(shell mkdir -p $(BUILD) && echo '$(CC) $(CFLAGS_ALL) $(PIC)' | cmp -s - $(FLAGS_STAMP) || echo '$(CC) $(CFLAGS_ALL) $(PIC)' >$(FLAGS_STAMP))
 
 # `dptrain --version`: the number (the VERSION file) and the commit built from (git describe,
 # empty outside a git checkout) reach tools/dptrain/help.c alone, through a stamp of their own,
@@ -91,14 +100,32 @@ $(shell echo '$(DPTRAIN_VERSION) $(DPTRAIN_COMMIT)' | cmp -s - $(VERSION_STAMP) 
 $(BUILD)/tools/dptrain/help.o: $(VERSION_STAMP)
 $(BUILD)/tools/dptrain/help.o: CFLAGS_ALL += -DDPTRAIN_VERSION='"$(DPTRAIN_VERSION)"' -DDPTRAIN_COMMIT='"$(DPTRAIN_COMMIT)"'
 
+# The shared library's names, from the VERSION file: libdptrain.so.0.1.0, soname libdptrain.so.0.
+# `make` builds it too (not under SAN: a sanitized shared library needs the runtime preloaded).
+SONAME := libdptrain.so.$(firstword $(subst ., ,$(DPTRAIN_VERSION)))
+SHLIB := $(BUILD)/libdptrain.so.$(DPTRAIN_VERSION)
+all: $(if $(SAN),,$(SHLIB))
+
 $(BUILD)/%.o: %.c $(FLAGS_STAMP) $(wildcard include/dp/*.h include/*.h src/*/*.h tests/*.h tools/*/*.h)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC $<",true)
 	$(Q)$(CC) $(CFLAGS_ALL) -c $< -o $@
 
+$(LIB_OBJ): CFLAGS_ALL += $(PIC)
+
 $(BUILD)/libdptrain.a: $(LIB_OBJ)
 	@rm -f $@
 	$(Q)ar rcs $@ $^
+
+# The shared library: soname libdptrain.so.MAJOR, file libdptrain.so.VERSION (the VERSION file),
+# and the two links beside it.  src/libdptrain.map exports the dp_ API and keeps the dp__
+# internals local; --no-undefined makes it carry its own dependencies (OpenMP, oneDNN,
+# OpenBLAS, MPI, zlib), so that a program links it with -ldptrain alone.
+$(SHLIB): $(LIB_OBJ) src/libdptrain.map
+	@$(if $(Q),echo "  LD $@",true)
+	$(Q)$(CC) $(CFLAGS_ALL) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=src/libdptrain.map \
+	    -Wl,--no-undefined -o $@ $(LIB_OBJ) $(LDLIBS_ALL)
+	$(Q)ln -sf $(notdir $@) $(BUILD)/$(SONAME) && ln -sf $(SONAME) $(BUILD)/libdptrain.so
 
 $(BUILD)/dptrain: $(CLI_OBJ) $(BUILD)/libdptrain.a
 	@$(if $(Q),echo "  LD $@",true)
@@ -122,6 +149,56 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libdptrain.a
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD $@",true)
 	$(Q)$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
+
+# ---- install ------------------------------------------------------------------------------
+# make install PREFIX=/usr/local [DESTDIR=/stage]: the CLI into $(BINDIR), the public headers into
+# $(INCLUDEDIR)/dp/, libdptrain.a and libdptrain.so.VERSION with its links libdptrain.so.MAJOR (the
+# soname) and libdptrain.so into $(LIBDIR), and dptrain.pc into $(PKGCONFIGDIR), $(LIBDIR)/pkgconfig
+# (pkg-config searches /usr/local/lib/pkgconfig by default; for another PREFIX, point
+# PKG_CONFIG_PATH at it).  Without DESTDIR, run as root, ldconfig
+# refreshes the loader's cache.  make uninstall PREFIX=... [DESTDIR=...] removes exactly those files.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+INSTALL ?= install
+LDCONFIG ?= ldconfig
+PUBLIC_HEADERS := $(sort $(wildcard include/dp/*.h))
+
+# dptrain.pc describes the library as this build made it: Libs.private holds the link flags that
+# the CLI was linked with (OpenMP's -fopenmp, oneDNN and OpenBLAS when found, mpicc's link flags
+# when MPI is built in, libm, pthread), zlib comes through Requires.private (its own zlib.pc).
+# Rewritten only when its text changes (PREFIX, what was found).
+pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+$(BUILD)/dptrain.pc: FORCE
+	@{ echo 'prefix=$(PREFIX)'; echo 'exec_prefix=$${prefix}'; \
+	   echo 'libdir=$(call pc_dir,$(LIBDIR))'; echo 'includedir=$(call pc_dir,$(INCLUDEDIR))'; echo; \
+	   echo 'Name: dptrain'; echo 'Description: Data-parallel neural-network training in C'; \
+	   echo 'Version: $(DPTRAIN_VERSION)'; \
+	   echo 'Cflags: -I$${includedir}'; echo 'Libs: -L$${libdir} -ldptrain'; \
+	   echo 'Libs.private: $(strip $(filter-out -lz -fsanitize=%,$(LDLIBS_ALL)))'; \
+	   echo 'Requires.private: zlib'; } >$@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+
+install: $(BUILD)/dptrain $(BUILD)/libdptrain.a $(SHLIB) $(BUILD)/dptrain.pc
+	@if [ -n "$(SAN)" ]; then echo "make install: SAN=$(SAN) builds are not for installing" >&2; exit 1; fi
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(INCLUDEDIR)/dp $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR)
+	$(INSTALL) -m 755 $(BUILD)/dptrain $(DESTDIR)$(BINDIR)/dptrain
+	$(INSTALL) -m 644 $(PUBLIC_HEADERS) $(DESTDIR)$(INCLUDEDIR)/dp/
+	$(INSTALL) -m 644 $(BUILD)/libdptrain.a $(DESTDIR)$(LIBDIR)/libdptrain.a
+	$(INSTALL) -m 755 $(SHLIB) $(DESTDIR)$(LIBDIR)/$(notdir $(SHLIB))
+	ln -sf $(notdir $(SHLIB)) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libdptrain.so
+	$(INSTALL) -m 644 $(BUILD)/dptrain.pc $(DESTDIR)$(PKGCONFIGDIR)/dptrain.pc
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v $(LDCONFIG) >/dev/null; then $(LDCONFIG); fi
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/dptrain $(addprefix $(DESTDIR)$(INCLUDEDIR)/dp/,$(notdir $(PUBLIC_HEADERS)))
+	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,libdptrain.a $(notdir $(SHLIB)) $(SONAME) libdptrain.so)
+	rm -f $(DESTDIR)$(PKGCONFIGDIR)/dptrain.pc
+	@rmdir $(DESTDIR)$(INCLUDEDIR)/dp 2>/dev/null || true
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v $(LDCONFIG) >/dev/null; then $(LDCONFIG); fi
 
 test: all
 	./$(BUILD)/dptest
