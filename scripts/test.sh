@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls this).
 #   bash scripts/test.sh            everything
-#   QUICK=1 bash scripts/test.sh    gcc build + unit, CLI and MPI tests only
+#   QUICK=1 bash scripts/test.sh    gcc build + unit, CLI, MPI and install tests only
 # Installs what the tests need, builds with gcc and clang at -Werror, runs the
 # runner self-tests, the docs checks (tests/docs.sh), the unit tests, the CLI
-# tests, the MPI tests (tests/mpi/run.sh), the unit tests
-# under ASan+UBSan, the threaded tests under TSan, and each fuzzer briefly.
+# tests, the MPI tests (tests/mpi/run.sh), the installed library used from
+# outside the tree (tests/install.sh), the unit tests under ASan+UBSan, the
+# threaded tests under TSan, and each fuzzer briefly.
 # Every stage closes its log with "N passed, N failed, N skipped"; this script
 # adds them up and closes with the totals in the same form.  A skipped test
 # fails the run: this script installs everything the tests need first, so a
@@ -56,6 +57,8 @@ if build gcc all; then
   run cli bash tests/cli.sh build/dptrain; tally /tmp/dptrain-test-cli.log
   # the mpi backend under mpirun, P = 1..4 (a skip without MPI)
   run mpi bash tests/mpi/run.sh build; tally /tmp/dptrain-test-mpi.log
+  # make install into a temporary prefix; the examples built out of the tree with pkg-config
+  run install bash tests/install.sh; tally /tmp/dptrain-test-install.log
 fi
 if [[ -z "${QUICK:-}" ]]; then
   build clang CC=clang all
