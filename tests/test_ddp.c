@@ -288,6 +288,8 @@ static void deterministic(const char *model, int64_t steps) {
 
 TEST_T(ddp_deterministic_mlp_bit_identical, 300) { deterministic("mlp", 17); }
 TEST_T(ddp_deterministic_cnn_bit_identical, 300) { deterministic("cnn", 4); }
+/* dropout draws per global sample index: the same masks for any worker count */
+TEST_T(ddp_deterministic_mlp_dropout_bit_identical, 300) { deterministic("mlp:784,64,10,dropout=0.3", 9); }
 
 /* The default chunk: a quarter of the batch within 8..32, never above the
  * batch; it depends on nothing else (dp/train.h). */

@@ -1719,6 +1719,37 @@ TEST(gpt_tied_gradient_reported_once_last) {
 
 /* The issue's workload size, the PyTorch module's names, layouts and inits,
  * and the spec parser's errors. */
+/* The spec strings' parameters (issue 28, M3): cnn:C1,C2[,F], resnet:DEPTH[,WIDTH]
+ * (6n + 2) and mlp's dropout; the bare names are their defaults exactly. */
+TEST(model_spec_variants) {
+    static const struct {
+        const char *spec;
+        int64_t params;
+    } ok[] = {{"cnn", 421642},      {"cnn:32,64", 421642},      {"cnn:32,64,128", 421642},
+              {"cnn:64,128", 878730}, {"resnet", 308074},         {"resnet:8", 308074},
+              {"resnet:8,32", 308074}, {"resnet:20,16", 272186}, {"mlp:784,256,10,dropout=0.1", 203530}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        struct dp_model *m;
+        ASSERT_OK(dp_model_from_spec(&m, ok[i].spec, 1, 28, 28));
+        ASSERT_EQ(m->num_params, ok[i].params);
+        dp_model_free(m);
+    }
+    struct dp_model *m;
+    ASSERT_OK(dp_model_from_spec(&m, "resnet:14", 1, 28, 28));
+    ASSERT_TRUE(strcmp(m->layers[m->nlayers - 3]->name, "layer3.1") == 0); /* 2 blocks a stage */
+    dp_model_free(m);
+    ASSERT_OK(dp_model_from_spec(&m, "mlp:784,64,32,10,dropout=0.25", 1, 28, 28));
+    ASSERT_EQ(m->nlayers, 1 + 3 + 2 * 2); /* flatten, 3 fc, relu and dropout after each hidden one */
+    ASSERT_TRUE(strcmp(m->layers[3]->name, "drop1") == 0);
+    dp_model_free(m);
+    ASSERT_ERR(dp_model_from_spec(&m, "resnet:18", 1, 28, 28), DP_EINVAL, "not 6n + 2");
+    ASSERT_ERR(dp_model_from_spec(&m, "cnn:64", 1, 28, 28), DP_EINVAL, "cnn:C1,C2[,F]");
+    ASSERT_ERR(dp_model_from_spec(&m, "cnn:64,x", 1, 28, 28), DP_EINVAL, "bad channel list");
+    ASSERT_ERR(dp_model_from_spec(&m, "mlp:784,10,dropout=1", 1, 28, 28), DP_EINVAL, "0 <= dropout < 1");
+    ASSERT_ERR(dp_model_from_spec(&m, "mlp:784,dropout=0.1,10", 1, 28, 28), DP_EINVAL, "bad dropout");
+    ASSERT_ERR(dp_model_from_spec(&m, "vgg", 1, 28, 28), DP_EINVAL, "resnet:DEPTH");
+}
+
 TEST(gpt_spec_params_and_names) {
     struct dp_model *m;
     ASSERT_OK(dp_model_from_spec(&m, "gpt:layers=4,heads=4,dim=128,ctx=64", 1, 28, 28));

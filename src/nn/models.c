@@ -1,4 +1,5 @@
-/* Named models: "mlp", "cnn", "resnet", "mlp:W0,W1,...",
+/* Named models: "mlp", "cnn", "resnet", "mlp:W0,W1,...[,dropout=P]",
+ * "cnn:C1,C2[,F]", "resnet:DEPTH[,WIDTH]",
  * "gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V]". */
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,13 +7,43 @@
 
 #include "dp/nn.h"
 
+/* A comma-separated list of positive integers (at most max, each <= 2^24)
+ * into v, stopping before a "key=" item (*rest points at it, or at the end);
+ * the count, or a negative code with the model's error set. */
+static int int_list(const char *model, const char *what, const char *list, int64_t *v, int max, const char **rest) {
+    int n = 0;
+    const char *s = list;
+    while (*s && !strchr(s, '=')) {
+        char *end;
+        long long x = strtoll(s, &end, 10);
+        if (end == s || x <= 0 || x > (1 << 24) || (*end && *end != ','))
+            return dp_seterr(DP_EINVAL, "model %s: bad %s '%s'", model, what, list);
+        if (n == max) return dp_seterr(DP_EINVAL, "model %s: more than %d %s", model, max, what);
+        v[n++] = x;
+        s = *end ? end + 1 : end;
+    }
+    *rest = s;
+    return n;
+}
+
 /* mlp:784,512,512,10 -> flatten, fc1, relu1, fc2, relu2, fc3.  The first
- * width must be the flattened input size. */
+ * width must be the flattened input size.  ",dropout=P" (0 <= P < 1) puts a
+ * dropout after each hidden ReLU (drop1, drop2, ...). */
 static int build_mlp(struct dp_model *m, const char *widths) {
     int64_t w[32];
     int n = 0;
+    float drop = 0;
     const char *s = widths;
-    while (*s) {
+    const char *dk = strstr(widths, "dropout=");
+    if (dk) {
+        char *end;
+        double p = strtod(dk + 8, &end);
+        if (end == dk + 8 || *end || !(p >= 0 && p < 1) || (dk != widths && dk[-1] != ','))
+            return dp_seterr(DP_EINVAL, "model mlp: bad dropout in '%s' (expected e.g. mlp:784,256,10,dropout=0.1, "
+                             "with 0 <= dropout < 1)", widths);
+        drop = (float)p;
+    }
+    while (*s && s != dk) {
         char *end;
         long long v = strtoll(s, &end, 10);
         if (end == s || v <= 0 || v > (1 << 24))
@@ -36,39 +67,67 @@ static int build_mlp(struct dp_model *m, const char *widths) {
         if (!rc && i + 1 < n) {
             snprintf(name, sizeof name, "relu%d", i);
             rc = dp_relu(m, name);
+            if (!rc && drop > 0) {
+                snprintf(name, sizeof name, "drop%d", i);
+                rc = dp_dropout(m, name, drop);
+            }
         }
     }
     return rc;
 }
 
-/* conv 1->32 3x3 pad 1, relu, maxpool 2 -> conv 32->64 3x3 pad 1, relu,
- * maxpool 2 -> flatten (64*7*7 = 3136) -> fc 128, relu -> fc 10 */
-static int build_cnn(struct dp_model *m, int64_t classes) {
+/* conv C->c1 3x3 pad 1, relu, maxpool 2 -> conv c1->c2 3x3 pad 1, relu,
+ * maxpool 2 -> flatten (c2*7*7 on 28x28) -> fc f, relu -> fc 10; "cnn" is
+ * cnn:32,64,128.  The spec's list: "C1,C2[,F]". */
+static int build_cnn(struct dp_model *m, const char *args, int64_t classes) {
+    int64_t v[3] = {32, 64, 128};
+    const char *rest = "";
+    int n = args ? int_list("cnn", "channel list (expected cnn:C1,C2[,F], e.g. cnn:64,128)", args, v, 3, &rest) : 3;
+    if (n < 0) return n;
+    if (args && (n < 2 || *rest))
+        return dp_seterr(DP_EINVAL, "model cnn: bad channel list '%s' (expected cnn:C1,C2[,F], e.g. cnn:64,128: "
+                         "the two convolutions' channels and the hidden fc width, 128 by default)", args);
     int rc = 0;
-    if (!rc) rc = dp_conv2d(m, "conv1", 32, 3, 1, 1, 1);
+    if (!rc) rc = dp_conv2d(m, "conv1", v[0], 3, 1, 1, 1);
     if (!rc) rc = dp_relu(m, "relu1");
     if (!rc) rc = dp_maxpool2d(m, "pool1", 2, 2);
-    if (!rc) rc = dp_conv2d(m, "conv2", 64, 3, 1, 1, 1);
+    if (!rc) rc = dp_conv2d(m, "conv2", v[1], 3, 1, 1, 1);
     if (!rc) rc = dp_relu(m, "relu2");
     if (!rc) rc = dp_maxpool2d(m, "pool2", 2, 2);
     if (!rc) rc = dp_flatten(m, "flatten");
-    if (!rc) rc = dp_linear(m, "fc1", 128, 1);
+    if (!rc) rc = dp_linear(m, "fc1", v[2], 1);
     if (!rc) rc = dp_relu(m, "relu3");
     if (!rc) rc = dp_linear(m, "fc2", classes, 1);
     return rc;
 }
 
-/* A small ResNet for 28x28 inputs (torchvision naming):
- * conv1 3x3 C->32 (no bias), bn1, relu -> layer1.0 (32) -> layer2.0 (64, stride 2,
- * 14x14) -> layer3.0 (128, stride 2, 7x7) -> global average pool -> fc 10. */
-static int build_resnet(struct dp_model *m, int64_t classes) {
+/* A small ResNet for 28x28 inputs (torchvision naming), the CIFAR family
+ * of He et al. (depth 6n + 2: three stages of n basic blocks each):
+ * conv1 3x3 C->w (no bias), bn1, relu -> layer1.0..n-1 (w) -> layer2.0..n-1
+ * (2w, the first with stride 2, 14x14) -> layer3.0..n-1 (4w, stride 2, 7x7)
+ * -> global average pool -> fc 10.  "resnet" is resnet:8,32 (n = 1). */
+static int build_resnet(struct dp_model *m, const char *args, int64_t classes) {
+    int64_t v[2] = {8, 32};
+    const char *rest = "";
+    int k = args ? int_list("resnet", "depth (expected resnet:DEPTH[,WIDTH], e.g. resnet:20)", args, v, 2, &rest) : 2;
+    if (k < 0) return k;
+    if (args && (k < 1 || *rest))
+        return dp_seterr(DP_EINVAL, "model resnet: bad '%s' (expected resnet:DEPTH[,WIDTH], e.g. resnet:20)", args);
+    if (v[0] < 8 || (v[0] - 2) % 6)
+        return dp_seterr(DP_EINVAL, "model resnet: depth %lld is not 6n + 2 (8, 14, 20, 32, 44, 56, 110: the "
+                         "small-image ResNets, three stages of n blocks; ImageNet's resnet18 needs 224x224 inputs)",
+                         (long long)v[0]);
+    int64_t nb = (v[0] - 2) / 6, w = v[1];
     int rc = 0;
-    if (!rc) rc = dp_conv2d(m, "conv1", 32, 3, 1, 1, 0);
+    if (!rc) rc = dp_conv2d(m, "conv1", w, 3, 1, 1, 0);
     if (!rc) rc = dp_batchnorm2d(m, "bn1", 1e-5f, 0.1f);
     if (!rc) rc = dp_relu(m, "relu");
-    if (!rc) rc = dp_resblock(m, "layer1.0", 32, 1);
-    if (!rc) rc = dp_resblock(m, "layer2.0", 64, 2);
-    if (!rc) rc = dp_resblock(m, "layer3.0", 128, 2);
+    for (int s = 0; s < 3 && !rc; s++)
+        for (int64_t b = 0; b < nb && !rc; b++) {
+            char name[32];
+            snprintf(name, sizeof name, "layer%d.%lld", s + 1, (long long)b);
+            rc = dp_resblock(m, name, w << s, s > 0 && b == 0 ? 2 : 1);
+        }
     if (!rc) rc = dp_global_avgpool(m, "avgpool");
     if (!rc) rc = dp_linear(m, "fc", classes, 1);
     return rc;
@@ -158,12 +217,13 @@ int dp_model_from_spec(struct dp_model **out, const char *spec, int64_t C, int64
         rc = build_mlp(m, spec + 4);
     } else if (gpt) {
         rc = build_gpt(m, &gc);
-    } else if (strcmp(spec, "cnn") == 0) {
-        rc = build_cnn(m, classes);
-    } else if (strcmp(spec, "resnet") == 0) {
-        rc = build_resnet(m, classes);
+    } else if (strcmp(spec, "cnn") == 0 || strncmp(spec, "cnn:", 4) == 0) {
+        rc = build_cnn(m, spec[3] ? spec + 4 : NULL, classes);
+    } else if (strcmp(spec, "resnet") == 0 || strncmp(spec, "resnet:", 7) == 0) {
+        rc = build_resnet(m, spec[6] ? spec + 7 : NULL, classes);
     } else {
-        rc = dp_seterr(DP_EINVAL, "unknown model '%s' (expected mlp, cnn, resnet, mlp:W0,W1,... or gpt:layers=L,heads=H,dim=D,ctx=T)", spec);
+        rc = dp_seterr(DP_EINVAL, "unknown model '%s' (expected mlp, cnn, resnet, mlp:W0,W1,...[,dropout=P], "
+                       "cnn:C1,C2[,F], resnet:DEPTH[,WIDTH] or gpt:layers=L,heads=H,dim=D,ctx=T)", spec);
     }
     if (!rc) rc = dp_model_finalize(m);
     if (rc) {

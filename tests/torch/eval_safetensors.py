@@ -27,11 +27,12 @@ class MLP(nn.Module):  # flatten, fc1, relu, ..., fcN
             x = torch.relu(x) if i < self.n else x
         return x
 
-class CNN(nn.Module):  # conv3x3-relu-maxpool2 twice, fc1-relu, fc2
+class CNN(nn.Module):  # conv3x3-relu-maxpool2 twice, fc1-relu, fc2 (cnn:C1,C2,F: widths from the shapes)
     def __init__(self, sd):
         super().__init__()
-        self.conv1, self.conv2 = nn.Conv2d(sd["conv1.weight"].shape[1], 32, 3, 1, 1), nn.Conv2d(32, 64, 3, 1, 1)
-        self.fc1, self.fc2 = nn.Linear(sd["fc1.weight"].shape[1], 128), nn.Linear(128, sd["fc2.weight"].shape[0])
+        (c1, c0), (c2, _), (f, fin) = [sd[k].shape[:2] for k in ("conv1.weight", "conv2.weight", "fc1.weight")]
+        self.conv1, self.conv2 = nn.Conv2d(c0, c1, 3, 1, 1), nn.Conv2d(c1, c2, 3, 1, 1)
+        self.fc1, self.fc2 = nn.Linear(fin, f), nn.Linear(f, sd["fc2.weight"].shape[0])
     def forward(self, x):
         x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
         x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
@@ -48,12 +49,17 @@ class Block(nn.Module):  # torchvision's BasicBlock
         y = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
         return torch.relu(y + (x if self.downsample is None else self.downsample(x)))
 
-class ResNet(nn.Module):  # conv-bn-relu, three blocks (32, 64, 128 channels), global average pool, fc
-    def __init__(self, sd):
+class ResNet(nn.Module):  # conv-bn-relu, three stages of n blocks (w, 2w, 4w channels), average pool, fc
+    def __init__(self, sd):  # (resnet:DEPTH,WIDTH: n and w from the names and shapes)
         super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(sd["conv1.weight"].shape[1], 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32)
-        self.layer1, self.layer2 = nn.Sequential(Block(32, 32, 1)), nn.Sequential(Block(32, 64, 2))
-        self.layer3, self.fc = nn.Sequential(Block(64, 128, 2)), nn.Linear(128, sd["fc.weight"].shape[0])
+        w, c0 = sd["conv1.weight"].shape[:2]
+        n = len({k.split(".")[1] for k in sd if k.startswith("layer1.")})
+        self.conv1, self.bn1 = nn.Conv2d(c0, w, 3, 1, 1, bias=False), nn.BatchNorm2d(w)
+        for s in range(3):
+            cin = w if s == 0 else w << (s - 1)
+            setattr(self, f"layer{s + 1}", nn.Sequential(*[Block(cin if b == 0 else w << s, w << s,
+                                                                 2 if s > 0 and b == 0 else 1) for b in range(n)]))
+        self.fc = nn.Linear(4 * w, sd["fc.weight"].shape[0])
     def forward(self, x):
         x = self.layer3(self.layer2(self.layer1(torch.relu(self.bn1(self.conv1(x))))))
         return self.fc(x.mean((2, 3)))
