@@ -205,11 +205,15 @@ struct dp_train_params {
     int64_t ckpt_every_steps;  /* and every N optimizer steps (0 = off) */
     int64_t eval_every;        /* evaluate every N optimizer steps (0 = only at epoch ends): a
                                   DP_EVENT_EVAL and test_loss/test_acc in that step's record */
-    /* A stop on request (a signal; the caller's flag, set to non-zero from any thread or a
-     * signal handler): the run finishes its current step, every rank at the same step (in one
-     * process they agree through a shared atomic step; across processes, one 8-byte
-     * all-reduce per step), writes the checkpoint and returns DP_OK; dp_trainer_stopped then
-     * gives the step.  NULL = off. */
+    /* A stop on request (a signal; the caller's flag, set to non-zero from any thread): the
+     * run finishes its current step, every rank at the same step (in one process they agree
+     * through a shared atomic step; across processes, one 8-byte all-reduce per step), writes
+     * the checkpoint and returns DP_OK; dp_trainer_stopped then gives the step.  NULL = off.
+     *   Take the signal on a thread of your own (block it before starting any thread, then
+     * sigwait), not with a handler that may run on the thread that called dp_trainer_run:
+     * oneDNN's GEMM (Debian 12's libdnnl 2.7) points rsp into a heap buffer while it runs,
+     * and a handler run there writes its frame over the heap (oneDNN#4845).  The library's
+     * own threads block every asynchronous signal; dptrain's main.c shows the pattern. */
 #ifdef __cplusplus
     const volatile int *stop;  /* (the same object: C++ spells C11's _Atomic int differently) */
 #else

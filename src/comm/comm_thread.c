@@ -82,6 +82,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/core_impl.h"
 #include "comm_impl.h"
 #include "dp/core.h"
 
@@ -1051,7 +1052,7 @@ int dp_comm_thread_init(struct dp_comm **cp, struct dp_comm_world *w, int rank) 
     pthread_mutex_init(&tc->mu, NULL);
     pthread_cond_init(&tc->cv_work, NULL);
     pthread_cond_init(&tc->cv_done, NULL);
-    int rc = pthread_create(&tc->thread, NULL, comm_thread_main, tc);
+    int rc = dp__thread_start(&tc->thread, "dp-comm", comm_thread_main, tc);
     if (rc) {
         pthread_mutex_destroy(&tc->mu);
         pthread_cond_destroy(&tc->cv_work);

@@ -5,6 +5,7 @@
 #ifndef DP_CORE_IMPL_H
 #define DP_CORE_IMPL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,5 +38,14 @@ int dp__atomic_commit(struct dp__atomic *a);
 void dp__atomic_abort(struct dp__atomic *a);
 /* mkdir -p: path and its missing parents (mode for the ones made); 0, or -1 with errno. */
 int dp__mkdir_p(const char *path, unsigned mode);
+/* pthread_create with every asynchronous signal blocked in the new thread (the
+ * synchronous ones, a fault in the thread itself, stay deliverable): a
+ * process-directed signal then goes to one of the caller's threads, never
+ * onto a library thread in the middle of a kernel.  oneDNN's GEMM (Debian
+ * 12's libdnnl 2.7) points rsp into a heap buffer while it runs, so a
+ * handler run on a thread inside it writes its signal frame over the heap
+ * (oneDNN#4845).  `name` (at most 15 characters) names the thread for
+ * ps, top and gdb.  Returns pthread_create's result. */
+int dp__thread_start(pthread_t *th, const char *name, void *(*fn)(void *), void *arg);
 
 #endif

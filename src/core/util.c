@@ -3,11 +3,13 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "core_impl.h"
 #include "dp/core.h"
 
 double dp_time(void) {
@@ -121,4 +123,17 @@ double dp_rel_diff(const float *a, const float *b, int64_t n) {
         if (fabs((double)a[i]) > amax) amax = fabs((double)a[i]);
     }
     return dmax == 0 ? 0 : amax > 0 ? dmax / amax : INFINITY;
+}
+
+int dp__thread_start(pthread_t *th, const char *name, void *(*fn)(void *), void *arg) {
+    /* the new thread inherits the creating thread's mask: block, create, restore */
+    sigset_t all, old;
+    sigfillset(&all);
+    static const int sync[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+    for (size_t i = 0; i < sizeof sync / sizeof sync[0]; i++) sigdelset(&all, sync[i]);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int rc = pthread_create(th, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc == 0) pthread_setname_np(*th, name); /* (a name too long is refused: the thread runs unnamed) */
+    return rc;
 }

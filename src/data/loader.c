@@ -47,6 +47,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "core/core_impl.h"
 #include "dp/core.h"
 #include "dp/data.h"
 
@@ -224,7 +225,7 @@ static int producer_start(struct dp_loader *l, int64_t pos) {
     l->stop = 0;
     pthread_mutex_unlock(&l->mu);
     if (l->p.prefetch == 0) return 0;
-    if (pthread_create(&l->thread, NULL, producer_main, l) != 0)
+    if (dp__thread_start(&l->thread, "dp-loader", producer_main, l) != 0)
         return dp_seterr(DP_EINTERNAL, "loader: cannot start the prefetch thread");
     l->async = 1;
     return 0;

@@ -39,6 +39,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/core_impl.h"
 #include "dp/ddp.h"
 
 enum { TAG_GRAD = 101, TAG_UPD = 102 };
@@ -320,7 +321,7 @@ int dp_backup_star_start(struct dp_backup_star *bs, int64_t first_step) {
         return dp_seterr(DP_ENOMEM, "backup workers: cannot create a condition variable");
     }
     bs->sync_init = 1;
-    if (pthread_create(&bs->thread, NULL, collector, bs))
+    if (dp__thread_start(&bs->thread, "dp-backup", collector, bs))
         return dp_seterr(DP_ENOMEM, "backup workers: cannot start the collector thread");
     bs->started = 1;
     return DP_OK;

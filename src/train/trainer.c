@@ -30,6 +30,7 @@
  * Text.  A gpt model trains on a token file (--data tokens.bin): the loader
  * draws training windows by (seed, epoch, global index), and the end-of-epoch
  * evaluation runs on the fixed validation windows (docs/text.md). */
+#include "core/core_impl.h"
 #include "trainer.h"
 
 const struct dp_model *dp_trainer_model(const struct dp_trainer *t) { return t->model; }
@@ -284,7 +285,7 @@ int dp_trainer_run(struct dp_trainer *t) {
         atomic_store(&t->ps_next, 0);
     }
     for (int r = 1; r < t->P; r++) {
-        if (pthread_create(&t->w[r].thread, NULL, dp__worker_main, &t->w[r]) != 0) {
+        if (dp__thread_start(&t->w[r].thread, "dp-worker", dp__worker_main, &t->w[r]) != 0) {
             dp_comm_abort(t->w[0].comm, "cannot start worker threads");
             for (int q = 1; q < r; q++) pthread_join(t->w[q].thread, NULL);
             return dp_seterr(DP_ENOMEM, "cannot start worker thread %d", r);

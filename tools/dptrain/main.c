@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,31 +71,71 @@ static int launched_by_mpi(void) {
 }
 
 /* SIGINT and SIGTERM during training: the first asks the trainer to stop
- * after its current step, with a checkpoint (dp_train_params.stop); a second
- * ends the process at once, as the signal's default would. */
-static _Atomic int stop_signal;
+ * after its current step, with a checkpoint (dp_train_params.stop); a second,
+ * or one before training starts, ends the process as the signal's default
+ * would.
+ *   Neither may run a handler on a thread that computes: oneDNN's GEMM
+ * (Debian 12's libdnnl 2.7) points rsp into a heap buffer while it runs, and a
+ * handler on that thread writes its signal frame over the heap (oneDNN#4845;
+ * here 1 stop in ~30 aborted with "corrupted size vs. prev_size").  So
+ * cmd_train blocks both before it starts any thread (MPI's, the workers',
+ * OpenMP's inherit the mask) and one thread takes them with sigwait.  Threads
+ * that libraries started before main (OpenBLAS's pool, idle) still have them
+ * unblocked, and the kernel may pick one: the handler there does the same. */
+static _Atomic int stop_signal, stop_armed;
 static const char *stop_msg = "\ndptrain: stopping after this step, with a checkpoint (again to abort now)\n";
+static sigset_t stop_set;
+/* async-signal-safe: from the handler or the sigwait thread */
 static void on_stop_signal(int sig) {
     int first = 0;
-    if (!atomic_compare_exchange_strong(&stop_signal, &first, sig)) {
+    if (!atomic_load(&stop_armed) || !atomic_compare_exchange_strong(&stop_signal, &first, sig)) {
+        /* the default action: this thread alone unblocks the signal, and raises it on itself */
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
         signal(sig, SIG_DFL);
+        pthread_sigmask(SIG_UNBLOCK, &one, NULL);
         raise(sig);
-        return;
+        _exit(128 + sig);
     }
     ssize_t n = write(2, stop_msg, strlen(stop_msg));
     (void)n;
 }
-static void catch_stop_signals(void) {
+static void *stop_signal_thread(void *arg) {
+    (void)arg;
+    for (;;) {
+        int sig;
+        if (sigwait(&stop_set, &sig) == 0) on_stop_signal(sig);
+    }
+    return NULL;
+}
+/* Before any thread: SIGINT and SIGTERM blocked here (and so in every thread
+ * started from now on), and the thread that waits for them. */
+static void take_stop_signals(void) {
+    sigemptyset(&stop_set);
+    sigaddset(&stop_set, SIGINT);
+    sigaddset(&stop_set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_set, NULL);
+    pthread_t th;
+    if (pthread_create(&th, NULL, stop_signal_thread, NULL) == 0) {
+        pthread_setname_np(th, "dp-signals");
+        pthread_detach(th);
+    }
+}
+/* From here a signal asks for the stop. */
+static void arm_stop_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
+    sigfillset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    atomic_store(&stop_armed, 1);
 }
 
 static int cmd_train(int argc, char **argv) {
+    take_stop_signals(); /* first: before any thread starts */
     struct dp_train_params tp = dp_train_default_params();
     tp.data_dir = DEFAULT_DATA;
     tp.model = NULL;
@@ -397,7 +438,7 @@ static int cmd_train(int argc, char **argv) {
     if (tp.async || tp.staleness >= 0) /* the parameter server stops at epoch ends (src/train/ps_loop.c ps_stop_note) */
         stop_msg = "\ndptrain: stopping at the end of this epoch (--mode async and --staleness stop where every "
                    "push is applied), with a checkpoint (again to abort now)\n";
-    catch_stop_signals();
+    arm_stop_signals();
     rc = dp_trainer_run(t);
     if (rc) {
         if (prog_state.mode == PROG_BAR) fprintf(stderr, "\n");
