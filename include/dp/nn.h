@@ -234,6 +234,7 @@ struct dp_model {
     int64_t num_buffers;        /* floats in the buffer slab */
     int64_t flops_fwd;          /* per sample, forward */
     int finalized;
+    char *desc;                 /* a model file's canonical text (dp_model_from_text), or NULL */
 };
 
 /* An empty model with per-sample input shape `in`. */
@@ -247,6 +248,21 @@ void dp_model_free(struct dp_model *m);
  * language model over T token ids (input shape (T), output (T, V) logits);
  * C, H and W are ignored for it. */
 int dp_model_from_spec(struct dp_model **m, const char *spec, int64_t C, int64_t H, int64_t W);
+/* A model declared in a model file's text (docs/models.md): "input C H W" or
+ * "input tokens T", then one layer per line (KIND NAME KEY=VALUE...), and an
+ * optional "loss cross_entropy".  `origin` (the file's path) prefixes every
+ * error, with the line: "models/my.txt:7: conv2d: missing kernel=".  The
+ * model's spec is "file:<origin's last component>" and m->desc holds the
+ * canonical text (every key written out, comments dropped), itself a model
+ * file: equal texts, the same architecture. */
+int dp_model_from_text(struct dp_model **m, const char *text, const char *origin);
+/* Reads a model file (at most 1 MiB of text) into *text (dp_free it), or builds from it. */
+int dp_model_read_file(const char *path, char **text);
+int dp_model_from_file(struct dp_model **m, const char *path);
+/* 1 when a model file's text declares a token input ("input tokens T"). */
+int dp_model_text_reads_tokens(const char *text);
+/* 1 when the model reads token ids (a spec's gpt:..., a file's "input tokens T"). */
+int dp_model_reads_tokens(const struct dp_model *m);
 /* 1 when spec names a language model over token ids (gpt:...): it trains on a
  * token file and has a loss term per position; 0 for the image models. */
 int dp_model_spec_reads_tokens(const char *spec);

@@ -180,6 +180,8 @@ struct dp_train_params {
     int implicit_momentum;
     int servers;
     const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */
+    const char *model_file;    /* a model file (docs/models.md); when set it replaces model.  Every
+                                  process reads it; its canonical text goes into the checkpoint */
     int64_t epochs;
     int64_t batch;
     int64_t max_steps;         /* stop after this many steps in total (0 = no limit) */
@@ -367,6 +369,9 @@ struct dp_ckpt_section {
 /* "DPCONFIG": dp_train_params.config, as given (text).  "DPMETRIC": a struct dp_ckpt_metrics,
  * the length of the run folder's metrics.jsonl when the checkpoint was written. */
 #define DP_CKPT_CONFIG_TAG "DPCONFIG"
+/* Section "DPMODTXT": the model file's canonical text (dp_model_from_text) of a run whose
+ * model came from a file; the header's model_spec then says "file:NAME". */
+#define DP_CKPT_MODEL_TAG "DPMODTXT"
 #define DP_CKPT_METRICS_TAG "DPMETRIC"
 struct dp_ckpt_metrics {
     int64_t bytes;
@@ -408,6 +413,14 @@ int dp_ckpt_read_section(const char *path, const char *tag, void **data, uint64_
 /* Reads and validates the header (magic, version, sizes, header CRC, file
  * size). */
 int dp_ckpt_read_header(const char *path, struct dp_ckpt_header *h);
+/* The model a checkpoint holds, built from its DPMODTXT section when it has one, else from
+ * the header's spec (h: its header, read already). */
+int dp_ckpt_build_model(const char *path, const struct dp_ckpt_header *h, struct dp_model **m);
+/* The checkpoint's model text (its DPMODTXT section) into *text (dp_free it), NULL when the
+ * model came from a spec. */
+int dp_ckpt_model_text(const char *path, char **text);
+/* 1 when the checkpoint's model reads token ids (a language model); 0 also on a read error. */
+int dp_ckpt_reads_tokens(const char *path, const struct dp_ckpt_header *h);
 /* Reads and validates the whole checkpoint; the payload is checked against
  * payload_crc.  *payload (caller frees with dp_free) holds params, buffers,
  * optimizer state in that order. */

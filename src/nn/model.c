@@ -46,6 +46,7 @@ void dp_model_free(struct dp_model *m) {
     for (int i = 0; i < m->nlayers; i++) dp_layer_free(m->layers[i]);
     dp_free(m->layers);
     dp_free(m->params);
+    dp_free(m->desc);
     dp_free(m);
 }
 

@@ -41,6 +41,24 @@ static int load_ef_state(struct dp_trainer *t, const char *path) {
     return DP_OK;
 }
 
+/* Two model files' canonical texts (one statement a line): the first statement that
+ * differs, as "the checkpoint has 'A' where this run has 'B'", into msg; "" when equal. */
+static void model_text_diff(const char *a, const char *b, char *msg, size_t cap) {
+    msg[0] = 0;
+    for (;;) {
+        int la = (int)strcspn(a, "\n"), lb = (int)strcspn(b, "\n");
+        if (la != lb || memcmp(a, b, (size_t)la)) {
+            if (!la) snprintf(msg, cap, "this run has '%.150s' after the checkpoint's last statement", b);
+            else if (!lb) snprintf(msg, cap, "the checkpoint has '%.*s' after this run's last statement", la > 150 ? 150 : la, a);
+            else snprintf(msg, cap, "the checkpoint has '%.*s' where this run has '%.*s'", la > 150 ? 150 : la, a,
+                          lb > 150 ? 150 : lb, b);
+            return;
+        }
+        if (!a[la]) return;
+        a += la + 1, b += lb + 1;
+    }
+}
+
 /* Restores the state saved by dp_trainer_save into every worker.  Every
  * field that must agree with this run is checked first, so nothing is
  * half-loaded on error.  The checkpoint does not depend on the worker count:
@@ -56,7 +74,13 @@ int dp__load_checkpoint(struct dp_trainer *t, const char *path) {
     const struct dp_model *m = t->model;
     /* the whole-slab layout whatever the stage: with ZeRO each worker takes its shard */
     int64_t full_state = (int64_t)t->w[0].zero.parts * m->num_params;
-    if (strcmp(h.model_spec, m->spec) != 0)
+    char *text = NULL, diff[400] = "";
+    if ((rc = dp_ckpt_model_text(path, &text))) return rc;
+    if (text && m->desc) model_text_diff(text, m->desc, diff, sizeof diff);
+    dp_free(text);
+    if (diff[0])
+        rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint is for another architecture: %s", path, diff);
+    else if ((!text || !m->desc) && strcmp(h.model_spec, m->spec) != 0)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint is for model '%s', this run builds '%s'", path,
                        h.model_spec, m->spec);
     else if (h.num_params != m->num_params || h.num_buffers != m->num_buffers)
@@ -306,6 +330,7 @@ int dp__zero_serves(const struct dp_trainer *t) { return t->p.zero && t->p.out_d
             dp_ckpt_writer_section(out, DP_CKPT_METRICS_TAG, &mb, sizeof mb);
         }
         if (t->p.config) dp_ckpt_writer_section(out, DP_CKPT_CONFIG_TAG, t->p.config, strlen(t->p.config));
+        if (t->model->desc) dp_ckpt_writer_section(out, DP_CKPT_MODEL_TAG, t->model->desc, strlen(t->model->desc));
         int crc = dp_ckpt_writer_close(out, &h, NULL, NULL, 0);
         if (!src) src = crc;
     }

@@ -368,3 +368,46 @@ void dp_ckpt_reader_close(struct dp_ckpt_reader *r) {
     fclose(r->f);
     dp_free(r);
 }
+
+int dp_ckpt_model_text(const char *path, char **text) {
+    void *data;
+    uint64_t size;
+    *text = NULL;
+    int rc = dp_ckpt_read_section(path, DP_CKPT_MODEL_TAG, &data, &size);
+    if (rc || !data) return rc;
+    char *t = dp_malloc(size + 1);
+    if (!t) {
+        dp_free(data);
+        return dp_seterr(DP_ENOMEM, "%s: out of memory", path);
+    }
+    memcpy(t, data, size);
+    t[size] = 0;
+    dp_free(data);
+    if (strlen(t) != size) {
+        dp_free(t);
+        return dp_seterr(DP_EFORMAT, "%s: the model section holds a NUL byte", path);
+    }
+    *text = t;
+    return DP_OK;
+}
+
+int dp_ckpt_build_model(const char *path, const struct dp_ckpt_header *h, struct dp_model **m) {
+    *m = NULL;
+    char *text;
+    int rc = dp_ckpt_model_text(path, &text);
+    if (rc) return rc;
+    if (!text) return dp_model_from_spec(m, h->model_spec, h->in_shape[0], h->in_shape[1], h->in_shape[2]);
+    /* the origin keeps the spec the run had: "file:NAME" */
+    const char *name = strncmp(h->model_spec, "file:", 5) ? h->model_spec : h->model_spec + 5;
+    rc = dp_model_from_text(m, text, name);
+    dp_free(text);
+    return rc ? dp_adderr(rc, "%s: its model", path) : DP_OK;
+}
+
+int dp_ckpt_reads_tokens(const char *path, const struct dp_ckpt_header *h) {
+    char *text;
+    if (dp_ckpt_model_text(path, &text)) return 0;
+    int r = text ? dp_model_text_reads_tokens(text) : dp_model_spec_reads_tokens(h->model_spec);
+    dp_free(text);
+    return r;
+}

@@ -101,6 +101,27 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
 #define EVAL_CHUNK 256
 #define TEXT_EVAL_CHUNK 16
 
+/* Where the model comes from: a spec string, or a model file's text (origin: its path). */
+struct model_src {
+    const char *spec;
+    char *text;
+    const char *origin;
+};
+
+/* Builds t->model from src for inputs (C, H, W) (a spec's; a model file declares its own
+ * input, which must be the data's). */
+static int build_model(struct dp_trainer *t, const struct model_src *src, int64_t C, int64_t H, int64_t W) {
+    if (!src->text) return dp_model_from_spec(&t->model, src->spec, C, H, W);
+    int rc = dp_model_from_text(&t->model, src->text, src->origin);
+    if (rc) return rc;
+    const struct dp_shape *in = &t->model->in_shape;
+    if (!t->text && (in->ndim != 3 || in->d[0] != C || in->d[1] != H || in->d[2] != W))
+        return dp_seterr(DP_EMISMATCH, "model file %s declares input %lld %lld %lld, the data's samples are %lld x %lld x %lld "
+                         "(C x H x W)", src->origin, (long long)in->d[0], (long long)in->d[1], (long long)in->d[2],
+                         (long long)C, (long long)H, (long long)W);
+    return DP_OK;
+}
+
 /* A token model's data: the token file named by --data, its fixed split
  * (the last DP_TEXT_VAL_FRAC of the tokens validate), and the model.
  *
@@ -108,8 +129,9 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
  * side in the training part: an epoch reads about as many tokens as the part
  * holds (windows are drawn with replacement, so not each one exactly once).
  * train_limit caps the windows per epoch, test_limit the validation windows. */
-static int load_text(struct dp_trainer *t, const char *spec) {
+static int load_text(struct dp_trainer *t, const struct model_src *src) {
     const struct dp_train_params *p = &t->p;
+    const char *spec = src->spec;
     struct stat st;
     if (!p->data_dir || (stat(p->data_dir, &st) == 0 && S_ISDIR(st.st_mode)))
         return dp_seterr(DP_EINVAL, "model '%s' trains on a token file, and --data %s is a folder: run "
@@ -117,7 +139,7 @@ static int load_text(struct dp_trainer *t, const char *spec) {
                          spec, p->data_dir ? p->data_dir : "(none)", p->data_dir ? p->data_dir : "DIR");
     int rc = dp_tokens_read(p->data_dir, &t->tokens);
     if (rc) return rc;
-    if ((rc = dp_model_from_spec(&t->model, spec, 1, 1, 1))) return rc;
+    if ((rc = build_model(t, src, 1, 1, 1))) return rc;
     t->ctx = t->model->in_shape.d[0];
     if (t->tokens.vocab > dp_model_num_classes(t->model))
         return dp_seterr(DP_EMISMATCH, "%s has a vocabulary of %lld tokens, model '%s' outputs %lld",
@@ -135,6 +157,8 @@ static int load_text(struct dp_trainer *t, const char *spec) {
 
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     *out = NULL;
+    char spec[128] = "";
+    struct model_src src = {.spec = spec};
     int rc = dp__check_params(p);
     if (rc) return rc;
     struct dp_trainer *t = dp_calloc(1, sizeof *t);
@@ -159,22 +183,28 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
 
     /* A folder that holds another run is refused before anything is loaded. */
     if (p->out_dir && t->base == 0 && (rc = dp__run_folder_check(p->out_dir, p->resume, p->overwrite))) goto fail;
-    /* A checkpoint names its model; --model may be omitted when resuming. */
-    char spec[128];
+    /* The model: a spec (--model), a model file (--model-file), or, resuming without
+     * either, the checkpoint's (its model text when it came from a file). */
     snprintf(spec, sizeof spec, "%s", p->model ? p->model : "");
-    if (p->resume) {
+    if (p->model_file) {
+        if ((rc = dp_model_read_file(p->model_file, &src.text))) goto fail;
+        src.origin = p->model_file;
+        const char *base = strrchr(p->model_file, '/');
+        snprintf(spec, sizeof spec, "file:%s", base ? base + 1 : p->model_file);
+    } else if (p->resume && !p->model) {
         struct dp_ckpt_header h;
-        if ((rc = dp_ckpt_read_header(p->resume, &h))) goto fail;
-        if (!p->model) snprintf(spec, sizeof spec, "%s", h.model_spec);
+        if ((rc = dp_ckpt_read_header(p->resume, &h)) || (rc = dp_ckpt_model_text(p->resume, &src.text))) goto fail;
+        snprintf(spec, sizeof spec, "%s", h.model_spec);
+        src.origin = strncmp(spec, "file:", 5) ? spec : spec + 5;
     }
     if (!spec[0]) {
-        rc = dp_seterr(DP_EINVAL, "no model given (--model)");
+        rc = dp_seterr(DP_EINVAL, "no model given (--model or --model-file)");
         goto fail;
     }
-    /* A language model (gpt:...) reads token ids: its data is a token file. */
-    t->text = dp_model_spec_reads_tokens(spec);
+    /* A language model (gpt:..., or a file's "input tokens T") reads token ids: its data is a token file. */
+    t->text = src.text ? dp_model_text_reads_tokens(src.text) : dp_model_spec_reads_tokens(spec);
     if (t->text) {
-        if ((rc = load_text(t, spec))) goto fail;
+        if ((rc = load_text(t, &src))) goto fail;
     } else {
         /* only the samples the limits keep are read (a short run decompresses
          * no more than it trains and evaluates on) */
@@ -183,9 +213,11 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
             goto fail;
         dp_dataset_normalize(&t->train, p->norm_mean, p->norm_std);
         dp_dataset_normalize(&t->test, p->norm_mean, p->norm_std);
-        if ((rc = dp_model_from_spec(&t->model, spec, t->train.C, t->train.H, t->train.W))) goto fail;
+        if ((rc = build_model(t, &src, t->train.C, t->train.H, t->train.W))) goto fail;
         t->eval_chunk = EVAL_CHUNK;
     }
+    dp_free(src.text);
+    src.text = NULL;
     {
         struct dp_shape os = dp_model_cur_shape(t->model);
         t->pos = dp_shape_numel(&os) / os.d[os.ndim - 1];
@@ -305,6 +337,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     *out = t;
     return DP_OK;
 fail:
+    dp_free(src.text);
     dp_trainer_free(t);
     return rc;
 }

@@ -353,7 +353,7 @@ static void *cal_main(void *arg) {
     const struct dp_model *m = c->m;
     dp_set_num_threads(c->threads);
     int64_t B = c->B, per = dp_shape_numel(&m->in_shape), V = dp_model_num_classes(m);
-    int tokens = dp_model_spec_reads_tokens(m->spec);
+    int tokens = dp_model_reads_tokens(m);
     int64_t ntarg = tokens ? B * per : B;
     if (dp_replica_init(&j->rep, m, B)) die("calibrate: %s", dp_errmsg());
     dp_model_init_params(m, &j->rep, 1 + (uint64_t)j->rank);
@@ -481,7 +481,7 @@ static void cal_spread(const double *t, int W, int K, double B, double *out) {
 static void calibrate_compute(struct cal *c, double *out) {
     c->ds = NULL;
     struct dp_dataset ds = {0};
-    if (!dp_model_spec_reads_tokens(c->m->spec)) {
+    if (!dp_model_reads_tokens(c->m)) {
         /* a data set of the model's input shape, up to 60,000 samples (the
          * size of Fashion-MNIST's training set) or 64 MiB */
         const struct dp_shape *s = &c->m->in_shape;

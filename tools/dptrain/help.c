@@ -183,7 +183,8 @@ const char *const dptrain_help_train =
 
 const char *const dptrain_help_eval =
     "usage: dptrain eval --ckpt FILE [--data DIR] [--threads N] [--test-limit N]\n"
-    "       dptrain eval --safetensors FILE --model SPEC [--data DIR] [--threads N] [--test-limit N]\n"
+    "       dptrain eval --safetensors FILE [--model SPEC | --model-file FILE] [--data DIR] [--threads N]\n"
+    "                    [--test-limit N]\n"
     "\n"
     "Evaluates the checkpoint's model (or the weights of a safetensors file, PyTorch names,\n"
     "as 'ckpt export' writes and 'train --init-from' reads) on the test set and prints\n"

@@ -134,6 +134,21 @@ static void arm_stop_signals(void) {
     atomic_store(&stop_armed, 1);
 }
 
+/* 1 when the run's model reads token ids: its model file's, its spec's, or the resumed
+ * checkpoint's (the library reports a file or checkpoint it cannot read). */
+static int train_reads_tokens(const struct dp_train_params *tp) {
+    if (tp->model_file) {
+        char *text;
+        if (dp_model_read_file(tp->model_file, &text)) return 0;
+        int r = dp_model_text_reads_tokens(text);
+        dp_free(text);
+        return r;
+    }
+    struct dp_ckpt_header h;
+    if (tp->model) return dp_model_spec_reads_tokens(tp->model);
+    return tp->resume && dp_ckpt_read_header(tp->resume, &h) == 0 && dp_ckpt_reads_tokens(tp->resume, &h);
+}
+
 static int cmd_train(int argc, char **argv) {
     take_stop_signals(); /* first: before any thread starts */
     struct dp_train_params tp = dp_train_default_params();
@@ -146,6 +161,7 @@ static int cmd_train(int argc, char **argv) {
     struct progress prog_state = {.mode = PROG_AUTO, .last_test_acc = NAN, .last_test_loss = NAN, .slow_rank = -1};
     const char *v, *backend = "auto";
     int model_given = 0, workers_given = 0, data_given = 0;
+    const char *user_model = NULL, *user_file = NULL; /* --model and --model-file as typed */
     /* options that only one mode uses: the first one given, to name it when
      * the chosen mode would ignore it */
     const char *given_cosine = NULL, *given_step = NULL, *given_sgd = NULL, *given_adamw = NULL;
@@ -187,8 +203,13 @@ static int cmd_train(int argc, char **argv) {
             free(stored), free(lines), free(all);
             return 0;
         } else if (opt(&a, "--data", &v)) tp.data_dir = v, data_given = 1;
-        else if (opt(&a, "--model", &v)) tp.model = v, model_given = 1;
-        else if (opt(&a, "--epochs", &v)) tp.epochs = parse_int("--epochs", v, 1, 1000000);
+        else if (opt(&a, "--model", &v)) {
+            tp.model = v, model_given = 1;
+            if (a.i > nstored) user_model = v;
+        } else if (opt(&a, "--model-file", &v)) {
+            tp.model_file = v, tp.model = NULL, model_given = 1; /* (replaces a stored --model) */
+            if (a.i > nstored) user_file = v;
+        } else if (opt(&a, "--epochs", &v)) tp.epochs = parse_int("--epochs", v, 1, 1000000);
         else if (opt(&a, "--batch", &v)) tp.batch = parse_int("--batch", v, 1, 1 << 20);
         else if (opt(&a, "--lr", &v)) tp.sched.base_lr = (float)parse_float("--lr", v, 1e-12, 1e6);
         else if (opt(&a, "--optim", &v)) {
@@ -326,12 +347,14 @@ static int cmd_train(int argc, char **argv) {
         } else
             die("unknown option '%s' for train (see '%s train --help')", argv[a.i], prog);
     }
+    if (user_model && user_file) die("--model %s and --model-file %s: give one", user_model, user_file);
     if (!model_given && !tp.resume) tp.model = "mlp";
+    int lm = train_reads_tokens(&tp);
     /* (a folder given with --data is refused by the library with the same advice) */
-    if (dp_model_spec_reads_tokens(tp.model) && !data_given)
+    if (lm && !data_given)
         die("model %s trains on a token file: run 'dptrain prepare-text [FILES or DIR] --out tokens.bin' "
             "first, then pass --data tokens.bin (or pass --data DIR, a folder of text files, prepared on first use)",
-            tp.model);
+            tp.model_file ? tp.model_file : tp.model);
     if (tp.sched.kind == DP_SCHED_STEP && tp.sched.step_size == 0)
         die("--schedule step needs --step-size N");
     /* An option the chosen mode ignores is a mistake (the run would silently
@@ -388,10 +411,7 @@ static int cmd_train(int argc, char **argv) {
     /* a language model's folder of text: its token file, prepared on first
      * use (every process of a job runs this on its own file system; where
      * they share one, each writes the same bytes atomically) */
-    struct dp_ckpt_header rh;
-    const char *spec = tp.model ? tp.model
-                       : tp.resume && dp_ckpt_read_header(tp.resume, &rh) == 0 ? rh.model_spec : NULL;
-    if (dp_model_spec_reads_tokens(spec) && data_given) tp.data_dir = dptrain_prepared_text_data(tp.data_dir, me == 0);
+    if (lm && data_given) tp.data_dir = dptrain_prepared_text_data(tp.data_dir, me == 0);
 
     /* every worker needs a sample of each global batch (the library runs empty shares, for
      * --balance; a user asking for them has mistyped --batch or --workers) */
@@ -476,7 +496,7 @@ static int cmd_eval(int argc, char **argv) {
     tp.model = NULL;
     tp.epochs = 0;
     tp.prefetch = 0;
-    const char *v, *ckpt = NULL, *weights = NULL, *model = NULL;
+    const char *v, *ckpt = NULL, *weights = NULL, *model = NULL, *model_file = NULL;
     int data_given = 0;
     struct args a = {argc, 0, argv, "eval"};
     for (a.i = 1; a.i < argc; a.i++) {
@@ -486,6 +506,7 @@ static int cmd_eval(int argc, char **argv) {
         } else if (opt(&a, "--ckpt", &v)) ckpt = v;
         else if (opt(&a, "--safetensors", &v)) weights = v;
         else if (opt(&a, "--model", &v)) model = v;
+        else if (opt(&a, "--model-file", &v)) model_file = v;
         else if (opt(&a, "--data", &v)) tp.data_dir = v, data_given = 1;
         else if (opt(&a, "--threads", &v)) tp.threads = (int)parse_int("--threads", v, 1, 256);
         else if (opt(&a, "--test-limit", &v)) tp.test_limit = parse_int("--test-limit", v, 1, INT64_MAX / 2);
@@ -495,17 +516,22 @@ static int cmd_eval(int argc, char **argv) {
     if (!ckpt == !weights) die("eval needs either --ckpt FILE or --safetensors FILE");
     /* the model of a safetensors file dptrain wrote is in its metadata (dptrain_model) */
     static char meta_model[1024];
-    if (weights && !model) {
+    if (model && model_file) die("--model %s and --model-file %s: give one", model, model_file);
+    if (weights && !model && !model_file) {
         int rc = dp_safetensors_meta(weights, "dptrain_model", meta_model, sizeof meta_model);
         if (rc == DP_ENOENT) die("%s; pass --model SPEC (the model the weights are for)", dp_errmsg());
         if (rc) die_rc(rc);
+        if (!strncmp(meta_model, "file:", 5))
+            die("%s holds the weights of a model declared in a model file (%s): pass --model-file FILE", weights,
+                meta_model + 5);
         model = meta_model;
     }
-    if (ckpt && model) die("eval --ckpt takes the model from the checkpoint, not --model");
+    if (ckpt && (model || model_file)) die("eval --ckpt takes the model from the checkpoint, not --model or --model-file");
     struct dp_ckpt_header h = {.step = -1};
     int rc;
     if (weights) { /* the trainer loads them as it does for train --init-from */
         tp.model = model;
+        tp.model_file = model_file;
         tp.init_from = weights;
     } else if ((rc = dp_ckpt_read_header(ckpt, &h))) die_rc(rc);
     if (ckpt) { /* the run's settings come from the checkpoint header */
@@ -519,10 +545,10 @@ static int cmd_eval(int argc, char **argv) {
         tp.optim.weight_decay = h.weight_decay;
         tp.optim.beta1 = h.beta1, tp.optim.beta2 = h.beta2, tp.optim.eps = h.eps;
     }
-    if (dp_model_spec_reads_tokens(ckpt ? h.model_spec : model)) { /* the default data is images */
+    if (ckpt ? dp_ckpt_reads_tokens(ckpt, &h) : train_reads_tokens(&tp)) { /* the default data is images */
         if (!data_given)
             die("model %s evaluates on text: pass --data tokens.bin (a token file) or --data DIR (a folder of "
-                "text files)", ckpt ? h.model_spec : model);
+                "text files)", ckpt ? h.model_spec : model_file ? model_file : model);
         tp.data_dir = dptrain_prepared_text_data(tp.data_dir, 1);
     }
     struct dp_trainer *t;
@@ -530,7 +556,7 @@ static int cmd_eval(int argc, char **argv) {
     struct dp_dataset train, test;
     double acc, loss;
     const char *spec = dp_trainer_model(t)->spec;
-    if (dp_model_spec_reads_tokens(spec)) { /* --data is a token file: its validation windows */
+    if (dp_model_reads_tokens(dp_trainer_model(t))) { /* --data is a token file: its validation windows */
         if ((rc = dp_trainer_evaluate(t, NULL, tp.test_limit, &acc, &loss))) die_rc(rc);
         printf("model %s  val loss %.4f  val ppl %.2f  token acc %.2f%%\n", spec, loss, exp(loss), 100 * acc);
         dp_trainer_free(t);
@@ -646,7 +672,7 @@ static int cmd_ckpt(int argc, char **argv) {
     }
     if (!out) die("ckpt export needs --safetensors OUT");
     struct dp_model *m;
-    if ((rc = dp_model_from_spec(&m, h.model_spec, h.in_shape[0], h.in_shape[1], h.in_shape[2]))) die_rc(rc);
+    if ((rc = dp_ckpt_build_model(file, &h, &m))) die_rc(rc);
     if (m->num_params != h.num_params || m->num_buffers != h.num_buffers)
         die("%s: checkpoint sizes do not match model %s", file, h.model_spec);
     struct dp_replica r;
@@ -674,7 +700,7 @@ static int cmd_ckpt(int argc, char **argv) {
         {"input_preprocessing", "token ids (byte-level: token = byte value), batches (B, T), T <= ctx"},
         {"output", "logits (B, T, vocab) of the next token = ln_f(x) @ tok.weight.T (tied head, no bias)"},
     };
-    int lm = dp_model_spec_reads_tokens(h.model_spec);
+    int lm = dp_model_reads_tokens(m);
     if ((rc = dp_safetensors_save_meta(out, m, &r, lm ? meta_lm : meta,
                                        lm ? (int)(sizeof meta_lm / sizeof meta_lm[0])
                                           : (int)(sizeof meta / sizeof meta[0]))))

@@ -143,7 +143,7 @@ void dptrain_progress_summary(const struct progress *p, const struct dp_trainer 
     double mfu = peak > 0 ? sps * 3.0 * (double)m->flops_fwd / (peak * tp->threads * ranks) : 0;
     char acc[64] = "n/a (no epoch finished)";
     if (!isnan(p->last_test_acc)) snprintf(acc, sizeof acc, "%.2f%%", 100 * p->last_test_acc);
-    int lm = dp_model_spec_reads_tokens(m->spec); /* a language model reports its validation loss */
+    int lm = dp_model_reads_tokens(m); /* a language model reports its validation loss */
     if (lm && !isnan(p->last_test_loss))
         snprintf(acc, sizeof acc, "%.4f (perplexity %.2f)", p->last_test_loss,
                  exp(p->last_test_loss));

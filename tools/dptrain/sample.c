@@ -89,12 +89,13 @@ int dptrain_cmd_sample(int argc, char **argv) {
     float *payload;
     int rc = dp_ckpt_read(ckpt, &h, &payload);
     if (rc) die("%s", dp_errmsg());
-    if (!dp_model_spec_reads_tokens(h.model_spec)) {
+    if (!dp_ckpt_reads_tokens(ckpt, &h)) {
         dp_free(payload);
-        die("%s holds model '%s', not a language model: sample needs a gpt checkpoint", ckpt, h.model_spec);
+        die("%s holds model '%s', not a language model: sample needs a gpt checkpoint (or a model file's "
+            "'input tokens T')", ckpt, h.model_spec);
     }
     struct dp_model *m;
-    if ((rc = dp_model_from_spec(&m, h.model_spec, h.in_shape[0], h.in_shape[1], h.in_shape[2]))) {
+    if ((rc = dp_ckpt_build_model(ckpt, &h, &m))) {
         dp_free(payload);
         die("%s", dp_errmsg());
     }
