@@ -1,84 +1,85 @@
-/* Builds a model through the C API and trains it for one epoch on
- * Fashion-MNIST with AdamW, without the trainer: the whole loop in view.
+/* Builds a model through the C API and trains it data-parallel with the
+ * library's trainer: P worker threads, one replica each, gradients averaged
+ * every step, deterministic (the same bits for any P).  The run folder gets
+ * what `dptrain train --out` writes: `dptrain eval --ckpt OUT/checkpoint.bin`
+ * and `dptrain ckpt export` rebuild the model from the checkpoint alone.
  *
- *   make && ./build/examples/custom_model [DATA_DIR] [MAX_STEPS]
+ *   make && ./build/examples/custom_model [DATA_DIR] [MAX_STEPS] [WORKERS] [OUT_DIR]
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "dp/data.h"
 #include "dp/nn.h"
-#include "dp/optim.h"
+#include "dp/train.h"
 
 static int fail(int rc) {
     fprintf(stderr, "custom_model: %s\n", dp_errmsg()[0] ? dp_errmsg() : dp_strerror(rc));
     return 1;
 }
 
-int main(int argc, char **argv) {
-    const char *dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
-    struct dp_dataset train, test;
-    int rc = dp_dataset_load_dir(&train, &test, dir);
-    if (rc) return fail(rc);
-    dp_dataset_normalize(&train, 0.2860f, 0.3530f);
-    dp_dataset_normalize(&test, 0.2860f, 0.3530f);
-
-    /* conv 1->16 5x5 stride 2 (14x14), LayerNorm-free MLP head with GELU and dropout. */
+/* One replica: conv 1->16 5x5 stride 2 (14x14), then an MLP head with GELU
+ * and dropout.  Every process calls it once; its workers share the layers. */
+static int build(struct dp_model **out, void *arg) {
+    (void)arg;
     struct dp_shape in = {3, {1, 28, 28, 0}};
     struct dp_model *m;
-    if ((rc = dp_model_init(&m, "custom", &in))) return fail(rc);
+    int rc = dp_model_init(&m, "custom", &in);
+    if (rc) return rc;
     if ((rc = dp_conv2d(m, "conv", 16, 5, 2, 2, 1)) || (rc = dp_relu(m, "act0")) ||
         (rc = dp_flatten(m, "flatten")) || (rc = dp_linear(m, "fc1", 256, 1)) ||
         (rc = dp_gelu(m, "act1")) || (rc = dp_dropout(m, "drop", 0.1f)) ||
-        (rc = dp_linear(m, "fc2", 10, 1)) || (rc = dp_model_finalize(m)))
-        return fail(rc);
+        (rc = dp_linear(m, "fc2", 10, 1)) || (rc = dp_model_finalize(m))) {
+        dp_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+/* Every 100th step's loss, from the trainer's events; *arg counts the steps. */
+static void on_event(void *arg, const struct dp_event *ev) {
+    if (ev->kind != DP_EVENT_STEP) return;
+    *(int64_t *)arg = ev->step;
+    if ((ev->step - 1) % 100 == 0) printf("step %4lld  loss %.4f\n", (long long)(ev->step - 1), ev->loss);
+}
+
+int main(int argc, char **argv) {
+    struct dp_train_params tp = dp_train_default_params();
+    tp.data_dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
+    tp.max_steps = argc > 2 ? atoll(argv[2]) : 0;
+    tp.workers = argc > 3 ? atoi(argv[3]) : 2;
+    tp.out_dir = argc > 4 ? argv[4] : NULL;
+    tp.overwrite = 1;
+    tp.model = NULL;
+    tp.model_build = build;
+    tp.epochs = 1;
+    tp.batch = 128;
+    tp.deterministic = 1;
+    tp.optim.kind = DP_OPTIM_ADAMW;
+    tp.optim.weight_decay = 0.01f;
+    tp.sched.base_lr = 1e-3f;
+    int64_t steps = 0;
+    tp.on_event = on_event;
+    tp.event_arg = &steps;
+
+    struct dp_trainer *t;
+    int rc = dp_trainer_init(&t, &tp);
+    if (rc) return fail(rc);
+    const struct dp_model *m = dp_trainer_model(t);
     printf("model: %d layers, %lld parameters\n", m->nlayers, (long long)m->num_params);
+    if ((rc = dp_trainer_run(t))) return fail(rc);
 
-    const int64_t batch = 128;
-    struct dp_replica r;
-    if ((rc = dp_replica_init(&r, m, batch))) return fail(rc);
-    dp_model_init_params(m, &r, 42);
-    struct dp_optim_params op = dp_optim_default_params();
-    op.kind = DP_OPTIM_ADAMW;
-    op.weight_decay = 0.01f;
-    struct dp_optim opt;
-    if ((rc = dp_optim_init(&opt, &op, m->num_params))) return fail(rc);
-
-    struct dp_loader_params lp = dp_loader_default_params();
-    lp.batch = batch;
-    lp.shuffle = 1;
-    lp.seed = 42;
-    struct dp_loader *loader;
-    if ((rc = dp_loader_init(&loader, &train, &lp))) return fail(rc);
-    int64_t steps = dp_loader_steps_per_epoch(loader);
-    if (argc > 2 && atoll(argv[2]) > 0 && atoll(argv[2]) < steps) steps = atoll(argv[2]);
-    for (int64_t s = 0; s < steps; s++) {
-        const struct dp_loader_batch *lb;
-        if ((rc = dp_loader_next(loader, &lb))) return fail(rc);
-        struct dp_batch b = {.B = lb->B, .x = lb->x, .targets = lb->y, .sample_idx = lb->idx};
-        memset(r.grads, 0, sizeof(float) * (size_t)m->num_params);
-        struct dp_pass pass = {.training = 1, .backward = 1, .seed = 42};
-        if ((rc = dp_model_run(m, &r, &b, &pass))) return fail(rc);
-        if ((rc = dp_optim_step(&opt, r.params, r.grads, m->num_params, 1e-3f))) return fail(rc);
-        if (s % 100 == 0) printf("step %4lld  loss %.4f\n", (long long)s, pass.loss_sum / (double)b.B);
-    }
-
-    int64_t correct = 0;
-    for (int64_t i = 0; i < test.n; i += batch) {
-        int64_t B = test.n - i < batch ? test.n - i : batch;
-        struct dp_batch b = {.B = B, .x = test.x + i * 784, .targets = test.y + i};
-        struct dp_pass pass = {.training = 0};
-        if ((rc = dp_model_run(m, &r, &b, &pass))) return fail(rc);
-        correct += pass.correct;
-    }
-    printf("test accuracy after %lld steps: %.2f%%\n", (long long)steps, 100.0 * (double)correct / (double)test.n);
-
-    dp_loader_free(loader);
-    dp_optim_free(&opt);
-    dp_replica_free(&r);
-    dp_model_free(m);
+    struct dp_dataset train, test;
+    double acc, loss;
+    if ((rc = dp_dataset_load_dir(&train, &test, tp.data_dir))) return fail(rc);
+    dp_dataset_normalize(&test, tp.norm_mean, tp.norm_std);
+    if ((rc = dp_trainer_evaluate(t, &test, 0, &acc, &loss))) return fail(rc);
+    printf("test accuracy after %lld steps: %.2f%%\n", (long long)steps, 100 * acc);
+    printf("workers: %d, param hash %016" PRIx64 "\n", tp.workers, dp_trainer_param_hash(t));
     dp_dataset_free(&train);
     dp_dataset_free(&test);
+    dp_trainer_free(t);
     return 0;
 }

@@ -680,10 +680,15 @@ fi
 # --- the C API example ------------------------------------------------------------
 EX=$(dirname "$BIN")/examples/custom_model
 if [[ -x $EX ]]; then
-  if "$EX" "$DATA" 200 >"$T/ex.log" 2>&1 && grep -q "test accuracy after 200 steps" "$T/ex.log" &&
-     awk '/test accuracy/ {gsub("%","",$NF); exit !($NF > 70)}' "$T/ex.log"; then
+  # a model built through the C API, trained by the library on 2 workers; the CLI evaluates
+  # its checkpoint with no model option (the checkpoint holds the architecture)
+  rm -rf "$T/exrun"
+  if "$EX" "$DATA" 200 2 "$T/exrun" >"$T/ex.log" 2>&1 && grep -q "test accuracy after 200 steps" "$T/ex.log" &&
+     awk '/test accuracy/ {gsub("%","",$NF); exit !($NF > 70)}' "$T/ex.log" &&
+     "$BIN" eval --ckpt "$T/exrun/checkpoint.bin" --data "$DATA" >"$T/ex.eval" 2>&1 &&
+     [[ "$(sed -n 's/^test accuracy after 200 steps: //p' "$T/ex.log")" == "$(test_acc_of "$T/ex.eval")%" ]]; then
     ok example_custom_model
-  else bad example_custom_model "$(tail -3 "$T/ex.log")"; fi
+  else bad example_custom_model "$(tail -3 "$T/ex.log")" "$(tail -1 "$T/ex.eval" 2>/dev/null)"; fi
 fi
 
 # --- bad input: one clear line, non-zero exit, nothing overwritten -----------------

@@ -49,9 +49,9 @@ HEADERS=$(cd include/dp && ls ./*.h | sed 's|^\./||')
 # extended regular expressions); false for an example without a case
 case_of() {
   case $1 in
-    custom_model) ARGS=("$DATA" 20)
+    custom_model) ARGS=("$DATA" 20 2)
       EXPECT=('^model: [0-9]+ layers, [0-9]+ parameters$' '^step +0  loss [0-9]+\.[0-9]+$'
-              '^test accuracy after 20 steps: [0-9]+\.[0-9]+%$') ;;
+              '^test accuracy after 20 steps: [0-9]+\.[0-9]+%$' '^workers: 2, param hash [0-9a-f]{16}$') ;;
     *) return 1 ;;
   esac
 }
@@ -157,6 +157,15 @@ for src in examples/*.c; do
     else bad "example_${name}_static" "linked to libdptrain.so, not libdptrain.a"; fi
   else bad "example_${name}_static" "build failed:" "$(head -20 "$T/cc.log")"; fi
 done
+
+# --- a model of the program's own, trained data-parallel by the installed library: 2 workers
+# give the 1-worker bits (examples/custom_model.c runs deterministic)
+if [[ -x $T/src/custom_model.shared && -d $DATA ]]; then
+  h2=$(cd "$T/src" && ./custom_model.shared "$DATA" 20 2 | sed -n 's/^workers: 2, param hash //p')
+  h1=$(cd "$T/src" && ./custom_model.shared "$DATA" 20 1 | sed -n 's/^workers: 1, param hash //p')
+  if [[ -n $h1 && $h1 == "$h2" ]]; then ok "custom_model_two_workers_same_bits ($h1)"
+  else bad custom_model_two_workers_same_bits "1 worker '$h1', 2 workers '$h2'"; fi
+fi
 
 # --- DESTDIR: staged under it, the .pc naming PREFIX; a staged uninstall empties it ------
 S=$T/stage

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ddp_util.h"
 #include "dp/nn.h"
 #include "test.h"
 
@@ -45,6 +46,7 @@ TEST(model_files_match_specs) {
         ASSERT_OK(dp_model_from_file(&f, pairs[i].file));
         ASSERT_OK(dp_model_from_spec(&s, pairs[i].spec, 1, 28, 28));
         assert_same_model(f, s);
+        ASSERT_TRUE(f->desc && s->desc && strcmp(f->desc, s->desc) == 0); /* the spec's text is the file's */
         ASSERT_TRUE(strncmp(f->spec, "file:", 5) == 0 && strstr(pairs[i].file, f->spec + 5));
         ASSERT_EQ(dp_model_text_reads_tokens(f->desc), dp_model_spec_reads_tokens(pairs[i].spec));
         /* the canonical text is a model file that builds the same model, and is its own canon */
@@ -148,4 +150,96 @@ TEST(model_file_errors) {
     ASSERT_EQ(dp_model_text_reads_tokens("input 1 4 4\n"), 0);
     ASSERT_EQ(dp_model_text_reads_tokens("input tokens"), 0);
     ASSERT_EQ(dp_model_text_reads_tokens(NULL), 0);
+}
+
+/* A layer of the caller's own (its own ops, appended with dp_model_append) cannot be written
+ * down: the model has no canonical text, and everything else works. */
+static int own_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x, int64_t B) {
+    (void)ctx;
+    memcpy(y, x, sizeof(float) * (size_t)(B * dp_shape_numel(&l->in_shape)));
+    return 0;
+}
+static const struct dp_layer_ops own_ops = {.type = "own", .forward = own_forward};
+TEST(model_text_absent_for_own_layer) {
+    struct dp_shape in = {1, {8, 0, 0, 0}};
+    struct dp_model *m;
+    ASSERT_OK(dp_model_init(&m, "mine", &in));
+    ASSERT_OK(dp_linear(m, "fc", 4, 1));
+    struct dp_layer *l;
+    struct dp_shape cur = dp_model_cur_shape(m);
+    ASSERT_OK(dp_layer_make(m, &l, &own_ops, "own", &cur));
+    l->out_shape = cur;
+    ASSERT_OK(dp_model_append(m, l));
+    ASSERT_OK(dp_model_finalize(m));
+    ASSERT_TRUE(m->desc == NULL);
+    dp_model_free(m);
+}
+
+/* A model built by the caller (dp_train_params.model_build): 2 workers give the 1-worker
+ * bits; the checkpoint holds its text, so a resume needs no builder and a checkpoint's model
+ * is rebuilt alone (dp_ckpt_build_model) under the caller's name. */
+static int build_calls;
+static int user_build(struct dp_model **out, void *arg) {
+    struct dp_shape in = {3, {1, 28, 28, 0}};
+    struct dp_model *m;
+    int rc = dp_model_init(&m, (const char *)arg, &in);
+    if (rc) return rc;
+    if ((rc = dp_conv2d(m, "c", 4, 3, 2, 1, 1)) || (rc = dp_relu(m, "r")) || (rc = dp_flatten(m, "f")) ||
+        (rc = dp_dropout(m, "d", 0.2f)) || (rc = dp_linear(m, "fc", 10, 1))) { /* (not finalized: the trainer does) */
+        dp_model_free(m);
+        return rc;
+    }
+    build_calls++;
+    *out = m;
+    return 0;
+}
+TEST(trainer_takes_model_build) {
+    require_data();
+    char dir[] = "/tmp/dptest-mbuild-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    uint64_t h[2];
+    for (int k = 0; k < 2; k++) {
+        struct dp_train_params p = base(NULL, k + 1);
+        p.model_build = user_build;
+        p.model_build_arg = "users_net";
+        p.deterministic = 1;
+        p.out_dir = dir;
+        p.overwrite = 1;
+        struct dp_trainer *t;
+        build_calls = 0;
+        ASSERT_OK(dp_trainer_init(&t, &p));
+        ASSERT_EQ(build_calls, 1); /* once per process, whatever the workers */
+        ASSERT_TRUE(strcmp(dp_trainer_model(t)->spec, "users_net") == 0);
+        ASSERT_OK(dp_trainer_run(t));
+        h[k] = dp_trainer_param_hash(t);
+        dp_trainer_free(t);
+    }
+    ASSERT_TRUE(h[0] == h[1]);
+    char ck[64];
+    snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
+    struct dp_ckpt_header hd;
+    ASSERT_OK(dp_ckpt_read_header(ck, &hd));
+    struct dp_model *m, *b;
+    ASSERT_OK(dp_ckpt_build_model(ck, &hd, &m));
+    ASSERT_OK(user_build(&b, "users_net"));
+    ASSERT_OK(dp_model_finalize(b));
+    assert_same_model(m, b);
+    ASSERT_TRUE(strcmp(m->spec, "users_net") == 0 && strcmp(m->desc, b->desc) == 0);
+    dp_model_free(m);
+    dp_model_free(b);
+    /* resumed with no model at all: the checkpoint's text, 1 more epoch */
+    struct dp_train_params p = base(NULL, 2);
+    p.model = NULL;
+    p.resume = ck;
+    p.out_dir = dir;
+    p.deterministic = 1;
+    p.epochs = 2;
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    ASSERT_TRUE(strcmp(dp_trainer_model(t)->spec, "users_net") == 0);
+    ASSERT_OK(dp_trainer_run(t));
+    dp_trainer_free(t);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ASSERT_EQ(system(cmd), 0);
 }

@@ -234,7 +234,10 @@ struct dp_model {
     int64_t num_buffers;        /* floats in the buffer slab */
     int64_t flops_fwd;          /* per sample, forward */
     int finalized;
-    char *desc;                 /* a model file's canonical text (dp_model_from_text), or NULL */
+    char *desc;                 /* the canonical text (docs/models.md), written by the layer
+                                   constructors: a model file that builds this model; NULL when a
+                                   layer of the caller's own cannot be written down */
+    int ndesc;                  /* layers the text holds */
 };
 
 /* An empty model with per-sample input shape `in`. */

@@ -182,6 +182,15 @@ struct dp_train_params {
     const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */
     const char *model_file;    /* a model file (docs/models.md); when set it replaces model.  Every
                                   process reads it; its canonical text goes into the checkpoint */
+    /* A model built by the caller through the C API (examples/custom_model.c): when set it
+     * replaces model and model_file.  Called once per process, before the data is read, with
+     * model_build_arg; the model declares its input (dp_model_init), which must be the data's,
+     * and is finalized here if the builder did not.  The trainer owns and frees it.  Its
+     * canonical text (dp_model.desc) goes into the checkpoint, so a resume, `dptrain eval` and
+     * `ckpt export` rebuild it without the builder (a layer of the caller's own, which has no
+     * text, needs the builder again). */
+    int (*model_build)(struct dp_model **m, void *arg);
+    void *model_build_arg;
     int64_t epochs;
     int64_t batch;
     int64_t max_steps;         /* stop after this many steps in total (0 = no limit) */
@@ -369,8 +378,8 @@ struct dp_ckpt_section {
 /* "DPCONFIG": dp_train_params.config, as given (text).  "DPMETRIC": a struct dp_ckpt_metrics,
  * the length of the run folder's metrics.jsonl when the checkpoint was written. */
 #define DP_CKPT_CONFIG_TAG "DPCONFIG"
-/* Section "DPMODTXT": the model file's canonical text (dp_model_from_text) of a run whose
- * model came from a file; the header's model_spec then says "file:NAME". */
+/* Section "DPMODTXT": the model's canonical text (dp_model.desc, docs/models.md), whatever
+ * built it; the header's model_spec keeps its name ("cnn", "file:NAME", the caller's). */
 #define DP_CKPT_MODEL_TAG "DPMODTXT"
 #define DP_CKPT_METRICS_TAG "DPMETRIC"
 struct dp_ckpt_metrics {

@@ -56,7 +56,7 @@ int dp_relu(struct dp_model *m, const char *name) {
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__relu_make(m, &l, name, &in);
-    return dp__layer_append(m, l, rc, &mk);
+    return dp__layer_record(m, l, rc, &mk, "relu %s", name);
 }
 
 /* ---- GELU (tanh approximation) ----------------------------------------------- */
@@ -107,7 +107,7 @@ int dp_gelu(struct dp_model *m, const char *name) {
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__gelu_make(m, &l, name, &in);
-    return dp__layer_append(m, l, rc, &mk);
+    return dp__layer_record(m, l, rc, &mk, "gelu %s", name);
 }
 
 /* ---- GELU (exact, erf) ------------------------------------------------------------ */
@@ -159,7 +159,7 @@ int dp_gelu_erf(struct dp_model *m, const char *name) {
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__gelu_erf_make(m, &l, name, &in);
-    return dp__layer_append(m, l, rc, &mk);
+    return dp__layer_record(m, l, rc, &mk, "gelu_erf %s", name);
 }
 
 /* ---- Dropout -------------------------------------------------------------------- */
@@ -305,5 +305,6 @@ int dp_dropout(struct dp_model *m, const char *name, float p) {
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__dropout_make(m, &l, name, &in, p);
-    return dp__layer_append(m, l, rc, &mk);
+    char ps[32];
+    return dp__layer_record(m, l, rc, &mk, "dropout %s p=%s", name, dp__float_str(ps, p));
 }

@@ -215,5 +215,5 @@ int dp_attention(struct dp_model *m, const char *name, int heads) {
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__attention_make(m, &l, name, name, &in, heads);
-    return dp__layer_append(m, l, rc, &mk);
+    return dp__layer_record(m, l, rc, &mk, "attention %s heads=%d", name, heads);
 }

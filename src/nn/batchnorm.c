@@ -257,5 +257,7 @@ int dp_batchnorm2d(struct dp_model *m, const char *name, float eps, float moment
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__batchnorm2d_make(m, &l, name, &in, eps, momentum);
-    return dp__layer_append(m, l, rc, &mk);
+    char es[32], ms[32];
+    return dp__layer_record(m, l, rc, &mk, "batchnorm %s eps=%s momentum=%s", name, dp__float_str(es, eps),
+                            dp__float_str(ms, momentum));
 }

@@ -530,5 +530,6 @@ int dp_conv2d(struct dp_model *m, const char *name, int64_t out_channels, int ke
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__conv2d_make(m, &l, name, &in, out_channels, kernel, stride, pad, bias);
-    return dp__layer_append(m, l, rc, &mk);
+    return dp__layer_record(m, l, rc, &mk, "conv2d %s out=%lld kernel=%d stride=%d pad=%d bias=%d", name,
+                            (long long)out_channels, kernel, stride, pad, bias != 0);
 }

@@ -218,7 +218,8 @@ int dp_tokpos_embedding(struct dp_model *m, const char *tok_name, const char *po
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__tokpos_embedding_make(m, &l, tok_name, pos_name, &in, vocab, ctx_len, dim, 0.02f);
-    return dp__layer_append(m, l, rc, &mk);
+    return dp__layer_record(m, l, rc, &mk, "embedding %s pos=%s vocab=%lld dim=%lld ctx=%lld", tok_name, pos_name,
+                            (long long)vocab, (long long)dim, (long long)ctx_len);
 }
 
 /* ---- tied LM head -------------------------------------------------------------------- */
@@ -293,5 +294,5 @@ int dp_tied_lm_head(struct dp_model *m, const char *name, const char *weight) {
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__tied_lm_head_make(m, &l, name, &in, weight);
-    return dp__layer_append(m, l, rc, &mk);
+    return dp__layer_record(m, l, rc, &mk, "lm_head %s tied=%s", name, weight);
 }

@@ -40,5 +40,5 @@ int dp_flatten(struct dp_model *m, const char *name) {
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__flatten_make(m, &l, name, &in);
-    return dp__layer_append(m, l, rc, &mk);
+    return dp__layer_record(m, l, rc, &mk, "flatten %s", name);
 }

@@ -154,5 +154,6 @@ int dp_layernorm(struct dp_model *m, const char *name, float eps) {
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__layernorm_make(m, &l, name, &in, eps);
-    return dp__layer_append(m, l, rc, &mk);
+    char es[32];
+    return dp__layer_record(m, l, rc, &mk, "layernorm %s eps=%s", name, dp__float_str(es, eps));
 }

@@ -63,6 +63,14 @@ static inline int dp__layer_append(struct dp_model *m, struct dp_layer *l, int r
     return DP_OK;
 }
 
+/* dp__layer_append, then, on success, the layer's statement in the model's canonical text
+ * (m->desc, docs/models.md: "KIND NAME KEY=VALUE ...", printf-style): a public constructor's
+ * last step, so that every model built from them can be written down (model.c). */
+int dp__layer_record(struct dp_model *m, struct dp_layer *l, int rc, const struct dp__model_mark *mk,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* The shortest decimal that reads back as the same float ("1e-05" for 1e-5f), into buf. */
+const char *dp__float_str(char buf[32], float x);
+
 /* ---- small helpers ------------------------------------------------------------ */
 
 static inline struct dp_shape dp__shape1(int64_t a) {

@@ -134,5 +134,5 @@ int dp_linear(struct dp_model *m, const char *name, int64_t out_features, int bi
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__linear_make(m, &l, name, &in, out_features, bias);
-    return dp__layer_append(m, l, rc, &mk);
+    return dp__layer_record(m, l, rc, &mk, "linear %s out=%lld bias=%d", name, (long long)out_features, bias != 0);
 }

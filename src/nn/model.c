@@ -10,15 +10,44 @@
  * grad_ready, in reverse layer order; this is the hook the data-parallel
  * reducer starts its bucket all-reduces from. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dp/nn.h"
+#include "layers_impl.h"
 
 int64_t dp_shape_numel(const struct dp_shape *s) {
     int64_t n = 1;
     for (int i = 0; i < s->ndim; i++) n *= s->d[i];
     return n;
+}
+
+/* Appends a formatted statement and a newline to m->desc (the model's canonical text). */
+static int desc_add(struct dp_model *m, const char *fmt, va_list ap) {
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    size_t len = m->desc ? strlen(m->desc) : 0;
+    char *d = n < 0 ? NULL : dp_malloc(len + (size_t)n + 2);
+    if (!d) return dp_seterr(DP_ENOMEM, "model: out of memory");
+    if (len) memcpy(d, m->desc, len);
+    vsnprintf(d + len, (size_t)n + 1, fmt, ap);
+    d[len + (size_t)n] = '\n', d[len + (size_t)n + 1] = 0;
+    dp_free(m->desc);
+    m->desc = d;
+    return DP_OK;
+}
+
+static int desc_addf(struct dp_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int desc_addf(struct dp_model *m, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = desc_add(m, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 int dp_model_init(struct dp_model **out, const char *spec, const struct dp_shape *in) {
@@ -31,6 +60,15 @@ int dp_model_init(struct dp_model **out, const char *spec, const struct dp_shape
     if (!m) return dp_seterr(DP_ENOMEM, "model: out of memory");
     snprintf(m->spec, sizeof m->spec, "%s", spec ? spec : "custom");
     m->in_shape = *in;
+    /* the canonical text's first statement (a model file's input line) */
+    int rc = in->ndim == 1 ? desc_addf(m, "input tokens %lld", (long long)in->d[0])
+             : in->ndim == 3 ? desc_addf(m, "input %lld %lld %lld", (long long)in->d[0], (long long)in->d[1],
+                                         (long long)in->d[2])
+                             : DP_OK; /* (no model file declares another shape: no text) */
+    if (rc) {
+        dp_model_free(m);
+        return rc;
+    }
     *out = m;
     return DP_OK;
 }
@@ -69,6 +107,25 @@ int dp_layer_make(struct dp_model *m, struct dp_layer **out, const struct dp_lay
     l->buffer_off = m->num_buffers;
     *out = l;
     return DP_OK;
+}
+
+int dp__layer_record(struct dp_model *m, struct dp_layer *l, int rc, const struct dp__model_mark *mk,
+                     const char *fmt, ...) {
+    if ((rc = dp__layer_append(m, l, rc, mk))) return rc;
+    va_list ap;
+    va_start(ap, fmt);
+    rc = desc_add(m, fmt, ap);
+    va_end(ap);
+    if (!rc) m->ndesc++;
+    return rc;
+}
+
+const char *dp__float_str(char buf[32], float x) {
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(buf, 32, "%.*g", prec, (double)x);
+        if (strtof(buf, NULL) == x) break;
+    }
+    return buf;
 }
 
 int dp_model_append(struct dp_model *m, struct dp_layer *l) {
@@ -131,6 +188,15 @@ int dp_model_finalize(struct dp_model *m) {
         if (dp_shape_numel(&a) != dp_shape_numel(&b))
             return dp_seterr(DP_EINTERNAL, "model %s: layer %s output does not feed %s", m->spec,
                              m->layers[i]->name, m->layers[i + 1]->name);
+    }
+    /* The canonical text holds a statement for every layer, or the model cannot be
+     * written down (a layer of the caller's own, appended with dp_model_append): no text. */
+    if (m->desc && m->ndesc == m->nlayers) {
+        int rc = desc_addf(m, "loss cross_entropy");
+        if (rc) return rc;
+    } else {
+        dp_free(m->desc);
+        m->desc = NULL;
     }
     m->finalized = 1;
     return DP_OK;

@@ -11,10 +11,10 @@
  * (the prefix of its parameters' names).  Each kind's keys, their defaults and
  * their ranges are the table `kinds` below; a missing required key, an unknown
  * or repeated one, or a bad value is refused with FILE:LINE and what was
- * expected.  The parser also writes the model's canonical text (every key
- * spelled out, comments and spacing dropped) into m->desc: it is what a
- * checkpoint stores, and two models are the same architecture when their
- * canonical texts are equal. */
+ * expected.  The layer constructors write the model's canonical text (every
+ * key spelled out, comments and spacing dropped) into m->desc, whoever calls
+ * them: it is what a checkpoint stores, and two models are the same
+ * architecture when their canonical texts are equal. */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -141,12 +141,10 @@ static const struct kind kinds[] = {
     {"lm_head", {{"tied", K_NAME, NULL, 0, 0, 0}}, b_lm_head},
 };
 
-/* The parse: the text's origin for messages, the line being read, the canonical text. */
+/* The parse: the text's origin for messages, the line being read. */
 struct parse {
     const char *origin;
     int line;
-    char *out;
-    size_t len, cap;
     int64_t T; /* the token input's length (input tokens T), for embedding's ctx default */
 };
 
@@ -158,28 +156,6 @@ static int perr(const struct parse *ps, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     return dp_seterr(DP_EINVAL, "%s:%d: %s", ps->origin, ps->line, msg);
-}
-
-static int emit(struct parse *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int emit(struct parse *ps, const char *fmt, ...) {
-    va_list ap;
-    for (;;) {
-        va_start(ap, fmt);
-        int n = vsnprintf(ps->out ? ps->out + ps->len : NULL, ps->out ? ps->cap - ps->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) return dp_seterr(DP_EINTERNAL, "model file: format error");
-        if (ps->out && ps->len + (size_t)n < ps->cap) {
-            ps->len += (size_t)n;
-            return DP_OK;
-        }
-        size_t cap = (ps->cap ? ps->cap * 2 : 1024) + (size_t)n;
-        char *o = dp_malloc(cap);
-        if (!o) return dp_seterr(DP_ENOMEM, "model file: out of memory");
-        if (ps->out) memcpy(o, ps->out, ps->len + 1);
-        else o[0] = 0;
-        dp_free(ps->out);
-        ps->out = o, ps->cap = cap;
-    }
 }
 
 static int parse_int(const struct parse *ps, const char *what, const char *s, double lo, double hi, int64_t *v) {
@@ -275,15 +251,7 @@ static int layer_line(struct parse *ps, struct dp_model *m, char **tok, int n) {
     if (m->num_params + m->num_buffers > MAX_PARAMS || m->flops_fwd > MAX_FLOPS)
         return perr(ps, "%s %s: the model reaches %lld parameters and %lld FLOPs a sample, more than 2^36 and 2^56",
                     k->name, tok[1], (long long)(m->num_params + m->num_buffers), (long long)m->flops_fwd);
-    /* the canonical line: every key, in the table's order */
-    if ((rc = emit(ps, "%s %s", k->name, tok[1]))) return rc;
-    for (int j = 0; j < nk && !rc; j++) {
-        const struct key *key = &k->keys[j];
-        if (key->type == K_INT) rc = emit(ps, " %s=%lld", key->name, (long long)v[j].i);
-        else if (key->type == K_FLOAT) rc = emit(ps, " %s=%.9g", key->name, v[j].f);
-        else rc = emit(ps, " %s=%s", key->name, v[j].s);
-    }
-    return rc ? rc : emit(ps, "\n");
+    return DP_OK; /* (the constructor wrote the layer's canonical line) */
 }
 
 /* Splits line (modified) at blanks into at most MAX_TOKENS tokens, a '#' ending it. */
@@ -306,7 +274,7 @@ static int input_line(struct parse *ps, char **tok, int n, struct dp_shape *in) 
         if (rc) return rc;
         *in = (struct dp_shape){1, {T, 0, 0, 0}};
         ps->T = T;
-        return emit(ps, "input tokens %lld\n", (long long)T);
+        return DP_OK;
     }
     if (n != 4) return perr(ps, "input: expected 'input C H W' (e.g. input 1 28 28) or 'input tokens T'");
     *in = (struct dp_shape){3, {0, 0, 0, 0}};
@@ -318,7 +286,7 @@ static int input_line(struct parse *ps, char **tok, int n, struct dp_shape *in) 
     if (in->d[0] * in->d[1] * in->d[2] > MAX_NUMEL)
         return perr(ps, "input: %lld x %lld x %lld values a sample, more than 2^28", (long long)in->d[0],
                     (long long)in->d[1], (long long)in->d[2]);
-    return emit(ps, "input %lld %lld %lld\n", (long long)in->d[0], (long long)in->d[1], (long long)in->d[2]);
+    return DP_OK;
 }
 
 int dp_model_from_text(struct dp_model **out, const char *text, const char *origin) {
@@ -358,20 +326,17 @@ int dp_model_from_text(struct dp_model **out, const char *text, const char *orig
         else if (!strcmp(tok[0], "loss")) {
             if (n != 2 || strcmp(tok[1], "cross_entropy"))
                 rc = perr(&ps, "loss: expected 'loss cross_entropy' (softmax cross-entropy, the one loss there is)");
-            else if (!(rc = emit(&ps, "loss cross_entropy\n"))) seen_loss = 1;
+            else seen_loss = 1;
         } else rc = layer_line(&ps, m, tok, n);
     }
     if (!rc && !m) rc = dp_seterr(DP_EINVAL, "%s: no input line: the model is empty", ps.origin);
     if (!rc && m->nlayers == 0) rc = dp_seterr(DP_EINVAL, "%s: no layers after the input line", ps.origin);
     if (!rc && (rc = dp_model_finalize(m))) rc = dp_adderr(rc, "%s", ps.origin);
-    if (!rc && !seen_loss) rc = emit(&ps, "loss cross_entropy\n");
     if (rc) {
         dp_model_free(m);
-        dp_free(ps.out);
         return rc;
     }
-    m->desc = ps.out;
-    *out = m;
+    *out = m; /* (m->desc: its canonical text, written by the constructors and dp_model_finalize) */
     return DP_OK;
 }
 
@@ -424,6 +389,4 @@ int dp_model_text_reads_tokens(const char *text) {
     return !strncmp(s, "tokens", 6) && (s[6] == ' ' || s[6] == '\t');
 }
 
-int dp_model_reads_tokens(const struct dp_model *m) {
-    return m->desc ? dp_model_text_reads_tokens(m->desc) : dp_model_spec_reads_tokens(m->spec);
-}
+int dp_model_reads_tokens(const struct dp_model *m) { return m->in_shape.ndim == 1; }

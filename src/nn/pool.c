@@ -178,7 +178,7 @@ int dp_maxpool2d(struct dp_model *m, const char *name, int kernel, int stride) {
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__maxpool2d_make(m, &l, name, &in, kernel, stride);
-    return dp__layer_append(m, l, rc, &mk);
+    return dp__layer_record(m, l, rc, &mk, "maxpool %s kernel=%d stride=%d", name, kernel, stride);
 }
 
 /* ---- global average pooling --------------------------------------------------- */
@@ -239,5 +239,5 @@ int dp_global_avgpool(struct dp_model *m, const char *name) {
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__global_avgpool_make(m, &l, name, &in);
-    return dp__layer_append(m, l, rc, &mk);
+    return dp__layer_record(m, l, rc, &mk, "global_avgpool %s", name);
 }

@@ -208,5 +208,5 @@ int dp_resblock(struct dp_model *m, const char *name, int64_t out_channels, int 
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__resblock_make(m, &l, name, &in, out_channels, stride);
-    return dp__layer_append(m, l, rc, &mk);
+    return dp__layer_record(m, l, rc, &mk, "resblock %s out=%lld stride=%d", name, (long long)out_channels, stride);
 }

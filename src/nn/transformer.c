@@ -169,5 +169,5 @@ int dp_transformer_block(struct dp_model *m, const char *name, int heads) {
     struct dp__model_mark mk = dp__model_mark(m);
     struct dp_layer *l;
     int rc = dp__transformer_block_make(m, &l, name, &in, heads);
-    return dp__layer_append(m, l, rc, &mk);
+    return dp__layer_record(m, l, rc, &mk, "transformer_block %s heads=%d", name, heads);
 }

@@ -397,11 +397,12 @@ int dp_ckpt_build_model(const char *path, const struct dp_ckpt_header *h, struct
     int rc = dp_ckpt_model_text(path, &text);
     if (rc) return rc;
     if (!text) return dp_model_from_spec(m, h->model_spec, h->in_shape[0], h->in_shape[1], h->in_shape[2]);
-    /* the origin keeps the spec the run had: "file:NAME" */
     const char *name = strncmp(h->model_spec, "file:", 5) ? h->model_spec : h->model_spec + 5;
     rc = dp_model_from_text(m, text, name);
     dp_free(text);
-    return rc ? dp_adderr(rc, "%s: its model", path) : DP_OK;
+    if (rc) return dp_adderr(rc, "%s: its model", path);
+    snprintf((*m)->spec, sizeof (*m)->spec, "%s", h->model_spec); /* the name the run gave it */
+    return DP_OK;
 }
 
 int dp_ckpt_reads_tokens(const char *path, const struct dp_ckpt_header *h) {

@@ -108,17 +108,33 @@ struct model_src {
     const char *origin;
 };
 
-/* Builds t->model from src for inputs (C, H, W) (a spec's; a model file declares its own
- * input, which must be the data's). */
+/* Builds t->model from src before the data is read, where the model declares its own input:
+ * the caller's builder, a model file's text (a checkpoint's too, under its spec's name).  A
+ * spec string waits for the data's shape (build_model). */
+static int build_declared(struct dp_trainer *t, const struct model_src *src) {
+    const struct dp_train_params *p = &t->p;
+    int rc = DP_OK;
+    if (p->model_build) {
+        if ((rc = p->model_build(&t->model, p->model_build_arg)))
+            return dp_adderr(rc, "the caller's model_build");
+        if (!t->model) return dp_seterr(DP_EINVAL, "the caller's model_build returned no model");
+        if (!t->model->finalized && (rc = dp_model_finalize(t->model))) return rc;
+    } else if (src->text) {
+        if ((rc = dp_model_from_text(&t->model, src->text, src->origin))) return rc;
+        snprintf(t->model->spec, sizeof t->model->spec, "%s", src->spec);
+    }
+    return rc;
+}
+
+/* t->model for inputs (C, H, W): from the spec, or the one built already, which must take
+ * them. */
 static int build_model(struct dp_trainer *t, const struct model_src *src, int64_t C, int64_t H, int64_t W) {
-    if (!src->text) return dp_model_from_spec(&t->model, src->spec, C, H, W);
-    int rc = dp_model_from_text(&t->model, src->text, src->origin);
-    if (rc) return rc;
+    if (!t->model) return dp_model_from_spec(&t->model, src->spec, C, H, W);
     const struct dp_shape *in = &t->model->in_shape;
     if (!t->text && (in->ndim != 3 || in->d[0] != C || in->d[1] != H || in->d[2] != W))
-        return dp_seterr(DP_EMISMATCH, "model file %s declares input %lld %lld %lld, the data's samples are %lld x %lld x %lld "
-                         "(C x H x W)", src->origin, (long long)in->d[0], (long long)in->d[1], (long long)in->d[2],
-                         (long long)C, (long long)H, (long long)W);
+        return dp_seterr(DP_EMISMATCH, "model %s declares input %lld %lld %lld, the data's samples are %lld x %lld "
+                         "x %lld (C x H x W)", src->origin ? src->origin : t->model->spec, (long long)in->d[0],
+                         (long long)in->d[1], (long long)in->d[2], (long long)C, (long long)H, (long long)W);
     return DP_OK;
 }
 
@@ -183,10 +199,13 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
 
     /* A folder that holds another run is refused before anything is loaded. */
     if (p->out_dir && t->base == 0 && (rc = dp__run_folder_check(p->out_dir, p->resume, p->overwrite))) goto fail;
-    /* The model: a spec (--model), a model file (--model-file), or, resuming without
-     * either, the checkpoint's (its model text when it came from a file). */
+    /* The model: the caller's builder, a model file (--model-file), a spec (--model), or,
+     * resuming without any, the checkpoint's (its canonical text; its spec string where it
+     * predates the text). */
     snprintf(spec, sizeof spec, "%s", p->model ? p->model : "");
-    if (p->model_file) {
+    if (p->model_build) {
+        snprintf(spec, sizeof spec, "(the caller's model_build)");
+    } else if (p->model_file) {
         if ((rc = dp_model_read_file(p->model_file, &src.text))) goto fail;
         src.origin = p->model_file;
         const char *base = strrchr(p->model_file, '/');
@@ -201,8 +220,10 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
         rc = dp_seterr(DP_EINVAL, "no model given (--model or --model-file)");
         goto fail;
     }
+    if ((rc = build_declared(t, &src))) goto fail;
+    if (t->model) snprintf(spec, sizeof spec, "%s", t->model->spec);
     /* A language model (gpt:..., or a file's "input tokens T") reads token ids: its data is a token file. */
-    t->text = src.text ? dp_model_text_reads_tokens(src.text) : dp_model_spec_reads_tokens(spec);
+    t->text = t->model ? dp_model_reads_tokens(t->model) : dp_model_spec_reads_tokens(spec);
     if (t->text) {
         if ((rc = load_text(t, &src))) goto fail;
     } else {

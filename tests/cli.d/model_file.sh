@@ -70,5 +70,5 @@ expect_error model_file_missing "model file $T/nope.txt: No such file" "$BIN" tr
 expect_error model_file_and_spec "--model cnn and --model-file $T/mine.txt: give one" \
   "$BIN" train --model cnn --model-file "$T/mine.txt" "${SMALL[@]}"
 printf 'input 3 32 32\nflatten f\nlinear fc out=10\n' >"$T/rgb.txt"
-expect_error model_file_input_mismatch "model file $T/rgb.txt declares input 3 32 32, the data's samples are 1 x 28 x 28" \
+expect_error model_file_input_mismatch "model $T/rgb.txt declares input 3 32 32, the data's samples are 1 x 28 x 28" \
   "$BIN" train --model-file "$T/rgb.txt" "${SMALL[@]}"
