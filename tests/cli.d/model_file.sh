@@ -35,6 +35,17 @@ h1=$(hash_of "$T/mine1/checkpoint.bin") h2=$(hash_of "$T/mine2/checkpoint.bin")
 if same_hash "$h1" "$h2" && grep -q "^dptrain: model file:mine.txt (" "$T/mine2.log"; then ok model_file_two_workers_same_bits
 else bad model_file_two_workers_same_bits "1 worker $h1, 2 workers $h2" "$(tail -2 "$T/mine2.log")"; fi
 
+# the same file under mpirun (2 processes x 1 worker), and with ZeRO-3 sharding the model
+# state over 2 workers: the 1-worker bits
+rm -rf "$T/minempi" "$T/minez3"
+timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model-file "$T/mine.txt" --epochs 1 "${SMALL[@]}" --deterministic \
+  --workers 1 --out "$T/minempi" >"$T/minempi.log" 2>&1
+"$BIN" train --model-file "$T/mine.txt" --epochs 1 "${SMALL[@]}" --deterministic --workers 2 --zero 3 \
+  --out "$T/minez3" >"$T/minez3.log" 2>&1
+hm=$(hash_of "$T/minempi/checkpoint.bin") hz=$(hash_of "$T/minez3/checkpoint.bin")
+if same_hash "$h1" "$hm" && same_hash "$h1" "$hz"; then ok model_file_mpi_and_zero3_same_bits
+else bad model_file_mpi_and_zero3_same_bits "1 worker $h1, mpirun -np 2 $hm, --zero 3 $hz" "$(tail -2 "$T/minempi.log")" "$(tail -2 "$T/minez3.log")"; fi
+
 # the checkpoint carries the model: a resume (no --model-file, the file gone) continues to an
 # uninterrupted run's bits; eval and export need no option
 cp "$T/mine.txt" "$T/mine-moved.txt"
