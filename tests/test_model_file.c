@@ -87,6 +87,14 @@ TEST(model_file_canonical_text) {
                                 "linear fc out=5 bias=0\n"
                                 "loss cross_entropy\n") == 0);
     ASSERT_EQ(dp_model_num_classes(m), 5);
+    /* the same statements on one line, separated by ';' (the safetensors metadata's form) */
+    struct dp_model *one;
+    ASSERT_OK(dp_model_from_text(&one, "input 3 8 8; conv2d c1 out=4 kernel=3 pad=1;batchnorm bn ;relu r; maxpool p "
+                                       "kernel=2; resblock b out=8 stride=2; dropout d p=0.25; global_avgpool g; "
+                                       "linear fc out=5 bias=0; loss cross_entropy # the end",
+                                 "one.txt"));
+    ASSERT_TRUE(strcmp(one->desc, m->desc) == 0);
+    dp_model_free(one);
     ASSERT_TRUE(dp_model_find_param(m, "b.downsample.0.weight") != NULL);
     ASSERT_TRUE(dp_model_find_param(m, "fc.bias") == NULL);
     dp_model_free(m);
@@ -99,10 +107,10 @@ TEST(model_file_errors) {
     } bad[] = {
         {"", "no input line"},
         {"# only a comment\n", "no input line"},
-        {"linear fc out=10\n", "f.txt:1: 'linear' before the input line"},
+        {"linear fc out=10\n", "f.txt:1: 'linear' before the input statement"},
         {"input 1 28\n", "f.txt:1: input: expected 'input C H W'"},
         {"input 1 28 0\n", "f.txt:1: input W: expected an integer in 1.."},
-        {"input 1 28 28\ninput 1 28 28\n", "f.txt:2: a second input line"},
+        {"input 1 28 28\ninput 1 28 28\n", "f.txt:2: a second input statement"},
         {"input 1 28 28\n", "no layers"},
         {"input 1 4 4\nflatten f\nlinaer fc out=2\n", "f.txt:3: unknown layer 'linaer' (expected input, loss, or a "
                                                      "layer: linear, conv2d"},

@@ -182,6 +182,8 @@ struct dp_train_params {
     const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */
     const char *model_file;    /* a model file (docs/models.md); when set it replaces model.  Every
                                   process reads it; its canonical text goes into the checkpoint */
+    const char *model_text;    /* a model file's text itself, in place of model_file; model, if set,
+                                  then only names it (default "custom") */
     /* A model built by the caller through the C API (examples/custom_model.c): when set it
      * replaces model and model_file.  Called once per process, before the data is read, with
      * model_build_arg; the model declares its input (dp_model_init), which must be the data's,

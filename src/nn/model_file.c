@@ -7,6 +7,9 @@
  *   ...
  *   loss cross_entropy              optional: the one loss the engine has
  *
+ * Statements may also share a line, separated by ';' (the safetensors
+ * metadata's form, "input 1 28 28; flatten f; ...").
+ *
  * A layer line is KIND NAME [KEY=VALUE]...; NAME is the PyTorch module name
  * (the prefix of its parameters' names).  Each kind's keys, their defaults and
  * their ranges are the table `kinds` below; a missing required key, an unknown
@@ -254,10 +257,8 @@ static int layer_line(struct parse *ps, struct dp_model *m, char **tok, int n) {
     return DP_OK; /* (the constructor wrote the layer's canonical line) */
 }
 
-/* Splits line (modified) at blanks into at most MAX_TOKENS tokens, a '#' ending it. */
+/* Splits a statement (modified) at blanks into at most MAX_TOKENS tokens. */
 static int tokenize(const struct parse *ps, char *line, char **tok) {
-    char *hash = strchr(line, '#');
-    if (hash) *hash = 0;
     int n = 0;
     for (char *s = strtok(line, " \t\r"); s; s = strtok(NULL, " \t\r")) {
         if (n == MAX_TOKENS) return perr(ps, "more than %d words on one line", MAX_TOKENS);
@@ -289,6 +290,34 @@ static int input_line(struct parse *ps, char **tok, int n, struct dp_shape *in) 
     return DP_OK;
 }
 
+/* One statement (modified in place): the input, a layer, or the loss. */
+static int statement(struct parse *ps, struct dp_model **mp, char *st, int *seen_loss) {
+    char *tok[MAX_TOKENS];
+    int n = tokenize(ps, st, tok), rc = DP_OK;
+    if (n <= 0) return n;
+    struct dp_model *m = *mp;
+    if (*seen_loss) return perr(ps, "'%.80s' after the loss: the loss statement is the last", tok[0]);
+    if (!strcmp(tok[0], "input")) {
+        struct dp_shape in;
+        if (m) return perr(ps, "a second input statement (a model has one input)");
+        if ((rc = input_line(ps, tok, n, &in))) return rc;
+        char spec[128];
+        const char *base = strrchr(ps->origin, '/');
+        snprintf(spec, sizeof spec, "file:%s", base ? base + 1 : ps->origin);
+        return dp_model_init(mp, spec, &in);
+    }
+    if (!m)
+        return perr(ps, "'%.80s' before the input statement (a model file starts with 'input C H W' or "
+                    "'input tokens T')", tok[0]);
+    if (!strcmp(tok[0], "loss")) {
+        if (n != 2 || strcmp(tok[1], "cross_entropy"))
+            return perr(ps, "loss: expected 'loss cross_entropy' (softmax cross-entropy, the one loss there is)");
+        *seen_loss = 1;
+        return DP_OK;
+    }
+    return layer_line(ps, m, tok, n);
+}
+
 int dp_model_from_text(struct dp_model **out, const char *text, const char *origin) {
     *out = NULL;
     struct parse ps = {.origin = origin ? origin : "model"};
@@ -307,27 +336,14 @@ int dp_model_from_text(struct dp_model **out, const char *text, const char *orig
         memcpy(line, s, len);
         line[len] = 0;
         s += len + (nl != NULL);
-        char *tok[MAX_TOKENS];
-        int n = tokenize(&ps, line, tok);
-        if (n < 0) rc = n;
-        if (n <= 0) continue;
-        if (seen_loss) rc = perr(&ps, "'%.80s' after the loss: the loss line is the last", tok[0]);
-        else if (!strcmp(tok[0], "input")) {
-            struct dp_shape in;
-            if (m) rc = perr(&ps, "a second input line (a model has one input)");
-            else if (!(rc = input_line(&ps, tok, n, &in))) {
-                char spec[128];
-                const char *base = strrchr(ps.origin, '/');
-                snprintf(spec, sizeof spec, "file:%s", base ? base + 1 : ps.origin);
-                rc = dp_model_init(&m, spec, &in);
-            }
-        } else if (!m) rc = perr(&ps, "'%.80s' before the input line (a model file starts with 'input C H W' or "
-                                 "'input tokens T')", tok[0]);
-        else if (!strcmp(tok[0], "loss")) {
-            if (n != 2 || strcmp(tok[1], "cross_entropy"))
-                rc = perr(&ps, "loss: expected 'loss cross_entropy' (softmax cross-entropy, the one loss there is)");
-            else seen_loss = 1;
-        } else rc = layer_line(&ps, m, tok, n);
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        /* a line holds one statement, or several separated by ';' */
+        for (char *st = line, *next; st && !rc; st = next) {
+            next = strchr(st, ';');
+            if (next) *next++ = 0;
+            rc = statement(&ps, &m, st, &seen_loss);
+        }
     }
     if (!rc && !m) rc = dp_seterr(DP_EINVAL, "%s: no input line: the model is empty", ps.origin);
     if (!rc && m->nlayers == 0) rc = dp_seterr(DP_EINVAL, "%s: no layers after the input line", ps.origin);

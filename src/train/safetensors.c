@@ -59,11 +59,30 @@ int dp_safetensors_save_meta(const char *path, const struct dp_model *m, const s
     if (!plain_string(m->spec)) return dp_seterr(DP_EINVAL, "safetensors: model spec '%s' needs escaping", m->spec);
     for (int i = 0; i < nmeta; i++)
         if (!plain_string(meta[i].key) || !plain_string(meta[i].value) || !strcmp(meta[i].key, "format") ||
-            !strcmp(meta[i].key, "dptrain_model") || !strcmp(meta[i].key, "input_shape"))
+            !strcmp(meta[i].key, "dptrain_model") || !strcmp(meta[i].key, "input_shape") ||
+            !strcmp(meta[i].key, "dptrain_model_text"))
             return dp_seterr(DP_EINVAL, "safetensors: bad metadata entry '%s'", meta[i].key);
+    /* The model's canonical text, its statements joined by "; " (a model file may say it
+     * so): what `dptrain eval --safetensors` rebuilds the model from. */
+    char *text = NULL;
+    if (m->desc) {
+        if (!(text = dp_malloc(2 * strlen(m->desc) + 1))) return dp_seterr(DP_ENOMEM, "safetensors: out of memory");
+        char *o = text;
+        for (const char *c = m->desc; *c; c++)
+            if (*c != '\n') *o++ = *c;
+            else if (c[1]) *o++ = ';', *o++ = ' ';
+        *o = 0;
+        if (!plain_string(text)) {
+            dp_free(text);
+            return dp_seterr(DP_EINVAL, "safetensors: the model text needs escaping");
+        }
+    }
     size_t cap = 4096, len = 0;
     char *json = dp_malloc(cap);
-    if (!json) return dp_seterr(DP_ENOMEM, "safetensors: out of memory");
+    if (!json) {
+        dp_free(text);
+        return dp_seterr(DP_ENOMEM, "safetensors: out of memory");
+    }
     /* Metadata (strings only, as the format requires): the model spec and the
      * per-sample input shape (C,H,W, NCHW batches) rebuild the model; the
      * caller adds the input preprocessing. */
@@ -72,6 +91,8 @@ int dp_safetensors_save_meta(const char *path, const struct dp_model *m, const s
     for (int d = 0; d < m->in_shape.ndim && !bad; d++)
         bad |= append(&json, &len, &cap, "%s%lld", d ? "," : "", (long long)m->in_shape.d[d]);
     bad |= append(&json, &len, &cap, "\"");
+    if (text && !bad) bad |= append(&json, &len, &cap, ",\"dptrain_model_text\":\"%s\"", text);
+    dp_free(text);
     for (int i = 0; i < nmeta && !bad; i++)
         bad |= append(&json, &len, &cap, ",\"%s\":\"%s\"", meta[i].key, meta[i].value);
     bad |= append(&json, &len, &cap, "}");
@@ -128,15 +149,18 @@ static int expect(struct js *j, char c) {
                      (long)(j->end - j->s), c);
 }
 /* Reads a JSON string without escapes (names here never need them). */
+/* A string into out (cap bytes with its NUL; out NULL: skipped); one longer than that is an
+ * error where it is kept, so no value is ever cut short silently. */
 static int str(struct js *j, char *out, size_t cap) {
     if (expect(j, '"')) return DP_EFORMAT;
     size_t n = 0;
     while (j->s < j->end && *j->s != '"') {
         if (*j->s == '\\') return dp_seterr(DP_EFORMAT, "%s: escapes in header strings are not supported", j->path);
-        if (n + 1 < cap) out[n++] = *j->s;
-        j->s++;
+        if (out && n + 1 >= cap) return dp_seterr(DP_EFORMAT, "%s: a header string longer than %zu bytes", j->path, cap - 1);
+        if (out) out[n] = *j->s;
+        n++, j->s++;
     }
-    out[n] = 0;
+    if (out) out[n] = 0;
     if (j->s >= j->end) return dp_seterr(DP_EFORMAT, "%s: unterminated string in header", j->path);
     j->s++;
     return 0;
@@ -189,10 +213,7 @@ static int entry(struct js *j, int is_meta, struct st_entry *e, const char *want
         if (!first && (rc = expect(j, ','))) break;
         first = 0;
         if ((rc = str(j, key, sizeof key)) || (rc = expect(j, ':'))) break;
-        if (is_meta) {
-            char val[1024];
-            if (!(rc = str(j, val, sizeof val)) && want_key && !strcmp(key, want_key)) snprintf(want_val, cap, "%s", val);
-        } else if (strcmp(key, "dtype") == 0) rc = str(j, e->dtype, sizeof e->dtype);
+        if (is_meta) rc = want_key && !strcmp(key, want_key) ? str(j, want_val, cap) : str(j, NULL, 0); else if (strcmp(key, "dtype") == 0) rc = str(j, e->dtype, sizeof e->dtype);
         else if (strcmp(key, "shape") == 0) rc = num_array(j, e->shape, 8, &e->ndim);
         else if (strcmp(key, "data_offsets") == 0) rc = num_array(j, e->offs, 2, &e->noffs);
         else rc = dp_seterr(DP_EFORMAT, "%s: unknown key '%s' in header", j->path, key);

@@ -205,6 +205,13 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     snprintf(spec, sizeof spec, "%s", p->model ? p->model : "");
     if (p->model_build) {
         snprintf(spec, sizeof spec, "(the caller's model_build)");
+    } else if (p->model_text) {
+        if (!(src.text = dp_strdup(p->model_text))) {
+            rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
+            goto fail;
+        }
+        snprintf(spec, sizeof spec, "%s", p->model ? p->model : "custom");
+        src.origin = spec;
     } else if (p->model_file) {
         if ((rc = dp_model_read_file(p->model_file, &src.text))) goto fail;
         src.origin = p->model_file;

@@ -65,8 +65,11 @@ if "$BIN" ckpt export "$T/mine1/checkpoint.bin" --safetensors "$T/mine.st" >/dev
    "$BIN" eval --safetensors "$T/mine.st" --model-file "$T/mine.txt" --data "$DATA" --test-limit 500 >"$T/mine.st.eval" 2>&1 &&
    [[ $(test_acc_of "$T/mine.st.eval") == "$a1" ]]; then ok model_file_export_and_eval
 else bad model_file_export_and_eval "$(tail -2 "$T/mine.st.eval" 2>/dev/null)"; fi
-expect_error model_file_safetensors_needs_file "holds the weights of a model declared in a model file (mine.txt): pass --model-file" \
-  "$BIN" eval --safetensors "$T/mine.st" --data "$DATA"
+# the export holds the model's text too: eval needs no option, and a C-API model's likewise
+"$BIN" eval --safetensors "$T/mine.st" --data "$DATA" --test-limit 500 >"$T/mine.st.eval2" 2>&1
+if [[ $(test_acc_of "$T/mine.st.eval2") == "$a1" ]] && grep -q "^model file:mine.txt" "$T/mine.st.eval2"; then
+  ok model_file_safetensors_carries_model
+else bad model_file_safetensors_carries_model "$(tail -2 "$T/mine.st.eval2")"; fi
 
 # another architecture is refused on resume, with the first line that differs
 sed 's/out=64/out=48/' "$T/mine.txt" >"$T/other.txt"

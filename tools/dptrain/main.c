@@ -137,6 +137,7 @@ static void arm_stop_signals(void) {
 /* 1 when the run's model reads token ids: its model file's, its spec's, or the resumed
  * checkpoint's (the library reports a file or checkpoint it cannot read). */
 static int train_reads_tokens(const struct dp_train_params *tp) {
+    if (tp->model_text) return dp_model_text_reads_tokens(tp->model_text);
     if (tp->model_file) {
         char *text;
         if (dp_model_read_file(tp->model_file, &text)) return 0;
@@ -517,14 +518,22 @@ static int cmd_eval(int argc, char **argv) {
     /* the model of a safetensors file dptrain wrote is in its metadata (dptrain_model) */
     static char meta_model[1024];
     if (model && model_file) die("--model %s and --model-file %s: give one", model, model_file);
+    char *meta_text = NULL; /* the model's canonical text, where the file has it */
     if (weights && !model && !model_file) {
         int rc = dp_safetensors_meta(weights, "dptrain_model", meta_model, sizeof meta_model);
         if (rc == DP_ENOENT) die("%s; pass --model SPEC (the model the weights are for)", dp_errmsg());
         if (rc) die_rc(rc);
-        if (!strncmp(meta_model, "file:", 5))
-            die("%s holds the weights of a model declared in a model file (%s): pass --model-file FILE", weights,
-                meta_model + 5);
         model = meta_model;
+        enum { TEXT_CAP = 1 << 20 };
+        if (!(meta_text = malloc(TEXT_CAP))) die("out of memory");
+        rc = dp_safetensors_meta(weights, "dptrain_model_text", meta_text, TEXT_CAP);
+        if (rc == DP_ENOENT) {
+            free(meta_text);
+            meta_text = NULL;
+            if (!strncmp(meta_model, "file:", 5))
+                die("%s holds the weights of a model declared in a model file (%s), and not its text: pass "
+                    "--model-file FILE", weights, meta_model + 5);
+        } else if (rc) die_rc(rc);
     }
     if (ckpt && (model || model_file)) die("eval --ckpt takes the model from the checkpoint, not --model or --model-file");
     struct dp_ckpt_header h = {.step = -1};
@@ -532,6 +541,7 @@ static int cmd_eval(int argc, char **argv) {
     if (weights) { /* the trainer loads them as it does for train --init-from */
         tp.model = model;
         tp.model_file = model_file;
+        tp.model_text = meta_text;
         tp.init_from = weights;
     } else if ((rc = dp_ckpt_read_header(ckpt, &h))) die_rc(rc);
     if (ckpt) { /* the run's settings come from the checkpoint header */
@@ -560,6 +570,7 @@ static int cmd_eval(int argc, char **argv) {
         if ((rc = dp_trainer_evaluate(t, NULL, tp.test_limit, &acc, &loss))) die_rc(rc);
         printf("model %s  val loss %.4f  val ppl %.2f  token acc %.2f%%\n", spec, loss, exp(loss), 100 * acc);
         dp_trainer_free(t);
+        free(meta_text);
         return 0;
     }
     if ((rc = dp_dataset_load_dir(&train, &test, tp.data_dir))) die_rc(rc);
@@ -575,6 +586,7 @@ static int cmd_eval(int argc, char **argv) {
     dp_dataset_free(&train);
     dp_dataset_free(&test);
     dp_trainer_free(t);
+    free(meta_text);
     return 0;
 }
 
