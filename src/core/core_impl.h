@@ -48,4 +48,11 @@ int dp__mkdir_p(const char *path, unsigned mode);
  * ps, top and gdb.  Returns pthread_create's result. */
 int dp__thread_start(pthread_t *th, const char *name, void *(*fn)(void *), void *arg);
 
+/* Reads the whole of an open file into *buf (dp_malloc'd), *len bytes; hint: the size
+ * expected (it grows past it).  `what: path:` prefixes the errors. */
+int dp__read_fd(int fd, const char *what, const char *path, size_t hint, uint8_t **buf, size_t *len);
+/* Opens path for reading: DP_ENOENT when missing, DP_EIO when it cannot be opened or is not
+ * a regular file (a folder, a fifo); *size from fstat. */
+int dp__open_regular(const char *what, const char *path, int *fd, size_t *size);
+
 #endif

@@ -130,3 +130,56 @@ int dp__mkdir_p(const char *path, unsigned mode) {
     }
     return 0;
 }
+
+/* Reads the whole of an open file; *buf (dp_malloc'd) and *len.  Grows as
+ * data arrives, so the size stat reported is a hint, not a promise. */
+int dp__read_fd(int fd, const char *what, const char *path, size_t hint, uint8_t **buf, size_t *len) {
+    size_t cap = hint + 1, n = 0;
+    uint8_t *b = dp_malloc(cap);
+    if (!b) return dp_seterr(DP_ENOMEM, "%s: %s: cannot allocate %zu bytes", what, path, cap);
+    for (;;) {
+        if (n == cap) {
+            size_t ncap = cap * 2;
+            uint8_t *nb = dp_malloc(ncap);
+            if (!nb) {
+                dp_free(b);
+                return dp_seterr(DP_ENOMEM, "%s: %s: cannot allocate %zu bytes", what, path, ncap);
+            }
+            memcpy(nb, b, n);
+            dp_free(b);
+            b = nb;
+            cap = ncap;
+        }
+        ssize_t r = read(fd, b + n, cap - n);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            dp_free(b);
+            return dp_seterr(DP_EIO, "%s: %s: read failed: %s", what, path, strerror(e));
+        }
+        if (r == 0) break;
+        n += (size_t)r;
+    }
+    *buf = b;
+    *len = n;
+    return DP_OK;
+}
+
+/* Opens path for reading: DP_ENOENT when missing, DP_EIO when it cannot be
+ * opened or is not a regular file (a folder, a fifo). */
+int dp__open_regular(const char *what, const char *path, int *fd, size_t *size) {
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) {
+        if (errno == ENOENT)
+            return dp_seterr(DP_ENOENT, "%s: %s: no such file or directory", what, path);
+        return dp_seterr(DP_EIO, "%s: %s: cannot open: %s", what, path, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(*fd);
+        *fd = -1;
+        return dp_seterr(DP_EIO, "%s: %s: not a regular file", what, path);
+    }
+    *size = (size_t)st.st_size;
+    return DP_OK;
+}

@@ -60,6 +60,8 @@ const char *const dptrain_help_train =
     "                      and lines show the time left; none prints only the per-epoch results\n"
     "\n"
     "data and model:\n"
+    "  --model-file FILE   a model declared in a file, one layer per line (docs/models.md;\n"
+    "                      models/*.txt are the built-in ones); it travels in the checkpoint\n"
     "  --data FILE         gpt: a token file (dptrain prepare-text; docs/text.md)\n"
     "  --data DIR          gpt: a folder of text files, prepared on first use into\n"
     "                      ~/.cache/dptrain ($XDG_CACHE_HOME) and reused while valid\n"
@@ -183,8 +185,8 @@ const char *const dptrain_help_train =
 
 const char *const dptrain_help_eval =
     "usage: dptrain eval --ckpt FILE [--data DIR] [--threads N] [--test-limit N]\n"
-    "       dptrain eval --safetensors FILE [--model SPEC | --model-file FILE] [--data DIR] [--threads N]\n"
-    "                    [--test-limit N]\n"
+    "       dptrain eval --safetensors FILE [--model SPEC | --model-file FILE] [--data DIR]\n"
+    "                    [--threads N] [--test-limit N]\n"
     "\n"
     "Evaluates the checkpoint's model (or the weights of a safetensors file, PyTorch names,\n"
     "as 'ckpt export' writes and 'train --init-from' reads) on the test set and prints\n"

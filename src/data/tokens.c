@@ -1,0 +1,245 @@
+/* Token files (format in dp/data.h, docs/text.md): a 32-byte little-endian header (magic,
+ * version, vocab, count, crc, reserved), then count uint16 tokens.  The reader treats the
+ * file as untrusted input: every header field is checked, in file order, before anything is
+ * allocated for the tokens, and the only allocation is bounded by the bytes actually present
+ * (count must match the file size exactly), so a 32-byte file claiming 2^63 tokens costs
+ * nothing.  One parser serves the file reader and the fuzzer. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/core_impl.h"
+#include "dp/core.h"
+#include "dp/data.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#define TEXT_BIG_ENDIAN 1
+#endif
+
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t le64(const uint8_t *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+static void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+
+/* ---- token files: reader ------------------------------------------------------ */
+
+/* The first bytes of a file, for a message: "it starts with \"...\"" with
+ * up to 16 bytes, C escapes for what is not printable ASCII; "it is empty"
+ * for no bytes.  A user who passed a text file, an image file or a
+ * checkpoint where a token file was expected recognises it from them. */
+static void describe_start(char *out, size_t cap, const uint8_t *buf, size_t len) {
+    if (len == 0) {
+        snprintf(out, cap, "it is empty");
+        return;
+    }
+    size_t o = (size_t)snprintf(out, cap, "it starts with \"");
+    for (size_t i = 0; i < len && i < 16 && o + 8 < cap; i++) {
+        uint8_t c = buf[i];
+        if (c == '\n') o += (size_t)snprintf(out + o, cap - o, "\\n");
+        else if (c == '\t') o += (size_t)snprintf(out + o, cap - o, "\\t");
+        else if (c == '"' || c == '\\') o += (size_t)snprintf(out + o, cap - o, "\\%c", c);
+        else if (c >= 0x20 && c < 0x7f) out[o++] = (char)c, out[o] = 0;
+        else o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
+    }
+    snprintf(out + o, cap - o, "%s\"", len > 16 ? "..." : "");
+}
+
+/* The magic is checked before the header's length, on the bytes there are,
+ * so that a short file that is no token file at all (a line of text) is
+ * called that, not a truncated token file; a cut token file (its bytes a
+ * prefix of the magic, or none) stays "truncated". */
+static int not_token_file(const char *name, const uint8_t *buf, size_t len) {
+    if (len == 0 || memcmp(buf, DP_TOKENS_MAGIC, len < 8 ? len : 8) == 0) return 0;
+    char start[128];
+    describe_start(start, sizeof start, buf, len);
+    return dp_seterr(DP_EFORMAT, "tokens: %s is not a token file (%s, not \"%s\")", name, start,
+                     DP_TOKENS_MAGIC);
+}
+
+static int tokens_parse(const char *name, const uint8_t *buf, size_t len, struct dp_tokens *t) {
+    memset(t, 0, sizeof *t);
+    if (!buf) len = 0;
+    if (not_token_file(name, buf, len)) return DP_EFORMAT;
+    if (len < DP_TOKENS_HEADER_BYTES)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: truncated header: %zu bytes, expected %d", name,
+                         len, DP_TOKENS_HEADER_BYTES);
+    uint32_t version = le32(buf + 8);
+    if (version != DP_TOKENS_VERSION)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: unsupported version %u (expected %d)", name,
+                         version, DP_TOKENS_VERSION);
+    uint32_t vocab = le32(buf + 12);
+    if (vocab < 2 || vocab > DP_TOKENS_VOCAB_MAX)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: vocab %u out of range 2..%d", name, vocab,
+                         DP_TOKENS_VOCAB_MAX);
+    uint64_t count = le64(buf + 16);
+    uint32_t crc = le32(buf + 24), reserved = le32(buf + 28);
+    if (count == 0)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: count 0 (a token file holds at least one token)",
+                         name);
+    /* count against the size without computing 2*count (it may overflow):
+     * the payload must be exactly 2*count bytes. */
+    size_t payload = len - DP_TOKENS_HEADER_BYTES;
+    if (count > payload / 2)
+        return dp_seterr(DP_EFORMAT,
+                         "tokens: %s: truncated: count %llu needs %llu token bytes, file has %zu",
+                         name, (unsigned long long)count,
+                         count > UINT64_MAX / 2 ? UINT64_MAX : (unsigned long long)(2 * count),
+                         payload);
+    if (payload != 2 * count)
+        return dp_seterr(DP_EFORMAT,
+                         "tokens: %s: count %llu does not match the file size: %zu bytes after "
+                         "%llu tokens",
+                         name, (unsigned long long)count, payload - (size_t)(2 * count),
+                         (unsigned long long)count);
+    if (reserved != 0)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: reserved field 0x%08x, expected 0", name,
+                         reserved);
+    const uint8_t *p = buf + DP_TOKENS_HEADER_BYTES;
+    uint32_t got = dp_crc32(0, p, payload);
+    if (got != crc)
+        return dp_seterr(DP_EFORMAT,
+                         "tokens: %s: crc mismatch: header 0x%08x, tokens 0x%08x (corrupt file)",
+                         name, crc, got);
+    uint16_t *tok = dp_malloc(payload ? payload : 1);
+    if (!tok) return dp_seterr(DP_ENOMEM, "tokens: %s: cannot allocate %zu bytes", name, payload);
+    for (uint64_t i = 0; i < count; i++) {
+        uint16_t v = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+        if (v >= vocab) {
+            dp_free(tok);
+            return dp_seterr(DP_EFORMAT, "tokens: %s: token %u at index %llu >= vocab %u", name,
+                             v, (unsigned long long)i, vocab);
+        }
+        tok[i] = v;
+    }
+    t->tok = tok;
+    t->n = (int64_t)count;
+    t->vocab = vocab;
+    return DP_OK;
+}
+
+int dp_tokens_parse(const uint8_t *buf, size_t len, struct dp_tokens *t) {
+    return tokens_parse("<memory>", buf, len, t);
+}
+
+int dp_tokens_read(const char *path, struct dp_tokens *t) {
+    memset(t, 0, sizeof *t);
+    if (!path) return dp_seterr(DP_EINVAL, "tokens: NULL path");
+    int fd;
+    size_t size;
+    int rc = dp__open_regular("tokens", path, &fd, &size);
+    if (rc) return rc;
+    uint8_t *buf;
+    size_t len;
+    rc = dp__read_fd(fd, "tokens", path, size, &buf, &len);
+    close(fd);
+    if (rc) return rc;
+    rc = tokens_parse(path, buf, len, t);
+    dp_free(buf);
+    return rc;
+}
+
+int dp_tokens_probe(const char *path, char *start, size_t cap) {
+    if (start && cap) start[0] = 0;
+    if (!path) return dp_seterr(DP_EINVAL, "tokens: NULL path");
+    int fd;
+    size_t size;
+    int rc = dp__open_regular("tokens", path, &fd, &size);
+    if (rc) return rc;
+    /* 17 bytes: the magic, and enough of anything else to recognise it by
+     * (16 shown, the 17th says there is more) */
+    uint8_t head[17];
+    size_t n = 0;
+    while (n < sizeof head) {
+        ssize_t r = read(fd, head + n, sizeof head - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            close(fd);
+            return dp_seterr(DP_EIO, "tokens: %s: read failed: %s", path, strerror(e));
+        }
+        if (r == 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    if (n >= 8 && memcmp(head, DP_TOKENS_MAGIC, 8) == 0) return DP_OK;
+    char desc[128];
+    describe_start(desc, sizeof desc, head, n);
+    if (start && cap) snprintf(start, cap, "%s", desc);
+    return dp_seterr(DP_EFORMAT, "tokens: %s is not a token file (%s)", path, desc);
+}
+
+void dp_tokens_free(struct dp_tokens *t) {
+    if (!t) return;
+    dp_free(t->tok);
+    memset(t, 0, sizeof *t);
+}
+
+int dp_tokens_from_bytes(struct dp_tokens *t, const uint8_t *bytes, size_t len) {
+    memset(t, 0, sizeof *t);
+    uint16_t *tok = dp_malloc(len ? 2 * len : 1);
+    if (!tok) return dp_seterr(DP_ENOMEM, "tokens: cannot allocate %zu tokens", len);
+    for (size_t i = 0; i < len; i++) tok[i] = bytes[i];
+    t->tok = tok;
+    t->n = (int64_t)len;
+    t->vocab = DP_TOKENS_VOCAB_BYTES;
+    return DP_OK;
+}
+
+/* ---- token files: writer ------------------------------------------------------- */
+
+int dp_tokens_write(const char *path, const uint16_t *tok, int64_t n, int64_t vocab) {
+    if (!path || (!tok && n > 0)) return dp_seterr(DP_EINVAL, "tokens: NULL argument");
+    if (vocab < 2 || vocab > DP_TOKENS_VOCAB_MAX)
+        return dp_seterr(DP_EINVAL, "tokens: vocab %lld out of range 2..%d", (long long)vocab,
+                         DP_TOKENS_VOCAB_MAX);
+    if (n < 1) return dp_seterr(DP_EINVAL, "tokens: %s: no tokens to write", path);
+    for (int64_t i = 0; i < n; i++)
+        if (tok[i] >= vocab)
+            return dp_seterr(DP_EINVAL, "tokens: token %u at index %lld >= vocab %lld", tok[i],
+                             (long long)i, (long long)vocab);
+    /* The atomic writer would report a missing folder as "cannot create
+     * <path>.tmp.<pid>.<n>"; name the folder instead. */
+    char dir[4096];
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+        return dp_seterr(DP_EINVAL, "tokens: path too long: %s", path);
+    struct stat st;
+    const char *d = dirname(dir);
+    if (stat(d, &st) != 0 || !S_ISDIR(st.st_mode))
+        return dp_seterr(DP_ENOENT, "tokens: cannot write %s: folder %s does not exist", path, d);
+
+    size_t bytes = 2 * (size_t)n;
+    const uint8_t *payload = (const uint8_t *)tok;
+#ifdef TEXT_BIG_ENDIAN
+    uint8_t *le = dp_malloc(bytes);
+    if (!le) return dp_seterr(DP_ENOMEM, "tokens: cannot allocate %zu bytes", bytes);
+    for (int64_t i = 0; i < n; i++) le[2 * i] = (uint8_t)tok[i], le[2 * i + 1] = (uint8_t)(tok[i] >> 8);
+    payload = le;
+#endif
+    uint8_t h[DP_TOKENS_HEADER_BYTES] = {0};
+    memcpy(h, DP_TOKENS_MAGIC, 8);
+    put32(h + 8, DP_TOKENS_VERSION);
+    put32(h + 12, (uint32_t)vocab);
+    put64(h + 16, (uint64_t)n);
+    put32(h + 24, dp_crc32(0, payload, bytes));
+    /* h + 28: reserved, 0 */
+    struct dp__wpart parts[2] = {{h, sizeof h}, {payload, bytes}};
+    int rc = dp__write_file_atomic(path, parts, 2, "tokens");
+#ifdef TEXT_BIG_ENDIAN
+    dp_free(le);
+#endif
+    return rc;
+}
