@@ -78,7 +78,10 @@ int dp__load_checkpoint(struct dp_trainer *t, const char *path) {
     if ((rc = dp_ckpt_model_text(path, &text))) return rc;
     if (text && m->desc) model_text_diff(text, m->desc, diff, sizeof diff);
     dp_free(text);
-    if (diff[0])
+    if (diff[0] && strcmp(h.model_spec, m->spec))
+        rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint is for model '%s', this run builds '%s' (%s)", path, h.model_spec,
+                       m->spec, diff);
+    else if (diff[0])
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint is for another architecture: %s", path, diff);
     else if ((!text || !m->desc) && strcmp(h.model_spec, m->spec) != 0)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint is for model '%s', this run builds '%s'", path,

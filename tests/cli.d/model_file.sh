@@ -73,7 +73,7 @@ else bad model_file_safetensors_carries_model "$(tail -2 "$T/mine.st.eval2")"; f
 
 # another architecture is refused on resume, with the first line that differs
 sed 's/out=64/out=48/' "$T/mine.txt" >"$T/other.txt"
-expect_error model_file_resume_other_architecture "checkpoint is for another architecture: the checkpoint has 'conv2d c2 out=64 kernel=3 stride=2 pad=1 bias=1' where this run has 'conv2d c2 out=48" \
+expect_error model_file_resume_other_architecture "checkpoint is for model 'file:mine.txt', this run builds 'file:other.txt' (the checkpoint has 'conv2d c2 out=64 kernel=3 stride=2 pad=1 bias=1' where this run has 'conv2d c2 out=48" \
   "$BIN" train --resume "$T/mine1/checkpoint.bin" --out "$T/mine1" --epochs 2 --model-file "$T/other.txt"
 
 # mistakes: one line each, naming the file and the line
