@@ -65,6 +65,15 @@ if "$BIN" ckpt export "$T/mine1/checkpoint.bin" --safetensors "$T/mine.st" >/dev
    "$BIN" eval --safetensors "$T/mine.st" --model-file "$T/mine.txt" --data "$DATA" --test-limit 500 >"$T/mine.st.eval" 2>&1 &&
    [[ $(test_acc_of "$T/mine.st.eval") == "$a1" ]]; then ok model_file_export_and_eval
 else bad model_file_export_and_eval "$(tail -2 "$T/mine.st.eval" 2>/dev/null)"; fi
+# PyTorch rebuilds the model file's model from the export alone (tests/torch/eval_safetensors.py):
+# the accuracy of dptrain eval on the same 500 images, to one image
+if /usr/bin/python3 -c "import torch, numpy" 2>/dev/null; then
+  p=$(/usr/bin/python3 "$(dirname "${BASH_SOURCE[0]}")/../torch/eval_safetensors.py" "$T/mine.st" "$DATA" 500 2>&1 |
+      sed -n 's/^test acc \([0-9.]*\)%.*/\1/p')
+  if [[ -n $p && -n $a1 ]] && awk -v a="$a1" -v p="$p" 'BEGIN { d = a - p; exit !(d <= 0.2 && d >= -0.2) }'; then
+    ok "model_file_torch_same_accuracy (dptrain $a1%, PyTorch $p%)"
+  else bad model_file_torch_same_accuracy "dptrain '$a1', PyTorch '$p'"; fi
+else skip model_file_torch_same_accuracy "no python3-torch (scripts/install-deps.sh --torch)"; fi
 # the export holds the model's text too: eval needs no option, and a C-API model's likewise
 "$BIN" eval --safetensors "$T/mine.st" --data "$DATA" --test-limit 500 >"$T/mine.st.eval2" 2>&1
 if [[ $(test_acc_of "$T/mine.st.eval2") == "$a1" ]] && grep -q "^model file:mine.txt" "$T/mine.st.eval2"; then
