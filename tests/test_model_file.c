@@ -130,7 +130,7 @@ TEST(model_file_errors) {
         {"input 1 4 4\nflatten f\nlinear fc out=2\nloss mse\n", "f.txt:4: loss: expected 'loss cross_entropy'"},
         {"input 1 4 4\nflatten f\nloss cross_entropy\nlinear fc out=2\n", "f.txt:4: 'linear' after the loss"},
         {"input 1 4 4\nembedding tok pos=pos vocab=10 dim=4\n", "embedding: needs the token input"},
-        {"input tokens 8\nembedding tok pos=pos vocab=10 dim=4\nlm_head h tied=nope.weight\n", "f.txt:3: lm_head h"},
+        {"input tokens 8\nembedding tok pos=pos vocab=10 dim=4\nlm_head h tied=nope.weight\n", "f.txt:3: lm head h: no parameter 'nope.weight' to tie to"},
         {"input 1 4 4\nflatten f\nlinear fc out=2 a=1 b=2 c=3 d=4 e=5 f=6 g=7 h=8 i=9 j=10 k=11 l=12 m=13 n=14\n",
          "more than 16 words"},
     };

@@ -246,7 +246,10 @@ static int layer_line(struct parse *ps, struct dp_model *m, char **tok, int n) {
         } else if (key->type == K_INT) v[j].i = strtoll(key->def, NULL, 10);
         else v[j].f = strtod(key->def, NULL);
     }
-    if ((rc = k->build(m, tok[1], v))) return dp_adderr(rc, "%s:%d: %s %s", ps->origin, ps->line, k->name, tok[1]);
+    if ((rc = k->build(m, tok[1], v))) { /* (the constructors' messages name the layer, mostly) */
+        if (strstr(dp_errmsg(), tok[1])) return dp_adderr(rc, "%s:%d", ps->origin, ps->line);
+        return dp_adderr(rc, "%s:%d: %s %s", ps->origin, ps->line, k->name, tok[1]);
+    }
     struct dp_shape cur = dp_model_cur_shape(m);
     if (dp_shape_numel(&cur) > MAX_NUMEL)
         return perr(ps, "%s %s: %lld values a sample come out, more than 2^28", k->name, tok[1],
