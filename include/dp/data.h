@@ -30,6 +30,35 @@ struct dp_dataset {
     int64_t num_classes;  /* max label + 1 */
 };
 
+/* ---- NumPy .npy arrays (src/data/npy.c) --------------------------------------
+ * Version 1.0, 2.0 and 3.0 files, C order, little-endian, of the dtypes below.
+ * Fortran order, big-endian, object and structured dtypes are refused with a
+ * message saying so: nothing is ever unpickled. */
+enum dp_npy_dtype { DP_NPY_F32, DP_NPY_F64, DP_NPY_U8, DP_NPY_I8, DP_NPY_I16, DP_NPY_I32, DP_NPY_I64, DP_NPY_BOOL };
+#define DP_NPY_MAX_DIMS 8
+struct dp_npy {
+    enum dp_npy_dtype dtype;
+    size_t item;                       /* bytes per element */
+    int ndim;
+    int64_t shape[DP_NPY_MAX_DIMS];
+    int64_t count;                     /* prod(shape) */
+    const void *data;                  /* the elements, C order (inside the mapping) */
+    void *map;                         /* dp_npy_open's mapping of the whole file */
+    size_t map_len;
+};
+/* Maps the file (read-only; pages come in as they are read, so a file larger
+ * than memory is no problem) and checks its header and size.  Errors:
+ * DP_ENOENT, DP_EIO, DP_EFORMAT (not a .npy, a bad header, a size that does
+ * not match the shape), DP_ENOTSUP (a layout or dtype not read, named). */
+int dp_npy_open(const char *path, struct dp_npy *a);
+void dp_npy_close(struct dp_npy *a);
+/* The same checks on bytes in memory (a->data points into buf; nothing to
+ * close).  `what` names the array in messages.  Used by the fuzzer. */
+int dp_npy_parse(const uint8_t *buf, size_t len, const char *what, struct dp_npy *a);
+/* Element i (flat, C order) as a double (int64 beyond 2^53 rounds). */
+double dp_npy_get(const struct dp_npy *a, int64_t i);
+const char *dp_npy_dtype_name(enum dp_npy_dtype t);
+
 /* Reads one IDX file (plain or .gz).  On success *data holds the raw bytes
  * (caller frees with dp_free), dims[0..*ndim) the dimensions.  Validates the
  * magic, the type (uint8 only), ndim (1..4), that the dimensions are
