@@ -181,6 +181,22 @@ TEST(model_text_absent_for_own_layer) {
     ASSERT_OK(dp_model_finalize(m));
     ASSERT_TRUE(m->desc == NULL);
     dp_model_free(m);
+    /* names a model file cannot hold leave no text either (a checkpoint never holds one that
+     * would not parse); a name it can hold keeps it */
+    static const char *const names[] = {"conv-1", "a=b", "1st", "x y", ".h", "ok_name.0"};
+    for (int i = 0; i < 6; i++) {
+        ASSERT_OK(dp_model_init(&m, "mine", &in));
+        ASSERT_OK(dp_linear(m, names[i], 4, 1));
+        ASSERT_OK(dp_model_finalize(m));
+        ASSERT_TRUE((m->desc != NULL) == (i == 5));
+        if (m->desc) {
+            struct dp_model *back;
+            ASSERT_OK(dp_model_from_text(&back, m->desc, "back"));
+            ASSERT_TRUE(strcmp(back->desc, m->desc) == 0);
+            dp_model_free(back);
+        }
+        dp_model_free(m);
+    }
 }
 
 /* A model built by the caller (dp_train_params.model_build): 2 workers give the 1-worker

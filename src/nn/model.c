@@ -9,6 +9,7 @@
  * After layer i's backward its parameter range is final and is reported to
  * grad_ready, in reverse layer order; this is the hook the data-parallel
  * reducer starts its bucket all-reduces from. */
+#include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -109,14 +110,40 @@ int dp_layer_make(struct dp_model *m, struct dp_layer **out, const struct dp_lay
     return DP_OK;
 }
 
+/* 1 when a statement reads back as written: its names (the layer's, and pos= or tied=) are
+ * a model file's (letters, digits, '_' and '.', at most 63, not starting with a digit or
+ * '.'), and it fits a line.  A layer a C program named otherwise ("conv-1") leaves the model
+ * without a text: a checkpoint then needs the program to rebuild it, never a text that
+ * would not parse. */
+static int describable(const char *st) {
+    if (strlen(st) > 1000) return 0;
+    const char *name = strchr(st, ' ');
+    for (int k = 0; name; k++) {
+        const char *v = name + 1, *e = strchr(v, ' ');
+        size_t n = e ? (size_t)(e - v) : strlen(v);
+        const char *eq = k ? memchr(v, '=', n) : NULL; /* (the layer's name: no '=' in it) */
+        if (k && !eq) return 0; /* (after the name, only KEY=VALUE) */
+        if (eq) n -= (size_t)(eq + 1 - v), v = eq + 1;
+        int is_name = k == 0 || (eq && (!strncmp(eq - 4, " pos", 4) || !strncmp(eq - 5, " tied", 5)));
+        if (n == 0 || n > 63 || (is_name && (isdigit((unsigned char)v[0]) || v[0] == '.'))) return 0;
+        for (size_t i = 0; i < n; i++)
+            if (!isalnum((unsigned char)v[i]) && v[i] != '_' && v[i] != '.' && (is_name || (v[i] != '-' && v[i] != '+')))
+                return 0;
+        name = e;
+    }
+    return 1;
+}
+
 int dp__layer_record(struct dp_model *m, struct dp_layer *l, int rc, const struct dp__model_mark *mk,
                      const char *fmt, ...) {
     if ((rc = dp__layer_append(m, l, rc, mk))) return rc;
+    char st[1100];
     va_list ap;
     va_start(ap, fmt);
-    rc = desc_add(m, fmt, ap);
+    int n = vsnprintf(st, sizeof st, fmt, ap);
     va_end(ap);
-    if (!rc) m->ndesc++;
+    if (n < 0 || (size_t)n >= sizeof st || !describable(st)) return DP_OK; /* (no text: ndesc falls behind) */
+    if (!(rc = desc_addf(m, "%s", st))) m->ndesc++;
     return rc;
 }
 
