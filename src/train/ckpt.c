@@ -390,25 +390,3 @@ int dp_ckpt_model_text(const char *path, char **text) {
     *text = t;
     return DP_OK;
 }
-
-int dp_ckpt_build_model(const char *path, const struct dp_ckpt_header *h, struct dp_model **m) {
-    *m = NULL;
-    char *text;
-    int rc = dp_ckpt_model_text(path, &text);
-    if (rc) return rc;
-    if (!text) return dp_model_from_spec(m, h->model_spec, h->in_shape[0], h->in_shape[1], h->in_shape[2]);
-    const char *name = strncmp(h->model_spec, "file:", 5) ? h->model_spec : h->model_spec + 5;
-    rc = dp_model_from_text(m, text, name);
-    dp_free(text);
-    if (rc) return dp_adderr(rc, "%s: its model", path);
-    snprintf((*m)->spec, sizeof (*m)->spec, "%s", h->model_spec); /* the name the run gave it */
-    return DP_OK;
-}
-
-int dp_ckpt_reads_tokens(const char *path, const struct dp_ckpt_header *h) {
-    char *text;
-    if (dp_ckpt_model_text(path, &text)) return 0;
-    int r = text ? dp_model_text_reads_tokens(text) : dp_model_spec_reads_tokens(h->model_spec);
-    dp_free(text);
-    return r;
-}
