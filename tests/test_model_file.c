@@ -181,6 +181,14 @@ TEST(model_text_absent_for_own_layer) {
     ASSERT_OK(dp_model_finalize(m));
     ASSERT_TRUE(m->desc == NULL);
     dp_model_free(m);
+    /* an input no model file can declare, (T, D) here, leaves no text (not one without its
+     * input line) */
+    struct dp_shape in2 = {2, {4, 8, 0, 0}};
+    ASSERT_OK(dp_model_init(&m, "seq", &in2));
+    ASSERT_OK(dp_linear(m, "fc", 3, 1));
+    ASSERT_OK(dp_model_finalize(m));
+    ASSERT_TRUE(m->desc == NULL);
+    dp_model_free(m);
     /* names a model file cannot hold leave no text either (a checkpoint never holds one that
      * would not parse); a name it can hold keeps it */
     static const char *const names[] = {"conv-1", "a=b", "1st", "x y", ".h", "ok_name.0"};

@@ -142,7 +142,9 @@ int dp__layer_record(struct dp_model *m, struct dp_layer *l, int rc, const struc
     va_start(ap, fmt);
     int n = vsnprintf(st, sizeof st, fmt, ap);
     va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof st || !describable(st)) return DP_OK; /* (no text: ndesc falls behind) */
+    /* (no text: ndesc falls behind, and dp_model_finalize drops the text; a model whose input
+     * no model file can declare has none from the start) */
+    if (!m->desc || n < 0 || (size_t)n >= sizeof st || !describable(st)) return DP_OK;
     if (!(rc = desc_addf(m, "%s", st))) m->ndesc++;
     return rc;
 }
