@@ -18,14 +18,7 @@
 #include <string.h>
 
 #include "dp/data.h"
-
-#define CHECK(c)                                                         \
-    do {                                                                 \
-        if (!(c)) {                                                      \
-            fprintf(stderr, "fuzz_idx: contract violated: %s\n", #c);    \
-            abort();                                                     \
-        }                                                                \
-    } while (0)
+#include "fuzz_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *buf, size_t len);
 

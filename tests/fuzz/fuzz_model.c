@@ -12,14 +12,7 @@
 #include <string.h>
 
 #include "dp/nn.h"
-
-#define CHECK(c)                                                         \
-    do {                                                                 \
-        if (!(c)) {                                                      \
-            fprintf(stderr, "fuzz_model: contract violated: %s\n", #c);  \
-            abort();                                                     \
-        }                                                                \
-    } while (0)
+#include "fuzz_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *buf, size_t len);
 int LLVMFuzzerTestOneInput(const uint8_t *buf, size_t len) {

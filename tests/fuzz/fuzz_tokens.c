@@ -16,14 +16,7 @@
 
 #include "dp/core.h"
 #include "dp/data.h"
-
-#define CHECK(c)                                                          \
-    do {                                                                  \
-        if (!(c)) {                                                       \
-            fprintf(stderr, "fuzz_tokens: contract violated: %s\n", #c);  \
-            abort();                                                      \
-        }                                                                 \
-    } while (0)
+#include "fuzz_check.h"
 
 static uint32_t rd32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
