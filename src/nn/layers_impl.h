@@ -68,6 +68,10 @@ static inline int dp__layer_append(struct dp_model *m, struct dp_layer *l, int r
  * last step, so that every model built from them can be written down (model.c). */
 int dp__layer_record(struct dp_model *m, struct dp_layer *l, int rc, const struct dp__model_mark *mk,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* 1 when s[0..n) is a name a model file can hold (a layer's, or pos=/tied=): letters,
+ * digits, '_' and '.', 1..63 of them, starting with a letter or '_'.  One rule for the
+ * parser (model_file.c) and for the text the constructors write (model.c). */
+int dp__model_name_ok(const char *s, size_t n);
 /* The shortest decimal that reads back as the same float ("1e-05" for 1e-5f), into buf. */
 const char *dp__float_str(char buf[32], float x);
 

@@ -124,13 +124,19 @@ static int describable(const char *st) {
         const char *eq = k ? memchr(v, '=', n) : NULL; /* (the layer's name: no '=' in it) */
         if (k && !eq) return 0; /* (after the name, only KEY=VALUE) */
         if (eq) n -= (size_t)(eq + 1 - v), v = eq + 1;
-        int is_name = k == 0 || (eq && (!strncmp(eq - 4, " pos", 4) || !strncmp(eq - 5, " tied", 5)));
-        if (n == 0 || n > 63 || (is_name && (isdigit((unsigned char)v[0]) || v[0] == '.'))) return 0;
-        for (size_t i = 0; i < n; i++)
-            if (!isalnum((unsigned char)v[i]) && v[i] != '_' && v[i] != '.' && (is_name || (v[i] != '-' && v[i] != '+')))
-                return 0;
+        int is_name = k == 0 || !strncmp(eq - 4, " pos", 4) || !strncmp(eq - 5, " tied", 5);
+        if (is_name ? !dp__model_name_ok(v, n) : n == 0) return 0;
+        for (size_t i = 0; !is_name && i < n; i++) /* numbers: digits, '.', '-', '+', 'e' */
+            if (!isalnum((unsigned char)v[i]) && v[i] != '.' && v[i] != '-' && v[i] != '+') return 0;
         name = e;
     }
+    return 1;
+}
+
+int dp__model_name_ok(const char *s, size_t n) {
+    if (n == 0 || n > 63 || !(isalpha((unsigned char)s[0]) || s[0] == '_')) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '.') return 0;
     return 1;
 }
 

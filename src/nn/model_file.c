@@ -18,7 +18,6 @@
  * key spelled out, comments and spacing dropped) into m->desc, whoever calls
  * them: it is what a checkpoint stores, and two models are the same
  * architecture when their canonical texts are equal. */
-#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -27,6 +26,7 @@
 #include <string.h>
 
 #include "dp/nn.h"
+#include "layers_impl.h"
 
 enum { MAX_KEYS = 5, MAX_LINE = 1024, MAX_TOKENS = 16 };
 enum key_type { K_INT, K_FLOAT, K_NAME };
@@ -173,10 +173,7 @@ static int parse_int(const struct parse *ps, const char *what, const char *s, do
 
 /* A layer or parameter name: letters, digits, '_' and '.', starting with a letter or '_'. */
 static int check_name(const struct parse *ps, const char *what, const char *s) {
-    size_t n = strlen(s);
-    int ok = n > 0 && n < 64 && (isalpha((unsigned char)s[0]) || s[0] == '_');
-    for (size_t i = 0; ok && i < n; i++) ok = isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == '.';
-    return ok ? DP_OK
+    return dp__model_name_ok(s, strlen(s)) ? DP_OK
               : perr(ps, "%s: expected a name of letters, digits, '_' and '.' (at most 63), got '%.80s'", what, s);
 }
 
