@@ -373,6 +373,7 @@ TEST(data_augment_deterministic_and_shape_preserving) {
 
 /* A dataset where sample i is the 2x3 image filled with i and label i % 7. */
 static void make_ds(struct dp_dataset *ds, int64_t n) {
+    memset(ds, 0, sizeof *ds);
     ds->n = n, ds->C = 1, ds->H = 2, ds->W = 3, ds->num_classes = 7;
     ds->x = dp_malloc((size_t)n * 6 * sizeof(float));
     ds->y = dp_malloc((size_t)n * sizeof(int32_t));

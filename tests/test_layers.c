@@ -1906,3 +1906,35 @@ TEST(model_layer_begin_tied_head) {
     dp_replica_free(&r);
     dp_model_free(m);
 }
+
+/* Mean squared error: the loss, the absolute errors and the gradient against their
+ * definitions in double, on a finite difference too. */
+TEST(layer_mse_matches_definition) {
+    const int64_t R = 5, K = 3;
+    float o[15], t[15], d[15];
+    fill(o, R * K, 61, -3.0f, 3.0f);
+    fill(t, R * K, 62, -3.0f, 3.0f);
+    const float scale = 1.0f / 5.0f;
+    double loss, ab;
+    ASSERT_OK(dp_mse(d, &loss, &ab, o, t, R, K, scale));
+    double rl = 0, ra = 0;
+    for (int64_t i = 0; i < R * K; i++) {
+        double e = (double)o[i] - t[i];
+        rl += e * e / K, ra += fabs(e) / K;
+        ASSERT_NEAR(d[i], scale * 2.0 * e / K, 1e-6);
+    }
+    ASSERT_NEAR(loss, rl, 1e-6 * rl); /* (the differences are taken in float, as PyTorch does) */
+    ASSERT_NEAR(ab, ra, 1e-6 * ra);
+    /* d(scale * loss)/d o_i by central differences */
+    for (int64_t i = 0; i < R * K; i += 4) {
+        float keep = o[i];
+        double lp, lm;
+        o[i] = keep + 1e-2f;
+        ASSERT_OK(dp_mse(NULL, &lp, NULL, o, t, R, K, scale));
+        o[i] = keep - 1e-2f;
+        ASSERT_OK(dp_mse(NULL, &lm, NULL, o, t, R, K, scale));
+        o[i] = keep;
+        ASSERT_NEAR(d[i], scale * (lp - lm) / 2e-2, 1e-3);
+    }
+    ASSERT_ERR(dp_mse(d, &loss, &ab, o, t, R, 0, scale), DP_EINVAL, "outputs");
+}

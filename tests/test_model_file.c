@@ -95,6 +95,12 @@ TEST(model_file_canonical_text) {
                                  "one.txt"));
     ASSERT_TRUE(strcmp(one->desc, m->desc) == 0);
     dp_model_free(one);
+    /* a regression's loss: in the text, and set on a built model, the text following */
+    ASSERT_OK(dp_model_from_text(&one, "input 1 1 3; flatten f; linear fc out=2; loss mse", "reg.txt"));
+    ASSERT_TRUE(one->loss == DP_LOSS_MSE && strstr(one->desc, "\nloss mse\n"));
+    ASSERT_OK(dp_model_set_loss(one, DP_LOSS_XENT));
+    ASSERT_TRUE(one->loss == DP_LOSS_XENT && strstr(one->desc, "\nloss cross_entropy\n") && !strstr(one->desc, "mse"));
+    dp_model_free(one);
     ASSERT_TRUE(dp_model_find_param(m, "b.downsample.0.weight") != NULL);
     ASSERT_TRUE(dp_model_find_param(m, "fc.bias") == NULL);
     dp_model_free(m);
@@ -127,7 +133,9 @@ TEST(model_file_errors) {
         {"input 1 4 4\nflatten f\nrelu r foo=1\nlinear fc out=2\n", "relu takes none"},
         {"input 1 4 4\nconv2d c out=2\n", "f.txt:2: conv2d c: missing kernel="},
         {"input 1 4 4\nconv2d c out=2 kernel=9\n", "f.txt:2: conv2d c"},
-        {"input 1 4 4\nflatten f\nlinear fc out=2\nloss mse\n", "f.txt:4: loss: expected 'loss cross_entropy'"},
+        {"input 1 4 4\nflatten f\nlinear fc out=2\nloss hinge\n", "f.txt:4: loss: expected 'loss cross_entropy' "
+         "(softmax cross-entropy, for classes) or 'loss mse'"},
+        {"input tokens 4\nembedding tok pos=pos vocab=8 dim=4\nlm_head h tied=tok.weight\nloss mse\n", "loss mse needs (K) outputs"},
         {"input 1 4 4\nflatten f\nloss cross_entropy\nlinear fc out=2\n", "f.txt:4: 'linear' after the loss"},
         {"input 1 4 4\nembedding tok pos=pos vocab=10 dim=4\n", "embedding: needs the token input"},
         {"input tokens 8\nembedding tok pos=pos vocab=10 dim=4\nlm_head h tied=nope.weight\n", "f.txt:3: lm head h: no parameter 'nope.weight' to tie to"},

@@ -133,3 +133,91 @@ TEST(npy_open_maps_file) {
     ASSERT_TRUE(a.map == NULL);
     remove(path);
 }
+
+/* Writes a .npy of `dict` and `data` to a temporary file; its path into path. */
+static void npy_file(char *path, const char *dict, const void *data, size_t n) {
+    static uint8_t buf[1 << 16];
+    size_t len = npy_bytes(buf, 1, dict, data, n);
+    strcpy(path, "/tmp/dptest-npy-XXXXXX");
+    int fd = mkstemp(path);
+    FILE *fp = fdopen(fd, "wb");
+    fwrite(buf, 1, len, fp);
+    fclose(fp);
+}
+
+/* A dataset over a mapped (N, H, W, C) uint8 array: samples read as (C, H, W) floats, a
+ * held-out split that is a partition keyed by the seed, per-channel statistics, and the
+ * normalisation applied as read. */
+TEST(npy_dataset_read_split_normalise) {
+    enum { N = 10, H = 2, W = 3, C = 2 };
+    uint8_t x[N * H * W * C];
+    int64_t y[N];
+    for (int i = 0; i < N; i++) {
+        y[i] = i % 3;
+        for (int p = 0; p < H * W; p++)
+            for (int c = 0; c < C; c++) x[(i * H * W + p) * C + c] = (uint8_t)(i * 10 + p + 100 * c);
+    }
+    char xp[64], yp[64];
+    npy_file(xp, "{'descr': '|u1', 'fortran_order': False, 'shape': (10, 2, 3, 2), }", x, sizeof x);
+    npy_file(yp, "{'descr': '<i8', 'fortran_order': False, 'shape': (10,), }", y, sizeof y);
+    struct dp_dataset ds, val;
+    struct dp_data_opts o = {.nhwc = 1};
+    ASSERT_OK(dp_dataset_open_npy(&ds, xp, yp, &o));
+    ASSERT_TRUE(ds.n == N && ds.C == C && ds.H == H && ds.W == W && ds.num_classes == 3 && !ds.x && ds.src);
+    float s[C * H * W];
+    dp_dataset_read(&ds, 4, s);
+    for (int c = 0; c < C; c++)
+        for (int p = 0; p < H * W; p++) ASSERT_TRUE(s[c * H * W + p] == (float)(40 + p + 100 * c));
+    /* statistics per channel: channel 1 is channel 0 + 100, the same spread */
+    double mean[C], sd[C];
+    ASSERT_OK(dp_dataset_channel_stats(&ds, mean, sd));
+    ASSERT_NEAR(mean[0], 45 + 2.5, 1e-9);
+    ASSERT_NEAR(mean[1], mean[0] + 100, 1e-9);
+    ASSERT_NEAR(sd[0], sd[1], 1e-9);
+    /* the split: 3 held out, a partition, the same rows for the same seed, others for another */
+    ASSERT_OK(dp_dataset_split(&ds, &val, 0.3, 42));
+    ASSERT_TRUE(ds.n == 7 && val.n == 3);
+    int seen[N] = {0};
+    for (int64_t i = 0; i < ds.n + val.n; i++) {
+        dp_dataset_read(i < ds.n ? &ds : &val, i < ds.n ? i : i - ds.n, s);
+        int row = (int)s[0] / 10;
+        ASSERT_TRUE(row >= 0 && row < N && !seen[row]);
+        seen[row] = 1;
+        ASSERT_TRUE((i < ds.n ? ds.y[i] : val.y[i - ds.n]) == row % 3); /* labels follow their rows */
+    }
+    dp_dataset_read(&val, 0, s);
+    int first = (int)s[0] / 10;
+    dp_dataset_free(&ds), dp_dataset_free(&val);
+    ASSERT_OK(dp_dataset_open_npy(&ds, xp, yp, &o));
+    ASSERT_OK(dp_dataset_split(&ds, &val, 0.3, 42));
+    dp_dataset_read(&val, 0, s);
+    ASSERT_TRUE((int)s[0] / 10 == first);
+    /* normalised as read: (x - mean) / std per channel */
+    float m[C] = {40, 140}, st[C] = {2, 4};
+    ASSERT_OK(dp_dataset_normalize_channels(&ds, m, st));
+    dp_dataset_read(&ds, 0, s);
+    float raw0[C * H * W];
+    int row0 = (int)(s[0] * 2 + 40) / 10;
+    for (int c = 0; c < C; c++)
+        for (int p = 0; p < H * W; p++) raw0[c * H * W + p] = (float)(row0 * 10 + p + 100 * c);
+    for (int c = 0; c < C; c++)
+        for (int p = 0; p < H * W; p++) ASSERT_NEAR(s[c * H * W + p], (raw0[c * H * W + p] - m[c]) / st[c], 1e-6);
+    float bad[C] = {0, 0};
+    ASSERT_ERR(dp_dataset_normalize_channels(&ds, m, bad), DP_EINVAL, "std must be > 0");
+    dp_dataset_free(&ds), dp_dataset_free(&val);
+    /* a split that would leave a part empty */
+    ASSERT_OK(dp_dataset_open_npy(&ds, xp, yp, &o));
+    ASSERT_ERR(dp_dataset_split(&ds, &val, 0.05, 1), DP_EINVAL, "no validation sample");
+    dp_dataset_free(&ds);
+    /* float labels are a regression's: refused as classes, read as targets with regression */
+    float yf[N];
+    for (int i = 0; i < N; i++) yf[i] = (float)i * 0.5f;
+    char yfp[64];
+    npy_file(yfp, "{'descr': '<f4', 'fortran_order': False, 'shape': (10,), }", yf, sizeof yf);
+    ASSERT_ERR(dp_dataset_open_npy(&ds, xp, yfp, &o), DP_EFORMAT, "float targets are a regression");
+    o.regression = 1;
+    ASSERT_OK(dp_dataset_open_npy(&ds, xp, yfp, &o));
+    ASSERT_TRUE(!ds.y && ds.target && ds.num_classes == 1 && ds.target[9] == 4.5f);
+    dp_dataset_free(&ds);
+    remove(xp), remove(yp), remove(yfp);
+}

@@ -70,6 +70,7 @@ enum dp_rng_stream {
     DP_RNG_SAMPLE = 6,  /* a = generated token's index, b = 0: dptrain sample's draws */
     DP_RNG_SLOW = 7,    /* a = job rank, b = 2 * step (+1): --simulate-jitter's draws */
     DP_RNG_POWERSGD = 8, /* a = parameter index, b = element: PowerSGD's initial Q */
+    DP_RNG_VALSPLIT = 9, /* a = 0, b = position: --val-split's held-out samples */
     DP_RNG_USER = 16
 };
 /* Four 32-bit random words for counter (a, b) under key (seed, stream). */

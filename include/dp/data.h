@@ -21,14 +21,51 @@
 extern "C" {
 #endif
 
-/* A classification dataset held in memory as normalised floats. */
+/* A dataset: samples of C x H x W floats, read with dp_dataset_read, and
+ * their labels.  The features are either held in memory as normalised floats
+ * (x: IDX files) or read from a memory-mapped array as samples are asked for
+ * (src: .npy, CSV; src/data/arrays.c).  Labels are classes (y) or, for a
+ * regression, num_classes float targets per sample (target). */
+struct dp_dataset_src;
 struct dp_dataset {
     int64_t n;            /* samples */
     int64_t C, H, W;      /* per-sample shape (C = 1 for IDX images) */
-    float *x;             /* (n, C, H, W) */
-    int32_t *y;           /* (n) labels */
-    int64_t num_classes;  /* max label + 1 */
+    float *x;             /* (n, C, H, W) in memory, or NULL: read from src */
+    int32_t *y;           /* (n) class labels, or NULL for a regression */
+    float *target;        /* regression: (n, num_classes) targets, else NULL */
+    int64_t num_classes;  /* max label + 1; a regression: targets per sample */
+    struct dp_dataset_src *src; /* a mapped source, or NULL */
 };
+#define DP_DATASET_MAX_CLASSES 65536
+
+/* Sample i (0 <= i < n) as C*H*W floats in (C, H, W) order, normalised, into
+ * dst.  Thread-safe: reads only. */
+void dp_dataset_read(const struct dp_dataset *ds, int64_t i, float *dst);
+
+/* ---- datasets from arrays (src/data/arrays.c) ----------------------------------
+ * Features: (N, D), (N, H, W), (N, C, H, W), or (N, H, W, C) with nhwc; any
+ * dtype dp_npy reads, converted to float as read (a uint8 pixel becomes
+ * 0..255: normalise).  Labels: (N) or (N, 1) integers 0 .. 65535 (bool
+ * too), or with regression (N) or (N, K) numbers of any dtype.  The features
+ * stay mapped (dp_npy_open): a file larger than memory trains. */
+struct dp_data_opts {
+    int nhwc;         /* the features are (N, H, W, C) */
+    int regression;   /* the labels are float targets */
+};
+int dp_dataset_open_npy(struct dp_dataset *ds, const char *xpath, const char *ypath,
+                        const struct dp_data_opts *o);
+/* Moves a fixed fraction of ds into val: the first floor(n * frac) entries of
+ * the permutation keyed by (seed, DP_RNG_VALSPLIT), each part kept in the
+ * source's order.  Before normalising.  DP_EINVAL when a part would be empty. */
+int dp_dataset_split(struct dp_dataset *ds, struct dp_dataset *val, double frac, uint64_t seed);
+/* Keeps the first n samples (n <= 0 or >= ds->n: all). */
+int dp_dataset_limit(struct dp_dataset *ds, int64_t n);
+/* Per-channel mean and std (population) of ds's samples as read, in one pass
+ * in sample order; a constant channel gets std 1.  mean, std: (C). */
+int dp_dataset_channel_stats(const struct dp_dataset *ds, double *mean, double *std);
+/* x = (x - mean[c]) / std[c] per channel: in place for samples in memory,
+ * as read for a mapped source (replacing any earlier normalisation). */
+int dp_dataset_normalize_channels(struct dp_dataset *ds, const float *mean, const float *std);
 
 /* ---- NumPy .npy arrays (src/data/npy.c) --------------------------------------
  * Version 1.0, 2.0 and 3.0 files, C order, little-endian, of the dtypes below.
@@ -138,6 +175,7 @@ struct dp_loader_batch {
     float *x;               /* (B, C, H, W); NULL for a text loader */
     int32_t *tokens;        /* text loader: (B, ctx) input token ids; else NULL */
     int32_t *y;             /* (B) labels, or (B, ctx) next tokens for a text loader */
+    float *target;          /* a regression's (B, K) targets, else NULL */
     int64_t *idx;           /* (B) dataset indices (keys the RNG); text: window indices */
     int64_t epoch, step_in_epoch;
 };

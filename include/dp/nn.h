@@ -51,6 +51,7 @@ struct dp_batch {
     const float *x;             /* (B, in_shape) inputs, or NULL for token models */
     const int32_t *tokens;      /* (B, T) token ids for token models, else NULL */
     const int32_t *targets;     /* (B) class labels, or (B, T) next tokens */
+    const float *target;        /* a regression (loss mse): (B, K) targets, targets NULL */
     const int64_t *sample_idx;  /* (B) global index of each sample (keys RNG) */
     int64_t epoch;
 };
@@ -201,6 +202,15 @@ struct dp_shape dp_model_cur_shape(const struct dp_model *m);
  * A target outside [0, V) returns DP_EINVAL. */
 int dp_softmax_xent(float *dlogits, double *loss_sum, int64_t *correct, const float *logits,
                     const int32_t *targets, int64_t R, int64_t V, float scale);
+/* Mean squared error over rows of outputs (R, K) with float targets (R, K), per row
+ *   loss_r = (1/K) sum_k (o_rk - t_rk)^2        (so the mean over rows is PyTorch's MSELoss)
+ *   do_rk  = scale * (2/K) (o_rk - t_rk)
+ * *loss_sum gets the sum of loss_r, *abs_sum the sum of (1/K) sum_k |o_rk - t_rk| (the MAE's
+ * numerator); either may be NULL, as may dout. */
+int dp_mse(float *dout, double *loss_sum, double *abs_sum, const float *out, const float *target, int64_t R,
+           int64_t K, float scale);
+/* dp_model.loss */
+enum dp_loss_kind { DP_LOSS_XENT = 0, DP_LOSS_MSE = 1 };
 
 /* ---- sampling the next token ------------------------------------------------- */
 
@@ -238,12 +248,17 @@ struct dp_model {
                                    constructors: a model file that builds this model; NULL when a
                                    layer of the caller's own cannot be written down */
     int ndesc;                  /* layers the text holds */
+    int loss;                   /* enum dp_loss_kind: what dp_model_run computes on the outputs */
 };
 
 /* An empty model with per-sample input shape `in`. */
 int dp_model_init(struct dp_model **m, const char *spec, const struct dp_shape *in);
 /* Checks the model (the last layer's output must be (V) or (T, V) logits). */
 int dp_model_finalize(struct dp_model *m);
+/* Sets the loss of a model (softmax cross-entropy by default; mean squared error for a
+ * regression, whose output must be (K) values per sample), before or after finalize; the
+ * canonical text's loss statement follows. */
+int dp_model_set_loss(struct dp_model *m, int loss);
 void dp_model_free(struct dp_model *m);
 /* Builds a named model: "mlp", "cnn", "resnet", "mlp:784,512,10" (widths, the
  * first being the flattened input size), for inputs (C, H, W); or
@@ -251,6 +266,11 @@ void dp_model_free(struct dp_model *m);
  * language model over T token ids (input shape (T), output (T, V) logits);
  * C, H and W are ignored for it. */
 int dp_model_from_spec(struct dp_model **m, const char *spec, int64_t C, int64_t H, int64_t W);
+/* Same with `outputs` classes (dp_model_from_spec: 10) where the spec does not
+ * list them (mlp, cnn, resnet, and "mlp:hidden=H1,H2,...[,dropout=P]", an mlp
+ * whose input width is C*H*W and whose output width is `outputs`). */
+int dp_model_from_spec_outputs(struct dp_model **m, const char *spec, int64_t C, int64_t H, int64_t W,
+                               int64_t outputs);
 /* A model declared in a model file's text (docs/models.md): "input C H W" or
  * "input tokens T", then one layer per line (KIND NAME KEY=VALUE...), and an
  * optional "loss cross_entropy".  `origin` (the file's path) prefixes every
@@ -326,7 +346,8 @@ struct dp_pass {
     void *layer_begin_arg;
     /* outputs */
     double loss_sum;            /* sum of per-sample losses */
-    int64_t correct;            /* correct predictions */
+    int64_t correct;            /* correct predictions (cross-entropy) */
+    double abs_sum;             /* mse: sum of per-sample mean absolute errors */
     double t_forward, t_backward; /* seconds */
 };
 /* Runs forward (and, if p->backward, backward accumulating into r->grads) on

@@ -41,7 +41,10 @@ struct dp_event {
     int64_t samples;      /* STEP: samples in this step's batch */
     double loss;          /* STEP: this batch's mean loss; EPOCH: the epoch's mean */
     double train_acc;     /* EPOCH */
-    double test_acc, test_loss; /* EPOCH (NaN if no test set); text: on the validation windows */
+    double test_acc, test_loss; /* EPOCH (NaN if no test set); text: on the validation windows;
+                                   regression: test_acc is the mean absolute error, test_loss the
+                                   mean squared error */
+    int regression;       /* EPOCH, EVAL: the model's loss is mse */
     int64_t positions;    /* EPOCH: loss terms per sample: 1, or T for a language model (its
                              losses and accuracies are per token; tokens/s = samples/s x T) */
     double samples_per_s; /* EPOCH: training throughput of the epoch */
@@ -81,12 +84,32 @@ struct dp_event {
 };
 typedef void (*dp_event_fn)(void *arg, const struct dp_event *ev);
 
+/* dp_train_params.normalize */
+enum { DP_NORM_SOURCE = 0, DP_NORM_AUTO = 1, DP_NORM_NONE = 2, DP_NORM_FIXED = 3 };
+/* The checkpoint section holding the run's input normalisation (text: "mean M0 M1 ...\nstd S0 S1 ...\n"). */
+#define DP_CKPT_NORM_TAG "DPNORMIN"
+
 /* dp_train_params.zero_gather */
 enum { DP_ZERO_GATHER_AUTO = 0, DP_ZERO_GATHER_STEP = 1, DP_ZERO_GATHER_AHEAD = 2 };
 
 struct dp_train_params {
-    const char *data_dir;      /* IDX files (train-*, t10k-*); for a gpt model, a token file
-                                  (dptrain prepare-text, docs/text.md) */
+    const char *data_dir;      /* IDX files (train-*, t10k-*); an .npy of features (with labels); for a
+                                  gpt model, a token file (dptrain prepare-text, docs/text.md) */
+    /* Your own data (docs/data.md).  data_dir X.npy takes its labels from `labels` (y.npy); the
+     * test set is test_data + test_labels, or val_split of the samples held out (seed-keyed),
+     * or none.  layout_nhwc: X is (N, H, W, C). */
+    const char *labels, *test_data, *test_labels;
+    double val_split;          /* 0: none */
+    int layout_nhwc;
+    /* Input normalisation, per channel: DP_NORM_SOURCE (0, default) is the source's own
+     * (DP_NORM_FIXED for IDX, DP_NORM_AUTO for the others); AUTO computes each channel's mean
+     * and std over the training split; FIXED uses norm_mean and norm_std; NONE leaves the
+     * values as read.  A resumed run uses its checkpoint's. */
+    int normalize;
+    /* enum dp_loss_kind: DP_LOSS_XENT (classes, the default) or DP_LOSS_MSE (a regression: the
+     * labels are float targets, the report gives RMSE and MAE).  A model file's `loss mse` is
+     * the same as DP_LOSS_MSE. */
+    int loss;
     /* Several processes (for example MPI ranks): this process's communicator
      * with the others, one per process, or NULL for a single process.  Each
      * process then runs `workers` worker threads, and the job has
@@ -313,6 +336,8 @@ uint64_t dp_trainer_param_hash(const struct dp_trainer *t);
  * error-feedback state reset because the worker count changed. */
 const char *dp_trainer_note(const struct dp_trainer *t);
 const struct dp_model *dp_trainer_model(const struct dp_trainer *t);
+/* The test set as the run evaluates it (normalised; n = 0 when there is none). */
+const struct dp_dataset *dp_trainer_test_set(const struct dp_trainer *t);
 /* Who runs this process's bucket all-reduces: DP_PROGRESS_THREAD or
  * DP_PROGRESS_CALLER (--comm-progress, auto resolved at init). */
 int dp_trainer_comm_progress(const struct dp_trainer *t);

@@ -187,12 +187,3 @@ void dp_dataset_normalize(struct dp_dataset *ds, float mean, float std) {
     const float inv = 1.0f / std;
     for (size_t i = 0; i < count; i++) ds->x[i] = (ds->x[i] - mean) * inv;
 }
-
-/* Frees the buffers and zeroes ds.  Safe on NULL, on a zeroed struct and on a
- * dataset freed before. */
-void dp_dataset_free(struct dp_dataset *ds) {
-    if (!ds) return;
-    dp_free(ds->x);
-    dp_free(ds->y);
-    memset(ds, 0, sizeof *ds);
-}

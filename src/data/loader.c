@@ -73,6 +73,7 @@ struct dp_loader {
     /* Filler state: touched only by whoever assembles batches (the producer
      * thread while it runs, otherwise the consumer). */
     int64_t *perm;           /* (n) permutation of the current epoch */
+    float *scratch;          /* (sample) one converted sample, for augmentation of a mapped source */
     int64_t perm_epoch;      /* epoch perm holds, -1 if none */
 
     int nslots;
@@ -163,15 +164,20 @@ static void fill_batch(struct dp_loader *l, struct slot *s, int64_t pos) {
     }
     int augment = p->aug.crop_pad > 0 || p->aug.hflip;
     const struct dp_dataset *ds = l->ds;
+    const int64_t K = ds->num_classes;
     for (int64_t i = 0; i < B; i++) {
         int64_t idx = l->perm[off + i];
-        const float *src = ds->x + idx * l->sample;
         float *dst = b->x + i * l->sample;
-        if (augment)
+        if (augment) {
+            /* in memory: augment from the sample itself; mapped: from its converted copy */
+            const float *src = ds->x && !ds->src ? ds->x + idx * l->sample : l->scratch;
+            if (src == l->scratch) dp_dataset_read(ds, idx, l->scratch);
             dp_augment_sample(dst, src, ds->C, ds->H, ds->W, &p->aug, p->seed, idx, epoch);
-        else
-            memcpy(dst, src, (size_t)l->sample * sizeof(float));
-        b->y[i] = ds->y[idx];
+        } else {
+            dp_dataset_read(ds, idx, dst);
+        }
+        if (ds->y) b->y[i] = ds->y[idx];
+        if (ds->target) memcpy(b->target + i * K, ds->target + idx * K, sizeof(float) * (size_t)K);
         b->idx[i] = idx;
     }
     b->B = B;
@@ -240,10 +246,12 @@ static void loader_release(struct dp_loader *l) {
             dp_free(l->slots[i].b.tokens);
             dp_free(l->slots[i].b.y);
             dp_free(l->slots[i].b.idx);
+            dp_free(l->slots[i].b.target);
         }
     }
     dp_free(l->slots);
     dp_free(l->perm);
+    dp_free(l->scratch);
     dp_free(l->shares);
     pthread_cond_destroy(&l->ready);
     pthread_cond_destroy(&l->space);
@@ -332,13 +340,20 @@ int dp_loader_init(struct dp_loader **out, const struct dp_dataset *ds,
                    const struct dp_loader_params *p) {
     *out = NULL;
     if (!ds || !p) return dp_seterr(DP_EINVAL, "loader: NULL dataset or parameters");
-    if (ds->n < 1 || !ds->x || !ds->y)
+    if (ds->n < 1 || !(ds->x || ds->src) || !(ds->y || ds->target))
         return dp_seterr(DP_EINVAL, "loader: the dataset is empty");
     int rc = loader_check(p, ds->n);
     if (rc) return rc;
     struct dp_loader *l = loader_alloc(p, ds->n, ds->C * ds->H * ds->W, 0);
     if (!l) return dp_seterr(DP_ENOMEM, "loader: cannot allocate batch buffers");
     l->ds = ds;
+    int nomem = !(l->scratch = dp_malloc(sizeof(float) * (size_t)l->sample));
+    for (int i = 0; ds->target && i < l->nslots; i++)
+        nomem |= !(l->slots[i].b.target = dp_malloc(sizeof(float) * (size_t)(l->max_B * ds->num_classes)));
+    if (nomem) {
+        loader_release(l);
+        return dp_seterr(DP_ENOMEM, "loader: cannot allocate batch buffers");
+    }
     return loader_start(l, out);
 }
 

@@ -98,3 +98,24 @@ int dp_softmax_xent(float *dlogits, double *loss_sum, int64_t *correct, const fl
     if (correct) *correct = nhit;
     return DP_OK;
 }
+
+/* One pass per row, in row order: the sums are the same bits for any thread count. */
+int dp_mse(float *dout, double *loss_sum, double *abs_sum, const float *out, const float *target, int64_t R,
+           int64_t K, float scale) {
+    if (R < 0 || K <= 0) return dp_seterr(DP_EINVAL, "mse: %lld rows of %lld outputs", (long long)R, (long long)K);
+    if (R > 0 && (!out || !target)) return dp_seterr(DP_EINVAL, "mse: no %s", out ? "targets" : "outputs");
+    double ls = 0, as = 0;
+    const float g = scale * 2.0f / (float)K;
+    for (int64_t r = 0; r < R; r++) {
+        double sq = 0, ab = 0;
+        for (int64_t k = 0; k < K; k++) {
+            float d = out[r * K + k] - target[r * K + k];
+            sq += (double)d * d, ab += fabs((double)d);
+            if (dout) dout[r * K + k] = g * d;
+        }
+        ls += sq / (double)K, as += ab / (double)K;
+    }
+    if (loss_sum) *loss_sum = ls;
+    if (abs_sum) *abs_sum = as;
+    return DP_OK;
+}

@@ -226,14 +226,37 @@ int dp_model_finalize(struct dp_model *m) {
     }
     /* The canonical text holds a statement for every layer, or the model cannot be
      * written down (a layer of the caller's own, appended with dp_model_append): no text. */
+    if (m->loss == DP_LOSS_MSE && out.ndim != 1)
+        return dp_seterr(DP_EINVAL, "model %s: loss mse needs (K) outputs per sample, got %d dims", m->spec,
+                         out.ndim);
     if (m->desc && m->ndesc == m->nlayers) {
-        int rc = desc_addf(m, "loss cross_entropy");
+        int rc = desc_addf(m, "loss %s", m->loss == DP_LOSS_MSE ? "mse" : "cross_entropy");
         if (rc) return rc;
     } else {
         dp_free(m->desc);
         m->desc = NULL;
     }
     m->finalized = 1;
+    return DP_OK;
+}
+
+int dp_model_set_loss(struct dp_model *m, int loss) {
+    if (loss != DP_LOSS_XENT && loss != DP_LOSS_MSE) return dp_seterr(DP_EINVAL, "model: loss %d", loss);
+    if (!m->finalized || m->loss == loss) {
+        m->loss = loss;
+        return DP_OK;
+    }
+    struct dp_shape out = dp_model_cur_shape(m);
+    if (loss == DP_LOSS_MSE && out.ndim != 1)
+        return dp_seterr(DP_EINVAL, "model %s: loss mse needs (K) outputs per sample, got %d dims", m->spec,
+                         out.ndim);
+    m->loss = loss;
+    if (m->desc) { /* the text ends with its loss statement (finalize): write the new one */
+        size_t len = strlen(m->desc), at = len >= 2 ? len - 2 : 0;
+        while (at > 0 && m->desc[at - 1] != '\n') at--;
+        if (!strncmp(m->desc + at, "loss ", 5)) m->desc[at] = 0;
+        return desc_addf(m, "loss %s", loss == DP_LOSS_MSE ? "mse" : "cross_entropy");
+    }
     return DP_OK;
 }
 
@@ -375,7 +398,10 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
         dlogits = dp_arena_alloc(&r->arena, sizeof(float) * (size_t)(R * V));
         if (!dlogits) return dp_adderr(DP_ENOMEM, "loss");
     }
-    int rc = dp_softmax_xent(dlogits, &p->loss_sum, &p->correct, logits, b->targets, R, V, ctx.loss_scale);
+    p->abs_sum = 0, p->correct = 0;
+    int rc = m->loss == DP_LOSS_MSE
+                 ? dp_mse(dlogits, &p->loss_sum, &p->abs_sum, logits, b->target, R, V, ctx.loss_scale)
+                 : dp_softmax_xent(dlogits, &p->loss_sum, &p->correct, logits, b->targets, R, V, ctx.loss_scale);
     if (rc) return dp_adderr(rc, "loss");
     double t1 = dp_time();
     p->t_forward = t1 - t0;

@@ -5,7 +5,7 @@
  *   conv2d conv1 out=32 kernel=3 pad=1
  *   relu relu1
  *   ...
- *   loss cross_entropy              optional: the one loss the engine has
+ *   loss cross_entropy              optional: or "loss mse" (a regression)
  *
  * Statements may also share a line, separated by ';' (the safetensors
  * metadata's form, "input 1 28 28; flatten f; ...").
@@ -310,8 +310,10 @@ static int statement(struct parse *ps, struct dp_model **mp, char *st, int *seen
         return perr(ps, "'%.80s' before the input statement (a model file starts with 'input C H W' or "
                     "'input tokens T')", tok[0]);
     if (!strcmp(tok[0], "loss")) {
-        if (n != 2 || strcmp(tok[1], "cross_entropy"))
-            return perr(ps, "loss: expected 'loss cross_entropy' (softmax cross-entropy, the one loss there is)");
+        if (n != 2 || (strcmp(tok[1], "cross_entropy") && strcmp(tok[1], "mse")))
+            return perr(ps, "loss: expected 'loss cross_entropy' (softmax cross-entropy, for classes) or "
+                        "'loss mse' (mean squared error, for a regression)");
+        m->loss = strcmp(tok[1], "mse") ? DP_LOSS_XENT : DP_LOSS_MSE;
         *seen_loss = 1;
         return DP_OK;
     }

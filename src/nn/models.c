@@ -196,7 +196,27 @@ static int build_gpt(struct dp_model *m, const struct gpt_cfg *c) {
 int dp_model_spec_reads_tokens(const char *spec) { return spec && strncmp(spec, "gpt:", 4) == 0; }
 
 int dp_model_from_spec(struct dp_model **out, const char *spec, int64_t C, int64_t H, int64_t W) {
+    return dp_model_from_spec_outputs(out, spec, C, H, W, 10);
+}
+
+/* "mlp:hidden=H1,H2,...[,dropout=P]" as the full width list "D,H1,H2,...,K[,dropout=P]". */
+static int mlp_hidden(char *def, size_t cap, const char *hidden, int64_t D, int64_t K) {
+    const char *dk = strstr(hidden, "dropout=");
+    size_t hl = dk ? (size_t)(dk - hidden) : strlen(hidden);
+    if (hl && hidden[hl - 1] == ',') hl--;
+    if (!hl) return dp_seterr(DP_EINVAL, "model mlp: no hidden widths in 'hidden=%s' (expected e.g. mlp:hidden=64 "
+                              "or mlp:hidden=256,256,dropout=0.1)", hidden);
+    int n = snprintf(def, cap, "%lld,%.*s,%lld%s%s", (long long)D, (int)hl, hidden, (long long)K, dk ? "," : "",
+                     dk ? dk : "");
+    if (n < 0 || (size_t)n >= cap) return dp_seterr(DP_EINVAL, "model mlp: 'hidden=%s' is too long", hidden);
+    return DP_OK;
+}
+
+int dp_model_from_spec_outputs(struct dp_model **out, const char *spec, int64_t C, int64_t H, int64_t W,
+                               int64_t classes) {
     *out = NULL;
+    if (classes < 1 || classes > (1 << 24))
+        return dp_seterr(DP_EINVAL, "model %s: %lld outputs", spec, (long long)classes);
     struct dp_shape in = {3, {C, H, W, 0}};
     struct gpt_cfg gc = {0};
     const int gpt = dp_model_spec_reads_tokens(spec);
@@ -208,11 +228,13 @@ int dp_model_from_spec(struct dp_model **out, const char *spec, int64_t C, int64
     struct dp_model *m;
     int rc = dp_model_init(&m, spec, &in);
     if (rc) return rc;
-    const int64_t classes = 10;
-    char def[64];
+    char def[512];
     if (strcmp(spec, "mlp") == 0) {
         snprintf(def, sizeof def, "%lld,512,512,%lld", (long long)(C * H * W), (long long)classes);
         rc = build_mlp(m, def);
+    } else if (strncmp(spec, "mlp:hidden=", 11) == 0) {
+        rc = mlp_hidden(def, sizeof def, spec + 11, C * H * W, classes);
+        if (!rc) rc = build_mlp(m, def);
     } else if (strncmp(spec, "mlp:", 4) == 0) {
         rc = build_mlp(m, spec + 4);
     } else if (gpt) {
@@ -222,7 +244,7 @@ int dp_model_from_spec(struct dp_model **out, const char *spec, int64_t C, int64
     } else if (strcmp(spec, "resnet") == 0 || strncmp(spec, "resnet:", 7) == 0) {
         rc = build_resnet(m, spec[6] ? spec + 7 : NULL, classes);
     } else {
-        rc = dp_seterr(DP_EINVAL, "unknown model '%s' (expected mlp, cnn, resnet, mlp:W0,W1,...[,dropout=P], "
+        rc = dp_seterr(DP_EINVAL, "unknown model '%s' (expected mlp, cnn, resnet, mlp:W0,W1,...[,dropout=P], mlp:hidden=H1,...[,dropout=P], "
                        "cnn:C1,C2[,F], resnet:DEPTH[,WIDTH] or gpt:layers=L,heads=H,dim=D,ctx=T)", spec);
     }
     if (!rc) rc = dp_model_finalize(m);

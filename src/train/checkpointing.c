@@ -358,6 +358,9 @@ int dp__zero_serves(const struct dp_trainer *t) { return t->p.zero && t->p.out_d
         }
         if (t->p.config) dp_ckpt_writer_section(out, DP_CKPT_CONFIG_TAG, t->p.config, strlen(t->p.config));
         if (t->model->desc) dp_ckpt_writer_section(out, DP_CKPT_MODEL_TAG, t->model->desc, strlen(t->model->desc));
+        char *norm = dp__norm_text(t);
+        if (norm) dp_ckpt_writer_section(out, DP_CKPT_NORM_TAG, norm, strlen(norm));
+        dp_free(norm);
         int crc = dp_ckpt_writer_close(out, &h, NULL, NULL, 0);
         if (!src) src = crc;
     }

@@ -62,9 +62,7 @@ static int det_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *
         int64_t per = dp_shape_numel(&m->in_shape);
         for (int64_t c0 = 0; c0 < lb->B; c0 += C) {
             int64_t B = lb->B - c0 < C ? lb->B - c0 : C;
-            struct dp_batch b = {.B = B, .x = lb->x ? lb->x + c0 * per : NULL,
-                                 .tokens = lb->tokens ? lb->tokens + c0 * per : NULL,
-                                 .targets = lb->y + c0 * t->pos, .sample_idx = lb->idx + c0, .epoch = lb->epoch};
+            struct dp_batch b = dp__batch_of(lb, c0, B, per, t->pos, dp_model_num_classes(m));
             struct det_conv dc = {.acc = w->acc, .g = w->rep.grads};
             struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = 1.0f,
                                    .grad_ready = det_grad_ready, .grad_ready_arg = &dc};

@@ -30,8 +30,15 @@ static int eval_chunks(struct dp_trainer *t, struct worker *w, const struct dp_d
         struct dp_batch b = {.B = B > 0 ? B : 0};
         if (B <= 0) i = 0; /* an empty pass still reads from valid pointers */
         if (ds) {
-            b.x = ds->x + i * ds->C * ds->H * ds->W;
-            b.targets = ds->y + i;
+            const int64_t per = ds->C * ds->H * ds->W;
+            if (ds->src) { /* a mapped source: its samples converted into the worker's chunk */
+                for (int64_t k = 0; k < B; k++) dp_dataset_read(ds, i + k, w->ex + k * per);
+                b.x = w->ex;
+            } else {
+                b.x = ds->x + i * per;
+            }
+            if (ds->y) b.targets = ds->y + i;
+            if (ds->target) b.target = ds->target + i * ds->num_classes;
         } else {
             int rc = B > 0 ? dp_text_fill_val(&t->tokens, &t->split, t->ctx, i, B, w->etok, w->etgt) : DP_OK;
             if (rc) return dp_adderr(rc, "evaluate");
@@ -41,7 +48,9 @@ static int eval_chunks(struct dp_trainer *t, struct worker *w, const struct dp_d
         if (gather) pass.layer_begin = dp_zero_layer_begin, pass.layer_begin_arg = &w->zero;
         int rc = dp_model_run(t->model, &w->rep, &b, &pass);
         if (rc) return dp_adderr(rc, "evaluate");
-        if (B > 0) slot[2 * c] = (double)pass.correct, slot[2 * c + 1] = pass.loss_sum;
+        /* (a regression's "correct" slot sums absolute errors: the MAE's numerator) */
+        if (B > 0) slot[2 * c] = t->model->loss == DP_LOSS_MSE ? pass.abs_sum : (double)pass.correct;
+        if (B > 0) slot[2 * c + 1] = pass.loss_sum;
     }
     return DP_OK;
 }

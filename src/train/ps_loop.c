@@ -80,8 +80,7 @@ static int ps_batch(struct worker *w, int64_t epoch, int64_t k, double *n, doubl
     w->step_slow = 0;
     if (lb->B == 0) return DP_OK; /* an empty share: an empty push */
     double denom = (double)(t->p.staleness >= 0 ? lb->global_B : lb->B) * (double)t->pos;
-    struct dp_batch b = {.B = lb->B, .x = lb->x, .tokens = lb->tokens, .targets = lb->y, .sample_idx = lb->idx,
-                         .epoch = lb->epoch};
+    struct dp_batch b = dp__batch_of(lb, 0, lb->B, 0, t->pos, dp_model_num_classes(t->model));
     struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = (float)(1.0 / denom)};
     double mult = 1, stall = 0;
     if (t->simulate) dp__pace_plan(w, &mult, &stall);

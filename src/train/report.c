@@ -76,17 +76,31 @@ static int metrics_end(const struct dp_trainer *t) {
     return DP_OK;
 }
 
+/* The test figures of a metrics record, "" where there is no test set (NaN is not JSON). */
+static const char *test_fields(char *buf, size_t cap, double loss, double acc, int regression) {
+    if (isnan(loss)) return "";
+    if (regression) /* acc holds the mean absolute error (eval.c) */
+        snprintf(buf, cap, "\"test_loss\": %.6g, \"test_rmse\": %.6g, \"test_mae\": %.6g, ", loss, sqrt(loss), acc);
+    else
+        snprintf(buf, cap, "\"test_loss\": %.6f, \"test_acc\": %.6f, ", loss, acc);
+    return buf;
+}
+
 /* Rank 0: an evaluation outside the epoch's end (a run --max-steps stopped mid-epoch): its
  * event and an "eval" record. */
 int dp__report_eval(struct worker *w, int64_t step, int64_t epoch, double acc, double loss) {
     struct dp_trainer *t = w->t;
     struct dp_event ev = {.kind = DP_EVENT_EVAL, .step = step, .epoch = epoch, .test_acc = acc, .test_loss = loss,
-                          .positions = t->pos, .step_in_epoch = (t->step_in_epoch + t->p.accum - 1) / t->p.accum};
+                          .positions = t->pos, .step_in_epoch = (t->step_in_epoch + t->p.accum - 1) / t->p.accum,
+                          .regression = t->regression};
     dp__emit_event(t, &ev);
-    if (!t->metrics) return DP_OK;
+    if (!t->metrics || isnan(loss)) return DP_OK;
     errno = 0;
-    if (fprintf(t->metrics, "{\"kind\": \"eval\", \"step\": %lld, \"epoch\": %lld, \"test_loss\": %.6f, "
-                "\"test_acc\": %.6f", (long long)step, (long long)epoch + 1, loss, acc) < 0)
+    char tf[96];
+    test_fields(tf, sizeof tf, loss, acc, t->regression);
+    tf[strlen(tf) - 2] = 0; /* (the record's last fields: no ", ") */
+    if (fprintf(t->metrics, "{\"kind\": \"eval\", \"step\": %lld, \"epoch\": %lld, %s", (long long)step,
+                (long long)epoch + 1, tf) < 0)
         return dp__metrics_error(t);
     return metrics_end(t);
 }
@@ -104,6 +118,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
     struct dp_event ev = {.kind = DP_EVENT_EPOCH, .step = t->step, .epoch = t->epoch,
                           .lr = dp_sched_lr(&t->p.sched, sstep > 0 ? sstep - 1 : 0)};
     ev.positions = t->pos;
+    ev.regression = t->regression;
     ev.loss = tot[2] > 0 ? tot[0] / (tot[2] * (double)t->pos) : NAN;
     ev.train_acc = tot[2] > 0 ? tot[1] / (tot[2] * (double)t->pos) : NAN;
     ev.samples_per_s = dt > 0 ? tot[2] / dt : 0;
@@ -141,16 +156,17 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
         ev.stale_p50 = dp_ps_hist_quantile(sh, 0.5), ev.stale_p99 = dp_ps_hist_quantile(sh, 0.99);
     }
     if (t->metrics) {
+        char tf[96];
         errno = 0;
         if (fprintf(t->metrics,
                 "{\"kind\": \"epoch\", \"epoch\": %lld, \"step\": %lld, \"workers\": %d, \"lr\": %.6g, "
-                "\"train_loss\": %.6f, \"train_acc\": %.6f, \"test_loss\": %.6f, \"test_acc\": %.6f, "
+                "\"train_loss\": %.6f, \"train_acc\": %.6f, %s"
                 "\"samples_per_s\": %.1f, \"epoch_time_s\": %.3f, \"data_wait_s\": %.3f, "
                 "\"forward_s\": %.3f, \"backward_s\": %.3f, \"comm_s\": %.3f, \"comm_exposed_s\": %.3f, "
                 "\"optimizer_s\": %.3f, \"skipped_steps\": %lld, \"slowest_rank\": %d, "
                 "\"slowest_lag_s\": %.6f, \"param_hash\": \"%016llx\", \"rank_arrival_s\": [",
                 (long long)ev.epoch, (long long)ev.step, t->G, (double)ev.lr, ev.loss, ev.train_acc,
-                ev.test_loss, ev.test_acc, ev.samples_per_s, dt, ev.t_data, ev.t_fwd, ev.t_bwd, ev.t_comm,
+                test_fields(tf, sizeof tf, ev.test_loss, ev.test_acc, t->regression), ev.samples_per_s, dt, ev.t_data, ev.t_fwd, ev.t_bwd, ev.t_comm,
                 ev.t_comm_exposed, ev.t_opt, (long long)ev.skipped, ev.slow_rank, ev.slow_lag,
                 (unsigned long long)(w->zero.pshard ? w->zhash : dp_replica_hash(&w->rep))) < 0)
             return dp__metrics_error(t);

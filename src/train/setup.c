@@ -47,8 +47,12 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
             w->etgt = dp_malloc(n * sizeof(int32_t));
             if (!w->etok || !w->etgt) rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
         }
-    } else
+    } else {
         rc = dp_loader_init(&w->loader, &t->train, &lp);
+        if (!rc && t->test.src &&
+            !(w->ex = dp_malloc_big(sizeof(float) * (size_t)(t->eval_chunk * t->test.C * t->test.H * t->test.W))))
+            rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
+    }
     if (rc) return rc;
     /* ~10 events per step: 200k covers long runs; later events are counted, not kept */
     if ((rc = dp_timeline_init(&w->tl, p->timeline ? 200000 : 0))) return rc;
@@ -126,10 +130,13 @@ static int build_declared(struct dp_trainer *t, const struct model_src *src) {
     return rc;
 }
 
-/* t->model for inputs (C, H, W): from the spec, or the one built already, which must take
- * them. */
-static int build_model(struct dp_trainer *t, const struct model_src *src, int64_t C, int64_t H, int64_t W) {
-    if (!t->model) return dp_model_from_spec(&t->model, src->spec, C, H, W);
+/* t->model for ds's samples (C, H, W) and classes: from the spec, or the one built already,
+ * which must take them.  (A token model's ds is NULL.) */
+static int build_model(struct dp_trainer *t, const struct model_src *src, const struct dp_dataset *ds) {
+    int64_t C = ds ? ds->C : 1, H = ds ? ds->H : 1, W = ds ? ds->W : 1;
+    /* the IDX sets keep the ten outputs they always had, whatever classes a limit leaves */
+    int64_t K = ds && ds->src ? ds->num_classes : 10;
+    if (!t->model) return dp_model_from_spec_outputs(&t->model, src->spec, C, H, W, K);
     const struct dp_shape *in = &t->model->in_shape;
     if (!t->text && (in->ndim != 3 || in->d[0] != C || in->d[1] != H || in->d[2] != W))
         return dp_seterr(DP_EMISMATCH, "model %s declares input %lld %lld %lld, the data's samples are %lld x %lld "
@@ -155,7 +162,7 @@ static int load_text(struct dp_trainer *t, const struct model_src *src) {
                          spec, p->data_dir ? p->data_dir : "(none)", p->data_dir ? p->data_dir : "DIR");
     int rc = dp_tokens_read(p->data_dir, &t->tokens);
     if (rc) return rc;
-    if ((rc = build_model(t, src, 1, 1, 1))) return rc;
+    if ((rc = build_model(t, src, NULL))) return rc;
     t->ctx = t->model->in_shape.d[0];
     if (t->tokens.vocab > dp_model_num_classes(t->model))
         return dp_seterr(DP_EMISMATCH, "%s has a vocabulary of %lld tokens, model '%s' outputs %lld",
@@ -234,14 +241,11 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (t->text) {
         if ((rc = load_text(t, &src))) goto fail;
     } else {
-        /* only the samples the limits keep are read (a short run decompresses
-         * no more than it trains and evaluates on) */
-        if ((rc = dp_dataset_load_dir_first(&t->train, &t->test, p->data_dir, p->train_limit > 0 ? p->train_limit : 0,
-                                            p->test_limit > 0 ? p->test_limit : 0)))
-            goto fail;
-        dp_dataset_normalize(&t->train, p->norm_mean, p->norm_std);
-        dp_dataset_normalize(&t->test, p->norm_mean, p->norm_std);
-        if ((rc = build_model(t, &src, t->train.C, t->train.H, t->train.W))) goto fail;
+        if (p->loss == DP_LOSS_MSE && t->model && (rc = dp_model_set_loss(t->model, DP_LOSS_MSE))) goto fail;
+        t->regression = p->loss == DP_LOSS_MSE || (t->model && t->model->loss == DP_LOSS_MSE);
+        if ((rc = dp__data_load(t))) goto fail; /* data_src.c */
+        if ((rc = build_model(t, &src, &t->train))) goto fail;
+        if (t->regression && (rc = dp_model_set_loss(t->model, DP_LOSS_MSE))) goto fail;
         t->eval_chunk = EVAL_CHUNK;
     }
     dp_free(src.text);
@@ -249,6 +253,12 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     {
         struct dp_shape os = dp_model_cur_shape(t->model);
         t->pos = dp_shape_numel(&os) / os.d[os.ndim - 1];
+    }
+    if (t->regression && t->train.num_classes != dp_model_num_classes(t->model)) {
+        rc = dp_seterr(DP_EMISMATCH, "the data has %lld target%s per sample, model '%s' outputs %lld",
+                       (long long)t->train.num_classes, t->train.num_classes > 1 ? "s" : "", spec,
+                       (long long)dp_model_num_classes(t->model));
+        goto fail;
     }
     if (!t->text && t->train.num_classes > dp_model_num_classes(t->model)) {
         rc = dp_seterr(DP_EMISMATCH, "the data has %lld classes, model '%s' outputs %lld",

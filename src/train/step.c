@@ -123,8 +123,7 @@ int dp__compute(struct worker *w, int64_t nmicro, const struct dp__micro_hooks *
         double ta = dp_time();
         dp_timeline_add(&w->tl, "data", 0, w->step, td, ta);
         int last_micro = k == nmicro - 1;
-        struct dp_batch b = {.B = lb->B, .x = lb->x, .tokens = lb->tokens, .targets = lb->y,
-                             .sample_idx = lb->idx, .epoch = lb->epoch};
+        struct dp_batch b = dp__batch_of(lb, 0, lb->B, 0, t->pos, dp_model_num_classes(m));
         struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = 1.0f};
         int reducing = h->begin ? h->begin(w, &pass, k, nmicro, lb, c->n_total) : 0;
         dp__pace_start(w, mult, last_micro ? stall : 0, ta);

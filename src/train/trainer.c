@@ -35,6 +35,8 @@
 
 const struct dp_model *dp_trainer_model(const struct dp_trainer *t) { return t->model; }
 
+const struct dp_dataset *dp_trainer_test_set(const struct dp_trainer *t) { return &t->test; }
+
 int dp_trainer_comm_progress(const struct dp_trainer *t) { return t->comm_progress; }
 int dp_trainer_prefetch(const struct dp_trainer *t) { return t->p.prefetch; }
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t) { return &t->w[0].rep; }
@@ -72,6 +74,7 @@ void dp_trainer_free(struct dp_trainer *t) {
         dp_free(w->dropped);
         dp_free(w->etok);
         dp_free(w->etgt);
+        dp_free(w->ex);
         dp_comm_free(w->comm);
         dp_loader_free(w->loader);
         dp_optim_free(&w->opt);
@@ -97,6 +100,8 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_model_free(t->model);
     dp_dataset_free(&t->train);
     dp_dataset_free(&t->test);
+    dp_free(t->norm_mean);
+    dp_free(t->norm_std);
     dp_tokens_free(&t->tokens);
     if (t->metrics) fclose(t->metrics);
     dp_free(t);

@@ -66,6 +66,7 @@ struct worker {
     int rc;
     char err[512];
     int32_t *etok, *etgt;      /* text: one evaluation chunk's windows (eval_chunk x ctx) */
+    float *ex;                 /* a mapped test set: one evaluation chunk's samples, converted */
     /* this epoch's sums */
     double loss_sum, t_fwd, t_bwd, t_opt, t_comm, t_exposed, wait0;
     double t_step0;            /* when this step started (dp_time) */
@@ -143,6 +144,9 @@ struct dp_trainer {
     cpu_set_t cpus;            /* --pin-threads: the process's affinity at dp_trainer_run */
     struct dp_train_params p;
     struct dp_dataset train, test;
+    float *norm_mean, *norm_std; /* (norm_C) the input normalisation applied (data_src.c) */
+    int64_t norm_C;            /* channels; 0: none */
+    int regression;            /* the model's loss is mse: float targets */
     /* text (a token model): the token file, its split, the window length */
     int text;
     struct dp_tokens tokens;
@@ -211,6 +215,20 @@ struct dp_trainer {
 };
 
 /* params.c */
+/* The model's batch of samples [c0, c0 + B) of a loader's batch: per input values (or token
+ * ids) per sample, pos label terms, and for a regression K targets per sample. */
+static inline struct dp_batch dp__batch_of(const struct dp_loader_batch *lb, int64_t c0, int64_t B, int64_t per,
+                                           int64_t pos, int64_t K) {
+    return (struct dp_batch){.B = B, .x = lb->x ? lb->x + c0 * per : NULL,
+                             .tokens = lb->tokens ? lb->tokens + c0 * per : NULL,
+                             .targets = lb->target ? NULL : lb->y + c0 * pos,
+                             .target = lb->target ? lb->target + c0 * K : NULL,
+                             .sample_idx = lb->idx + c0, .epoch = lb->epoch};
+}
+
+/* data_src.c: the training and test sets and their normalisation; the checkpoint's text of it */
+int dp__data_load(struct dp_trainer *t);
+char *dp__norm_text(const struct dp_trainer *t);
 int dp__check_ps(const struct dp_train_params *p);
 int dp__check_params(const struct dp_train_params *p);
 int dp__check_schedule(const struct dp_trainer *t);

@@ -46,8 +46,9 @@ const char *const dptrain_help_train =
     "\n"
     "basics:\n"
     "  --data DIR          IDX files train-*/t10k-* (plain or .gz) [" DEFAULT_DATA "];\n"
-    "                      gpt: a token file or a folder of text (see data and model)\n"
-    "  --model SPEC        mlp | cnn | resnet | mlp:784,W1,...,10[,dropout=P] |\n"
+    "                      X.npy with --labels y.npy (docs/data.md); gpt: a token file or a\n"
+    "                      folder of text (see data and model)\n"
+    "  --model SPEC        mlp | cnn | resnet | mlp:784,W1,...,10[,dropout=P] | mlp:hidden=W1,... |\n"
     "                      cnn:C1,C2[,F] | resnet:DEPTH[,WIDTH] (DEPTH 6n+2: 8, 14, 20, ...) |\n"
     "                      gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V] [mlp]\n"
     "  --epochs N          passes over the training set [1]\n"
@@ -65,6 +66,13 @@ const char *const dptrain_help_train =
     "  --data FILE         gpt: a token file (dptrain prepare-text; docs/text.md)\n"
     "  --data DIR          gpt: a folder of text files, prepared on first use into\n"
     "                      ~/.cache/dptrain ($XDG_CACHE_HOME) and reused while valid\n"
+    "  --labels FILE       with --data X.npy: y.npy, a class per sample (float targets with --loss mse)\n"
+    "  --test-data FILE    with --data X.npy: the test set's X.npy, and --test-labels FILE its y.npy\n"
+    "  --val-split F       hold out the fraction F of --data X.npy as the test set (seed-keyed) [none]\n"
+    "  --layout L          nchw | nhwc: how X.npy's 4-D samples are stored [nchw]\n"
+    "  --normalize MODE    auto | none | MEAN,STD; auto: each channel's mean and std over the\n"
+    "                      training split [IDX: 0.2860,0.3530 (Fashion-MNIST's); X.npy: auto]\n"
+    "  --loss NAME         cross_entropy | mse (a regression: RMSE and MAE reported) [cross_entropy]\n"
     "  --train-limit N     use only the first N training samples [all], and read no image\n"
     "                      past them; gpt: N windows per epoch [training tokens / (ctx + 1)]\n"
     "  --test-limit N      evaluate on the first N test samples [all] (read no image past\n"
@@ -184,7 +192,8 @@ const char *const dptrain_help_train =
     "a second signal aborts at once.\n";
 
 const char *const dptrain_help_eval =
-    "usage: dptrain eval --ckpt FILE [--data DIR] [--threads N] [--test-limit N]\n"
+    "usage: dptrain eval --ckpt FILE [--data DIR | --data X.npy --labels y.npy] [--threads N]\n"
+    "                    [--test-limit N]\n"
     "       dptrain eval --safetensors FILE [--model SPEC | --model-file FILE] [--data DIR]\n"
     "                    [--threads N] [--test-limit N]\n"
     "\n"
@@ -192,7 +201,9 @@ const char *const dptrain_help_eval =
     "as 'ckpt export' writes and 'train --init-from' reads) on the test set and prints\n"
     "accuracy and loss.  A gpt model: --data is its token file (or a folder of text files,\n"
     "prepared into the cache folder on first use as train does), and the validation windows\n"
-    "give the loss per token and the perplexity.\n";
+    "give the loss per token and the perplexity.  Your own data: --data X.npy --labels y.npy are\n"
+    "the samples evaluated, normalised as the checkpoint's run was (a regression reports RMSE\n"
+    "and MAE); --layout nhwc as in train.\n";
 
 /* `dptrain help ckpt`: the overview; each subcommand's own help below. */
 const char *const dptrain_help_ckpt =

@@ -58,6 +58,34 @@ static double parse_float(const char *name, const char *v, double lo, double hi)
     return dptrain_num_arg(name, v, lo, hi);
 }
 
+/* The options of one's own data (docs/data.md), shared by train and eval: 1 when argv[i] is
+ * one of them (consumed into tp). */
+static int dptrain_data_opt(struct args *a, struct dp_train_params *tp) {
+    const char *v;
+    if (opt(a, "--labels", &v)) tp->labels = v;
+    else if (opt(a, "--test-data", &v)) tp->test_data = v;
+    else if (opt(a, "--test-labels", &v)) tp->test_labels = v;
+    else if (opt(a, "--val-split", &v)) tp->val_split = parse_float("--val-split", v, 0, 0.99);
+    else if (opt(a, "--loss", &v)) {
+        if (strcmp(v, "cross_entropy") && strcmp(v, "mse")) die("--loss %s: expected cross_entropy or mse", v);
+        tp->loss = strcmp(v, "mse") ? DP_LOSS_XENT : DP_LOSS_MSE;
+    } else if (opt(a, "--layout", &v)) {
+        if (strcmp(v, "nchw") && strcmp(v, "nhwc")) die("--layout %s: expected nchw or nhwc", v);
+        tp->layout_nhwc = !strcmp(v, "nhwc");
+    } else if (opt(a, "--normalize", &v)) {
+        char *end;
+        if (!strcmp(v, "auto")) tp->normalize = DP_NORM_AUTO;
+        else if (!strcmp(v, "none")) tp->normalize = DP_NORM_NONE;
+        else {
+            double m = strtod(v, &end), sd = *end == ',' ? strtod(end + 1, &end) : 0;
+            if (*end || !(sd > 0) || !isfinite(m) || !isfinite(sd))
+                die("--normalize %s: expected auto, none or MEAN,STD (STD > 0), e.g. --normalize 0.5,0.25", v);
+            tp->normalize = DP_NORM_FIXED, tp->norm_mean = (float)m, tp->norm_std = (float)sd;
+        }
+    } else return 0;
+    return 1;
+}
+
 /* ---- commands ------------------------------------------------------------------- */
 
 /* 1 if an MPI launcher started this process: mpirun/mpiexec (Open MPI,
@@ -204,6 +232,7 @@ static int cmd_train(int argc, char **argv) {
             free(stored), free(lines), free(all);
             return 0;
         } else if (opt(&a, "--data", &v)) tp.data_dir = v, data_given = 1;
+        else if (dptrain_data_opt(&a, &tp)) continue;
         else if (opt(&a, "--model", &v)) {
             tp.model = v, model_given = 1;
             if (a.i > nstored) user_model = v;
@@ -509,6 +538,7 @@ static int cmd_eval(int argc, char **argv) {
         else if (opt(&a, "--model", &v)) model = v;
         else if (opt(&a, "--model-file", &v)) model_file = v;
         else if (opt(&a, "--data", &v)) tp.data_dir = v, data_given = 1;
+        else if (dptrain_data_opt(&a, &tp)) continue;
         else if (opt(&a, "--threads", &v)) tp.threads = (int)parse_int("--threads", v, 1, 256);
         else if (opt(&a, "--test-limit", &v)) tp.test_limit = parse_int("--test-limit", v, 1, INT64_MAX / 2);
         else if (a.argv[a.i][0] != '-' && !ckpt) ckpt = a.argv[a.i];
@@ -561,9 +591,12 @@ static int cmd_eval(int argc, char **argv) {
                 "text files)", ckpt ? h.model_spec : model_file ? model_file : model);
         tp.data_dir = dptrain_prepared_text_data(tp.data_dir, 1);
     }
+    /* --data X.npy --labels y.npy: those samples are the ones evaluated */
+    size_t dl = strlen(tp.data_dir);
+    if (dl > 4 && !strcmp(tp.data_dir + dl - 4, ".npy") && !tp.test_data)
+        tp.test_data = tp.data_dir, tp.test_labels = tp.labels;
     struct dp_trainer *t;
     if ((rc = dp_trainer_init(&t, &tp))) die_rc(rc);
-    struct dp_dataset train, test;
     double acc, loss;
     const char *spec = dp_trainer_model(t)->spec;
     if (dp_model_reads_tokens(dp_trainer_model(t))) { /* --data is a token file: its validation windows */
@@ -573,18 +606,20 @@ static int cmd_eval(int argc, char **argv) {
         free(meta_text);
         return 0;
     }
-    if ((rc = dp_dataset_load_dir(&train, &test, tp.data_dir))) die_rc(rc);
-    dp_dataset_normalize(&test, tp.norm_mean, tp.norm_std);
-    rc = dp_trainer_evaluate(t, &test, tp.test_limit, &acc, &loss);
+    const struct dp_dataset *test = dp_trainer_test_set(t); /* normalised as the run was */
+    if (!test->n) die("no test set to evaluate: pass --data X.npy --labels y.npy (the samples to evaluate)");
+    rc = dp_trainer_evaluate(t, test, tp.test_limit, &acc, &loss);
     if (rc) die_rc(rc);
     char step[32] = "";
     if (ckpt) snprintf(step, sizeof step, "  step %lld", (long long)h.step);
-    printf("model %s%s  test acc %.2f%%  test loss %.4f  (%lld samples)\n", dp_trainer_model(t)->spec, step,
-           100 * acc, loss,
-           (long long)(tp.test_limit && tp.test_limit < test.n ? tp.test_limit : test.n));
+    char fig[96];
+    if (dp_trainer_model(t)->loss == DP_LOSS_MSE) /* a regression: acc is the mean absolute error */
+        snprintf(fig, sizeof fig, "test rmse %.4g  test mae %.4g", sqrt(loss), acc);
+    else
+        snprintf(fig, sizeof fig, "test acc %.2f%%  test loss %.4f", 100 * acc, loss);
+    printf("model %s%s  %s  (%lld samples)\n", dp_trainer_model(t)->spec, step, fig,
+           (long long)(tp.test_limit && tp.test_limit < test->n ? tp.test_limit : test->n));
     dptrain_warn_gemm_fallback();
-    dp_dataset_free(&train);
-    dp_dataset_free(&test);
     dp_trainer_free(t);
     free(meta_text);
     return 0;

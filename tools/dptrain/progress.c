@@ -78,6 +78,15 @@ void dptrain_on_event(void *arg, const struct dp_event *ev) {
             printf("epoch %lld/%lld  train loss %.4f  val loss %.4f  val ppl %.2f  %.0f tokens/s  ",
                    (long long)ev->epoch, (long long)ev->epochs, ev->loss, ev->test_loss, exp(ev->test_loss),
                    ev->samples_per_s * (double)ev->positions);
+        else if (ev->regression) { /* --loss mse: root mean squared and mean absolute errors */
+            printf("epoch %lld/%lld  train loss %.4g  train rmse %.4g  ", (long long)ev->epoch, (long long)ev->epochs,
+                   ev->loss, sqrt(ev->loss));
+            if (isnan(ev->test_loss)) printf("(no test set)  ");
+            else printf("test rmse %.4g  test mae %.4g  ", sqrt(ev->test_loss), ev->test_acc);
+            printf("%.0f samples/s  ", ev->samples_per_s);
+        } else if (isnan(ev->test_loss)) /* no test set: --data X.npy without --test-data or --val-split */
+            printf("epoch %lld/%lld  train loss %.4f  train acc %.2f%%  (no test set)  %.0f samples/s  ",
+                   (long long)ev->epoch, (long long)ev->epochs, ev->loss, 100 * ev->train_acc, ev->samples_per_s);
         else
             printf("epoch %lld/%lld  train loss %.4f  train acc %.2f%%  test loss %.4f  test acc %.2f%%  "
                    "%.0f samples/s  ", (long long)ev->epoch, (long long)ev->epochs, ev->loss, 100 * ev->train_acc,
@@ -115,11 +124,14 @@ void dptrain_on_event(void *arg, const struct dp_event *ev) {
         if (p->mode == PROG_BAR) fprintf(stderr, "\r\033[K");
         printf("checkpoint %s (step %lld)\n", ev->path, (long long)ev->step);
         fflush(stdout);
-    } else if (ev->kind == DP_EVENT_EVAL) { /* --eval-every, or a --max-steps stop mid-epoch */
+    } else if (ev->kind == DP_EVENT_EVAL && !isnan(ev->test_loss)) { /* --eval-every, or a --max-steps stop mid-epoch */
         if (p->mode == PROG_BAR) fprintf(stderr, "\r\033[K");
         if (ev->positions > 1)
             printf("eval step %lld  val loss %.4f  val ppl %.2f\n", (long long)ev->step, ev->test_loss,
                    exp(ev->test_loss));
+        else if (ev->regression)
+            printf("eval step %lld  test rmse %.4g  test mae %.4g\n", (long long)ev->step, sqrt(ev->test_loss),
+                   ev->test_acc);
         else
             printf("eval step %lld  test loss %.4f  test acc %.2f%%\n", (long long)ev->step, ev->test_loss,
                    100 * ev->test_acc);
@@ -142,13 +154,17 @@ void dptrain_progress_summary(const struct progress *p, const struct dp_trainer 
                      ? (double)p->tp_samples / (p->tp_t1 - p->tp_t0) : p->last_sps;
     double mfu = peak > 0 ? sps * 3.0 * (double)m->flops_fwd / (peak * tp->threads * ranks) : 0;
     char acc[64] = "n/a (no epoch finished)";
+    if (p->nepochs && isnan(p->last_test_acc)) snprintf(acc, sizeof acc, "n/a (no test set)");
+    int reg = m->loss == DP_LOSS_MSE;
     if (!isnan(p->last_test_acc)) snprintf(acc, sizeof acc, "%.2f%%", 100 * p->last_test_acc);
+    if (reg && !isnan(p->last_test_acc))
+        snprintf(acc, sizeof acc, "%.4g (mae %.4g)", sqrt(p->last_test_loss), p->last_test_acc);
     int lm = dp_model_reads_tokens(m); /* a language model reports its validation loss */
     if (lm && !isnan(p->last_test_loss))
         snprintf(acc, sizeof acc, "%.4f (perplexity %.2f)", p->last_test_loss,
                  exp(p->last_test_loss));
     printf("done: %.1fs, %s %s, param hash %016" PRIx64 "\n", dt,
-           lm ? "val loss" : "test acc", acc, dp_trainer_param_hash(t));
+           lm ? "val loss" : reg ? "test rmse" : "test acc", acc, dp_trainer_param_hash(t));
     if (p->run_steps > 5) {
         /* the headline: the job's samples/s (tokens/s for a language model) and MFU */
         printf("throughput: %.1f samples/s (training steps after the 5th, %lld steps)", sps,

@@ -66,6 +66,16 @@ char *dptrain_config_render(const struct dp_train_params *tp) {
     /* the data as an absolute path: a resume may run from another folder */
     const char *data = tp->data_dir && realpath(tp->data_dir, path) ? path : tp->data_dir;
     if (data) put(&b, "--data=%s\n", data);
+    const char *const paths[][2] = {{"labels", tp->labels}, {"test-data", tp->test_data}, {"test-labels", tp->test_labels}};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
+        if (paths[i][1]) put(&b, "--%s=%s\n", paths[i][0], realpath(paths[i][1], path) ? path : paths[i][1]);
+    if (tp->val_split > 0) put(&b, "--val-split=%.17g\n", tp->val_split);
+    if (tp->layout_nhwc) put(&b, "--layout=nhwc\n");
+    if (tp->loss == DP_LOSS_MSE) put(&b, "--loss=mse\n");
+    if (tp->normalize == DP_NORM_AUTO || tp->normalize == DP_NORM_NONE)
+        put(&b, "--normalize=%s\n", tp->normalize == DP_NORM_AUTO ? "auto" : "none");
+    if (tp->normalize == DP_NORM_FIXED)
+        put(&b, "--normalize=%s,%s\n", flt(f1, sizeof f1, tp->norm_mean), flt(f2, sizeof f2, tp->norm_std));
     if (tp->model) put(&b, "--model=%s\n", tp->model);
     if (tp->train_limit) put(&b, "--train-limit=%lld\n", (long long)tp->train_limit);
     if (tp->test_limit) put(&b, "--test-limit=%lld\n", (long long)tp->test_limit);

@@ -1,0 +1,147 @@
+# Your own data (sourced by tests/cli.sh: its helpers, BIN, T): NumPy arrays through --data
+# X.npy --labels y.npy, with a test set, a held-out split or none; the same bits for any worker
+# count, layout and dtype of the same values; exact resume; eval with the run's normalisation;
+# regression with --loss mse; every malformed file or bad combination one clear line.
+PY=/usr/bin/python3
+ND="$T/own"
+mkdir -p "$ND"
+# Three Gaussian classes in 2 x 4 x 4 features (seeded), train 600 / test 150; the same
+# values as float32 NCHW, uint8 NCHW, float32 NHWC and float64 (N, D); a linear regression
+# target with two outputs; and the malformed files.
+"$PY" - "$ND" <<'EOF'
+import sys, numpy as np
+d = sys.argv[1]
+r = np.random.default_rng(7)
+centers = r.normal(0, 1, (3, 2, 4, 4))
+def make(n):
+    y = r.integers(0, 3, n)
+    x = np.clip(np.rint(60 * (centers[y] + 2.5 * r.normal(0, 1, (n, 2, 4, 4))) + 128), 0, 255)
+    return x, y
+x, y = make(600); xt, yt = make(150)
+np.save(f"{d}/x.npy", x.astype(np.float32)); np.save(f"{d}/y.npy", y)
+np.save(f"{d}/xt.npy", xt.astype(np.float32)); np.save(f"{d}/yt.npy", yt.astype(np.int32))
+np.save(f"{d}/x_u8.npy", x.astype(np.uint8))
+np.save(f"{d}/x_nhwc.npy", np.ascontiguousarray(x.transpose(0, 2, 3, 1)).astype(np.float32))
+np.save(f"{d}/x_2d.npy", x.reshape(600, -1).astype(np.float64))
+w = r.normal(0, 1, (32, 2))
+np.save(f"{d}/t.npy", (x.reshape(600, -1) / 255) @ w + 3.0)
+np.save(f"{d}/tt.npy", (xt.reshape(150, -1) / 255) @ w + 3.0)
+np.save(f"{d}/y_float.npy", y.astype(np.float32))
+np.save(f"{d}/y_short.npy", y[:500])
+np.save(f"{d}/y_neg.npy", y - 1)
+np.save(f"{d}/x_fortran.npy", np.asfortranarray(x.reshape(600, -1).astype(np.float32)))
+np.save(f"{d}/x_big.npy", x.astype(">f4"))
+np.save(f"{d}/x_obj.npy", np.array([{"a": 1}] * 600, dtype=object), allow_pickle=True)
+open(f"{d}/x_cut.npy", "wb").write(open(f"{d}/x.npy", "rb").read()[:5000])
+open(f"{d}/x_text.npy", "w").write("1,2,3\n")
+EOF
+OWN=(--labels "$ND/y.npy" --model mlp:hidden=32 --batch 50 --lr 0.05 --momentum 0.9 --progress none)
+# (the default normalisation of an array is auto: no option needed)
+
+# learns: a test set of its own, the accuracy reported; eval of the checkpoint gives the same
+rm -rf "$T/own1"
+"$BIN" train --data "$ND/x.npy" --test-data "$ND/xt.npy" --test-labels "$ND/yt.npy" "${OWN[@]}" --epochs 4 \
+  --workers 2 --out "$T/own1" >"$T/own1.log" 2>&1
+# (the last epoch's "test loss L  test acc A%")
+figs=$(sed -n 's/^epoch 4\/4 .*\(test loss [0-9.]*  test acc [0-9.]*%\).*/\1/p' "$T/own1.log")
+acc=$(test_acc_of "$T/own1.log")
+if awk -v a="${acc%,}" 'BEGIN {exit !(a + 0 >= 70 && a + 0 < 100)}'; then ok npy_trains_with_test_set
+else bad npy_trains_with_test_set "test acc '$acc' (expected 70..99%: 3 noisy classes)" "$(tail -3 "$T/own1.log")"; fi
+"$BIN" eval --ckpt "$T/own1/checkpoint.bin" --data "$ND/xt.npy" --labels "$ND/yt.npy" >"$T/own1e.log" 2>&1
+# eval prints "test acc A%  test loss L": the same two figures
+efigs=$(sed -n 's/.*\(test acc [0-9.]*%\)  \(test loss [0-9.]*\).*/\2  \1/p' "$T/own1e.log")
+if [[ -n "$figs" && "$figs" == "$efigs" ]]
+then ok npy_eval_uses_run_normalisation
+else bad npy_eval_uses_run_normalisation "train: $figs" "eval: $(cat "$T/own1e.log")"; fi
+
+# the same bits for 1, 2 and 3 workers (deterministic), with a held-out split
+hs=()
+for P in 1 2 3; do
+  rm -rf "$T/ownp$P"
+  "$BIN" train --data "$ND/x.npy" --val-split 0.2 "${OWN[@]}" --epochs 2 --deterministic --workers $P \
+    --out "$T/ownp$P" >"$T/ownp$P.log" 2>&1
+  hs+=("$(hash_of "$T/ownp$P/checkpoint.bin")")
+done
+if same_hash "${hs[0]}" "${hs[1]}" && same_hash "${hs[0]}" "${hs[2]}"; then ok npy_workers_same_bits
+else bad npy_workers_same_bits "P=1 ${hs[0]}, P=2 ${hs[1]}, P=3 ${hs[2]}" "$(tail -2 "$T/ownp3.log")"; fi
+if grep -q "test acc" "$T/ownp1.log" && grep -q '"test_acc"' "$T/ownp1/metrics.jsonl"; then ok npy_val_split_evaluates
+else bad npy_val_split_evaluates "$(tail -2 "$T/ownp1.log")"; fi
+
+# the same values in another dtype or layout: the same bits
+for v in u8:"$ND/x_u8.npy" nhwc:"$ND/x_nhwc.npy --layout nhwc"; do
+  name=${v%%:*}
+  rm -rf "$T/own_$name"
+  # shellcheck disable=SC2086
+  "$BIN" train --data ${v#*:} --val-split 0.2 "${OWN[@]}" --epochs 2 --deterministic --workers 1 \
+    --out "$T/own_$name" >"$T/own_$name.log" 2>&1
+  h=$(hash_of "$T/own_$name/checkpoint.bin")
+  if same_hash "$h" "${hs[0]}"; then ok "npy_${name}_same_bits"
+  else bad "npy_${name}_same_bits" "$h vs float32 NCHW ${hs[0]}" "$(tail -2 "$T/own_$name.log")"; fi
+done
+# (N, D) float64: 32 features, the mlp takes them whole
+"$BIN" train --data "$ND/x_2d.npy" "${OWN[@]}" --epochs 1 --workers 1 >"$T/own2d.log" 2>&1
+if grep -q "(no test set)" "$T/own2d.log" && grep -q "^dptrain: model mlp:hidden=32 (1155 parameters" "$T/own2d.log"
+then ok npy_2d_no_test_set
+else bad npy_2d_no_test_set "$(head -1 "$T/own2d.log")" "$(tail -2 "$T/own2d.log")"; fi
+
+# exact resume: 1 epoch, then on to 3, is the 3-epoch run
+rm -rf "$T/ownr" "$T/ownr3"
+"$BIN" train --data "$ND/x.npy" --val-split 0.2 "${OWN[@]}" --epochs 3 --workers 2 --out "$T/ownr3" >/dev/null 2>&1
+"$BIN" train --data "$ND/x.npy" --val-split 0.2 "${OWN[@]}" --epochs 1 --workers 2 --out "$T/ownr" >/dev/null 2>&1
+"$BIN" train --resume "$T/ownr/checkpoint.bin" --out "$T/ownr" --epochs 3 --progress none >"$T/ownr.log" 2>&1
+h3=$(hash_of "$T/ownr3/checkpoint.bin") hr=$(hash_of "$T/ownr/checkpoint.bin")
+if same_hash "$h3" "$hr"; then ok npy_resume_same_bits
+else bad npy_resume_same_bits "straight $h3, resumed $hr" "$(tail -2 "$T/ownr.log")"; fi
+
+# a regression: two float targets per sample, --loss mse; RMSE and MAE reported, 1 and 2 workers
+# give the same bits, eval of the checkpoint gives the run's RMSE
+REG=(--data "$ND/x.npy" --labels "$ND/t.npy" --test-data "$ND/xt.npy" --test-labels "$ND/tt.npy" --loss mse
+     --model mlp:hidden=32 --optim adamw --lr 0.003 --batch 50 --epochs 6 --progress none --deterministic)
+rm -rf "$T/reg1" "$T/reg2"
+"$BIN" train "${REG[@]}" --workers 1 --out "$T/reg1" >"$T/reg1.log" 2>&1
+"$BIN" train "${REG[@]}" --workers 2 --out "$T/reg2" >"$T/reg2.log" 2>&1
+r1=$(hash_of "$T/reg1/checkpoint.bin") r2=$(hash_of "$T/reg2/checkpoint.bin")
+rmse=$(sed -n 's/^epoch 6\/6 .*test rmse \([0-9.e+-]*\) .*/\1/p' "$T/reg1.log")
+rmse1=$(sed -n 's/^epoch 1\/6 .*test rmse \([0-9.e+-]*\) .*/\1/p' "$T/reg1.log")
+if same_hash "$r1" "$r2" && grep -q "test mae" "$T/reg1.log" && awk -v a="$rmse" -v b="$rmse1" 'BEGIN {exit !(a + 0 < 0.5 * b)}'
+then ok regression_mse_learns_same_bits
+else bad regression_mse_learns_same_bits "1 worker $r1, 2 workers $r2, rmse $rmse1 -> $rmse" "$(tail -3 "$T/reg1.log")"; fi
+mrmse=$(grep '"kind": "epoch"' "$T/reg1/metrics.jsonl" | tail -1 | sed -n 's/.*"test_rmse": \([0-9.e+-]*\).*/\1/p')
+# (the epoch line rounds to 4 digits, the record to 6)
+if awk -v a="$mrmse" -v b="$rmse" 'BEGIN {d = a - b; exit !(a != "" && b != "" && d * d < 1e-6 * b * b)}' 
+then ok regression_metrics_rmse; else bad regression_metrics_rmse "rmse $rmse" "$(tail -1 "$T/reg1/metrics.jsonl" | head -c 300)"; fi
+"$BIN" eval --ckpt "$T/reg1/checkpoint.bin" --data "$ND/xt.npy" --labels "$ND/tt.npy" >"$T/rege.log" 2>&1
+if grep -q "test rmse $rmse " "$T/rege.log"; then ok regression_eval_same_rmse
+else bad regression_eval_same_rmse "train: $rmse" "$(cat "$T/rege.log")"; fi
+
+# mistakes: one line each, naming the file and what is wrong
+B=("$BIN" train --model mlp --epochs 1 --progress none)
+expect_error npy_needs_labels "needs its labels: --labels y.npy" "${B[@]}" --data "$ND/x.npy"
+expect_error npy_float_labels_are_regression "float targets are a regression (--loss mse)" \
+  "${B[@]}" --data "$ND/x.npy" --labels "$ND/y_float.npy"
+expect_error npy_label_count "holds 600 samples, .*y_short.npy 500 labels" "${B[@]}" --data "$ND/x.npy" --labels "$ND/y_short.npy"
+expect_error npy_negative_label "label [0-9]* is -1: classes are 0 .. 65535" "${B[@]}" --data "$ND/x.npy" --labels "$ND/y_neg.npy"
+expect_error npy_fortran_refused "x_fortran.npy: Fortran order" "${B[@]}" --data "$ND/x_fortran.npy" --labels "$ND/y.npy"
+expect_error npy_big_endian_refused "x_big.npy: .*big-endian" "${B[@]}" --data "$ND/x_big.npy" --labels "$ND/y.npy"
+expect_error npy_object_refused "x_obj.npy: .*object" "${B[@]}" --data "$ND/x_obj.npy" --labels "$ND/y.npy"
+expect_error npy_truncated "x_cut.npy: the shape needs .* (cut short?)" "${B[@]}" --data "$ND/x_cut.npy" --labels "$ND/y.npy"
+expect_error npy_not_npy "x_text.npy: not a .npy file" "${B[@]}" --data "$ND/x_text.npy" --labels "$ND/y.npy"
+expect_error npy_missing "nope.npy: no such file" "${B[@]}" --data "$ND/nope.npy" --labels "$ND/y.npy"
+expect_error npy_nhwc_needs_4d "--layout nhwc needs a 4-dimensional array" \
+  "${B[@]}" --data "$ND/x_2d.npy" --labels "$ND/y.npy" --layout nhwc
+expect_error npy_test_and_val_split "--test-data and --val-split: give one" \
+  "${B[@]}" --data "$ND/x.npy" --labels "$ND/y.npy" --test-data "$ND/xt.npy" --test-labels "$ND/yt.npy" --val-split 0.1
+expect_error npy_val_split_range "--val-split" "${B[@]}" --data "$ND/x.npy" --labels "$ND/y.npy" --val-split 1.5
+expect_error labels_with_idx_folder "--labels does not apply to --data .*, a folder of IDX files" \
+  "${B[@]}" --data /usr/share/datasets/fashion-mnist --labels "$ND/y.npy"
+expect_error regression_on_idx "a regression (--loss mse) needs float targets" \
+  "${B[@]}" --data /usr/share/datasets/fashion-mnist --loss mse
+expect_error regression_outputs "the data has 2 targets per sample, model 'mlp:32,8,1' outputs 1" \
+  "${B[@]}" --model mlp:32,8,1 --data "$ND/x_2d.npy" --labels "$ND/t.npy" --loss mse
+expect_error normalize_bad "--normalize 1: expected auto, none or MEAN,STD" \
+  "${B[@]}" --data "$ND/x.npy" --labels "$ND/y.npy" --normalize 1
+# a refused file leaves an --out folder untouched (nothing is created)
+rm -rf "$T/ownbad"
+"${B[@]}" --data "$ND/x_big.npy" --labels "$ND/y.npy" --out "$T/ownbad" >/dev/null 2>&1
+if [[ ! -e "$T/ownbad/checkpoint.bin" && ! -s "$T/ownbad/metrics.jsonl" ]]; then ok npy_bad_file_writes_no_run
+else bad npy_bad_file_writes_no_run "$(ls -la "$T/ownbad")"; fi
