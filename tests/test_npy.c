@@ -218,6 +218,23 @@ TEST(npy_dataset_read_split_normalise) {
     o.regression = 1;
     ASSERT_OK(dp_dataset_open_npy(&ds, xp, yfp, &o));
     ASSERT_TRUE(!ds.y && ds.target && ds.num_classes == 1 && ds.target[9] == 4.5f);
+    ASSERT_EQ(dp_dataset_norm_groups(&ds), C); /* an image: its channels */
     dp_dataset_free(&ds);
+    /* a table (N, D): each feature its own mean and std, as StandardScaler does */
+    float tab[N * 3];
+    for (int i = 0; i < N; i++) tab[i * 3] = (float)i, tab[i * 3 + 1] = 100.0f + 2 * i, tab[i * 3 + 2] = 7;
+    char tp[64];
+    npy_file(tp, "{'descr': '<f4', 'fortran_order': False, 'shape': (10, 3), }", tab, sizeof tab);
+    o.regression = 0, o.nhwc = 0;
+    ASSERT_OK(dp_dataset_open_npy(&ds, tp, yp, &o));
+    ASSERT_TRUE(ds.C == 1 && ds.H == 1 && ds.W == 3 && dp_dataset_norm_groups(&ds) == 3);
+    double m3[3], s3[3];
+    ASSERT_OK(dp_dataset_channel_stats(&ds, m3, s3));
+    ASSERT_NEAR(m3[0], 4.5, 1e-12);
+    ASSERT_NEAR(m3[1], 109, 1e-12);
+    ASSERT_NEAR(s3[1], 2 * s3[0], 1e-9);
+    ASSERT_TRUE(m3[2] == 7 && s3[2] == 1); /* a constant feature: std 1 */
+    dp_dataset_free(&ds);
+    remove(tp);
     remove(xp), remove(yp), remove(yfp);
 }

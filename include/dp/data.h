@@ -60,11 +60,14 @@ int dp_dataset_open_npy(struct dp_dataset *ds, const char *xpath, const char *yp
 int dp_dataset_split(struct dp_dataset *ds, struct dp_dataset *val, double frac, uint64_t seed);
 /* Keeps the first n samples (n <= 0 or >= ds->n: all). */
 int dp_dataset_limit(struct dp_dataset *ds, int64_t n);
-/* Per-channel mean and std (population) of ds's samples as read, in one pass
- * in sample order; a constant channel gets std 1.  mean, std: (C). */
+/* The normalisation's groups: the C channels of an image sample, or the W
+ * features of a table's (C = H = 1); each a contiguous run of a sample. */
+int64_t dp_dataset_norm_groups(const struct dp_dataset *ds);
+/* Each group's mean and std (population) of ds's samples as read, in one
+ * pass in sample order; a constant group gets std 1.  mean, std: (groups). */
 int dp_dataset_channel_stats(const struct dp_dataset *ds, double *mean, double *std);
-/* x = (x - mean[c]) / std[c] per channel: in place for samples in memory,
- * as read for a mapped source (replacing any earlier normalisation). */
+/* x = (x - mean[g]) / std[g] per group: in place for samples in memory, as
+ * read for a mapped source (replacing any earlier normalisation). */
 int dp_dataset_normalize_channels(struct dp_dataset *ds, const float *mean, const float *std);
 
 /* ---- NumPy .npy arrays (src/data/npy.c) --------------------------------------

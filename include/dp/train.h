@@ -106,6 +106,10 @@ struct dp_train_params {
      * and std over the training split; FIXED uses norm_mean and norm_std; NONE leaves the
      * values as read.  A resumed run uses its checkpoint's. */
     int normalize;
+    /* The normalisation of a run trained before, in the text of its checkpoint's section
+     * (DP_CKPT_NORM_TAG: "mean M0 M1 ...\nstd S0 S1 ...\n", one value per channel or
+     * feature), e.g. from a safetensors file's metadata; NULL: none.  Overrides normalize. */
+    const char *norm_text;
     /* enum dp_loss_kind: DP_LOSS_XENT (classes, the default) or DP_LOSS_MSE (a regression: the
      * labels are float targets, the report gives RMSE and MAE).  A model file's `loss mse` is
      * the same as DP_LOSS_MSE. */

@@ -7,7 +7,8 @@
  *     r        = rows ? rows[i] : i           (a split keeps a list of rows)
  *     element  = the array's row r, element e (C order)
  *     (C, H, W): NCHW as stored, or from NHWC: dst[c][h][w] = src[h][w][c]
- *     dst      = (float(element) - mean[c]) * inv_std[c]     (per channel)
+ *     dst      = (float(element) - mean[g]) * inv_std[g]     (per channel, or per
+ *                                                           feature of an (N, D) array)
  *
  * so a file larger than memory trains: the kernel pages the rows in as
  * batches read them, and drops them again under pressure (clean pages of a
@@ -30,7 +31,7 @@ struct dp_dataset_src {
     struct npy_ref *arr;
     int64_t *rows;       /* (n) the array's row of each sample, or NULL: row i */
     int nhwc;            /* stored (N, H, W, C) */
-    float *mean, *inv;   /* (C) normalisation applied as read; NULL: none */
+    float *mean, *inv;   /* (dp_dataset_norm_groups) normalisation applied as read; NULL: none */
 };
 
 static void src_free(struct dp_dataset_src *s) {
@@ -88,13 +89,19 @@ void dp_dataset_read(const struct dp_dataset *ds, int64_t i, float *dst) {
         return;
     }
     row_to_float(a, row, per, dst);
-    if (s->mean)
-        for (int64_t c = 0; c < C; c++) {
-            const float m = s->mean[c], k = s->inv[c];
-            float *d = dst + c * HW;
-            for (int64_t p = 0; p < HW; p++) d[p] = (d[p] - m) * k;
+    if (s->mean) {
+        const int64_t G = dp_dataset_norm_groups(ds), gs = per / G;
+        for (int64_t g = 0; g < G; g++) {
+            const float m = s->mean[g], k = s->inv[g];
+            float *d = dst + g * gs;
+            for (int64_t p = 0; p < gs; p++) d[p] = (d[p] - m) * k;
         }
+    }
 }
+
+/* Channels of an image, features of a (N, D) array (C = H = 1): each group is a contiguous
+ * run of per / G values of a sample. */
+int64_t dp_dataset_norm_groups(const struct dp_dataset *ds) { return ds->C == 1 && ds->H == 1 ? ds->W : ds->C; }
 
 /* ---- opening --------------------------------------------------------------------------- */
 
@@ -276,58 +283,59 @@ int dp_dataset_limit(struct dp_dataset *ds, int64_t n) {
 
 /* ---- normalisation ----------------------------------------------------------------------- */
 
-/* Per-channel mean and standard deviation over every sample of ds (before any
- * normalisation), in one pass in sample order (so the same bits on every
- * rank): mean[c] = S1 / m, std[c] = sqrt(S2 / m - mean^2) with S1, S2 summed
- * in double over the m = n * H * W values of channel c.  A channel that never
- * varies gets std 1 (as scikit-learn's StandardScaler does), so it maps to 0. */
+/* Each group's mean and standard deviation (groups: dp_dataset_norm_groups, the channels of
+ * an image or the features of a table) over every sample of ds as read, in one pass in
+ * sample order (so the same bits on every rank): mean[g] = S1 / m, std[g] = sqrt(S2 / m -
+ * mean^2), S1 and S2 summed in double over the m = n * (values per group) values.  A group
+ * that never varies gets std 1 (as scikit-learn's StandardScaler does), so it maps to 0. */
 int dp_dataset_channel_stats(const struct dp_dataset *ds, double *mean, double *std) {
-    const int64_t C = ds->C, HW = ds->H * ds->W;
-    float *buf = dp_malloc(sizeof(float) * (size_t)(C * HW));
-    double *s1 = dp_calloc((size_t)C, sizeof(double)), *s2 = dp_calloc((size_t)C, sizeof(double));
+    const int64_t per = ds->C * ds->H * ds->W, G = dp_dataset_norm_groups(ds), gs = per / G;
+    float *buf = dp_malloc(sizeof(float) * (size_t)per);
+    double *s1 = dp_calloc((size_t)G, sizeof(double)), *s2 = dp_calloc((size_t)G, sizeof(double));
     if (!buf || !s1 || !s2) {
         dp_free(buf), dp_free(s1), dp_free(s2);
         return dp_seterr(DP_ENOMEM, "dataset: out of memory");
     }
     for (int64_t i = 0; i < ds->n; i++) {
         dp_dataset_read(ds, i, buf);
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t p = 0; p < HW; p++) {
-                double v = buf[c * HW + p];
-                s1[c] += v, s2[c] += v * v;
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t p = 0; p < gs; p++) {
+                double v = buf[g * gs + p];
+                s1[g] += v, s2[g] += v * v;
             }
     }
-    double m = (double)ds->n * (double)HW;
-    for (int64_t c = 0; c < C; c++) {
-        mean[c] = m > 0 ? s1[c] / m : 0;
-        double var = m > 0 ? s2[c] / m - mean[c] * mean[c] : 0;
-        std[c] = var > 1e-12 * (1 + mean[c] * mean[c]) ? sqrt(var) : 1.0;
+    double m = (double)ds->n * (double)gs;
+    for (int64_t g = 0; g < G; g++) {
+        mean[g] = m > 0 ? s1[g] / m : 0;
+        double var = m > 0 ? s2[g] / m - mean[g] * mean[g] : 0;
+        std[g] = var > 1e-12 * (1 + mean[g] * mean[g]) ? sqrt(var) : 1.0;
     }
     dp_free(buf), dp_free(s1), dp_free(s2);
     return DP_OK;
 }
 
-/* x = (x - mean[c]) / std[c]: in place for samples in memory, as read for a mapped source. */
+/* x = (x - mean[g]) / std[g] per group: in place for samples in memory, as read for a mapped
+ * source. */
 int dp_dataset_normalize_channels(struct dp_dataset *ds, const float *mean, const float *std) {
-    const int64_t C = ds->C, HW = ds->H * ds->W;
-    for (int64_t c = 0; c < C; c++)
-        if (!(std[c] > 0) || !isfinite(mean[c]))
-            return dp_seterr(DP_EINVAL, "normalisation of channel %lld: mean %g, std %g (std must be > 0)",
-                             (long long)c, (double)mean[c], (double)std[c]);
+    const int64_t per = ds->C * ds->H * ds->W, G = dp_dataset_norm_groups(ds), gs = per / G;
+    for (int64_t g = 0; g < G; g++)
+        if (!(std[g] > 0) || !isfinite(mean[g]))
+            return dp_seterr(DP_EINVAL, "normalisation of %s %lld: mean %g, std %g (std must be > 0)",
+                             G == ds->C ? "channel" : "feature", (long long)g, (double)mean[g], (double)std[g]);
     if (!ds->src) {
         for (int64_t i = 0; i < ds->n; i++)
-            for (int64_t c = 0; c < C; c++) {
-                float *d = ds->x + (i * C + c) * HW;
-                const float k = 1.0f / std[c];
-                for (int64_t p = 0; p < HW; p++) d[p] = (d[p] - mean[c]) * k;
+            for (int64_t g = 0; g < G; g++) {
+                float *d = ds->x + i * per + g * gs;
+                const float k = 1.0f / std[g];
+                for (int64_t p = 0; p < gs; p++) d[p] = (d[p] - mean[g]) * k;
             }
         return DP_OK;
     }
     struct dp_dataset_src *s = ds->src;
     dp_free(s->mean), dp_free(s->inv);
-    s->mean = dp_malloc(sizeof(float) * (size_t)C), s->inv = dp_malloc(sizeof(float) * (size_t)C);
+    s->mean = dp_malloc(sizeof(float) * (size_t)G), s->inv = dp_malloc(sizeof(float) * (size_t)G);
     if (!s->mean || !s->inv) return dp_seterr(DP_ENOMEM, "dataset: out of memory");
-    for (int64_t c = 0; c < C; c++) s->mean[c] = mean[c], s->inv[c] = 1.0f / std[c];
+    for (int64_t g = 0; g < G; g++) s->mean[g] = mean[g], s->inv[g] = 1.0f / std[g];
     return DP_OK;
 }
 

@@ -5,7 +5,8 @@
  *   --data DIR               IDX files (train-*, t10k-*): Fashion-MNIST's layout, test set included
  *   --data X.npy --labels Y  a NumPy pair, features mapped (src/data/arrays.c)
  *
- * The normalisation is per channel, x' = (x - mean[c]) / std[c]; its values
+ * The normalisation is per channel (per feature of an (N, D) table: dp_dataset_norm_groups),
+ * x' = (x - mean[c]) / std[c]; its values
  * are the run's (t->norm_mean/std), stored in the checkpoint (DPNORMIN) so that
  * a resume and `dptrain eval` use the very same numbers. */
 #include <stdio.h>
@@ -19,21 +20,18 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
-/* The normalisation stored in a checkpoint: C values of each, or *found = 0 when it has none. */
-static int ckpt_norm(const char *path, int64_t C, float *mean, float *std, int *found) {
-    void *data;
-    uint64_t size;
-    *found = 0;
-    int rc = dp_ckpt_read_section(path, DP_CKPT_NORM_TAG, &data, &size);
-    if (rc || !data) return rc;
-    char *s = data, *end;
-    s[size] = 0;
-    rc = DP_OK;
+/* A normalisation's text ("mean M0 ...\nstd S0 ...\n", C values each) into mean and std. */
+static int parse_norm(const char *s, int64_t C, float *mean, float *std, const char *what) {
+    char *end;
+    int rc = DP_OK;
     for (int which = 0; which < 2 && !rc; which++) {
         const char *key = which ? "std" : "mean";
         float *out = which ? std : mean;
         while (*s == '\n') s++;
-        if (strncmp(s, key, strlen(key))) rc = DP_EFORMAT;
+        if (strncmp(s, key, strlen(key))) {
+            rc = DP_EFORMAT;
+            break;
+        }
         s += strlen(key);
         for (int64_t c = 0; c < C && !rc; c++) {
             double v = strtod(s, &end);
@@ -43,11 +41,23 @@ static int ckpt_norm(const char *path, int64_t C, float *mean, float *std, int *
         while (!rc && *s == ' ') s++;
         if (!rc && *s != '\n') rc = DP_EFORMAT; /* another channel count */
     }
-    dp_free(data);
-    if (rc) return dp_seterr(DP_EMISMATCH, "%s: its input normalisation is not for %lld channel%s (another data "
-                             "source?)", path, (long long)C, C > 1 ? "s" : "");
-    *found = 1;
+    if (rc) return dp_seterr(DP_EMISMATCH, "%s: its input normalisation is not for %lld channels or features "
+                             "(another data source?)", what, (long long)C);
     return DP_OK;
+}
+
+/* The normalisation stored in a checkpoint: C values of each, or *found = 0 when it has none. */
+static int ckpt_norm(const char *path, int64_t C, float *mean, float *std, int *found) {
+    void *data;
+    uint64_t size;
+    *found = 0;
+    int rc = dp_ckpt_read_section(path, DP_CKPT_NORM_TAG, &data, &size);
+    if (rc || !data) return rc;
+    ((char *)data)[size] = 0;
+    rc = parse_norm(data, C, mean, std, path);
+    dp_free(data);
+    *found = !rc;
+    return rc;
 }
 
 /* The normalisation section's text, for the checkpoint writer (NULL: none applied). */
@@ -69,7 +79,7 @@ char *dp__norm_text(const struct dp_trainer *t) {
  * applies it to both splits. */
 static int normalize(struct dp_trainer *t, int idx) {
     const struct dp_train_params *p = &t->p;
-    int64_t C = t->train.C;
+    int64_t C = dp_dataset_norm_groups(&t->train); /* channels, or a table's features */
     int mode = p->normalize ? p->normalize : idx ? DP_NORM_FIXED : DP_NORM_AUTO;
     t->norm_mean = dp_malloc(sizeof(float) * (size_t)C);
     t->norm_std = dp_malloc(sizeof(float) * (size_t)C);
@@ -80,6 +90,9 @@ static int normalize(struct dp_trainer *t, int idx) {
         goto out;
     }
     if (p->resume && (rc = ckpt_norm(p->resume, C, t->norm_mean, t->norm_std, &found))) goto out;
+    if (!found && p->norm_text && (rc = parse_norm(p->norm_text, C, t->norm_mean, t->norm_std, "the weights' metadata")))
+        goto out;
+    found |= p->norm_text != NULL;
     if (!found && mode == DP_NORM_NONE) goto out; /* norm_C stays 0 */
     if (!found && mode == DP_NORM_FIXED)
         for (int64_t c = 0; c < C; c++) t->norm_mean[c] = p->norm_mean, t->norm_std[c] = p->norm_std;

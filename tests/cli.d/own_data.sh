@@ -145,3 +145,21 @@ rm -rf "$T/ownbad"
 "${B[@]}" --data "$ND/x_big.npy" --labels "$ND/y.npy" --out "$T/ownbad" >/dev/null 2>&1
 if [[ ! -e "$T/ownbad/checkpoint.bin" && ! -s "$T/ownbad/metrics.jsonl" ]]; then ok npy_bad_file_writes_no_run
 else bad npy_bad_file_writes_no_run "$(ls -la "$T/ownbad")"; fi
+
+# PyTorch evaluates the export of an array run (classes and a regression) from its metadata
+# alone (tests/torch/eval_safetensors.py: the per-feature normalisation, the model text) at
+# dptrain eval's figures
+"$BIN" ckpt export "$T/own1/checkpoint.bin" --safetensors "$T/own1.st" >/dev/null 2>&1
+"$BIN" ckpt export "$T/reg1/checkpoint.bin" --safetensors "$T/reg1.st" >/dev/null 2>&1
+pa=$(/usr/bin/python3 "$(dirname "${BASH_SOURCE[0]}")/../torch/eval_safetensors.py" "$T/own1.st" "$ND/xt.npy" \
+     "$ND/yt.npy" 2>&1 | sed -n 's/^test acc \([0-9.]*\)%.*/\1/p')
+if [[ -n "$pa" && "test acc $pa%" == "${figs#*  }" ]]; then ok npy_export_torch_same_accuracy
+else bad npy_export_torch_same_accuracy "PyTorch '$pa', dptrain '${figs#*  }'"; fi
+pr=$(/usr/bin/python3 "$(dirname "${BASH_SOURCE[0]}")/../torch/eval_safetensors.py" "$T/reg1.st" "$ND/xt.npy" \
+     "$ND/tt.npy" 2>&1 | sed -n 's/^test rmse \([0-9.e+-]*\) .*/\1/p')
+if [[ -n "$pr" && "$pr" == "$rmse" ]]; then ok regression_export_torch_same_rmse
+else bad regression_export_torch_same_rmse "PyTorch '$pr', dptrain '$rmse'"; fi
+# and dptrain itself from the export alone: the metadata's normalisation, not one of the data's
+"$BIN" eval --safetensors "$T/reg1.st" --data "$ND/xt.npy" --labels "$ND/tt.npy" >"$T/regst.log" 2>&1
+if grep -q "test rmse $rmse " "$T/regst.log"; then ok regression_eval_safetensors_same_rmse
+else bad regression_eval_safetensors_same_rmse "train: $rmse" "$(cat "$T/regst.log")"; fi

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Evaluate a `dptrain ckpt export --safetensors` file with PyTorch (1.13) on the
-Fashion-MNIST test set, using only what the file says (its __metadata__).
-    python3 eval_safetensors.py FILE [DATA_DIR] [N]   (N: the first N test images)"""
+Fashion-MNIST test set, or on your own X.npy and y.npy, using only what the file says
+(its __metadata__).
+    python3 eval_safetensors.py FILE [DATA_DIR] [N]   (N: the first N test images)
+    python3 eval_safetensors.py FILE X.npy y.npy [N]"""
 import gzip, json, struct, sys
 import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 
@@ -69,22 +71,39 @@ class FromText(nn.Module):
             x = f(x)
         return x
 
-def main(path, data="/usr/share/datasets/fashion-mnist", limit=None):
+def main(path, data="/usr/share/datasets/fashion-mnist", limit=None, labels=None):
     meta, sd = load(path)
     if "dptrain_model_text" not in meta:
         sys.exit(f"{path}: no dptrain_model_text in its metadata (an export of an older dptrain: export it again)")
     net = FromText(meta["dptrain_model_text"], sd)
     net.load_state_dict(sd)  # strict: every name and shape must match (BN's step counter is cast)
     C, H, W = map(int, meta["input_shape"].split(","))
-    img = np.frombuffer(gzip.open(f"{data}/t10k-images-idx3-ubyte.gz").read(), np.uint8, offset=16)
-    y = torch.from_numpy(np.frombuffer(gzip.open(f"{data}/t10k-labels-idx1-ubyte.gz").read(), np.uint8,
-                                       offset=8).astype(np.int64))[:limit]
-    x = torch.from_numpy(img.reshape(-1, C, H, W)[:limit].astype(np.float32)) / 255  # as input_preprocessing says
-    x = (x - float(meta["input_mean"])) / float(meta["input_std"])
+    if labels:  # your own data: X.npy (N, D) or (N, C, H, W), each element as float; y.npy
+        x = torch.from_numpy(np.load(data).reshape(-1, C, H, W)[:limit].astype(np.float32))
+        y = torch.from_numpy(np.load(labels)[:limit])
+    else:  # Fashion-MNIST's IDX files: pixel / 255
+        img = np.frombuffer(gzip.open(f"{data}/t10k-images-idx3-ubyte.gz").read(), np.uint8, offset=16)
+        y = torch.from_numpy(np.frombuffer(gzip.open(f"{data}/t10k-labels-idx1-ubyte.gz").read(), np.uint8,
+                                           offset=8).astype(np.int64))[:limit]
+        x = torch.from_numpy(img.reshape(-1, C, H, W)[:limit].astype(np.float32)) / 255
+    # as input_preprocessing says: one mean and std per channel (per feature of a table), or one for all
+    mean = torch.tensor([float(v) for v in meta["input_mean"].split(",")])
+    std = torch.tensor([float(v) for v in meta["input_std"].split(",")])
+    x = ((x.reshape(len(x), len(mean), -1) - mean[:, None]) / std[:, None]).reshape(-1, C, H, W)
     net.eval()
     with torch.no_grad():
-        acc = (net(x).argmax(1) == y).double().mean().item()
-    print(f"test acc {100 * acc:.2f}%  ({len(y)} samples)")
+        out = net(x)
+    if meta["dptrain_model_text"].endswith("loss mse"):  # a regression: K outputs
+        err = out.double() - y.double().reshape(out.shape)
+        print(f"test rmse {err.pow(2).mean().sqrt().item():.4g}  test mae {err.abs().mean().item():.4g}  "
+              f"({len(y)} samples)")
+    else:
+        acc = (out.argmax(1) == y).double().mean().item()
+        print(f"test acc {100 * acc:.2f}%  ({len(y)} samples)")
 
 if __name__ == "__main__":
-    main(sys.argv[1], *sys.argv[2:3], *[int(a) for a in sys.argv[3:4]])
+    a = sys.argv[1:]  # WEIGHTS [IDX-FOLDER [LIMIT]]  or  WEIGHTS X.npy y.npy [LIMIT]
+    if len(a) >= 3 and a[1].endswith(".npy"):
+        main(a[0], a[1], int(a[3]) if len(a) > 3 else None, labels=a[2])
+    else:
+        main(a[0], *a[1:2], *[int(v) for v in a[2:3]])

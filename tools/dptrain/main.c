@@ -565,6 +565,19 @@ static int cmd_eval(int argc, char **argv) {
                     "--model-file FILE", weights, meta_model + 5);
         } else if (rc) die_rc(rc);
     }
+    /* the weights' normalisation (their metadata's input_mean, input_std: comma lists, one value per
+     * channel or feature) in the checkpoint section's form, for the trainer to apply */
+    static char norm[2 * 4096 + 16];
+    if (weights) {
+        char mean[4096], std[4096];
+        if (!dp_safetensors_meta(weights, "input_mean", mean, sizeof mean) &&
+            !dp_safetensors_meta(weights, "input_std", std, sizeof std)) {
+            for (char *c = mean; *c; c++) if (*c == ',') *c = ' ';
+            for (char *c = std; *c; c++) if (*c == ',') *c = ' ';
+            snprintf(norm, sizeof norm, "mean %s\nstd %s\n", mean, std);
+            tp.norm_text = norm;
+        }
+    }
     if (ckpt && (model || model_file)) die("eval --ckpt takes the model from the checkpoint, not --model or --model-file");
     struct dp_ckpt_header h = {.step = -1};
     int rc;
@@ -732,14 +745,35 @@ static int cmd_ckpt(int argc, char **argv) {
      * preprocessing is the trainer's, which the CLI always uses (the
      * checkpoint does not store it because no option changes it). */
     struct dp_train_params defaults = dp_train_default_params();
-    char mean[32], std[32];
+    char mean[4096], std[4096];
     snprintf(mean, sizeof mean, "%.9g", (double)defaults.norm_mean);
     snprintf(std, sizeof std, "%.9g", (double)defaults.norm_std);
+    /* the run's own normalisation, where the checkpoint stores it (section DPNORMIN: "mean M0 M1
+     * ...\nstd S0 S1 ...\n", per channel): a checkpoint of an IDX run holds Fashion-MNIST's */
+    void *norm = NULL;
+    uint64_t nlen;
+    int own = !dp_ckpt_read_section(file, DP_CKPT_NORM_TAG, &norm, &nlen) && norm;
+    if (own) {
+        char *txt = norm, *sd = strstr(txt, "\nstd ");
+        txt[nlen] = 0;
+        if (strncmp(txt, "mean ", 5) || !sd) die("%s: a malformed normalisation section", file);
+        *sd = 0;
+        snprintf(mean, sizeof mean, "%s", txt + 5);
+        snprintf(std, sizeof std, "%s", sd + 5);
+        for (char *c = mean; *c; c++) if (*c == ' ') *c = ',';
+        for (char *c = std; *c; c++) if (*c == ' ' || *c == '\n') *c = *c == ' ' ? ',' : 0;
+        dp_free(norm);
+    }
+    int reg = m->loss == DP_LOSS_MSE;
     const struct dp_st_meta meta[] = {
         {"input_mean", mean},
         {"input_std", std},
-        {"input_preprocessing", "x = (pixel / 255 - input_mean) / input_std, float32, batches NCHW"},
-        {"output", "logits, one per class; the prediction is the argmax"},
+        {"input_preprocessing", own ? "x = (value - input_mean[c]) / input_std[c] per channel c (one value each: "
+                                      "every channel), where value is the pixel / 255 for Fashion-MNIST's IDX "
+                                      "files and the array's element as float for X.npy; float32, batches NCHW"
+                                    : "x = (pixel / 255 - input_mean) / input_std, float32, batches NCHW"},
+        {"output", reg ? "K values, the regression's predictions (loss mse)"
+                       : "logits, one per class; the prediction is the argmax"},
         {"torch_loader", "docs/checkpoint.md of dptrain (tests/torch/eval_safetensors.py)"},
     };
     /* a language model: token ids in, no normalisation (docs/text.md) */
