@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "dp/core.h"
 #include "dp/data.h"
@@ -44,6 +45,14 @@ static void src_free(struct dp_dataset_src *s) {
     dp_free(s->mean);
     dp_free(s->inv);
     dp_free(s);
+}
+
+/* How the mapping will be read: in order (the statistics' pass: read ahead) or in a shuffled
+ * order (training: read only the pages asked for; the kernel's read-ahead around each fault
+ * would otherwise read many rows for one, and under memory pressure evict the rows it needs). */
+static void advise(const struct dp_dataset *ds, int sequential) {
+    const struct dp_npy *a = ds->src ? &ds->src->arr->a : NULL;
+    if (a && a->map) (void)madvise(a->map, a->map_len, sequential ? MADV_SEQUENTIAL : MADV_RANDOM);
 }
 
 /* ---- reading a sample ------------------------------------------------------------------- */
@@ -185,6 +194,7 @@ int dp_dataset_open_npy(struct dp_dataset *ds, const char *xpath, const char *yp
     }
     if ((rc = sample_shape(ds, &ref->a, xpath, s->nhwc))) goto fail;
     ds->n = ref->a.shape[0];
+    advise(ds, 0);
     if ((rc = dp_npy_open(ypath, &y))) goto fail;
     rc = read_labels(ds, &y, ypath, o && o->regression);
     int64_t ny = y.ndim ? y.shape[0] : 0;
@@ -296,6 +306,7 @@ int dp_dataset_channel_stats(const struct dp_dataset *ds, double *mean, double *
         dp_free(buf), dp_free(s1), dp_free(s2);
         return dp_seterr(DP_ENOMEM, "dataset: out of memory");
     }
+    advise(ds, 1);
     for (int64_t i = 0; i < ds->n; i++) {
         dp_dataset_read(ds, i, buf);
         for (int64_t g = 0; g < G; g++)
@@ -304,6 +315,7 @@ int dp_dataset_channel_stats(const struct dp_dataset *ds, double *mean, double *
                 s1[g] += v, s2[g] += v * v;
             }
     }
+    advise(ds, 0);
     double m = (double)ds->n * (double)gs;
     for (int64_t g = 0; g < G; g++) {
         mean[g] = m > 0 ? s1[g] / m : 0;
