@@ -4,9 +4,9 @@
 #   bash scripts/install-deps.sh          build + run + test dependencies
 #   bash scripts/install-deps.sh --torch  also PyTorch 1.13 (benchmarks, fixtures)
 set -euo pipefail
-pkgs=(build-essential clang libclang-rt-14-dev zlib1g-dev libdnnl-dev libopenblas-dev
-      dataset-fashion-mnist hyperfine openmpi-bin libopenmpi-dev iproute2 pkgconf
-      fortunes fortunes-min)  # fortunes*: the default text corpus (docs/text.md)
+pkgs=(build-essential clang libclang-rt-14-dev zlib1g-dev libcsv-dev libzip-dev
+      libdnnl-dev libopenblas-dev dataset-fashion-mnist hyperfine openmpi-bin libopenmpi-dev
+      iproute2 pkgconf fortunes fortunes-min)  # fortunes*: the default text corpus (docs/text.md)
 if [[ "${1:-}" == "--torch" ]]; then pkgs+=(python3-torch python3-numpy); fi
 missing=()
 for p in "${pkgs[@]}"; do

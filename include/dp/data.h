@@ -1,6 +1,7 @@
 /*
- * dp/data.h — datasets (IDX files), normalisation, the sampler, prefetch,
- * augmentation, and text (token files, the validation split, windows).
+ * dp/data.h — datasets (IDX files, NumPy arrays, CSV), normalisation, the
+ * sampler, prefetch, augmentation, and text (token files, the validation
+ * split, windows).
  *
  * IDX is the MNIST / Fashion-MNIST layout: a big-endian header (two zero
  * bytes, a type byte 0x08 = uint8, the number of dimensions, then each
@@ -70,6 +71,117 @@ int dp_dataset_channel_stats(const struct dp_dataset *ds, double *mean, double *
  * read for a mapped source (replacing any earlier normalisation). */
 int dp_dataset_normalize_channels(struct dp_dataset *ds, const float *mean, const float *std);
 
+/* ---- CSV (src/data/csv.c) ---------------------------------------------------------
+ * A CSV file of numbers becomes two arrays in the cache folder, read as any
+ * other arrays (dp_dataset_open_npy):
+ *
+ *     x  (rows, features)  float32   every column but the label's, in order
+ *     y  (rows)            int64     classes 0..65535, or
+ *                          float32   targets (regression)
+ *
+ *     struct dp_csv_opts o = dp_csv_default_opts();
+ *     o.label_column = "price";
+ *     struct dp_csv_info info;
+ *     if (dp_csv_prepare("houses.csv", &o, &info)) { ... dp_errmsg() ... }
+ *     dp_dataset_open_npy(&ds, info.x_path, info.y_path, &(struct dp_data_opts){.regression = 1});
+ *
+ * The file: fields separated by ',', each quoted or not ("a ""b"", c": RFC
+ * 4180, tokenised by libcsv in strict mode), rows ended by '\n', "\r\n" or
+ * the end of the file.  Blank lines (and lines of spaces only) are skipped,
+ * a UTF-8 byte order mark at the start is ignored, spaces and tabs around a
+ * value are trimmed.  A quoted field may span lines; positions in messages
+ * count '\n' bytes, so a file that ends its lines with a lone '\r' is all
+ * line 1 in them.  Every data row holds the same number of fields (at most
+ * DP_CSV_MAX_COLUMNS), each a number that strtod parses whole (decimal,
+ * exponent, hex float), finite, and finite as a float32; a class label is
+ * an integer value 0..65535 ("3" or "3.0", not "3.5").
+ *
+ * Header: with header = -1 the first row is a header when one of its fields
+ * is neither empty nor a number ("x1,x2,label"; ",a,b" too), and data
+ * otherwise ("1,,3" is then a row with a missing value, and a header of
+ * numbers only, "0,1,2", needs header = 1).  A header may be empty or
+ * repeat names; only the label's name must be found once.
+ *
+ * Label column: label_column is a header name (exact match, after
+ * trimming), else a decimal 0-based index; NULL is the last column.  A CSV
+ * needs at least 2 columns (a label and a feature).
+ *
+ * Errors, each one line naming the place as PATH:LINE:COL (LINE 1-based,
+ * the line where the field or row starts; COL the 1-based field of the
+ * row):
+ *   DP_EFORMAT  "PATH:7:3: a missing value (an empty field)"
+ *               "PATH:9:2: 'abc' is not a number"
+ *               "PATH:9:2: 'inf' is not a finite number"
+ *               "PATH:9:2: '1e40' is out of float32's range"
+ *               "PATH:12: 5 fields, the header has 6"     (or "the first row has 6")
+ *               "PATH:4:6: label '3.5' is not a class (an integer 0..65535); for a regression use --loss mse"
+ *               "PATH:3:2: a stray quote (a quote inside an unquoted field, or text after a
+ *                closing quote): quote the whole field and double each quote inside it"
+ *               "PATH:3:2: a quoted field is not closed before the end of the file"
+ *               "PATH:1: more than 1048576 fields in a row"
+ *               "PATH: empty: no rows", "PATH: a header row and no data rows",
+ *               "PATH:1: one column only: a CSV needs a label column and at least one
+ *                feature column (are the fields separated by ','?)"
+ *   DP_EINVAL   a label column not in the header (its names listed, cut to
+ *               about 200 characters), a name given when there is no
+ *               header, an index out of range ("the CSV has 5 columns"), a
+ *               name found twice, a bad option
+ *   DP_ENOMEM   the arrays do not fit in memory
+ *   DP_ENOENT, DP_EIO  the file (dp_csv_prepare) */
+#define DP_CSV_MAX_COLUMNS (1 << 20)
+struct dp_csv_opts {
+    int header;                /* -1: detect (default), 0: no header row, 1: the first row is a header */
+    const char *label_column;  /* a header name, or a 0-based index; NULL: the last column */
+    int regression;            /* 1: the labels are float targets (float32), 0: integer classes 0..65535 (int64) */
+    const char *cache_dir;     /* where the arrays go; NULL: dp_text_cache_dir's folder */
+};
+/* header = -1, everything else 0 / NULL (a zeroed struct means header = 0). */
+struct dp_csv_opts dp_csv_default_opts(void);
+struct dp_csv_info {
+    int built;                 /* 1: parsed now; 0: the cached arrays were reused */
+    int64_t rows, features;    /* data rows, feature columns */
+    char x_path[4096], y_path[4096]; /* the arrays to read (dp_dataset_open_npy) */
+    char label_name[256];      /* the label column's header name, or "column K" (K 0-based) */
+    char why[512];             /* built: why (no cached arrays yet, the CSV changed, ...) */
+};
+/* Parses csv once into the two arrays in the cache folder and reuses them
+ * while the CSV is unchanged.  o NULL: dp_csv_default_opts().  The arrays
+ * are
+ *
+ *     CACHE/NAME-P-K.x.npy, CACHE/NAME-P-K.y.npy
+ *
+ * NAME the CSV's base name, P a hash of its absolute path (symlinks
+ * resolved), K one of its size, its mtime (nanoseconds) and the options
+ * that change the arrays (header, label_column, regression); CACHE is
+ * o->cache_dir, else dp_text_cache_dir's folder, made as mkdir -p would.
+ * They are reused when both exist, are valid .npy files of the expected
+ * dtypes and shapes, and are strictly newer than the CSV; otherwise the CSV
+ * is read whole and parsed (one pass, dp_csv_parse), the arrays written
+ * (dp_npy_write, atomically) and the CSV's other arrays in the cache (the
+ * same NAME-P-, another K) removed.  info (required) says which, and why.
+ * Errors: those of dp_csv_parse; DP_ENOENT / DP_EIO for the CSV; DP_ENOENT
+ * when there is no cache folder (no cache_dir, HOME nor XDG_CACHE_HOME);
+ * DP_EIO naming the cache folder when it cannot be made or written. */
+int dp_csv_prepare(const char *csv, const struct dp_csv_opts *o, struct dp_csv_info *info);
+
+/* The parse itself, on bytes in memory (dp_csv_prepare's, and the fuzzer's
+ * entry point); `what` names the input in messages.  On success d holds
+ * the arrays (dp_malloc'd; free with dp_csv_data_free); on failure d is
+ * zeroed.  Memory: the arrays are allocated for the most rows len bytes
+ * could hold, (len + 1) / (2 * columns), and only the pages the rows fill
+ * are ever touched. */
+struct dp_csv_data {
+    float *x;                  /* (rows, features) */
+    void *y;                   /* (rows): int64_t classes, or float targets with regression */
+    int64_t rows, features;
+    int64_t label;             /* the label's column, 0-based */
+    int header;                /* 1: the first row was a header */
+    char label_name[256];      /* as dp_csv_info's */
+};
+int dp_csv_parse(const uint8_t *buf, size_t len, const char *what, const struct dp_csv_opts *o,
+                 struct dp_csv_data *d);
+void dp_csv_data_free(struct dp_csv_data *d);
+
 /* ---- NumPy .npy arrays (src/data/npy.c) --------------------------------------
  * Version 1.0, 2.0 and 3.0 files, C order, little-endian, of the dtypes below.
  * Fortran order, big-endian, object and structured dtypes are refused with a
@@ -98,6 +210,15 @@ int dp_npy_parse(const uint8_t *buf, size_t len, const char *what, struct dp_npy
 /* Element i (flat, C order) as a double (int64 beyond 2^53 rounds). */
 double dp_npy_get(const struct dp_npy *a, int64_t i);
 const char *dp_npy_dtype_name(enum dp_npy_dtype t);
+/* Writes data as a version 1.0 .npy of `dtype` with shape[0..ndim) (C order,
+ * little-endian; ndim 0..DP_NPY_MAX_DIMS, shape may be NULL for ndim 0),
+ * atomically: a temporary beside path, fsync'ed and renamed over it, so a
+ * crash leaves the old file or the whole new one.  dp_npy_open reads it back
+ * (and numpy.load).  DP_EINVAL for a dtype other than DP_NPY_F32 and
+ * DP_NPY_I64, a negative dimension or a size that overflows; DP_EIO naming
+ * the (temporary) path when it cannot be written, the folder missing
+ * included. */
+int dp_npy_write(const char *path, enum dp_npy_dtype dtype, int ndim, const int64_t *shape, const void *data);
 
 /* Reads one IDX file (plain or .gz).  On success *data holds the raw bytes
  * (caller frees with dp_free), dims[0..*ndim) the dimensions.  Validates the
@@ -130,6 +251,22 @@ int dp_dataset_load_dir_first(struct dp_dataset *train, struct dp_dataset *test,
 /* x = (x - mean) / std */
 void dp_dataset_normalize(struct dp_dataset *ds, float mean, float std);
 void dp_dataset_free(struct dp_dataset *ds);
+
+/* ---- NumPy .npz archives (src/data/npz.c, through Debian's libzip) --------------
+ * An .npz is a zip of KEY.npy members (numpy.savez, savez_compressed).  A member
+ * is extracted once into the cache folder (dp_text_cache_dir's) as the .npy it
+ * is, then mapped like any .npy (dp_dataset_open_npy). */
+/* The path of member KEY's .npy in the cache (cache_dir NULL: the default
+ * cache folder) into path[0..cap), extracted now (*built = 1) unless a copy
+ * newer than the archive is there.  DP_ENOENT for a missing archive, or for a
+ * missing member (the message lists the archive's arrays); DP_EFORMAT for a
+ * file that is not a zip or a corrupt member; DP_EIO for the cache folder. */
+int dp_npz_extract(const char *npz, const char *key, const char *cache_dir, char *path, size_t cap, int *built);
+/* The names of the archive's .npy members, without ".npy", as "a, b, c". */
+int dp_npz_keys(const char *npz, char *names, size_t cap);
+/* Member KEY.npy of an archive in memory, inflated into *npy (dp_free it):
+ * the fuzzer's entry point (members over 64 MiB are refused). */
+int dp_npz_parse(const uint8_t *buf, size_t len, const char *key, uint8_t **npy, size_t *npy_len);
 
 /* ---- augmentation ------------------------------------------------------------ */
 

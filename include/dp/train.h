@@ -99,6 +99,10 @@ struct dp_train_params {
      * test set is test_data + test_labels, or val_split of the samples held out (seed-keyed),
      * or none.  layout_nhwc: X is (N, H, W, C). */
     const char *labels, *test_data, *test_labels;
+    const char *npz_keys;      /* data.npz: its two arrays "X,Y" (NULL: x,y, else x_train,y_train) */
+    const char *label_column;  /* data.csv: the labels' column, a header name or a 0-based index (NULL:
+                                  the last) */
+    int csv_header;            /* data.csv: -1 (default) detect a header row, 0 none, 1 the first row is one */
     double val_split;          /* 0: none */
     int layout_nhwc;
     /* Input normalisation, per channel: DP_NORM_SOURCE (0, default) is the source's own

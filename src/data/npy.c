@@ -15,7 +15,11 @@
  * and refuses everything else by name: Fortran order, big-endian or
  * byte-order-less multibyte types, object ('O') and structured dtypes (the
  * ones numpy pickles), another key, a shape whose element count or byte size
- * overflows.  The data must hold exactly the elements the shape says. */
+ * overflows.  The data must hold exactly the elements the shape says.
+ *
+ * dp_npy_write writes version 1.0 of float32 and int64 arrays, as numpy
+ * would (its dict, then spaces and '\n' up to a multiple of 64 bytes), so
+ * numpy.load and dp_npy_open both read the result. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -24,6 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/core_impl.h"
 #include "dp/data.h"
 
 static const struct {
@@ -248,4 +253,43 @@ double dp_npy_get(const struct dp_npy *a, int64_t i) {
     case DP_NPY_BOOL: return *p != 0;
     }
     return 0;
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+
+int dp_npy_write(const char *path, enum dp_npy_dtype dtype, int ndim, const int64_t *shape,
+                 const void *data) {
+    if (!path || (ndim > 0 && !shape)) return dp_seterr(DP_EINVAL, "npy: NULL argument");
+    if (dtype != DP_NPY_F32 && dtype != DP_NPY_I64)
+        return dp_seterr(DP_EINVAL, "npy: %s: writing %s arrays is not supported (float32, int64 are)", path,
+                         dp_npy_dtype_name(dtype));
+    if (ndim < 0 || ndim > DP_NPY_MAX_DIMS)
+        return dp_seterr(DP_EINVAL, "npy: %s: %d dimensions (0..%d)", path, ndim, DP_NPY_MAX_DIMS);
+    const size_t item = dtype == DP_NPY_F32 ? 4 : 8;
+    /* the dict, as numpy writes it: a 1-tuple keeps its comma, "(5,)" */
+    char h[512];
+    size_t n = (size_t)snprintf(h, sizeof h, "{'descr': '%s', 'fortran_order': False, 'shape': (",
+                                dtype == DP_NPY_F32 ? "<f4" : "<i8");
+    uint64_t count = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0 || (shape[i] && count > (uint64_t)SIZE_MAX / item / (uint64_t)shape[i]))
+            return dp_seterr(DP_EINVAL, "npy: %s: bad shape (dimension %d is %lld)", path, i,
+                             (long long)shape[i]);
+        count *= (uint64_t)shape[i];
+        n += (size_t)snprintf(h + n, sizeof h - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    }
+    if (count && !data) return dp_seterr(DP_EINVAL, "npy: NULL argument");
+    n += (size_t)snprintf(h + n, sizeof h - n, "%s), }", ndim == 1 ? "," : "");
+    /* pad with spaces so that the 10 bytes before the dict, the dict and its '\n' make a multiple of 64
+     * (at most 8 dimensions of 20 digits: the dict is far below sizeof h) */
+    size_t total = (10 + n + 1 + 63) / 64 * 64;
+    uint8_t pre[10 + sizeof h + 64];
+    memcpy(pre, "\x93NUMPY\x01\x00", 8);
+    size_t hlen = total - 10;
+    pre[8] = (uint8_t)hlen, pre[9] = (uint8_t)(hlen >> 8);
+    memcpy(pre + 10, h, n);
+    memset(pre + 10 + n, ' ', hlen - n - 1);
+    pre[total - 1] = '\n';
+    struct dp__wpart parts[2] = {{pre, total}, {data, (size_t)count * item}};
+    return dp__write_file_atomic(path, parts, count ? 2 : 1, "npy");
 }

@@ -15,7 +15,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
-#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +23,7 @@
 #include <unistd.h>
 
 #include "core/core_impl.h"
+#include "data/data_impl.h"
 #include "dp/core.h"
 #include "dp/data.h"
 
@@ -63,11 +63,6 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
 /* What list_dir leaves out by name besides non-regular entries. */
 enum {
     SKIP_FORTUNE_INDEX = 1, /* *.dat and *.u8 */
@@ -88,7 +83,8 @@ static int list_dir(struct namelist *l, const char *dir, int skip) {
     while ((e = readdir(dh))) {
         if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
             continue;
-        if ((skip & SKIP_FORTUNE_INDEX) && (ends_with(e->d_name, ".dat") || ends_with(e->d_name, ".u8")))
+        if ((skip & SKIP_FORTUNE_INDEX) &&
+            (dp__ends_with(e->d_name, ".dat") || dp__ends_with(e->d_name, ".u8")))
             continue;
         /* the token file, and "tokens.bin.tmp.<pid>.<n>" that a writer
          * (dp__write_file_atomic) killed before its rename left behind */
@@ -236,10 +232,6 @@ int dp_text_prepare(const char *const *inputs, int n, const char *out, struct dp
     return rc;
 }
 
-static int ts_after(const struct timespec *a, const struct timespec *b) {
-    return a->tv_sec != b->tv_sec ? a->tv_sec > b->tv_sec : a->tv_nsec > b->tv_nsec;
-}
-
 /* Why a folder's token file at path cannot be reused, into why[0..cap) (""
  * when it can); label names it in the reason ("tokens.bin", "the cached
  * token file").  It must be a valid token file (every check of
@@ -265,7 +257,7 @@ static int stale_reason(const char *path, const char *label, const struct nameli
         if (stat(src->v[i], &st) != 0)
             return dp_seterr(DP_EIO, "text: %s: %s", src->v[i], strerror(errno));
         bytes += (int64_t)st.st_size;
-        if (!why[0] && !ts_after(&tst.st_mtim, &st.st_mtim))
+        if (!why[0] && !dp__ts_after(&tst.st_mtim, &st.st_mtim))
             snprintf(why, cap, "%s is newer than %s", src->v[i], label);
     }
     if (why[0]) return DP_OK;
@@ -301,56 +293,27 @@ static int stale_reason(const char *path, const char *label, const struct nameli
  * mtime, as cp -p or a checkout may leave); the checks of stale_reason still
  * apply to the file found.  When a new file is written, the folder's older
  * ones (same NAME-P-, other C) are removed, so the cache holds one file per
- * folder. */
-#define FNV_BASIS 0xcbf29ce484222325ULL
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
-    return h;
-}
-
-int dp_text_cache_dir(char *out, size_t cap) {
-    if (!out || cap == 0) return dp_seterr(DP_EINVAL, "text: NULL argument");
-    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-    int n;
-    /* The XDG base directory rule: a relative XDG_CACHE_HOME is ignored. */
-    if (x && x[0] == '/') n = snprintf(out, cap, "%s/dptrain", x);
-    else if (h && h[0]) n = snprintf(out, cap, "%s/.cache/dptrain", h);
-    else return dp_seterr(DP_ENOENT, "text: no cache folder: neither XDG_CACHE_HOME nor HOME is set");
-    if (n < 0 || (size_t)n >= cap) return dp_seterr(DP_EINVAL, "text: cache folder path too long");
-    return DP_OK;
-}
+ * folder.  The cache folder and its naming are shared with csv.c (cache.c,
+ * data_impl.h). */
 
 /* The cache file of folder dir with sources src (listed as "dir/name"):
  * prefix = "NAME-P-" (the folder's files, whatever their C), file =
  * cache/prefix C.tokens. */
 static int cache_file(const char *dir, const char *cache, const struct namelist *src, char *prefix,
                       size_t pcap, char *file, size_t fcap) {
-    char abs[PATH_MAX];
-    if (!realpath(dir, abs)) return dp_seterr(DP_EIO, "text: %s: %s", dir, strerror(errno));
-    const char *base = strrchr(abs, '/');
-    base = base && base[1] ? base + 1 : "root";
-    char name[49];
-    size_t k = 0;
-    for (; base[k] && k < sizeof name - 1; k++) {
-        char c = base[k];
-        int keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-                   c == '_' || (c == '.' && k > 0);
-        name[k] = keep ? c : '_';
-    }
-    name[k] = 0;
-    uint64_t ph = fnv1a(FNV_BASIS, abs, strlen(abs)), ch = FNV_BASIS;
+    int rc = dp__cache_prefix("text", dir, prefix, pcap);
+    if (rc) return rc;
+    uint64_t ch = DP_FNV1A64_INIT;
     size_t dlen = strlen(dir);
     for (int i = 0; i < src->n; i++) {
         struct stat st;
         if (stat(src->v[i], &st) != 0) return dp_seterr(DP_EIO, "text: %s: %s", src->v[i], strerror(errno));
         const char *nm = src->v[i] + dlen + 1; /* list_dir's "dir/name" */
         int64_t v[3] = {(int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec, (int64_t)st.st_mtim.tv_nsec};
-        ch = fnv1a(ch, nm, strlen(nm) + 1);
-        ch = fnv1a(ch, v, sizeof v);
+        ch = dp_fnv1a64(nm, strlen(nm) + 1, ch);
+        ch = dp_fnv1a64(v, sizeof v, ch);
     }
-    if (snprintf(prefix, pcap, "%s-%016llx-", name, (unsigned long long)ph) >= (int)pcap ||
-        snprintf(file, fcap, "%s/%s%016llx.tokens", cache, prefix, (unsigned long long)ch) >= (int)fcap)
+    if (snprintf(file, fcap, "%s/%s%016llx.tokens", cache, prefix, (unsigned long long)ch) >= (int)fcap)
         return dp_seterr(DP_EINVAL, "text: cache path too long: %s", cache);
     return DP_OK;
 }
@@ -361,28 +324,14 @@ static int cache_file(const char *dir, const char *cache, const struct namelist 
 static void cache_siblings(const char *cache, const char *prefix, const char *file,
                            const struct namelist *src, char *why, size_t cap, int remove) {
     if (why) why[0] = 0;
-    DIR *dh = opendir(cache);
-    if (!dh) return;
     const char *own = strrchr(file, '/') + 1;
-    struct timespec newest = {0};
     char path[4096];
-    struct dirent *e;
-    while ((e = readdir(dh))) {
-        if (strncmp(e->d_name, prefix, strlen(prefix)) || !ends_with(e->d_name, ".tokens") ||
-            !strcmp(e->d_name, own))
-            continue;
-        if (snprintf(path, sizeof path, "%s/%s", cache, e->d_name) >= (int)sizeof path) continue;
-        struct stat st;
-        if (remove) {
-            unlink(path);
-        } else if (stat(path, &st) == 0 && ts_after(&st.st_mtim, &newest)) {
-            newest = st.st_mtim;
-            int64_t have;
-            if (stale_reason(path, "the cached token file", src, why, cap, &have) == DP_OK && !why[0])
-                snprintf(why, cap, "a source was renamed or replaced since the cached token file was written");
-        }
-    }
-    closedir(dh);
+    int64_t have;
+    if (remove)
+        dp__cache_remove_others(cache, prefix, ".tokens", own);
+    else if (dp__cache_newest_other(cache, prefix, ".tokens", own, path, sizeof path) &&
+             stale_reason(path, "the cached token file", src, why, cap, &have) == DP_OK && !why[0])
+        snprintf(why, cap, "a source was renamed or replaced since the cached token file was written");
 }
 
 int dp_text_prepare_dir(const char *dir, char *path, size_t cap, struct dp_text_prepared *info) {

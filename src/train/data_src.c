@@ -4,6 +4,8 @@
  *
  *   --data DIR               IDX files (train-*, t10k-*): Fashion-MNIST's layout, test set included
  *   --data X.npy --labels Y  a NumPy pair, features mapped (src/data/arrays.c)
+ *   --data data.npz          its arrays x, y (or --npz-keys), extracted into the cache (npz.c)
+ *   --data data.csv          parsed once into two arrays in the cache (csv.c), --label-column
  *
  * The normalisation is per channel (per feature of an (N, D) table: dp_dataset_norm_groups),
  * x' = (x - mean[c]) / std[c]; its values
@@ -108,29 +110,118 @@ out:
     return rc;
 }
 
-/* An .npy pair: X and its labels. */
-static int open_pair(struct dp_dataset *ds, const char *x, const char *y, const char *xopt, const char *yopt,
-                     const struct dp_data_opts *o) {
-    if (!y)
+/* Where a source's two arrays are: X.npy and its --labels, two members of an .npz (extracted
+ * into the cache folder), or a CSV's features and labels (parsed into the cache folder).
+ * `test`: the test set's source (--test-data, --test-labels). */
+struct pair {
+    char x[4096], y[4096];
+    char what[4200]; /* the source as the user named it, for messages */
+};
+
+/* The keys of an .npz's two arrays: --npz-keys X,Y, or by default x,y, else Keras's layout
+ * x_train,y_train (whose x_test,y_test are then the test set: *keras = 1). */
+static int npz_keys(const struct dp_train_params *p, const char *npz, char *kx, char *ky, size_t cap, int *keras) {
+    *keras = 0;
+    const char *k = p->npz_keys ? p->npz_keys : "x,y", *comma = strchr(k, ',');
+    if (!comma || comma == k || !comma[1] || strchr(comma + 1, ',') || (size_t)(comma - k) >= cap ||
+        strlen(comma + 1) >= cap)
+        return dp_seterr(DP_EINVAL, "--npz-keys %s: expected two array names, X,Y (e.g. x_train,y_train)", k);
+    snprintf(kx, cap, "%.*s", (int)(comma - k), k);
+    snprintf(ky, cap, "%s", comma + 1);
+    if (p->npz_keys) return DP_OK;
+    char names[1024];
+    int rc = dp_npz_keys(npz, names, sizeof names);
+    if (rc) return rc;
+    /* the list is "a, b, c": ", NAME, " is in ", " + list + ", " when NAME is one of them */
+    char all[1100];
+    snprintf(all, sizeof all, ", %s, ", names);
+    if (!strstr(all, ", x, ") && strstr(all, ", x_train, ") && strstr(all, ", y_train, ")) {
+        snprintf(kx, cap, "x_train"), snprintf(ky, cap, "y_train");
+        *keras = strstr(all, ", x_test, ") && strstr(all, ", y_test, ");
+    }
+    return DP_OK;
+}
+
+static int npz_pair(const char *npz, const char *kx, const char *ky, struct pair *pr) {
+    int rc = dp_npz_extract(npz, kx, NULL, pr->x, sizeof pr->x, NULL);
+    if (!rc) rc = dp_npz_extract(npz, ky, NULL, pr->y, sizeof pr->y, NULL);
+    snprintf(pr->what, sizeof pr->what, "%s (arrays %s, %s)", npz, kx, ky);
+    return rc;
+}
+
+static int resolve(const struct dp_trainer *t, int test, struct pair *pr, int *keras) {
+    const struct dp_train_params *p = &t->p;
+    const char *data = test ? p->test_data : p->data_dir, *labels = test ? p->test_labels : p->labels;
+    const char *xopt = test ? "--test-data" : "--data", *yopt = test ? "--test-labels" : "--labels";
+    *keras = 0;
+    snprintf(pr->what, sizeof pr->what, "%s", data);
+    if (ends_with(data, ".npz")) {
+        if (labels)
+            return dp_seterr(DP_EINVAL, "%s %s: an .npz holds its labels (array y, or --npz-keys X,Y), not %s %s",
+                             xopt, data, yopt, labels);
+        char kx[256], ky[256];
+        int rc = npz_keys(p, data, kx, ky, sizeof kx, keras);
+        if (!rc && test && *keras) snprintf(kx, sizeof kx, "x_test"), snprintf(ky, sizeof ky, "y_test");
+        return rc ? rc : npz_pair(data, kx, ky, pr);
+    }
+    if (ends_with(data, ".csv")) { /* parsed once into two arrays in the cache (src/data/csv.c) */
+        if (labels)
+            return dp_seterr(DP_EINVAL, "%s %s: a CSV holds its labels (a column: --label-column NAME|INDEX, the "
+                             "last by default), not %s %s", xopt, data, yopt, labels);
+        struct dp_csv_opts o = dp_csv_default_opts();
+        o.header = p->csv_header, o.label_column = p->label_column, o.regression = t->regression;
+        struct dp_csv_info info;
+        int rc = dp_csv_prepare(data, &o, &info);
+        if (rc) return rc;
+        snprintf(pr->x, sizeof pr->x, "%s", info.x_path);
+        snprintf(pr->y, sizeof pr->y, "%s", info.y_path);
+        return DP_OK;
+    }
+    if (!ends_with(data, ".npy"))
+        return dp_seterr(DP_EINVAL, "%s %s: the test set is an .npy (with %s), an .npz or a .csv", xopt, data, yopt);
+    if (!labels)
         return dp_seterr(DP_EINVAL, "%s %s needs its labels: %s y.npy (the class of each sample, shape (N,))", xopt,
-                         x, yopt);
-    if (!ends_with(y, ".npy"))
-        return dp_seterr(DP_EINVAL, "%s %s: labels are read from an .npy file", yopt, y);
-    return dp_dataset_open_npy(ds, x, y, o);
+                         data, yopt);
+    if (!ends_with(labels, ".npy"))
+        return dp_seterr(DP_EINVAL, "%s %s: labels are read from an .npy file", yopt, labels);
+    snprintf(pr->x, sizeof pr->x, "%s", data);
+    snprintf(pr->y, sizeof pr->y, "%s", labels);
+    return DP_OK;
+}
+
+/* Opens a source's pair; an error in an array the cache holds names the source first. */
+static int open_pair(struct dp_dataset *ds, const struct pair *pr, const struct dp_data_opts *o) {
+    int rc = dp_dataset_open_npy(ds, pr->x, pr->y, o);
+    if (rc && strcmp(pr->what, pr->x)) return dp_adderr(rc, "%s", pr->what);
+    return rc;
+}
+
+static int same_shape(const struct dp_trainer *t, const char *what) {
+    if (t->test.C == t->train.C && t->test.H == t->train.H && t->test.W == t->train.W) return DP_OK;
+    return dp_seterr(DP_EMISMATCH, "the test set %s: its samples are %lld x %lld x %lld, --data %s's %lld x "
+                     "%lld x %lld (C x H x W)", what, (long long)t->test.C, (long long)t->test.H,
+                     (long long)t->test.W, t->p.data_dir, (long long)t->train.C, (long long)t->train.H,
+                     (long long)t->train.W);
+}
+
+static int is_arrays(const char *data) {
+    return ends_with(data, ".npy") || ends_with(data, ".npz") || ends_with(data, ".csv");
 }
 
 int dp__data_load(struct dp_trainer *t) {
     const struct dp_train_params *p = &t->p;
     const char *data = p->data_dir ? p->data_dir : "";
-    int npy = ends_with(data, ".npy"), rc;
+    int arrays = is_arrays(data), rc, keras;
     struct dp_data_opts o = {.nhwc = p->layout_nhwc, .regression = t->regression};
-    if (!npy && t->regression)
+    if (!arrays && t->regression)
         return dp_seterr(DP_EINVAL, "a regression (--loss mse) needs float targets: --data X.npy --labels y.npy "
                          "(an IDX folder holds classes)");
-    if (!npy) {
+    if (!arrays) {
         /* IDX: the folder holds its test split */
         const char *own = p->labels ? "--labels" : p->test_data ? "--test-data" : p->test_labels ? "--test-labels"
-                        : p->val_split > 0 ? "--val-split" : p->layout_nhwc ? "--layout nhwc" : NULL;
+                        : p->val_split > 0 ? "--val-split" : p->layout_nhwc ? "--layout nhwc"
+                        : p->npz_keys ? "--npz-keys" : p->label_column ? "--label-column"
+                        : p->csv_header != -1 ? "--csv-header" : NULL;
         struct stat st;
         if (own && stat(data, &st) == 0 && S_ISDIR(st.st_mode))
             return dp_seterr(DP_EINVAL, "%s does not apply to --data %s, a folder of IDX files (it holds its "
@@ -140,22 +231,20 @@ int dp__data_load(struct dp_trainer *t) {
             return rc;
         return normalize(t, 1);
     }
-    if ((rc = open_pair(&t->train, data, p->labels, "--data", "--labels", &o))) return rc;
+    struct pair pr;
+    if ((rc = resolve(t, 0, &pr, &keras)) || (rc = open_pair(&t->train, &pr, &o))) return rc;
     if (p->test_labels && !p->test_data)
         return dp_seterr(DP_EINVAL, "--test-labels %s without --test-data X.npy", p->test_labels);
     if (p->test_data && p->val_split > 0)
         return dp_seterr(DP_EINVAL, "--test-data and --val-split: give one (the test set, or the fraction of "
                          "--data to hold out)");
     if (p->test_data) {
-        if (!ends_with(p->test_data, ".npy"))
-            return dp_seterr(DP_EINVAL, "--test-data %s: with --data X.npy the test set is an .npy too",
-                             p->test_data);
-        if ((rc = open_pair(&t->test, p->test_data, p->test_labels, "--test-data", "--test-labels", &o))) return rc;
-        if (t->test.C != t->train.C || t->test.H != t->train.H || t->test.W != t->train.W)
-            return dp_seterr(DP_EMISMATCH, "--test-data %s: its samples are %lld x %lld x %lld, --data %s's %lld x "
-                             "%lld x %lld (C x H x W)", p->test_data, (long long)t->test.C, (long long)t->test.H,
-                             (long long)t->test.W, data, (long long)t->train.C, (long long)t->train.H,
-                             (long long)t->train.W);
+        if ((rc = resolve(t, 1, &pr, &keras)) || (rc = open_pair(&t->test, &pr, &o)) || (rc = same_shape(t, pr.what)))
+            return rc;
+    } else if (keras && p->val_split <= 0) { /* Keras's layout: its own test arrays */
+        if ((rc = npz_pair(data, "x_test", "y_test", &pr)) || (rc = open_pair(&t->test, &pr, &o)) ||
+            (rc = same_shape(t, pr.what)))
+            return rc;
     } else if (p->val_split > 0 && (rc = dp_dataset_split(&t->train, &t->test, p->val_split, p->seed))) {
         return rc;
     }

@@ -26,6 +26,7 @@ struct dp_train_params dp_train_default_params(void) {
     p.staleness = -1;
     p.threads = 1;
     p.prefetch = -1; /* auto */
+    p.csv_header = -1; /* detect */
     /* Fashion-MNIST pixel statistics (train set, after /255). */
     p.norm_mean = 0.2860f;
     p.norm_std = 0.3530f;

@@ -34,7 +34,23 @@ np.save(f"{d}/x_big.npy", x.astype(">f4"))
 np.save(f"{d}/x_obj.npy", np.array([{"a": 1}] * 600, dtype=object), allow_pickle=True)
 open(f"{d}/x_cut.npy", "wb").write(open(f"{d}/x.npy", "rb").read()[:5000])
 open(f"{d}/x_text.npy", "w").write("1,2,3\n")
+np.savez(f"{d}/d.npz", x=x.astype(np.float32), y=y)
+np.savez_compressed(f"{d}/dc.npz", x=x.astype(np.float32), y=y)
+np.savez(f"{d}/keras.npz", x_train=x.astype(np.float32), y_train=y, x_test=xt.astype(np.float32), y_test=yt)
+np.savez(f"{d}/odd.npz", feats=x.astype(np.float32), labs=y)
+# the (N, D) table as CSV: a header, the label in the middle (column "cls", index 5)
+t = x.reshape(600, -1).astype(np.int64)
+with open(f"{d}/t.csv", "w") as f:
+    f.write(",".join([f"f{i}" for i in range(5)] + ["cls"] + [f"f{i}" for i in range(5, 32)]) + "\n")
+    for row, c in zip(t, y):
+        f.write(",".join(map(str, list(row[:5]) + [c] + list(row[5:]))) + "\n")
+open(f"{d}/bad_num.csv", "w").write("a,b,c\n1,2,0\n3,abc,1\n")
+open(f"{d}/bad_missing.csv", "w").write("a,b,c\n1,2,0\n3,,1\n")
+open(f"{d}/bad_count.csv", "w").write("a,b,c\n1,2,0\n3,4\n")
+open(f"{d}/bad_label.csv", "w").write("a,b,c\n1,2,0\n3,4,1.5\n")
 EOF
+# the cache folder of the runs below (an .npz's arrays are extracted there)
+export XDG_CACHE_HOME="$T/cache"
 OWN=(--labels "$ND/y.npy" --model mlp:hidden=32 --batch 50 --lr 0.05 --momentum 0.9 --progress none)
 # (the default normalisation of an array is auto: no option needed)
 
@@ -78,11 +94,50 @@ for v in u8:"$ND/x_u8.npy" nhwc:"$ND/x_nhwc.npy --layout nhwc"; do
   if same_hash "$h" "${hs[0]}"; then ok "npy_${name}_same_bits"
   else bad "npy_${name}_same_bits" "$h vs float32 NCHW ${hs[0]}" "$(tail -2 "$T/own_$name.log")"; fi
 done
+# the same arrays in an .npz, stored or compressed, or under other names (--npz-keys)
+for v in d:"$ND/d.npz" dc:"$ND/dc.npz" keys:"$ND/odd.npz --npz-keys feats,labs"; do
+  name=${v%%:*}
+  rm -rf "$T/own_$name"
+  # shellcheck disable=SC2086
+  "$BIN" train --data ${v#*:} --val-split 0.2 "${OWN[@]:2}" --epochs 2 --deterministic --workers 1 \
+    --out "$T/own_$name" >"$T/own_$name.log" 2>&1
+  h=$(hash_of "$T/own_$name/checkpoint.bin")
+  if same_hash "$h" "${hs[0]}"; then ok "npz_${name}_same_bits"
+  else bad "npz_${name}_same_bits" "$h vs the .npy pair's ${hs[0]}" "$(tail -2 "$T/own_$name.log")"; fi
+done
+# Keras's layout (x_train, y_train, x_test, y_test): its test arrays are the test set
+"$BIN" train --data "$ND/keras.npz" "${OWN[@]:2}" --epochs 4 --workers 2 >"$T/keras.log" 2>&1
+kf=$(sed -n 's/^epoch 4\/4 .*\(test loss [0-9.]*  test acc [0-9.]*%\).*/\1/p' "$T/keras.log")
+if [[ -n "$kf" && "$kf" == "$figs" ]]; then ok npz_keras_layout_test_set
+else bad npz_keras_layout_test_set "$(tail -2 "$T/keras.log")" "expected $figs"; fi
+
 # (N, D) float64: 32 features, the mlp takes them whole
 "$BIN" train --data "$ND/x_2d.npy" "${OWN[@]}" --epochs 1 --workers 1 >"$T/own2d.log" 2>&1
 if grep -q "(no test set)" "$T/own2d.log" && grep -q "^dptrain: model mlp:hidden=32 (1155 parameters" "$T/own2d.log"
 then ok npy_2d_no_test_set
 else bad npy_2d_no_test_set "$(head -1 "$T/own2d.log")" "$(tail -2 "$T/own2d.log")"; fi
+
+# the same table from CSV, the label column by name or by index: the same bits as from .npy;
+# parsed once into the cache and reused while the CSV (and the options that shape its arrays)
+# are unchanged: the cache then holds one version of its arrays
+CSV1=(--val-split 0.2 --model mlp:hidden=32 --batch 50 --lr 0.05 --momentum 0.9 --progress none --epochs 2
+      --deterministic --workers 2)
+rm -rf "$T/own_npy2d" "$T/own_csv" "$T/own_csvi"
+"$BIN" train --data "$ND/x_2d.npy" --labels "$ND/y.npy" "${CSV1[@]}" --out "$T/own_npy2d" >/dev/null 2>&1
+"$BIN" train --data "$ND/t.csv" --label-column 5 "${CSV1[@]}" --out "$T/own_csvi" >/dev/null 2>&1
+"$BIN" train --data "$ND/t.csv" --label-column cls "${CSV1[@]}" --out "$T/own_csv" >"$T/own_csv.log" 2>&1
+h2=$(hash_of "$T/own_npy2d/checkpoint.bin") hc=$(hash_of "$T/own_csv/checkpoint.bin") hi=$(hash_of "$T/own_csvi/checkpoint.bin")
+if same_hash "$h2" "$hc" && same_hash "$h2" "$hi"; then ok csv_same_bits_as_npy
+else bad csv_same_bits_as_npy ".npy $h2, csv by name $hc, by index $hi" "$(tail -2 "$T/own_csv.log")"; fi
+cx=$(ls "$XDG_CACHE_HOME"/dptrain/t.csv-*.x.npy 2>/dev/null)
+m1=$(stat -c %Y.%y "$cx" 2>/dev/null)
+"$BIN" train --data "$ND/t.csv" --label-column cls "${CSV1[@]}" --epochs 1 >/dev/null 2>&1
+m2=$(stat -c %Y.%y "$cx" 2>/dev/null)
+sleep 1.1; touch "$ND/t.csv"
+"$BIN" train --data "$ND/t.csv" --label-column cls "${CSV1[@]}" --epochs 1 >/dev/null 2>&1
+cx2=$(ls "$XDG_CACHE_HOME"/dptrain/t.csv-*.x.npy 2>/dev/null)
+if [[ -n "$m1" && "$m1" == "$m2" && $(wc -w <<<"$cx2") -eq 1 && "$cx2" != "$cx" ]]; then ok csv_cache_reused_then_rebuilt
+else bad csv_cache_reused_then_rebuilt "first $cx ($m1), second ($m2), after touch: $cx2"; fi
 
 # exact resume: 1 epoch, then on to 3, is the 3-epoch run
 rm -rf "$T/ownr" "$T/ownr3"
@@ -126,6 +181,17 @@ expect_error npy_big_endian_refused "x_big.npy: .*big-endian" "${B[@]}" --data "
 expect_error npy_object_refused "x_obj.npy: .*object" "${B[@]}" --data "$ND/x_obj.npy" --labels "$ND/y.npy"
 expect_error npy_truncated "x_cut.npy: the shape needs .* (cut short?)" "${B[@]}" --data "$ND/x_cut.npy" --labels "$ND/y.npy"
 expect_error npy_not_npy "x_text.npy: not a .npy file" "${B[@]}" --data "$ND/x_text.npy" --labels "$ND/y.npy"
+expect_error npz_missing_key "odd.npz: no array 'x' (it holds: feats, labs)" "${B[@]}" --data "$ND/odd.npz"
+cp "$ND/x.npy" "$ND/x.npz"
+expect_error npz_not_zip "x.npz: not an .npz (zip) archive" "${B[@]}" --data "$ND/x.npz"
+expect_error npz_with_labels "an .npz holds its labels" "${B[@]}" --data "$ND/d.npz" --labels "$ND/y.npy"
+expect_error csv_not_a_number "bad_num.csv:3:2: 'abc' is not a number" "${B[@]}" --data "$ND/bad_num.csv"
+expect_error csv_missing_value "bad_missing.csv:3:2: a missing value" "${B[@]}" --data "$ND/bad_missing.csv"
+expect_error csv_field_count "bad_count.csv:3: 2 fields, the header has 3" "${B[@]}" --data "$ND/bad_count.csv"
+expect_error csv_label_not_class "bad_label.csv:3:3: label '1.5' is not a class" "${B[@]}" --data "$ND/bad_label.csv"
+expect_error csv_unknown_column "no column named 'label' in the header (f0, f1" \
+  "${B[@]}" --data "$ND/t.csv" --label-column label
+expect_error csv_with_labels "a CSV holds its labels" "${B[@]}" --data "$ND/t.csv" --labels "$ND/y.npy"
 expect_error npy_missing "nope.npy: no such file" "${B[@]}" --data "$ND/nope.npy" --labels "$ND/y.npy"
 expect_error npy_nhwc_needs_4d "--layout nhwc needs a 4-dimensional array" \
   "${B[@]}" --data "$ND/x_2d.npy" --labels "$ND/y.npy" --layout nhwc

@@ -65,6 +65,12 @@ static int dptrain_data_opt(struct args *a, struct dp_train_params *tp) {
     if (opt(a, "--labels", &v)) tp->labels = v;
     else if (opt(a, "--test-data", &v)) tp->test_data = v;
     else if (opt(a, "--test-labels", &v)) tp->test_labels = v;
+    else if (opt(a, "--npz-keys", &v)) tp->npz_keys = v;
+    else if (opt(a, "--label-column", &v)) tp->label_column = v;
+    else if (opt(a, "--csv-header", &v)) {
+        if (strcmp(v, "auto") && strcmp(v, "yes") && strcmp(v, "no")) die("--csv-header %s: expected auto, yes or no", v);
+        tp->csv_header = !strcmp(v, "auto") ? -1 : !strcmp(v, "yes");
+    }
     else if (opt(a, "--val-split", &v)) tp->val_split = parse_float("--val-split", v, 0, 0.99);
     else if (opt(a, "--loss", &v)) {
         if (strcmp(v, "cross_entropy") && strcmp(v, "mse")) die("--loss %s: expected cross_entropy or mse", v);
@@ -604,10 +610,11 @@ static int cmd_eval(int argc, char **argv) {
                 "text files)", ckpt ? h.model_spec : model_file ? model_file : model);
         tp.data_dir = dptrain_prepared_text_data(tp.data_dir, 1);
     }
-    /* --data X.npy --labels y.npy: those samples are the ones evaluated */
+    /* --data X.npy --labels y.npy (or data.npz, data.csv): those samples are the ones evaluated */
     size_t dl = strlen(tp.data_dir);
-    if (dl > 4 && !strcmp(tp.data_dir + dl - 4, ".npy") && !tp.test_data)
-        tp.test_data = tp.data_dir, tp.test_labels = tp.labels;
+    const char *ext = dl > 4 ? tp.data_dir + dl - 4 : "";
+    if ((!strcmp(ext, ".npy") || !strcmp(ext, ".npz") || !strcmp(ext, ".csv")) && !tp.test_data)
+        tp.test_data = tp.data_dir, tp.test_labels = tp.labels; /* (an .npz of Keras's layout: its x_test, y_test) */
     struct dp_trainer *t;
     if ((rc = dp_trainer_init(&t, &tp))) die_rc(rc);
     double acc, loss;

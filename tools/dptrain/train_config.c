@@ -69,6 +69,9 @@ char *dptrain_config_render(const struct dp_train_params *tp) {
     const char *const paths[][2] = {{"labels", tp->labels}, {"test-data", tp->test_data}, {"test-labels", tp->test_labels}};
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
         if (paths[i][1]) put(&b, "--%s=%s\n", paths[i][0], realpath(paths[i][1], path) ? path : paths[i][1]);
+    if (tp->npz_keys) put(&b, "--npz-keys=%s\n", tp->npz_keys);
+    if (tp->label_column) put(&b, "--label-column=%s\n", tp->label_column);
+    if (tp->csv_header != -1) put(&b, "--csv-header=%s\n", tp->csv_header ? "yes" : "no");
     if (tp->val_split > 0) put(&b, "--val-split=%.17g\n", tp->val_split);
     if (tp->layout_nhwc) put(&b, "--layout=nhwc\n");
     if (tp->loss == DP_LOSS_MSE) put(&b, "--loss=mse\n");
