@@ -4,7 +4,7 @@
 # training set is converted to .npy (uint8 pixels, and float32 already scaled as the IDX path
 # scales them), then each model trains from the IDX folder and from each array in turn, REPS
 # rounds interleaved; samples/s are dptrain's own steady-state figure, medians per source.
-#   bash bench/npy_throughput.sh                       # about 5 minutes
+#   bash bench/npy_throughput.sh                       # about 5 minutes (REPS=9: 8)
 #   MODELS="cnn" REPS=5 LIMIT=20000 bash bench/npy_throughput.sh
 # Writes bench/results/npy_throughput-<date>.txt (needs `make`, numpy).
 set -uo pipefail
@@ -42,23 +42,30 @@ declare -A SRC=(
   echo "# CPU: $CPU_MODEL, $NCPU cores; load average at the start: $LOAD1"
   echo "# $DPTRAIN train SOURCE --model M --epochs 1 --train-limit $LIMIT --test-limit 1000 --batch 128 --workers $WORKERS"
   echo "# samples/s: dptrain's throughput line (training steps after the 5th); median of $REPS, sources interleaved"
-  printf "%-6s %-8s %10s %10s  %s\n" model source median ratio "all runs"
+  printf "%-6s %-8s %10s %10s %9s  %s\n" model source median ratio "data %" "all runs (samples/s)"
   for m in $MODELS; do
-    declare -A runs=()
+    declare -A runs=() data=()
     for ((r = 0; r < REPS; r++)); do
       for s in idx npy_u8 npy_f32; do
         # shellcheck disable=SC2086
         "$DPTRAIN" train ${SRC[$s]} --model "$m" --epochs 1 --train-limit "$LIMIT" --test-limit 1000 --batch 128 \
           --workers "$WORKERS" --progress none >"$WORK/run.log" 2>&1 || { cat "$WORK/run.log"; exit 1; }
         runs[$s]+="$(dptrain_sps "$WORK/run.log") "
+        # worker 0's data phase (assembling its batches: reading, converting, normalising) as a
+        # share of its epoch: the loading cost itself, apart from the step's noise
+        data[$s]+="$(sed -n 's/^epoch .* \([0-9.]*\)s (data \([0-9.]*\) .*/\2 \1/p' "$WORK/run.log" | awk '{printf "%.4f", 100 * $1 / $2}') "
       done
     done
     base=$(tr ' ' '\n' <<<"${runs[idx]}" | sed '/^$/d' | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
     for s in idx npy_u8 npy_f32; do
       med=$(tr ' ' '\n' <<<"${runs[$s]}" | sed '/^$/d' | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
-      printf "%-6s %-8s %10.1f %10.3f  %s\n" "$m" "$s" "$med" "$(awk -v a="$med" -v b="$base" 'BEGIN {print a / b}')" "${runs[$s]}"
+      dmed=$(tr ' ' '\n' <<<"${data[$s]}" | sed '/^$/d' | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
+      printf "%-6s %-8s %10.1f %10.3f %8.2f%%  %s\n" "$m" "$s" "$med" "$(awk -v a="$med" -v b="$base" 'BEGIN {print a / b}')" \
+        "$dmed" "${runs[$s]}"
     done
-    unset runs
+    unset runs data
   done
-  echo "# ratio: the source's median over the IDX path's (1 = no cost; the target is >= 0.95)"
+  echo "# ratio: the source's median over the IDX path's (1 = no cost; the target is >= 0.95); data %: the"
+  echo "# median share of worker 0's epoch spent assembling its batches (with 2 workers on 2 cores there is"
+  echo "# no loader thread: each worker reads, converts and normalises its own share), the loading cost itself"
 } 2>&1 | tee "$OUT"
