@@ -80,6 +80,13 @@ for P in 1 2 3; do
 done
 if same_hash "${hs[0]}" "${hs[1]}" && same_hash "${hs[0]}" "${hs[2]}"; then ok npy_workers_same_bits
 else bad npy_workers_same_bits "P=1 ${hs[0]}, P=2 ${hs[1]}, P=3 ${hs[2]}" "$(tail -2 "$T/ownp3.log")"; fi
+# under mpirun, 2 processes x 1 worker: the same bits again
+rm -rf "$T/ownmpi"
+timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --data "$ND/x.npy" --val-split 0.2 "${OWN[@]}" --epochs 2 \
+  --deterministic --workers 1 --out "$T/ownmpi" >"$T/ownmpi.log" 2>&1
+hm=$(hash_of "$T/ownmpi/checkpoint.bin")
+if same_hash "$hm" "${hs[0]}"; then ok npy_mpirun_same_bits
+else bad npy_mpirun_same_bits "mpirun -np 2: $hm, 1 worker: ${hs[0]}" "$(tail -3 "$T/ownmpi.log")"; fi
 if grep -q "test acc" "$T/ownp1.log" && grep -q '"test_acc"' "$T/ownp1/metrics.jsonl"; then ok npy_val_split_evaluates
 else bad npy_val_split_evaluates "$(tail -2 "$T/ownp1.log")"; fi
 
@@ -120,12 +127,13 @@ else bad npy_2d_no_test_set "$(head -1 "$T/own2d.log")" "$(tail -2 "$T/own2d.log
 # the same table from CSV, the label column by name or by index: the same bits as from .npy;
 # parsed once into the cache and reused while the CSV (and the options that shape its arrays)
 # are unchanged: the cache then holds one version of its arrays
+# (the .npy on 1 worker, the CSV on 3 and 2 workers)
 CSV1=(--val-split 0.2 --model mlp:hidden=32 --batch 50 --lr 0.05 --momentum 0.9 --progress none --epochs 2
-      --deterministic --workers 2)
+      --deterministic)
 rm -rf "$T/own_npy2d" "$T/own_csv" "$T/own_csvi"
-"$BIN" train --data "$ND/x_2d.npy" --labels "$ND/y.npy" "${CSV1[@]}" --out "$T/own_npy2d" >/dev/null 2>&1
-"$BIN" train --data "$ND/t.csv" --label-column 5 "${CSV1[@]}" --out "$T/own_csvi" >/dev/null 2>&1
-"$BIN" train --data "$ND/t.csv" --label-column cls "${CSV1[@]}" --out "$T/own_csv" >"$T/own_csv.log" 2>&1
+"$BIN" train --data "$ND/x_2d.npy" --labels "$ND/y.npy" "${CSV1[@]}" --workers 1 --out "$T/own_npy2d" >/dev/null 2>&1
+"$BIN" train --data "$ND/t.csv" --label-column 5 "${CSV1[@]}" --workers 3 --out "$T/own_csvi" >/dev/null 2>&1
+"$BIN" train --data "$ND/t.csv" --label-column cls "${CSV1[@]}" --workers 2 --out "$T/own_csv" >"$T/own_csv.log" 2>&1
 h2=$(hash_of "$T/own_npy2d/checkpoint.bin") hc=$(hash_of "$T/own_csv/checkpoint.bin") hi=$(hash_of "$T/own_csvi/checkpoint.bin")
 if same_hash "$h2" "$hc" && same_hash "$h2" "$hi"; then ok csv_same_bits_as_npy
 else bad csv_same_bits_as_npy ".npy $h2, csv by name $hc, by index $hi" "$(tail -2 "$T/own_csv.log")"; fi
