@@ -45,6 +45,8 @@ struct dp_event {
                                    regression: test_acc is the mean absolute error, test_loss the
                                    mean squared error */
     int regression;       /* EPOCH, EVAL: the model's loss is mse */
+    double val_bpb;       /* EPOCH, EVAL: a language model's validation loss in bits per byte of
+                             the text (dp_trainer_bits_per_byte); NaN for other models */
     int64_t positions;    /* EPOCH: loss terms per sample: 1, or T for a language model (its
                              losses and accuracies are per token; tokens/s = samples/s x T) */
     double samples_per_s; /* EPOCH: training throughput of the epoch */
@@ -344,6 +346,11 @@ uint64_t dp_trainer_param_hash(const struct dp_trainer *t);
  * error-feedback state reset because the worker count changed. */
 const char *dp_trainer_note(const struct dp_trainer *t);
 const struct dp_model *dp_trainer_model(const struct dp_trainer *t);
+/* A language model's validation loss per token (loss, as dp_trainer_evaluate gives it on the
+ * first `limit` windows, 0: all) in bits per byte of the text its targets spell:
+ * loss * tokens / bytes / ln 2, each target token counting its length in bytes (1 for byte-level
+ * tokens; its tokenizer's for BPE).  Comparable across vocabularies.  NaN for other models. */
+double dp_trainer_bits_per_byte(const struct dp_trainer *t, double loss, int64_t limit);
 /* The test set as the run evaluates it (normalised; n = 0 when there is none). */
 const struct dp_dataset *dp_trainer_test_set(const struct dp_trainer *t);
 /* Who runs this process's bucket all-reduces: DP_PROGRESS_THREAD or

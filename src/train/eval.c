@@ -65,6 +65,19 @@ static void eval_totals(const struct dp_trainer *t, const double *slot, int64_t 
     *loss = n ? loss_sum / terms : NAN;
 }
 
+double dp_trainer_bits_per_byte(const struct dp_trainer *t, double loss, int64_t limit) {
+    if (!t->text || isnan(loss)) return NAN;
+    const int64_t n = eval_count(t, NULL, limit), T = t->ctx;
+    double bytes = 0;
+    /* window k's targets are the validation tokens train_n + k T + 1 .. train_n + (k + 1) T */
+    for (int64_t k = 0; k < n; k++)
+        for (int64_t j = 1; j <= T; j++) {
+            uint16_t tok = t->tokens.tok[t->split.train_n + k * T + j];
+            bytes += t->tok_len ? t->tok_len[tok] : 1;
+        }
+    return bytes > 0 ? loss * (double)(n * T) / bytes / M_LN2 : NAN;
+}
+
 /* Evaluation runs on rank 0's replica (all replicas are equal). */
 int dp_trainer_evaluate(struct dp_trainer *t, const struct dp_dataset *ds, int64_t limit,
                         double *acc, double *loss) {

@@ -77,9 +77,11 @@ static int metrics_end(const struct dp_trainer *t) {
 }
 
 /* The test figures of a metrics record, "" where there is no test set (NaN is not JSON). */
-static const char *test_fields(char *buf, size_t cap, double loss, double acc, int regression) {
+static const char *test_fields(char *buf, size_t cap, double loss, double acc, int regression, double bpb) {
     if (isnan(loss)) return "";
-    if (regression) /* acc holds the mean absolute error (eval.c) */
+    if (!isnan(bpb)) /* a language model: its loss also in bits per byte */
+        snprintf(buf, cap, "\"test_loss\": %.6f, \"test_acc\": %.6f, \"val_bpb\": %.6f, ", loss, acc, bpb);
+    else if (regression) /* acc holds the mean absolute error (eval.c) */
         snprintf(buf, cap, "\"test_loss\": %.6g, \"test_rmse\": %.6g, \"test_mae\": %.6g, ", loss, sqrt(loss), acc);
     else
         snprintf(buf, cap, "\"test_loss\": %.6f, \"test_acc\": %.6f, ", loss, acc);
@@ -92,12 +94,12 @@ int dp__report_eval(struct worker *w, int64_t step, int64_t epoch, double acc, d
     struct dp_trainer *t = w->t;
     struct dp_event ev = {.kind = DP_EVENT_EVAL, .step = step, .epoch = epoch, .test_acc = acc, .test_loss = loss,
                           .positions = t->pos, .step_in_epoch = (t->step_in_epoch + t->p.accum - 1) / t->p.accum,
-                          .regression = t->regression};
+                          .regression = t->regression, .val_bpb = dp_trainer_bits_per_byte(t, loss, t->p.test_limit)};
     dp__emit_event(t, &ev);
     if (!t->metrics || isnan(loss)) return DP_OK;
     errno = 0;
-    char tf[96];
-    test_fields(tf, sizeof tf, loss, acc, t->regression);
+    char tf[160];
+    test_fields(tf, sizeof tf, loss, acc, t->regression, ev.val_bpb);
     tf[strlen(tf) - 2] = 0; /* (the record's last fields: no ", ") */
     if (fprintf(t->metrics, "{\"kind\": \"eval\", \"step\": %lld, \"epoch\": %lld, %s", (long long)step,
                 (long long)epoch + 1, tf) < 0)
@@ -119,6 +121,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
                           .lr = dp_sched_lr(&t->p.sched, sstep > 0 ? sstep - 1 : 0)};
     ev.positions = t->pos;
     ev.regression = t->regression;
+    ev.val_bpb = dp_trainer_bits_per_byte(t, test_loss, t->p.test_limit);
     ev.loss = tot[2] > 0 ? tot[0] / (tot[2] * (double)t->pos) : NAN;
     ev.train_acc = tot[2] > 0 ? tot[1] / (tot[2] * (double)t->pos) : NAN;
     ev.samples_per_s = dt > 0 ? tot[2] / dt : 0;
@@ -156,7 +159,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
         ev.stale_p50 = dp_ps_hist_quantile(sh, 0.5), ev.stale_p99 = dp_ps_hist_quantile(sh, 0.99);
     }
     if (t->metrics) {
-        char tf[96];
+        char tf[160];
         errno = 0;
         if (fprintf(t->metrics,
                 "{\"kind\": \"epoch\", \"epoch\": %lld, \"step\": %lld, \"workers\": %d, \"lr\": %.6g, "
@@ -166,7 +169,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
                 "\"optimizer_s\": %.3f, \"skipped_steps\": %lld, \"slowest_rank\": %d, "
                 "\"slowest_lag_s\": %.6f, \"param_hash\": \"%016llx\", \"rank_arrival_s\": [",
                 (long long)ev.epoch, (long long)ev.step, t->G, (double)ev.lr, ev.loss, ev.train_acc,
-                test_fields(tf, sizeof tf, ev.test_loss, ev.test_acc, t->regression), ev.samples_per_s, dt, ev.t_data, ev.t_fwd, ev.t_bwd, ev.t_comm,
+                test_fields(tf, sizeof tf, ev.test_loss, ev.test_acc, t->regression, ev.val_bpb), ev.samples_per_s, dt, ev.t_data, ev.t_fwd, ev.t_bwd, ev.t_comm,
                 ev.t_comm_exposed, ev.t_opt, (long long)ev.skipped, ev.slow_rank, ev.slow_lag,
                 (unsigned long long)(w->zero.pshard ? w->zhash : dp_replica_hash(&w->rep))) < 0)
             return dp__metrics_error(t);

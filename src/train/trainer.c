@@ -102,6 +102,7 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_dataset_free(&t->test);
     dp_free(t->norm_mean);
     dp_free(t->norm_std);
+    dp_free(t->tok_len);
     dp_tokens_free(&t->tokens);
     if (t->metrics) fclose(t->metrics);
     dp_free(t);
@@ -214,7 +215,8 @@ int dp__step_loop(struct worker *w) {
                 if (!isnan(eacc)) {
                     struct dp_event eev = {.kind = DP_EVENT_EVAL, .step = step, .epoch = epoch,
                                            .step_in_epoch = ev.step_in_epoch, .test_acc = eacc, .test_loss = eloss,
-                                           .positions = t->pos};
+                                           .positions = t->pos,
+                                           .val_bpb = dp_trainer_bits_per_byte(t, eloss, t->p.test_limit)};
                     dp__emit_event(t, &eev);
                 }
             }

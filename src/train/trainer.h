@@ -147,6 +147,7 @@ struct dp_trainer {
     float *norm_mean, *norm_std; /* (norm_C) the input normalisation applied (data_src.c) */
     int64_t norm_C;            /* channels; 0: none */
     int regression;            /* the model's loss is mse: float targets */
+    uint8_t *tok_len;          /* text: each token's length in bytes (its tokenizer's), NULL: 1 each */
     /* text (a token model): the token file, its split, the window length */
     int text;
     struct dp_tokens tokens;

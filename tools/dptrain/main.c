@@ -621,7 +621,8 @@ static int cmd_eval(int argc, char **argv) {
     const char *spec = dp_trainer_model(t)->spec;
     if (dp_model_reads_tokens(dp_trainer_model(t))) { /* --data is a token file: its validation windows */
         if ((rc = dp_trainer_evaluate(t, NULL, tp.test_limit, &acc, &loss))) die_rc(rc);
-        printf("model %s  val loss %.4f  val ppl %.2f  token acc %.2f%%\n", spec, loss, exp(loss), 100 * acc);
+        printf("model %s  val loss %.4f  val ppl %.2f  val bpb %.4f  token acc %.2f%%\n", spec, loss, exp(loss),
+               dp_trainer_bits_per_byte(t, loss, tp.test_limit), 100 * acc);
         dp_trainer_free(t);
         free(meta_text);
         return 0;

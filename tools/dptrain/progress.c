@@ -75,9 +75,9 @@ void dptrain_on_event(void *arg, const struct dp_event *ev) {
          * the step time; the rest of the communication hid behind backward */
         double other = ev->epoch_time - ev->t_fwd - ev->t_bwd - ev->t_comm_exposed - ev->t_opt - ev->t_data;
         if (ev->positions > 1) /* a language model: per-token losses on the validation windows */
-            printf("epoch %lld/%lld  train loss %.4f  val loss %.4f  val ppl %.2f  %.0f tokens/s  ",
+            printf("epoch %lld/%lld  train loss %.4f  val loss %.4f  val ppl %.2f  val bpb %.4f  %.0f tokens/s  ",
                    (long long)ev->epoch, (long long)ev->epochs, ev->loss, ev->test_loss, exp(ev->test_loss),
-                   ev->samples_per_s * (double)ev->positions);
+                   ev->val_bpb, ev->samples_per_s * (double)ev->positions);
         else if (ev->regression) { /* --loss mse: root mean squared and mean absolute errors */
             printf("epoch %lld/%lld  train loss %.4g  train rmse %.4g  ", (long long)ev->epoch, (long long)ev->epochs,
                    ev->loss, sqrt(ev->loss));
@@ -127,8 +127,8 @@ void dptrain_on_event(void *arg, const struct dp_event *ev) {
     } else if (ev->kind == DP_EVENT_EVAL && !isnan(ev->test_loss)) { /* --eval-every, or a --max-steps stop mid-epoch */
         if (p->mode == PROG_BAR) fprintf(stderr, "\r\033[K");
         if (ev->positions > 1)
-            printf("eval step %lld  val loss %.4f  val ppl %.2f\n", (long long)ev->step, ev->test_loss,
-                   exp(ev->test_loss));
+            printf("eval step %lld  val loss %.4f  val ppl %.2f  val bpb %.4f\n", (long long)ev->step, ev->test_loss,
+                   exp(ev->test_loss), ev->val_bpb);
         else if (ev->regression)
             printf("eval step %lld  test rmse %.4g  test mae %.4g\n", (long long)ev->step, sqrt(ev->test_loss),
                    ev->test_acc);
