@@ -839,9 +839,11 @@ GPTRUN=(--model "$GPT" --data "$T/gpt.bin" --batch 8 --train-limit 32 --test-lim
 if "$BIN" prepare-text "$T/gpt_txt" --out "$T/gpt.bin" >"$T/gp.log" 2>&1 &&
    "$BIN" train "${GPTRUN[@]}" --workers 2 --epochs 2 --schedule cosine --warmup 2 --out "$T/gpt_run" \
      >"$T/gt.log" 2>&1 &&
-   [[ $(grep -cE '^epoch [12]/2  train loss [0-9.]+  val loss [0-9.]+  val ppl [0-9.]+  [0-9]+ tokens/s ' "$T/gt.log") -eq 2 ]] &&
-   awk '/^epoch 2\/2/ {for (i = 3; i < NF; i++) { if ($(i-1) == "val" && $i == "loss") v = $(i+1); if ($(i-1) == "val" && $i == "ppl") p = $(i+1) }}
-        END {d = exp(v) / p - 1; exit !(v > 0 && (d < 0 ? -d : d) < 0.01)}' "$T/gt.log" &&
+   [[ $(grep -cE '^epoch [12]/2  train loss [0-9.]+  val loss [0-9.]+  val ppl [0-9.]+  val bpb [0-9.]+  [0-9]+ tokens/s ' "$T/gt.log") -eq 2 ]] &&
+   awk '/^epoch 2\/2/ {for (i = 3; i < NF; i++) { if ($(i-1) == "val" && $i == "loss") v = $(i+1); if ($(i-1) == "val" && $i == "ppl") p = $(i+1);
+                                                  if ($(i-1) == "val" && $i == "bpb") b = $(i+1) }}
+        END {d = exp(v) / p - 1; e = b * log(2) / v - 1  # byte-level tokens: bits per byte = loss / ln 2
+             exit !(v > 0 && (d < 0 ? -d : d) < 0.01 && (e < 0 ? -e : e) < 0.001)}' "$T/gt.log" &&
    [[ $(grep -c '"val_loss": .*"val_ppl": .*"tokens_per_s": ' "$T/gpt_run/metrics.jsonl") -eq 2 ]] &&
    grep -q '^done: .*, val loss [0-9.]* (perplexity [0-9.]*), param hash' "$T/gt.log"; then
   ok gpt_train_two_workers_val_loss_perplexity
