@@ -351,6 +351,10 @@ const struct dp_model *dp_trainer_model(const struct dp_trainer *t);
  * loss * tokens / bytes / ln 2, each target token counting its length in bytes (1 for byte-level
  * tokens; its tokenizer's for BPE).  Comparable across vocabularies.  NaN for other models. */
 double dp_trainer_bits_per_byte(const struct dp_trainer *t, double loss, int64_t limit);
+/* What the trainer did to read its data, for the user: "" for an IDX folder or .npy arrays;
+ * for a CSV, an .npz or an image folder what was found and whether its arrays were made now
+ * or reused from the cache folder (one line, no newline). */
+const char *dp_trainer_data_note(const struct dp_trainer *t);
 /* The test set as the run evaluates it (normalised; n = 0 when there is none). */
 const struct dp_dataset *dp_trainer_test_set(const struct dp_trainer *t);
 /* Who runs this process's bucket all-reduces: DP_PROGRESS_THREAD or

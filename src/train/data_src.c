@@ -11,6 +11,7 @@
  * x' = (x - mean[c]) / std[c]; its values
  * are the run's (t->norm_mean/std), stored in the checkpoint (DPNORMIN) so that
  * a resume and `dptrain eval` use the very same numbers. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -149,7 +150,18 @@ static int npz_pair(const char *npz, const char *kx, const char *ky, struct pair
     return rc;
 }
 
-static int resolve(const struct dp_trainer *t, int test, struct pair *pr, int *keras) {
+/* Appends a sentence to the trainer's note on its data. */
+static void note(struct dp_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(struct dp_trainer *t, const char *fmt, ...) {
+    size_t len = strlen(t->data_note);
+    if (len && len + 2 < sizeof t->data_note) strcat(t->data_note, "; "), len += 2;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->data_note + len, sizeof t->data_note - len, fmt, ap);
+    va_end(ap);
+}
+
+static int resolve(struct dp_trainer *t, int test, struct pair *pr, int *keras) {
     const struct dp_train_params *p = &t->p;
     const char *data = test ? p->test_data : p->data_dir, *labels = test ? p->test_labels : p->labels;
     const char *xopt = test ? "--test-data" : "--data", *yopt = test ? "--test-labels" : "--labels";
@@ -162,7 +174,8 @@ static int resolve(const struct dp_trainer *t, int test, struct pair *pr, int *k
         char kx[256], ky[256];
         int rc = npz_keys(p, data, kx, ky, sizeof kx, keras);
         if (!rc && test && *keras) snprintf(kx, sizeof kx, "x_test"), snprintf(ky, sizeof ky, "y_test");
-        return rc ? rc : npz_pair(data, kx, ky, pr);
+        if (!rc && !(rc = npz_pair(data, kx, ky, pr))) note(t, "%s: arrays %s, %s", data, kx, ky);
+        return rc;
     }
     if (ends_with(data, ".csv")) { /* parsed once into two arrays in the cache (src/data/csv.c) */
         if (labels)
@@ -173,6 +186,10 @@ static int resolve(const struct dp_trainer *t, int test, struct pair *pr, int *k
         struct dp_csv_info info;
         int rc = dp_csv_prepare(data, &o, &info);
         if (rc) return rc;
+        int named = strncmp(info.label_name, "column ", 7) != 0; /* a header's name, else "column K" */
+        note(t, "%s: %lld rows, %lld features, labels from %s%s%s (%s)", data, (long long)info.rows,
+             (long long)info.features, named ? "column '" : "", info.label_name, named ? "'" : "",
+             info.built ? "parsed now into the cache folder" : "its arrays in the cache folder reused");
         snprintf(pr->x, sizeof pr->x, "%s", info.x_path);
         snprintf(pr->y, sizeof pr->y, "%s", info.y_path);
         return DP_OK;
@@ -242,6 +259,7 @@ int dp__data_load(struct dp_trainer *t) {
         if ((rc = resolve(t, 1, &pr, &keras)) || (rc = open_pair(&t->test, &pr, &o)) || (rc = same_shape(t, pr.what)))
             return rc;
     } else if (keras && p->val_split <= 0) { /* Keras's layout: its own test arrays */
+        note(t, "its x_test, y_test are the test set");
         if ((rc = npz_pair(data, "x_test", "y_test", &pr)) || (rc = open_pair(&t->test, &pr, &o)) ||
             (rc = same_shape(t, pr.what)))
             return rc;

@@ -37,6 +37,8 @@ const struct dp_model *dp_trainer_model(const struct dp_trainer *t) { return t->
 
 const struct dp_dataset *dp_trainer_test_set(const struct dp_trainer *t) { return &t->test; }
 
+const char *dp_trainer_data_note(const struct dp_trainer *t) { return t->data_note; }
+
 int dp_trainer_comm_progress(const struct dp_trainer *t) { return t->comm_progress; }
 int dp_trainer_prefetch(const struct dp_trainer *t) { return t->p.prefetch; }
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t) { return &t->w[0].rep; }

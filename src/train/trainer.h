@@ -148,6 +148,7 @@ struct dp_trainer {
     int64_t norm_C;            /* channels; 0: none */
     int regression;            /* the model's loss is mse: float targets */
     uint8_t *tok_len;          /* text: each token's length in bytes (its tokenizer's), NULL: 1 each */
+    char data_note[1024];      /* dp_trainer_data_note: how the data was read (data_src.c) */
     /* text (a token model): the token file, its split, the window length */
     int text;
     struct dp_tokens tokens;

@@ -481,6 +481,7 @@ static int cmd_train(int argc, char **argv) {
                dp_optim_kind_name(tp.optim.kind), (double)tp.sched.base_lr, procs, tp.workers,
                tp.workers > 1 ? "s" : "", tp.threads, tp.threads > 1 ? "s" : "",
                dp_gemm_backend_name(dp_gemm_get_backend()), det);
+    if (me == 0 && dp_trainer_data_note(t)[0]) printf("data: %s\n", dp_trainer_data_note(t));
     if (me == 0 && tp.workers > 1 && dp_trainer_comm_progress(t) == DP_PROGRESS_CALLER && !tp.async)
         printf("reduction: by the workers between layers (--comm-progress caller%s)\n",
                tp.comm_progress == DP_PROGRESS_AUTO ? ", auto: no core left for a communication thread" : "");
