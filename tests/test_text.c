@@ -1,5 +1,5 @@
 /* Text data: token files (round trip, every header field, truncation, bad
- * tokens), the corpus (folders, name order, the default fortunes corpus),
+ * tokens; other projects' files: nanoGPT's raw uint16, llm.c's shards), the corpus (folders, name order, the default fortunes corpus),
  * the validation split and the training / validation windows. */
 #include <dirent.h>
 #include <fcntl.h>
@@ -11,6 +11,7 @@
 
 #include "dp/core.h"
 #include "dp/data.h"
+#include "dp/tokenizer.h"
 #include "test.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -677,4 +678,108 @@ TEST(text_val_windows_fixed_consecutive) {
     ASSERT_ERR(dp_text_fill_val(&t, &s, CTX, 5, 3, x2, y2), DP_EINVAL, "only 7 exist");
     struct dp_text_split over = {.train_n = 990, .val_n = 50};
     ASSERT_ERR(dp_text_fill_val(&t, &over, CTX, 0, 1, x2, y2), DP_EINVAL, "exceeds");
+}
+
+/* ---- other projects' token files ------------------------------------------------- */
+
+/* nanoGPT's train.bin: np.array(ids, dtype=np.uint16).tofile(), nothing else. */
+TEST(text_tokens_raw_u16_nanogpt) {
+    const uint16_t ids[5] = {15496, 11, 995, 0, 50256}; /* GPT-2's "Hello, world" ... <|endoftext|> */
+    uint8_t raw[10];
+    for (int i = 0; i < 5; i++) raw[2 * i] = (uint8_t)ids[i], raw[2 * i + 1] = (uint8_t)(ids[i] >> 8);
+    char p[512];
+    write_raw(tpath(p, "train.bin"), raw, sizeof raw);
+    struct dp_tokens t;
+    ASSERT_OK(dp_tokens_read_raw_u16(p, 50257, &t));
+    ASSERT_EQ(t.n, 5);
+    ASSERT_EQ(t.vocab, 50257);
+    for (int i = 0; i < 5; i++) ASSERT_EQ(t.tok[i], ids[i]);
+    dp_tokens_free(&t);
+    /* the generic reader cannot know it: "not a token file" */
+    ASSERT_ERR(dp_tokens_read(p, &t), DP_EFORMAT, "is not a token file");
+    ASSERT_ERR(dp_tokens_read_raw_u16(p, 50256, &t), DP_EFORMAT, "token 50256 at index 4 >= vocab 50256");
+    ASSERT_TRUE(t.tok == NULL && t.n == 0);
+    ASSERT_ERR(dp_tokens_read_raw_u16(p, 1, &t), DP_EINVAL, "vocab 1 out of range 2..65536");
+    ASSERT_ERR(dp_tokens_read_raw_u16(p, 65537, &t), DP_EINVAL, "vocab 65537");
+    write_raw(p, raw, 9);
+    ASSERT_ERR(dp_tokens_read_raw_u16(p, 50257, &t), DP_EFORMAT, "9 bytes, an odd count");
+    write_raw(p, raw, 0);
+    ASSERT_ERR(dp_tokens_read_raw_u16(p, 50257, &t), DP_EFORMAT, "empty");
+    ASSERT_ERR(dp_tokens_read_raw_u16(tpath(p, "missing.bin"), 50257, &t), DP_ENOENT, "no such file");
+    ASSERT_OK(dp_tokens_parse_raw_u16(raw, 2, 65536, &t));
+    ASSERT_EQ(t.n, 1);
+    ASSERT_EQ(t.tok[0], 15496);
+    dp_tokens_free(&t);
+}
+
+/* An llm.c shard as its dev/data scripts write it (write_datafile): 256 int32 of header,
+ * header[0] = 20240520, [1] = 1, [2] = the token count, then the uint16 tokens. */
+static size_t llmc_shard(uint8_t *buf, const uint16_t *tok, int32_t count, int32_t version, int32_t claimed) {
+    memset(buf, 0, DP_LLMC_HEADER_BYTES);
+    wr32(buf, 20240520);
+    wr32(buf + 4, (uint32_t)version);
+    wr32(buf + 8, (uint32_t)claimed);
+    for (int32_t i = 0; i < count; i++)
+        buf[DP_LLMC_HEADER_BYTES + 2 * i] = (uint8_t)tok[i], buf[DP_LLMC_HEADER_BYTES + 2 * i + 1] = (uint8_t)(tok[i] >> 8);
+    return DP_LLMC_HEADER_BYTES + 2 * (size_t)count;
+}
+
+TEST(text_tokens_llmc_shard) {
+    static uint8_t buf[DP_LLMC_HEADER_BYTES + 64];
+    const uint16_t tok[6] = {50256, 464, 2068, 7586, 21831, 13};
+    ASSERT_EQ(buf[0], 0);
+    size_t len = llmc_shard(buf, tok, 6, 1, 6);
+    ASSERT_TRUE(buf[0] == 0x88 && buf[1] == 0xd8 && buf[2] == 0x34 && buf[3] == 0x01); /* 0x0134d888 */
+    char p[512], start[128];
+    write_raw(tpath(p, "shard_000000.bin"), buf, len);
+    struct dp_tokens t;
+    /* recognised by dp_tokens_read (so --data takes it) and its probe; vocab = max + 1 */
+    ASSERT_OK(dp_tokens_probe(p, start, sizeof start));
+    ASSERT_OK(dp_tokens_read(p, &t));
+    ASSERT_EQ(t.n, 6);
+    ASSERT_EQ(t.vocab, 50257);
+    for (int i = 0; i < 6; i++) ASSERT_EQ(t.tok[i], tok[i]);
+    dp_tokens_free(&t);
+    ASSERT_OK(dp_tokens_read_llmc(p, 50304, &t)); /* the caller's vocab (GPT-2's, padded) */
+    ASSERT_EQ(t.vocab, 50304);
+    dp_tokens_free(&t);
+    ASSERT_ERR(dp_tokens_read_llmc(p, 50000, &t), DP_EFORMAT, "token 50256 at index 0 >= vocab 50000");
+    ASSERT_ERR(dp_tokens_read_llmc(p, 1, &t), DP_EINVAL, "vocab 1 out of range");
+    /* vocab 0 with only token 0: at least 2 */
+    const uint16_t zero = 0;
+    ASSERT_OK(dp_tokens_parse_llmc(buf, llmc_shard(buf, &zero, 1, 1, 1), 0, &t));
+    ASSERT_EQ(t.vocab, 2);
+    dp_tokens_free(&t);
+
+    /* errors, each naming the field */
+    len = llmc_shard(buf, tok, 6, 1, 6);
+    buf[0] ^= 1;
+    ASSERT_ERR(dp_tokens_parse_llmc(buf, len, 0, &t), DP_EFORMAT, "is not an llm.c token shard");
+    write_raw(p, buf, len); /* and no DPTOKENS file either */
+    ASSERT_ERR(dp_tokens_read(p, &t), DP_EFORMAT, "is not a token file");
+    ASSERT_ERR(dp_tokens_read_llmc(p, 0, &t), DP_EFORMAT, "not the magic 20240520");
+    len = llmc_shard(buf, tok, 6, 2, 6);
+    write_raw(p, buf, len);
+    ASSERT_ERR(dp_tokens_read(p, &t), DP_EFORMAT, "unsupported llm.c version 2");
+    len = llmc_shard(buf, tok, 6, 1, 7); /* claims more than there is */
+    write_raw(p, buf, len);
+    ASSERT_ERR(dp_tokens_read(p, &t), DP_EFORMAT, "truncated: llm.c count 7 needs 14 token bytes, file has 12");
+    len = llmc_shard(buf, tok, 6, 1, 5); /* trailing bytes */
+    ASSERT_ERR(dp_tokens_parse_llmc(buf, len, 0, &t), DP_EFORMAT, "count 5 does not match the file size: 2 bytes");
+    len = llmc_shard(buf, tok, 6, 1, 6);
+    ASSERT_ERR(dp_tokens_parse_llmc(buf, len + 1, 0, &t), DP_EFORMAT, "does not match the file size: 1 bytes");
+    ASSERT_ERR(dp_tokens_parse_llmc(buf, len - 1, 0, &t), DP_EFORMAT, "truncated");
+    len = llmc_shard(buf, tok, 0, 1, 0);
+    ASSERT_ERR(dp_tokens_parse_llmc(buf, len, 0, &t), DP_EFORMAT, "count 0");
+    len = llmc_shard(buf, tok, 0, 1, -5);
+    ASSERT_ERR(dp_tokens_parse_llmc(buf, len, 0, &t), DP_EFORMAT, "count -5");
+    len = llmc_shard(buf, tok, 0, 1, 0x7fffffff); /* 2^31 - 1 tokens claimed, none there */
+    ASSERT_ERR(dp_tokens_parse_llmc(buf, len, 0, &t), DP_EFORMAT, "truncated");
+    for (size_t cut = 4; cut < DP_LLMC_HEADER_BYTES; cut += 97) {
+        write_raw(p, buf, cut);
+        ASSERT_ERR(dp_tokens_read(p, &t), DP_EFORMAT, "truncated llm.c header");
+    }
+    ASSERT_ERR(dp_tokens_parse_llmc(buf, 3, 0, &t), DP_EFORMAT, "not an llm.c token shard");
+    ASSERT_ERR(dp_tokens_parse_llmc(NULL, 0, 0, &t), DP_EFORMAT, "it is empty");
+    ASSERT_TRUE(t.tok == NULL && t.n == 0 && t.vocab == 0);
 }

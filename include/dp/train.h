@@ -90,6 +90,9 @@ typedef void (*dp_event_fn)(void *arg, const struct dp_event *ev);
 enum { DP_NORM_SOURCE = 0, DP_NORM_AUTO = 1, DP_NORM_NONE = 2, DP_NORM_FIXED = 3 };
 /* The checkpoint section holding the run's input normalisation (text: "mean M0 M1 ...\nstd S0 S1 ...\n"). */
 #define DP_CKPT_NORM_TAG "DPNORMIN"
+/* The checkpoint section holding a language model's BPE tokenizer (the bytes of its .bpe file,
+ * dp/tokenizer.h), when its token file has one beside it (prepare-text --vocab). */
+#define DP_CKPT_BPE_TAG "DPTOKBPE"
 
 /* dp_train_params.zero_gather */
 enum { DP_ZERO_GATHER_AUTO = 0, DP_ZERO_GATHER_STEP = 1, DP_ZERO_GATHER_AHEAD = 2 };

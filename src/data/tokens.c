@@ -3,7 +3,11 @@
  * file as untrusted input: every header field is checked, in file order, before anything is
  * allocated for the tokens, and the only allocation is bounded by the bytes actually present
  * (count must match the file size exactly), so a 32-byte file claiming 2^63 tokens costs
- * nothing.  One parser serves the file reader and the fuzzer. */
+ * nothing.  One parser serves the file reader and the fuzzer.
+ *
+ * Other projects' token files (dp/tokenizer.h) are read here too: nanoGPT's raw uint16
+ * arrays (named by the caller: nothing in them says what they are) and llm.c's shards,
+ * which dp_tokens_read also recognises by their magic. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +23,7 @@
 #include "core/core_impl.h"
 #include "dp/core.h"
 #include "dp/data.h"
+#include "dp/tokenizer.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #define TEXT_BIG_ENDIAN 1
@@ -135,19 +140,30 @@ int dp_tokens_parse(const uint8_t *buf, size_t len, struct dp_tokens *t) {
     return tokens_parse("<memory>", buf, len, t);
 }
 
-int dp_tokens_read(const char *path, struct dp_tokens *t) {
-    memset(t, 0, sizeof *t);
+/* The whole file at path into *buf (dp_malloc'd), *len bytes. */
+static int read_file(const char *path, uint8_t **buf, size_t *len) {
     if (!path) return dp_seterr(DP_EINVAL, "tokens: NULL path");
     int fd;
     size_t size;
     int rc = dp__open_regular("tokens", path, &fd, &size);
     if (rc) return rc;
+    rc = dp__read_fd(fd, "tokens", path, size, buf, len);
+    close(fd);
+    return rc;
+}
+
+static int llmc_parse(const char *name, const uint8_t *buf, size_t len, int64_t vocab, struct dp_tokens *t);
+
+static int is_llmc(const uint8_t *buf, size_t len) { return len >= 4 && le32(buf) == DP_LLMC_MAGIC; }
+
+int dp_tokens_read(const char *path, struct dp_tokens *t) {
+    memset(t, 0, sizeof *t);
     uint8_t *buf;
     size_t len;
-    rc = dp__read_fd(fd, "tokens", path, size, &buf, &len);
-    close(fd);
+    int rc = read_file(path, &buf, &len);
     if (rc) return rc;
-    rc = tokens_parse(path, buf, len, t);
+    /* llm.c's shards are told apart by their magic (dp/tokenizer.h) */
+    rc = is_llmc(buf, len) ? llmc_parse(path, buf, len, 0, t) : tokens_parse(path, buf, len, t);
     dp_free(buf);
     return rc;
 }
@@ -175,7 +191,7 @@ int dp_tokens_probe(const char *path, char *start, size_t cap) {
         n += (size_t)r;
     }
     close(fd);
-    if (n >= 8 && memcmp(head, DP_TOKENS_MAGIC, 8) == 0) return DP_OK;
+    if ((n >= 8 && memcmp(head, DP_TOKENS_MAGIC, 8) == 0) || is_llmc(head, n)) return DP_OK;
     char desc[128];
     describe_start(desc, sizeof desc, head, n);
     if (start && cap) snprintf(start, cap, "%s", desc);
@@ -241,5 +257,113 @@ int dp_tokens_write(const char *path, const uint16_t *tok, int64_t n, int64_t vo
 #ifdef TEXT_BIG_ENDIAN
     dp_free(le);
 #endif
+    return rc;
+}
+
+/* ---- other projects' token files (dp/tokenizer.h) ---------------------------------- */
+
+static int vocab_arg(int64_t vocab, int zero_ok) {
+    if ((vocab == 0 && zero_ok) || (vocab >= 2 && vocab <= DP_TOKENS_VOCAB_MAX)) return DP_OK;
+    return dp_seterr(DP_EINVAL, "tokens: vocab %lld out of range 2..%d%s", (long long)vocab, DP_TOKENS_VOCAB_MAX,
+                     zero_ok ? " (or 0: the largest token + 1)" : "");
+}
+
+/* t = the count little-endian uint16 tokens at p, each below vocab (vocab 0: any, and
+ * then t->vocab = the largest + 1, at least 2).  The caller has checked the size. */
+static int take_u16(const char *name, const uint8_t *p, uint64_t count, int64_t vocab, struct dp_tokens *t) {
+    uint16_t *tok = dp_malloc(count ? 2 * count : 1);
+    if (!tok) return dp_seterr(DP_ENOMEM, "tokens: %s: cannot allocate %llu tokens", name, (unsigned long long)count);
+    uint32_t max = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        uint16_t v = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+        if (vocab && v >= vocab) {
+            dp_free(tok);
+            return dp_seterr(DP_EFORMAT, "tokens: %s: token %u at index %llu >= vocab %lld", name, v,
+                             (unsigned long long)i, (long long)vocab);
+        }
+        if (v > max) max = v;
+        tok[i] = v;
+    }
+    t->tok = tok;
+    t->n = (int64_t)count;
+    t->vocab = vocab ? vocab : max + 1 < 2 ? 2 : max + 1;
+    return DP_OK;
+}
+
+/* nanoGPT's raw arrays: nothing to check but the size and the tokens. */
+static int raw_parse(const char *name, const uint8_t *buf, size_t len, int64_t vocab, struct dp_tokens *t) {
+    memset(t, 0, sizeof *t);
+    if (!buf) len = 0;
+    int rc = vocab_arg(vocab, 0);
+    if (rc) return rc;
+    if (len == 0) return dp_seterr(DP_EFORMAT, "tokens: %s: empty (raw uint16 tokens: at least one)", name);
+    if (len % 2)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: %zu bytes, an odd count: raw uint16 tokens take 2 bytes each",
+                         name, len);
+    return take_u16(name, buf, len / 2, vocab, t);
+}
+
+int dp_tokens_parse_raw_u16(const uint8_t *buf, size_t len, int64_t vocab, struct dp_tokens *t) {
+    return raw_parse("<memory>", buf, len, vocab, t);
+}
+
+int dp_tokens_read_raw_u16(const char *path, int64_t vocab, struct dp_tokens *t) {
+    memset(t, 0, sizeof *t);
+    int rc = vocab_arg(vocab, 0);
+    if (rc) return rc;
+    uint8_t *buf;
+    size_t len;
+    if ((rc = read_file(path, &buf, &len))) return rc;
+    rc = raw_parse(path, buf, len, vocab, t);
+    dp_free(buf);
+    return rc;
+}
+
+/* llm.c's shards: 256 int32 of header (magic, version, count, unused), count uint16. */
+static int llmc_parse(const char *name, const uint8_t *buf, size_t len, int64_t vocab, struct dp_tokens *t) {
+    memset(t, 0, sizeof *t);
+    if (!buf) len = 0;
+    int rc = vocab_arg(vocab, 1);
+    if (rc) return rc;
+    if (!is_llmc(buf, len)) {
+        char start[128];
+        describe_start(start, sizeof start, buf, len);
+        return dp_seterr(DP_EFORMAT, "tokens: %s is not an llm.c token shard (%s, not the magic %d)", name, start,
+                         DP_LLMC_MAGIC);
+    }
+    if (len < DP_LLMC_HEADER_BYTES)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: truncated llm.c header: %zu bytes, expected %d", name, len,
+                         DP_LLMC_HEADER_BYTES);
+    int32_t version = (int32_t)le32(buf + 4), count = (int32_t)le32(buf + 8);
+    if (version != DP_LLMC_VERSION)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: unsupported llm.c version %d (expected %d)", name, version,
+                         DP_LLMC_VERSION);
+    if (count < 1)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: llm.c token count %d (a shard holds at least one token)", name,
+                         count);
+    size_t payload = len - DP_LLMC_HEADER_BYTES, need = 2 * (size_t)count;
+    if (payload < need)
+        return dp_seterr(DP_EFORMAT, "tokens: %s: truncated: llm.c count %d needs %zu token bytes, file has %zu",
+                         name, count, need, payload);
+    if (payload > need)
+        return dp_seterr(DP_EFORMAT,
+                         "tokens: %s: llm.c count %d does not match the file size: %zu bytes after %d tokens",
+                         name, count, payload - need, count);
+    return take_u16(name, buf + DP_LLMC_HEADER_BYTES, (uint64_t)count, vocab, t);
+}
+
+int dp_tokens_parse_llmc(const uint8_t *buf, size_t len, int64_t vocab, struct dp_tokens *t) {
+    return llmc_parse("<memory>", buf, len, vocab, t);
+}
+
+int dp_tokens_read_llmc(const char *path, int64_t vocab, struct dp_tokens *t) {
+    memset(t, 0, sizeof *t);
+    int rc = vocab_arg(vocab, 1);
+    if (rc) return rc;
+    uint8_t *buf;
+    size_t len;
+    if ((rc = read_file(path, &buf, &len))) return rc;
+    rc = llmc_parse(path, buf, len, vocab, t);
+    dp_free(buf);
     return rc;
 }

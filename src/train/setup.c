@@ -145,6 +145,31 @@ static int build_model(struct dp_trainer *t, const struct model_src *src, const 
     return DP_OK;
 }
 
+/* The BPE tokenizer beside the token file (prepare-text --vocab writes FILE.bpe), if any: each
+ * token's length in bytes (the validation's bits per byte) and the file's bytes (the checkpoint
+ * keeps them, so that `sample` decodes with the tokenizer the model learned). */
+static int load_tokenizer(struct dp_trainer *t) {
+    char path[4096];
+    int rc = dp_bpe_find_for(t->p.data_dir, path, sizeof path);
+    if (rc <= 0) return rc;
+    struct dp_bpe *b;
+    if ((rc = dp_bpe_load(&b, path))) return rc;
+    if (dp_bpe_vocab(b) != t->tokens.vocab)
+        rc = dp_seterr(DP_EMISMATCH, "%s has %lld tokens, its token file %s a vocabulary of %lld: not its tokenizer "
+                       "(prepare the text again)", path, (long long)dp_bpe_vocab(b), t->p.data_dir,
+                       (long long)t->tokens.vocab);
+    if (!rc && !(t->tok_len = dp_malloc(sizeof(uint16_t) * (size_t)t->tokens.vocab)))
+        rc = dp_seterr(DP_ENOMEM, "out of memory");
+    for (int64_t k = 0; !rc && k < t->tokens.vocab; k++) {
+        const uint8_t *bytes;
+        size_t len;
+        if (!(rc = dp_bpe_token_bytes(b, k, &bytes, &len))) t->tok_len[k] = (uint16_t)len; /* <= 1024 */
+    }
+    if (!rc) rc = dp_bpe_serialize(b, &t->bpe, &t->bpe_len);
+    dp_bpe_free(b);
+    return rc;
+}
+
 /* A token model's data: the token file named by --data, its fixed split
  * (the last DP_TEXT_VAL_FRAC of the tokens validate), and the model.
  *
@@ -161,7 +186,7 @@ static int load_text(struct dp_trainer *t, const struct model_src *src) {
                          "'dptrain prepare-text %s --out tokens.bin' first, then train with --data tokens.bin",
                          spec, p->data_dir ? p->data_dir : "(none)", p->data_dir ? p->data_dir : "DIR");
     int rc = dp_tokens_read(p->data_dir, &t->tokens);
-    if (rc) return rc;
+    if (rc || (rc = load_tokenizer(t))) return rc;
     if ((rc = build_model(t, src, NULL))) return rc;
     t->ctx = t->model->in_shape.d[0];
     if (t->tokens.vocab > dp_model_num_classes(t->model))

@@ -15,6 +15,7 @@
 #include <time.h>
 #include "dp/ddp.h"
 #include "dp/ps.h"
+#include "dp/tokenizer.h"
 #include "dp/train.h"
 #include "fault.h"
 #include "run_folder.h"
@@ -147,7 +148,9 @@ struct dp_trainer {
     float *norm_mean, *norm_std; /* (norm_C) the input normalisation applied (data_src.c) */
     int64_t norm_C;            /* channels; 0: none */
     int regression;            /* the model's loss is mse: float targets */
-    uint8_t *tok_len;          /* text: each token's length in bytes (its tokenizer's), NULL: 1 each */
+    uint16_t *tok_len;         /* text: each token's length in bytes (its tokenizer's), NULL: 1 each */
+    uint8_t *bpe;              /* text: the tokenizer's file bytes (dp_bpe_serialize), NULL: byte-level */
+    size_t bpe_len;
     char data_note[1024];      /* dp_trainer_data_note: how the data was read (data_src.c) */
     /* text (a token model): the token file, its split, the window length */
     int text;
