@@ -10,8 +10,8 @@
 # Optional libraries are detected: oneDNN (libdnnl-dev) and OpenBLAS
 # (libopenblas-dev) for GEMM; Open MPI (openmpi-bin libopenmpi-dev: found through
 # its mpicc) for the communicator's mpi backend and build/dptest_mpi (MPI=0 builds
-# without it).  zlib (zlib1g-dev) and libcsv (libcsv-dev: the CSV reader's tokeniser) are
-# required.
+# without it).  zlib (zlib1g-dev), libcsv (libcsv-dev: the CSV reader's tokeniser), libpng
+# (libpng-dev) and libjpeg (libjpeg-dev: libjpeg-turbo; the image folders' decoders) are required.
 
 CC ?= cc
 SAN ?=
@@ -20,7 +20,7 @@ BUILD ?= build$(if $(SAN),-$(SAN))$(if $(filter clang%,$(notdir $(CC))),-clang)
 WARN := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
 OPT ?= -O2 -march=native
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) -fno-math-errno -g -fopenmp $(WARN) -Iinclude -Isrc $(CFLAGS)
-LDLIBS_ALL := -lz -lzip -lcsv -lm -lpthread -fopenmp
+LDLIBS_ALL := -lz -lzip -lcsv -lpng -ljpeg -lm -lpthread -fopenmp
 
 HAVE_DNNL := $(if $(wildcard /usr/include/dnnl.h),1,)
 HAVE_BLAS := $(if $(wildcard /usr/include/x86_64-linux-gnu/cblas.h /usr/include/cblas.h /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h),1,)
@@ -121,7 +121,7 @@ $(BUILD)/libdptrain.a: $(LIB_OBJ)
 # The shared library: soname libdptrain.so.MAJOR, file libdptrain.so.VERSION (the VERSION file),
 # and the two links beside it.  src/libdptrain.map exports the dp_ API and keeps the dp__
 # internals local; --no-undefined makes it carry its own dependencies (OpenMP, oneDNN,
-# OpenBLAS, MPI, zlib, libcsv), so that a program links it with -ldptrain alone.
+# OpenBLAS, MPI, zlib, libcsv, libpng, libjpeg), so that a program links it with -ldptrain alone.
 $(SHLIB): $(LIB_OBJ) src/libdptrain.map
 	@$(if $(Q),echo "  LD $@",true)
 	$(Q)$(CC) $(CFLAGS_ALL) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=src/libdptrain.map \
@@ -169,7 +169,7 @@ PUBLIC_HEADERS := $(sort $(wildcard include/dp/*.h))
 
 # dptrain.pc describes the library as this build made it: Libs.private holds the link flags that
 # the CLI was linked with (OpenMP's -fopenmp, oneDNN and OpenBLAS when found, mpicc's link flags
-# when MPI is built in, libcsv (it ships no .pc), libm, pthread), zlib comes through
+# when MPI is built in, libcsv (it ships no .pc), libpng, libjpeg, libm, pthread), zlib comes through
 # Requires.private (its own zlib.pc).
 # Rewritten only when its text changes (PREFIX, what was found).
 pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))

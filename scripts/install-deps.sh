@@ -4,7 +4,7 @@
 #   bash scripts/install-deps.sh          build + run + test dependencies
 #   bash scripts/install-deps.sh --torch  also PyTorch 1.13 (benchmarks, fixtures)
 set -euo pipefail
-pkgs=(build-essential clang libclang-rt-14-dev zlib1g-dev libcsv-dev libzip-dev
+pkgs=(build-essential clang libclang-rt-14-dev zlib1g-dev libcsv-dev libzip-dev libpng-dev libjpeg-dev
       libdnnl-dev libopenblas-dev dataset-fashion-mnist hyperfine openmpi-bin libopenmpi-dev
       iproute2 pkgconf fortunes fortunes-min)  # fortunes*: the default text corpus (docs/text.md)
 if [[ "${1:-}" == "--torch" ]]; then pkgs+=(python3-torch python3-numpy); fi

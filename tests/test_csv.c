@@ -324,7 +324,7 @@ TEST(csv_npy_write_round_trip) {
     ASSERT_OK(dp_npy_open(p, &a));
     ASSERT_TRUE(a.count == 0 && a.shape[1] == 4);
     dp_npy_close(&a);
-    ASSERT_ERR(dp_npy_write(p, DP_NPY_U8, 1, &n3, l), DP_EINVAL, "uint8");
+    ASSERT_ERR(dp_npy_write(p, DP_NPY_I16, 1, &n3, l), DP_EINVAL, "int16");
     char q[600];
     snprintf(q, sizeof q, "%s/no/such/a.npy", dir);
     const char *qn = q;

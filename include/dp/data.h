@@ -1,7 +1,7 @@
 /*
- * dp/data.h — datasets (IDX files, NumPy arrays, CSV), normalisation, the
- * sampler, prefetch, augmentation, and text (token files, the validation
- * split, windows).
+ * dp/data.h — datasets (IDX files, NumPy arrays, CSV, image folders),
+ * normalisation, the sampler, prefetch, augmentation, and text (token
+ * files, the validation split, windows).
  *
  * IDX is the MNIST / Fashion-MNIST layout: a big-endian header (two zero
  * bytes, a type byte 0x08 = uint8, the number of dimensions, then each
@@ -182,6 +182,112 @@ int dp_csv_parse(const uint8_t *buf, size_t len, const char *what, const struct 
                  struct dp_csv_data *d);
 void dp_csv_data_free(struct dp_csv_data *d);
 
+/* ---- image folders (src/data/images.c; one image: src/data/image.c) -------------------
+ * A folder of images, one subfolder per class, becomes two arrays (and the
+ * class names) in the cache folder, read as any other arrays
+ * (dp_dataset_open_npy; the pixels are 0..255: normalise):
+ *
+ *     x  (N, C, H, W)  uint8   the images, class by class, each class's in name order
+ *     y  (N)           int64   their classes 0..K-1
+ *
+ *     struct dp_images_opts o = dp_images_default_opts();
+ *     o.height = o.width = 64;
+ *     struct dp_images_info info;
+ *     if (dp_images_prepare("photos", &o, &info)) { ... dp_errmsg() ... }
+ *     dp_dataset_open_npy(&ds, info.x_path, info.y_path, &(struct dp_data_opts){0});
+ *
+ * The folder: DIR/<class>/<file>.png|.jpg|.jpeg (the extension in any
+ * case).  The classes are DIR's subfolders in strcmp order, numbered
+ * 0..K-1 (at most DP_DATASET_MAX_CLASSES); the images of a class are in
+ * strcmp order of their names.  Symlinks are followed; names starting with
+ * '.', other files and folders inside a class folder are left out.  A class
+ * folder with no image is an error (keeping it would shift the numbers of
+ * the classes after it without a word).  An image is read by its first
+ * bytes, whatever its extension says.
+ *
+ * Pixels: C = 1 (grey) or 3 (RGB), o->channels, or with 0 from the images: 3
+ * when any image has colour by its header (a colour type; a PNG palette
+ * with an entry that is not grey; a JPEG that is not greyscale), else 1.
+ * Grey is replicated into RGB; RGB becomes grey by the ITU-R BT.601 luma,
+ * (299 R + 587 G + 114 B + 500) / 1000 in integers (rounded half up); an
+ * alpha channel (PNG tRNS included) is dropped, leaving the colours as
+ * stored (as PIL's convert("RGB")); 16-bit PNG samples are scaled to 8
+ * bits rounded (v * 255 / 65535), palettes and grey below 8 bits expanded,
+ * interlaced PNGs read; a CMYK JPEG is taken as Adobe's inverted CMYK.
+ * Size: with height = width = 0 every image must have the size of the
+ * first; else each is resized bilinearly (half-pixel centres, no
+ * antialiasing) by the least scale that covers H x W, then centre-cropped
+ * to H x W (src/data/image.c, to_chw, has the formulas).  An image larger
+ * than DP_IMAGE_MAX_PIXELS pixels is refused as bad.
+ *
+ * Errors, each one line:
+ *   DP_ENOENT   "DIR: no such folder"; a file gone since the listing
+ *   DP_EINVAL   "DIR: not a folder (expected DIR/<class>/<image>.png|.jpg|.jpeg)";
+ *               "DIR: no images: expected DIR/<class>/<image>.png|.jpg|.jpeg (a subfolder per class)";
+ *               "DIR/CLASS: a class folder with no images (*.png, *.jpg, *.jpeg): remove it or
+ *                add images (an empty class would shift the class numbers)";
+ *               "DIR: more than 65536 classes (subfolders)"; a class name with a line break;
+ *               a bad option
+ *   DP_EFORMAT  "PATH: not a PNG/JPEG image", "PATH: corrupt or truncated PNG: <libpng's message>",
+ *               "PATH: corrupt or truncated JPEG: <libjpeg's message>",
+ *               "PATH: 20000x30000 (HxW) is too large (more than 134217728 pixels)";
+ *               with skip_bad these images are skipped and counted instead, and when
+ *               none is left:
+ *               "DIR: no image could be read: all N were skipped (the first: ...)"
+ *   DP_EMISMATCH "DIR/b/2.png is 4x6 (HxW) but DIR/a/1.png is 4x4: the images differ in size;
+ *               give --image-size H,W to resize and centre-crop them all to H x W"
+ *   DP_ENOMEM, DP_EIO  memory, reading, the cache folder (as dp_csv_prepare's) */
+#define DP_IMAGE_MAX_PIXELS ((int64_t)1 << 27)
+struct dp_images_opts {
+    int channels;              /* 0: from the images (3 if any has colour), 1 or 3 */
+    int64_t height, width;     /* 0, 0: the images' own size (all equal); else 1..65535 each:
+                                * resized (covering) and centre-cropped to height x width */
+    int skip_bad;              /* 1: skip and count images that cannot be decoded instead of failing */
+    int threads;               /* decoding threads; 0: the CPUs available (dp_cpus_allowed) */
+    const char *cache_dir;     /* where the arrays go; NULL: dp_text_cache_dir's folder */
+};
+/* Everything 0 / NULL. */
+struct dp_images_opts dp_images_default_opts(void);
+struct dp_images_info {
+    int built;                 /* 1: decoded now; 0: the cached arrays were reused */
+    int64_t images;            /* N: the images in the arrays */
+    int64_t classes, channels, height, width;
+    int64_t skipped;           /* images skipped (skip_bad); reused: the listing's images - N */
+    char first_bad[4096];      /* built: the first image skipped (DIR/CLASS/FILE), "" if none */
+    char first_bad_error[512]; /* built: why it was skipped (its error message) */
+    char x_path[4096], y_path[4096], classes_path[4096];
+    char why[512];             /* built: why (no cached arrays yet, an image or the options changed, ...) */
+};
+/* Decodes the images of dir once into three files in the cache folder and
+ * reuses them while the folder's images are unchanged.  o NULL:
+ * dp_images_default_opts().  The files are
+ *
+ *     CACHE/NAME-P-K.x.npy, CACHE/NAME-P-K.y.npy, CACHE/NAME-P-K.classes.txt
+ *
+ * NAME the folder's base name, P a hash of its absolute path (symlinks
+ * resolved), K one of every image's path under dir, size and mtime
+ * (nanoseconds), and the options that change the arrays (channels, height,
+ * width, skip_bad); classes.txt holds the class names, one a line, in class
+ * order.  They are reused when all three exist, the arrays are valid .npy
+ * files of the expected dtypes and shapes, and the folder lists to the
+ * same K (so a changed, added or removed image means a rebuild).
+ * Otherwise the images are decoded on up to o->threads threads (the result
+ * is the same for any count), each image written into x's temporary file
+ * at its place as soon as it is decoded (a set larger than memory builds),
+ * the files renamed into place, and the folder's other files in the cache (the same
+ * NAME-P-, another K) removed.  info (required) says which, and why. */
+int dp_images_prepare(const char *dir, const struct dp_images_opts *o, struct dp_images_info *info);
+/* The class names of a prepared folder (info->classes_path), each followed
+ * by '\n', as one NUL-terminated string in *names (dp_free it). */
+int dp_images_class_names(const struct dp_images_info *info, char **names);
+/* One image in memory (PNG or JPEG) decoded to C x H x W uint8 in *pixels
+ * (dp_malloc'd; dp_free it), converted, resized and cropped as
+ * dp_images_prepare does: channels 0 is the image's own (3 if it has
+ * colour), height = width = 0 its own size.  `what` names it in messages
+ * (the errors above).  The fuzzer's entry point. */
+int dp_image_decode(const uint8_t *buf, size_t len, const char *what, int channels, int64_t height, int64_t width,
+                    uint8_t **pixels, int64_t *c, int64_t *h, int64_t *w);
+
 /* ---- NumPy .npy arrays (src/data/npy.c) --------------------------------------
  * Version 1.0, 2.0 and 3.0 files, C order, little-endian, of the dtypes below.
  * Fortran order, big-endian, object and structured dtypes are refused with a
@@ -214,10 +320,10 @@ const char *dp_npy_dtype_name(enum dp_npy_dtype t);
  * little-endian; ndim 0..DP_NPY_MAX_DIMS, shape may be NULL for ndim 0),
  * atomically: a temporary beside path, fsync'ed and renamed over it, so a
  * crash leaves the old file or the whole new one.  dp_npy_open reads it back
- * (and numpy.load).  DP_EINVAL for a dtype other than DP_NPY_F32 and
- * DP_NPY_I64, a negative dimension or a size that overflows; DP_EIO naming
- * the (temporary) path when it cannot be written, the folder missing
- * included. */
+ * (and numpy.load).  DP_EINVAL for a dtype other than DP_NPY_F32,
+ * DP_NPY_I64 and DP_NPY_U8, a negative dimension or a size that overflows;
+ * DP_EIO naming the (temporary) path when it cannot be written, the folder
+ * missing included. */
 int dp_npy_write(const char *path, enum dp_npy_dtype dtype, int ndim, const int64_t *shape, const void *data);
 
 /* Reads one IDX file (plain or .gz).  On success *data holds the raw bytes

@@ -93,6 +93,9 @@ enum { DP_NORM_SOURCE = 0, DP_NORM_AUTO = 1, DP_NORM_NONE = 2, DP_NORM_FIXED = 3
 /* The checkpoint section holding a language model's BPE tokenizer (the bytes of its .bpe file,
  * dp/tokenizer.h), when its token file has one beside it (prepare-text --vocab). */
 #define DP_CKPT_BPE_TAG "DPTOKBPE"
+/* The checkpoint section holding the class names of a run on a folder of images, one per line
+ * in class order. */
+#define DP_CKPT_CLASSES_TAG "DPCLASSN"
 
 /* dp_train_params.zero_gather */
 enum { DP_ZERO_GATHER_AUTO = 0, DP_ZERO_GATHER_STEP = 1, DP_ZERO_GATHER_AHEAD = 2 };
@@ -108,6 +111,11 @@ struct dp_train_params {
     const char *label_column;  /* data.csv: the labels' column, a header name or a 0-based index (NULL:
                                   the last) */
     int csv_header;            /* data.csv: -1 (default) detect a header row, 0 none, 1 the first row is one */
+    /* a folder of images (DIR/<class>/<image>.png|.jpg): the size every image is resized and
+     * centre-cropped to (0, 0: their own, all equal), the channels (0: from the images, 1 or 3),
+     * and whether a corrupt image is skipped and counted instead of ending the run */
+    int64_t image_h, image_w;
+    int image_channels, skip_bad_images;
     double val_split;          /* 0: none */
     int layout_nhwc;
     /* Input normalisation, per channel: DP_NORM_SOURCE (0, default) is the source's own

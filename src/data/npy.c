@@ -17,7 +17,7 @@
  * ones numpy pickles), another key, a shape whose element count or byte size
  * overflows.  The data must hold exactly the elements the shape says.
  *
- * dp_npy_write writes version 1.0 of float32 and int64 arrays, as numpy
+ * dp_npy_write writes version 1.0 of float32, int64 and uint8 arrays, as numpy
  * would (its dict, then spaces and '\n' up to a multiple of 64 bytes), so
  * numpy.load and dp_npy_open both read the result. */
 #include <errno.h>
@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "core/core_impl.h"
+#include "data/data_impl.h"
 #include "dp/data.h"
 
 static const struct {
@@ -257,39 +258,60 @@ double dp_npy_get(const struct dp_npy *a, int64_t i) {
 
 /* ---- writing ------------------------------------------------------------------ */
 
-int dp_npy_write(const char *path, enum dp_npy_dtype dtype, int ndim, const int64_t *shape,
-                 const void *data) {
-    if (!path || (ndim > 0 && !shape)) return dp_seterr(DP_EINVAL, "npy: NULL argument");
-    if (dtype != DP_NPY_F32 && dtype != DP_NPY_I64)
-        return dp_seterr(DP_EINVAL, "npy: %s: writing %s arrays is not supported (float32, int64 are)", path,
-                         dp_npy_dtype_name(dtype));
-    if (ndim < 0 || ndim > DP_NPY_MAX_DIMS)
-        return dp_seterr(DP_EINVAL, "npy: %s: %d dimensions (0..%d)", path, ndim, DP_NPY_MAX_DIMS);
-    const size_t item = dtype == DP_NPY_F32 ? 4 : 8;
+static size_t write_item(enum dp_npy_dtype t) { return t == DP_NPY_U8 ? 1 : t == DP_NPY_F32 ? 4 : 8; }
+
+size_t dp__npy_header(const char *path, enum dp_npy_dtype dtype, int ndim, const int64_t *shape,
+                      size_t min_total, uint8_t *pre, size_t cap) {
+    if (dtype != DP_NPY_F32 && dtype != DP_NPY_I64 && dtype != DP_NPY_U8) {
+        dp_seterr(DP_EINVAL, "npy: %s: writing %s arrays is not supported (float32, int64, uint8 are)", path,
+                  dp_npy_dtype_name(dtype));
+        return 0;
+    }
+    if (ndim < 0 || ndim > DP_NPY_MAX_DIMS) {
+        dp_seterr(DP_EINVAL, "npy: %s: %d dimensions (0..%d)", path, ndim, DP_NPY_MAX_DIMS);
+        return 0;
+    }
+    const size_t item = write_item(dtype);
     /* the dict, as numpy writes it: a 1-tuple keeps its comma, "(5,)" */
     char h[512];
     size_t n = (size_t)snprintf(h, sizeof h, "{'descr': '%s', 'fortran_order': False, 'shape': (",
-                                dtype == DP_NPY_F32 ? "<f4" : "<i8");
+                                dtype == DP_NPY_F32 ? "<f4" : dtype == DP_NPY_U8 ? "|u1" : "<i8");
     uint64_t count = 1;
     for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0 || (shape[i] && count > (uint64_t)SIZE_MAX / item / (uint64_t)shape[i]))
-            return dp_seterr(DP_EINVAL, "npy: %s: bad shape (dimension %d is %lld)", path, i,
-                             (long long)shape[i]);
+        if (shape[i] < 0 || (shape[i] && count > (uint64_t)SIZE_MAX / item / (uint64_t)shape[i])) {
+            dp_seterr(DP_EINVAL, "npy: %s: bad shape (dimension %d is %lld)", path, i, (long long)shape[i]);
+            return 0;
+        }
         count *= (uint64_t)shape[i];
         n += (size_t)snprintf(h + n, sizeof h - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
     }
-    if (count && !data) return dp_seterr(DP_EINVAL, "npy: NULL argument");
     n += (size_t)snprintf(h + n, sizeof h - n, "%s), }", ndim == 1 ? "," : "");
     /* pad with spaces so that the 10 bytes before the dict, the dict and its '\n' make a multiple of 64
-     * (at most 8 dimensions of 20 digits: the dict is far below sizeof h) */
+     * (at most 8 dimensions of 20 digits: the dict is far below sizeof h), or min_total's bytes */
     size_t total = (10 + n + 1 + 63) / 64 * 64;
-    uint8_t pre[10 + sizeof h + 64];
+    if (min_total > total) total = (min_total + 63) / 64 * 64;
+    if (total > cap || total - 10 > 65535) {
+        dp_seterr(DP_EINVAL, "npy: %s: header of %zu bytes too long", path, total);
+        return 0;
+    }
     memcpy(pre, "\x93NUMPY\x01\x00", 8);
     size_t hlen = total - 10;
     pre[8] = (uint8_t)hlen, pre[9] = (uint8_t)(hlen >> 8);
     memcpy(pre + 10, h, n);
     memset(pre + 10 + n, ' ', hlen - n - 1);
     pre[total - 1] = '\n';
-    struct dp__wpart parts[2] = {{pre, total}, {data, (size_t)count * item}};
+    return total;
+}
+
+int dp_npy_write(const char *path, enum dp_npy_dtype dtype, int ndim, const int64_t *shape,
+                 const void *data) {
+    if (!path || (ndim > 0 && !shape)) return dp_seterr(DP_EINVAL, "npy: NULL argument");
+    uint8_t pre[DP__NPY_HEADER_MAX];
+    size_t total = dp__npy_header(path, dtype, ndim, shape, 0, pre, sizeof pre);
+    if (!total) return DP_EINVAL;
+    uint64_t count = 1;
+    for (int i = 0; i < ndim; i++) count *= (uint64_t)shape[i];
+    if (count && !data) return dp_seterr(DP_EINVAL, "npy: NULL argument");
+    struct dp__wpart parts[2] = {{pre, total}, {data, (size_t)count * write_item(dtype)}};
     return dp__write_file_atomic(path, parts, count ? 2 : 1, "npy");
 }

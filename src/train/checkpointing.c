@@ -359,6 +359,8 @@ int dp__zero_serves(const struct dp_trainer *t) { return t->p.zero && t->p.out_d
         if (t->p.config) dp_ckpt_writer_section(out, DP_CKPT_CONFIG_TAG, t->p.config, strlen(t->p.config));
         if (t->model->desc) dp_ckpt_writer_section(out, DP_CKPT_MODEL_TAG, t->model->desc, strlen(t->model->desc));
         if (t->bpe) dp_ckpt_writer_section(out, DP_CKPT_BPE_TAG, t->bpe, t->bpe_len);
+        if (t->class_names)
+            dp_ckpt_writer_section(out, DP_CKPT_CLASSES_TAG, t->class_names, strlen(t->class_names));
         char *norm = dp__norm_text(t);
         if (norm) dp_ckpt_writer_section(out, DP_CKPT_NORM_TAG, norm, strlen(norm));
         dp_free(norm);

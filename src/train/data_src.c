@@ -6,6 +6,7 @@
  *   --data X.npy --labels Y  a NumPy pair, features mapped (src/data/arrays.c)
  *   --data data.npz          its arrays x, y (or --npz-keys), extracted into the cache (npz.c)
  *   --data data.csv          parsed once into two arrays in the cache (csv.c), --label-column
+ *   --data DIR (<class>/<image>.png) decoded once into two arrays in the cache (images.c), --image-size
  *
  * The normalisation is per channel (per feature of an (N, D) table: dp_dataset_norm_groups),
  * x' = (x - mean[c]) / std[c]; its values
@@ -161,12 +162,82 @@ static void note(struct dp_trainer *t, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* Whether dir holds Fashion-MNIST's IDX files (else a folder is one of images, a subfolder
+ * per class). */
+static int is_idx_dir(const char *dir) {
+    static const char *const names[] = {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz"};
+    char path[4200];
+    struct stat st;
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (stat(path, &st) == 0) return 1;
+    }
+    return 0;
+}
+
+/* A resumed run's classes must be its checkpoint's (the same names in the same order). */
+static int same_classes(const struct dp_trainer *t) {
+    void *data;
+    uint64_t size;
+    int rc = dp_ckpt_read_section(t->p.resume, DP_CKPT_CLASSES_TAG, &data, &size);
+    if (rc || !data) return rc;
+    ((char *)data)[size] = 0;
+    if (strcmp(data, t->class_names))
+        rc = dp_seterr(DP_EMISMATCH, "%s was trained on other classes than --data %s has (its class folders differ)",
+                       t->p.resume, t->p.data_dir);
+    dp_free(data);
+    return rc;
+}
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* An image folder: decoded once into the cache (src/data/images.c); its class names must be
+ * those of the training folder's (a test set) or become the run's. */
+static int image_pair(struct dp_trainer *t, int test, const char *dir, struct pair *pr) {
+    const struct dp_train_params *p = &t->p;
+    struct dp_images_opts o = dp_images_default_opts();
+    o.channels = test ? (int)t->train.C : p->image_channels;
+    o.height = test ? t->train.H : p->image_h, o.width = test ? t->train.W : p->image_w;
+    o.skip_bad = p->skip_bad_images;
+    struct dp_images_info info;
+    int rc = dp_images_prepare(dir, &o, &info);
+    char *names = NULL;
+    if (rc || (rc = dp_images_class_names(&info, &names))) return rc;
+    if (test && strcmp(names, t->class_names ? t->class_names : "")) {
+        rc = dp_seterr(DP_EMISMATCH, "--test-data %s: its classes (subfolders) are not those of --data %s: each "
+                       "folder needs the same class subfolders", dir, p->data_dir);
+        dp_free(names);
+        return rc;
+    }
+    if (test) dp_free(names);
+    else t->class_names = names;
+    note(t, "%s: %lld images in %lld classes, %lld x %lld x %lld (%s)", dir, (long long)info.images,
+         (long long)info.classes, (long long)info.channels, (long long)info.height, (long long)info.width,
+         info.built ? "decoded now into the cache folder" : "its arrays in the cache folder reused");
+    if (info.skipped)
+        note(t, "skipped %lld bad image%s%s%s%s%s", (long long)info.skipped, info.skipped > 1 ? "s" : "",
+             info.first_bad[0] ? ", the first " : "", info.first_bad, info.first_bad_error[0] ? ": " : "",
+             info.first_bad_error);
+    snprintf(pr->x, sizeof pr->x, "%s", info.x_path);
+    snprintf(pr->y, sizeof pr->y, "%s", info.y_path);
+    return DP_OK;
+}
+
 static int resolve(struct dp_trainer *t, int test, struct pair *pr, int *keras) {
     const struct dp_train_params *p = &t->p;
     const char *data = test ? p->test_data : p->data_dir, *labels = test ? p->test_labels : p->labels;
     const char *xopt = test ? "--test-data" : "--data", *yopt = test ? "--test-labels" : "--labels";
     *keras = 0;
     snprintf(pr->what, sizeof pr->what, "%s", data);
+    if (is_dir(data)) {
+        if (labels)
+            return dp_seterr(DP_EINVAL, "%s %s: a folder of images holds its labels (a subfolder per class), not "
+                             "%s %s", xopt, data, yopt, labels);
+        return image_pair(t, test, data, pr);
+    }
     if (ends_with(data, ".npz")) {
         if (labels)
             return dp_seterr(DP_EINVAL, "%s %s: an .npz holds its labels (array y, or --npz-keys X,Y), not %s %s",
@@ -221,8 +292,10 @@ static int same_shape(const struct dp_trainer *t, const char *what) {
                      (long long)t->train.W);
 }
 
+/* Every source but Fashion-MNIST's IDX folder: arrays, a CSV, or a folder of images. */
 static int is_arrays(const char *data) {
-    return ends_with(data, ".npy") || ends_with(data, ".npz") || ends_with(data, ".csv");
+    return ends_with(data, ".npy") || ends_with(data, ".npz") || ends_with(data, ".csv") ||
+           (is_dir(data) && !is_idx_dir(data));
 }
 
 int dp__data_load(struct dp_trainer *t) {
@@ -232,13 +305,14 @@ int dp__data_load(struct dp_trainer *t) {
     struct dp_data_opts o = {.nhwc = p->layout_nhwc, .regression = t->regression};
     if (!arrays && t->regression)
         return dp_seterr(DP_EINVAL, "a regression (--loss mse) needs float targets: --data X.npy --labels y.npy "
-                         "(an IDX folder holds classes)");
+                         "or a CSV (an IDX folder holds classes)");
     if (!arrays) {
         /* IDX: the folder holds its test split */
         const char *own = p->labels ? "--labels" : p->test_data ? "--test-data" : p->test_labels ? "--test-labels"
                         : p->val_split > 0 ? "--val-split" : p->layout_nhwc ? "--layout nhwc"
                         : p->npz_keys ? "--npz-keys" : p->label_column ? "--label-column"
-                        : p->csv_header != -1 ? "--csv-header" : NULL;
+                        : p->csv_header != -1 ? "--csv-header" : p->image_h ? "--image-size"
+                        : p->skip_bad_images ? "--skip-bad-images" : NULL;
         struct stat st;
         if (own && stat(data, &st) == 0 && S_ISDIR(st.st_mode))
             return dp_seterr(DP_EINVAL, "%s does not apply to --data %s, a folder of IDX files (it holds its "
@@ -250,6 +324,7 @@ int dp__data_load(struct dp_trainer *t) {
     }
     struct pair pr;
     if ((rc = resolve(t, 0, &pr, &keras)) || (rc = open_pair(&t->train, &pr, &o))) return rc;
+    if (p->resume && t->class_names && (rc = same_classes(t))) return rc;
     if (p->test_labels && !p->test_data)
         return dp_seterr(DP_EINVAL, "--test-labels %s without --test-data X.npy", p->test_labels);
     if (p->test_data && p->val_split > 0)

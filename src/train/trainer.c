@@ -106,6 +106,7 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_free(t->norm_std);
     dp_free(t->tok_len);
     dp_free(t->bpe);
+    dp_free(t->class_names);
     dp_tokens_free(&t->tokens);
     if (t->metrics) fclose(t->metrics);
     dp_free(t);

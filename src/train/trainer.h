@@ -152,6 +152,7 @@ struct dp_trainer {
     uint8_t *bpe;              /* text: the tokenizer's file bytes (dp_bpe_serialize), NULL: byte-level */
     size_t bpe_len;
     char data_note[1024];      /* dp_trainer_data_note: how the data was read (data_src.c) */
+    char *class_names;         /* a folder of images: its classes, one per line (NULL: none) */
     /* text (a token model): the token file, its split, the window length */
     int text;
     struct dp_tokens tokens;

@@ -11,7 +11,7 @@ out=$(mktemp -d /tmp/dptrain-fuzz-npy.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 mkdir -p tests/fuzz/findings-npy
 flags=(-std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc -fsanitize=address,undefined -fno-sanitize-recover=undefined)
-clang "${flags[@]}" -fsanitize=fuzzer -o "$out/fuzz" tests/fuzz/fuzz_npy.c src/data/npy.c src/core/error.c \
+clang "${flags[@]}" -fsanitize=fuzzer -o "$out/fuzz" tests/fuzz/fuzz_npy.c src/data/npy.c src/core/error.c src/core/file.c \
   src/core/alloc.c -lm -lpthread
 c="$out/corpus"
 mkdir -p "$c"

@@ -67,6 +67,15 @@ static int dptrain_data_opt(struct args *a, struct dp_train_params *tp) {
     else if (opt(a, "--test-labels", &v)) tp->test_labels = v;
     else if (opt(a, "--npz-keys", &v)) tp->npz_keys = v;
     else if (opt(a, "--label-column", &v)) tp->label_column = v;
+    else if (opt(a, "--skip-bad-images", NULL)) tp->skip_bad_images = 1;
+    else if (opt(a, "--image-channels", &v)) tp->image_channels = (int)parse_int("--image-channels", v, 1, 3);
+    else if (opt(a, "--image-size", &v)) {
+        char *end;
+        long long h = strtoll(v, &end, 10), w = *end == ',' ? strtoll(end + 1, &end, 10) : 0;
+        if (*end || h < 1 || w < 1 || h > 16384 || w > 16384)
+            die("--image-size %s: expected H,W (each 1..16384), e.g. --image-size 64,64", v);
+        tp->image_h = h, tp->image_w = w;
+    }
     else if (opt(a, "--csv-header", &v)) {
         if (strcmp(v, "auto") && strcmp(v, "yes") && strcmp(v, "no")) die("--csv-header %s: expected auto, yes or no", v);
         tp->csv_header = !strcmp(v, "auto") ? -1 : !strcmp(v, "yes");
@@ -774,6 +783,24 @@ static int cmd_ckpt(int argc, char **argv) {
         dp_free(norm);
     }
     int reg = m->loss == DP_LOSS_MSE;
+    /* a run on a folder of images: its class names, in class order, comma-separated, each
+     * percent-encoded where it holds ',', '%', '"', '\\' or a control character (the metadata's
+     * strings take no escapes) */
+    void *cls = NULL;
+    uint64_t clen = 0;
+    char *classes = NULL;
+    if (!dp_ckpt_read_section(file, DP_CKPT_CLASSES_TAG, &cls, &clen) && cls) {
+        if (!(classes = malloc(3 * (size_t)clen + 1))) die("out of memory");
+        char *o = classes;
+        for (const unsigned char *c = cls; c < (const unsigned char *)cls + clen; c++) {
+            if (*c == '\n') *o++ = c + 1 < (const unsigned char *)cls + clen ? ',' : 0;
+            else if (*c == ',' || *c == '%' || *c == '"' || *c == '\\' || *c < 0x20)
+                o += sprintf(o, "%%%02X", *c);
+            else *o++ = (char)*c;
+        }
+        *o = 0;
+        dp_free(cls);
+    }
     const struct dp_st_meta meta[] = {
         {"input_mean", mean},
         {"input_std", std},
@@ -784,6 +811,7 @@ static int cmd_ckpt(int argc, char **argv) {
         {"output", reg ? "K values, the regression's predictions (loss mse)"
                        : "logits, one per class; the prediction is the argmax"},
         {"torch_loader", "docs/checkpoint.md of dptrain (tests/torch/eval_safetensors.py)"},
+        {"class_names", classes ? classes : ""},
     };
     /* a language model: token ids in, no normalisation (docs/text.md) */
     const struct dp_st_meta meta_lm[] = {
@@ -793,8 +821,9 @@ static int cmd_ckpt(int argc, char **argv) {
     int lm = dp_model_reads_tokens(m);
     if ((rc = dp_safetensors_save_meta(out, m, &r, lm ? meta_lm : meta,
                                        lm ? (int)(sizeof meta_lm / sizeof meta_lm[0])
-                                          : (int)(sizeof meta / sizeof meta[0]))))
-        die_rc(rc);
+                                          : (int)(sizeof meta / sizeof meta[0]) - !classes)))
+        die_rc(rc); /* (class_names, last, only where the run had them) */
+    free(classes);
     printf("wrote %s (%d tensors)\n", out, m->nparams);
     dp_replica_free(&r);
     dp_model_free(m);
