@@ -54,5 +54,8 @@ int dp__read_fd(int fd, const char *what, const char *path, size_t hint, uint8_t
 /* Opens path for reading: DP_ENOENT when missing, DP_EIO when it cannot be opened or is not
  * a regular file (a folder, a fifo); *size from fstat. */
 int dp__open_regular(const char *what, const char *path, int *fd, size_t *size);
+/* The first bytes of a file, for a message: "it starts with \"...\"" with up to 16 bytes in C
+ * escapes where not printable ASCII, or "it is empty" (src/core/file.c). */
+void dp__describe_start(char *out, size_t cap, const uint8_t *buf, size_t len);
 
 #endif

@@ -183,3 +183,24 @@ int dp__open_regular(const char *what, const char *path, int *fd, size_t *size) 
     *size = (size_t)st.st_size;
     return DP_OK;
 }
+
+/* The first bytes of a file, for a message: "it starts with \"...\"" with
+ * up to 16 bytes, C escapes for what is not printable ASCII; "it is empty"
+ * for no bytes.  A user who passed a text file, an image file or a
+ * checkpoint where a token file was expected recognises it from them. */
+void dp__describe_start(char *out, size_t cap, const uint8_t *buf, size_t len) {
+    if (len == 0) {
+        snprintf(out, cap, "it is empty");
+        return;
+    }
+    size_t o = (size_t)snprintf(out, cap, "it starts with \"");
+    for (size_t i = 0; i < len && i < 16 && o + 8 < cap; i++) {
+        uint8_t c = buf[i];
+        if (c == '\n') o += (size_t)snprintf(out + o, cap - o, "\\n");
+        else if (c == '\t') o += (size_t)snprintf(out + o, cap - o, "\\t");
+        else if (c == '"' || c == '\\') o += (size_t)snprintf(out + o, cap - o, "\\%c", c);
+        else if (c >= 0x20 && c < 0x7f) out[o++] = (char)c, out[o] = 0;
+        else o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
+    }
+    snprintf(out + o, cap - o, "%s\"", len > 16 ? "..." : "");
+}

@@ -674,22 +674,6 @@ static int keyword_num(const char *s, size_t n, const char *word, int64_t *v) {
     return *v >= 0 && w + 1 + used == n;
 }
 
-/* The start of a file that is not a tokenizer file, for the message. */
-static void describe_start(char *out, size_t cap, const uint8_t *buf, size_t len) {
-    if (len == 0) {
-        snprintf(out, cap, "it is empty");
-        return;
-    }
-    size_t o = (size_t)snprintf(out, cap, "it starts with \"");
-    for (size_t i = 0; i < len && i < 16 && o + 8 < cap; i++) {
-        uint8_t c = buf[i];
-        if (c == '\n') o += (size_t)snprintf(out + o, cap - o, "\\n");
-        else if (c == '"' || c == '\\') o += (size_t)snprintf(out + o, cap - o, "\\%c", c);
-        else if (c >= 0x20 && c < 0x7f) out[o++] = (char)c, out[o] = 0;
-        else o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
-    }
-    snprintf(out + o, cap - o, "%s\"", len > 16 ? "..." : "");
-}
 
 int dp_bpe_parse(struct dp_bpe **out, const uint8_t *buf, size_t len, const char *what) {
     if (!out) return dp_seterr(DP_EINVAL, "bpe: NULL argument");
@@ -703,7 +687,7 @@ int dp_bpe_parse(struct dp_bpe **out, const uint8_t *buf, size_t len, const char
     size_t ml = strlen(DP_BPE_MAGIC);
     if (len < ml + 1 || memcmp(buf, DP_BPE_MAGIC " ", ml + 1) != 0) {
         char start[128];
-        describe_start(start, sizeof start, buf, len);
+        dp__describe_start(start, sizeof start, buf, len);
         return dp_seterr(DP_EFORMAT, "bpe: %s is not a BPE tokenizer file (%s, not \"%s %d\")", what, start,
                          DP_BPE_MAGIC, DP_BPE_VERSION);
     }

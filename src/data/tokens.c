@@ -42,26 +42,6 @@ static void put64(uint8_t *p, uint64_t v) {
 
 /* ---- token files: reader ------------------------------------------------------ */
 
-/* The first bytes of a file, for a message: "it starts with \"...\"" with
- * up to 16 bytes, C escapes for what is not printable ASCII; "it is empty"
- * for no bytes.  A user who passed a text file, an image file or a
- * checkpoint where a token file was expected recognises it from them. */
-static void describe_start(char *out, size_t cap, const uint8_t *buf, size_t len) {
-    if (len == 0) {
-        snprintf(out, cap, "it is empty");
-        return;
-    }
-    size_t o = (size_t)snprintf(out, cap, "it starts with \"");
-    for (size_t i = 0; i < len && i < 16 && o + 8 < cap; i++) {
-        uint8_t c = buf[i];
-        if (c == '\n') o += (size_t)snprintf(out + o, cap - o, "\\n");
-        else if (c == '\t') o += (size_t)snprintf(out + o, cap - o, "\\t");
-        else if (c == '"' || c == '\\') o += (size_t)snprintf(out + o, cap - o, "\\%c", c);
-        else if (c >= 0x20 && c < 0x7f) out[o++] = (char)c, out[o] = 0;
-        else o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
-    }
-    snprintf(out + o, cap - o, "%s\"", len > 16 ? "..." : "");
-}
 
 /* The magic is checked before the header's length, on the bytes there are,
  * so that a short file that is no token file at all (a line of text) is
@@ -70,7 +50,7 @@ static void describe_start(char *out, size_t cap, const uint8_t *buf, size_t len
 static int not_token_file(const char *name, const uint8_t *buf, size_t len) {
     if (len == 0 || memcmp(buf, DP_TOKENS_MAGIC, len < 8 ? len : 8) == 0) return 0;
     char start[128];
-    describe_start(start, sizeof start, buf, len);
+    dp__describe_start(start, sizeof start, buf, len);
     return dp_seterr(DP_EFORMAT, "tokens: %s is not a token file (%s, not \"%s\")", name, start,
                      DP_TOKENS_MAGIC);
 }
@@ -193,7 +173,7 @@ int dp_tokens_probe(const char *path, char *start, size_t cap) {
     close(fd);
     if ((n >= 8 && memcmp(head, DP_TOKENS_MAGIC, 8) == 0) || is_llmc(head, n)) return DP_OK;
     char desc[128];
-    describe_start(desc, sizeof desc, head, n);
+    dp__describe_start(desc, sizeof desc, head, n);
     if (start && cap) snprintf(start, cap, "%s", desc);
     return dp_seterr(DP_EFORMAT, "tokens: %s is not a token file (%s)", path, desc);
 }
@@ -327,7 +307,7 @@ static int llmc_parse(const char *name, const uint8_t *buf, size_t len, int64_t 
     if (rc) return rc;
     if (!is_llmc(buf, len)) {
         char start[128];
-        describe_start(start, sizeof start, buf, len);
+        dp__describe_start(start, sizeof start, buf, len);
         return dp_seterr(DP_EFORMAT, "tokens: %s is not an llm.c token shard (%s, not the magic %d)", name, start,
                          DP_LLMC_MAGIC);
     }
