@@ -33,6 +33,9 @@ void dp_test_fail(const char *file, int line, const char *fmt, ...)
 /* Ends the test as skipped, with the reason (printf format) the runner prints. */
 void dp_test_skip(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 #define SKIP(...) dp_test_skip(__VA_ARGS__)
+/* The entries of folder dir not starting with '.' (what a run left there); fails the test when
+ * dir cannot be listed. */
+int dp_test_files_in(const char *dir);
 
 #define TEST_T(name, timeout_s)                                             \
     static void test_##name(void);                                          \

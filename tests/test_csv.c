@@ -37,17 +37,6 @@ static void set_mtime(const char *path, time_t sec) {
     ASSERT_EQ(utimensat(AT_FDCWD, path, ts, 0), 0);
 }
 
-static int files_in(const char *d) {
-    DIR *dh = opendir(d);
-    ASSERT_TRUE(dh != NULL);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(dh)))
-        if (e->d_name[0] != '.') n++;
-    closedir(dh);
-    return n;
-}
-
 static int parse(const char *text, const struct dp_csv_opts *o, struct dp_csv_data *d) {
     return dp_csv_parse((const uint8_t *)text, strlen(text), "data.csv", o, d);
 }
@@ -329,7 +318,7 @@ TEST(csv_npy_write_round_trip) {
     snprintf(q, sizeof q, "%s/no/such/a.npy", dir);
     const char *qn = q;
     ASSERT_ERR(dp_npy_write(q, DP_NPY_F32, 2, shape, f), DP_EIO, qn);
-    ASSERT_EQ(files_in(dir), 1); /* no temporary left */
+    ASSERT_EQ(dp_test_files_in(dir), 1); /* no temporary left */
 }
 
 TEST(csv_prepare_cache_reused_and_rebuilt) {
@@ -356,7 +345,7 @@ TEST(csv_prepare_cache_reused_and_rebuilt) {
     ASSERT_EQ(strlen(info.x_path), strlen(want) + 16 + 1 + 16 + strlen(".x.npy"));
     ASSERT_TRUE(strcmp(info.x_path + strlen(info.x_path) - 6, ".x.npy") == 0);
     ASSERT_TRUE(strncmp(info.x_path, info.y_path, strlen(info.x_path) - 5) == 0);
-    ASSERT_EQ(files_in(cache), 2);
+    ASSERT_EQ(dp_test_files_in(cache), 2);
     struct dp_npy x, y;
     ASSERT_OK(dp_npy_open(info.x_path, &x));
     ASSERT_OK(dp_npy_open(info.y_path, &y));
@@ -397,7 +386,7 @@ TEST(csv_prepare_cache_reused_and_rebuilt) {
     ASSERT_EQ(info.rows, 2);
     ASSERT_TRUE(strcmp(info.x_path, first_x) != 0);
     ASSERT_TRUE(access(first_x, F_OK) != 0 && access(first_y, F_OK) != 0);
-    ASSERT_EQ(files_in(cache), 2);
+    ASSERT_EQ(dp_test_files_in(cache), 2);
     ASSERT_OK(dp_npy_open(info.x_path, &x));
     ASSERT_FEQ(dp_npy_get(&x, 0), 7);
     ASSERT_FEQ(dp_npy_get(&x, 3), 10);
@@ -412,7 +401,7 @@ TEST(csv_prepare_cache_reused_and_rebuilt) {
     ASSERT_TRUE(strstr(info.why, "or the options changed since its arrays were cached") != NULL);
     ASSERT_TRUE(strcmp(info.label_name, "f1") == 0);
     ASSERT_TRUE(access(first_x, F_OK) != 0);
-    ASSERT_EQ(files_in(cache), 2);
+    ASSERT_EQ(dp_test_files_in(cache), 2);
     ASSERT_OK(dp_npy_open(info.y_path, &y));
     ASSERT_TRUE(y.dtype == DP_NPY_F32);
     ASSERT_FEQ(dp_npy_get(&y, 1), 9);
@@ -431,7 +420,7 @@ TEST(csv_prepare_cache_reused_and_rebuilt) {
     ASSERT_TRUE(strstr(info.why, "the cached array is unreadable") != NULL);
     ASSERT_OK(dp_csv_prepare(csv, &o, &info));
     ASSERT_EQ(info.built, 0);
-    ASSERT_EQ(files_in(cache), 2);
+    ASSERT_EQ(dp_test_files_in(cache), 2);
 }
 
 TEST(csv_prepare_refusals) {

@@ -61,17 +61,6 @@ static uint8_t *read_bytes(const char *path, size_t *n) {
     return b;
 }
 
-static int files_in(const char *d) {
-    DIR *dh = opendir(d);
-    ASSERT_TRUE(dh != NULL);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(dh)))
-        if (e->d_name[0] != '.') n++;
-    closedir(dh);
-    return n;
-}
-
 /* A PNG of w x h, colour type ct, `depth` bits; rows of packed samples as
  * PNG stores them (16 bits: big-endian), rowbytes each. */
 struct png_spec {
@@ -462,7 +451,7 @@ TEST(images_prepare_folder) {
     ASSERT_TRUE(strncmp(info.x_path, info.y_path, strlen(info.x_path) - 5) == 0);
     ASSERT_TRUE(strncmp(info.x_path, info.classes_path, strlen(info.x_path) - 5) == 0);
     ASSERT_TRUE(strcmp(info.classes_path + strlen(info.classes_path) - 12, ".classes.txt") == 0);
-    ASSERT_EQ(files_in(cache), 3);
+    ASSERT_EQ(dp_test_files_in(cache), 3);
     char *names;
     ASSERT_OK(dp_images_class_names(&info, &names));
     ASSERT_TRUE(strcmp(names, "ant\nbee\ncat\n") == 0);
@@ -507,7 +496,7 @@ TEST(images_prepare_folder) {
     ASSERT_EQ(info.built, 1);
     ASSERT_TRUE(strstr(info.why, "or the options changed since its arrays were cached") != NULL);
     ASSERT_TRUE(info.channels == 1 && info.height == 1 && info.width == 1 && info.images == 5);
-    ASSERT_EQ(files_in(cache), 3);
+    ASSERT_EQ(dp_test_files_in(cache), 3);
     ASSERT_OK(dp_npy_open(info.x_path, &x));
     /* cat/a (2x2 -> 1x1): the centre of 4 pixels, each weighted 1/4, of the luma */
     int l[4], sum = 0;
@@ -548,7 +537,7 @@ TEST(images_cache_reused_and_rebuilt) {
     ASSERT_EQ(info.built, 1);
     ASSERT_TRUE(strstr(info.why, "set's images or the options changed since its arrays were cached") != NULL);
     ASSERT_TRUE(strcmp(info.x_path, first) != 0 && access(first, F_OK) != 0);
-    ASSERT_EQ(files_in(cache), 3);
+    ASSERT_EQ(dp_test_files_in(cache), 3);
     ASSERT_OK(dp_images_prepare(dir, &o, &info));
     ASSERT_EQ(info.built, 0);
     /* added, then removed */
@@ -562,7 +551,7 @@ TEST(images_cache_reused_and_rebuilt) {
     ASSERT_EQ(unlink(p), 0);
     ASSERT_OK(dp_images_prepare(dir, &o, &info));
     ASSERT_TRUE(info.built == 1 && info.images == 5);
-    ASSERT_EQ(files_in(cache), 3);
+    ASSERT_EQ(dp_test_files_in(cache), 3);
     /* a new class */
     mkdir_in(dir, "dog");
     put_png8(join(p, sizeof p, dir, "dog/d.png"), 2, 2, 1, (const uint8_t[]){1, 1, 1, 1});
@@ -578,7 +567,7 @@ TEST(images_cache_reused_and_rebuilt) {
     ASSERT_EQ(info.built, 1);
     ASSERT_OK(dp_images_prepare(dir, &o, &info));
     ASSERT_EQ(info.built, 0);
-    ASSERT_EQ(files_in(cache), 3);
+    ASSERT_EQ(dp_test_files_in(cache), 3);
 }
 
 /* 1, 3 and 7 threads write the same bytes (with a resize and a skipped image). */

@@ -4,6 +4,7 @@
  * reason comes back through a pipe), anything else (a failed assertion's
  * _exit(1), a signal, the alarm) failed.  A skip without a reason on the pipe
  * counts as failed, so a stray exit(77) cannot pass for a skip. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -53,6 +54,17 @@ void dp_test_fail(const char *file, int line, const char *fmt, ...) {
     fputc('\n', stderr);
     fflush(stderr);
     _exit(1);
+}
+
+int dp_test_files_in(const char *dir) {
+    DIR *dh = opendir(dir);
+    if (!dh) dp_test_fail(__FILE__, __LINE__, "cannot list %s: %s", dir, strerror(errno));
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dh)))
+        if (e->d_name[0] != '.') n++;
+    closedir(dh);
+    return n;
 }
 
 void dp_test_skip(const char *fmt, ...) {

@@ -293,18 +293,6 @@ static int64_t token_bytes(const char *path, char *buf, int64_t cap) {
     return n;
 }
 
-/* The regular files of folder d, counted (what a run left there). */
-static int files_in(const char *d) {
-    DIR *dh = opendir(d);
-    ASSERT_TRUE(dh != NULL);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(dh)))
-        if (e->d_name[0] != '.') n++;
-    closedir(dh);
-    return n;
-}
-
 /* dp_text_prepare_dir_in: the first use writes the folder's token file into
  * the cache (not into the folder) from the text files in name order (not
  * tokens.bin, nor a writer's temporary, nor *.dat / *.u8); the next use
@@ -337,8 +325,8 @@ TEST(text_prepare_dir_first_use_then_reuse) {
     ASSERT_TRUE(strstr(info.why, "in the cache yet") != NULL);
     ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 11);
     ASSERT_TRUE(memcmp(buf, "hello world", 11) == 0);
-    ASSERT_EQ(files_in(d), 5); /* nothing written into the folder */
-    ASSERT_EQ(files_in(cache), 1);
+    ASSERT_EQ(dp_test_files_in(d), 5); /* nothing written into the folder */
+    ASSERT_EQ(dp_test_files_in(cache), 1);
 
     /* reused: not written again (same mtime), the same count and file */
     char first[512];
@@ -360,7 +348,7 @@ TEST(text_prepare_dir_first_use_then_reuse) {
     ASSERT_TRUE(strstr(info.why, "b.txt is newer than the cached token file") != NULL);
     ASSERT_TRUE(strcmp(tok, first) != 0);
     ASSERT_TRUE(access(first, F_OK) != 0);
-    ASSERT_EQ(files_in(cache), 1);
+    ASSERT_EQ(dp_test_files_in(cache), 1);
     ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 11);
     ASSERT_TRUE(memcmp(buf, "hello there", 11) == 0);
     /* the token file is now newer than both sources (its own mtime is now,
@@ -394,8 +382,8 @@ TEST(text_prepare_dir_first_use_then_reuse) {
     set_mtime(tok, t0.tv_sec + 30);
     ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, NULL));
     ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 5);
-    ASSERT_EQ(files_in(cache), 1);
-    ASSERT_EQ(files_in(d), 4);
+    ASSERT_EQ(dp_test_files_in(cache), 1);
+    ASSERT_EQ(dp_test_files_in(d), 4);
 
     /* refusals: no text files (only what does not count), not a folder, no
      * such folder */
@@ -431,7 +419,7 @@ TEST(text_prepare_dir_default_cache_folder) {
     struct stat st;
     ASSERT_EQ(stat(want, &st), 0);
     ASSERT_EQ(st.st_mode & 0777, 0700); /* the XDG rule for a folder it makes */
-    ASSERT_EQ(files_in(d), 1);
+    ASSERT_EQ(dp_test_files_in(d), 1);
 
     ASSERT_EQ(setenv("XDG_CACHE_HOME", "relative/cache", 1), 0);
     ASSERT_EQ(setenv("HOME", tpath(home, "home"), 1), 0);
@@ -441,7 +429,7 @@ TEST(text_prepare_dir_default_cache_folder) {
     ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
     ASSERT_EQ(info.built, 1);
     ASSERT_TRUE(strncmp(tok, want, strlen(want)) == 0);
-    ASSERT_EQ(files_in(d), 1);
+    ASSERT_EQ(dp_test_files_in(d), 1);
 
     ASSERT_EQ(unsetenv("HOME"), 0);
     ASSERT_ERR(dp_text_cache_dir(tok, sizeof tok), DP_ENOENT, "neither XDG_CACHE_HOME nor HOME");
