@@ -116,6 +116,10 @@ struct dp_train_params {
      * and whether a corrupt image is skipped and counted instead of ending the run */
     int64_t image_h, image_w;
     int image_channels, skip_bad_images;
+    /* a language model's --data: 0, a token file (dptrain's own, or an llm.c shard, told by its
+     * magic); 1, raw little-endian uint16 tokens with no header (nanoGPT's train.bin), their
+     * vocabulary the model's */
+    int tokens_raw_u16;
     double val_split;          /* 0: none */
     int layout_nhwc;
     /* Input normalisation, per channel: DP_NORM_SOURCE (0, default) is the source's own

@@ -185,9 +185,11 @@ static int load_text(struct dp_trainer *t, const struct model_src *src) {
         return dp_seterr(DP_EINVAL, "model '%s' trains on a token file, and --data %s is a folder: run "
                          "'dptrain prepare-text %s --out tokens.bin' first, then train with --data tokens.bin",
                          spec, p->data_dir ? p->data_dir : "(none)", p->data_dir ? p->data_dir : "DIR");
-    int rc = dp_tokens_read(p->data_dir, &t->tokens);
+    /* (raw tokens name no vocabulary: the model's, which is then built first) */
+    int rc = p->tokens_raw_u16 ? build_model(t, src, NULL) : dp_tokens_read(p->data_dir, &t->tokens);
+    if (!rc && p->tokens_raw_u16) rc = dp_tokens_read_raw_u16(p->data_dir, dp_model_num_classes(t->model), &t->tokens);
     if (rc || (rc = load_tokenizer(t))) return rc;
-    if ((rc = build_model(t, src, NULL))) return rc;
+    if (!p->tokens_raw_u16 && (rc = build_model(t, src, NULL))) return rc;
     t->ctx = t->model->in_shape.d[0];
     if (t->tokens.vocab > dp_model_num_classes(t->model))
         return dp_seterr(DP_EMISMATCH, "%s has a vocabulary of %lld tokens, model '%s' outputs %lld",

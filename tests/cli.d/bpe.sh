@@ -52,3 +52,13 @@ GL=(--model gpt:layers=1,heads=2,dim=32,ctx=16,vocab=400 --batch 16 --max-steps 
 ho=$(hash_of "$BT/own/checkpoint.bin") hl=$(hash_of "$BT/llmc/checkpoint.bin")
 if same_hash "$ho" "$hl"; then ok llmc_shard_trains_same_bits
 else bad llmc_shard_trains_same_bits "dptrain's file $ho, the shard $hl" "$(tail -2 "$BT/llmc.log")"; fi
+
+# nanoGPT's train.bin (raw uint16 tokens, no header) with --data-format u16: the same tokens train
+# to the same bits as dptrain's own file; without the option it is refused as not a token file
+tail -c +33 "$BT/tok.bin" >"$BT/train.bin"
+rm -rf "$BT/nano"
+"$BIN" train "${GL[@]}" --data "$BT/train.bin" --data-format u16 --out "$BT/nano" >"$BT/nano.log" 2>&1
+hn=$(hash_of "$BT/nano/checkpoint.bin")
+if same_hash "$ho" "$hn"; then ok nanogpt_raw_u16_trains_same_bits
+else bad nanogpt_raw_u16_trains_same_bits "dptrain's file $ho, raw u16 $hn" "$(tail -2 "$BT/nano.log")"; fi
+expect_error nanogpt_raw_needs_format "train.bin is not a token file" "$BIN" train "${GL[@]}" --data "$BT/train.bin"

@@ -82,6 +82,8 @@ const char *const dptrain_help_train =
     "  --normalize MODE    auto | none | MEAN,STD; auto: each channel's mean and std over the\n"
     "                      training split [IDX: 0.2860,0.3530 (Fashion-MNIST's); X.npy: auto]\n"
     "  --loss NAME         cross_entropy | mse (a regression: RMSE and MAE reported) [cross_entropy]\n"
+    "  --data-format F     gpt: tokens (dptrain's token file, or an llm.c shard) | u16 (raw uint16\n"
+    "                      tokens, nanoGPT's train.bin; the vocabulary is the model's) [tokens]\n"
     "  --train-limit N     use only the first N training samples [all], and read no image\n"
     "                      past them; gpt: N windows per epoch [training tokens / (ctx + 1)]\n"
     "  --test-limit N      evaluate on the first N test samples [all] (read no image past\n"

@@ -67,6 +67,10 @@ static int dptrain_data_opt(struct args *a, struct dp_train_params *tp) {
     else if (opt(a, "--test-labels", &v)) tp->test_labels = v;
     else if (opt(a, "--npz-keys", &v)) tp->npz_keys = v;
     else if (opt(a, "--label-column", &v)) tp->label_column = v;
+    else if (opt(a, "--data-format", &v)) {
+        if (strcmp(v, "tokens") && strcmp(v, "u16")) die("--data-format %s: expected tokens or u16", v);
+        tp->tokens_raw_u16 = !strcmp(v, "u16");
+    }
     else if (opt(a, "--skip-bad-images", NULL)) tp->skip_bad_images = 1;
     else if (opt(a, "--image-channels", &v)) tp->image_channels = (int)parse_int("--image-channels", v, 1, 3);
     else if (opt(a, "--image-size", &v)) {
@@ -456,7 +460,7 @@ static int cmd_train(int argc, char **argv) {
     /* a language model's folder of text: its token file, prepared on first
      * use (every process of a job runs this on its own file system; where
      * they share one, each writes the same bytes atomically) */
-    if (lm && data_given) tp.data_dir = dptrain_prepared_text_data(tp.data_dir, me == 0);
+    if (lm && data_given && !tp.tokens_raw_u16) tp.data_dir = dptrain_prepared_text_data(tp.data_dir, me == 0);
 
     /* every worker needs a sample of each global batch (the library runs empty shares, for
      * --balance; a user asking for them has mistyped --batch or --workers) */
@@ -618,7 +622,7 @@ static int cmd_eval(int argc, char **argv) {
         if (!data_given)
             die("model %s evaluates on text: pass --data tokens.bin (a token file) or --data DIR (a folder of "
                 "text files)", ckpt ? h.model_spec : model_file ? model_file : model);
-        tp.data_dir = dptrain_prepared_text_data(tp.data_dir, 1);
+        if (!tp.tokens_raw_u16) tp.data_dir = dptrain_prepared_text_data(tp.data_dir, 1);
     }
     /* --data X.npy --labels y.npy (or data.npz, data.csv): those samples are the ones evaluated */
     size_t dl = strlen(tp.data_dir);

@@ -75,6 +75,7 @@ char *dptrain_config_render(const struct dp_train_params *tp) {
     if (tp->image_h) put(&b, "--image-size=%lld,%lld\n", (long long)tp->image_h, (long long)tp->image_w);
     if (tp->image_channels) put(&b, "--image-channels=%d\n", tp->image_channels);
     if (tp->skip_bad_images) put(&b, "--skip-bad-images\n");
+    if (tp->tokens_raw_u16) put(&b, "--data-format=u16\n");
     if (tp->val_split > 0) put(&b, "--val-split=%.17g\n", tp->val_split);
     if (tp->layout_nhwc) put(&b, "--layout=nhwc\n");
     if (tp->loss == DP_LOSS_MSE) put(&b, "--loss=mse\n");
