@@ -58,22 +58,26 @@ static void advise(const struct dp_dataset *ds, int sequential) {
 /* ---- reading a sample ------------------------------------------------------------------- */
 
 /* Element k of a row, as a float, for one dtype: the switch sits outside the loop. */
+/* (memcpy: a file's data need not be aligned for T; compilers make it a plain load) */
 #define CONVERT(T, EXPR)                                                                       \
     do {                                                                                       \
-        const T *q = (const T *)(const void *)row;                                             \
-        for (int64_t k = 0; k < per; k++) v[k] = (float)(EXPR);                                \
+        for (int64_t k = 0; k < per; k++) {                                                    \
+            T q;                                                                               \
+            memcpy(&q, row + (size_t)k * sizeof(T), sizeof(T));                                \
+            v[k] = (float)(EXPR);                                                              \
+        }                                                                                      \
     } while (0)
 
 static void row_to_float(const struct dp_npy *a, const uint8_t *row, int64_t per, float *v) {
     switch (a->dtype) {
     case DP_NPY_F32: memcpy(v, row, (size_t)per * sizeof(float)); break;
-    case DP_NPY_F64: CONVERT(double, q[k]); break;
-    case DP_NPY_U8: CONVERT(uint8_t, q[k]); break;
-    case DP_NPY_I8: CONVERT(int8_t, q[k]); break;
-    case DP_NPY_I16: CONVERT(int16_t, q[k]); break;
-    case DP_NPY_I32: CONVERT(int32_t, q[k]); break;
-    case DP_NPY_I64: CONVERT(int64_t, q[k]); break;
-    case DP_NPY_BOOL: CONVERT(uint8_t, q[k] != 0); break;
+    case DP_NPY_F64: CONVERT(double, q); break;
+    case DP_NPY_U8: CONVERT(uint8_t, q); break;
+    case DP_NPY_I8: CONVERT(int8_t, q); break;
+    case DP_NPY_I16: CONVERT(int16_t, q); break;
+    case DP_NPY_I32: CONVERT(int32_t, q); break;
+    case DP_NPY_I64: CONVERT(int64_t, q); break;
+    case DP_NPY_BOOL: CONVERT(uint8_t, q != 0); break;
     }
 }
 
@@ -331,7 +335,7 @@ int dp_dataset_channel_stats(const struct dp_dataset *ds, double *mean, double *
 int dp_dataset_normalize_channels(struct dp_dataset *ds, const float *mean, const float *std) {
     const int64_t per = ds->C * ds->H * ds->W, G = dp_dataset_norm_groups(ds), gs = per / G;
     for (int64_t g = 0; g < G; g++)
-        if (!(std[g] > 0) || !isfinite(mean[g]))
+        if (!(std[g] > 0) || !isfinite(std[g]) || !isfinite(mean[g]))
             return dp_seterr(DP_EINVAL, "normalisation of %s %lld: mean %g, std %g (std must be > 0)",
                              G == ds->C ? "channel" : "feature", (long long)g, (double)mean[g], (double)std[g]);
     if (!ds->src) {
@@ -344,10 +348,14 @@ int dp_dataset_normalize_channels(struct dp_dataset *ds, const float *mean, cons
         return DP_OK;
     }
     struct dp_dataset_src *s = ds->src;
+    float *m = dp_malloc(sizeof(float) * (size_t)G), *inv = dp_malloc(sizeof(float) * (size_t)G);
+    if (!m || !inv) {
+        dp_free(m), dp_free(inv); /* (the source keeps its former normalisation, whole) */
+        return dp_seterr(DP_ENOMEM, "dataset: out of memory");
+    }
+    for (int64_t g = 0; g < G; g++) m[g] = mean[g], inv[g] = 1.0f / std[g];
     dp_free(s->mean), dp_free(s->inv);
-    s->mean = dp_malloc(sizeof(float) * (size_t)G), s->inv = dp_malloc(sizeof(float) * (size_t)G);
-    if (!s->mean || !s->inv) return dp_seterr(DP_ENOMEM, "dataset: out of memory");
-    for (int64_t g = 0; g < G; g++) s->mean[g] = mean[g], s->inv[g] = 1.0f / std[g];
+    s->mean = m, s->inv = inv;
     return DP_OK;
 }
 

@@ -46,7 +46,10 @@ static void list_keys(zip_t *z, char *names, size_t cap) {
         const char *nm = zip_get_name(z, (zip_uint64_t)i, 0);
         if (!nm || !dp__ends_with(nm, ".npy")) continue;
         int w = snprintf(names + len, cap - len, "%s%.*s", len ? ", " : "", (int)(strlen(nm) - 4), nm);
-        if (w < 0 || (size_t)w >= cap - len) break;
+        if (w < 0 || (size_t)w >= cap - len) {
+            names[len] = 0; /* (no name cut short: "xylophone" must not read as "x") */
+            break;
+        }
         len += (size_t)w;
     }
 }
@@ -154,8 +157,23 @@ int dp_npz_extract(const char *npz, const char *key, const char *cache_dir, char
     /* K: what the contents depend on, the archive's size and mtime */
     int64_t kv[3] = {(int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec, (int64_t)st.st_mtim.tv_nsec};
     uint64_t k = dp_fnv1a64(kv, sizeof kv, DP_FNV1A64_INIT);
+    /* the key in the file's name: as it is when made of [A-Za-z0-9_-] (numpy's usual keys), else
+     * those characters and a hash of the whole key ("sub/x" must not reach another folder) */
+    char safe[80];
+    size_t kl = strlen(key), n = 0;
+    int plain = kl > 0 && kl < 64;
+    for (size_t i = 0; i < kl && n + 1 < 48; i++) {
+        char c = key[i];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+        safe[n++] = ok ? c : '_';
+        plain &= ok;
+    }
+    safe[n] = 0;
+    if (!plain)
+        snprintf(safe + n, sizeof safe - n, "-%08llx",
+                 (unsigned long long)(dp_fnv1a64(key, kl, DP_FNV1A64_INIT) & 0xffffffffu));
     char own[256], suffix[300];
-    snprintf(suffix, sizeof suffix, ".%s.npy", key);
+    snprintf(suffix, sizeof suffix, ".%s.npy", safe);
     if (snprintf(own, sizeof own, "%s%016llx%s", prefix, (unsigned long long)k, suffix) >= (int)sizeof own ||
         snprintf(path, cap, "%s/%s", cache, own) >= (int)cap)
         return dp_seterr(DP_EINVAL, "%s: cache path too long", npz);

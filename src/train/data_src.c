@@ -97,7 +97,9 @@ static int normalize(struct dp_trainer *t, int idx) {
     if (!found && p->norm_text && (rc = parse_norm(p->norm_text, C, t->norm_mean, t->norm_std, "the weights' metadata")))
         goto out;
     found |= p->norm_text != NULL;
-    if (!found && mode == DP_NORM_NONE) goto out; /* norm_C stays 0 */
+    /* none: the identity, recorded as such (so that eval and the export apply no other) */
+    if (!found && mode == DP_NORM_NONE)
+        for (int64_t c = 0; c < C; c++) t->norm_mean[c] = 0, t->norm_std[c] = 1;
     if (!found && mode == DP_NORM_FIXED)
         for (int64_t c = 0; c < C; c++) t->norm_mean[c] = p->norm_mean, t->norm_std[c] = p->norm_std;
     if (!found && mode == DP_NORM_AUTO) {
@@ -131,11 +133,11 @@ static int npz_keys(const struct dp_train_params *p, const char *npz, char *kx, 
     snprintf(kx, cap, "%.*s", (int)(comma - k), k);
     snprintf(ky, cap, "%s", comma + 1);
     if (p->npz_keys) return DP_OK;
-    char names[1024];
+    char names[16384];
     int rc = dp_npz_keys(npz, names, sizeof names);
     if (rc) return rc;
     /* the list is "a, b, c": ", NAME, " is in ", " + list + ", " when NAME is one of them */
-    char all[1100];
+    char all[16400];
     snprintf(all, sizeof all, ", %s, ", names);
     if (!strstr(all, ", x, ") && strstr(all, ", x_train, ") && strstr(all, ", y_train, ")) {
         snprintf(kx, cap, "x_train"), snprintf(ky, cap, "y_train");
@@ -266,7 +268,8 @@ static int resolve(struct dp_trainer *t, int test, struct pair *pr, int *keras) 
         return DP_OK;
     }
     if (!ends_with(data, ".npy"))
-        return dp_seterr(DP_EINVAL, "%s %s: the test set is an .npy (with %s), an .npz or a .csv", xopt, data, yopt);
+        return dp_seterr(DP_EINVAL, "%s %s: expected an .npy (with %s), an .npz, a .csv or a folder of images",
+                         xopt, data, yopt);
     if (!labels)
         return dp_seterr(DP_EINVAL, "%s %s needs its labels: %s y.npy (the class of each sample, shape (N,))", xopt,
                          data, yopt);
@@ -312,7 +315,7 @@ int dp__data_load(struct dp_trainer *t) {
                         : p->val_split > 0 ? "--val-split" : p->layout_nhwc ? "--layout nhwc"
                         : p->npz_keys ? "--npz-keys" : p->label_column ? "--label-column"
                         : p->csv_header != -1 ? "--csv-header" : p->image_h ? "--image-size"
-                        : p->skip_bad_images ? "--skip-bad-images" : NULL;
+                        : p->skip_bad_images ? "--skip-bad-images" : p->image_channels ? "--image-channels" : NULL;
         struct stat st;
         if (own && stat(data, &st) == 0 && S_ISDIR(st.st_mode))
             return dp_seterr(DP_EINVAL, "%s does not apply to --data %s, a folder of IDX files (it holds its "
@@ -342,7 +345,11 @@ int dp__data_load(struct dp_trainer *t) {
         return rc;
     }
     dp_dataset_limit(&t->train, p->train_limit);
-    /* the classes are those either split names */
+    /* a regression's targets per sample must agree; classes are those either split names */
+    if (t->regression && t->test.n && t->test.num_classes != t->train.num_classes)
+        return dp_seterr(DP_EMISMATCH, "the test set has %lld target%s per sample, --data %s has %lld",
+                         (long long)t->test.num_classes, t->test.num_classes > 1 ? "s" : "", data,
+                         (long long)t->train.num_classes);
     if (t->test.num_classes > t->train.num_classes) t->train.num_classes = t->test.num_classes;
     return normalize(t, 0);
 }

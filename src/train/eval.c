@@ -84,11 +84,24 @@ int dp_trainer_evaluate(struct dp_trainer *t, const struct dp_dataset *ds, int64
     if (!ds && !t->text) return dp_seterr(DP_EINVAL, "evaluate: no data set (only a text model has its own)");
     if (ds && t->text) return dp_seterr(DP_EINVAL, "evaluate: a text model evaluates its validation windows (ds NULL)");
     int64_t n = eval_count(t, ds, limit), nchunks = (n + t->eval_chunk - 1) / t->eval_chunk;
+    if (ds && (ds->C != t->train.C || ds->H != t->train.H || ds->W != t->train.W))
+        return dp_seterr(DP_EMISMATCH, "evaluate: samples of %lld x %lld x %lld, the model's are %lld x %lld x %lld",
+                         (long long)ds->C, (long long)ds->H, (long long)ds->W, (long long)t->train.C,
+                         (long long)t->train.H, (long long)t->train.W);
+    struct worker *w = &t->w[0];
+    /* a mapped set other than the run's test set: its chunk's samples need a buffer of their own */
+    float *ex = w->ex, *own = NULL;
+    if (ds && ds->src && !w->ex) {
+        if (!(own = dp_malloc_big(sizeof(float) * (size_t)(t->eval_chunk * ds->C * ds->H * ds->W))))
+            return dp_seterr(DP_ENOMEM, "evaluate: out of memory");
+        w->ex = own;
+    }
     double *slot = dp_calloc((size_t)(2 * nchunks + 1), sizeof(double));
-    if (!slot) return dp_seterr(DP_ENOMEM, "evaluate: out of memory");
-    int rc = eval_chunks(t, &t->w[0], ds, n, 0, nchunks, slot, 0);
+    int rc = slot ? eval_chunks(t, w, ds, n, 0, nchunks, slot, 0) : dp_seterr(DP_ENOMEM, "evaluate: out of memory");
     if (!rc) eval_totals(t, slot, nchunks, n, acc, loss);
     dp_free(slot);
+    w->ex = ex;
+    dp_free(own);
     return rc;
 }
 

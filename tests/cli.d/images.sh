@@ -62,6 +62,13 @@ else bad images_class_names_exported "$(head -c 600 "$T/imr1.st" | tr -c '[:prin
 expect_error images_resume_other_classes "was trained on other classes than --data" \
   "$BIN" train --resume "$T/imr1/checkpoint.bin" --out "$T/imr1" --epochs 3 --data "$IM/other" --progress none
 
+# eval of the checkpoint on the folder (its held-out part, the split keyed by the run's seed)
+"$BIN" eval --ckpt "$T/imr1/checkpoint.bin" --data "$IM/train" --val-split 0.2 >"$T/imev.log" 2>&1
+tf=$(sed -n 's/^epoch 2\/2 .*\(test loss [0-9.]*  test acc [0-9.]*%\).*/\1/p' "$T/imr1.log")
+ef=$(sed -n 's/.*\(test acc [0-9.]*%\)  \(test loss [0-9.]*\).*/\2  \1/p' "$T/imev.log")
+if [[ -n "$tf" && "$tf" == "$ef" ]]; then ok images_eval_held_out
+else bad images_eval_held_out "train: $tf" "eval: $(cat "$T/imev.log")"; fi
+
 # --image-size: resized and centre-cropped; a cnn takes the 3-channel 16x16 samples
 "$BIN" train --data "$IM/train" --image-size 16,16 --image-channels 3 --model cnn --epochs 1 --batch 30 \
   --val-split 0.2 --progress none >"$T/imsz.log" 2>&1

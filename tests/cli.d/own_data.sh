@@ -137,6 +137,12 @@ rm -rf "$T/own_npy2d" "$T/own_csv" "$T/own_csvi"
 h2=$(hash_of "$T/own_npy2d/checkpoint.bin") hc=$(hash_of "$T/own_csv/checkpoint.bin") hi=$(hash_of "$T/own_csvi/checkpoint.bin")
 if same_hash "$h2" "$hc" && same_hash "$h2" "$hi"; then ok csv_same_bits_as_npy
 else bad csv_same_bits_as_npy ".npy $h2, csv by name $hc, by index $hi" "$(tail -2 "$T/own_csv.log")"; fi
+# eval of the CSV run replays its --label-column (the stored configuration): the run's figures
+"$BIN" eval --ckpt "$T/own_csv/checkpoint.bin" --data "$ND/t.csv" --val-split 0.2 >"$T/own_csve.log" 2>&1
+cf=$(sed -n 's/^epoch 2\/2 .*\(test loss [0-9.]*  test acc [0-9.]*%\).*/\1/p' "$T/own_csv.log")
+cef=$(sed -n 's/.*\(test acc [0-9.]*%\)  \(test loss [0-9.]*\).*/\2  \1/p' "$T/own_csve.log")
+if [[ -n "$cf" && "$cf" == "$cef" ]]; then ok csv_eval_replays_label_column
+else bad csv_eval_replays_label_column "train: $cf" "eval: $(cat "$T/own_csve.log")"; fi
 cx=$(ls "$XDG_CACHE_HOME"/dptrain/t.csv-*.x.npy 2>/dev/null)
 m1=$(stat -c %Y.%y "$cx" 2>/dev/null)
 "$BIN" train --data "$ND/t.csv" --label-column cls "${CSV1[@]}" --epochs 1 >/dev/null 2>&1
@@ -212,13 +218,40 @@ expect_error regression_on_idx "a regression (--loss mse) needs float targets" \
   "${B[@]}" --data /usr/share/datasets/fashion-mnist --loss mse
 expect_error regression_outputs "the data has 2 targets per sample, model 'mlp:32,8,1' outputs 1" \
   "${B[@]}" --model mlp:32,8,1 --data "$ND/x_2d.npy" --labels "$ND/t.npy" --loss mse
+expect_error regression_test_targets_differ "the test set has 1 target per sample, --data .*x.npy has 2" \
+  "${B[@]}" --model mlp:hidden=8 --data "$ND/x.npy" --labels "$ND/t.npy" --test-data "$ND/xt.npy" \
+  --test-labels "$ND/yt.npy" --loss mse
 expect_error normalize_bad "--normalize 1: expected auto, none or MEAN,STD" \
   "${B[@]}" --data "$ND/x.npy" --labels "$ND/y.npy" --normalize 1
 # a refused file leaves an --out folder untouched (nothing is created)
 rm -rf "$T/ownbad"
-"${B[@]}" --data "$ND/x_big.npy" --labels "$ND/y.npy" --out "$T/ownbad" >/dev/null 2>&1
-if [[ ! -e "$T/ownbad/checkpoint.bin" && ! -s "$T/ownbad/metrics.jsonl" ]]; then ok npy_bad_file_writes_no_run
-else bad npy_bad_file_writes_no_run "$(ls -la "$T/ownbad")"; fi
+"${B[@]}" --data "$ND/x_big.npy" --labels "$ND/y.npy" --out "$T/ownbad" >/dev/null 2>"$T/ownbad.err"
+brc=$?
+if [[ $brc -eq 1 ]] && grep -q "big-endian" "$T/ownbad.err" && [[ ! -e "$T/ownbad/checkpoint.bin" && ! -s "$T/ownbad/metrics.jsonl" ]]
+then ok npy_bad_file_writes_no_run
+else bad npy_bad_file_writes_no_run "exit $brc" "$(cat "$T/ownbad.err")" "$(ls -la "$T/ownbad" 2>&1)"; fi
+
+# --normalize none is recorded as such: eval applies no other; a wide table (2,000 features, its
+# normalisation longer than any fixed buffer) round-trips through the export and eval --safetensors
+/usr/bin/python3 -c "
+import numpy as np; r = np.random.default_rng(5); x = r.normal(0, 3, (300, 2000)).astype(np.float32)
+y = (x[:, :10].sum(1) > 0).astype(np.int64); np.save('$ND/w.npy', x[:240]); np.save('$ND/wy.npy', y[:240])
+np.save('$ND/wt.npy', x[240:]); np.save('$ND/wty.npy', y[240:])"
+for nm in none auto; do
+  rm -rf "$T/wide_$nm"
+  "$BIN" train --data "$ND/w.npy" --labels "$ND/wy.npy" --test-data "$ND/wt.npy" --test-labels "$ND/wty.npy" \
+    --model mlp:hidden=16 --normalize $nm --epochs 3 --batch 40 --lr 0.01 --progress none --out "$T/wide_$nm" \
+    >"$T/wide_$nm.log" 2>&1
+  wf=$(sed -n 's/^epoch 3\/3 .*\(test loss [0-9.]*  test acc [0-9.]*%\).*/\1/p' "$T/wide_$nm.log")
+  "$BIN" eval --ckpt "$T/wide_$nm/checkpoint.bin" --data "$ND/wt.npy" --labels "$ND/wty.npy" >"$T/wide_e.log" 2>&1
+  "$BIN" ckpt export "$T/wide_$nm/checkpoint.bin" --safetensors "$T/wide_$nm.st" >/dev/null 2>&1
+  "$BIN" eval --safetensors "$T/wide_$nm.st" --data "$ND/wt.npy" --labels "$ND/wty.npy" >"$T/wide_s.log" 2>&1
+  ef=$(sed -n 's/.*\(test acc [0-9.]*%\)  \(test loss [0-9.]*\).*/\2  \1/p' "$T/wide_e.log")
+  sf=$(sed -n 's/.*\(test acc [0-9.]*%\)  \(test loss [0-9.]*\).*/\2  \1/p' "$T/wide_s.log")
+  if [[ -n "$wf" && "$wf" == "$ef" && "$wf" == "$sf" ]]; then ok "wide_table_normalize_${nm}_eval_and_export"
+  else bad "wide_table_normalize_${nm}_eval_and_export" "train: $wf" "eval --ckpt: $(cat "$T/wide_e.log")" \
+    "eval --safetensors: $(cat "$T/wide_s.log")"; fi
+done
 
 # PyTorch evaluates the export of an array run (classes and a regression) from its metadata
 # alone (tests/torch/eval_safetensors.py: the per-feature normalisation, the model text) at

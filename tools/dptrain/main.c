@@ -549,6 +549,28 @@ static int cmd_eval(int argc, char **argv) {
     const char *v, *ckpt = NULL, *weights = NULL, *model = NULL, *model_file = NULL;
     int data_given = 0;
     struct args a = {argc, 0, argv, "eval"};
+    /* A checkpoint's run read its data with options (the CSV's label column, the layout, the
+     * images' size, ...): they apply here too, before the user's own, which override them.  Not
+     * the data's paths, nor the split or the normalisation (the checkpoint's is used). */
+    static const char *const replay[] = {"--label-column=", "--csv-header=", "--layout=", "--npz-keys=",
+                                         "--image-size=", "--image-channels=", "--data-format=",
+                                         "--skip-bad-images"};
+    char *stored = NULL;
+    for (a.i = 1; a.i < argc && !stored; a.i++) {
+        const char *c = !strcmp(argv[a.i], "--ckpt") && a.i + 1 < argc ? argv[a.i + 1]
+                        : !strncmp(argv[a.i], "--ckpt=", 7) ? argv[a.i] + 7 : NULL;
+        int from_header;
+        if (c && access(c, R_OK) == 0) stored = dptrain_config_stored(c, &from_header);
+    }
+    for (char *l = stored, *e; l && *l; l = e ? e + 1 : NULL) {
+        if ((e = strchr(l, '\n'))) *e = 0;
+        for (size_t k = 0; k < sizeof replay / sizeof replay[0]; k++)
+            if (!strncmp(l, replay[k], strlen(replay[k]))) {
+                char *one[2] = {NULL, l};
+                struct args s = {2, 1, one, "eval"};
+                dptrain_data_opt(&s, &tp);
+            }
+    }
     for (a.i = 1; a.i < argc; a.i++) {
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
             fputs(dptrain_help_eval, stdout);
@@ -587,16 +609,22 @@ static int cmd_eval(int argc, char **argv) {
     }
     /* the weights' normalisation (their metadata's input_mean, input_std: comma lists, one value per
      * channel or feature) in the checkpoint section's form, for the trainer to apply */
-    static char norm[2 * 4096 + 16];
+    char *norm = NULL;
     if (weights) {
-        char mean[4096], std[4096];
-        if (!dp_safetensors_meta(weights, "input_mean", mean, sizeof mean) &&
-            !dp_safetensors_meta(weights, "input_std", std, sizeof std)) {
+        enum { CAP = 1 << 22 }; /* 4 MiB: a table of 65,536 features at 17 characters a value */
+        char *mean = malloc(CAP), *std = malloc(CAP);
+        if (!mean || !std || !(norm = malloc(2 * (size_t)CAP + 16))) die("out of memory");
+        int rm = dp_safetensors_meta(weights, "input_mean", mean, CAP);
+        int rs = rm ? rm : dp_safetensors_meta(weights, "input_std", std, CAP);
+        if (rm && rm != DP_ENOENT) die_rc(rm);
+        if (rs && rs != DP_ENOENT) die_rc(rs);
+        if (!rm && !rs) {
             for (char *c = mean; *c; c++) if (*c == ',') *c = ' ';
             for (char *c = std; *c; c++) if (*c == ',') *c = ' ';
-            snprintf(norm, sizeof norm, "mean %s\nstd %s\n", mean, std);
+            snprintf(norm, 2 * (size_t)CAP + 16, "mean %s\nstd %s\n", mean, std);
             tp.norm_text = norm;
         }
+        free(mean), free(std);
     }
     if (ckpt && (model || model_file)) die("eval --ckpt takes the model from the checkpoint, not --model or --model-file");
     struct dp_ckpt_header h = {.step = -1};
@@ -627,7 +655,15 @@ static int cmd_eval(int argc, char **argv) {
     /* --data X.npy --labels y.npy (or data.npz, data.csv): those samples are the ones evaluated */
     size_t dl = strlen(tp.data_dir);
     const char *ext = dl > 4 ? tp.data_dir + dl - 4 : "";
-    if ((!strcmp(ext, ".npy") || !strcmp(ext, ".npz") || !strcmp(ext, ".csv")) && !tp.test_data)
+    struct stat dst;
+    char idx[4200];
+    snprintf(idx, sizeof idx, "%s/train-images-idx3-ubyte", tp.data_dir);
+    int images = stat(tp.data_dir, &dst) == 0 && S_ISDIR(dst.st_mode) && access(idx, F_OK) != 0 &&
+                 (snprintf(idx, sizeof idx, "%s/train-images-idx3-ubyte.gz", tp.data_dir), access(idx, F_OK) != 0);
+    /* (with --val-split: the part of --data the run held out, which the split keyed by the
+     * checkpoint's seed finds again) */
+    if ((!strcmp(ext, ".npy") || !strcmp(ext, ".npz") || !strcmp(ext, ".csv") || images) && !tp.test_data &&
+        !(tp.val_split > 0))
         tp.test_data = tp.data_dir, tp.test_labels = tp.labels; /* (an .npz of Keras's layout: its x_test, y_test) */
     struct dp_trainer *t;
     if ((rc = dp_trainer_init(&t, &tp))) die_rc(rc);
@@ -657,6 +693,8 @@ static int cmd_eval(int argc, char **argv) {
     dptrain_warn_gemm_fallback();
     dp_trainer_free(t);
     free(meta_text);
+    free(norm);
+    free(stored);
     return 0;
 }
 
@@ -767,21 +805,24 @@ static int cmd_ckpt(int argc, char **argv) {
      * preprocessing is the trainer's, which the CLI always uses (the
      * checkpoint does not store it because no option changes it). */
     struct dp_train_params defaults = dp_train_default_params();
-    char mean[4096], std[4096];
-    snprintf(mean, sizeof mean, "%.9g", (double)defaults.norm_mean);
-    snprintf(std, sizeof std, "%.9g", (double)defaults.norm_std);
+    void *norm = NULL;
+    uint64_t nlen = 0;
+    int own = !dp_ckpt_read_section(file, DP_CKPT_NORM_TAG, &norm, &nlen) && norm;
+    size_t ncap = own ? (size_t)nlen + 32 : 32;
+    char *mean = malloc(ncap), *std = malloc(ncap);
+    if (!mean || !std) die("out of memory");
+    snprintf(mean, ncap, "%.9g", (double)defaults.norm_mean);
+    snprintf(std, ncap, "%.9g", (double)defaults.norm_std);
     /* the run's own normalisation, where the checkpoint stores it (section DPNORMIN: "mean M0 M1
      * ...\nstd S0 S1 ...\n", per channel): a checkpoint of an IDX run holds Fashion-MNIST's */
-    void *norm = NULL;
-    uint64_t nlen;
-    int own = !dp_ckpt_read_section(file, DP_CKPT_NORM_TAG, &norm, &nlen) && norm;
     if (own) {
-        char *txt = norm, *sd = strstr(txt, "\nstd ");
-        txt[nlen] = 0;
+        char *txt = norm;
+        txt[nlen] = 0; /* (dp_ckpt_read_section allocates one byte more) */
+        char *sd = strstr(txt, "\nstd ");
         if (strncmp(txt, "mean ", 5) || !sd) die("%s: a malformed normalisation section", file);
         *sd = 0;
-        snprintf(mean, sizeof mean, "%s", txt + 5);
-        snprintf(std, sizeof std, "%s", sd + 5);
+        snprintf(mean, ncap, "%s", txt + 5);
+        snprintf(std, ncap, "%s", sd + 5);
         for (char *c = mean; *c; c++) if (*c == ' ') *c = ',';
         for (char *c = std; *c; c++) if (*c == ' ' || *c == '\n') *c = *c == ' ' ? ',' : 0;
         dp_free(norm);
@@ -808,9 +849,10 @@ static int cmd_ckpt(int argc, char **argv) {
     const struct dp_st_meta meta[] = {
         {"input_mean", mean},
         {"input_std", std},
-        {"input_preprocessing", own ? "x = (value - input_mean[c]) / input_std[c] per channel c (one value each: "
-                                      "every channel), where value is the pixel / 255 for Fashion-MNIST's IDX "
-                                      "files and the array's element as float for X.npy; float32, batches NCHW"
+        {"input_preprocessing", own ? "x = (value - input_mean[g]) / input_std[g] for each group g: the channels "
+                                      "of an image, or the features of a table (C = H = 1); one value applies "
+                                      "to all; value is the pixel / 255 for Fashion-MNIST's IDX files, else the "
+                                      "array's element as float; float32, batches NCHW"
                                     : "x = (pixel / 255 - input_mean) / input_std, float32, batches NCHW"},
         {"output", reg ? "K values, the regression's predictions (loss mse)"
                        : "logits, one per class; the prediction is the argmax"},
@@ -828,6 +870,7 @@ static int cmd_ckpt(int argc, char **argv) {
                                           : (int)(sizeof meta / sizeof meta[0]) - !classes)))
         die_rc(rc); /* (class_names, last, only where the run had them) */
     free(classes);
+    free(mean), free(std);
     printf("wrote %s (%d tensors)\n", out, m->nparams);
     dp_replica_free(&r);
     dp_model_free(m);
