@@ -20,7 +20,7 @@ BUILD ?= build$(if $(SAN),-$(SAN))$(if $(filter clang%,$(notdir $(CC))),-clang)
 WARN := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
 OPT ?= -O2 -march=native
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) -fno-math-errno -g -fopenmp $(WARN) -Iinclude -Isrc $(CFLAGS)
-LDLIBS_ALL := -lz -lzip -lcsv -lpng -ljpeg -lm -lpthread -fopenmp
+LDLIBS_ALL := -lz -lzip -lcsv -lpng16 -ljpeg -lm -lpthread -fopenmp
 
 HAVE_DNNL := $(if $(wildcard /usr/include/dnnl.h),1,)
 HAVE_BLAS := $(if $(wildcard /usr/include/x86_64-linux-gnu/cblas.h /usr/include/cblas.h /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h),1,)
