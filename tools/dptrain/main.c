@@ -675,6 +675,8 @@ static int cmd_eval(int argc, char **argv) {
                dp_trainer_bits_per_byte(t, loss, tp.test_limit), 100 * acc);
         dp_trainer_free(t);
         free(meta_text);
+        free(norm);
+        free(stored);
         return 0;
     }
     const struct dp_dataset *test = dp_trainer_test_set(t); /* normalised as the run was */
