@@ -36,6 +36,10 @@ void dp_test_skip(const char *fmt, ...) __attribute__((noreturn, format(printf, 
 /* The entries of folder dir not starting with '.' (what a run left there); fails the test when
  * dir cannot be listed. */
 int dp_test_files_in(const char *dir);
+/* Writes n bytes of p to path (created or truncated); fails the test on any error. */
+void dp_test_write_file(const char *path, const void *p, size_t n);
+/* dp_test_tmpdir()/name into out (512 bytes), returned. */
+char *dp_test_path(char *out, const char *name);
 
 #define TEST_T(name, timeout_s)                                             \
     static void test_##name(void);                                          \

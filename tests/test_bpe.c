@@ -15,17 +15,6 @@
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static char *tpath(char *out, const char *name) {
-    snprintf(out, 512, "%s/%s", dp_test_tmpdir(), name);
-    return out;
-}
-
-static void write_raw(const char *path, const void *p, size_t n) {
-    FILE *f = fopen(path, "wb");
-    ASSERT_TRUE(f != NULL);
-    if (n) ASSERT_EQ(fwrite(p, 1, n, f), (long long)n);
-    ASSERT_EQ(fclose(f), 0);
-}
 
 static uint64_t rng_state;
 static uint32_t rnd(void) { /* xorshift64*: the tests' own, fixed sequence */
@@ -448,7 +437,7 @@ TEST(bpe_save_load_and_find) {
     struct dp_bpe *b, *c;
     ASSERT_OK(dp_bpe_train(&b, t, len, 400, DP_BPE_SPLIT_SPACE));
     char tokens[512], path[512], found[512];
-    tpath(tokens, "tokens.bin");
+    dp_test_path(tokens, "tokens.bin");
     ASSERT_EQ(dp_bpe_find_for(tokens, found, sizeof found), 0);
     ASSERT_TRUE(strcmp(found, strcat(strcpy(path, tokens), ".bpe")) == 0);
     ASSERT_OK(dp_bpe_save(b, path));
@@ -469,7 +458,7 @@ TEST(bpe_save_load_and_find) {
     ASSERT_TRUE(memcmp(t1, t2, 2 * (size_t)n1) == 0);
     dp_free(t1);
     dp_free(t2);
-    ASSERT_ERR(dp_bpe_save(b, tpath(path, "nodir/x.bpe")), DP_ENOENT, "does not exist");
+    ASSERT_ERR(dp_bpe_save(b, dp_test_path(path, "nodir/x.bpe")), DP_ENOENT, "does not exist");
     dp_bpe_free(b);
     dp_bpe_free(c);
     dp_free(t);
@@ -510,10 +499,10 @@ TEST(bpe_load_errors) {
         {"dptrain-bpe 1\nvocab 257\nsplit space\n97 10\n", "crosses a boundary"},
     };
     char p[512];
-    tpath(p, "t.bpe");
+    dp_test_path(p, "t.bpe");
     struct dp_bpe *b = (struct dp_bpe *)1;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        write_raw(p, cases[i].text, strlen(cases[i].text));
+        dp_test_write_file(p, cases[i].text, strlen(cases[i].text));
         dp_clearerr();
         int rc = dp_bpe_load(&b, p);
         if (rc != DP_EFORMAT || !strstr(dp_errmsg(), cases[i].needle) || !strstr(dp_errmsg(), p))
@@ -534,6 +523,6 @@ TEST(bpe_load_errors) {
     for (int m = 1; m < 11; m++) o += snprintf(big + o, sizeof big - (size_t)o, "%d %d\n", 255 + m, 255 + m);
     ASSERT_ERR(dp_bpe_parse(&b, (const uint8_t *)big, (size_t)o, "big"), DP_EFORMAT,
                "big:14: merge 10 (token 266) is 2048 bytes long, more than 1024");
-    ASSERT_ERR(dp_bpe_load(&b, tpath(p, "missing.bpe")), DP_ENOENT, "no such file");
+    ASSERT_ERR(dp_bpe_load(&b, dp_test_path(p, "missing.bpe")), DP_ENOENT, "no such file");
     ASSERT_ERR(dp_bpe_load(&b, dp_test_tmpdir()), DP_EIO, "not a regular file");
 }

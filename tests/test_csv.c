@@ -24,13 +24,7 @@ static const char *scratch(void) {
     return d;
 }
 
-static void write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    ASSERT_TRUE(f != NULL);
-    size_t n = strlen(text);
-    if (n) ASSERT_EQ(fwrite(text, 1, n, f), (long long)n);
-    ASSERT_EQ(fclose(f), 0);
-}
+static void write_text(const char *path, const char *text) { dp_test_write_file(path, text, strlen(text)); }
 
 static void set_mtime(const char *path, time_t sec) {
     struct timespec ts[2] = {{sec, 0}, {sec, 0}};

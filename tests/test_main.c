@@ -67,6 +67,18 @@ int dp_test_files_in(const char *dir) {
     return n;
 }
 
+void dp_test_write_file(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) dp_test_fail(__FILE__, __LINE__, "cannot create %s: %s", path, strerror(errno));
+    if (n && fwrite(p, 1, n, f) != n) dp_test_fail(__FILE__, __LINE__, "cannot write %s", path);
+    if (fclose(f) != 0) dp_test_fail(__FILE__, __LINE__, "cannot close %s", path);
+}
+
+char *dp_test_path(char *out, const char *name) {
+    snprintf(out, 512, "%s/%s", dp_test_tmpdir(), name);
+    return out;
+}
+
 void dp_test_skip(const char *fmt, ...) {
     char why[512];
     va_list ap;

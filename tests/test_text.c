@@ -16,17 +16,6 @@
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static char *tpath(char *out, const char *name) {
-    snprintf(out, 512, "%s/%s", dp_test_tmpdir(), name);
-    return out;
-}
-
-static void write_raw(const char *path, const void *p, size_t n) {
-    FILE *f = fopen(path, "wb");
-    ASSERT_TRUE(f != NULL);
-    if (n) ASSERT_EQ(fwrite(p, 1, n, f), (long long)n);
-    ASSERT_EQ(fclose(f), 0);
-}
 
 /* Reads a whole file into buf (cap bytes); returns its length. */
 static size_t read_raw(const char *path, uint8_t *buf, size_t cap) {
@@ -59,7 +48,7 @@ TEST(text_tokens_round_trip) {
     static uint16_t tok[N];
     fill_tokens(tok, N, 300);
     char p[512];
-    ASSERT_OK(dp_tokens_write(tpath(p, "t.bin"), tok, N, 300));
+    ASSERT_OK(dp_tokens_write(dp_test_path(p, "t.bin"), tok, N, 300));
     /* The layout on disk, byte by byte. */
     static uint8_t raw[DP_TOKENS_HEADER_BYTES + 2 * N + 16];
     size_t len = read_raw(p, raw, sizeof raw);
@@ -109,18 +98,18 @@ TEST(text_tokens_header_fields_rejected) {
     uint16_t tok[N];
     fill_tokens(tok, N, 300);
     char p[512], q[512];
-    ASSERT_OK(dp_tokens_write(tpath(p, "good.bin"), tok, N, 300));
+    ASSERT_OK(dp_tokens_write(dp_test_path(p, "good.bin"), tok, N, 300));
     uint8_t good[DP_TOKENS_HEADER_BYTES + 2 * N + 8], b[sizeof good + 8];
     size_t len = read_raw(p, good, sizeof good);
     ASSERT_EQ(len, sizeof good - 8);
-    tpath(q, "bad.bin");
+    dp_test_path(q, "bad.bin");
     struct dp_tokens t;
 #define CASE(edit, needle)                                          \
     do {                                                            \
         size_t n_ = len;                                            \
         memcpy(b, good, len);                                       \
         edit;                                                       \
-        write_raw(q, b, n_);                                        \
+        dp_test_write_file(q, b, n_);                                        \
         ASSERT_ERR(dp_tokens_read(q, &t), DP_EFORMAT, needle);      \
         ASSERT_TRUE(t.tok == NULL && t.n == 0);                     \
         ASSERT_TRUE(strstr(dp_errmsg(), q) != NULL);                \
@@ -157,13 +146,13 @@ TEST(text_tokens_truncated) {
     uint16_t tok[N];
     fill_tokens(tok, N, 256);
     char p[512], q[512];
-    ASSERT_OK(dp_tokens_write(tpath(p, "t.bin"), tok, N, 256));
+    ASSERT_OK(dp_tokens_write(dp_test_path(p, "t.bin"), tok, N, 256));
     uint8_t raw[DP_TOKENS_HEADER_BYTES + 2 * N];
     size_t len = read_raw(p, raw, sizeof raw);
     ASSERT_EQ(len, sizeof raw);
     struct dp_tokens t;
     for (size_t cut = 0; cut < len; cut++) {
-        write_raw(tpath(q, "cut.bin"), raw, cut);
+        dp_test_write_file(dp_test_path(q, "cut.bin"), raw, cut);
         ASSERT_ERR(dp_tokens_read(q, &t), DP_EFORMAT, "truncated");
         ASSERT_TRUE(t.tok == NULL);
         ASSERT_ERR(dp_tokens_parse(raw, cut, &t), DP_EFORMAT, "truncated");
@@ -178,33 +167,33 @@ TEST(text_tokens_truncated) {
 TEST(text_tokens_not_a_token_file) {
     char p[512], start[128];
     struct dp_tokens t;
-    write_raw(tpath(p, "line.txt"), "hello\n", 6);
+    dp_test_write_file(dp_test_path(p, "line.txt"), "hello\n", 6);
     ASSERT_ERR(dp_tokens_read(p, &t), DP_EFORMAT, "line.txt is not a token file (it starts with \"hello\\n\"");
     ASSERT_ERR(dp_tokens_probe(p, start, sizeof start), DP_EFORMAT, "line.txt is not a token file");
     ASSERT_TRUE(strcmp(start, "it starts with \"hello\\n\"") == 0);
-    write_raw(p, "It was a dark and stormy night", 30);
+    dp_test_write_file(p, "It was a dark and stormy night", 30);
     ASSERT_ERR(dp_tokens_probe(p, start, sizeof start), DP_EFORMAT, "not a token file");
     ASSERT_TRUE(strcmp(start, "it starts with \"It was a dark an...\"") == 0);
-    write_raw(p, "", 0);
+    dp_test_write_file(p, "", 0);
     ASSERT_ERR(dp_tokens_probe(p, start, sizeof start), DP_EFORMAT, "not a token file");
     ASSERT_TRUE(strcmp(start, "it is empty") == 0);
     ASSERT_ERR(dp_tokens_read(p, &t), DP_EFORMAT, "truncated header: 0 bytes"); /* a cut token file */
     uint16_t tok[4] = {1, 2, 3, 4};
-    ASSERT_OK(dp_tokens_write(tpath(p, "t.bin"), tok, 4, 256));
+    ASSERT_OK(dp_tokens_write(dp_test_path(p, "t.bin"), tok, 4, 256));
     ASSERT_OK(dp_tokens_probe(p, start, sizeof start));
     ASSERT_TRUE(start[0] == 0);
-    ASSERT_ERR(dp_tokens_probe(tpath(p, "missing.bin"), NULL, 0), DP_ENOENT, "no such file");
+    ASSERT_ERR(dp_tokens_probe(dp_test_path(p, "missing.bin"), NULL, 0), DP_ENOENT, "no such file");
     ASSERT_ERR(dp_tokens_probe(dp_test_tmpdir(), NULL, 0), DP_EIO, "not a regular file");
 }
 
 TEST(text_tokens_io_errors) {
     char p[512];
     struct dp_tokens t;
-    ASSERT_ERR(dp_tokens_read(tpath(p, "missing.bin"), &t), DP_ENOENT, "no such file");
+    ASSERT_ERR(dp_tokens_read(dp_test_path(p, "missing.bin"), &t), DP_ENOENT, "no such file");
     ASSERT_ERR(dp_tokens_read(dp_test_tmpdir(), &t), DP_EIO, "not a regular file");
     uint16_t tok[4] = {1, 2, 3, 4};
-    ASSERT_ERR(dp_tokens_write(tpath(p, "nodir/t.bin"), tok, 4, 256), DP_ENOENT, "does not exist");
-    ASSERT_ERR(dp_tokens_write(tpath(p, "t.bin"), tok, 4, 4), DP_EINVAL, "token 4 at index 3");
+    ASSERT_ERR(dp_tokens_write(dp_test_path(p, "nodir/t.bin"), tok, 4, 256), DP_ENOENT, "does not exist");
+    ASSERT_ERR(dp_tokens_write(dp_test_path(p, "t.bin"), tok, 4, 4), DP_EINVAL, "token 4 at index 3");
     ASSERT_ERR(dp_tokens_write(p, tok, 4, 1), DP_EINVAL, "vocab 1");
     ASSERT_ERR(dp_tokens_write(p, tok, 4, 65537), DP_EINVAL, "vocab 65537");
     ASSERT_ERR(dp_tokens_write(p, tok, 0, 256), DP_EINVAL, "no tokens");
@@ -221,15 +210,15 @@ TEST(text_tokens_io_errors) {
 
 TEST(text_corpus_folder_in_name_order) {
     char d[512], p[512], sub[512];
-    tpath(d, "corpus");
+    dp_test_path(d, "corpus");
     ASSERT_EQ(mkdir(d, 0755), 0);
-    write_raw(tpath(p, "corpus/b"), "BB", 2);
-    write_raw(tpath(p, "corpus/a"), "A", 1);
-    write_raw(tpath(p, "corpus/B"), "upper", 5); /* 'B' < 'a' in strcmp order */
-    write_raw(tpath(p, "corpus/c.dat"), "cc", 2); /* .dat is dropped only from the default corpus */
-    ASSERT_EQ(mkdir(tpath(sub, "corpus/sub"), 0755), 0);
-    write_raw(tpath(p, "corpus/sub/x"), "nested", 6);
-    ASSERT_EQ(symlink("a", tpath(p, "corpus/link")), 0); /* links inside a folder are skipped */
+    dp_test_write_file(dp_test_path(p, "corpus/b"), "BB", 2);
+    dp_test_write_file(dp_test_path(p, "corpus/a"), "A", 1);
+    dp_test_write_file(dp_test_path(p, "corpus/B"), "upper", 5); /* 'B' < 'a' in strcmp order */
+    dp_test_write_file(dp_test_path(p, "corpus/c.dat"), "cc", 2); /* .dat is dropped only from the default corpus */
+    ASSERT_EQ(mkdir(dp_test_path(sub, "corpus/sub"), 0755), 0);
+    dp_test_write_file(dp_test_path(p, "corpus/sub/x"), "nested", 6);
+    ASSERT_EQ(symlink("a", dp_test_path(p, "corpus/link")), 0); /* links inside a folder are skipped */
 
     struct dp_text_corpus c;
     const char *in1[] = {d};
@@ -243,8 +232,8 @@ TEST(text_corpus_folder_in_name_order) {
     /* Files in the order given, a link named explicitly is followed, and a
      * folder expands where it stands. */
     char a[512], l[512];
-    tpath(a, "corpus/a");
-    tpath(l, "corpus/link");
+    dp_test_path(a, "corpus/a");
+    dp_test_path(l, "corpus/link");
     const char *in2[] = {l, sub, a};
     ASSERT_OK(dp_text_corpus_load(&c, in2, 3));
     ASSERT_EQ(c.nfiles, 3);
@@ -254,12 +243,12 @@ TEST(text_corpus_folder_in_name_order) {
 
     /* Bad inputs. */
     char e[512], z[512];
-    tpath(e, "empty");
+    dp_test_path(e, "empty");
     ASSERT_EQ(mkdir(e, 0755), 0);
     const char *in3[] = {e};
     ASSERT_ERR(dp_text_corpus_load(&c, in3, 1), DP_EINVAL, "no regular files in");
     ASSERT_TRUE(c.bytes == NULL && c.len == 0);
-    write_raw(tpath(z, "zero.txt"), "", 0);
+    dp_test_write_file(dp_test_path(z, "zero.txt"), "", 0);
     const char *in4[] = {z};
     ASSERT_ERR(dp_text_corpus_load(&c, in4, 1), DP_EINVAL, "empty input: 1 file, 0 bytes");
     const char *in5[] = {a, "/nonexistent/x.txt"};
@@ -301,16 +290,16 @@ static int64_t token_bytes(const char *path, char *buf, int64_t cap) {
  * folder. */
 TEST(text_prepare_dir_first_use_then_reuse) {
     char d[512], p[512], tok[512], cache[512], buf[64];
-    tpath(d, "prep");
-    tpath(cache, "cache/a/b"); /* made as mkdir -p would */
+    dp_test_path(d, "prep");
+    dp_test_path(cache, "cache/a/b"); /* made as mkdir -p would */
     ASSERT_EQ(mkdir(d, 0755), 0);
-    write_raw(tpath(p, "prep/b.txt"), "world", 5);
+    dp_test_write_file(dp_test_path(p, "prep/b.txt"), "world", 5);
     set_mtime(p, 1000000000);
-    write_raw(tpath(p, "prep/a.txt"), "hello ", 6);
+    dp_test_write_file(dp_test_path(p, "prep/a.txt"), "hello ", 6);
     set_mtime(p, 1000000000);
-    write_raw(tpath(p, "prep/a.dat"), "index", 5);
-    write_raw(tpath(p, "prep/a.u8"), "alias", 5);
-    write_raw(tpath(p, "prep/tokens.bin.tmp.99.0"), "stale", 5);
+    dp_test_write_file(dp_test_path(p, "prep/a.dat"), "index", 5);
+    dp_test_write_file(dp_test_path(p, "prep/a.u8"), "alias", 5);
+    dp_test_write_file(dp_test_path(p, "prep/tokens.bin.tmp.99.0"), "stale", 5);
 
     struct dp_text_prepared info;
     ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, &info));
@@ -341,7 +330,7 @@ TEST(text_prepare_dir_first_use_then_reuse) {
 
     /* a source newer than the token file: rebuilt with the new text, under
      * a new name (its mtime is part of it), the old file removed */
-    write_raw(tpath(p, "prep/b.txt"), "there", 5);
+    dp_test_write_file(dp_test_path(p, "prep/b.txt"), "there", 5);
     set_mtime(p, t0.tv_sec + 10);
     ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, &info));
     ASSERT_EQ(info.built, 1);
@@ -358,7 +347,7 @@ TEST(text_prepare_dir_first_use_then_reuse) {
     ASSERT_EQ(info.built, 0);
 
     /* a removed source changes no remaining mtime: the count tells */
-    ASSERT_EQ(unlink(tpath(p, "prep/a.txt")), 0);
+    ASSERT_EQ(unlink(dp_test_path(p, "prep/a.txt")), 0);
     ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, &info));
     ASSERT_EQ(info.built, 1);
     ASSERT_TRUE(strstr(info.why, "holds 11 tokens, the sources 5 bytes") != NULL);
@@ -369,7 +358,7 @@ TEST(text_prepare_dir_first_use_then_reuse) {
      * leaves it): the validity checks alone would reuse the old tokens, the
      * name keyed by the sources' sizes and mtimes does not */
     set_mtime(tok, t0.tv_sec + 30);
-    write_raw(tpath(p, "prep/b.txt"), "THERE", 5);
+    dp_test_write_file(dp_test_path(p, "prep/b.txt"), "THERE", 5);
     set_mtime(p, t0.tv_sec + 5);
     ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, &info));
     ASSERT_EQ(info.built, 1);
@@ -378,7 +367,7 @@ TEST(text_prepare_dir_first_use_then_reuse) {
     ASSERT_TRUE(memcmp(buf, "THERE", 5) == 0);
 
     /* a corrupt token file, newer than the sources: rebuilt */
-    write_raw(tok, "DPTOKENS", 8);
+    dp_test_write_file(tok, "DPTOKENS", 8);
     set_mtime(tok, t0.tv_sec + 30);
     ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, NULL));
     ASSERT_EQ(token_bytes(tok, buf, sizeof buf), 5);
@@ -388,14 +377,14 @@ TEST(text_prepare_dir_first_use_then_reuse) {
     /* refusals: no text files (only what does not count), not a folder, no
      * such folder */
     char e[512];
-    tpath(e, "prep_empty");
+    dp_test_path(e, "prep_empty");
     ASSERT_EQ(mkdir(e, 0755), 0);
-    write_raw(tpath(p, "prep_empty/x.dat"), "x", 1);
-    write_raw(tpath(p, "prep_empty/tokens.bin"), "x", 1);
+    dp_test_write_file(dp_test_path(p, "prep_empty/x.dat"), "x", 1);
+    dp_test_write_file(dp_test_path(p, "prep_empty/tokens.bin"), "x", 1);
     ASSERT_ERR(dp_text_prepare_dir_in(e, cache, tok, sizeof tok, &info), DP_EINVAL, "no text files in");
-    ASSERT_ERR(dp_text_prepare_dir_in(tpath(p, "prep/b.txt"), cache, tok, sizeof tok, &info), DP_EINVAL,
+    ASSERT_ERR(dp_text_prepare_dir_in(dp_test_path(p, "prep/b.txt"), cache, tok, sizeof tok, &info), DP_EINVAL,
                "is not a folder");
-    ASSERT_ERR(dp_text_prepare_dir_in(tpath(p, "nope"), cache, tok, sizeof tok, &info), DP_ENOENT,
+    ASSERT_ERR(dp_text_prepare_dir_in(dp_test_path(p, "nope"), cache, tok, sizeof tok, &info), DP_ENOENT,
                "nope: no such file or folder");
 }
 
@@ -404,14 +393,14 @@ TEST(text_prepare_dir_first_use_then_reuse) {
  * rule says); dp_text_prepare_dir writes there and not into the folder. */
 TEST(text_prepare_dir_default_cache_folder) {
     char d[512], p[512], tok[512], want[512], home[512];
-    tpath(d, "src");
+    dp_test_path(d, "src");
     ASSERT_EQ(mkdir(d, 0755), 0);
-    write_raw(tpath(p, "src/a.txt"), "some text", 9);
+    dp_test_write_file(dp_test_path(p, "src/a.txt"), "some text", 9);
     set_mtime(p, 1000000000);
 
-    ASSERT_EQ(setenv("XDG_CACHE_HOME", tpath(p, "xdg/deeper"), 1), 0);
+    ASSERT_EQ(setenv("XDG_CACHE_HOME", dp_test_path(p, "xdg/deeper"), 1), 0);
     ASSERT_OK(dp_text_cache_dir(tok, sizeof tok));
-    ASSERT_TRUE(strcmp(tok, tpath(want, "xdg/deeper/dptrain")) == 0);
+    ASSERT_TRUE(strcmp(tok, dp_test_path(want, "xdg/deeper/dptrain")) == 0);
     struct dp_text_prepared info;
     ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
     ASSERT_EQ(info.built, 1);
@@ -422,9 +411,9 @@ TEST(text_prepare_dir_default_cache_folder) {
     ASSERT_EQ(dp_test_files_in(d), 1);
 
     ASSERT_EQ(setenv("XDG_CACHE_HOME", "relative/cache", 1), 0);
-    ASSERT_EQ(setenv("HOME", tpath(home, "home"), 1), 0);
+    ASSERT_EQ(setenv("HOME", dp_test_path(home, "home"), 1), 0);
     ASSERT_OK(dp_text_cache_dir(tok, sizeof tok));
-    ASSERT_TRUE(strcmp(tok, tpath(want, "home/.cache/dptrain")) == 0);
+    ASSERT_TRUE(strcmp(tok, dp_test_path(want, "home/.cache/dptrain")) == 0);
     ASSERT_EQ(unsetenv("XDG_CACHE_HOME"), 0);
     ASSERT_OK(dp_text_prepare_dir(d, tok, sizeof tok, &info));
     ASSERT_EQ(info.built, 1);
@@ -442,13 +431,13 @@ TEST(text_prepare_dir_default_cache_folder) {
  * written, one error names both places. */
 TEST(text_prepare_dir_old_tokens_bin_and_no_cache) {
     char d[512], p[512], tok[512], cache[512], legacy[512], buf[64];
-    tpath(d, "old");
-    tpath(cache, "cache");
+    dp_test_path(d, "old");
+    dp_test_path(cache, "cache");
     ASSERT_EQ(mkdir(d, 0755), 0);
-    write_raw(tpath(p, "old/a.txt"), "abc", 3);
+    dp_test_write_file(dp_test_path(p, "old/a.txt"), "abc", 3);
     set_mtime(p, 1000000000);
     const char *in[] = {p};
-    ASSERT_OK(dp_text_prepare(in, 1, tpath(legacy, "old/tokens.bin"), NULL));
+    ASSERT_OK(dp_text_prepare(in, 1, dp_test_path(legacy, "old/tokens.bin"), NULL));
     struct timespec t0 = mtime_of(legacy);
 
     struct dp_text_prepared info;
@@ -460,7 +449,7 @@ TEST(text_prepare_dir_old_tokens_bin_and_no_cache) {
     ASSERT_TRUE(access(cache, F_OK) != 0); /* nothing made in the cache */
 
     /* stale: built into the cache, tokens.bin left as it was */
-    write_raw(p, "abcd", 4);
+    dp_test_write_file(p, "abcd", 4);
     set_mtime(p, t0.tv_sec + 10);
     ASSERT_OK(dp_text_prepare_dir_in(d, cache, tok, sizeof tok, &info));
     ASSERT_EQ(info.built, 1);
@@ -475,7 +464,7 @@ TEST(text_prepare_dir_old_tokens_bin_and_no_cache) {
     /* a cache that cannot be made (under a file): into the folder, and
      * the reason kept for the report; reused from there next time */
     char nocache[512];
-    tpath(nocache, "old/a.txt/cache");
+    dp_test_path(nocache, "old/a.txt/cache");
     ASSERT_OK(dp_text_prepare_dir_in(d, nocache, tok, sizeof tok, &info));
     ASSERT_EQ(info.built, 1);
     ASSERT_EQ(info.in_dir, 1);
@@ -491,7 +480,7 @@ TEST(text_prepare_dir_old_tokens_bin_and_no_cache) {
      * which a read-only mode is not) */
     ASSERT_EQ(unlink(legacy), 0);
     ASSERT_EQ(mkdir(legacy, 0755), 0);
-    write_raw(tpath(p, "old/tokens.bin/x"), "x", 1);
+    dp_test_write_file(dp_test_path(p, "old/tokens.bin/x"), "x", 1);
     ASSERT_ERR(dp_text_prepare_dir_in(d, nocache, tok, sizeof tok, &info), DP_EIO,
                "neither in the cache (cannot create");
     ASSERT_TRUE(strstr(dp_errmsg(), nocache) != NULL);
@@ -501,10 +490,10 @@ TEST(text_prepare_dir_old_tokens_bin_and_no_cache) {
 /* dp_text_prepare, the core of prepare-text: inputs -> token file. */
 TEST(text_prepare_inputs_to_token_file) {
     char a[512], out[512], buf[16];
-    write_raw(tpath(a, "in.txt"), "abc", 3);
+    dp_test_write_file(dp_test_path(a, "in.txt"), "abc", 3);
     const char *in[] = {a, a};
     struct dp_text_prepared info;
-    ASSERT_OK(dp_text_prepare(in, 2, tpath(out, "in.bin"), &info));
+    ASSERT_OK(dp_text_prepare(in, 2, dp_test_path(out, "in.bin"), &info));
     ASSERT_EQ(info.built, 1);
     ASSERT_EQ(info.nfiles, 2);
     ASSERT_EQ(info.tokens, 6);
@@ -676,7 +665,7 @@ TEST(text_tokens_raw_u16_nanogpt) {
     uint8_t raw[10];
     for (int i = 0; i < 5; i++) raw[2 * i] = (uint8_t)ids[i], raw[2 * i + 1] = (uint8_t)(ids[i] >> 8);
     char p[512];
-    write_raw(tpath(p, "train.bin"), raw, sizeof raw);
+    dp_test_write_file(dp_test_path(p, "train.bin"), raw, sizeof raw);
     struct dp_tokens t;
     ASSERT_OK(dp_tokens_read_raw_u16(p, 50257, &t));
     ASSERT_EQ(t.n, 5);
@@ -689,11 +678,11 @@ TEST(text_tokens_raw_u16_nanogpt) {
     ASSERT_TRUE(t.tok == NULL && t.n == 0);
     ASSERT_ERR(dp_tokens_read_raw_u16(p, 1, &t), DP_EINVAL, "vocab 1 out of range 2..65536");
     ASSERT_ERR(dp_tokens_read_raw_u16(p, 65537, &t), DP_EINVAL, "vocab 65537");
-    write_raw(p, raw, 9);
+    dp_test_write_file(p, raw, 9);
     ASSERT_ERR(dp_tokens_read_raw_u16(p, 50257, &t), DP_EFORMAT, "9 bytes, an odd count");
-    write_raw(p, raw, 0);
+    dp_test_write_file(p, raw, 0);
     ASSERT_ERR(dp_tokens_read_raw_u16(p, 50257, &t), DP_EFORMAT, "empty");
-    ASSERT_ERR(dp_tokens_read_raw_u16(tpath(p, "missing.bin"), 50257, &t), DP_ENOENT, "no such file");
+    ASSERT_ERR(dp_tokens_read_raw_u16(dp_test_path(p, "missing.bin"), 50257, &t), DP_ENOENT, "no such file");
     ASSERT_OK(dp_tokens_parse_raw_u16(raw, 2, 65536, &t));
     ASSERT_EQ(t.n, 1);
     ASSERT_EQ(t.tok[0], 15496);
@@ -719,7 +708,7 @@ TEST(text_tokens_llmc_shard) {
     size_t len = llmc_shard(buf, tok, 6, 1, 6);
     ASSERT_TRUE(buf[0] == 0x88 && buf[1] == 0xd8 && buf[2] == 0x34 && buf[3] == 0x01); /* 0x0134d888 */
     char p[512], start[128];
-    write_raw(tpath(p, "shard_000000.bin"), buf, len);
+    dp_test_write_file(dp_test_path(p, "shard_000000.bin"), buf, len);
     struct dp_tokens t;
     /* recognised by dp_tokens_read (so --data takes it) and its probe; vocab = max + 1 */
     ASSERT_OK(dp_tokens_probe(p, start, sizeof start));
@@ -743,14 +732,14 @@ TEST(text_tokens_llmc_shard) {
     len = llmc_shard(buf, tok, 6, 1, 6);
     buf[0] ^= 1;
     ASSERT_ERR(dp_tokens_parse_llmc(buf, len, 0, &t), DP_EFORMAT, "is not an llm.c token shard");
-    write_raw(p, buf, len); /* and no DPTOKENS file either */
+    dp_test_write_file(p, buf, len); /* and no DPTOKENS file either */
     ASSERT_ERR(dp_tokens_read(p, &t), DP_EFORMAT, "is not a token file");
     ASSERT_ERR(dp_tokens_read_llmc(p, 0, &t), DP_EFORMAT, "not the magic 20240520");
     len = llmc_shard(buf, tok, 6, 2, 6);
-    write_raw(p, buf, len);
+    dp_test_write_file(p, buf, len);
     ASSERT_ERR(dp_tokens_read(p, &t), DP_EFORMAT, "unsupported llm.c version 2");
     len = llmc_shard(buf, tok, 6, 1, 7); /* claims more than there is */
-    write_raw(p, buf, len);
+    dp_test_write_file(p, buf, len);
     ASSERT_ERR(dp_tokens_read(p, &t), DP_EFORMAT, "truncated: llm.c count 7 needs 14 token bytes, file has 12");
     len = llmc_shard(buf, tok, 6, 1, 5); /* trailing bytes */
     ASSERT_ERR(dp_tokens_parse_llmc(buf, len, 0, &t), DP_EFORMAT, "count 5 does not match the file size: 2 bytes");
@@ -764,7 +753,7 @@ TEST(text_tokens_llmc_shard) {
     len = llmc_shard(buf, tok, 0, 1, 0x7fffffff); /* 2^31 - 1 tokens claimed, none there */
     ASSERT_ERR(dp_tokens_parse_llmc(buf, len, 0, &t), DP_EFORMAT, "truncated");
     for (size_t cut = 4; cut < DP_LLMC_HEADER_BYTES; cut += 97) {
-        write_raw(p, buf, cut);
+        dp_test_write_file(p, buf, cut);
         ASSERT_ERR(dp_tokens_read(p, &t), DP_EFORMAT, "truncated llm.c header");
     }
     ASSERT_ERR(dp_tokens_parse_llmc(buf, 3, 0, &t), DP_EFORMAT, "not an llm.c token shard");

@@ -287,16 +287,23 @@ int dp_tokens_parse_raw_u16(const uint8_t *buf, size_t len, int64_t vocab, struc
     return raw_parse("<memory>", buf, len, vocab, t);
 }
 
-int dp_tokens_read_raw_u16(const char *path, int64_t vocab, struct dp_tokens *t) {
+/* The readers of other projects' files: the vocabulary checked (0 allowed when the format
+ * can derive it), the file read whole, then parsed under its own name. */
+typedef int (*parse_fn)(const char *name, const uint8_t *buf, size_t len, int64_t vocab, struct dp_tokens *t);
+static int read_with(parse_fn parse, int vocab_zero_ok, const char *path, int64_t vocab, struct dp_tokens *t) {
     memset(t, 0, sizeof *t);
-    int rc = vocab_arg(vocab, 0);
+    int rc = vocab_arg(vocab, vocab_zero_ok);
     if (rc) return rc;
     uint8_t *buf;
     size_t len;
     if ((rc = read_file(path, &buf, &len))) return rc;
-    rc = raw_parse(path, buf, len, vocab, t);
+    rc = parse(path, buf, len, vocab, t);
     dp_free(buf);
     return rc;
+}
+
+int dp_tokens_read_raw_u16(const char *path, int64_t vocab, struct dp_tokens *t) {
+    return read_with(raw_parse, 0, path, vocab, t);
 }
 
 /* llm.c's shards: 256 int32 of header (magic, version, count, unused), count uint16. */
@@ -337,13 +344,5 @@ int dp_tokens_parse_llmc(const uint8_t *buf, size_t len, int64_t vocab, struct d
 }
 
 int dp_tokens_read_llmc(const char *path, int64_t vocab, struct dp_tokens *t) {
-    memset(t, 0, sizeof *t);
-    int rc = vocab_arg(vocab, 1);
-    if (rc) return rc;
-    uint8_t *buf;
-    size_t len;
-    if ((rc = read_file(path, &buf, &len))) return rc;
-    rc = llmc_parse(path, buf, len, vocab, t);
-    dp_free(buf);
-    return rc;
+    return read_with(llmc_parse, 1, path, vocab, t);
 }
