@@ -292,6 +292,45 @@ struct dp_train_params {
     void *event_arg;
 };
 struct dp_train_params dp_train_default_params(void);
+/* The same on the heap (for callers that cannot lay the struct out, such as Python's ctypes),
+ * and its end; NULL when out of memory. */
+struct dp_train_params *dp_train_params_new(void);
+void dp_train_params_free(struct dp_train_params *p);
+
+/* train's options by name: one table drives the CLI's parsing and help, the Python
+ * package's keyword arguments, and the configuration stored in checkpoints. */
+struct dp_train_option {
+    const char *name;  /* as the CLI spells it without "--": "lr", "zero-reduce" */
+    const char *arg;   /* its value's placeholder ("F", "N|auto"); NULL for a flag */
+    const char *group; /* its group in `dptrain train --help` */
+    const char *help;  /* one or more lines, separated by '\n' */
+    int optional;      /* the value may be left out (--balance alone: every 10 steps) */
+};
+/* The i-th option (0-based), NULL past the end; an option by name (as dp_train_option_set
+ * takes it), NULL if there is none; the i-th name. */
+const struct dp_train_option *dp_train_option_at(int i);
+const struct dp_train_option *dp_train_option_find(const char *name);
+const char *dp_train_option_name(int i);
+/* Sets option NAME ("lr", "--lr" and "zero_reduce" are all accepted: '_' reads as '-') of p
+ * from its text VALUE, checked as the CLI checks it.  A flag takes NULL (on) or
+ * 1/0/true/false/yes/no/on/off; an optional value takes NULL for its default.  String values
+ * are borrowed: keep them alive while p is used.  DP_EINVAL with a one-line message on an
+ * unknown name or a bad value. */
+int dp_train_option_set(struct dp_train_params *p, const char *name, const char *value);
+/* After every option is set: DP_EINVAL when option NAME does not apply to the run p describes
+ * (--momentum with --optim adamw, --warmup without --schedule cosine, ...), with a line that
+ * names the setting it needs; an option that is silently ignored would make the run differ
+ * from what was asked. */
+int dp_train_option_check(const struct dp_train_params *p, const char *name);
+/* The options that define the run (its data, model, optimizer, schedule, batch, epochs,
+ * seed, the data-parallel options that change the arithmetic or its failure modes, the
+ * checkpoint and evaluation cadence), one "--name=value" or "--name" per line, as the
+ * stored configuration of its checkpoints (dp_train_params.config): malloc'ed, NULL when out
+ * of memory.  Not rendered: where and how fast this invocation runs (workers, threads,
+ * pinning, progress threads, prefetch, gemm), its own stop and outputs (max-steps, out,
+ * resume, overwrite, init-from, timeline) and the slowness simulations.  Paths are made
+ * absolute: a resume may run from another folder. */
+char *dp_train_options_render(const struct dp_train_params *p);
 
 /* The parsers of simulate_slow and simulate_jitter (the trainer calls them;
  * exposed for the CLI and the tests).  dp_parse_simulate_slow fills

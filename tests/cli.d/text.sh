@@ -28,9 +28,11 @@ else bad train_help_basics "basics: $basics"; fi
 # every option cmd_train parses is in the help (and the ones being added to train now)
 missing=""
 if [[ -r $TEXT_ROOT/tools/dptrain/main.c ]]; then
-  opts=$(awk '/^static int cmd_train\(/ {on = 1} /^static int cmd_eval\(/ {on = 0} on' "$TEXT_ROOT/tools/dptrain/main.c" |
-    grep -o '"--[a-z][a-z0-9-]*"' | tr -d '"' | grep -vx -- --help | sort -u)
-  [[ -z $opts ]] && missing="(no option found in main.c's cmd_train)"
+  # the CLI's own options (main.c's cmd_train) and the library's table (src/train/option_table.c)
+  opts=$( { awk '/^static int cmd_train\(/ {on = 1} /^static int cmd_eval\(/ {on = 0} on' "$TEXT_ROOT/tools/dptrain/main.c" |
+    grep -o '"--[a-z][a-z0-9-]*"' | tr -d '"' | grep -vx -- --help
+    grep -oE '\{OPT(_OPTIONAL)?\("[a-z][a-z0-9-]*"' "$TEXT_ROOT/src/train/option_table.c" | sed -E 's/.*"(.*)"/--\1/'; } | sort -u)
+  [[ $(wc -l <<<"$opts") -lt 80 ]] && missing="(only $(wc -l <<<"$opts") options found in main.c's cmd_train and option_table.c)"
   for o in $opts --overwrite --ckpt-every-steps --eval-every; do
     grep -Eq -- "(^| )$o([ =,[]|$)" <<<"$th" || missing+=" $o"
   done

@@ -38,13 +38,12 @@ int dptrain_take(int argc, char **argv, int *i, const char *name, const char **v
 long long dptrain_int_arg(const char *name, const char *v, long long lo, long long hi);
 double dptrain_num_arg(const char *name, const char *v, double lo, double hi);
 
-/* tools/dptrain/train_config.c: train's configuration in its checkpoints.  render: the
- * options that define the run, one "--flag[=value]" per line (malloc'ed); stored: a
+/* tools/dptrain/train_config.c: train's configuration in its checkpoints (rendered by the
+ * library: dp_train_options_render).  stored: a
  * checkpoint's (its DPCONFIG section, or for an older file what its header holds, with
  * *from_header = 1), after the whole file's checksums; overrides: one line on f per option
  * whose rendering differs between stored and now, and their count. */
 struct dp_train_params;
-char *dptrain_config_render(const struct dp_train_params *tp);
 char *dptrain_config_stored(const char *ckpt, int *from_header);
 int dptrain_config_overrides(const char *stored, const char *now, FILE *f);
 
@@ -80,8 +79,9 @@ int dptrain_cmd_plot(int argc, char **argv);
 #define DPTRAIN_DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
 
 /* tools/dptrain/help.c: the help texts of the commands in main.c */
-extern const char *const dptrain_help_main, *const dptrain_help_train, *const dptrain_help_eval,
-    *const dptrain_help_ckpt;
+extern const char *const dptrain_help_main, *const dptrain_help_eval, *const dptrain_help_ckpt;
+/* train's help, from the library's option table (dp_train_option_at) */
+void dptrain_print_train_help(FILE *f);
 /* The help of one ckpt subcommand: "info", "export" or "diff" (anything
  * else, NULL included: the overview, dptrain_help_ckpt).  Static text. */
 const char *dptrain_help_ckpt_sub(const char *sub);

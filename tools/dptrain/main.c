@@ -58,51 +58,43 @@ static double parse_float(const char *name, const char *v, double lo, double hi)
     return dptrain_num_arg(name, v, lo, hi);
 }
 
-/* The options of one's own data (docs/data.md), shared by train and eval: 1 when argv[i] is
- * one of them (consumed into tp). */
-static int dptrain_data_opt(struct args *a, struct dp_train_params *tp) {
-    const char *v;
-    if (opt(a, "--labels", &v)) tp->labels = v;
-    else if (opt(a, "--test-data", &v)) tp->test_data = v;
-    else if (opt(a, "--test-labels", &v)) tp->test_labels = v;
-    else if (opt(a, "--npz-keys", &v)) tp->npz_keys = v;
-    else if (opt(a, "--label-column", &v)) tp->label_column = v;
-    else if (opt(a, "--data-format", &v)) {
-        if (strcmp(v, "tokens") && strcmp(v, "u16")) die("--data-format %s: expected tokens or u16", v);
-        tp->tokens_raw_u16 = !strcmp(v, "u16");
+/* argv[a->i] as one of the library's train options ("--name", "--name=value" or "--name
+ * value"; src/train/option_table.c): the option, with *val its value (NULL for a flag, or for
+ * an optional value left out); NULL when it is none of them. */
+static const struct dp_train_option *table_opt(struct args *a, const char **val) {
+    const char *s = a->argv[a->i];
+    char name[64];
+    size_t n = strcspn(s + 2, "=");
+    if (strncmp(s, "--", 2) || n >= sizeof name) return NULL;
+    memcpy(name, s + 2, n);
+    name[n] = 0;
+    const struct dp_train_option *o = strchr(name, '_') ? NULL : dp_train_option_find(name);
+    if (!o) return NULL;
+    *val = NULL;
+    if (s[2 + n] == '=') {
+        if (!o->arg) die("option --%s takes no value", name);
+        *val = s + 3 + n;
+    } else if (o->arg && !o->optional) {
+        if (a->i + 1 >= a->argc) die("option --%s needs a value (see '%s %s --help')", name, prog, a->cmd);
+        *val = a->argv[++a->i];
     }
-    else if (opt(a, "--skip-bad-images", NULL)) tp->skip_bad_images = 1;
-    else if (opt(a, "--image-channels", &v)) tp->image_channels = (int)parse_int("--image-channels", v, 1, 3);
-    else if (opt(a, "--image-size", &v)) {
-        char *end;
-        long long h = strtoll(v, &end, 10), w = *end == ',' ? strtoll(end + 1, &end, 10) : 0;
-        if (*end || h < 1 || w < 1 || h > 16384 || w > 16384)
-            die("--image-size %s: expected H,W (each 1..16384), e.g. --image-size 64,64", v);
-        tp->image_h = h, tp->image_w = w;
-    }
-    else if (opt(a, "--csv-header", &v)) {
-        if (strcmp(v, "auto") && strcmp(v, "yes") && strcmp(v, "no")) die("--csv-header %s: expected auto, yes or no", v);
-        tp->csv_header = !strcmp(v, "auto") ? -1 : !strcmp(v, "yes");
-    }
-    else if (opt(a, "--val-split", &v)) tp->val_split = parse_float("--val-split", v, 0, 0.99);
-    else if (opt(a, "--loss", &v)) {
-        if (strcmp(v, "cross_entropy") && strcmp(v, "mse")) die("--loss %s: expected cross_entropy or mse", v);
-        tp->loss = strcmp(v, "mse") ? DP_LOSS_XENT : DP_LOSS_MSE;
-    } else if (opt(a, "--layout", &v)) {
-        if (strcmp(v, "nchw") && strcmp(v, "nhwc")) die("--layout %s: expected nchw or nhwc", v);
-        tp->layout_nhwc = !strcmp(v, "nhwc");
-    } else if (opt(a, "--normalize", &v)) {
-        char *end;
-        if (!strcmp(v, "auto")) tp->normalize = DP_NORM_AUTO;
-        else if (!strcmp(v, "none")) tp->normalize = DP_NORM_NONE;
-        else {
-            double m = strtod(v, &end), sd = *end == ',' ? strtod(end + 1, &end) : 0;
-            if (*end || !(sd > 0) || !isfinite(m) || !isfinite(sd))
-                die("--normalize %s: expected auto, none or MEAN,STD (STD > 0), e.g. --normalize 0.5,0.25", v);
-            tp->normalize = DP_NORM_FIXED, tp->norm_mean = (float)m, tp->norm_std = (float)sd;
+    return o;
+}
+
+/* eval: the options of one's own data (docs/data.md) that train takes too: 1 when argv[i] is
+ * one of them (set in tp) */
+static int eval_data_opt(struct args *a, struct dp_train_params *tp) {
+    static const char *const names[] = {"labels", "test-data", "test-labels", "npz-keys", "label-column",
+                                        "data-format", "skip-bad-images", "image-channels", "image-size",
+                                        "csv-header", "val-split", "loss", "layout", "normalize"};
+    const char *s = a->argv[a->i], *v;
+    size_t n = strcspn(s, "=");
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+        if (n == strlen(names[k]) + 2 && !strncmp(s + 2, names[k], n - 2) && table_opt(a, &v)) {
+            if (dp_train_option_set(tp, names[k], v)) die("%s", dp_errmsg());
+            return 1;
         }
-    } else return 0;
-    return 1;
+    return 0;
 }
 
 /* ---- commands ------------------------------------------------------------------- */
@@ -210,12 +202,6 @@ static int cmd_train(int argc, char **argv) {
     const char *v, *backend = "auto";
     int model_given = 0, workers_given = 0, data_given = 0;
     const char *user_model = NULL, *user_file = NULL; /* --model and --model-file as typed */
-    /* options that only one mode uses: the first one given, to name it when
-     * the chosen mode would ignore it */
-    const char *given_cosine = NULL, *given_step = NULL, *given_sgd = NULL, *given_adamw = NULL;
-    const char *given_det = NULL;
-    int given_zr = 0, given_zg = 0; /* --zero-reduce, --zero-gather given */
-    int given_psgd_start = 0, given_no_ef = 0;
     /* --resume: the checkpoint's configuration goes first, the command line's
      * options after it override (tools/dptrain/train_config.c) */
     const char *resume = NULL;
@@ -241,160 +227,36 @@ static int cmd_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++) all[nall++] = argv[i];
     all[nall] = NULL;
     argc = nall, argv = all;
+    /* the options the user gave (not the stored ones), checked once all are in: an option
+     * the run's mode would ignore is an error naming the mode it needs (dp_train_option_check) */
+    const char **given = malloc(sizeof(char *) * (size_t)argc);
+    int ngiven = 0;
+    if (!given) die("out of memory");
     struct args a = {argc, 0, argv, "train"};
     for (a.i = 1; a.i < argc; a.i++) {
-        if (a.i == 1 + nstored) /* the mode checks below are about what the user gave */
-            given_cosine = given_step = given_sgd = given_adamw = given_det = NULL,
-            given_zr = given_zg = given_psgd_start = given_no_ef = 0;
         if (opt(&a, "--help", NULL) || opt(&a, "-h", NULL)) {
-            fputs(dptrain_help_train, stdout);
-            free(stored), free(lines), free(all);
+            dptrain_print_train_help(stdout);
+            free(stored), free(lines), free(all), free(given);
             return 0;
-        } else if (opt(&a, "--data", &v)) tp.data_dir = v, data_given = 1;
-        else if (dptrain_data_opt(&a, &tp)) continue;
-        else if (opt(&a, "--model", &v)) {
-            tp.model = v, model_given = 1;
-            if (a.i > nstored) user_model = v;
-        } else if (opt(&a, "--model-file", &v)) {
-            tp.model_file = v, tp.model = NULL, model_given = 1; /* (replaces a stored --model) */
-            if (a.i > nstored) user_file = v;
-        } else if (opt(&a, "--epochs", &v)) tp.epochs = parse_int("--epochs", v, 1, 1000000);
-        else if (opt(&a, "--batch", &v)) tp.batch = parse_int("--batch", v, 1, 1 << 20);
-        else if (opt(&a, "--lr", &v)) tp.sched.base_lr = (float)parse_float("--lr", v, 1e-12, 1e6);
-        else if (opt(&a, "--optim", &v)) {
-            int k = dp_optim_kind_parse(v);
-            if (k < 0) die("--optim: unknown optimizer '%s' (expected sgd or adamw)", v);
-            tp.optim.kind = (enum dp_optim_kind)k;
-        } else if (opt(&a, "--momentum", &v)) {
-            tp.optim.momentum = (float)parse_float("--momentum", v, 0, 0.999999);
-            if (!given_sgd) given_sgd = "--momentum";
-        } else if (opt(&a, "--nesterov", NULL)) {
-            tp.optim.nesterov = 1;
-            if (!given_sgd) given_sgd = "--nesterov";
-        } else if (opt(&a, "--weight-decay", &v)) tp.optim.weight_decay = (float)parse_float("--weight-decay", v, 0, 10);
-        else if (opt(&a, "--beta1", &v)) {
-            tp.optim.beta1 = (float)parse_float("--beta1", v, 0, 0.999999);
-            if (!given_adamw) given_adamw = "--beta1";
-        } else if (opt(&a, "--beta2", &v)) {
-            tp.optim.beta2 = (float)parse_float("--beta2", v, 0, 0.999999999);
-            if (!given_adamw) given_adamw = "--beta2";
-        } else if (opt(&a, "--eps", &v)) {
-            tp.optim.eps = (float)parse_float("--eps", v, 1e-30, 1);
-            if (!given_adamw) given_adamw = "--eps";
-        }
-        else if (opt(&a, "--schedule", &v)) {
-            int k = dp_sched_kind_parse(v);
-            if (k < 0) die("--schedule: unknown schedule '%s' (expected constant, step or cosine)", v);
-            tp.sched.kind = (enum dp_sched_kind)k;
-        } else if (opt(&a, "--warmup", &v)) {
-            tp.sched.warmup_steps = parse_int("--warmup", v, 0, INT64_MAX / 2);
-            if (!given_cosine) given_cosine = "--warmup";
-        } else if (opt(&a, "--step-size", &v)) {
-            tp.sched.step_size = parse_int("--step-size", v, 1, INT64_MAX / 2);
-            if (!given_step) given_step = "--step-size";
-        } else if (opt(&a, "--gamma", &v)) {
-            tp.sched.gamma = (float)parse_float("--gamma", v, 0, 1);
-            if (!given_step) given_step = "--gamma";
-        } else if (opt(&a, "--min-lr", &v)) {
-            tp.sched.min_lr = (float)parse_float("--min-lr", v, 0, 1e6);
-            if (!given_cosine) given_cosine = "--min-lr";
-        }
-        else if (opt(&a, "--clip", &v)) tp.clip_norm = parse_float("--clip", v, 0, 1e12);
-        else if (opt(&a, "--max-steps", &v)) tp.max_steps = parse_int("--max-steps", v, 0, INT64_MAX / 2);
-        else if (opt(&a, "--seed", &v)) tp.seed = (uint64_t)parse_int("--seed", v, 0, INT64_MAX);
-        else if (opt(&a, "--threads", &v)) tp.threads = (int)parse_int("--threads", v, 1, 256);
-        else if (opt(&a, "--workers", &v)) tp.workers = (int)parse_int("--workers", v, 1, 256), workers_given = 1;
-        else if (opt(&a, "--backend", &v)) backend = v;
-        else if (opt(&a, "--accum", &v)) tp.accum = (int)parse_int("--accum", v, 1, 65536);
-        else if (opt(&a, "--bucket-cap-mb", &v))
-            tp.bucket_cap_bytes = (size_t)(parse_float("--bucket-cap-mb", v, 1e-5, 1e5) * 1048576.0);
-        else if (opt(&a, "--first-bucket-mb", &v))
-            tp.first_bucket_bytes = (size_t)(parse_float("--first-bucket-mb", v, 1e-5, 1e5) * 1048576.0);
-        else if (opt(&a, "--no-overlap", NULL)) tp.overlap = 0;
-        else if (opt(&a, "--comm-progress", &v)) {
-            if (!strcmp(v, "thread")) tp.comm_progress = DP_PROGRESS_THREAD;
-            else if (!strcmp(v, "caller")) tp.comm_progress = DP_PROGRESS_CALLER;
-            else if (!strcmp(v, "auto")) tp.comm_progress = DP_PROGRESS_AUTO;
-            else die("--comm-progress: expected auto, thread or caller, got '%s'", v);
-        } else if (opt(&a, "--comm-spin-us", &v)) tp.comm_spin_us = (int)parse_int("--comm-spin-us", v, 0, 1000000);
-        else if (opt(&a, "--pin-threads", NULL)) tp.pin_threads = 1;
-        else if (opt(&a, "--algo", &v)) {
-            int k = dp_comm_algo_parse(v);
-            if (k < 0) die("--algo: unknown algorithm '%s' (expected auto, ring, rhd, direct or native)", v);
-            tp.algo = k;
-        } else if (opt(&a, "--compress", &v)) {
-            if (dp_compress_parse(v, &tp.compress)) die("%s", dp_errmsg());
-        } else if (opt(&a, "--powersgd-start", &v))
-            tp.compress.powersgd_start = parse_int("--powersgd-start", v, 0, INT64_MAX / 2), given_psgd_start = 1;
-        else if (opt(&a, "--no-error-feedback", NULL))
-            tp.compress.no_ef = 1, given_no_ef = 1;
-        else if (opt(&a, "--check-replicas", &v)) tp.check_replicas = parse_int("--check-replicas", v, 0, INT64_MAX / 2);
-        else if (opt(&a, "--skip-nonfinite", NULL)) tp.skip_nonfinite = 1;
-        else if (opt(&a, "--timeline", &v)) tp.timeline = v;
-        else if (opt(&a, "--simulate-slow", &v)) {
-            /* the syntax now; the ranks against the job's size in the trainer */
-            if (dp_parse_simulate_slow(v, 0, NULL)) die("%s", dp_errmsg());
-            tp.simulate_slow = v;
-        } else if (opt(&a, "--simulate-jitter", &v)) {
-            struct dp_jitter j;
-            if (dp_parse_simulate_jitter(v, &j)) die("%s", dp_errmsg());
-            tp.simulate_jitter = v;
-        }
-        else if (!strcmp(a.argv[a.i], "--balance")) tp.balance = 10; /* the value is optional */
-        else if (opt(&a, "--balance", &v)) tp.balance = parse_int("--balance", v, 1, 1000000);
-        else if (opt(&a, "--backup-workers", &v)) /* the upper bound (< workers) is the trainer's check */
-            tp.backup = 1, tp.backup_workers = (int)parse_int("--backup-workers", v, 0, 255);
-        else if (opt(&a, "--mode", &v)) {
-            if (!strcmp(v, "async")) tp.async = 1;
-            else if (!strcmp(v, "sync")) tp.async = 0;
-            else die("--mode: expected sync or async, got '%s'", v);
-        } else if (opt(&a, "--servers", &v)) tp.servers = (int)parse_int("--servers", v, 1, INT32_MAX);
-        else if (opt(&a, "--staleness", &v)) tp.staleness = (int)parse_int("--staleness", v, 0, 1000);
-        else if (opt(&a, "--staleness-lr", NULL)) tp.staleness_lr = 1;
-        else if (opt(&a, "--share-lr", NULL)) tp.share_lr = 1;
-        else if (opt(&a, "--implicit-momentum", NULL)) tp.implicit_momentum = 1;
-        else if (opt(&a, "--deterministic", NULL)) tp.deterministic = 1;
-        else if (opt(&a, "--zero", &v)) tp.zero = (int)parse_int("--zero", v, 0, 3);
-        else if (opt(&a, "--zero-reduce", &v)) {
-            if (!strcmp(v, "allreduce")) tp.zero_scatter = 0;
-            else if (!strcmp(v, "scatter")) tp.zero_scatter = 1;
-            else die("--zero-reduce: expected allreduce or scatter, got '%s'", v);
-            given_zr = 1;
-        } else if (opt(&a, "--zero-gather", &v)) {
-            if (!strcmp(v, "auto")) tp.zero_gather = DP_ZERO_GATHER_AUTO;
-            else if (!strcmp(v, "step")) tp.zero_gather = DP_ZERO_GATHER_STEP;
-            else if (!strcmp(v, "ahead")) tp.zero_gather = DP_ZERO_GATHER_AHEAD;
-            else die("--zero-gather: expected auto, step or ahead, got '%s'", v);
-            given_zg = 1;
-        }
-        else if (opt(&a, "--det-chunk", &v)) tp.det_chunk = parse_int("--det-chunk", v, 1, 1 << 20), given_det = "--det-chunk";
-        else if (opt(&a, "--comm-timeout", &v)) tp.comm_timeout = parse_float("--comm-timeout", v, 0, 1e6);
-        else if (opt(&a, "--prefetch", &v)) tp.prefetch = !strcmp(v, "auto") ? -1 : (int)parse_int("--prefetch", v, 0, 64);
-        else if (opt(&a, "--crop-pad", &v)) tp.aug.crop_pad = (int)parse_int("--crop-pad", v, 0, 64);
-        else if (opt(&a, "--hflip", NULL)) tp.aug.hflip = 1;
-        else if (opt(&a, "--train-limit", &v)) tp.train_limit = parse_int("--train-limit", v, 1, INT64_MAX / 2);
-        else if (opt(&a, "--test-limit", &v)) tp.test_limit = parse_int("--test-limit", v, 1, INT64_MAX / 2);
-        else if (opt(&a, "--out", &v)) tp.out_dir = v;
-        else if (opt(&a, "--ckpt-every", &v)) tp.ckpt_every = (int)parse_int("--ckpt-every", v, 0, 1000000);
-        else if (opt(&a, "--ckpt-every-steps", &v))
-            tp.ckpt_every_steps = parse_int("--ckpt-every-steps", v, 0, INT64_MAX / 2);
-        else if (opt(&a, "--eval-every", &v)) tp.eval_every = parse_int("--eval-every", v, 0, INT64_MAX / 2);
-        else if (opt(&a, "--overwrite", NULL)) tp.overwrite = 1;
-        else if (opt(&a, "--resume", &v)) tp.resume = v;
-        else if (opt(&a, "--init-from", &v)) tp.init_from = v;
-        else if (opt(&a, "--gemm", &v)) {
-            int k = dp_gemm_backend_parse(v);
-            if (k < 0) die("--gemm: unknown backend '%s' (expected dnnl, blas or ref)", v);
-            int rc = dp_gemm_set_backend((enum dp_gemm_backend)k);
-            if (rc) die_rc(rc);
-        } else if (opt(&a, "--progress", &v)) {
+        } else if (opt(&a, "--backend", &v)) backend = v;
+        else if (opt(&a, "--progress", &v)) {
             if (!strcmp(v, "auto")) prog_state.mode = PROG_AUTO;
             else if (!strcmp(v, "bar")) prog_state.mode = PROG_BAR;
             else if (!strcmp(v, "lines")) prog_state.mode = PROG_LINES;
             else if (!strcmp(v, "none")) prog_state.mode = PROG_NONE;
             else die("--progress: expected auto, bar, lines or none, got '%s'", v);
-        } else
-            die("unknown option '%s' for train (see '%s train --help')", argv[a.i], prog);
+        } else {
+            /* the library's options (src/train/option_table.c): one table for every caller */
+            const struct dp_train_option *o = table_opt(&a, &v);
+            if (!o) die("unknown option '%s' for train (see '%s train --help')", argv[a.i], prog);
+            if (dp_train_option_set(&tp, o->name, v)) die("%s", dp_errmsg());
+            int user = a.i > nstored;
+            if (user) given[ngiven++] = o->name;
+            if (!strcmp(o->name, "data")) data_given = 1;
+            else if (!strcmp(o->name, "workers")) workers_given = 1;
+            else if (!strcmp(o->name, "model")) model_given = 1, user_model = user ? v : user_model;
+            else if (!strcmp(o->name, "model-file")) model_given = 1, user_file = user ? v : user_file;
+        }
     }
     if (user_model && user_file) die("--model %s and --model-file %s: give one", user_model, user_file);
     if (!model_given && !tp.resume) tp.model = "mlp";
@@ -406,32 +268,13 @@ static int cmd_train(int argc, char **argv) {
             tp.model_file ? tp.model_file : tp.model);
     if (tp.sched.kind == DP_SCHED_STEP && tp.sched.step_size == 0)
         die("--schedule step needs --step-size N");
-    /* An option the chosen mode ignores is a mistake (the run would silently
-     * differ from what was asked): an error, naming the mode it needs.
-     * (--skip-nonfinite with --deterministic is refused by the library.) */
-    if (given_cosine && tp.sched.kind != DP_SCHED_COSINE)
-        die("%s applies to --schedule cosine only (this run's schedule is %s)", given_cosine,
-            dp_sched_kind_name(tp.sched.kind));
-    if (given_step && tp.sched.kind != DP_SCHED_STEP)
-        die("%s applies to --schedule step only (this run's schedule is %s)", given_step,
-            dp_sched_kind_name(tp.sched.kind));
-    if (given_sgd && tp.optim.kind != DP_OPTIM_SGD)
-        die("%s applies to --optim sgd only (AdamW's momentum is --beta1)", given_sgd);
-    if (given_adamw && tp.optim.kind != DP_OPTIM_ADAMW)
-        die("%s applies to --optim adamw only (this run's optimizer is %s)", given_adamw,
-            dp_optim_kind_name(tp.optim.kind));
-    if (given_zr && tp.zero != 1) die("--zero-reduce applies to --zero 1 only");
-    if (given_zg && tp.zero != 1) die("--zero-gather applies to --zero 1 only");
-    if (given_det && !tp.deterministic) die("%s applies to --deterministic runs only", given_det);
-    if (given_psgd_start && tp.compress.kind != DP_COMPRESS_POWERSGD)
-        die("--powersgd-start applies to --compress powersgd:RANK only (this run's is %s)",
-            dp_compress_name(tp.compress.kind));
-    if (given_no_ef && tp.compress.kind != DP_COMPRESS_TOPK && tp.compress.kind != DP_COMPRESS_SIGN &&
-        tp.compress.kind != DP_COMPRESS_POWERSGD)
-        die("--no-error-feedback applies to --compress topk, sign and powersgd only (%s keeps no residual)",
-            dp_compress_name(tp.compress.kind));
+    /* (--skip-nonfinite with --deterministic is refused by the library) */
+    for (int i = 0; i < ngiven; i++)
+        if (dp_train_option_check(&tp, given[i])) die("%s", dp_errmsg());
+    free(given);
     /* the configuration every checkpoint of this run stores, and what this resume changes */
-    char *config = dptrain_config_render(&tp);
+    char *config = dp_train_options_render(&tp);
+    if (!config) die("out of memory");
     tp.config = config;
     if (prog_state.mode == PROG_AUTO) prog_state.mode = isatty(2) ? PROG_BAR : PROG_LINES;
     prog_state.max_steps = tp.max_steps;
@@ -568,7 +411,7 @@ static int cmd_eval(int argc, char **argv) {
             if (!strncmp(l, replay[k], strlen(replay[k]))) {
                 char *one[2] = {NULL, l};
                 struct args s = {2, 1, one, "eval"};
-                dptrain_data_opt(&s, &tp);
+                eval_data_opt(&s, &tp);
             }
     }
     for (a.i = 1; a.i < argc; a.i++) {
@@ -580,7 +423,7 @@ static int cmd_eval(int argc, char **argv) {
         else if (opt(&a, "--model", &v)) model = v;
         else if (opt(&a, "--model-file", &v)) model_file = v;
         else if (opt(&a, "--data", &v)) tp.data_dir = v, data_given = 1;
-        else if (dptrain_data_opt(&a, &tp)) continue;
+        else if (eval_data_opt(&a, &tp)) continue;
         else if (opt(&a, "--threads", &v)) tp.threads = (int)parse_int("--threads", v, 1, 256);
         else if (opt(&a, "--test-limit", &v)) tp.test_limit = parse_int("--test-limit", v, 1, INT64_MAX / 2);
         else if (a.argv[a.i][0] != '-' && !ckpt) ckpt = a.argv[a.i];
@@ -938,7 +781,11 @@ int main(int argc, char **argv) {
             char *h[] = {"sample", "--help", NULL};
             return dptrain_cmd_sample(2, h);
         }
-        fputs(!strcmp(what, "train") ? dptrain_help_train : !strcmp(what, "eval") ? dptrain_help_eval
+        if (!strcmp(what, "train")) {
+            dptrain_print_train_help(stdout);
+            return 0;
+        }
+        fputs(!strcmp(what, "eval") ? dptrain_help_eval
               : !strcmp(what, "ckpt") ? dptrain_help_ckpt_sub(argc > 3 ? argv[3] : NULL)
                                        : dptrain_help_main, stdout);
         return 0;
