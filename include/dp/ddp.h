@@ -1,6 +1,9 @@
 /*
  * dp/ddp.h — the gradient reducer: buckets over the flat gradient slab,
- * all-reduced while backward is still running.
+ * all-reduced while backward is still running; gradient compression; ZeRO;
+ * backup workers across processes; and dp_sync (at the end), the one object
+ * a synchronous trainer's step talks to, which owns the reducer, ZeRO and
+ * the optimizer of one worker.
  *
  * The rule (docs/architecture.md §2):
  *   - Buckets are contiguous ranges of the flat gradient slab made of whole
@@ -348,6 +351,143 @@ void dp_zero_drop_grad_shard(struct dp_zero *z);
 /* Sharded stages: the most bytes of the slabs resident at once during a
  * step, beyond the shards (the ranges in flight; src/ddp/zero.c); else 0. */
 int64_t dp_zero_inflight_bytes(const struct dp_zero *z);
+
+/* ---- dp_sync: one worker's synchronisation of a step (src/ddp/sync.c) ----
+ * The one object the synchronous trainer talks to.  It owns the worker's
+ * reducer (buckets, overlap, compression), its ZeRO state and its optimizer
+ * (over the whole slab, or with ZeRO over this worker's shard), and, with
+ * `deterministic`, the fixed-point accumulator of the deterministic step.
+ * One optimizer step of nmicro micro-batches (or deterministic chunks):
+ *
+ *     dp_sync_step_begin(&s, step);                 // the gradient slab zeroed
+ *     for each micro-batch k (each chunk, deterministic):
+ *         reducing = dp_sync_micro_begin(&s, &pass, k, nmicro, n_before, n_batch);
+ *                                                   // grad_ready / layer_begin hooks, loss scale
+ *         rc = dp_model_run(model, replica, &batch, &pass);
+ *         rc = dp_sync_micro_end(&s, &pass, reducing, rc);
+ *         if (reducing) rc = dp_sync_finish(&s, k == nmicro - 1);   // the reduction's end
+ *     deterministic: dp_sync_finish(&s, 1);         // the accumulators' one all-reduce
+ *     dp_sync_mean(&s, n_total);                    // sum -> mean over the global batch
+ *     dp_sync_check(&s, &bad);                      // every replica takes the same decision
+ *     dp_sync_update(&s, lr, clip_norm);            // [clip] -> optimizer (ZeRO: shard + gather)
+ *
+ * Then, before anything else reads the parameters: dp_sync_settle (ZeRO 1's
+ * gather ahead), or dp_sync_gather (every range, for hashes and checkpoints;
+ * ZeRO 3 holds no whole parameters between passes), dp_sync_release after.
+ * What the reductions cost accumulates in `stats` until dp_sync_stats_take. */
+struct dp_sync_params {
+    struct dp_reducer_params reducer; /* buckets, overlap, algorithm, compression (scatter, shard: set by init) */
+    struct dp_optim_params optim;
+    int zero;                  /* ZeRO stage 0..3 */
+    int zero_scatter;          /* stage 1: reduce-scatter instead of all-reduce (--zero-reduce scatter) */
+    int zero_ahead;            /* stage 1 with G > 1: the all-gather left in flight (--zero-gather ahead) */
+    int lazy;                  /* DP_REPLICA_LAZY_* the replica's slabs were mapped with */
+    int deterministic;         /* fixed-point sums per chunk, one all-reduce of doubles per step */
+    double positions;          /* loss terms per sample (1; T for a language model): N = samples x positions */
+};
+struct dp_sync_params dp_sync_default_params(void);
+
+/* What the reductions cost, summed over steps (dp_sync_stats_take reads and
+ * zeroes it): seconds of communication in total and not hidden behind
+ * backward, the bytes on the wire and those a plain fp32 all-reduce would
+ * have moved, the compression's seconds, and the optimizer steps that
+ * reduced (the bytes are per such step). */
+struct dp_sync_stats {
+    double t_comm, t_exposed;
+    double bytes_sent, bytes_recv, bytes_fp32;
+    double t_compress, t_decompress;
+    int64_t reduce_steps;
+};
+
+struct dp_sync {
+    struct dp_sync_params p;
+    struct dp_reducer red;
+    struct dp_zero zero;
+    struct dp_optim opt;       /* over zero.len floats */
+    struct dp_comm *comm;
+    float *params, *grads;     /* the replica's slabs (n floats each) */
+    int64_t n;
+    int G;                     /* workers in the job */
+    int64_t step;              /* the optimizer step being taken (dp_sync_step_begin) */
+    int folded;                /* the 1/N of the mean went into the loss scale (one micro-batch) */
+    double sumsq;              /* ZeRO: ||g||^2 from dp_sync_check, for the clipping of dp_sync_update */
+    double *acc;               /* deterministic: fixed-point gradient sums (n) */
+    int64_t det_done;          /* deterministic: floats of this chunk converted by its grad_ready */
+    int det_bad;               /* deterministic: a chunk's gradient did not fit fixed point */
+    double t_gather0, t_gather1; /* the last update's all-gather (ZeRO; equal when none) */
+    struct dp_sync_stats stats; /* since the last dp_sync_stats_take */
+    struct dp_sync_stats last;  /* the last reduction's bytes and compression seconds */
+};
+
+/* Everything for one worker of comm's world over the replica's slabs; model
+ * m plans the buckets.  A NULL-safe dp_sync_free releases it. */
+int dp_sync_init(struct dp_sync *s, const struct dp_model *m, struct dp_comm *comm, float *params, float *grads,
+                 const struct dp_sync_params *p);
+void dp_sync_free(struct dp_sync *s);
+/* The step begins: the gradient slab is zeroed (ZeRO 2, 3: the last
+ * reduction gave it back zeroed); deterministic: the accumulator zeroed and,
+ * ZeRO 3, the whole parameters gathered for the chunks (collective). */
+int dp_sync_step_begin(struct dp_sync *s, int64_t step);
+/* Before micro-batch k of nmicro (n_before samples of the global batch in
+ * the ones before it, n_batch in it): installs the pass's hooks and returns
+ * 1 if this micro-batch's backward reduces (then dp_sync_finish follows). */
+int dp_sync_micro_begin(struct dp_sync *s, struct dp_pass *pass, int64_t k, int64_t nmicro, double n_before,
+                        double n_batch);
+/* After the run (rc: its result): what the hooks hold released; on an error
+ * nothing left in flight and that error's message kept.  Deterministic: the
+ * chunk's gradient converted (DP_ENONFINITE when it cannot be). */
+int dp_sync_micro_end(struct dp_sync *s, const struct dp_pass *pass, int reducing, int rc);
+/* Waits for the reduction and adds its cost to the stats; last_micro: the
+ * step's last reduction (counted in reduce_steps).  Collective. */
+int dp_sync_finish(struct dp_sync *s, int last_micro);
+/* The reduced sum -> the mean over the global batch of n_total samples
+ * (x positions), unless the 1/N went into the loss scale already. */
+void dp_sync_mean(struct dp_sync *s, double n_total);
+/* *bad = 1 when the reduced gradient is not finite, on every worker alike
+ * (ZeRO: from ||g||^2, which the clipping then uses; collective). */
+int dp_sync_check(struct dp_sync *s, int *bad);
+/* [clip the global norm to clip_norm] -> the optimizer step at lr; ZeRO:
+ * the shard's update and the parameters' all-gather.  Collective with ZeRO. */
+int dp_sync_update(struct dp_sync *s, float lr, double clip_norm);
+/* ZeRO 1 ahead: waits for the gather in flight (a no-op otherwise). */
+int dp_sync_settle(struct dp_sync *s);
+/* 1 when this worker holds no whole parameters between passes (ZeRO 3 with
+ * G > 1): passes gather layer by layer (dp_sync_eval_hooks), and whatever
+ * reads the slab goes through dp_sync_gather. */
+int dp_sync_sharded_params(const struct dp_sync *s);
+/* A forward-only pass's hooks (evaluation): ZeRO 3's layer gathers. */
+void dp_sync_eval_hooks(struct dp_sync *s, struct dp_pass *pass);
+/* dp_zero_gather_params, dp_zero_release_params, dp_zero_drop_grad_shard,
+ * dp_zero_shard_init on the sync's ZeRO state (dp/ddp.h above). */
+int dp_sync_gather(struct dp_sync *s, int keep, uint64_t *hash);
+int dp_sync_release(struct dp_sync *s);
+void dp_sync_drop_grads(struct dp_sync *s);
+int dp_sync_shard_init(struct dp_sync *s, const struct dp_model *m, uint64_t seed, const float *whole);
+/* The stats since the last take, and zeroed. */
+struct dp_sync_stats dp_sync_stats_take(struct dp_sync *s);
+/* Checkpoint state.  The file keeps the whole-slab layout: the optimizer
+ * state is dp_sync_state_len floats (ZeRO: parts x n, whatever the shard).
+ * This worker holds npieces pieces of it; piece i's part k (k = -1: ZeRO 3's
+ * master parameters) is *pc's range of the slab (pc may be NULL), its floats
+ * at the pointer returned (read by a save, written by a resume; NULL where
+ * the worker holds no such part).  The error-feedback state
+ * (compression) is dp_sync_ef_len floats, got and set whole. */
+int64_t dp_sync_state_len(const struct dp_sync *s);
+int dp_sync_state_parts(const struct dp_sync *s); /* optimizer state slabs per parameter: 0, 1, 2 */
+int dp_sync_npieces(const struct dp_sync *s);
+float *dp_sync_piece(const struct dp_sync *s, int i, int k, struct dp_zero_piece *pc);
+int64_t dp_sync_ef_len(const struct dp_sync *s);
+void dp_sync_ef_get(const struct dp_sync *s, float *out);
+void dp_sync_ef_set(struct dp_sync *s, const float *in);
+/* The reducer's post hook (see struct dp_reducer): set where every bucket
+ * supports it (dp_sync_post_supported: no ZeRO, no compression). */
+int dp_sync_post_supported(const struct dp_sync *s);
+void dp_sync_set_post(struct dp_sync *s, dp_comm_post_fn post, void *arg);
+/* Memory: the live bytes of the model state (dp_zero_live_bytes), the bytes
+ * in flight (dp_zero_inflight_bytes), and the ZeRO counters. */
+int64_t dp_sync_live_bytes(const struct dp_sync *s);
+int64_t dp_sync_inflight_bytes(const struct dp_sync *s);
+struct dp_zero_counts dp_sync_zero_counts(const struct dp_sync *s);
 
 #ifdef __cplusplus
 }
