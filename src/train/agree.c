@@ -27,7 +27,7 @@ static int gather_hashes(struct worker *w, const uint64_t *mine, int k, uint64_t
 int dp__check_replicas(struct worker *w) {
     /* dp_replica_hash's bytes; ZeRO 3 hashes its ranges as they are gathered, one at a time */
     uint64_t mine = DP_FNV1A64_INIT, *h;
-    int rc = dp_zero_gather_params(&w->zero, 0, &mine);
+    int rc = dp_sync_gather(&w->sync, 0, &mine);
     if (rc) return rc;
     mine = dp_fnv1a64(w->rep.buffers, sizeof(float) * (size_t)w->t->model->num_buffers, mine);
     rc = gather_hashes(w, &mine, 1, &h);
@@ -98,8 +98,9 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     H(m->num_params), H(m->num_buffers);
     out[AGREE_MODEL] = h;
     h = 0xcbf29ce484222325ull;
-    H(w->red.nb);
-    for (int i = 0; i < w->red.nb; i++) H(w->red.b[i].off), H(w->red.b[i].count);
+    const struct dp_reducer *red = &w->sync.red;
+    H(red->nb);
+    for (int i = 0; i < red->nb; i++) H(red->b[i].off), H(red->b[i].count);
     out[AGREE_BUCKETS] = h;
     h = 0xcbf29ce484222325ull;
     H(t->train.n), H(t->train.C), H(t->train.H), H(t->train.W), H(p->norm_mean), H(p->norm_std);

@@ -220,7 +220,7 @@ static int backup_mode_step(struct worker *w, int64_t nmicro, int64_t *skipped, 
                          (long long)w->epoch + 1);
     }
     if (n_acc == 0) return DP_OK; /* the accepted ranks had no samples: no update */
-    return dp__apply_update(w, w->rep.grads, t->p.clip_norm, 0, t1);
+    return dp__apply_update(w, t1);
 }
 
 const struct dp__mode dp__mode_backup = {.name = "backup workers", .setup = backup_setup, .loop = dp__step_loop,

@@ -9,7 +9,7 @@
  * start at zero and t->note says why (a different worker count splits the
  * batch differently, so the old per-worker residuals would not fit). */
 static int load_ef_state(struct dp_trainer *t, const char *path) {
-    int64_t len = dp_reducer_state_len(&t->w[0].red);
+    int64_t len = dp_sync_ef_len(&t->w[0].sync);
     if (len == 0) return DP_OK;
     void *data;
     uint64_t size;
@@ -35,8 +35,8 @@ static int load_ef_state(struct dp_trainer *t, const char *path) {
                  "residuals are reset to zero", path, ef.workers, t->G);
     else
         for (int r = 0; r < t->P; r++)
-            dp_reducer_state_set(&t->w[r].red, (const float *)(const void *)((const char *)data + sizeof ef) +
-                                                   (size_t)len * (size_t)t->w[r].grank);
+            dp_sync_ef_set(&t->w[r].sync, (const float *)(const void *)((const char *)data + sizeof ef) +
+                                              (size_t)len * (size_t)t->w[r].grank);
     dp_free(data);
     return DP_OK;
 }
@@ -97,7 +97,7 @@ int dp__load_checkpoint(struct dp_trainer *t, const char *path) {
     if (rc) return rc;
     const struct dp_model *m = t->model;
     /* the whole-slab layout whatever the stage: with ZeRO each worker takes its shard */
-    int64_t full_state = (int64_t)t->w[0].zero.parts * m->num_params;
+    int64_t full_state = dp_sync_state_len(&t->w[0].sync);
     char *text = NULL, diff[400] = "";
     if ((rc = dp_ckpt_model_text(path, &text))) return rc;
     if (text && m->desc) model_text_diff(text, m->desc, diff, sizeof diff);
@@ -145,22 +145,22 @@ int dp__load_checkpoint(struct dp_trainer *t, const char *path) {
         dp_ckpt_reader_close(rd);
         return crc ? crc : dp_seterr(rc, "%s", why);
     }
-    const int p3 = t->w[0].zero.pshard != NULL; /* stage 3, sharded */
+    const int p3 = dp_sync_sharded_params(&t->w[0].sync); /* ZeRO 3: no whole parameters */
     if (!rc) rc = dp_ckpt_reader_open(&rd, path, &h, p3 ? NULL : t->w[0].rep.params, t->w[0].rep.buffers);
     for (int r = 0; !rc && r < t->P; r++) {
         struct worker *w = &t->w[r];
-        const struct dp_zero *z = &w->zero;
         if (r > 0 && !p3) memcpy(w->rep.params, t->w[0].rep.params, sizeof(float) * (size_t)h.num_params);
         if (r > 0) memcpy(w->rep.buffers, t->w[0].rep.buffers, sizeof(float) * (size_t)h.num_buffers);
         /* piece i's part k (k = -1: stage 3's parameters) lies at k n + off in
          * the state (after the params and buffers), at off in the params */
-        for (int i = 0; !rc && i < z->npieces; i++)
-            for (int k = p3 ? -1 : 0; !rc && k < z->parts; k++) {
-                const struct dp_zero_piece *pc = &z->piece[i];
-                int64_t at = k < 0 ? pc->off : h.num_params + h.num_buffers + k * h.num_params + pc->off;
-                rc = dp_ckpt_reader_read(rd, at, pc->len, (float *)dp_zero_piece_data(z, &w->opt, i, k));
+        for (int i = 0; !rc && i < dp_sync_npieces(&w->sync); i++)
+            for (int k = p3 ? -1 : 0; !rc && k < dp_sync_state_parts(&w->sync); k++) {
+                struct dp_zero_piece pc;
+                float *data = dp_sync_piece(&w->sync, i, k, &pc);
+                int64_t at = k < 0 ? pc.off : h.num_params + h.num_buffers + k * h.num_params + pc.off;
+                rc = dp_ckpt_reader_read(rd, at, pc.len, data);
             }
-        w->opt.step = h.optim_step;
+        w->sync.opt.step = h.optim_step;
     }
     dp_ckpt_reader_close(rd);
     if (!rc) {
@@ -219,9 +219,9 @@ static void fill_header(const struct dp_trainer *t, struct dp_ckpt_header *h) {
     h->eps = t->p.optim.eps;
     h->lr = t->p.sched.base_lr;
     h->sched_kind = (uint32_t)t->p.sched.kind;
-    h->optim_step = w->opt.step;
+    h->optim_step = w->sync.opt.step;
     /* ZeRO: the whole slab's state whatever the stage (zero_stream writes it from the shards) */
-    h->optim_state_len = t->p.zero ? (int64_t)w->zero.parts * m->num_params : w->opt.state_len;
+    h->optim_state_len = t->p.zero ? dp_sync_state_len(&w->sync) : w->sync.opt.state_len;
 }
 
 /* ---- ZeRO checkpoints, streamed from the shards --------------------------------------------
@@ -255,14 +255,15 @@ static void fill_header(const struct dp_trainer *t, struct dp_ckpt_header *h) {
  * so that no rank waits for a broadcast that never comes. */
 static int zero_stream_part(struct worker *w, struct dp_ckpt_writer *out, float *buf, int part) {
     struct dp_trainer *t = w->t;
-    const struct dp_zero *z = &w->zero;
     int rc = DP_OK;
-    for (int i = z->npieces - 1; i >= 0 && !rc; i--) /* piece[0] is the highest range */
+    for (int i = dp_sync_npieces(&w->sync) - 1; i >= 0 && !rc; i--) /* piece 0 is the highest range */
         for (int q = 0; q < t->G && !rc; q++) {
             int64_t off, len;
-            dp_comm_split(z->piece[i].rcount, t->G, q, &off, &len);
+            struct dp_zero_piece pc;
+            (void)dp_sync_piece(&w->sync, i, part, &pc);
+            dp_comm_split(pc.rcount, t->G, q, &off, &len);
             const struct worker *o = buf ? (w->grank == q ? w : NULL) : &t->w[q];
-            const float *src = o ? dp_zero_piece_data(&o->zero, &o->opt, i, part) : NULL;
+            const float *src = o ? dp_sync_piece(&o->sync, i, part, NULL) : NULL;
             for (int64_t b = 0; b < len && !rc; b += ZBLOCK) {
                 const int64_t c = len - b < ZBLOCK ? len - b : ZBLOCK;
                 const float *x = src ? src + b : NULL;
@@ -285,18 +286,20 @@ int dp__zero_stream(struct worker *w, struct dp_ckpt_writer *out) {
     float *buf = NULL;
     if (t->G > t->P) {
         int64_t most = 1;
-        for (int i = 0; i < w->zero.npieces; i++) {
-            int64_t c = (w->zero.piece[i].rcount + t->G - 1) / t->G;
+        for (int i = 0; i < dp_sync_npieces(&w->sync); i++) {
+            struct dp_zero_piece pc;
+            (void)dp_sync_piece(&w->sync, i, 0, &pc);
+            int64_t c = (pc.rcount + t->G - 1) / t->G;
             if (c > most) most = c;
         }
         if (!(buf = dp_malloc(sizeof(float) * (size_t)(most < ZBLOCK ? most : ZBLOCK))))
             return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for a block of the ZeRO state");
     }
     int rc = DP_OK;
-    if (w->zero.pshard) rc = zero_stream_part(w, out, buf, -1);
+    if (dp_sync_sharded_params(&w->sync)) rc = zero_stream_part(w, out, buf, -1);
     else if (out) dp_ckpt_writer_put(out, w->rep.params, sizeof(float) * (size_t)m->num_params);
     if (out && !rc) dp_ckpt_writer_put(out, w->rep.buffers, sizeof(float) * (size_t)m->num_buffers);
-    for (int k = 0; k < w->zero.parts && !rc; k++) rc = zero_stream_part(w, out, buf, k);
+    for (int k = 0; k < dp_sync_state_parts(&w->sync) && !rc; k++) rc = zero_stream_part(w, out, buf, k);
     dp_free(buf);
     return rc;
 }
@@ -304,8 +307,8 @@ int dp__zero_stream(struct worker *w, struct dp_ckpt_writer *out) {
 /* Rank 0 writes a checkpoint now (checkpoint() below): in a multi-process
  * ZeRO job every other worker sends its pieces meanwhile. */
 int dp__zero_serves(const struct dp_trainer *t) { return t->p.zero && t->p.out_dir && t->G > t->P; }
-                    
-                    int dp_trainer_save(struct dp_trainer *t, const char *path) {
+
+int dp_trainer_save(struct dp_trainer *t, const char *path) {
     struct worker *w = &t->w[0];
     if (t->p.zero && t->G > t->P && !t->zsaving)
         return dp_seterr(DP_ENOTSUP, "checkpoint: a multi-process ZeRO job writes its checkpoints during the run "
@@ -319,8 +322,8 @@ int dp__zero_serves(const struct dp_trainer *t) { return t->p.zero && t->p.out_d
      * job) the states ef_gather_state brought to rank 0 at this step; a
      * multi-process save at another step writes none (its resume starts the
      * residuals at zero, with a note). */
-    int64_t len = dp_reducer_state_len(&w->red);
-    int gathered = t->G != t->P && t->efstate && t->efstate_step == w->opt.step;
+    int64_t len = dp_sync_ef_len(&w->sync);
+    int gathered = t->G != t->P && t->efstate && t->efstate_step == w->sync.opt.step;
     size_t size = 0;
     char *data = NULL;
     int rc = DP_OK;
@@ -333,7 +336,7 @@ int dp__zero_serves(const struct dp_trainer *t) { return t->p.zero && t->p.out_d
         memcpy(data, &ef, sizeof ef);
         if (gathered) memcpy(data + sizeof ef, t->efstate, sizeof(float) * (size_t)len * (size_t)t->G);
         for (int r = 0; !gathered && r < t->P; r++)
-            dp_reducer_state_get(&t->w[r].red, (float *)(void *)(data + sizeof ef) + (size_t)len * (size_t)r);
+            dp_sync_ef_get(&t->w[r].sync, (float *)(void *)(data + sizeof ef) + (size_t)len * (size_t)r);
     }
     /* The sections after the payload: the error-feedback state, the length of metrics.jsonl
      * now (a resume cuts the file back to it: load_metrics) and the caller's configuration. */
@@ -344,7 +347,7 @@ int dp__zero_serves(const struct dp_trainer *t) { return t->p.zero && t->p.out_d
         if (out) {
             dp_ckpt_writer_put(out, w->rep.params, sizeof(float) * (size_t)h.num_params);
             dp_ckpt_writer_put(out, w->rep.buffers, sizeof(float) * (size_t)h.num_buffers);
-            dp_ckpt_writer_put(out, w->opt.state, sizeof(float) * (size_t)h.optim_state_len);
+            dp_ckpt_writer_put(out, w->sync.opt.state, sizeof(float) * (size_t)h.optim_state_len);
         }
         src = DP_OK;
     } else
@@ -397,7 +400,7 @@ int dp__checkpoint_write(struct dp_trainer *t) {
  * then writes a checkpoint. */
 int dp__ef_gather_state(struct worker *w) {
     struct dp_trainer *t = w->t;
-    const int64_t len = dp_reducer_state_len(&w->red), G = t->G;
+    const int64_t len = dp_sync_ef_len(&w->sync), G = t->G;
     if (!t->p.out_dir || len == 0 || t->G == t->P) return DP_OK;
     int64_t B = ((int64_t)1 << 20) / G;
     if (B < 1) B = 1;
@@ -408,7 +411,7 @@ int dp__ef_gather_state(struct worker *w) {
         dp_free(mine), dp_free(buf);
         return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the error-feedback state");
     }
-    dp_reducer_state_get(&w->red, mine);
+    dp_sync_ef_get(&w->sync, mine);
     int rc = DP_OK;
     for (int64_t k0 = 0; !rc && k0 < len; k0 += B) {
         const int64_t n = len - k0 < B ? len - k0 : B;
@@ -417,7 +420,7 @@ int dp__ef_gather_state(struct worker *w) {
         for (int64_t q = 0; !rc && w->grank == 0 && q < G; q++)
             memcpy(t->efstate + q * len + k0, buf + q * B, sizeof(float) * (size_t)n);
     }
-    if (!rc && w->grank == 0) t->efstate_step = w->opt.step;
+    if (!rc && w->grank == 0) t->efstate_step = w->sync.opt.step;
     dp_free(mine), dp_free(buf);
     return rc;
 }
@@ -428,7 +431,7 @@ int dp__ef_gather_state(struct worker *w) {
 int dp__step_checkpoint(struct worker *w) {
     struct dp_trainer *t = w->t;
     if (!t->p.out_dir) return DP_OK;
-    int rc = dp_zero_settle(&w->zero);
+    int rc = dp_sync_settle(&w->sync);
     if (!rc) rc = dp__ef_gather_state(w);
     if (!rc && w->grank == 0) rc = dp__checkpoint_write(t);
     else if (!rc && dp__zero_serves(t)) rc = dp__zero_stream(w, NULL);

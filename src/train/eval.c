@@ -45,7 +45,7 @@ static int eval_chunks(struct dp_trainer *t, struct worker *w, const struct dp_d
             b.tokens = w->etok, b.targets = w->etgt;
         }
         struct dp_pass pass = {.training = 0, .seed = t->p.seed};
-        if (gather) pass.layer_begin = dp_zero_layer_begin, pass.layer_begin_arg = &w->zero;
+        if (gather) dp_sync_eval_hooks(&w->sync, &pass);
         int rc = dp_model_run(t->model, &w->rep, &b, &pass);
         if (rc) return dp_adderr(rc, "evaluate");
         /* (a regression's "correct" slot sums absolute errors: the MAE's numerator) */
@@ -133,15 +133,15 @@ int dp__evaluate_shared(struct worker *w, double *acc, double *loss) {
     dp_comm_split(nchunks, t->G / t->P, t->base / t->P, &c0, &len);
     double *slot = dp_calloc((size_t)(2 * nchunks + 1), sizeof(double));
     if (!slot) return dp_seterr(DP_ENOMEM, "evaluate: out of memory");
-    int rc = dp_zero_settle(&w->zero); /* ZeRO 1: the last step's all-gather, left in flight */
-    if (w->zero.stage == 3 && w->zero.sharded) {
+    int rc = dp_sync_settle(&w->sync); /* ZeRO 1: the last step's all-gather, left in flight */
+    if (dp_sync_sharded_params(&w->sync)) {
         /* ZeRO 3: each pass gathers the layers' ranges in turn (collectives),
          * so every rank runs as many passes: chunk c is rank c mod G's, and a
          * rank short of a chunk in the last round runs an empty one.  No
          * whole replica is built; the totals are the same bits. */
         for (int64_t c = w->grank; !rc && c - w->grank < nchunks; c += t->G)
             rc = eval_chunks(t, w, ds, n, c, c + 1, slot, 1);
-        int rr = dp_zero_release_params(&w->zero);
+        int rr = dp_sync_release(&w->sync);
         if (!rc) rc = rr;
     } else
         for (int64_t k; !rc && (k = atomic_fetch_add(&t->eval_next, 1)) < len;)

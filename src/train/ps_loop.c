@@ -188,7 +188,7 @@ static int ps_loop(struct worker *w) {
         if ((rc = dp_ps_pull(ps, w->rank, (epoch + 1) * spe, w->rep.params))) break;
         if (w->rank == 0) {
             int64_t version;
-            dp_ps_get_state(ps, w->rep.params, w->opt.state, &w->opt.step, &version);
+            dp_ps_get_state(ps, w->rep.params, w->sync.opt.state, &w->sync.opt.step, &version);
             t->step = version;
             dp_ps_hist_get(ps, &t->ps_hist);
             dp_ps_hist_reset(ps);
@@ -229,7 +229,7 @@ static int ps_net_loop(struct worker *w) {
      * checkpoint everywhere); the servers take their shard of them */
     int rc = dp_comm_broadcast(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, 0, DP_ALGO_AUTO);
     if (!rc && !server && !t->ps_dynamic) rc = dp_loader_seek(w->loader, epoch, 0); /* static shares */
-    if (!rc && server) rc = dp_ps_net_set_state(net, w->rep.params, w->opt.state, w->opt.step, t->step);
+    if (!rc && server) rc = dp_ps_net_set_state(net, w->rep.params, w->sync.opt.state, w->sync.opt.step, t->step);
     while (!rc && epoch < t->p.epochs) {
         double t_start = dp_time();
         w->wait0 = dp_loader_wait_time(w->loader);
@@ -277,14 +277,14 @@ static int ps_net_loop(struct worker *w) {
         if ((rc = dp__stop_agreed(w, epoch, &stop))) break;
         w->ckpt_due |= stop;
         /* the server's state on every rank */
-        dp_ps_net_collect(net, w->rep.params, w->opt.state, w->opt.state_len, meta);
+        dp_ps_net_collect(net, w->rep.params, w->sync.opt.state, w->sync.opt.state_len, meta);
         if ((rc = dp_comm_allreduce(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, DP_ALGO_AUTO)) ||
-            (w->opt.state_len &&
-             (rc = dp_comm_allreduce(w->comm, w->opt.state, w->opt.state_len, DP_DTYPE_F32, DP_ALGO_AUTO))) ||
+            (w->sync.opt.state_len &&
+             (rc = dp_comm_allreduce(w->comm, w->sync.opt.state, w->sync.opt.state_len, DP_DTYPE_F32, DP_ALGO_AUTO))) ||
             (rc = dp_comm_allreduce(w->comm, meta, nmeta, DP_DTYPE_F64, DP_ALGO_AUTO)))
             break;
         int64_t version;
-        dp_ps_net_hist(meta, t->G, &t->ps_hist, &version, &w->opt.step);
+        dp_ps_net_hist(meta, t->G, &t->ps_hist, &version, &w->sync.opt.step);
         t->step = version;
         if ((rc = dp__end_epoch(w, t_start))) break;
         epoch++;

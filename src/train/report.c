@@ -37,11 +37,11 @@ static int epoch_totals(struct worker *w, double *out) {
     memset(out, 0, sizeof(double) * (size_t)(4 + 2 * t->G));
     out[4 + t->G + w->grank] = (double)w->seen;
     out[0] = w->loss_sum, out[1] = (double)w->correct, out[2] = (double)w->seen, out[3] = (double)w->skipped;
-    int nb = t->p.deterministic || t->bk_on ? 1 : w->red.nb;
+    int nb = t->p.deterministic || t->bk_on ? 1 : w->sync.red.nb;
     double a = 0;
     for (int i = 0; i < nb; i++) a += w->arrival[i];
     if (nb > 0 && w->arrival_steps > 0) out[4 + w->grank] = a / nb / (double)w->arrival_steps;
-    memset(w->arrival, 0, sizeof(double) * (size_t)(w->red.nb + 1));
+    memset(w->arrival, 0, sizeof(double) * (size_t)(w->sync.red.nb + 1));
     w->arrival_steps = 0;
     return dp_comm_allreduce(w->comm, out, 4 + 2 * t->G, DP_DTYPE_F64, DP_ALGO_AUTO);
 }
@@ -110,8 +110,9 @@ int dp__report_eval(struct worker *w, int64_t step, int64_t epoch, double acc, d
 /* Rank 0 at the end of an epoch: the event, the metrics record and the
  * checkpoint.  dt: the epoch's training time (evaluation excluded); tot as
  * epoch_totals gives it; test_acc and test_loss as evaluate_shared gives
- * them. */
-static int report_epoch(struct worker *w, double dt, const double *tot, double test_acc, double test_loss) {
+ * them; st: the epoch's reductions (dp_sync_stats_take). */
+static int report_epoch(struct worker *w, double dt, const double *tot, double test_acc, double test_loss,
+                        const struct dp_sync_stats *st) {
     struct dp_trainer *t = w->t;
     int rc;
     t->epoch++;
@@ -129,12 +130,12 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
     ev.epoch_time = dt;
     ev.t_data = dp_loader_wait_time(w->loader) - w->wait0;
     ev.t_fwd = w->t_fwd, ev.t_bwd = w->t_bwd, ev.t_opt = w->t_opt;
-    ev.t_comm = w->t_comm, ev.t_comm_exposed = w->t_exposed;
-    if (w->reduce_steps > 0) {
-        double k = (double)w->reduce_steps;
-        ev.bytes_sent = w->b_sent / k, ev.bytes_recv = w->b_recv / k, ev.bytes_fp32 = w->b_fp32 / k;
+    ev.t_comm = w->t_comm + st->t_comm, ev.t_comm_exposed = w->t_exposed + st->t_exposed;
+    if (st->reduce_steps > 0) { /* per reducing step */
+        double k = (double)st->reduce_steps;
+        ev.bytes_sent = st->bytes_sent / k, ev.bytes_recv = st->bytes_recv / k, ev.bytes_fp32 = st->bytes_fp32 / k;
     }
-    ev.t_compress = w->t_cz, ev.t_decompress = w->t_dz;
+    ev.t_compress = st->t_compress, ev.t_decompress = st->t_decompress;
     straggler(t, tot + 4, &ev.slow_rank, &ev.slow_lag);
     t->slow_rank = ev.slow_rank, t->slow_lag = ev.slow_lag;
     ev.test_acc = test_acc, ev.test_loss = test_loss;
@@ -171,7 +172,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
                 (long long)ev.epoch, (long long)ev.step, t->G, (double)ev.lr, ev.loss, ev.train_acc,
                 test_fields(tf, sizeof tf, ev.test_loss, ev.test_acc, t->regression, ev.val_bpb), ev.samples_per_s, dt, ev.t_data, ev.t_fwd, ev.t_bwd, ev.t_comm,
                 ev.t_comm_exposed, ev.t_opt, (long long)ev.skipped, ev.slow_rank, ev.slow_lag,
-                (unsigned long long)(w->zero.pshard ? w->zhash : dp_replica_hash(&w->rep))) < 0)
+                (unsigned long long)(dp_sync_sharded_params(&w->sync) ? w->zhash : dp_replica_hash(&w->rep))) < 0)
             return dp__metrics_error(t);
         for (int r = 0; r < t->G; r++)
             if (fprintf(t->metrics, "%s%.6f", r ? ", " : "", tot[4 + r]) < 0) return dp__metrics_error(t);
@@ -239,6 +240,7 @@ int dp__end_epoch(struct worker *w, double t_start) {
     double *tot = dp_malloc(sizeof(double) * (size_t)(4 + 2 * t->G));
     if (!tot) return dp_seterr(DP_ENOMEM, "out of memory");
     double test_acc = NAN, test_loss = NAN;
+    struct dp_sync_stats st = dp_sync_stats_take(&w->sync); /* the epoch's reductions; zeroed for the next */
     int rc = epoch_totals(w, tot);
     double dt = dp_time() - t_start;
     /* the epoch count after this one, as report_epoch will see it: a checkpoint then? */
@@ -254,14 +256,14 @@ int dp__end_epoch(struct worker *w, double t_start) {
      * (zero_stream): neither needs the whole parameters. */
     int last = e == t->p.epochs, ckpt = last || (t->p.ckpt_every > 0 && e % t->p.ckpt_every == 0) || w->ckpt_due;
     if (!rc) rc = dp__evaluate_shared(w, &test_acc, &test_loss);
-    if (!rc && last) dp_zero_drop_grad_shard(&w->zero);
+    if (!rc && last) dp_sync_drop_grads(&w->sync);
     if (!rc && (last || t->p.out_dir)) {
         uint64_t h = DP_FNV1A64_INIT;
-        rc = dp_zero_gather_params(&w->zero, w->rank == 0 && last, w->zero.pshard ? &h : NULL);
+        rc = dp_sync_gather(&w->sync, w->rank == 0 && last, dp_sync_sharded_params(&w->sync) ? &h : NULL);
         w->zhash = dp_fnv1a64(w->rep.buffers, sizeof(float) * (size_t)t->model->num_buffers, h);
     }
     if (!rc && ckpt) rc = dp__ef_gather_state(w);
-    if (!rc && w->grank == 0) rc = report_epoch(w, dt, tot, test_acc, test_loss);
+    if (!rc && w->grank == 0) rc = report_epoch(w, dt, tot, test_acc, test_loss, &st);
     else if (!rc && ckpt && dp__zero_serves(t)) rc = dp__zero_stream(w, NULL); /* while rank 0 writes */
     dp_free(tot);
     w->ckpt_due = 0;
@@ -270,14 +272,14 @@ int dp__end_epoch(struct worker *w, double t_start) {
      * short write, under --comm-timeout like any collective (a hung file
      * system on rank 0 is a stall the timeout is there to catch). */
     rc = dp_comm_barrier(w->comm);
-    return rc || e == t->p.epochs ? rc : dp_zero_release_params(&w->zero);
+    return rc || e == t->p.epochs ? rc : dp_sync_release(&w->sync);
 }
 
 /* The worker's running phase sums: data wait, forward, backward, comm,
  * exposed comm, optimizer. */
 void dp__phase_sums(const struct worker *w, double out[6]) {
     out[0] = dp_loader_wait_time(w->loader), out[1] = w->t_fwd, out[2] = w->t_bwd;
-    out[3] = w->t_comm, out[4] = w->t_exposed, out[5] = w->t_opt;
+    out[3] = w->t_comm + w->sync.stats.t_comm, out[4] = w->t_exposed + w->sync.stats.t_exposed, out[5] = w->t_opt;
 }
 
 /* One "step" line of metrics.jsonl (rank 0): the step's phase times are the
@@ -295,9 +297,9 @@ int dp__step_record(const struct worker *w, int64_t step, int64_t epoch, double 
             "\"compress_ratio\": %.4g, \"compress_s\": %.6f, \"decompress_s\": %.6f",
             (long long)step, (long long)epoch + 1, loss, (long long)samples, step_s, s1[0] - s0[0],
             s1[1] - s0[1], s1[2] - s0[2], s1[3] - s0[3], s1[4] - s0[4], s1[5] - s0[5], w->step_wait,
-            w->step_slow, last_rank, w->red.bytes_sent, w->red.bytes_recv,
-            w->red.bytes_sent > 0 ? w->red.bytes_fp32 / w->red.bytes_sent : 1.0, w->red.t_compress,
-            w->red.t_decompress);
+            w->step_slow, last_rank, w->sync.last.bytes_sent, w->sync.last.bytes_recv,
+            w->sync.last.bytes_sent > 0 ? w->sync.last.bytes_fp32 / w->sync.last.bytes_sent : 1.0,
+            w->sync.last.t_compress, w->sync.last.t_decompress);
     /* backup workers: the ranks whose gradient this step dropped */
     if (n >= 0 && w->t->bk_on) {
         n = fprintf(w->t->metrics, ", \"dropped\": [");

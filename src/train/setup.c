@@ -13,14 +13,6 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     int rc = dp_replica_init_lazy(&w->rep, t->model, t->max_batch, lazy);
     if (rc) return rc;
     if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
-    if ((rc = dp_zero_init(&w->zero, w->comm, t->model->num_params, p->zero, &p->optim))) return rc;
-    w->zero.padded = lazy;
-    /* ZeRO 1: the all-gather ahead (src/ddp/zero.c "Ahead"); the shard is then cut along the
-     * buckets, so --zero-reduce scatter reduce-scatters each bucket during backward (the
-     * reducer's shard form, as stages 2 and 3) instead of the slab after it */
-    const int ahead = p->zero == 1 && t->G > 1 &&
-                      (p->zero_gather == DP_ZERO_GATHER_AHEAD || (p->zero_gather == DP_ZERO_GATHER_AUTO && t->G > t->P));
-    w->zero.ahead = ahead;
     struct dp_loader_params lp = dp_loader_default_params();
     lp.batch = p->batch;
     lp.shuffle = 1;
@@ -56,33 +48,29 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     if (rc) return rc;
     /* ~10 events per step: 200k covers long runs; later events are counted, not kept */
     if ((rc = dp_timeline_init(&w->tl, p->timeline ? 200000 : 0))) return rc;
-    if (p->deterministic) {
-        w->acc = dp_malloc_big(sizeof(double) * (size_t)(t->model->num_params ? t->model->num_params : 1));
-        if (!w->acc) return dp_seterr(DP_ENOMEM, "deterministic mode: cannot allocate the accumulator");
-    }
     if (p->skip_nonfinite && t->model->num_buffers > 0) {
         w->buf_save = dp_malloc(sizeof(float) * (size_t)t->model->num_buffers);
         if (!w->buf_save) return dp_seterr(DP_ENOMEM, "--skip-nonfinite: out of memory");
     }
-    struct dp_reducer_params rp = dp_reducer_default_params();
-    rp.bucket_cap_bytes = p->bucket_cap_bytes;
-    rp.first_bucket_bytes = p->first_bucket_bytes;
-    rp.overlap = p->overlap;
-    rp.algo = (enum dp_comm_algo)p->algo;
-    rp.compress = p->compress;
-    rp.compress.seed = p->seed;
+    /* the step's synchronisation (dp/ddp.h dp_sync): the reducer, ZeRO, the optimizer */
+    struct dp_sync_params sp = dp_sync_default_params();
+    sp.reducer.bucket_cap_bytes = p->bucket_cap_bytes;
+    sp.reducer.first_bucket_bytes = p->first_bucket_bytes;
+    sp.reducer.overlap = p->overlap;
+    sp.reducer.algo = (enum dp_comm_algo)p->algo;
+    sp.reducer.compress = p->compress;
+    sp.reducer.compress.seed = p->seed;
     if (p->optim.kind == DP_OPTIM_SGD && !p->optim.nesterov && p->optim.dampening == 0)
-        rp.compress.momentum = p->optim.momentum;
-    rp.scatter = p->zero && p->zero_scatter && !ahead;
-    rp.shard = (p->zero >= 2 && t->G > 1) || (ahead && p->zero_scatter);
-    if ((rc = dp_reducer_init(&w->red, t->model, w->comm, w->rep.grads, &rp))) return rc;
-    /* ZeRO: the optimizer state of this worker's shard only (the memory win);
-     * stages 2 and 3 cut the shard along the reducer's buckets */
-    if (p->zero >= 2) w->red.done = dp_zero_bucket_done, w->red.done_arg = &w->zero; /* (1: the sums stay in the slab) */
-    if ((rc = dp_zero_plan(&w->zero, w->red.b, w->red.nb, w->rep.params, w->rep.grads)) ||
-        (rc = dp_optim_init(&w->opt, &p->optim, w->zero.len)))
-        return rc;
-    w->arrival = dp_calloc((size_t)w->red.nb + 1, sizeof(double));
+        sp.reducer.compress.momentum = p->optim.momentum;
+    sp.optim = p->optim;
+    sp.zero = p->zero, sp.zero_scatter = p->zero_scatter, sp.lazy = lazy;
+    /* ZeRO 1: the all-gather ahead (src/ddp/zero.c "Ahead"): asked for, or by default across processes */
+    sp.zero_ahead = p->zero == 1 && t->G > 1 &&
+                    (p->zero_gather == DP_ZERO_GATHER_AHEAD || (p->zero_gather == DP_ZERO_GATHER_AUTO && t->G > t->P));
+    sp.deterministic = p->deterministic;
+    sp.positions = (double)t->pos;
+    if ((rc = dp_sync_init(&w->sync, t->model, w->comm, w->rep.params, w->rep.grads, &sp))) return rc;
+    w->arrival = dp_calloc((size_t)w->sync.red.nb + 1, sizeof(double));
     w->waits = dp_calloc((size_t)t->G, sizeof(double));
     if (!w->arrival || !w->waits) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
     if (t->bk_on && !(w->dropped = dp_calloc((size_t)t->G, 1))) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
@@ -358,7 +346,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
             goto fail;
         }
     t->red_check = dp__red_check_possible(t);
-    for (int r = 0; t->red_check && r < t->P; r++) t->w[r].red.post = dp__reduced_check, t->w[r].red.post_arg = &t->w[r];
+    for (int r = 0; t->red_check && r < t->P; r++) dp_sync_set_post(&t->w[r].sync, dp__reduced_check, &t->w[r]);
     /* Rank 0 initialises; the others receive its parameters by broadcast
      * when the run starts.  (Every rank could draw the same values from the
      * seed; the broadcast makes "all replicas start equal" hold for any
@@ -390,8 +378,8 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (zero3) {
         const float *whole = p->init_from ? t->w[0].rep.params : NULL;
         for (int r = 0; r < t->P && !rc && !p->resume; r++)
-            rc = dp_zero_shard_init(&t->w[r].zero, t->model, p->seed, whole);
-        if (rc || (whole && (rc = dp_zero_release_params(&t->w[0].zero)))) goto fail;
+            rc = dp_sync_shard_init(&t->w[r].sync, t->model, p->seed, whole);
+        if (rc || (whole && (rc = dp_sync_release(&t->w[0].sync)))) goto fail;
     }
     if (t->mode->setup && (rc = t->mode->setup(t))) goto fail;
     /* Only the job's rank 0 writes metrics and checkpoints (src/train/run_folder.c). */

@@ -144,9 +144,9 @@ void dp__pace_sleep(struct worker *w) {
 }
 
 /* The grad_ready callback of a paced worker: pay the debt, then hand the
- * layer to the reducer (see above). */
+ * layer to the hook it stands in front of (the sync's: see above). */
 void dp__paced_grad_ready(void *arg, int64_t offset, int64_t count) {
     struct worker *w = arg;
     dp__pace_sleep(w);
-    dp_reducer_grad_ready(&w->red, offset, count);
+    w->pace_ready(w->pace_ready_arg, offset, count);
 }

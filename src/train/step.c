@@ -14,13 +14,6 @@ static int stat_sync(void *arg, double *buf, int64_t n) {
     return rc;
 }
 
-/* ---- the update after the reduction -------------------------------------------------------
- * Plain: every worker checks, clips and updates the whole slab.  ZeRO
- * (dp/ddp.h): only this worker's shard of g is used (with --zero-reduce
- * scatter it is the only part that holds the sum), so the non-finite check
- * and the clipping norm come from the all-reduced shard sums of squares, and
- * after the shard update the parameters are all-gathered. */
-
 /* The check for non-finite values inside the reduction.  After an
  * all-reduce every worker holds the same sum, and each worker used to read
  * all of it again to look for an Inf or a NaN: one more pass over the whole
@@ -44,42 +37,13 @@ int dp__red_check_possible(const struct dp_trainer *t) {
     if (t->G < 2 || t->G != t->P || p->inter || p->deterministic || p->async || t->bk_on || p->zero ||
         p->compress.kind != DP_COMPRESS_NONE)
         return 0;
-    const struct dp_reducer *r = &t->w[0].red;
-    for (int i = 0; i < r->nb; i++)
-        if (!dp_comm_post_supported(r->comm, r->b[i].count, DP_DTYPE_F32, r->p.algo)) return 0;
-    return 1;
+    return dp_sync_post_supported(&t->w[0].sync);
 }
 
 void dp__reduced_check(void *arg, int64_t off, int64_t n) {
     struct worker *w = arg;
     if (dp_any_nonfinite(w->rep.grads + off, n))
         atomic_store_explicit(&w->t->red_bad, w->step + 1, memory_order_relaxed);
-}
-
-/* *bad = 1 when the reduced gradient is not finite, on every worker alike;
- * *ss = ||g||^2 with ZeRO (0 otherwise). */
-static int grad_nonfinite(struct worker *w, const float *g, double *ss, int *bad) {
-    *ss = 0;
-    if (!w->t->p.zero) {
-        *bad = dp_any_nonfinite(g, w->t->model->num_params);
-        return DP_OK;
-    }
-    int rc = dp_zero_sumsq(&w->zero, g, ss);
-    *bad = !isfinite(*ss);
-    return rc;
-}
-
-/* [clip to clip_norm] -> optimizer step at lr (ss: ZeRO's ||g||^2). */
-int dp__update_params(struct worker *w, float *g, float lr, double clip_norm, double ss) {
-    struct dp_trainer *t = w->t;
-    int64_t np = t->model->num_params;
-    if (!t->p.zero) {
-        if (clip_norm > 0) dp_clip_grad_norm(g, np, clip_norm);
-        return dp_optim_step(&w->opt, w->rep.params, g, np, lr);
-    }
-    int rc = dp_zero_step(&w->zero, &w->opt, w->rep.params, g, lr, clip_norm, ss);
-    if (w->zero.t_g1 > w->zero.t_g0) dp_timeline_add(&w->tl, "gather", 0, w->step, w->zero.t_g0, w->zero.t_g1);
-    return rc;
 }
 
 /* The update phase's seconds of one step (from the reduced gradient to the
@@ -99,8 +63,8 @@ int dp__compute(struct worker *w, int64_t nmicro, const struct dp__micro_hooks *
     const struct dp_model *m = t->model;
     if (t->fault.kind == DP_FAULT_SLOW && w->grank == t->fault.worker && w->step >= t->fault.step)
         nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
-    /* ZeRO 2, 3: the last reduction gave the slab back zeroed (dp_zero_bucket_done) */
-    if (!w->zero.sharded) memset(w->rep.grads, 0, sizeof(float) * (size_t)m->num_params);
+    int rc = dp_sync_step_begin(&w->sync, w->step); /* the gradient slab zeroed */
+    if (rc) return rc;
     /* Forward in training mode updates the BatchNorm running statistics
      * before anyone knows whether this step will be skipped, and with
      * SyncBatchNorm one worker's NaN reaches every replica's statistics.
@@ -118,7 +82,7 @@ int dp__compute(struct worker *w, int64_t nmicro, const struct dp__micro_hooks *
     for (int64_t k = 0; k < nmicro; k++) {
         const struct dp_loader_batch *lb;
         double td = dp_time();
-        int rc = dp_loader_next(w->loader, &lb);
+        rc = dp_loader_next(w->loader, &lb);
         if (rc) return rc;
         double ta = dp_time();
         dp_timeline_add(&w->tl, "data", 0, w->step, td, ta);
@@ -172,14 +136,15 @@ int dp__compute(struct worker *w, int64_t nmicro, const struct dp__micro_hooks *
     return DP_OK;
 }
 
-/* lr = schedule(step) -> [clip] -> the optimizer step, timed from t1 (the
- * reduced gradient's arrival); shared by the modes. */
-int dp__apply_update(struct worker *w, float *g, double clip_norm, double ss, double t1) {
+/* lr = schedule(step) -> [clip] -> the optimizer step (dp_sync_update), timed
+ * from t1 (the reduced gradient's arrival); shared by the modes. */
+int dp__apply_update(struct worker *w, double t1) {
     struct dp_trainer *t = w->t;
-    float lr = dp_sched_lr(&t->p.sched, w->step);
-    int rc = dp__update_params(w, g, lr, clip_norm, ss);
+    int rc = dp_sync_update(&w->sync, dp_sched_lr(&t->p.sched, w->step), t->p.clip_norm);
+    if (w->sync.t_gather1 > w->sync.t_gather0)
+        dp_timeline_add(&w->tl, "gather", 0, w->step, w->sync.t_gather0, w->sync.t_gather1);
     if (t->fault.kind == DP_FAULT_DIVERGE && w->grank == t->fault.worker && w->step == t->fault.step &&
-        !(rc = rc ? rc : dp_zero_settle(&w->zero))) /* (after the gather, which would write over it) */
+        !(rc = rc ? rc : dp_sync_settle(&w->sync))) /* (after the gather, which would write over it) */
         w->rep.params[t->model->num_params / 2] += 1e-3f;
     double t2 = dp_time();
     dp__update_done(w, t2 - t1);
@@ -190,74 +155,47 @@ int dp__apply_update(struct worker *w, float *g, double clip_norm, double ss, do
 /* ---- the synchronous mode: the reducer (buckets all-reduced as backward
  * finishes them, compression) or ZeRO's reduce-scatter ----------------------------------- */
 
-/* Micro-batch k's hooks: the last one (every one with ZeRO 2, 3) reduces. */
+/* Micro-batch k's hooks: dp_sync's (the reduction's grad_ready, ZeRO's
+ * layer_begin, the loss scale), SyncBatchNorm's statistics, and the
+ * simulated slowness paid inside backward before each range is handed on. */
 static int sync_begin(struct worker *w, struct dp_pass *pass, int64_t k, int64_t nmicro,
                       const struct dp_loader_batch *lb, double n_before) {
     struct dp_trainer *t = w->t;
-    /* with one worker there is nothing to reduce: no reducer, no progress
-     * thread to wake */
-    int last = k == nmicro - 1 && t->G > 1;
-    /* ZeRO 2, 3: every micro-batch is reduce-scattered, and its pieces
-     * added into gshard (dp_zero_bucket_done), so no whole gradient stays
-     * alive from one micro-batch to the next (k times the traffic) */
-    if (w->zero.sharded && t->G > 1) last = 1, w->zero.accumulate = k > 0;
-    /* With one micro-batch the global batch size is known before
-     * backward, so the 1/N of the mean (N = samples x positions) is
-     * folded into the loss gradient (no extra pass); with accumulation
-     * the sum is scaled at the end. */
-    if (nmicro == 1) pass->loss_scale = (float)(1.0 / ((double)lb->global_B * (double)t->pos));
+    int reducing = dp_sync_micro_begin(&w->sync, pass, k, nmicro, n_before, (double)lb->global_B);
     if (t->G > 1) pass->stat_sync = stat_sync, pass->stat_sync_arg = w;
-    if ((w->zero.sharded && w->zero.stage == 3) || w->zero.ahead) /* ZeRO 3: gather; 1: wait for the gather */
-        pass->layer_begin = dp_zero_layer_begin, pass->layer_begin_arg = &w->zero;
-    if (last) {
-        pass->grad_ready = t->simulate ? dp__paced_grad_ready : dp_reducer_grad_ready;
-        pass->grad_ready_arg = t->simulate ? (void *)w : (void *)&w->red;
-        w->red.step = w->step;
-        /* the scale applied after the reduction (sync_step): 1 when folded into the loss */
-        w->red.grad_unit = nmicro == 1 ? 1.0f : (float)(1.0 / ((n_before + (double)lb->global_B) * (double)t->pos));
-        dp_reducer_begin(&w->red);
+    if (reducing && t->simulate) { /* the sleep in front of the sync's hook */
+        w->pace_ready = pass->grad_ready, w->pace_ready_arg = pass->grad_ready_arg;
+        pass->grad_ready = dp__paced_grad_ready, pass->grad_ready_arg = w;
     }
-    return last;
+    return reducing;
 }
 
-/* After the run: ZeRO 3's last bucket (and any prefetch) given back; on an
- * error nothing left in flight, and that error's message kept. */
 static int sync_after_run(struct worker *w, const struct dp_pass *pass, int reducing, int rc) {
-    int rrc = pass->layer_begin ? dp_zero_release_params(&w->zero) : DP_OK;
-    if (!rc) rc = rrc;
-    if (rc && reducing) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", dp_errmsg());
-        dp_reducer_finish(&w->red);
-        dp_seterr(rc, "%s", msg);
-    }
-    return rc;
+    return dp_sync_micro_end(&w->sync, pass, reducing, rc);
 }
 
-/* The reduction's end: the wait, the buckets' times, the traffic. */
+/* The reduction's end (its cost goes to the sync's stats), and its
+ * timeline: the wait, the buckets, the compression. */
 static int sync_finish(struct worker *w, int last_micro) {
-    int rc = dp_reducer_finish(&w->red);
+    int rc = dp_sync_finish(&w->sync, last_micro);
+    const struct dp_reducer *r = &w->sync.red;
     /* wait: from the end of this rank's compute (backward and its
      * simulated sleep) to the completion of its last bucket */
-    w->step_wait += w->red.t_end - w->red.t_backward_end;
-    dp_timeline_add(&w->tl, "wait", 0, w->step, w->red.t_backward_end, w->red.t_end);
-    for (int i = 0; i < w->red.nb; i++)
-        if (w->red.b[i].t_ready > 0) {
-            dp_timeline_add_bucket(&w->tl, i, (int64_t)sizeof(float) * w->red.b[i].count, w->red.b[i].t_ready,
-                                   w->red.b[i].t_done);
-            w->arrival[i] += w->red.b[i].t_ready - w->t_step0;
+    w->step_wait += r->t_end - r->t_backward_end;
+    dp_timeline_add(&w->tl, "wait", 0, w->step, r->t_backward_end, r->t_end);
+    for (int i = 0; i < r->nb; i++)
+        if (r->b[i].t_ready > 0) {
+            dp_timeline_add_bucket(&w->tl, i, (int64_t)sizeof(float) * r->b[i].count, r->b[i].t_ready,
+                                   r->b[i].t_done);
+            w->arrival[i] += r->b[i].t_ready - w->t_step0;
         }
     w->arrival_steps++;
     /* compression: its own phase on the compute track */
-    for (int i = 0; i < w->red.nb; i++) {
-        const struct dp_bucket *bk = &w->red.b[i];
+    for (int i = 0; i < r->nb; i++) {
+        const struct dp_bucket *bk = &r->b[i];
         if (bk->t_c1 > 0) dp_timeline_add(&w->tl, "compress", 0, w->step, bk->t_c0, bk->t_c1);
         if (bk->t_d1 > 0) dp_timeline_add(&w->tl, "decompress", 0, w->step, bk->t_d0, bk->t_d1);
     }
-    w->b_sent += w->red.bytes_sent, w->b_recv += w->red.bytes_recv, w->b_fp32 += w->red.bytes_fp32;
-    w->t_cz += w->red.t_compress, w->t_dz += w->red.t_decompress;
-    w->t_comm += w->red.comm_total, w->t_exposed += w->red.comm_exposed;
-    w->reduce_steps += last_micro; /* the bytes are per optimizer step */
     return rc;
 }
 
@@ -276,25 +214,16 @@ static int sync_step(struct worker *w, int64_t nmicro, int64_t *skipped, double 
     *n_step = c.n_total;
     *loss_step = c.n_local > 0 ? c.loss_sum / (c.n_local * (double)t->pos) : 0;
     double t1 = dp_time();
-    /* sum -> mean over the global batch */
-    float *g = w->rep.grads;
-    if (nmicro > 1) {
-        float scale = (float)(1.0 / (c.n_total * (double)t->pos));
-        float *gs = w->zero.sharded ? w->zero.gshard : g; /* ZeRO 2, 3: only the shard is reduced */
-        int64_t len = w->zero.sharded ? w->zero.len : m->num_params;
-#pragma omp simd
-        for (int64_t i = 0; i < len; i++) gs[i] *= scale;
-    }
+    dp_sync_mean(&w->sync, c.n_total); /* sum -> mean over the global batch */
     /* Every replica holds the same reduced gradient, and the same buffers
      * (the BatchNorm statistics are synchronised), so every worker takes
      * the same decision here without talking to the others.  The buffers
      * are checked too: a running statistic must not become non-finite even
      * when the gradient stays finite. */
-    double ss = 0; /* ZeRO: ||g||^2, from the shards */
     int gbad = 0;
     if (t->red_check) /* looked at range by range inside the reduction */
         gbad = atomic_load_explicit(&t->red_bad, memory_order_relaxed) == w->step + 1;
-    else if ((rc = grad_nonfinite(w, g, &ss, &gbad)))
+    else if ((rc = dp_sync_check(&w->sync, &gbad)))
         return rc;
     if (gbad || dp_any_nonfinite(w->rep.buffers, m->num_buffers)) {
         /* Which worker? Each contributes a flag for its own loss. */
@@ -320,7 +249,7 @@ static int sync_step(struct worker *w, int64_t nmicro, int64_t *skipped, double 
                          "statistic) is not finite; try a lower --lr, --clip, or --skip-nonfinite",
                          (long long)w->step, (long long)w->epoch + 1);
     }
-    return dp__apply_update(w, g, t->p.clip_norm, ss, t1);
+    return dp__apply_update(w, t1);
 }
 
 const struct dp__mode dp__mode_sync = {.name = "sync", .loop = dp__step_loop, .step = sync_step};

@@ -44,13 +44,12 @@ int dp_trainer_prefetch(const struct dp_trainer *t) { return t->p.prefetch; }
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t) { return &t->w[0].rep; }
 int64_t dp_trainer_live_bytes(const struct dp_trainer *t, int worker) {
     if (worker < 0 || worker >= t->P) return -1;
-    return dp_zero_live_bytes(&t->w[worker].zero, &t->w[worker].opt);
+    return dp_sync_live_bytes(&t->w[worker].sync);
 }
-int64_t dp_trainer_inflight_bytes(const struct dp_trainer *t) { return dp_zero_inflight_bytes(&t->w[0].zero); }
+int64_t dp_trainer_inflight_bytes(const struct dp_trainer *t) { return dp_sync_inflight_bytes(&t->w[0].sync); }
 int dp_trainer_zero_counts(const struct dp_trainer *t, int worker, struct dp_zero_counts *c) {
     if (worker < 0 || worker >= t->P) return -1;
-    const struct worker *w = &t->w[worker];
-    *c = (struct dp_zero_counts){w->zero.gathers, w->zero.refaults, (int64_t)sizeof(float) * w->red.shard_hw};
+    *c = dp_sync_zero_counts(&t->w[worker].sync);
     return 0;
 }
 uint64_t dp_trainer_param_hash(const struct dp_trainer *t) { return dp_replica_hash(&t->w[0].rep); }
@@ -61,9 +60,7 @@ void dp_trainer_free(struct dp_trainer *t) {
     if (!t) return;
     for (int r = 0; t->w && r < t->P; r++) {
         struct worker *w = &t->w[r];
-        dp_reducer_free(&w->red);
         dp_timeline_free(&w->tl);
-        dp_free(w->acc);
         dp_free(w->buf_save);
         dp_free(w->arrival);
         dp_free(w->waits);
@@ -79,8 +76,7 @@ void dp_trainer_free(struct dp_trainer *t) {
         dp_free(w->ex);
         dp_comm_free(w->comm);
         dp_loader_free(w->loader);
-        dp_optim_free(&w->opt);
-        dp_zero_free(&w->zero);
+        dp_sync_free(&w->sync); /* (after the comm: nothing left in flight writes into its buffers) */
         dp_replica_free(&w->rep);
     }
     dp_free(t->w);
@@ -145,7 +141,7 @@ int dp__step_loop(struct worker *w) {
     /* All replicas start from rank 0's parameters and buffers (ZeRO 3: each
      * worker holds its pieces already, dp_trainer_init; the slab is gathered
      * bucket by bucket from here on). */
-    int zero3 = w->zero.stage == 3 && w->zero.sharded;
+    int zero3 = dp_sync_sharded_params(&w->sync);
     if ((!zero3 && (rc = dp_comm_broadcast(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, 0, DP_ALGO_AUTO))) ||
         (m->num_buffers &&
          (rc = dp_comm_broadcast(w->comm, w->rep.buffers, m->num_buffers, DP_DTYPE_F32, 0, DP_ALGO_AUTO))))
@@ -154,7 +150,6 @@ int dp__step_loop(struct worker *w) {
         double t_start = dp_time();
         w->wait0 = dp_loader_wait_time(w->loader);
         w->loss_sum = w->t_fwd = w->t_bwd = w->t_opt = w->t_comm = w->t_exposed = w->t_wait = w->t_slow = 0;
-        w->b_sent = w->b_recv = w->b_fp32 = w->t_cz = w->t_dz = 0, w->reduce_steps = 0;
         if (w->grank == 0) memset(t->last_count, 0, sizeof(int64_t) * (size_t)t->G);
         if (w->grank == 0 && t->bk_on) memset(t->dropped_count, 0, sizeof(int64_t) * (size_t)t->G);
         w->correct = w->seen = w->skipped = 0;
@@ -166,8 +161,8 @@ int dp__step_loop(struct worker *w) {
                  * (a requested stop does not: it is to end soon) */
                 double acc = NAN, loss = NAN;
                 if (!stop && in_epoch > 0 && (rc = dp__evaluate_shared(w, &acc, &loss))) return rc;
-                dp_zero_drop_grad_shard(&w->zero);
-                if ((rc = dp_zero_gather_params(&w->zero, w->rank == 0, NULL)) || (rc = dp__ef_gather_state(w)))
+                dp_sync_drop_grads(&w->sync);
+                if ((rc = dp_sync_gather(&w->sync, w->rank == 0, NULL)) || (rc = dp__ef_gather_state(w)))
                     return rc;
                 if (w->grank == 0) {
                     if (stop) t->stopped = step;
@@ -291,7 +286,7 @@ int dp_trainer_run(struct dp_trainer *t) {
         for (int k = 0; k < BACKUP_DEPTH; k++) t->bk.upd_step[k] = -1, t->bk.consumed[k] = 0;
     }
     if (t->ps) { /* the server starts from worker 0's state (initial, or the checkpoint's) */
-        dp_ps_set_state(t->ps, t->w[0].rep.params, t->w[0].opt.state, t->w[0].opt.step, t->step);
+        dp_ps_set_state(t->ps, t->w[0].rep.params, t->w[0].sync.opt.state, t->w[0].sync.opt.step, t->step);
         dp_ps_hist_reset(t->ps);
         atomic_store(&t->ps_next, 0);
     }

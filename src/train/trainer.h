@@ -52,15 +52,12 @@ struct worker {
     int rank;                  /* index in this process: w[rank] */
     int grank;                 /* rank in the whole job (= rank with one process) */
     struct dp_replica rep;
-    struct dp_optim opt;       /* over zero.len floats: the whole slab, or with ZeRO this worker's shard */
+    struct dp_sync sync;       /* the step's synchronisation: reducer, ZeRO, optimizer (dp/ddp.h) */
     uint64_t zhash;            /* ZeRO 3: dp_replica_hash's value, folded as the ranges passed (end_epoch) */
     int ckpt_due;              /* --ckpt-every-steps fell on the epoch's last step: end_epoch checkpoints */
-    struct dp_zero zero;
     struct dp_loader *loader;
     struct dp_comm *comm;
-    struct dp_reducer red;
     struct dp_timeline tl;
-    double *acc;               /* deterministic mode: fixed-point gradient sums (num_params) */
     float *buf_save;           /* --skip-nonfinite: the buffers before this step (num_buffers) */
     pthread_t thread;
     int started;
@@ -68,7 +65,7 @@ struct worker {
     char err[512];
     int32_t *etok, *etgt;      /* text: one evaluation chunk's windows (eval_chunk x ctx) */
     float *ex;                 /* a mapped test set: one evaluation chunk's samples, converted */
-    /* this epoch's sums */
+    /* this epoch's sums (t_comm, t_exposed: the modes outside sync, whose stats hold the rest) */
     double loss_sum, t_fwd, t_bwd, t_opt, t_comm, t_exposed, wait0;
     double t_step0;            /* when this step started (dp_time) */
     double *arrival;           /* (nb) per bucket: sum over this epoch's steps of the time from
@@ -79,11 +76,9 @@ struct worker {
     /* --simulate-slow/--simulate-jitter (simulate.c): this micro-batch's
      * multiplier, stall, start of compute and sleep so far */
     double pace_mult, pace_stall, pace_t0, pace_slept;
+    void (*pace_ready)(void *arg, int64_t offset, int64_t count); /* the grad_ready hook paced in front of */
+    void *pace_ready_arg;
     double step_wait, step_slow;   /* this step's wait in the reduction, and simulated sleep */
-    /* this epoch's gradient traffic (sums over its reducing steps, from the
-     * reducer's per-step accounting) and compression times */
-    double b_sent, b_recv, b_fp32, t_cz, t_dz;
-    int64_t reduce_steps;
     double t_wait, t_slow;         /* this epoch's sums of them */
     double *waits;                 /* (G) every rank's step_wait, gathered per step (gather_waits) */
     /* --balance (see rebalance): samples and compute seconds since the last
@@ -269,10 +264,9 @@ int dp__step_record(const struct worker *w, int64_t step, int64_t epoch, double 
 /* step.c */
 int dp__red_check_possible(const struct dp_trainer *t);
 void dp__reduced_check(void *arg, int64_t off, int64_t n);
-int dp__update_params(struct worker *w, float *g, float lr, double clip_norm, double ss);
 void dp__update_done(struct worker *w, double s);
 int dp__compute(struct worker *w, int64_t nmicro, const struct dp__micro_hooks *h, struct dp__sums *c);
-int dp__apply_update(struct worker *w, float *g, double clip_norm, double ss, double t1);
+int dp__apply_update(struct worker *w, double t1);
 
 /* agree.c */
 int dp__check_replicas(struct worker *w);
