@@ -898,6 +898,16 @@ sys.exit(0 if got == want and h["__metadata__"]["dptrain_model"] == "gpt:layers=
 PY
 then ok gpt_export_pytorch_names
 else bad gpt_export_pytorch_names "$(cat "$T/gx.log")"; fi
+# PyTorch rebuilds the language model from the export alone (tests/torch/eval_safetensors.py: the
+# embedding, the transformer blocks, the tied head) and gets dptrain eval's validation loss
+if /usr/bin/python3 -c "import torch, numpy" 2>/dev/null; then
+  pl=$(/usr/bin/python3 "$SRC/tests/torch/eval_safetensors.py" "$T/gpt.safetensors" "$T/gpt.bin" 64 2>&1)
+  dl=$(awk '{for (i = 2; i <= NF; i++) if ($(i-1) == "val" && $i == "loss") print $(i+1)}' "$T/ge.log")
+  tl=$(sed -n 's/^val loss \([0-9.]*\)  token acc .*(64 windows)$/\1/p' <<<"$pl")
+  if [[ -n $dl && -n $tl ]] && awk -v a="$dl" -v b="$tl" 'BEGIN {exit !(a - b <= 0.002 && b - a <= 0.002)}'; then
+    ok "gpt_torch_same_val_loss (dptrain $dl, PyTorch $tl)"
+  else bad gpt_torch_same_val_loss "dptrain eval '$dl', PyTorch: $pl"; fi
+else skip gpt_torch_same_val_loss "/usr/bin/python3 cannot import torch and numpy: apt-get install python3-torch python3-numpy"; fi
 # --deterministic: the same bits on 1 and 3 workers (chunks of 2 windows)
 "$BIN" train "${GPTRUN[@]}" --workers 1 --deterministic --det-chunk 2 --out "$T/gpt_d1" >"$T/gd1.log" 2>&1
 "$BIN" train "${GPTRUN[@]}" --workers 3 --deterministic --det-chunk 2 --out "$T/gpt_d3" >"$T/gd3.log" 2>&1

@@ -80,6 +80,37 @@ if [[ $(test_acc_of "$T/mine.st.eval2") == "$a1" ]] && grep -q "^model file:mine
   ok model_file_safetensors_carries_model
 else bad model_file_safetensors_carries_model "$(tail -2 "$T/mine.st.eval2")"; fi
 
+# a language model of the user's own (embedding, a bare attention layer, a position-wise linear
+# and GELU, a transformer block, the tied head): PyTorch rebuilds it from the export alone and
+# gets dptrain eval's validation loss
+for i in $(seq 1 60); do echo "the quick brown fox $i jumps over the lazy dog, line $i of a small text."; done >"$T/fox.txt"
+cat >"$T/tok.txt" <<'EOF'
+input tokens 16
+embedding tok pos=pos vocab=256 dim=32
+layernorm ln0
+attention att heads=4
+linear mix out=32
+gelu g
+transformer_block blocks.0 heads=2
+layernorm ln_f
+lm_head lm_head tied=tok.weight
+loss cross_entropy
+EOF
+if "$BIN" prepare-text "$T/fox.txt" --out "$T/fox.bin" >"$T/fox.log" 2>&1 &&
+   "$BIN" train --model-file "$T/tok.txt" --data "$T/fox.bin" --epochs 1 --batch 16 --lr 3e-3 --optim adamw \
+     --progress none --out "$T/tokm" >>"$T/fox.log" 2>&1 &&
+   "$BIN" ckpt export "$T/tokm/checkpoint.bin" --safetensors "$T/tokm.st" >>"$T/fox.log" 2>&1 &&
+   "$BIN" eval --safetensors "$T/tokm.st" --data "$T/fox.bin" >"$T/tokm.eval" 2>&1; then
+  dl=$(awk '{for (i = 2; i <= NF; i++) if ($(i-1) == "val" && $i == "loss") print $(i+1)}' "$T/tokm.eval")
+  if /usr/bin/python3 -c "import torch, numpy" 2>/dev/null; then
+    tl=$(/usr/bin/python3 "$(dirname "${BASH_SOURCE[0]}")/../torch/eval_safetensors.py" "$T/tokm.st" "$T/fox.bin" 2>&1 |
+         sed -n 's/^val loss \([0-9.]*\)  token acc .*/\1/p')
+    if [[ -n $dl && -n $tl ]] && awk -v a="$dl" -v b="$tl" 'BEGIN {exit !(a - b <= 0.002 && b - a <= 0.002)}'; then
+      ok "model_file_token_model_torch_same_loss (dptrain $dl, PyTorch $tl)"
+    else bad model_file_token_model_torch_same_loss "dptrain '$dl', PyTorch '$tl'"; fi
+  else skip model_file_token_model_torch_same_loss "no python3-torch (scripts/install-deps.sh --torch)"; fi
+else bad model_file_token_model_torch_same_loss "$(tail -3 "$T/fox.log" "$T/tokm.eval" 2>/dev/null)"; fi
+
 # another architecture is refused on resume, with the first line that differs
 sed 's/out=64/out=48/' "$T/mine.txt" >"$T/other.txt"
 expect_error model_file_resume_other_architecture "checkpoint is for model 'file:mine.txt', this run builds 'file:other.txt' (the checkpoint has 'conv2d c2 out=64 kernel=3 stride=2 pad=1 bias=1' where this run has 'conv2d c2 out=48" \
