@@ -326,6 +326,22 @@ const char *dp_npy_dtype_name(enum dp_npy_dtype t);
  * missing included. */
 int dp_npy_write(const char *path, enum dp_npy_dtype dtype, int ndim, const int64_t *shape, const void *data);
 
+/* An array in the caller's memory, described as an .npy header describes one: C order, this
+ * machine's byte order, `dtype` an enum dp_npy_dtype, shape[0..ndim).  The Python package hands
+ * numpy arrays through it (python/dptrain, docs/python.md). */
+struct dp_array {
+    const void *data;
+    int dtype;                         /* enum dp_npy_dtype */
+    int ndim;                          /* 1 .. DP_NPY_MAX_DIMS */
+    int64_t shape[DP_NPY_MAX_DIMS];
+};
+/* dp_dataset_open_npy over arrays in memory (src/data/arrays.c): the same shapes, dtypes, checks
+ * and messages (each array named by xname, yname, e.g. "X" and "y").  The features are borrowed:
+ * ds reads them as samples are asked for, so they must stay alive and unchanged while ds is used;
+ * the labels are read once.  y NULL (or its data NULL): every label 0 (a prediction's inputs). */
+int dp_dataset_open_arrays(struct dp_dataset *ds, const struct dp_array *x, const struct dp_array *y,
+                           const char *xname, const char *yname, const struct dp_data_opts *o);
+
 /* Reads one IDX file (plain or .gz).  On success *data holds the raw bytes
  * (caller frees with dp_free), dims[0..*ndim) the dimensions.  Validates the
  * magic, the type (uint8 only), ndim (1..4), that the dimensions are

@@ -122,6 +122,13 @@ struct dp_train_params {
     int tokens_raw_u16;
     double val_split;          /* 0: none */
     int layout_nhwc;
+    /* Arrays in memory in place of files (the Python package, docs/python.md): when train_x.data
+     * is set, train_x and train_y are the training set (data_dir and labels are not read) and
+     * test_x, test_y (when set) the test set, read as an .npy pair is (dp_dataset_open_arrays:
+     * the same shapes, dtypes, layout_nhwc, val_split and normalisation).  Borrowed: they must stay
+     * alive and unchanged while a trainer made from these params lives.  Set them with
+     * dp_train_params_set_array.  train_y.data NULL: every label 0 (a prediction's inputs). */
+    struct dp_array train_x, train_y, test_x, test_y;
     /* Input normalisation, per channel: DP_NORM_SOURCE (0, default) is the source's own
      * (DP_NORM_FIXED for IDX, DP_NORM_AUTO for the others); AUTO computes each channel's mean
      * and std over the training split; FIXED uses norm_mean and norm_std; NONE leaves the
@@ -430,6 +437,53 @@ int64_t dp_trainer_inflight_bytes(const struct dp_trainer *t);
  * its range all-gathers; all 0 otherwise); -1 for a worker out of range. */
 int dp_trainer_zero_counts(const struct dp_trainer *t, int worker, struct dp_zero_counts *c);
 void dp_trainer_free(struct dp_trainer *t);
+
+/* ---- the trainer from another language (src/train/host.c; the Python package) -------------
+ * What a binding needs that it cannot reach without mirroring the structs. */
+/* Sets one of the arrays of dp_train_params: which is "x", "y", "test_x" or "test_y" (a NULL
+ * a, or a->data NULL: none).  The array's description is copied, its data borrowed.  DP_EINVAL
+ * on another name. */
+int dp_train_params_set_array(struct dp_train_params *p, const char *which, const struct dp_array *a);
+/* Sets the event callback (on_event, event_arg), the stop flag (stop: an int the caller owns and
+ * sets non-zero from any thread, read atomically; NULL: none) and the job's communicator with the
+ * other processes (inter; NULL: one process). */
+void dp_train_params_set_hooks(struct dp_train_params *p, dp_event_fn on_event, void *event_arg, void *stop,
+                               struct dp_comm *inter);
+/* The settings a checkpoint's header holds (batch, seed, optimizer, learning rate and schedule
+ * kind), resume = path, and no model (the checkpoint's), as `dptrain eval --ckpt` takes them.
+ * Its model, where asked for (each pointer may be NULL): *epoch, the epochs it has trained;
+ * in_shape, its input (C, H, W); *outputs, its outputs per sample (classes, or a regression's
+ * values); *regression, 1 for a regression (loss mse).  path is borrowed. */
+int dp_train_params_from_ckpt(struct dp_train_params *p, const char *path, int64_t *epoch, int64_t *in_shape,
+                              int64_t *outputs, int *regression);
+/* The event's metrics record as one line of JSON (no newline) in buf (cap bytes): an EPOCH
+ * event gives the keys metrics.jsonl's epoch record has for them ("kind": "epoch", "epoch",
+ * "step", "lr", "train_loss", "train_acc", the test figures, "samples_per_s", "epoch_time_s",
+ * the phases' seconds, "skipped_steps", "slowest_rank", "slowest_lag_s", the traffic), STEP
+ * "kind": "step" with "step", "epoch", "loss", "lr", "samples", EVAL the "eval" record, CHECKPOINT
+ * "kind": "checkpoint" with "path".  Returns the length, or DP_EINVAL when cap is too small. */
+int dp_event_json(const struct dp_event *ev, char *buf, size_t cap);
+/* The outputs of the trained model (rank 0's replica, eval mode) for the n samples of x,
+ * normalised as the run's data was: logits (n, classes), or a regression's (n, K) values, into
+ * out (cap floats).  x as train_x takes it.  Not for a language model, nor ZeRO 3's shards. */
+int dp_trainer_predict(struct dp_trainer *t, const struct dp_array *x, float *out, int64_t cap);
+/* The floats per sample that dp_trainer_predict writes. */
+int64_t dp_trainer_outputs(const struct dp_trainer *t);
+/* 1 when the model is a regression (loss mse: its accuracy is a mean absolute error), else 0. */
+int dp_trainer_regression(const struct dp_trainer *t);
+/* dp_trainer_evaluate on arrays (x, y as train_x, train_y take them), normalised as the run's
+ * data was.  With several workers the job's rank 0 evaluates alone. */
+int dp_trainer_evaluate_arrays(struct dp_trainer *t, const struct dp_array *x, const struct dp_array *y,
+                               double *acc, double *loss);
+/* Writes the trained model's weights as safetensors, with the metadata `dptrain ckpt export`
+ * writes: the model, its input shape and the run's normalisation (input_mean, input_std). */
+int dp_trainer_export(struct dp_trainer *t, const char *path);
+/* The model's i-th parameter or buffer (0 <= i < dp_trainer_param_count): its PyTorch name, its
+ * shape (*ndim dimensions into shape[4]), and a pointer to its floats in rank 0's replica (valid
+ * while t lives; NULL under ZeRO 3, whose replica holds shards).  DP_EINVAL past the end. */
+int dp_trainer_param_count(const struct dp_trainer *t);
+int dp_trainer_param_info(struct dp_trainer *t, int i, const char **name, int *ndim, int64_t *shape, float **data,
+                          int *is_buffer);
 
 /* ---- checkpoints ---------------------------------------------------------
  * Format (little-endian; docs/checkpoint.md):

@@ -179,40 +179,99 @@ static int sample_shape(struct dp_dataset *ds, const struct dp_npy *a, const cha
     return DP_OK;
 }
 
-int dp_dataset_open_npy(struct dp_dataset *ds, const char *xpath, const char *ypath,
-                        const struct dp_data_opts *o) {
-    memset(ds, 0, sizeof *ds);
-    struct dp_npy y;
+/* ds over the features ref->a (ds takes ref) and the labels y (y NULL: every label 0), named
+ * xname and yname in messages. */
+static int open_pair(struct dp_dataset *ds, struct npy_ref *ref, const struct dp_npy *y, const char *xname,
+                     const char *yname, const struct dp_data_opts *o) {
     struct dp_dataset_src *s = dp_calloc(1, sizeof *s);
-    struct npy_ref *ref = dp_calloc(1, sizeof *ref);
-    if (!s || !ref) {
-        dp_free(s), dp_free(ref);
+    if (!s) {
+        dp_npy_close(&ref->a), dp_free(ref);
         return dp_seterr(DP_ENOMEM, "dataset: out of memory");
     }
     ref->refs = 1, s->arr = ref, s->nhwc = o && o->nhwc;
     ds->src = s;
-    int rc = dp_npy_open(xpath, &ref->a);
-    if (rc) {
-        ref->refs = 0, dp_free(ref), s->arr = NULL;
-        goto fail;
-    }
-    if ((rc = sample_shape(ds, &ref->a, xpath, s->nhwc))) goto fail;
+    int rc = sample_shape(ds, &ref->a, xname, s->nhwc);
+    if (rc) goto fail;
     ds->n = ref->a.shape[0];
     advise(ds, 0);
-    if ((rc = dp_npy_open(ypath, &y))) goto fail;
-    rc = read_labels(ds, &y, ypath, o && o->regression);
-    int64_t ny = y.ndim ? y.shape[0] : 0;
-    dp_npy_close(&y);
-    if (rc) goto fail;
+    if (!y) { /* no labels: class 0 for every sample */
+        if (!(ds->y = dp_calloc((size_t)ds->n + 1, sizeof(int32_t)))) {
+            rc = dp_seterr(DP_ENOMEM, "dataset: out of memory");
+            goto fail;
+        }
+        ds->num_classes = 1;
+        return DP_OK;
+    }
+    if ((rc = read_labels(ds, y, yname, o && o->regression))) goto fail;
+    int64_t ny = y->ndim ? y->shape[0] : 0;
     if (ny != ds->n) {
-        rc = dp_seterr(DP_EMISMATCH, "dataset: %s holds %lld samples, %s %lld labels", xpath, (long long)ds->n,
-                       ypath, (long long)ny);
+        rc = dp_seterr(DP_EMISMATCH, "dataset: %s holds %lld samples, %s %lld labels", xname, (long long)ds->n,
+                       yname, (long long)ny);
         goto fail;
     }
     return DP_OK;
 fail:
     dp_dataset_free(ds);
     return rc;
+}
+
+int dp_dataset_open_npy(struct dp_dataset *ds, const char *xpath, const char *ypath,
+                        const struct dp_data_opts *o) {
+    memset(ds, 0, sizeof *ds);
+    struct dp_npy y;
+    struct npy_ref *ref = dp_calloc(1, sizeof *ref);
+    if (!ref) return dp_seterr(DP_ENOMEM, "dataset: out of memory");
+    int rc = dp_npy_open(xpath, &ref->a);
+    if (rc) {
+        dp_free(ref);
+        return rc;
+    }
+    if ((rc = dp_npy_open(ypath, &y))) {
+        dp_npy_close(&ref->a), dp_free(ref);
+        return rc;
+    }
+    rc = open_pair(ds, ref, &y, xpath, ypath, o);
+    dp_npy_close(&y);
+    return rc;
+}
+
+/* A caller's array as an unmapped struct dp_npy (nothing to close), checked as a header is. */
+static int from_memory(struct dp_npy *a, const struct dp_array *m, const char *what) {
+    static const size_t item[] = {4, 8, 1, 1, 2, 4, 8, 1}; /* enum dp_npy_dtype's sizes */
+    memset(a, 0, sizeof *a);
+    if (!m || !m->data) return dp_seterr(DP_EINVAL, "%s: no array given", what);
+    if (m->dtype < 0 || m->dtype > DP_NPY_BOOL)
+        return dp_seterr(DP_EINVAL, "%s: dtype code %d is none of float32, float64, uint8, int8, int16, int32, "
+                         "int64, bool", what, m->dtype);
+    if (m->ndim < 1 || m->ndim > DP_NPY_MAX_DIMS)
+        return dp_seterr(DP_EINVAL, "%s: %d dimensions (1 .. %d)", what, m->ndim, DP_NPY_MAX_DIMS);
+    a->dtype = (enum dp_npy_dtype)m->dtype, a->item = item[m->dtype], a->ndim = m->ndim, a->count = 1;
+    for (int d = 0; d < m->ndim; d++) {
+        if (m->shape[d] < 0 || (m->shape[d] && a->count > INT64_MAX / 16 / m->shape[d]))
+            return dp_seterr(DP_EINVAL, "%s: dimension %d is %lld", what, d, (long long)m->shape[d]);
+        a->shape[d] = m->shape[d], a->count *= m->shape[d];
+    }
+    a->data = m->data;
+    return DP_OK;
+}
+
+int dp_dataset_open_arrays(struct dp_dataset *ds, const struct dp_array *x, const struct dp_array *y,
+                           const char *xname, const char *yname, const struct dp_data_opts *o) {
+    memset(ds, 0, sizeof *ds);
+    xname = xname ? xname : "X", yname = yname ? yname : "y";
+    struct dp_npy ya;
+    int has_y = y && y->data;
+    struct npy_ref *ref = dp_calloc(1, sizeof *ref);
+    if (!ref) return dp_seterr(DP_ENOMEM, "dataset: out of memory");
+    int rc = from_memory(&ref->a, x, xname);
+    if (!rc && has_y) rc = from_memory(&ya, y, yname);
+    if (rc) {
+        dp_free(ref);
+        return rc;
+    }
+    /* a shape or dtype the caller chose is an invalid argument, not a file's bad format */
+    rc = open_pair(ds, ref, has_y ? &ya : NULL, xname, yname, o);
+    return rc == DP_EFORMAT || rc == DP_EMISMATCH ? DP_EINVAL : rc;
 }
 
 /* ---- subsets: a split, a limit ------------------------------------------------------------ */

@@ -289,9 +289,10 @@ static int open_pair(struct dp_dataset *ds, const struct pair *pr, const struct 
 
 static int same_shape(const struct dp_trainer *t, const char *what) {
     if (t->test.C == t->train.C && t->test.H == t->train.H && t->test.W == t->train.W) return DP_OK;
-    return dp_seterr(DP_EMISMATCH, "the test set %s: its samples are %lld x %lld x %lld, --data %s's %lld x "
+    return dp_seterr(DP_EMISMATCH, "the test set %s: its samples are %lld x %lld x %lld, %s%s's %lld x "
                      "%lld x %lld (C x H x W)", what, (long long)t->test.C, (long long)t->test.H,
-                     (long long)t->test.W, t->p.data_dir, (long long)t->train.C, (long long)t->train.H,
+                     (long long)t->test.W, t->p.train_x.data ? "" : "--data ", t->p.train_x.data ? "X" : t->p.data_dir,
+                     (long long)t->train.C, (long long)t->train.H,
                      (long long)t->train.W);
 }
 
@@ -303,8 +304,9 @@ static int is_arrays(const char *data) {
 
 int dp__data_load(struct dp_trainer *t) {
     const struct dp_train_params *p = &t->p;
-    const char *data = p->data_dir ? p->data_dir : "";
-    int arrays = is_arrays(data), rc, keras;
+    const int mem = p->train_x.data != NULL; /* arrays in memory (dp_train_params.train_x) */
+    const char *data = mem ? "X" : p->data_dir ? p->data_dir : "";
+    int arrays = mem || is_arrays(data), rc, keras = 0;
     struct dp_data_opts o = {.nhwc = p->layout_nhwc, .regression = t->regression};
     if (!arrays && t->regression)
         return dp_seterr(DP_EINVAL, "a regression (--loss mse) needs float targets: --data X.npy --labels y.npy "
@@ -326,14 +328,31 @@ int dp__data_load(struct dp_trainer *t) {
         return normalize(t, 1);
     }
     struct pair pr;
-    if ((rc = resolve(t, 0, &pr, &keras)) || (rc = open_pair(&t->train, &pr, &o))) return rc;
+    if (mem) {
+        if (p->labels || p->test_data || p->test_labels || p->npz_keys || p->label_column)
+            return dp_seterr(DP_EINVAL, "%s does not apply to arrays in memory (it names a file's part)",
+                             p->labels ? "--labels" : p->test_data ? "--test-data" : p->test_labels ? "--test-labels"
+                             : p->npz_keys ? "--npz-keys" : "--label-column");
+        if ((rc = dp_dataset_open_arrays(&t->train, &p->train_x, &p->train_y, "X", "y", &o))) return rc;
+        if (p->test_x.data && p->val_split > 0)
+            return dp_seterr(DP_EINVAL, "test arrays and --val-split: give one (the test set, or the fraction of "
+                             "the training arrays to hold out)");
+        if (p->test_x.data && ((rc = dp_dataset_open_arrays(&t->test, &p->test_x, &p->test_y, "the test X",
+                                                            "the test y", &o)) ||
+                               (rc = same_shape(t, "(arrays)"))))
+            return rc;
+    } else if ((rc = resolve(t, 0, &pr, &keras)) || (rc = open_pair(&t->train, &pr, &o))) {
+        return rc;
+    }
     if (p->resume && t->class_names && (rc = same_classes(t))) return rc;
     if (p->test_labels && !p->test_data)
         return dp_seterr(DP_EINVAL, "--test-labels %s without --test-data X.npy", p->test_labels);
     if (p->test_data && p->val_split > 0)
         return dp_seterr(DP_EINVAL, "--test-data and --val-split: give one (the test set, or the fraction of "
                          "--data to hold out)");
-    if (p->test_data) {
+    if (mem) {
+        if (p->val_split > 0 && (rc = dp_dataset_split(&t->train, &t->test, p->val_split, p->seed))) return rc;
+    } else if (p->test_data) {
         if ((rc = resolve(t, 1, &pr, &keras)) || (rc = open_pair(&t->test, &pr, &o)) || (rc = same_shape(t, pr.what)))
             return rc;
     } else if (keras && p->val_split <= 0) { /* Keras's layout: its own test arrays */
