@@ -78,6 +78,13 @@ struct dp_ctx {
     void *grad_ready_arg;
     dp_stat_sync_fn stat_sync; /* NULL on one worker */
     void *stat_sync_arg;
+    /* Deterministic mode (ghost batch statistics): when set, BatchNorm normalises with this
+     * batch's own statistics (stat_sync is not called) and, in place of updating its running
+     * statistics, adds this batch's mean and unbiased variance in fixed point
+     * (round(v * DP_STAT_FIXED_SCALE), held exactly in a double) to stat_acc at its buffer
+     * range, and 1 to the count in its num_batches_tracked slot.  Integer sums, so the sum over
+     * any split of the batches is the same bits; dp_model_apply_stats then applies their mean. */
+    double *stat_acc;
 };
 
 struct dp_layer;
@@ -335,6 +342,7 @@ struct dp_pass {
     void *grad_ready_arg;
     dp_stat_sync_fn stat_sync;
     void *stat_sync_arg;
+    double *stat_acc;           /* dp_ctx.stat_acc: deterministic mode's statistics (NULL: off) */
     /* Called before each top-level layer's forward (phase DP_PHASE_FORWARD,
      * layers in increasing order) and before its backward (DP_PHASE_BACKWARD,
      * decreasing), with the layer's index and the layer: the parameters it
@@ -355,6 +363,13 @@ struct dp_pass {
  * stay in r->acts[nlayers] until the next call. */
 int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp_batch *b,
                  struct dp_pass *p);
+/* Deterministic mode's statistics (dp_ctx.stat_acc, num_buffers doubles: the sums over the
+ * step's batches, on every worker): each BatchNorm's running statistics move once towards
+ * their mean over those batches, running = (1 - momentum) running + momentum mean, and its
+ * num_batches_tracked counts one.  A batch statistic must be below 2^24 in magnitude (BatchNorm
+ * refuses one that is not), so sums over up to 2^13 batches per step are exact. */
+#define DP_STAT_FIXED_SCALE 65536.0
+void dp_model_apply_stats(const struct dp_model *m, float *buffers, const double *acc);
 
 #ifdef __cplusplus
 }

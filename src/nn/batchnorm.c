@@ -23,12 +23,23 @@
  * then pixels), and threads split the channels, so results do not depend on
  * the number of threads.
  *
+ * Deterministic data parallelism (ctx->stat_acc; "ghost" batch normalisation, Hoffer et al.
+ * 2017): each fixed chunk of the global batch is normalised with its own statistics, which do
+ * not depend on how the chunks are spread over workers.  The running statistics move once per
+ * optimizer step, towards the mean over the step's chunks of each chunk's mean and unbiased
+ * variance: every chunk adds them in fixed point (round(v * 2^16), exact in a double) to
+ * stat_acc, and 1 to its count, so the sum over any split of the chunks is the same integer;
+ * apply_stats divides by the count after the trainer's all-reduce.
+ *
  * Letters: B batch, C channels, HW pixels per channel and sample,
  * N = B*HW (summed over workers with stat_sync). */
 #include <math.h>
 #include <string.h>
 
 #include "nn/layers_impl.h"
+
+/* deterministic mode: a batch statistic's bound (its fixed point below 2^40) */
+#define STAT_MAX 16777216.0
 
 struct bn {
     int64_t C, HW;
@@ -81,7 +92,7 @@ static int bn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const fl
             buf[C + c] = ss;
         }
         buf[2 * C] = (double)(B * HW);
-        if (ctx->stat_sync) {
+        if (ctx->stat_sync && !ctx->stat_acc) {
             int rc = ctx->stat_sync(ctx->stat_sync_arg, buf, 2 * C + 1);
             if (rc) return dp_adderr(rc, "batchnorm %s: statistics sync", l->name);
         }
@@ -103,10 +114,21 @@ static int bn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const fl
             sv->rstd[c] = (float)rstd;
             scale[c] = (float)(rstd * w[c]);
             shift[c] = (float)(bias[c] - mean * rstd * w[c]);
+            if (ctx->stat_acc) { /* deterministic mode: summed now, applied per step (bn_apply_stats) */
+                double *acc = ctx->stat_acc + l->buffer_off, uv = var * N / (N - 1.0);
+                if (!(fabs(mean) < STAT_MAX && uv < STAT_MAX))
+                    return dp_seterr(DP_ENONFINITE, "batchnorm %s: a batch statistic (mean %g, variance %g) is "
+                                     "not below 2^24, the bound of deterministic mode's fixed-point sums",
+                                     l->name, mean, uv);
+                acc[c] += nearbyint(mean * DP_STAT_FIXED_SCALE);
+                acc[C + c] += nearbyint(uv * DP_STAT_FIXED_SCALE);
+                continue;
+            }
             rmean[c] = (float)((1.0 - mom) * rmean[c] + mom * mean);
             rvar[c] = (float)((1.0 - mom) * rvar[c] + mom * var * N / (N - 1.0));
         }
-        nbt[0] += 1.0f;
+        if (ctx->stat_acc) ctx->stat_acc[l->buffer_off + 2 * C] += 1.0;
+        else nbt[0] += 1.0f;
         ctx->saved[l->id] = sv;
     } else {
         for (int64_t c = 0; c < C; c++) {
@@ -184,7 +206,7 @@ static int bn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const 
     if (!k) return DP_ENOMEM;
     float *a = k + C, *e = k + 2 * C;
     if (ctx->training) {
-        if (ctx->stat_sync) {
+        if (ctx->stat_sync && !ctx->stat_acc) { /* (deterministic mode: the chunk's own sums) */
             int rc = ctx->stat_sync(ctx->stat_sync_arg, buf, 2 * C);
             if (rc) return dp_adderr(rc, "batchnorm %s: gradient sync", l->name);
         }
@@ -216,7 +238,31 @@ static int bn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const 
 
 static void bn_free(struct dp_layer *l) { dp_free(l->priv); }
 
+/* Deterministic mode, once per optimizer step: the running statistics move towards the mean
+ * of the step's chunk statistics (acc: their fixed-point sums over every worker; count k) */
+static void bn_apply_stats(const struct dp_layer *l, float *buffers, const double *acc) {
+    const struct bn *p = l->priv;
+    const int64_t C = p->C;
+    const double *a = acc + l->buffer_off, k = a[2 * C], mom = p->momentum;
+    float *rmean = buffers + l->buffer_off, *rvar = rmean + C, *nbt = rvar + C;
+    if (!(k > 0)) return; /* no training batch this step */
+    for (int64_t c = 0; c < C; c++) {
+        rmean[c] = (float)((1.0 - mom) * rmean[c] + mom * (a[c] / (DP_STAT_FIXED_SCALE * k)));
+        rvar[c] = (float)((1.0 - mom) * rvar[c] + mom * (a[C + c] / (DP_STAT_FIXED_SCALE * k)));
+    }
+    nbt[0] += 1.0f;
+}
+
 static const struct dp_layer_ops bn_ops = {"batchnorm2d", bn_forward, bn_backward, bn_free};
+
+void dp__layer_apply_stats(const struct dp_layer *l, float *buffers, const double *acc) {
+    if (l->ops == &bn_ops) bn_apply_stats(l, buffers, acc);
+    else if (!strcmp(l->ops->type, "resblock")) { /* its BatchNorms */
+        const struct dp_layer *child[6];
+        int n = dp__resblock_children(l, child);
+        for (int i = 0; i < n; i++) dp__layer_apply_stats(child[i], buffers, acc);
+    }
+}
 
 int dp__batchnorm2d_make(struct dp_model *m, struct dp_layer **out, const char *name,
                          const struct dp_shape *in, float eps, float momentum) {

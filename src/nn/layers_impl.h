@@ -210,6 +210,12 @@ int dp__flatten_make(struct dp_model *m, struct dp_layer **out, const char *name
                      const struct dp_shape *in);
 int dp__resblock_make(struct dp_model *m, struct dp_layer **out, const char *name,
                       const struct dp_shape *in, int64_t out_channels, int stride);
+/* A residual block's layers (its convolutions and BatchNorms, the shortcut's when it has one)
+ * into child; their number */
+int dp__resblock_children(const struct dp_layer *l, const struct dp_layer *child[6]);
+/* Deterministic mode's statistics (dp_model_apply_stats) applied to layer l: a BatchNorm's
+ * running statistics, those of a residual block's BatchNorms; nothing for other layers */
+void dp__layer_apply_stats(const struct dp_layer *l, float *buffers, const double *acc);
 int dp__gelu_erf_make(struct dp_model *m, struct dp_layer **out, const char *name,
                       const struct dp_shape *in);
 /* token embedding `tok_name` (vocab, dim) + position embedding `pos_name`

@@ -372,7 +372,7 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
         .params = r->params, .grads = r->grads, .buffers = r->buffers, .arena = &r->arena,
         .saved = r->saved, .batch = b, .training = p->training, .seed = p->seed,
         .grad_ready = p->grad_ready, .grad_ready_arg = p->grad_ready_arg,
-        .stat_sync = p->stat_sync, .stat_sync_arg = p->stat_sync_arg,
+        .stat_sync = p->stat_sync, .stat_sync_arg = p->stat_sync_arg, .stat_acc = p->stat_acc,
     };
     struct dp_shape out = dp_model_cur_shape(m);
     int64_t V = out.d[out.ndim - 1];
@@ -440,4 +440,8 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
     }
     p->t_backward = dp_time() - t1;
     return DP_OK;
+}
+
+void dp_model_apply_stats(const struct dp_model *m, float *buffers, const double *acc) {
+    for (int i = 0; i < m->nlayers; i++) dp__layer_apply_stats(m->layers[i], buffers, acc);
 }

@@ -143,6 +143,15 @@ static void resblock_free(struct dp_layer *l) {
 static const struct dp_layer_ops resblock_ops = {"resblock", resblock_forward, resblock_backward,
                                                  resblock_free};
 
+int dp__resblock_children(const struct dp_layer *l, const struct dp_layer *child[6]) {
+    const struct resblock *p = l->priv;
+    const struct dp_layer *all[6] = {p->conv1, p->bn1, p->conv2, p->bn2, p->dconv, p->dbn};
+    int n = 0;
+    for (int i = 0; i < 6; i++)
+        if (all[i]) child[n++] = all[i];
+    return n;
+}
+
 /* "<block>.<child>" into buf (64 bytes, the size of dp_layer.name). */
 static int child_name(char *buf, const char *block, const char *child) {
     int n = snprintf(buf, 64, "%s.%s", block, child);
