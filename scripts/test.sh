@@ -5,8 +5,9 @@
 # Installs what the tests need, builds with gcc and clang at -Werror, runs the
 # runner self-tests, the docs checks (tests/docs.sh), the unit tests, the CLI
 # tests, the MPI tests (tests/mpi/run.sh), the installed library used from
-# outside the tree (tests/install.sh), the unit tests under ASan+UBSan, the
-# threaded tests under TSan, and each fuzzer briefly.
+# outside the tree (tests/install.sh), the Python package (tests/python/run.sh),
+# the unit tests under ASan+UBSan, the threaded tests under TSan, and each fuzzer
+# briefly.
 # Every stage closes its log with "N passed, N failed, N skipped"; this script
 # adds them up and closes with the totals in the same form.  A skipped test
 # fails the run: this script installs everything the tests need first, so a
@@ -59,6 +60,8 @@ if build gcc all; then
   run mpi bash tests/mpi/run.sh build; tally /tmp/dptrain-test-mpi.log
   # make install into a temporary prefix; the examples built out of the tree with pkg-config
   run install bash tests/install.sh; tally /tmp/dptrain-test-install.log
+  # the Python package over build/libdptrain.so: numpy in, the CLI's hashes out, Ctrl-C, mpirun, pip
+  run python bash tests/python/run.sh build; tally /tmp/dptrain-test-python.log
 fi
 if [[ -z "${QUICK:-}" ]]; then
   build clang CC=clang all

@@ -1,0 +1,83 @@
+"""Data parallelism from Python: worker threads with the GIL released, and the deterministic
+guarantee (workers=1, workers=2, the CLI on the same data as .npy, and mpirun -np 2 give one hash)."""
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import unittest
+
+import numpy as np
+
+import dptrain
+from common import ROOT, cli_hash, fashion, scratch
+
+OPTS = dict(epochs=2, batch_size=64, lr=0.05, momentum=0.9, deterministic=True, verbose=0)
+CLI_OPTS = ["--model", "mlp:hidden=64", "--epochs", "2", "--batch", "64", "--lr", "0.05", "--momentum", "0.9",
+            "--deterministic"]
+MPI_SCRIPT = """
+import sys, numpy as np, dptrain
+X, y = np.load(sys.argv[1]), np.load(sys.argv[2])
+m = dptrain.Model("mlp:hidden=64")
+m.fit(X, y, workers=1, epochs=2, batch_size=64, lr=0.05, momentum=0.9, deterministic=True, verbose=0)
+print("rank %d of %d hash %s" % (dptrain.rank(), dptrain.world(), m.param_hash()), flush=True)
+"""
+
+
+class TestParallel(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.X, cls.y, _, _ = fashion(512, 0)
+        cls.dir = scratch()
+        np.save(os.path.join(cls.dir, "X.npy"), cls.X)
+        np.save(os.path.join(cls.dir, "y.npy"), cls.y)
+        cls.hashes = {}
+        for w in (1, 2):
+            m = dptrain.Model("mlp:hidden=64")
+            m.fit(cls.X, cls.y, workers=w, **OPTS)
+            cls.hashes[w] = m.param_hash()
+
+    def test_workers_1_and_2_same_bits(self):
+        self.assertEqual(self.hashes[1], self.hashes[2])
+
+    def test_cli_same_bits(self):
+        h = cli_hash("--data", "X.npy", "--labels", "y.npy", "--workers", "2", *CLI_OPTS, cwd=self.dir)
+        self.assertEqual(h, self.hashes[1])
+
+    def test_mpirun_same_bits(self):
+        if not shutil.which("mpirun"):
+            self.skipTest("no mpirun (apt-get install openmpi-bin)")
+        script = os.path.join(self.dir, "mpi_fit.py")
+        with open(script, "w") as f:
+            f.write(MPI_SCRIPT)
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OMPI_MCA_pml=os.environ.get("OMPI_MCA_pml", "ob1"), OMPI_MCA_btl="self,tcp",
+                   OMPI_MCA_btl_tcp_if_include="lo")
+        r = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", sys.executable, script,
+                            os.path.join(self.dir, "X.npy"), os.path.join(self.dir, "y.npy")],
+                           env=env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        lines = sorted(l for l in r.stdout.splitlines() if l.startswith("rank "))
+        self.assertEqual(lines, ["rank 0 of 2 hash " + self.hashes[1], "rank 1 of 2 hash " + self.hashes[1]],
+                         r.stdout + r.stderr)
+
+    def test_gil_released(self):
+        # another Python thread runs while fit trains on 2 workers
+        ticks, done = [0], threading.Event()
+
+        def count():
+            while not done.is_set():
+                ticks[0] += 1
+        th = threading.Thread(target=count)
+        th.start()
+        try:
+            m = dptrain.Model("mlp:hidden=64")
+            m.fit(self.X, self.y, workers=2, epochs=3, batch_size=32, verbose=0)
+        finally:
+            done.set()
+            th.join()
+        self.assertGreater(ticks[0], 1000)
+
+
+if __name__ == "__main__":
+    unittest.main()
