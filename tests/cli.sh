@@ -696,7 +696,15 @@ expect_error bad_batch "batch" "$BIN" train --batch 0
 expect_error bad_lr "lr" "$BIN" train --lr -1
 expect_error bad_workers "workers" "$BIN" train --workers 0
 expect_error bad_algo "algorithm" "$BIN" train --algo fastest
-expect_error det_batchnorm "BatchNorm" "$BIN" train --model resnet --deterministic "${SMALL[@]}"
+# BatchNorm in deterministic mode: each fixed chunk normalised with its own statistics, the
+# running statistics moved once per step from fixed-point sums: 1 and 3 workers, the same bits
+for P in 1 3; do
+  "$BIN" train --model resnet:8,8 --epochs 1 "${SMALL[@]}" --train-limit 400 --deterministic --workers $P \
+    --out "$T/detbn$P" >"$T/detbn$P.log" 2>&1
+done
+b1=$(hash_of "$T/detbn1/checkpoint.bin") b3=$(hash_of "$T/detbn3/checkpoint.bin")
+if same_hash "$b1" "$b3"; then ok det_batchnorm_workers_1_3
+else bad det_batchnorm_workers_1_3 "1 worker '$b1', 3 workers '$b3'" "$(tail -2 "$T/detbn3.log")"; fi
 expect_error bad_number "epochs" "$BIN" train --epochs abc
 expect_error unknown_option "unknown option" "$BIN" train --frobnicate
 expect_error unknown_model "unknown model" "$BIN" train --model transformer9 "${SMALL[@]}"

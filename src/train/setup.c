@@ -52,6 +52,9 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
         w->buf_save = dp_malloc(sizeof(float) * (size_t)t->model->num_buffers);
         if (!w->buf_save) return dp_seterr(DP_ENOMEM, "--skip-nonfinite: out of memory");
     }
+    if (p->deterministic && t->model->num_buffers > 0 &&
+        !(w->stat_acc = dp_malloc(sizeof(double) * (size_t)t->model->num_buffers)))
+        return dp_seterr(DP_ENOMEM, "--deterministic: out of memory");
     /* the step's synchronisation (dp/ddp.h dp_sync): the reducer, ZeRO, the optimizer */
     struct dp_sync_params sp = dp_sync_default_params();
     sp.reducer.bucket_cap_bytes = p->bucket_cap_bytes;
@@ -278,11 +281,6 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (!t->text && t->train.num_classes > dp_model_num_classes(t->model)) {
         rc = dp_seterr(DP_EMISMATCH, "the data has %lld classes, model '%s' outputs %lld",
                        (long long)t->train.num_classes, spec, (long long)dp_model_num_classes(t->model));
-        goto fail;
-    }
-    if (p->deterministic && t->model->num_buffers > 0) {
-        rc = dp_seterr(DP_ENOTSUP, "--deterministic does not support models with BatchNorm yet ('%s'): "
-                       "their batch statistics are summed in floating point across workers", spec);
         goto fail;
     }
     if (p->backup && t->model->num_buffers > 0) {

@@ -5,7 +5,6 @@
 MODELS=$(dirname "${BASH_SOURCE[0]}")/../../models
 
 # the built-in models, from their files and from their specs: the same bits
-# (one worker: resnet has BatchNorm, which --deterministic does not take yet)
 for m in mlp cnn resnet; do
   hs=$("$BIN" train --model "$m" --epochs 1 "${SMALL[@]}" --train-limit 300 --workers 1 2>&1 | sed -n 's/.*param hash \([0-9a-f]*\).*/\1/p')
   hf=$("$BIN" train --model-file "$MODELS/$m.txt" --epochs 1 "${SMALL[@]}" --train-limit 300 --workers 1 2>&1 |
@@ -14,16 +13,20 @@ for m in mlp cnn resnet; do
   else bad "model_file_${m}_same_bits_as_spec" "spec $hs, file $hf"; fi
 done
 
-# a model of the user's own: two convolutions (32, 64), dropout, global pooling; 2 workers
-# give the 1-worker bits in deterministic mode
+# a model of the user's own: two convolutions (32, 64) with BatchNorm, a residual block,
+# dropout, global pooling; 2 workers give the 1-worker bits in deterministic mode (each fixed
+# chunk normalised with its own statistics: docs/ddp.md "Deterministic mode")
 cat >"$T/mine.txt" <<'EOF'
 # my model
 input 1 28 28
 conv2d c1 out=32 kernel=3 pad=1
+batchnorm bn1
 relu r1
 maxpool p1 kernel=2
 conv2d c2 out=64 kernel=3 pad=1 stride=2   # 7x7
+batchnorm bn2
 relu r2
+resblock res1 out=64
 dropout d1 p=0.1
 global_avgpool gap
 linear head out=10
