@@ -28,3 +28,11 @@ def options():
         out.append(n.decode().replace("-", "_"))
         i += 1
 
+
+def from_torch(module, input_shape):
+    """A dptrain Model of a torch.nn.Sequential (Linear, Conv2d, BatchNorm2d, ReLU, GELU, Dropout,
+    MaxPool2d, AdaptiveAvgPool2d((1, 1)), Flatten, LayerNorm), starting from its weights; input_shape
+    is one sample's, (C, H, W) or (D,).  m.to_torch() gives the trained weights back as a state_dict
+    for the same module.  Needs torch (imported only here)."""
+    from ._torch import from_torch as f
+    return f(module, input_shape)

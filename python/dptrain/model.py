@@ -200,6 +200,7 @@ class Model:
         self._out = None
         self._tmp = None
         self._model_opt = None
+        self._defaults = {}     # options of the first fit (from_torch: init_from, its weights)
         self.history = History()
 
     def __del__(self):
@@ -350,6 +351,7 @@ class Model:
                 check(lib.dp_train_params_from_ckpt(p, ckb, None, None, None, None))
                 opts["epochs"] = self._epoch + (epochs if epochs is not None else 1)
             else:
+                opts = dict(self._defaults, **opts)
                 opts[self._model_opt[0]] = self._model_opt[1]
                 if epochs is not None:
                     opts["epochs"] = epochs
@@ -472,6 +474,12 @@ class Model:
             v.flags.writeable = False
             out[name.value.decode()] = v
         return out
+
+    def to_torch(self):
+        """The weights as a PyTorch state_dict (copies, PyTorch's names): for the nn.Sequential given
+        to dptrain.from_torch, module.load_state_dict(m.to_torch()) makes it this model."""
+        from ._torch import state_dict
+        return state_dict(self)
 
     @property
     def epochs_trained(self):

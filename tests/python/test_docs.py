@@ -37,6 +37,7 @@ class TestDocs(unittest.TestCase):
         # the claims the examples' comments make
         self.assertEqual(ns["hashes"][0], ns["hashes"][1])
         self.assertEqual(ns["m"].epochs_trained, 4)
+        self.assertEqual(ns["acc"], ns["t"].evaluate(ns["Xtf"], ns["yt"])["accuracy"])
 
 
 if __name__ == "__main__":
