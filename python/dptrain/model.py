@@ -282,9 +282,9 @@ class Model:
         keep += [cb, stop]
         lib.dp_train_params_set_hooks(p, cb, None, ctypes.byref(stop) if stop is not None else None, comm)
         keep.append(arrays)
-        h = ctypes.c_void_p()
-        _blocked(lambda: lib.dp_trainer_init(ctypes.byref(h), p))
-        return _Trainer(h, keep)
+        t = _Trainer(ctypes.c_void_p(), keep)  # (freed with t, also when a Ctrl-C ends the wait)
+        _blocked(lambda: lib.dp_trainer_init(ctypes.byref(t.h), p))
+        return t
 
     def fit(self, X=None, y=None, epochs=None, batch_size=None, validation_data=None, verbose="auto",
             backend="auto", **options):
@@ -326,6 +326,7 @@ class Model:
                 n = lib.dp_event_json(ev, buf, len(buf))
                 if n > 0:
                     r = json.loads(buf.value.decode())
+                    r["workers"] = workers  # (metrics.jsonl's "workers": the job's)
                     records.append(r)
                     if verbose and is_root:
                         self._print_epoch(r)
@@ -333,6 +334,7 @@ class Model:
                 print("dptrain: event: %s" % e, file=sys.stderr)
 
         stop = ctypes.c_int(0)
+        workers = int(opts["workers"]) * world() if job(backend) else int(opts["workers"])
         try:
             if self._t is not None or self._ckpt is not None:
                 # continue: this model's state as a checkpoint, resumed (optimizer state and all)

@@ -32,7 +32,8 @@ class TestModel(unittest.TestCase):
             recs = [json.loads(l) for l in f if '"kind": "epoch"' in l]
         self.assertEqual(len(recs), 3)
         for a, b in zip(self.hist, recs):
-            for k in ("epoch", "step", "train_loss", "train_acc", "test_loss", "test_acc", "lr"):
+            for k in ("epoch", "step", "workers", "train_loss", "train_acc", "test_loss", "test_acc", "lr",
+                      "skipped_steps", "bytes_sent"):
                 self.assertEqual(a[k], b[k], k)
         self.assertEqual(self.hist.history["test_acc"], [r["test_acc"] for r in recs])
 

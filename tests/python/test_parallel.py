@@ -45,6 +45,12 @@ class TestParallel(unittest.TestCase):
         h = cli_hash("--data", "X.npy", "--labels", "y.npy", "--workers", "2", *CLI_OPTS, cwd=self.dir)
         self.assertEqual(h, self.hashes[1])
 
+    def test_files_same_bits(self):
+        # X=None: the data options name files, as the CLI's do
+        m = dptrain.Model("mlp:hidden=64")
+        m.fit(data=os.path.join(self.dir, "X.npy"), labels=os.path.join(self.dir, "y.npy"), workers=2, **OPTS)
+        self.assertEqual(m.param_hash(), self.hashes[1])
+
     def test_mpirun_same_bits(self):
         self.mpirun(MPI_SCRIPT)
 
