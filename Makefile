@@ -183,6 +183,13 @@ $(BUILD)/dptrain.pc: FORCE
 	   echo 'Requires.private: zlib'; } >$@.tmp
 	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
 
+# The Python package (python/dptrain, docs/python.md) goes into PYTHONDIR, where Debian's python3
+# looks for PREFIX's packages (PREFIX/lib/python3.X/dist-packages, X python3's own; empty when
+# there is no python3, or given empty: the package is left out), with dptrain/_install.py naming
+# LIBDIR, so that `import dptrain` finds this library with no LD_LIBRARY_PATH.
+PYTHON_SRC := $(sort $(wildcard python/dptrain/*.py))
+PYTHONDIR ?= $(shell python3 -c 'import sys; print("$(PREFIX)/lib/python%d.%d/dist-packages" % sys.version_info[:2])' 2>/dev/null)
+
 install: $(BUILD)/dptrain $(BUILD)/libdptrain.a $(SHLIB) $(BUILD)/dptrain.pc
 	@if [ -n "$(SAN)" ]; then echo "make install: SAN=$(SAN) builds are not for installing" >&2; exit 1; fi
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(INCLUDEDIR)/dp $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR)
@@ -193,13 +200,17 @@ install: $(BUILD)/dptrain $(BUILD)/libdptrain.a $(SHLIB) $(BUILD)/dptrain.pc
 	ln -sf $(notdir $(SHLIB)) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libdptrain.so
 	$(INSTALL) -m 644 $(BUILD)/dptrain.pc $(DESTDIR)$(PKGCONFIGDIR)/dptrain.pc
+	$(if $(PYTHONDIR),$(INSTALL) -d $(DESTDIR)$(PYTHONDIR)/dptrain)
+	$(if $(PYTHONDIR),$(INSTALL) -m 644 $(PYTHON_SRC) $(DESTDIR)$(PYTHONDIR)/dptrain/)
+	$(if $(PYTHONDIR),printf 'LIBDIR = "%s"  # written by make install\n' '$(LIBDIR)' >$(DESTDIR)$(PYTHONDIR)/dptrain/_install.py)
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v $(LDCONFIG) >/dev/null; then $(LDCONFIG); fi
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/dptrain $(addprefix $(DESTDIR)$(INCLUDEDIR)/dp/,$(notdir $(PUBLIC_HEADERS)))
 	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,libdptrain.a $(notdir $(SHLIB)) $(SONAME) libdptrain.so)
 	rm -f $(DESTDIR)$(PKGCONFIGDIR)/dptrain.pc
-	@rmdir $(DESTDIR)$(INCLUDEDIR)/dp 2>/dev/null || true
+	$(if $(PYTHONDIR),rm -rf $(addprefix $(DESTDIR)$(PYTHONDIR)/dptrain/,$(notdir $(PYTHON_SRC)) _install.py __pycache__))
+	@rmdir $(DESTDIR)$(INCLUDEDIR)/dp $(if $(PYTHONDIR),$(DESTDIR)$(PYTHONDIR)/dptrain) 2>/dev/null || true
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v $(LDCONFIG) >/dev/null; then $(LDCONFIG); fi
 
 test: all

@@ -14,7 +14,8 @@
 #   against libdptrain.so (an rpath) and with `pkg-config --static` against libdptrain.a, runs and
 #   prints what it should (its case below; an example without a case fails: add one);
 # - DESTDIR: a staged install lands under DESTDIR, its dptrain.pc naming PREFIX, and a staged
-#   uninstall empties it; make uninstall removes every file that make install wrote.
+#   uninstall empties it; make uninstall removes every file that make install wrote;
+# - the Python package installed beside them imports and finds the installed library.
 # Prints one line per check and closes with "install: N passed, N failed, N skipped"; a skip
 # (pkg-config or the data missing) fails the run when CI is set (CI=true).
 set -u
@@ -44,6 +45,9 @@ mk() { make -s -C "$ROOT" "${MAKE_ARGS[@]}" LDCONFIG=true "$@"; }
 VERSION=$(head -n 1 VERSION)
 MAJOR=${VERSION%%.*}
 HEADERS=$(cd include/dp && ls ./*.h | sed 's|^\./||')
+# the Python package's folder under PREFIX, where Debian's python3 looks (none without python3)
+PYDIR=$(python3 -c 'import sys; print("lib/python%d.%d/dist-packages" % sys.version_info[:2])' 2>/dev/null)
+PYFILES=$(cd python/dptrain && ls ./*.py | sed 's|^\./||')
 
 # case_of NAME: what the example is run with (ARGS) and the lines its output must hold (EXPECT,
 # extended regular expressions); false for an example without a case
@@ -62,7 +66,8 @@ if ! mk install PREFIX="$P" >"$T/make.log" 2>&1; then
 fi
 expected=$( { echo bin/dptrain; for h in $HEADERS; do echo "include/dp/$h"; done
   echo lib/libdptrain.a; echo lib/libdptrain.so; echo "lib/libdptrain.so.$MAJOR"; echo "lib/libdptrain.so.$VERSION"
-  echo lib/pkgconfig/dptrain.pc; } | sort)
+  echo lib/pkgconfig/dptrain.pc
+  if [[ -n $PYDIR ]]; then for f in $PYFILES _install.py; do echo "$PYDIR/dptrain/$f"; done; fi; } | sort)
 got=$(cd "$P" && find . ! -type d | sed 's|^\./||' | sort)
 if [[ $got == "$expected" ]]; then ok "make_install ($(wc -l <<<"$got") files under PREFIX)"
 else bad make_install "installed files differ from those expected:" "$(diff <(echo "$expected") <(echo "$got") | grep '^[<>]')"; fi
@@ -166,6 +171,16 @@ if [[ -x $T/src/custom_model.shared && -d $DATA ]]; then
   if [[ -n $h1 && $h1 == "$h2" ]]; then ok "custom_model_two_workers_same_bits ($h1)"
   else bad custom_model_two_workers_same_bits "1 worker '$h1', 2 workers '$h2'"; fi
 fi
+
+# --- the Python package: imported from PREFIX's dist-packages, it finds PREFIX's library (its
+# _install.py names LIBDIR) with no LD_LIBRARY_PATH or DPTRAIN_LIB --------------------------
+PY=${PYTHON:-/usr/bin/python3}
+if [[ -n $PYDIR ]] && "$PY" -c 'import numpy' 2>/dev/null; then
+  out=$(cd "$T" && env -u DPTRAIN_LIB -u LD_LIBRARY_PATH PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$P/$PYDIR" \
+        "$PY" -c 'import dptrain; print(dptrain.library_path)' 2>&1)
+  if [[ $out == "$P/lib/libdptrain.so.$MAJOR" ]]; then ok "python_package (import dptrain: $out)"
+  else bad python_package "$out"; fi
+else skip python_package "no python3 with numpy (scripts/install-deps.sh --torch)"; fi
 
 # --- DESTDIR: staged under it, the .pc naming PREFIX; a staged uninstall empties it ------
 S=$T/stage
