@@ -15,6 +15,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 
 import numpy as np
 
@@ -295,7 +296,8 @@ class Model:
         must not change while the model lives.  X None: the data options (data=, labels=, ...) name
         files, as the CLI's do.  A second fit continues the first (its epochs are more epochs).
         Ctrl-C stops at a step boundary, writes out/checkpoint.bin when out= is set, and re-raises.
-        verbose: 0 silent, 1 a line per epoch, "auto" those lines on a terminal only."""
+        verbose: 0 silent; 1 a line per epoch, and on a terminal a progress line as steps end; 2 a
+        line per epoch only; "auto" (default): 1 on a terminal (not in a notebook), else 0."""
         opts = dict(options)
         for k in opts:
             if k.replace("-", "_") in _NOT_FIT:
@@ -318,9 +320,20 @@ class Model:
         buf = ctypes.create_string_buffer(8192)
         is_root = rank() == 0 if job(backend) else True
 
+        # verbose 1 on a terminal: a progress line redrawn as steps end (at most 5 times a second)
+        live = verbose == 1 and is_root and sys.stderr.isatty()
+        drawn = [0.0]
+
         def on_event(arg, ev):
             try:
                 kind = ctypes.cast(ev, ctypes.POINTER(ctypes.c_int))[0]
+                if kind == 0 and live and time.monotonic() - drawn[0] > 0.2:  # DP_EVENT_STEP
+                    drawn[0] = time.monotonic()
+                    if lib.dp_event_json(ev, buf, len(buf)) > 0:
+                        r = json.loads(buf.value.decode())
+                        sys.stderr.write("\r\x1b[Kepoch %d/%d  step %d/%d  loss %.4f" % (
+                            r["epoch"], r["epochs"], r["step_in_epoch"], r["steps_per_epoch"], r.get("loss") or 0))
+                        sys.stderr.flush()
                 if kind != 1:  # DP_EVENT_EPOCH
                     return
                 n = lib.dp_event_json(ev, buf, len(buf))
@@ -329,6 +342,8 @@ class Model:
                     r["workers"] = workers  # (metrics.jsonl's "workers": the job's)
                     records.append(r)
                     if verbose and is_root:
+                        if live:
+                            sys.stderr.write("\r\x1b[K")
                         self._print_epoch(r)
             except Exception as e:  # (an exception cannot cross the library)
                 print("dptrain: event: %s" % e, file=sys.stderr)
