@@ -1,5 +1,6 @@
 """Data parallelism from Python: worker threads with the GIL released, and the deterministic
 guarantee (workers=1, workers=2, the CLI on the same data as .npy, and mpirun -np 2 give one hash)."""
+import json
 import os
 import re
 import shutil
@@ -11,7 +12,7 @@ import unittest
 import numpy as np
 
 import dptrain
-from common import ROOT, cli_hash, fashion, scratch
+from common import CLI, ROOT, cli_hash, fashion, scratch
 
 OPTS = dict(epochs=2, batch_size=64, lr=0.05, momentum=0.9, deterministic=True, verbose=0)
 CLI_OPTS = ["--model", "mlp:hidden=64", "--epochs", "2", "--batch", "64", "--lr", "0.05", "--momentum", "0.9",
@@ -50,6 +51,32 @@ class TestParallel(unittest.TestCase):
         m = dptrain.Model("mlp:hidden=64")
         m.fit(data=os.path.join(self.dir, "X.npy"), labels=os.path.join(self.dir, "y.npy"), workers=2, **OPTS)
         self.assertEqual(m.param_hash(), self.hashes[1])
+
+    def test_digits_accuracy_is_the_clis(self):
+        # scikit-learn's digits (float64 (N, 64) features, int labels): fit's test accuracy is the
+        # CLI's on the same arrays as .npy, the same seed
+        try:
+            from sklearn.datasets import load_digits
+        except ImportError:
+            self.skipTest("no scikit-learn (apt-get install python3-sklearn)")
+        X, y = load_digits(return_X_y=True)
+        d = self.dir
+        for name, a in (("dx", X[:1400]), ("dy", y[:1400]), ("tx", X[1400:]), ("ty", y[1400:])):
+            np.save(os.path.join(d, name + ".npy"), a)
+        m = dptrain.Model("mlp:hidden=64")
+        h = m.fit(X[:1400], y[:1400], validation_data=(X[1400:], y[1400:]), epochs=5, batch_size=32, lr=0.05,
+                  momentum=0.9, workers=2, seed=7, verbose=0)
+        self.assertGreater(h[-1]["test_acc"], 0.85)
+        self.assertAlmostEqual(m.evaluate(X[1400:], y[1400:])["accuracy"], h[-1]["test_acc"], places=6)
+        out = os.path.join(d, "digits-cli")
+        r = subprocess.run([CLI, "train", "--data", "dx.npy", "--labels", "dy.npy", "--test-data", "tx.npy",
+                            "--test-labels", "ty.npy", "--model", "mlp:hidden=64", "--epochs", "5", "--batch", "32",
+                            "--lr", "0.05", "--momentum", "0.9", "--workers", "2", "--seed", "7", "--out", out,
+                            "--progress", "none"], cwd=d, capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            cli = [json.loads(l) for l in f if '"kind": "epoch"' in l]
+        self.assertEqual(h[-1]["test_acc"], cli[-1]["test_acc"])
 
     def test_mpirun_same_bits(self):
         self.mpirun(MPI_SCRIPT)
