@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -96,6 +97,8 @@ def _launched_by_mpi():
 def _job_free():
     global _job
     if _job is not None:
+        for t in list(_Trainer.live):  # (a trainer of the job goes before the job's communicator)
+            t.free()
         lib.dp_comm_free(_job)  # finalizes MPI if the library initialised it
         _job = None
 
@@ -137,14 +140,20 @@ class _Trainer:
     """A struct dp_trainer and what it borrows (arrays, strings); freed with the last reference
     (parameters() views hold one)."""
 
+    live = weakref.WeakSet()
+
     def __init__(self, handle, keep):
         self.h = handle
         self.keep = keep
+        _Trainer.live.add(self)
 
-    def __del__(self):
+    def free(self):
         if self.h:
             lib.dp_trainer_free(self.h)
             self.h = None
+
+    def __del__(self):
+        self.free()
 
 
 class History(list):
