@@ -32,13 +32,24 @@ _SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 # ---- computing on a thread that takes no signal -------------------------------------------------
 
+class _Terminated(BaseException):
+    """SIGTERM during a run (fit's handler, where SIGTERM had Python's default): the run stops at a
+    step as for Ctrl-C, then the process exits 143, as the CLI does (a launcher's stop: mpirun's,
+    Slurm's; docs/cluster.md "Stopping a job cleanly")."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
 def _blocked(fn, on_interrupt=None):
     """fn() (a library call returning a status) on a thread of its own that blocks SIGINT and SIGTERM,
     while this thread waits.  No signal handler may run on a thread that computes (include/dp/train.h,
     `stop`: oneDNN's GEMM moves the stack pointer into the heap while it runs); Python runs its
-    handlers on the main thread, which here only waits.  A KeyboardInterrupt during the wait calls
-    on_interrupt() once, waits for fn to return and is then raised again.  A negative status raises
-    the library's error, with the message from fn's thread."""
+    handlers on the main thread, which here only waits.  A KeyboardInterrupt (or _Terminated)
+    during the wait calls on_interrupt() once, waits for fn to return and is then raised again
+    (_Terminated as SystemExit(143)).  A negative status raises the library's error, with the
+    message from fn's thread."""
     box = {}
 
     def body():
@@ -62,7 +73,7 @@ def _blocked(fn, on_interrupt=None):
     while not done.is_set():
         try:
             done.wait(0.05)
-        except KeyboardInterrupt as e:
+        except (KeyboardInterrupt, _Terminated) as e:
             if interrupted is None:
                 interrupted = e
                 if on_interrupt:
@@ -75,6 +86,8 @@ def _blocked(fn, on_interrupt=None):
     if interrupted is not None:
         if err is not None:  # (the stop did not go as asked: say why)
             raise err from interrupted
+        if isinstance(interrupted, _Terminated):
+            raise SystemExit(128 + signal.SIGTERM)
         raise interrupted
     if err is not None:
         raise err
@@ -392,15 +405,32 @@ class Model:
                 print("\ndptrain: stopping after this step%s" % (
                     ", with a checkpoint in %s" % opts["out"] if opts.get("out") else ""), file=sys.stderr)
 
+        # SIGTERM (a launcher's stop) stops at a step too, where Python would die at once
+        term = threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        if term:
+            signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             _blocked(lambda: lib.dp_trainer_run(t.h), on_interrupt=interrupted)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit):
             self._settle(records, opts)
             raise
+        except _Terminated:  # (a SIGTERM just outside the wait)
+            self._settle(records, opts)
+            raise SystemExit(128 + signal.SIGTERM)
         except Error:
             self._t = None
             raise
+        finally:
+            if term:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
         self._settle(records, opts)
+        stopped = lib.dp_trainer_stopped(t.h)
+        if stopped >= 0:  # another process of the job was signalled: the job stopped at this step
+            if is_root:
+                print("\ndptrain: stopped after step %d on another process's signal%s" % (
+                    stopped, ", with a checkpoint in %s" % opts["out"] if opts.get("out") else ""), file=sys.stderr)
+            raise KeyboardInterrupt("the job was stopped after step %d by another process's signal" % stopped)
         return records
 
     def _settle(self, records, opts):
