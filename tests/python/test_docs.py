@@ -38,6 +38,7 @@ class TestDocs(unittest.TestCase):
         self.assertEqual(ns["hashes"][0], ns["hashes"][1])
         self.assertEqual(ns["m"].epochs_trained, 4)
         self.assertEqual(ns["acc"], ns["t"].evaluate(ns["Xtf"], ns["yt"])["accuracy"])
+        self.assertTrue(os.path.exists(os.path.join(d, "runs", "stopped", "checkpoint.bin")))
 
 
 if __name__ == "__main__":
