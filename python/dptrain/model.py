@@ -256,7 +256,7 @@ class Model:
             # the trainer needs data: one sample of zeros of the model's input, normalised as the run was
             C, H, W = shape
             x = np.zeros((1, H, W, C) if layout == "nhwc" else (1, C, H, W), np.float32)
-            opts = {"epochs": m._epoch, "workers": 1, "prefetch": 0}
+            opts = {"epochs": max(1, m._epoch), "workers": 1, "prefetch": 0}  # (nothing runs: no step)
             if layout:
                 opts["layout"] = layout
             y = np.zeros((1, outputs.value), np.float32) if reg.value else None  # (a regression's targets)

@@ -72,6 +72,14 @@ class TestModel(unittest.TestCase):
             a, b = head[k]["data_offsets"]
             np.testing.assert_array_equal(np.frombuffer(blob[a:b], np.float32).reshape(head[k]["shape"]), v)
 
+    def test_load_within_the_first_epoch(self):
+        # a checkpoint of a run stopped before its first epoch ended (max_steps) loads too
+        out = os.path.join(scratch(), "early")
+        m = dptrain.Model("mlp:hidden=16")
+        m.fit(self.X, self.y, epochs=1, max_steps=3, out=out, workers=1, verbose=0)
+        r = dptrain.Model.load(os.path.join(out, "checkpoint.bin"))
+        self.assertEqual((r.epochs_trained, r.param_hash()), (0, m.param_hash()))
+
     def test_parameters_views(self):
         p = self.m.parameters()
         self.assertEqual(p["fc1.weight"].shape, (128, 784))
