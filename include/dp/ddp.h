@@ -185,6 +185,27 @@ int dp_backup_star_step(struct dp_backup_star *bs, int64_t step, float *g, doubl
 void dp_backup_star_abort(struct dp_backup_star *bs, const char *why);
 void dp_backup_star_free(struct dp_backup_star *bs);
 
+/* Backup workers on the threads of one process (src/ddp/backup_slot.c has
+ * the protocol): the same step as the star's, through a slot in shared
+ * memory that the P workers meet in (one per process, made by its caller).
+ *     dp_backup_slot_init(&bs, P, base, num_params, b, positions, timeout_s);
+ *     dp_backup_slot_start(bs, first_step);        // before the workers start
+ *     each step, worker r (job rank base + r):
+ *     dp_backup_slot_step(bs, r, comm, step, g, n, &n_acc, &bad, accepted);
+ *         // g = the mean over the accepted samples x positions; accepted[r] (P)
+ *     dp_backup_slot_free(bs);                      // after the workers
+ * dp_backup_slot_abort (any thread; idempotent) fails every wait with
+ * DP_ECANCELED; a wait longer than timeout_s (0: none) names the ranks that
+ * did not arrive and aborts comm. */
+struct dp_backup_slot;
+int dp_backup_slot_init(struct dp_backup_slot **bs, int P, int base, int64_t num_params, int backup,
+                        double positions, double timeout_s);
+void dp_backup_slot_start(struct dp_backup_slot *bs, int64_t first_step);
+int dp_backup_slot_step(struct dp_backup_slot *bs, int rank, struct dp_comm *comm, int64_t step, float *g,
+                        double n_local, double *n_acc, int *bad, unsigned char *accepted);
+void dp_backup_slot_abort(struct dp_backup_slot *bs, const char *why);
+void dp_backup_slot_free(struct dp_backup_slot *bs);
+
 /* Error-feedback state (per worker, kept across steps: the residuals of
  * topk, sign and powersgd, and powersgd's warm-started Q), for checkpoints:
  * its length in floats (0 when the scheme keeps none), a copy out, and a

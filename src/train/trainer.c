@@ -90,11 +90,7 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_backup_star_free(t->star); /* stops rank 0's collector */
     dp_ps_free(t->ps);
     dp_ps_net_free(t->psn);
-    dp_free(t->bk.src);
-    dp_free(t->bk.n);
-    dp_free(t->bk.arrived);
-    for (int k = 0; k < BACKUP_DEPTH; k++) dp_free(t->bk.upd[k]), dp_free(t->bk.acc[k]);
-    if (t->bk.init) pthread_mutex_destroy(&t->bk.mu), pthread_cond_destroy(&t->bk.cv);
+    dp_backup_slot_free(t->slot);
     dp_comm_thread_world_free(t->world);
     dp_model_free(t->model);
     dp_dataset_free(&t->train);
@@ -281,10 +277,8 @@ int dp_trainer_run(struct dp_trainer *t) {
     if (t->star) { /* rank 0's collector opens the first step */
         int rc = dp_backup_star_start(t->star, t->step);
         if (rc) return rc;
-    } else if (t->bk_on) { /* the step slot opens at the first step */
-        t->bk.open = t->step, t->bk.count = 0, t->bk.failed = 0;
-        for (int r = 0; r < t->P; r++) t->bk.arrived[r] = -1;
-        for (int k = 0; k < BACKUP_DEPTH; k++) t->bk.upd_step[k] = -1, t->bk.consumed[k] = 0;
+    } else if (t->slot) { /* the step slot opens at the first step */
+        dp_backup_slot_start(t->slot, t->step);
     }
     if (t->ps) { /* the server starts from worker 0's state (initial, or the checkpoint's) */
         dp_ps_set_state(t->ps, t->w[0].rep.params, t->w[0].sync.opt.state, t->w[0].sync.opt.step, t->step);

@@ -21,31 +21,9 @@
 #include "run_folder.h"
 #include "timeline.h"
 
-/* Backup workers (--backup-workers b; backup.c): the
- * process's step slot, shared by its P workers under mu.  Published
- * gradients live in a ring of BACKUP_DEPTH slots (step s in s % D), so the
- * ranks that close a step may run up to D steps ahead of a late rank. */
+/* Backup workers (--backup-workers b; backup.c): the ranks that close steps
+ * run at most BACKUP_DEPTH steps ahead of the latest (dp/ddp.h). */
 #define BACKUP_DEPTH DP_BACKUP_DEPTH
-
-struct backup {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int init;                       /* mu and cv initialised */
-    int need;                       /* P - b: gradients accepted per step */
-    int64_t open;                   /* the step collecting gradients; all before it are published */
-    int count;                      /* gradients accepted for `open` so far */
-    const float **src;              /* (P) the accepted ranks' gradient sums for `open`, else NULL */
-    double *n;                      /* (P) their sample counts */
-    int64_t *arrived;               /* (P) the last step each rank arrived at (-1: none) */
-    float *upd[BACKUP_DEPTH];       /* step s's gradient (the accepted samples' mean) */
-    int64_t upd_step[BACKUP_DEPTH]; /* the step a slot holds (-1: none) */
-    int consumed[BACKUP_DEPTH];     /* workers that have taken it: the slot is free again at P */
-    double upd_n[BACKUP_DEPTH];     /* samples accepted (0: no update to apply) */
-    int upd_bad[BACKUP_DEPTH];      /* the gradient is not finite */
-    unsigned char *acc[BACKUP_DEPTH]; /* (P) 1: the rank's gradient was accepted */
-    int failed;                     /* a worker failed: every wait returns DP_ECANCELED */
-    char why[400];
-};
 
 struct worker {
     struct dp_trainer *t;
@@ -185,9 +163,9 @@ struct dp_trainer {
     int64_t bal_align;         /* split unit: det_chunk, or 1 */
     int64_t *rank_samples;     /* (G) rank 0: samples each rank took in the epoch (epoch_totals) */
     int64_t *share_samples;    /* (G) rank 0, with balance: the plan in samples, for the report */
-    int bk_on;                 /* backup workers: steps go through bk, not the reducer */
+    int bk_on;                 /* backup workers: steps go through the slot (or the star), not the reducer */
+    struct dp_backup_slot *slot; /* ... on this process's threads (src/ddp/backup_slot.c) */
     struct dp_backup_star *star; /* ... across processes (with `inter`): through rank 0 instead */
-    struct backup bk;
     int64_t *dropped_count;    /* (G) rank 0, with bk_on: this epoch's steps each rank was dropped */
     char note[512];            /* for the caller: what the resume changed (dp_trainer_note) */
     /* parameter server (--mode async; see ps_loop): the server, whether the workers claim
