@@ -356,7 +356,7 @@ int dp_zero_gather_params(struct dp_zero *z, int keep, uint64_t *hash);
 int dp_zero_release_params(struct dp_zero *z);
 int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *l);
 /* Checkpoints keep today's whole-slab layout (parts slabs of n floats),
- * written from the shards (src/train/trainer.c zero_stream).
+ * written from the shards (src/train/checkpointing.c zero_stream).
  * dp_zero_piece_data: piece i's floats in this worker's memory, part k of
  * its optimizer state, or with k = -1 its stage-3 parameters (pshard); a
  * resume reads each piece into it (load_checkpoint). */

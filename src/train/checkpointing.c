@@ -235,7 +235,7 @@ static void fill_header(const struct dp_trainer *t, struct dp_ckpt_header *h) {
  *                   else rank 0's slab
  *     buffers       rank 0's (replicated)
  *     state part k  the ranges and pieces in the same order, each piece's
- *                   part k (dp_zero_piece_data)
+ *                   part k (dp_sync_piece)
  *
  * One process (G == P): rank 0 reads the other workers' pieces in place;
  * they are idle (waiting at the epoch's barrier, or the run is over), so

@@ -248,7 +248,7 @@ int dp__end_epoch(struct worker *w, double t_start) {
     /* ZeRO 3: the evaluation gathers layer by layer (evaluate_shared); the
      * whole parameters only where they are read: after the last epoch, the
      * run's result (dp_trainer_replica: each process's worker 0).  The other
-     * workers pass their pieces on range by range (dp_zero_gather_params),
+     * workers pass their pieces on range by range (dp_sync_gather),
      * and the last epoch first gives back the gradient shards, so the whole
      * replica takes no more than the step did.  Given back after the
      * barrier.  With an output folder, the report's hash is folded range by

@@ -184,7 +184,7 @@ struct dp_trainer {
     int zsaving;               /* rank 0 inside checkpoint(): a multi-process ZeRO job's other workers send
                                   their pieces (zero_stream) */
     float *efstate;            /* multi-process job, rank 0 with out_dir: every rank's error-feedback
-                                  state (G x dp_reducer_state_len), gathered by ef_gather_state */
+                                  state (G x dp_sync_ef_len), gathered by ef_gather_state */
     int64_t efstate_step;      /* the optimizer step efstate was gathered at (-1: never) */
     int red_check;             /* the reduced gradient is checked for non-finite values inside the
                                   all-reduce (reduced_check), not by every worker after it */
