@@ -65,7 +65,7 @@ static void *member_main(void *arg) {
     sp.zero = t->zero, sp.zero_scatter = t->scatter, sp.zero_ahead = t->ahead && P > 1;
     sp.deterministic = t->det;
     struct dp_sync s;
-    ASSERT_OK(dp_sync_init(&s, t->m, c, rep.params, rep.grads, &sp));
+    ASSERT_OK(dp_sync_init(&s, t->m, c, &rep, &sp));
     if (dp_sync_sharded_params(&s)) { /* ZeRO 3: each rank keeps its pieces of the initial slab */
         ASSERT_OK(dp_sync_shard_init(&s, t->m, 5, rep.params));
         ASSERT_OK(dp_sync_release(&s));

@@ -426,13 +426,17 @@ struct dp_sync {
     struct dp_zero zero;
     struct dp_optim opt;       /* over zero.len floats */
     struct dp_comm *comm;
+    const struct dp_model *m;
     float *params, *grads;     /* the replica's slabs (n floats each) */
+    float *buffers;            /* ... and its buffers (BatchNorm's running statistics) */
     int64_t n;
     int G;                     /* workers in the job */
     int64_t step;              /* the optimizer step being taken (dp_sync_step_begin) */
     int folded;                /* the 1/N of the mean went into the loss scale (one micro-batch) */
     double sumsq;              /* ZeRO: ||g||^2 from dp_sync_check, for the clipping of dp_sync_update */
     double *acc;               /* deterministic: fixed-point gradient sums (n) */
+    double *stat_acc;          /* deterministic with BatchNorm: the chunks' statistics in fixed
+                                  point (num_buffers; dp_pass.stat_acc), all-reduced by finish */
     int64_t det_done;          /* deterministic: floats of this chunk converted by its grad_ready */
     int det_bad;               /* deterministic: a chunk's gradient did not fit fixed point */
     double t_gather0, t_gather1; /* the last update's all-gather (ZeRO; equal when none) */
@@ -440,9 +444,10 @@ struct dp_sync {
     struct dp_sync_stats last;  /* the last reduction's bytes and compression seconds */
 };
 
-/* Everything for one worker of comm's world over the replica's slabs; model
- * m plans the buckets.  A NULL-safe dp_sync_free releases it. */
-int dp_sync_init(struct dp_sync *s, const struct dp_model *m, struct dp_comm *comm, float *params, float *grads,
+/* Everything for one worker of comm's world over replica r's slabs (kept
+ * by reference); model m plans the buckets.  A NULL-safe dp_sync_free
+ * releases it. */
+int dp_sync_init(struct dp_sync *s, const struct dp_model *m, struct dp_comm *comm, struct dp_replica *r,
                  const struct dp_sync_params *p);
 void dp_sync_free(struct dp_sync *s);
 /* The step begins: the gradient slab is zeroed (ZeRO 2, 3: the last
@@ -459,7 +464,9 @@ int dp_sync_micro_begin(struct dp_sync *s, struct dp_pass *pass, int64_t k, int6
  * chunk's gradient converted (DP_ENONFINITE when it cannot be). */
 int dp_sync_micro_end(struct dp_sync *s, const struct dp_pass *pass, int reducing, int rc);
 /* Waits for the reduction and adds its cost to the stats; last_micro: the
- * step's last reduction (counted in reduce_steps).  Collective. */
+ * step's last reduction (counted in reduce_steps).  Deterministic: the one
+ * all-reduce of the fixed-point sums, then BatchNorm's (the running
+ * statistics move once per step, alike on every replica).  Collective. */
 int dp_sync_finish(struct dp_sync *s, int last_micro);
 /* The reduced sum -> the mean over the global batch of n_total samples
  * (x positions), unless the 1/N went into the loss scale already. */

@@ -33,12 +33,13 @@ struct dp_sync_params dp_sync_default_params(void) {
 
 /* ---- init, free -------------------------------------------------------------------------- */
 
-int dp_sync_init(struct dp_sync *s, const struct dp_model *m, struct dp_comm *comm, float *params, float *grads,
+int dp_sync_init(struct dp_sync *s, const struct dp_model *m, struct dp_comm *comm, struct dp_replica *r,
                  const struct dp_sync_params *p) {
     memset(s, 0, sizeof *s);
     s->p = *p;
-    s->comm = comm;
-    s->params = params, s->grads = grads, s->n = m->num_params;
+    s->comm = comm, s->m = m;
+    float *params = r->params, *grads = r->grads;
+    s->params = params, s->grads = grads, s->buffers = r->buffers, s->n = m->num_params;
     s->G = comm ? dp_comm_world(comm) : 1;
     int rc = dp_zero_init(&s->zero, comm, s->n, p->zero, &p->optim);
     if (rc) return rc;
@@ -50,6 +51,9 @@ int dp_sync_init(struct dp_sync *s, const struct dp_model *m, struct dp_comm *co
     if (p->deterministic &&
         !(s->acc = dp_malloc_big(sizeof(double) * (size_t)(s->n ? s->n : 1))))
         return dp_seterr(DP_ENOMEM, "deterministic mode: cannot allocate the accumulator");
+    if (p->deterministic && m->num_buffers > 0 &&
+        !(s->stat_acc = dp_malloc(sizeof(double) * (size_t)m->num_buffers)))
+        return dp_seterr(DP_ENOMEM, "--deterministic: out of memory");
     struct dp_reducer_params rp = p->reducer;
     rp.scatter = p->zero && p->zero_scatter && !p->zero_ahead;
     rp.shard = (p->zero >= 2 && s->G > 1) || (p->zero_ahead && p->zero_scatter);
@@ -68,8 +72,8 @@ void dp_sync_free(struct dp_sync *s) {
     dp_reducer_free(&s->red);
     dp_optim_free(&s->opt);
     dp_zero_free(&s->zero);
-    dp_free(s->acc);
-    s->acc = NULL;
+    dp_free(s->acc), dp_free(s->stat_acc);
+    s->acc = NULL, s->stat_acc = NULL;
 }
 
 /* ---- the deterministic reduction ----------------------------------------------------------
@@ -108,6 +112,7 @@ int dp_sync_step_begin(struct dp_sync *s, int64_t step) {
     s->sumsq = 0;
     if (s->p.deterministic) {
         memset(s->acc, 0, sizeof(double) * (size_t)s->n);
+        if (s->stat_acc) memset(s->stat_acc, 0, sizeof(double) * (size_t)s->m->num_buffers);
         /* ZeRO 3: the chunks run on the whole parameters, gathered for the
          * step (deterministic mode holds full-size sums anyway: no memory win) */
         int rc = dp_zero_materialize(&s->zero);
@@ -125,6 +130,7 @@ int dp_sync_micro_begin(struct dp_sync *s, struct dp_pass *pass, int64_t k, int6
     if (s->p.deterministic) {
         s->det_done = 0, s->det_bad = 0;
         pass->grad_ready = det_grad_ready, pass->grad_ready_arg = s;
+        pass->stat_acc = s->stat_acc; /* BatchNorm: the chunk's own statistics, summed in fixed point */
         return 0;
     }
     /* with one worker there is nothing to reduce: no reducer, no progress
@@ -180,6 +186,11 @@ int dp_sync_finish(struct dp_sync *s, int last_micro) {
         int rc = dp_comm_allreduce(s->comm, s->acc, s->n, DP_DTYPE_F64, s->p.reducer.algo);
         double dt = dp_time() - t0;
         st->t_comm += dt, st->t_exposed += dt; /* (after the last chunk: nothing to hide behind) */
+        /* BatchNorm's chunk statistics, fixed-point integers too: their all-reduce is the same
+         * bits on any worker count, and every replica moves its running statistics alike */
+        if (!rc && s->stat_acc && s->G > 1)
+            rc = dp_comm_allreduce(s->comm, s->stat_acc, s->m->num_buffers, DP_DTYPE_F64, s->p.reducer.algo);
+        if (!rc && s->stat_acc) dp_model_apply_stats(s->m, s->buffers, s->stat_acc);
         return rc;
     }
     int rc = dp_reducer_finish(&s->red);

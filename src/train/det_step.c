@@ -21,7 +21,7 @@
  *
  * BatchNorm normalises each chunk with the chunk's own statistics, which do not depend on
  * the worker that holds it (ghost batch normalisation; src/nn/batchnorm.c), and its running
- * statistics move once per step, after a second all-reduce of fixed-point sums: the chunks'
+ * statistics move once per step, after a second all-reduce of fixed-point sums (dp_sync_finish): the chunks'
  * means and variances (num_buffers doubles). */
 static int det_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
     (void)skipped;
@@ -30,7 +30,6 @@ static int det_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *
     const int64_t C = t->p.det_chunk;
     int rc = dp_sync_step_begin(&w->sync, w->step); /* ZeRO 3: the whole parameters, gathered for the chunks */
     if (rc) return rc;
-    if (w->stat_acc) memset(w->stat_acc, 0, sizeof(double) * (size_t)m->num_buffers);
     double n_total = 0, loss_sum = 0, n_local = 0, compute = 0;
     for (int64_t k = 0; k < nmicro; k++) {
         const struct dp_loader_batch *lb;
@@ -39,8 +38,7 @@ static int det_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *
         for (int64_t c0 = 0; c0 < lb->B; c0 += C) {
             int64_t B = lb->B - c0 < C ? lb->B - c0 : C;
             struct dp_batch b = dp__batch_of(lb, c0, B, per, t->pos, dp_model_num_classes(m));
-            struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = 1.0f,
-                                   .stat_acc = w->stat_acc}; /* BatchNorm: the chunk's own statistics */
+            struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = 1.0f};
             (void)dp_sync_micro_begin(&w->sync, &pass, k, nmicro, n_total, (double)lb->global_B);
             rc = dp_model_run(m, &w->rep, &b, &pass);
             if ((rc = dp_sync_micro_end(&w->sync, &pass, 0, rc))) return rc; /* the chunk, in fixed point */
@@ -69,12 +67,7 @@ static int det_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *
     double tc = dp_time();
     w->arrival[0] += tc - w->t_step0; /* one reduction per step: "bucket" 0 */
     w->arrival_steps++;
-    rc = dp_sync_finish(&w->sync, 1); /* the accumulators' all-reduce */
-    /* BatchNorm's chunk statistics, fixed-point integers too: their all-reduce is the same
-     * bits on any worker count, and every replica moves its running statistics alike */
-    if (!rc && w->stat_acc && t->G > 1)
-        rc = dp_comm_allreduce(w->comm, w->stat_acc, m->num_buffers, DP_DTYPE_F64, (enum dp_comm_algo)t->p.algo);
-    if (!rc && w->stat_acc) dp_model_apply_stats(m, w->rep.buffers, w->stat_acc);
+    rc = dp_sync_finish(&w->sync, 1); /* the accumulators' all-reduce (and BatchNorm's statistics') */
     double t1 = dp_time();
     w->step_wait = t->G > 1 ? t1 - tc : 0;
     w->t_wait += w->step_wait, w->t_slow += w->step_slow;

@@ -52,9 +52,6 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
         w->buf_save = dp_malloc(sizeof(float) * (size_t)t->model->num_buffers);
         if (!w->buf_save) return dp_seterr(DP_ENOMEM, "--skip-nonfinite: out of memory");
     }
-    if (p->deterministic && t->model->num_buffers > 0 &&
-        !(w->stat_acc = dp_malloc(sizeof(double) * (size_t)t->model->num_buffers)))
-        return dp_seterr(DP_ENOMEM, "--deterministic: out of memory");
     /* the step's synchronisation (dp/ddp.h dp_sync): the reducer, ZeRO, the optimizer */
     struct dp_sync_params sp = dp_sync_default_params();
     sp.reducer.bucket_cap_bytes = p->bucket_cap_bytes;
@@ -72,7 +69,7 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
                     (p->zero_gather == DP_ZERO_GATHER_AHEAD || (p->zero_gather == DP_ZERO_GATHER_AUTO && t->G > t->P));
     sp.deterministic = p->deterministic;
     sp.positions = (double)t->pos;
-    if ((rc = dp_sync_init(&w->sync, t->model, w->comm, w->rep.params, w->rep.grads, &sp))) return rc;
+    if ((rc = dp_sync_init(&w->sync, t->model, w->comm, &w->rep, &sp))) return rc;
     w->arrival = dp_calloc((size_t)w->sync.red.nb + 1, sizeof(double));
     w->waits = dp_calloc((size_t)t->G, sizeof(double));
     if (!w->arrival || !w->waits) return dp_seterr(DP_ENOMEM, "trainer: out of memory");

@@ -62,7 +62,6 @@ void dp_trainer_free(struct dp_trainer *t) {
         struct worker *w = &t->w[r];
         dp_timeline_free(&w->tl);
         dp_free(w->buf_save);
-        dp_free(w->stat_acc);
         dp_free(w->arrival);
         dp_free(w->waits);
         dp_free(w->bal_rate);

@@ -37,8 +37,6 @@ struct worker {
     struct dp_comm *comm;
     struct dp_timeline tl;
     float *buf_save;           /* --skip-nonfinite: the buffers before this step (num_buffers) */
-    double *stat_acc;          /* deterministic mode with BatchNorm: the step's chunk statistics in
-                                  fixed point (num_buffers; dp_ctx.stat_acc), then their all-reduce */
     pthread_t thread;
     int started;
     int rc;
