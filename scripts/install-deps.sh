@@ -10,7 +10,7 @@ pkgs=(build-essential clang libclang-rt-14-dev zlib1g-dev libcsv-dev libzip-dev 
       iproute2 pkgconf fortunes fortunes-min)  # fortunes*: the default text corpus (docs/text.md)
 # --torch also: the Python package's stage (tests/python: numpy, a venv, an offline pip install)
 if [[ "${1:-}" == "--torch" ]]; then pkgs+=(python3-torch python3-numpy python3-venv python3-pip python3-setuptools python3-wheel
-                                           python3-mpi4py python3-sklearn); fi
+                                           python3-mpi4py python3-sklearn python3-pytest); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
