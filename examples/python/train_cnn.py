@@ -9,11 +9,9 @@ import numpy as np
 
 import dptrain
 
-DATA = "/usr/share/datasets/fashion-mnist/"  # Debian's dataset-fashion-mnist
 
-
-def idx(name, offset):
-    with gzip.open(DATA + name + ".gz") as f:
+def idx(name, offset):  # Debian's dataset-fashion-mnist, as numpy arrays
+    with gzip.open("/usr/share/datasets/fashion-mnist/" + name + ".gz") as f:
         return np.frombuffer(f.read(), np.uint8, offset=offset)
 
 
@@ -22,7 +20,6 @@ X = idx("train-images-idx3-ubyte", 16).reshape(-1, 1, 28, 28)[:n]   # uint8, bor
 y = idx("train-labels-idx1-ubyte", 8)[:n]
 Xt = idx("t10k-images-idx3-ubyte", 16).reshape(-1, 1, 28, 28)
 yt = idx("t10k-labels-idx1-ubyte", 8)
-
 m = dptrain.Model("cnn")
 hist = m.fit(X, y, epochs=2, batch_size=128, workers=2, lr=0.05, momentum=0.9,
              validation_data=(Xt, yt), out="runs/py-cnn", overwrite=True, verbose=1)
