@@ -19,6 +19,11 @@ def run(script, samples):
 
 
 class TestExamples(unittest.TestCase):
+    def test_readme_shows_train_cnn(self):
+        with open(os.path.join(ROOT, "README.md")) as f, \
+                open(os.path.join(ROOT, "examples", "python", "train_cnn.py")) as g:
+            self.assertIn("```python\n" + g.read() + "```", f.read())
+
     def test_train_cnn(self):
         out = run("train_cnn.py", 2560)
         acc = float(re.search(r"test accuracy ([0-9.]+)%", out).group(1))
