@@ -43,16 +43,16 @@ static double median(double *v, int n) {
 /* one run of WARM + steps steps; the milliseconds per timed step, or -1 */
 static double run(struct dp_comm *job, const char *model, const char *data, const _Atomic int *stop) {
     struct dp_train_params p = dp_train_default_params();
-    p.model = model;
-    if (data) p.data_dir = data;
-    p.inter = job;
-    p.workers = 1;
-    p.batch = 128;
-    p.epochs = 1000; /* max_steps ends the run */
-    p.max_steps = WARM + steps;
-    p.test_limit = 256;
-    p.stop = stop;
-    p.on_event = on_event;
+    p.run.model = model;
+    if (data) p.data.data_dir = data;
+    p.dp.inter = job;
+    p.dp.workers = 1;
+    p.run.batch = 128;
+    p.run.epochs = 1000; /* max_steps ends the run */
+    p.run.max_steps = WARM + steps;
+    p.data.test_limit = 256;
+    p.io.stop = stop;
+    p.io.on_event = on_event;
     struct dp_trainer *t;
     t_warm = t_end = 0;
     if (dp_trainer_init(&t, &p) || dp_trainer_run(t)) {

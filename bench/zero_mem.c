@@ -106,21 +106,21 @@ int main(int argc, char **argv) {
         return 2;
     }
     struct dp_train_params p = dp_train_default_params();
-    if (argc > 4) p.data_dir = argv[4];
-    p.model = argv[1];
-    p.workers = atoi(argv[2]);
-    p.zero = atoi(argv[3]);
+    if (argc > 4) p.data.data_dir = argv[4];
+    p.run.model = argv[1];
+    p.dp.workers = atoi(argv[2]);
+    p.dp.zero = atoi(argv[3]);
     p.optim.kind = DP_OPTIM_ADAMW;
     p.sched.base_lr = 1e-3f;
-    p.batch = 128;
-    p.max_steps = 3;
-    p.test_limit = 256;
-    p.on_event = on_event;
+    p.run.batch = 128;
+    p.run.max_steps = 3;
+    p.data.test_limit = 256;
+    p.io.on_event = on_event;
     /* the data set alone, as the trainer loads it (its images as floats) */
     struct dp_allocator a = {count_alloc, count_free, NULL};
     dp_set_allocator(&a);
     struct dp_dataset tr, te;
-    if (dp_dataset_load_dir(&tr, &te, p.data_dir)) {
+    if (dp_dataset_load_dir(&tr, &te, p.data.data_dir)) {
         fprintf(stderr, "zero_mem: %s\n", dp_errmsg());
         return 1;
     }
@@ -142,21 +142,21 @@ int main(int argc, char **argv) {
         return 1;
     }
     int64_t n = dp_trainer_model(t)->num_params, grad_hw = 0;
-    for (int r = 0; r < p.workers; r++) {
+    for (int r = 0; r < p.dp.workers; r++) {
         struct dp_zero_counts c;
         if (dp_trainer_zero_counts(t, r, &c) == 0 && c.grad_hw_bytes > grad_hw) grad_hw = c.grad_hw_bytes;
     }
     dp_trainer_free(t);
     dp_set_allocator(NULL);
-    double per = (double)(peak - data) / p.workers;
+    double per = (double)(peak - data) / p.dp.workers;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    double psi = (double)n, P = p.workers, z = P > 1 ? p.zero : 0;
+    double psi = (double)n, P = p.dp.workers, z = P > 1 ? p.dp.zero : 0;
     double f = z == 0 ? 16 * psi : z == 1 ? 8 * psi + 8 * psi / P : z == 2 ? 4 * psi + 12 * psi / P : 16 * psi / P;
     double act = ((double)init - (double)data) / P - (double)state_init;
     double rss_w = ((double)ru.ru_maxrss * 1024 - (double)rss_base - (double)data) / P;
     printf("%s\t%d\t%d\t%lld\t%zu\t%zu\t%zu\t%.0f\t%.2f\t%lld\t%.2f\t%lld\t%.0f\t%.0f\t%lld\t%lld\t%.0f\t%.3f\t%lld\t%lld\n",
-           p.model, p.workers, p.zero, (long long)n, init, peak, data, per, per / (double)n, (long long)state_step,
+           p.run.model, p.dp.workers, p.dp.zero, (long long)n, init, peak, data, per, per / (double)n, (long long)state_step,
            (double)state_step / (double)n, (long long)ru.ru_maxrss * 1024, f, act, (long long)inflight, rss_base,
            rss_w, rss_w / (f + act + (double)inflight), rss_base - rss0, (long long)grad_hw);
     return 0;

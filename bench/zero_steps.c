@@ -34,7 +34,7 @@ static void on_event(void *arg, const struct dp_event *ev) {
     struct rusage r1;
     getrusage(RUSAGE_SELF, &r1);
     double n = (double)steps, t = dp_time() - t0;
-    printf("%s\t%d\t%d\t%lld\t%.3f\t%.2f\t%.3f\t%.3f\n", p->model, p->workers, p->zero, (long long)steps, 1e3 * t / n,
+    printf("%s\t%d\t%d\t%lld\t%.3f\t%.2f\t%.3f\t%.3f\n", p->run.model, p->dp.workers, p->dp.zero, (long long)steps, 1e3 * t / n,
            (double)(r1.ru_minflt - r0.ru_minflt) / n, 1e3 * (secs(r1.ru_stime) - secs(r0.ru_stime)) / n,
            1e3 * (secs(r1.ru_utime) - secs(r0.ru_utime)) / n);
 }
@@ -45,19 +45,19 @@ int main(int argc, char **argv) {
         return 2;
     }
     struct dp_train_params p = dp_train_default_params();
-    p.model = argv[1];
-    p.workers = atoi(argv[2]);
-    p.zero = atoi(argv[3]);
+    p.run.model = argv[1];
+    p.dp.workers = atoi(argv[2]);
+    p.dp.zero = atoi(argv[3]);
     if (argc > 4) steps = atoll(argv[4]);
-    if (argc > 5) p.data_dir = argv[5];
+    if (argc > 5) p.data.data_dir = argv[5];
     if (steps < 1) steps = 1;
     p.optim.kind = DP_OPTIM_ADAMW;
     p.sched.base_lr = 1e-3f;
-    p.batch = 128;
-    p.epochs = 1000; /* max_steps ends the run */
-    p.max_steps = WARM + steps;
-    p.test_limit = 256;
-    p.on_event = on_event, p.event_arg = &p;
+    p.run.batch = 128;
+    p.run.epochs = 1000; /* max_steps ends the run */
+    p.run.max_steps = WARM + steps;
+    p.data.test_limit = 256;
+    p.io.on_event = on_event, p.io.event_arg = &p;
     struct dp_trainer *t;
     if (dp_trainer_init(&t, &p) || dp_trainer_run(t)) {
         fprintf(stderr, "zero_steps: %s\n", dp_errmsg());

@@ -47,22 +47,22 @@ static void on_event(void *arg, const struct dp_event *ev) {
 
 int main(int argc, char **argv) {
     struct dp_train_params tp = dp_train_default_params();
-    tp.data_dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
-    tp.max_steps = argc > 2 ? atoll(argv[2]) : 0;
-    tp.workers = argc > 3 ? atoi(argv[3]) : 2;
-    tp.out_dir = argc > 4 ? argv[4] : NULL;
-    tp.overwrite = 1;
-    tp.model = NULL;
-    tp.model_build = build;
-    tp.epochs = 1;
-    tp.batch = 128;
-    tp.deterministic = 1;
+    tp.data.data_dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
+    tp.run.max_steps = argc > 2 ? atoll(argv[2]) : 0;
+    tp.dp.workers = argc > 3 ? atoi(argv[3]) : 2;
+    tp.io.out_dir = argc > 4 ? argv[4] : NULL;
+    tp.io.overwrite = 1;
+    tp.run.model = NULL;
+    tp.run.model_build = build;
+    tp.run.epochs = 1;
+    tp.run.batch = 128;
+    tp.dp.deterministic = 1;
     tp.optim.kind = DP_OPTIM_ADAMW;
     tp.optim.weight_decay = 0.01f;
     tp.sched.base_lr = 1e-3f;
     int64_t steps = 0;
-    tp.on_event = on_event;
-    tp.event_arg = &steps;
+    tp.io.on_event = on_event;
+    tp.io.event_arg = &steps;
 
     struct dp_trainer *t;
     int rc = dp_trainer_init(&t, &tp);
@@ -73,11 +73,11 @@ int main(int argc, char **argv) {
 
     struct dp_dataset train, test;
     double acc, loss;
-    if ((rc = dp_dataset_load_dir(&train, &test, tp.data_dir))) return fail(rc);
-    dp_dataset_normalize(&test, tp.norm_mean, tp.norm_std);
+    if ((rc = dp_dataset_load_dir(&train, &test, tp.data.data_dir))) return fail(rc);
+    dp_dataset_normalize(&test, tp.data.norm_mean, tp.data.norm_std);
     if ((rc = dp_trainer_evaluate(t, &test, 0, &acc, &loss))) return fail(rc);
     printf("test accuracy after %lld steps: %.2f%%\n", (long long)steps, 100 * acc);
-    printf("workers: %d, param hash %016" PRIx64 "\n", tp.workers, dp_trainer_param_hash(t));
+    printf("workers: %d, param hash %016" PRIx64 "\n", tp.dp.workers, dp_trainer_param_hash(t));
     dp_dataset_free(&train);
     dp_dataset_free(&test);
     dp_trainer_free(t);

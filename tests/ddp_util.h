@@ -26,17 +26,17 @@ static inline void require_data(void) {
  * of 40), momentum SGD, `workers` workers. */
 static inline struct dp_train_params base(const char *model, int workers) {
     struct dp_train_params p = dp_train_default_params();
-    p.data_dir = DATA;
-    p.model = model;
-    p.workers = workers;
-    p.batch = 60;
-    p.epochs = 1;
-    p.train_limit = 1000;
-    p.test_limit = 100;
+    p.data.data_dir = DATA;
+    p.run.model = model;
+    p.dp.workers = workers;
+    p.run.batch = 60;
+    p.run.epochs = 1;
+    p.data.train_limit = 1000;
+    p.data.test_limit = 100;
     p.sched.base_lr = 0.05f;
     p.optim.momentum = 0.9f;
-    p.prefetch = 1;
-    p.seed = 3;
+    p.data.prefetch = 1;
+    p.run.seed = 3;
     return p;
 }
 
@@ -72,19 +72,19 @@ static inline double rel_diff(const float *a, const float *b, int64_t n) { retur
  * divide the batch), and the same model as ordinary training to float
  * rounding (1e-5).  `what` names the run in the printed difference. */
 static inline void expect_deterministic(struct dp_train_params p, int max_workers, const char *what) {
-    p.workers = 1;
-    p.deterministic = 1;
+    p.dp.workers = 1;
+    p.dp.deterministic = 1;
     int64_t n1, n;
     float *ref = train(&p, &n1);
     for (int P = 2; P <= max_workers; P++) {
-        p.workers = P;
+        p.dp.workers = P;
         float *got = train(&p, &n);
         ASSERT_EQ(n, n1);
         ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
         free(got);
     }
-    p.workers = 1;
-    p.deterministic = 0;
+    p.dp.workers = 1;
+    p.dp.deterministic = 0;
     float *plain = train(&p, &n);
     double d = rel_diff(plain, ref, n);
     fprintf(stderr, "    %s deterministic vs ordinary: %.2e\n", what, d);

@@ -36,9 +36,9 @@ static void on_event(void *arg, const struct dp_event *ev) {
 /* Backup mode with b backup workers, the replicas compared after every step
  * (a mismatch fails the run), and the run's events counted into s. */
 static void watch_backups(struct dp_train_params *p, int b, struct seen *s) {
-    p->backup = 1, p->backup_workers = b;
-    p->check_replicas = 1;
-    p->on_event = on_event, p->event_arg = s;
+    p->dp.backup = 1, p->dp.backup_workers = b;
+    p->dp.check_replicas = 1;
+    p->io.on_event = on_event, p->io.event_arg = s;
 }
 
 /* b = 0: every rank is accepted, and the slot's sum (in rank order, scaled
@@ -48,12 +48,12 @@ static void watch_backups(struct dp_train_params *p, int b, struct seen *s) {
 static void zero_backups(const char *model, int64_t limit) {
     require_data();
     struct dp_train_params p = base(model, 1);
-    p.train_limit = limit;
+    p.data.train_limit = limit;
     int64_t n1, n;
     float *ref = train(&p, &n1);
     for (int P = 2; P <= 3; P++) {
         struct seen s = {0};
-        p.workers = P;
+        p.dp.workers = P;
         watch_backups(&p, 0, &s);
         float *got = train(&p, &n);
         ASSERT_EQ(n, n1);
@@ -78,11 +78,11 @@ TEST_T(backup_drops_slow_rank, 300) {
     require_data();
     struct dp_train_params p = base("cnn", 2);
     struct seen s = {0};
-    p.train_limit = 360;
-    p.epochs = 3;
+    p.data.train_limit = 360;
+    p.run.epochs = 3;
     watch_backups(&p, 1, &s);
-    p.simulate_slow = "1:4";
-    p.comm_timeout = 120;
+    p.sim.simulate_slow = "1:4";
+    p.dp.comm_timeout = 120;
     int64_t n;
     float *got = train(&p, &n);
     fprintf(stderr, "    cnn P=2 b=1 rank 1 x4: %lld steps, dropped %lld/%lld, loss %.3f -> %.3f -> %.3f\n",
@@ -105,11 +105,11 @@ TEST_T(backup_no_hang_p2_to_p4, 300) {
         for (int b = 1; b < P; b += P - 2 > 0 ? P - 2 : 1) {
             struct dp_train_params p = base("mlp", P);
             struct seen s = {0};
-            p.train_limit = 600;
-            p.epochs = 3;
+            p.data.train_limit = 600;
+            p.run.epochs = 3;
             watch_backups(&p, b, &s);
-            p.simulate_jitter = "p=0.3,ms=3";
-            p.comm_timeout = 120;
+            p.sim.simulate_jitter = "p=0.3,ms=3";
+            p.dp.comm_timeout = 120;
             int64_t n;
             float *got = train(&p, &n);
             fprintf(stderr, "    mlp P=%d b=%d jitter: %lld steps, dropped", P, b, (long long)s.steps);
@@ -130,7 +130,7 @@ TEST_T(backup_failure_and_timeout, 300) {
     require_data();
     struct dp_trainer *t;
     struct dp_train_params p = base("mlp", 3);
-    p.backup = 1, p.backup_workers = 1;
+    p.dp.backup = 1, p.dp.backup_workers = 1;
     struct dp_fault f = {DP_FAULT_DATA, 2, 3};
     ASSERT_OK(init_faulty(&t, &p, &f));
     ASSERT_ERR(dp_trainer_run(t), DP_EIO, "injected data error");
@@ -140,10 +140,10 @@ TEST_T(backup_failure_and_timeout, 300) {
      * alone (b = 1) until the ring is full, then waits for rank 1 to take
      * an update and times out after 0.3 s naming it */
     p = base("mlp", 2);
-    p.backup = 1, p.backup_workers = 1;
-    p.simulate_slow = "1:1000";
-    p.comm_timeout = 0.3;
-    p.max_steps = 6;
+    p.dp.backup = 1, p.dp.backup_workers = 1;
+    p.sim.simulate_slow = "1:1000";
+    p.dp.comm_timeout = 0.3;
+    p.run.max_steps = 6;
     ASSERT_OK(dp_trainer_init(&t, &p));
     ASSERT_ERR(dp_trainer_run(t), DP_ECANCELED, "did not arrive: 1");
     fprintf(stderr, "    %s\n", dp_errmsg());
@@ -156,21 +156,21 @@ TEST(backup_rejects_bad_settings) {
     require_data();
     struct dp_trainer *t;
     struct dp_train_params p = base("mlp", 2);
-    p.backup = 1;
-    p.backup_workers = 2;
+    p.dp.backup = 1;
+    p.dp.backup_workers = 2;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--backup-workers must be in 0..1");
-    p.backup_workers = -1;
+    p.dp.backup_workers = -1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--backup-workers must be in 0..1");
-    p.workers = 1, p.backup_workers = 1;
+    p.dp.workers = 1, p.dp.backup_workers = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--backup-workers must be in 0..0");
     p = base("mlp", 2);
-    p.backup = 1, p.backup_workers = 1, p.deterministic = 1;
+    p.dp.backup = 1, p.dp.backup_workers = 1, p.dp.deterministic = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--deterministic");
-    p.backup_workers = 0; /* b = 0: plain deterministic sync */
+    p.dp.backup_workers = 0; /* b = 0: plain deterministic sync */
     ASSERT_OK(dp_trainer_init(&t, &p));
     dp_trainer_free(t);
     p = base("resnet", 2);
-    p.backup = 1, p.backup_workers = 1;
+    p.dp.backup = 1, p.dp.backup_workers = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "BatchNorm");
 }
 
@@ -189,12 +189,12 @@ TEST_T(backup_empty_shares, 120) {
     for (int b = 1; b <= 3; b += 2) {
         struct dp_train_params p = base("mlp", 4);
         struct seen s = {0};
-        p.batch = 2;
+        p.run.batch = 2;
         p.sched.base_lr = 0.01f, p.optim.momentum = 0;
-        p.train_limit = 40;
-        p.epochs = 2;
+        p.data.train_limit = 40;
+        p.run.epochs = 2;
         watch_backups(&p, b, &s);
-        p.comm_timeout = 60;
+        p.dp.comm_timeout = 60;
         int64_t n;
         float *got = train(&p, &n);
         ASSERT_EQ(s.steps, 40);
@@ -212,12 +212,12 @@ TEST_T(backup_tiny_model_protocol, 120) {
     require_data();
     struct dp_train_params p = base("mlp:784,16,10", 3);
     struct seen s = {0};
-    p.batch = 12;
-    p.train_limit = 120;
-    p.epochs = 2;
+    p.run.batch = 12;
+    p.data.train_limit = 120;
+    p.run.epochs = 2;
     watch_backups(&p, 1, &s);
-    p.simulate_jitter = "p=0.3,ms=2";
-    p.comm_timeout = 60;
+    p.sim.simulate_jitter = "p=0.3,ms=2";
+    p.dp.comm_timeout = 60;
     int64_t n;
     float *got = train(&p, &n);
     ASSERT_EQ(s.steps, 20);
@@ -226,7 +226,7 @@ TEST_T(backup_tiny_model_protocol, 120) {
     for (int64_t i = 0; i < n; i++) ASSERT_TRUE(isfinite(got[i]));
     free(got);
     struct dp_trainer *t;
-    p.on_event = NULL;
+    p.io.on_event = NULL;
     struct dp_fault f = {DP_FAULT_DATA, 2, 3};
     ASSERT_OK(init_faulty(&t, &p, &f));
     ASSERT_ERR(dp_trainer_run(t), DP_EIO, "injected data error");

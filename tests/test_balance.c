@@ -188,16 +188,16 @@ static void on_epoch(void *arg, const struct dp_event *ev) {
 static void balanced(const char *model, int64_t limit, int check_shares) {
     require_data();
     struct dp_train_params p = base(model, 1);
-    p.train_limit = limit;
+    p.data.train_limit = limit;
     int64_t n1, n;
     float *ref = train(&p, &n1);
     for (int P = 2; P <= 3; P++) {
         struct shares_seen seen = {0};
-        p.workers = P;
-        p.balance = 2;
-        p.simulate_slow = "1:8";
-        p.check_replicas = 1; /* every step: the replicas stay bit-identical */
-        p.on_event = on_epoch, p.event_arg = &seen;
+        p.dp.workers = P;
+        p.dp.balance = 2;
+        p.sim.simulate_slow = "1:8";
+        p.dp.check_replicas = 1; /* every step: the replicas stay bit-identical */
+        p.io.on_event = on_epoch, p.io.event_arg = &seen;
         float *got = train(&p, &n);
         ASSERT_EQ(n, n1);
         double d = rel_diff(ref, got, n);
@@ -233,10 +233,10 @@ TEST_T(balance_batchnorm_shares_follow_speed, 300) {
     require_data();
     struct dp_train_params p = base("resnet", 2);
     p.sched.base_lr = 0.01f;
-    p.train_limit = 360; /* one epoch of 6 steps: the epoch event gives the shares */
-    p.balance = 2, p.simulate_slow = "1:3";
+    p.data.train_limit = 360; /* one epoch of 6 steps: the epoch event gives the shares */
+    p.dp.balance = 2, p.sim.simulate_slow = "1:3";
     struct shares_seen seen = {0};
-    p.on_event = on_epoch, p.event_arg = &seen;
+    p.io.on_event = on_epoch, p.io.event_arg = &seen;
     int64_t n;
     float *got = train(&p, &n);
     fprintf(stderr, "    resnet P=2 --balance=2, rank 1 x3: shares %lld %lld of 60, taken %lld %lld\n",
@@ -256,16 +256,16 @@ TEST_T(balance_batchnorm_shares_follow_speed, 300) {
 TEST_T(balance_deterministic_same_bits, 300) {
     require_data();
     struct dp_train_params p = base("mlp", 1);
-    p.deterministic = 1;
-    p.det_chunk = 8;
+    p.dp.deterministic = 1;
+    p.dp.det_chunk = 8;
     int64_t n1, n;
     float *ref = train(&p, &n1);
     for (int P = 2; P <= 3; P++) {
         struct shares_seen seen = {0};
-        p.workers = P;
-        p.balance = 1;
-        p.simulate_slow = "1:8";
-        p.on_event = on_epoch, p.event_arg = &seen;
+        p.dp.workers = P;
+        p.dp.balance = 1;
+        p.sim.simulate_slow = "1:8";
+        p.io.on_event = on_epoch, p.io.event_arg = &seen;
         float *got = train(&p, &n);
         ASSERT_EQ(n, n1);
         fprintf(stderr, "    mlp deterministic P=%d --balance=1: shares", P);
@@ -299,7 +299,7 @@ TEST(balance_rejects_negative) {
     require_data();
     struct dp_trainer *t;
     struct dp_train_params p = base("mlp", 2);
-    p.balance = -1;
+    p.dp.balance = -1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--balance");
 }
 
@@ -310,20 +310,20 @@ TEST(balance_rejects_negative) {
 TEST_T(balance_deterministic_resume_exact, 300) {
     require_data();
     struct dp_train_params p = base("mlp", 2);
-    p.deterministic = 1;
-    p.balance = 1;
-    p.simulate_slow = "1:4";
+    p.dp.deterministic = 1;
+    p.dp.balance = 1;
+    p.sim.simulate_slow = "1:4";
     int64_t n;
     float *ref = train(&p, &n);
     char dir[4096], ck[4200];
     snprintf(dir, sizeof dir, "%s/balance", dp_test_tmpdir());
     snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
-    p.out_dir = dir;
-    p.max_steps = 7;
+    p.io.out_dir = dir;
+    p.run.max_steps = 7;
     free(train(&p, &n));
-    p.max_steps = 0;
-    p.resume = ck;
-    p.workers = 3;
+    p.run.max_steps = 0;
+    p.io.resume = ck;
+    p.dp.workers = 3;
     float *got = train(&p, &n);
     ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
     free(ref), free(got);
@@ -338,10 +338,10 @@ TEST_T(balance_accumulation_and_batchnorm, 300) {
     require_data();
     struct dp_train_params p = base("resnet", 1);
     p.sched.base_lr = 0.01f;
-    p.max_steps = 3;
+    p.run.max_steps = 3;
     int64_t n1, n;
     float *ref = train(&p, &n1);
-    p.workers = 2, p.balance = 1, p.simulate_slow = "1:3", p.check_replicas = 1;
+    p.dp.workers = 2, p.dp.balance = 1, p.sim.simulate_slow = "1:3", p.dp.check_replicas = 1;
     float *got = train(&p, &n);
     double d = rel_diff(ref, got, n);
     fprintf(stderr, "    resnet P=2 --balance=1: %.2e to P=1\n", d);
@@ -349,9 +349,9 @@ TEST_T(balance_accumulation_and_batchnorm, 300) {
     free(ref), free(got);
 
     p = base("mlp", 1);
-    p.max_steps = 8;
+    p.run.max_steps = 8;
     ref = train(&p, &n1);
-    p.workers = 2, p.batch = 30, p.accum = 2, p.balance = 1, p.simulate_slow = "1:3";
+    p.dp.workers = 2, p.run.batch = 30, p.dp.accum = 2, p.dp.balance = 1, p.sim.simulate_slow = "1:3";
     got = train(&p, &n);
     d = rel_diff(ref, got, n);
     fprintf(stderr, "    mlp P=2 accum 2 x 30 --balance=1: %.2e to P=1 batch 60\n", d);

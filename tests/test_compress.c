@@ -480,7 +480,7 @@ static void on_step(void *arg, const struct dp_event *ev) {
 /* Trains with p; the first steps' and the (smoothed) last steps' loss. */
 static struct losses train_losses(struct dp_train_params *p) {
     struct losses l = {0};
-    p->on_event = on_step, p->event_arg = &l;
+    p->io.on_event = on_step, p->io.event_arg = &l;
     struct dp_trainer *t;
     ASSERT_OK(dp_trainer_init(&t, p));
     ASSERT_OK(dp_trainer_run(t));
@@ -492,10 +492,10 @@ static const char *const schemes[] = {"bf16", "fp16", "topk:0.01", "sign", "powe
 
 static void converges(const char *spec, int P, int accum) {
     struct dp_train_params p = base("mlp", P);
-    ASSERT_OK(dp_compress_parse(spec, &p.compress));
-    p.accum = accum;
-    p.epochs = accum; /* the same number of optimizer steps */
-    p.batch = 40;
+    ASSERT_OK(dp_compress_parse(spec, &p.dp.compress));
+    p.dp.accum = accum;
+    p.run.epochs = accum; /* the same number of optimizer steps */
+    p.run.batch = 40;
     p.sched.base_lr = 0.1f;
     p.optim.momentum = 0; /* (sign with momentum 0.9 at this rate diverges: see docs/ddp.md) */
     struct losses l = train_losses(&p);
@@ -525,8 +525,8 @@ TEST_T(compress_resnet_trains_with_every_scheme, 300) {
     require_data();
     for (size_t s = 0; s < sizeof schemes / sizeof schemes[0]; s++) {
         struct dp_train_params p = base("resnet", 2);
-        ASSERT_OK(dp_compress_parse(schemes[s], &p.compress));
-        p.train_limit = 16, p.test_limit = 16, p.batch = 16, p.epochs = 12;
+        ASSERT_OK(dp_compress_parse(schemes[s], &p.dp.compress));
+        p.data.train_limit = 16, p.data.test_limit = 16, p.run.batch = 16, p.run.epochs = 12;
         p.sched.base_lr = 0.05f;
         p.optim.momentum = 0;
         struct losses l = train_losses(&p);
@@ -542,11 +542,11 @@ TEST_T(compress_resnet_trains_with_every_scheme, 300) {
  * gradient the optimizer applied (caller frees), and its length. */
 static float *one_step(const char *spec, int P, int accum, double clip, int64_t *n) {
     struct dp_train_params p = base("mlp", P);
-    if (spec) ASSERT_OK(dp_compress_parse(spec, &p.compress));
+    if (spec) ASSERT_OK(dp_compress_parse(spec, &p.dp.compress));
     p.optim.momentum = 0;
-    p.accum = accum;
-    p.max_steps = 1;
-    p.clip_norm = clip;
+    p.dp.accum = accum;
+    p.run.max_steps = 1;
+    p.run.clip_norm = clip;
     struct dp_trainer *t;
     ASSERT_OK(dp_trainer_init(&t, &p));
     *n = dp_trainer_model(t)->num_params;
@@ -590,8 +590,8 @@ TEST_T(compress_clip_uses_the_decompressed_gradient, 300) {
 
 TEST(compress_refused_with_deterministic) {
     struct dp_train_params p = base("mlp", 2);
-    ASSERT_OK(dp_compress_parse("bf16", &p.compress));
-    p.deterministic = 1;
+    ASSERT_OK(dp_compress_parse("bf16", &p.dp.compress));
+    p.dp.deterministic = 1;
     struct dp_trainer *t;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "does not work with --deterministic");
 }
@@ -613,11 +613,11 @@ TEST_T(compress_resume_keeps_error_feedback, 300) {
     snprintf(dir, sizeof dir, "%s/ef", dp_test_tmpdir());
     snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
     struct dp_train_params p = base("mlp", 2);
-    ASSERT_OK(dp_compress_parse("topk:0.01", &p.compress));
-    p.epochs = 2;
+    ASSERT_OK(dp_compress_parse("topk:0.01", &p.dp.compress));
+    p.run.epochs = 2;
     uint64_t whole = run_hash(p);
-    p.epochs = 1;
-    p.out_dir = dir;
+    p.run.epochs = 1;
+    p.io.out_dir = dir;
     (void)run_hash(p);
     /* the section is there: 2 workers, the residual of every parameter */
     void *data;
@@ -629,19 +629,19 @@ TEST_T(compress_resume_keeps_error_feedback, 300) {
     ASSERT_EQ(ef.workers, 2);
     ASSERT_EQ(ef.kind, DP_COMPRESS_TOPK);
     dp_free(data);
-    p.epochs = 2;
-    p.out_dir = NULL;
-    p.resume = ck;
+    p.run.epochs = 2;
+    p.io.out_dir = NULL;
+    p.io.resume = ck;
     ASSERT_EQ(run_hash(p), whole);
     /* a resume at another worker count resets it, and says so */
-    p.workers = 3;
+    p.dp.workers = 3;
     struct dp_trainer *t;
     ASSERT_OK(dp_trainer_init(&t, &p));
     ASSERT_TRUE(dp_trainer_note(t) && strstr(dp_trainer_note(t), "saved by 2 workers, this run has 3"));
     dp_trainer_free(t);
     /* and a run without compression has nothing to note */
-    p.workers = 2;
-    p.compress.kind = DP_COMPRESS_NONE;
+    p.dp.workers = 2;
+    p.dp.compress.kind = DP_COMPRESS_NONE;
     ASSERT_OK(dp_trainer_init(&t, &p));
     ASSERT_TRUE(dp_trainer_note(t) == NULL);
     dp_trainer_free(t);

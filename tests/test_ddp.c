@@ -18,12 +18,12 @@ static void equivalence(const char *model, int64_t steps, float lr) {
     require_data();
     struct dp_train_params p = base(model, 1);
     p.sched.base_lr = lr;
-    p.max_steps = steps;
+    p.run.max_steps = steps;
     int64_t n1, n;
     float *ref = train(&p, &n1);
     for (int P = 2; P <= 4; P++) {
-        p.workers = P;
-        p.check_replicas = 1; /* every step: all replicas stay bit-identical */
+        p.dp.workers = P;
+        p.dp.check_replicas = 1; /* every step: all replicas stay bit-identical */
         float *got = train(&p, &n);
         ASSERT_EQ(n, n1);
         double d = rel_diff(ref, got, n);
@@ -51,11 +51,11 @@ TEST_T(ddp_accumulation_equals_big_batch, 300) {
     /* 2 micro-batches of 30 = one batch of 60: the same samples in the same
      * step (the epoch permutation does not depend on the batch size). */
     struct dp_train_params p = base("mlp", 2);
-    p.max_steps = 8;
+    p.run.max_steps = 8;
     int64_t n;
     float *ref = train(&p, &n);
-    p.batch = 30;
-    p.accum = 2;
+    p.run.batch = 30;
+    p.dp.accum = 2;
     float *got = train(&p, &n);
     double d = rel_diff(ref, got, n);
     fprintf(stderr, "    accum 2 x 30 vs batch 60: %.2e\n", d);
@@ -66,13 +66,13 @@ TEST_T(ddp_accumulation_equals_big_batch, 300) {
 TEST_T(ddp_overlap_off_and_tiny_buckets_same_result, 300) {
     require_data();
     struct dp_train_params p = base("cnn", 2);
-    p.max_steps = 4;
+    p.run.max_steps = 4;
     int64_t n;
     float *ref = train(&p, &n);
-    p.overlap = 0;
+    p.dp.overlap = 0;
     float *a = train(&p, &n);
-    p.overlap = 1;
-    p.bucket_cap_bytes = 4096, p.first_bucket_bytes = 64; /* one bucket per layer */
+    p.dp.overlap = 1;
+    p.dp.bucket_cap_bytes = 4096, p.dp.first_bucket_bytes = 64; /* one bucket per layer */
     float *b = train(&p, &n);
     /* the all-reduce of each element is the same sum of two values */
     ASSERT_TRUE(memcmp(ref, a, sizeof(float) * (size_t)n) == 0);
@@ -104,14 +104,14 @@ static void pin_event(void *arg, const struct dp_event *ev) {
 TEST_T(ddp_pin_threads_one_core_each, 120) {
     require_data();
     struct dp_train_params p = base("mlp", 2);
-    p.max_steps = 4;
+    p.run.max_steps = 4;
     int64_t n;
     float *ref = train(&p, &n);
     struct pin_seen seen;
     memset(&seen, 0, sizeof seen);
     ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof seen.allowed, &seen.allowed), 0);
-    p.pin_threads = 1;
-    p.on_event = pin_event, p.event_arg = &seen;
+    p.dp.pin_threads = 1;
+    p.io.on_event = pin_event, p.io.event_arg = &seen;
     float *got = train(&p, &n);
     cpu_set_t after;
     ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof after, &after), 0);
@@ -135,13 +135,13 @@ TEST_T(ddp_caller_progress_same_bits, 300) {
     const char *models[2] = {"cnn", "resnet"};
     for (int k = 0; k < 2; k++) {
         struct dp_train_params p = base(models[k], 3 - k);
-        p.max_steps = 3 - k;
-        if (k == 0) p.bucket_cap_bytes = 4096, p.first_bucket_bytes = 64;
+        p.run.max_steps = 3 - k;
+        if (k == 0) p.dp.bucket_cap_bytes = 4096, p.dp.first_bucket_bytes = 64;
         int64_t n;
-        p.comm_progress = DP_PROGRESS_THREAD; /* (auto may choose caller here) */
+        p.dp.comm_progress = DP_PROGRESS_THREAD; /* (auto may choose caller here) */
         float *ref = train(&p, &n);
-        p.comm_progress = DP_PROGRESS_CALLER;
-        p.check_replicas = 1; /* every step: the replicas stay bit-identical */
+        p.dp.comm_progress = DP_PROGRESS_CALLER;
+        p.dp.check_replicas = 1; /* every step: the replicas stay bit-identical */
         float *got = train(&p, &n);
         ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
         free(ref), free(got);
@@ -181,10 +181,10 @@ TEST(ddp_progress_auto) {
             CPU_SET(c, &two), k++;
         }
     struct dp_train_params p = dp_train_default_params();
-    ASSERT_EQ(p.comm_progress, DP_PROGRESS_AUTO);
-    ASSERT_EQ(p.prefetch, -1);
-    p.model = "mlp", p.workers = 2, p.train_limit = 8, p.test_limit = 8, p.batch = 4;
-    p.data_dir = DATA;
+    ASSERT_EQ(p.dp.comm_progress, DP_PROGRESS_AUTO);
+    ASSERT_EQ(p.data.prefetch, -1);
+    p.run.model = "mlp", p.dp.workers = 2, p.data.train_limit = 8, p.data.test_limit = 8, p.run.batch = 4;
+    p.data.data_dir = DATA;
     require_data();
     const cpu_set_t *sets[2] = {&two, &one};
     const int want[2] = {DP_PROGRESS_CALLER, DP_PROGRESS_THREAD};
@@ -192,7 +192,7 @@ TEST(ddp_progress_auto) {
         ASSERT_EQ(sched_setaffinity(0, sizeof *sets[k], sets[k]), 0);
         struct dp_trainer *t, *one_worker, *fixed;
         struct dp_train_params q = p, f = p;
-        q.workers = 1, f.prefetch = 3;
+        q.dp.workers = 1, f.data.prefetch = 3;
         int rc = dp_trainer_init(&t, &p), rc1 = dp_trainer_init(&one_worker, &q), rcf = dp_trainer_init(&fixed, &f);
         sched_setaffinity(0, sizeof all, &all);
         ASSERT_OK(rc);
@@ -204,7 +204,7 @@ TEST(ddp_progress_auto) {
         ASSERT_EQ(dp_trainer_prefetch(fixed), 3);
         dp_trainer_free(t), dp_trainer_free(one_worker), dp_trainer_free(fixed);
     }
-    p.comm_progress = 3;
+    p.dp.comm_progress = 3;
     struct dp_trainer *t;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "comm_progress must be");
 }
@@ -232,13 +232,13 @@ TEST(ddp_buckets_plan) {
 static void expect_failure(enum dp_fault_kind kind, int worker, const char *needle) {
     require_data();
     struct dp_train_params p = base("mlp", 3);
-    p.epochs = 3;
+    p.run.epochs = 3;
     struct dp_fault f = {kind, worker, 20}; /* in the second epoch: the first epoch's checkpoint exists */
     char dir[512], ck[600];
     snprintf(dir, sizeof dir, "%s/run", dp_test_tmpdir());
     snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
-    p.out_dir = dir;
-    p.ckpt_every = 1;
+    p.io.out_dir = dir;
+    p.io.ckpt_every = 1;
     struct dp_trainer *t;
     ASSERT_OK(init_faulty(&t, &p, &f));
     double t0 = dp_time();
@@ -270,8 +270,8 @@ TEST_T(ddp_skip_nonfinite_goes_on, 120) {
     require_data();
     struct dp_train_params p = base("mlp", 2);
     struct dp_fault f = {DP_FAULT_NAN, 1, 5};
-    p.skip_nonfinite = 1;
-    p.check_replicas = 1;
+    p.dp.skip_nonfinite = 1;
+    p.dp.check_replicas = 1;
     int64_t n;
     float *got = train_faulty(&p, &f, &n);
     for (int64_t i = 0; i < n; i++) ASSERT_TRUE(isfinite(got[i]));
@@ -281,8 +281,8 @@ TEST_T(ddp_skip_nonfinite_goes_on, 120) {
 static void deterministic(const char *model, int64_t steps) {
     require_data();
     struct dp_train_params p = base(model, 1);
-    p.max_steps = steps;
-    p.det_chunk = 8;
+    p.run.max_steps = steps;
+    p.dp.det_chunk = 8;
     expect_deterministic(p, 4, model); /* P = 1..4; 3 does not divide 60 */
 }
 
@@ -300,7 +300,7 @@ TEST(ddp_det_chunk_auto_follows_batch) {
     ASSERT_EQ(dp_det_chunk_auto(50), 12);
     ASSERT_EQ(dp_det_chunk_auto(128), 32);
     ASSERT_EQ(dp_det_chunk_auto(4096), 32);
-    ASSERT_EQ(dp_train_default_params().det_chunk, 0); /* auto */
+    ASSERT_EQ(dp_train_default_params().dp.det_chunk, 0); /* auto */
 }
 
 /* BatchNorm: each fixed chunk normalised with its own statistics, the running statistics
@@ -310,20 +310,20 @@ TEST(ddp_det_chunk_auto_follows_batch) {
 TEST_T(ddp_deterministic_batchnorm_bit_identical, 300) {
     require_data();
     struct dp_train_params p = base("resnet:8,4", 1);
-    p.max_steps = 4;
-    p.det_chunk = 8;
-    p.deterministic = 1;
+    p.run.max_steps = 4;
+    p.dp.det_chunk = 8;
+    p.dp.deterministic = 1;
     int64_t n1, n;
     float *ref = train(&p, &n1);
     for (int P = 2; P <= 3; P++) {
-        p.workers = P;
+        p.dp.workers = P;
         float *got = train(&p, &n);
         ASSERT_EQ(n, n1);
         ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
         free(got);
     }
-    p.workers = 2;
-    p.deterministic = 0;
+    p.dp.workers = 2;
+    p.dp.deterministic = 0;
     float *plain = train(&p, &n);
     double d = rel_diff(plain, ref, n);
     fprintf(stderr, "    resnet:8,4 deterministic (chunks of 8) vs ordinary (SyncBatchNorm): %.2e\n", d);
@@ -335,7 +335,7 @@ TEST_T(ddp_check_replicas_names_diverged_worker, 120) {
     require_data();
     struct dp_train_params p = base("mlp", 3);
     struct dp_fault f = {DP_FAULT_DIVERGE, 2, 6};
-    p.check_replicas = 4; /* checked after steps 4, 8, ...: caught at 8 */
+    p.dp.check_replicas = 4; /* checked after steps 4, 8, ...: caught at 8 */
     struct dp_trainer *t;
     ASSERT_OK(init_faulty(&t, &p, &f));
     int rc = dp_trainer_run(t);
@@ -351,13 +351,13 @@ TEST_T(ddp_check_replicas_names_diverged_worker, 120) {
 static void empty_shares(const char *model) {
     require_data();
     struct dp_train_params p = base(model, 1);
-    p.batch = 6;
-    p.train_limit = 20; /* batches 6, 6, 6, 2: with 4 workers two get nothing */
+    p.run.batch = 6;
+    p.data.train_limit = 20; /* batches 6, 6, 6, 2: with 4 workers two get nothing */
     p.sched.base_lr = 0.01f; /* see ddp_equivalence_resnet */
     int64_t n;
     float *ref = train(&p, &n);
-    p.workers = 4;
-    p.check_replicas = 1;
+    p.dp.workers = 4;
+    p.dp.check_replicas = 1;
     float *got = train(&p, &n);
     double d = rel_diff(ref, got, n);
     fprintf(stderr, "    %s, 4 workers, batches of 6 and 2: %.2e\n", model, d);
@@ -395,14 +395,14 @@ TEST_T(ddp_skip_nonfinite_keeps_batchnorm_buffers, 300) {
     require_data();
     struct dp_train_params p = base("resnet", 2);
     p.sched.base_lr = 0.01f; /* see ddp_equivalence_resnet */
-    p.skip_nonfinite = 1;
-    p.max_steps = 2;
+    p.dp.skip_nonfinite = 1;
+    p.run.max_steps = 2;
     int64_t n, n2;
     float *before = train(&p, &n);
     struct step_log lg = {0};
-    p.max_steps = 3;
+    p.run.max_steps = 3;
     struct dp_fault f = {DP_FAULT_NAN, 1, 2};
-    p.on_event = log_events, p.event_arg = &lg;
+    p.io.on_event = log_events, p.io.event_arg = &lg;
     float *after = train_faulty(&p, &f, &n2);
     ASSERT_EQ(n2, n);
     ASSERT_EQ(lg.steps, 3);
@@ -425,8 +425,8 @@ TEST_T(ddp_skip_nonfinite_keeps_batchnorm_buffers, 300) {
  * skip such steps is refused, not ignored. */
 TEST(ddp_skip_nonfinite_with_deterministic_rejected) {
     struct dp_train_params p = base("mlp", 2);
-    p.deterministic = 1;
-    p.skip_nonfinite = 1;
+    p.dp.deterministic = 1;
+    p.dp.skip_nonfinite = 1;
     struct dp_trainer *t;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--skip-nonfinite does not work with --deterministic");
 }
@@ -443,13 +443,13 @@ TEST_T(ddp_cosine_warmup_checked_against_the_run, 120) {
                "--warmup 40 must be shorter than the run, which has 17 optimizer steps (1 epoch x 17 steps)");
     p.sched.warmup_steps = 17; /* as long as the run: the rate would only rise */
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "which has 17 optimizer steps");
-    p.accum = 2; /* 9 steps per epoch */
-    p.epochs = 3, p.sched.warmup_steps = 30;
+    p.dp.accum = 2; /* 9 steps per epoch */
+    p.run.epochs = 3, p.sched.warmup_steps = 30;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "which has 27 optimizer steps (3 epochs x 9 steps)");
     /* a warmup shorter than the run: up to base_lr, then down to min_lr */
-    p.accum = 1, p.epochs = 2, p.sched.warmup_steps = 10, p.sched.min_lr = 0.001f;
+    p.dp.accum = 1, p.run.epochs = 2, p.sched.warmup_steps = 10, p.sched.min_lr = 0.001f;
     struct step_log lg = {0};
-    p.on_event = log_events, p.event_arg = &lg;
+    p.io.on_event = log_events, p.io.event_arg = &lg;
     int64_t n;
     free(train(&p, &n));
     ASSERT_EQ(lg.steps, 34);
@@ -468,11 +468,11 @@ TEST_T(ddp_cosine_warmup_checked_against_the_run, 120) {
 TEST_T(ddp_evaluation_within_comm_timeout, 300) {
     require_data();
     struct dp_train_params p = base("cnn", 2);
-    p.train_limit = 120; /* 2 steps: the epoch is mostly evaluation */
-    p.test_limit = 0;    /* the whole test set */
-    p.comm_timeout = 1;
+    p.data.train_limit = 120; /* 2 steps: the epoch is mostly evaluation */
+    p.data.test_limit = 0;    /* the whole test set */
+    p.dp.comm_timeout = 1;
     struct step_log lg = {0};
-    p.on_event = log_events, p.event_arg = &lg;
+    p.io.on_event = log_events, p.io.event_arg = &lg;
     struct dp_trainer *t;
     ASSERT_OK(dp_trainer_init(&t, &p));
     ASSERT_OK(dp_trainer_run(t));
@@ -480,7 +480,7 @@ TEST_T(ddp_evaluation_within_comm_timeout, 300) {
     struct dp_dataset train_set, test_set;
     ASSERT_OK(dp_dataset_load_dir(&train_set, &test_set, DATA));
     ASSERT_EQ(test_set.n, 10000);
-    dp_dataset_normalize(&test_set, p.norm_mean, p.norm_std);
+    dp_dataset_normalize(&test_set, p.data.norm_mean, p.data.norm_std);
     double acc, loss, t0 = dp_time();
     ASSERT_OK(dp_trainer_evaluate(t, &test_set, 0, &acc, &loss));
     fprintf(stderr, "    one worker evaluating the 10,000 test samples alone: %.2f s; test acc %.4f\n",
@@ -502,7 +502,7 @@ TEST_T(ddp_metrics_write_failure_is_an_error, 120) {
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     ASSERT_EQ(mkdir(dir, 0755), 0);
     ASSERT_EQ(symlink("/dev/full", path), 0);
-    p.out_dir = dir;
+    p.io.out_dir = dir;
     struct dp_trainer *t;
     ASSERT_OK(dp_trainer_init(&t, &p));
     int rc = dp_trainer_run(t);

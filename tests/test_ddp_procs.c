@@ -1,5 +1,5 @@
 /* Several processes × several worker threads (the layout of an MPI job):
- * the trainer with a process-level communicator (dp_train_params.inter).
+ * the trainer with a process-level communicator (dp_train_params.dp.inter).
  * The processes are simulated by threads, each running its own trainer,
  * whose `inter` is a rank of a separate thread world: everything above the
  * communicator (global ranks, sharding, the hierarchical all-reduce,
@@ -37,7 +37,7 @@ static void *proc_main(void *a) {
     struct proc *pr = a;
     struct dp_comm *inter;
     ASSERT_OK(dp_comm_thread_init(&inter, pr->iw, pr->p));
-    pr->tp.inter = inter;
+    pr->tp.dp.inter = inter;
     struct dp_trainer *t = NULL;
     pr->rc = init_faulty(&t, &pr->tp, &pr->fault);
     if (!pr->rc) pr->rc = dp_trainer_run(t);
@@ -82,16 +82,16 @@ static void hybrid_equivalence(const char *model, int R, int T, int64_t steps, f
     require_data();
     struct dp_train_params p = base(model, R * T);
     p.sched.base_lr = lr;
-    p.max_steps = steps;
-    p.deterministic = det;
+    p.run.max_steps = steps;
+    p.dp.deterministic = det;
     int64_t n;
     float *ref = train(&p, &n);
     struct proc pr[4];
     memset(pr, 0, sizeof pr);
     for (int k = 0; k < R; k++) {
         pr[k].tp = p;
-        pr[k].tp.workers = T;
-        pr[k].tp.check_replicas = det ? 0 : 1; /* all R*T replicas stay bit-identical */
+        pr[k].tp.dp.workers = T;
+        pr[k].tp.dp.check_replicas = det ? 0 : 1; /* all R*T replicas stay bit-identical */
     }
     run_procs(R, pr, 0);
     for (int k = 0; k < R; k++) {
@@ -124,7 +124,7 @@ TEST_T(ddp_procs_disagreement_named, 120) {
     memset(pr, 0, sizeof pr);
     pr[0].tp = base("mlp", 2), pr[1].tp = base("mlp", 2);
     pr[1].tp.optim.momentum = 0.5f;
-    pr[0].tp.max_steps = pr[1].tp.max_steps = 3;
+    pr[0].tp.run.max_steps = pr[1].tp.run.max_steps = 3;
     run_procs(2, pr, 0);
     for (int k = 0; k < 2; k++) {
         ASSERT_EQ(pr[k].rc, DP_EMISMATCH);
@@ -175,7 +175,7 @@ TEST_T(ddp_procs_outputs_from_rank0, 120) {
     snprintf(out1, sizeof out1, "%s/p1", dir);
     struct proc pr[2];
     memset(pr, 0, sizeof pr);
-    for (int k = 0; k < 2; k++) pr[k].tp = base("mlp", 2), pr[k].tp.out_dir = k ? out1 : out0;
+    for (int k = 0; k < 2; k++) pr[k].tp = base("mlp", 2), pr[k].tp.io.out_dir = k ? out1 : out0;
     run_procs(2, pr, 0);
     ASSERT_OK(pr[0].rc);
     ASSERT_OK(pr[1].rc);
@@ -222,25 +222,25 @@ TEST_T(ddp_procs_resume_on_other_world_sizes, 300) {
     char dir[] = "/tmp/dptrain-procs-XXXXXX", ck[300];
     make_dir(dir, ck, sizeof ck);
     struct dp_train_params p = base("mlp", 1);
-    p.deterministic = 1;
-    p.epochs = 3;
+    p.dp.deterministic = 1;
+    p.run.epochs = 3;
     int64_t n;
     float *ref = train(&p, &n);
     struct proc pr[3];
     memset(pr, 0, sizeof pr);
-    for (int k = 0; k < 2; k++) pr[k].tp = p, pr[k].tp.epochs = 1, pr[k].tp.out_dir = dir;
+    for (int k = 0; k < 2; k++) pr[k].tp = p, pr[k].tp.run.epochs = 1, pr[k].tp.io.out_dir = dir;
     run_procs(2, pr, 0);
     ASSERT_OK(pr[0].rc);
     free(pr[0].params), free(pr[1].params);
     memset(pr, 0, sizeof pr);
-    for (int k = 0; k < 3; k++) pr[k].tp = p, pr[k].tp.epochs = 2, pr[k].tp.out_dir = dir, pr[k].tp.resume = ck;
+    for (int k = 0; k < 3; k++) pr[k].tp = p, pr[k].tp.run.epochs = 2, pr[k].tp.io.out_dir = dir, pr[k].tp.io.resume = ck;
     run_procs(3, pr, 0);
     for (int k = 0; k < 3; k++) {
         if (pr[k].rc) dp_test_fail(__FILE__, __LINE__, "process %d: %s", k, pr[k].err);
         free(pr[k].params);
     }
     struct dp_train_params q = p;
-    q.workers = 2, q.resume = ck, q.out_dir = dir;
+    q.dp.workers = 2, q.io.resume = ck, q.io.out_dir = dir;
     float *got = train(&q, &n);
     ASSERT_EQ(memcmp(ref, got, sizeof(float) * (size_t)n), 0);
     free(ref), free(got);
@@ -261,15 +261,15 @@ static void zero_procs_file(const char *model, int R, int T, int z, int adam) {
     snprintf(d0, sizeof d0, "%s/plain", dir), snprintf(d1, sizeof d1, "%s/zero", dir);
     struct dp_train_params p = base(model, 1);
     if (adam) p.optim.kind = DP_OPTIM_ADAMW, p.sched.base_lr = 1e-3f;
-    p.deterministic = 1;
-    p.max_steps = 2, p.train_limit = 240, p.test_limit = 60;
-    p.bucket_cap_bytes = 16 << 10, p.first_bucket_bytes = 16 << 10;
-    p.out_dir = d0;
+    p.dp.deterministic = 1;
+    p.run.max_steps = 2, p.data.train_limit = 240, p.data.test_limit = 60;
+    p.dp.bucket_cap_bytes = 16 << 10, p.dp.first_bucket_bytes = 16 << 10;
+    p.io.out_dir = d0;
     int64_t n;
     free(train(&p, &n));
     struct proc pr[3];
     memset(pr, 0, sizeof pr);
-    for (int k = 0; k < R; k++) pr[k].tp = p, pr[k].tp.workers = T, pr[k].tp.zero = z, pr[k].tp.out_dir = d1;
+    for (int k = 0; k < R; k++) pr[k].tp = p, pr[k].tp.dp.workers = T, pr[k].tp.dp.zero = z, pr[k].tp.io.out_dir = d1;
     run_procs(R, pr, 0);
     for (int k = 0; k < R; k++) {
         if (pr[k].rc) dp_test_fail(__FILE__, __LINE__, "process %d: %s", k, pr[k].err);
@@ -318,10 +318,10 @@ TEST_T(ddp_procs_zero1_gathers_ahead, 300) {
             memset(pr, 0, sizeof pr);
             for (int k = 0; k < 2; k++) {
                 pr[k].tp = base("mlp:784,48,10", T);
-                pr[k].tp.zero = 1, pr[k].tp.max_steps = 5, pr[k].tp.check_replicas = 1;
-                pr[k].tp.zero_gather = g == 1 ? DP_ZERO_GATHER_STEP : DP_ZERO_GATHER_AUTO;
-                pr[k].tp.zero_scatter = g == 2;
-                pr[k].tp.bucket_cap_bytes = 16 << 10, pr[k].tp.first_bucket_bytes = 16 << 10;
+                pr[k].tp.dp.zero = 1, pr[k].tp.run.max_steps = 5, pr[k].tp.dp.check_replicas = 1;
+                pr[k].tp.dp.zero_gather = g == 1 ? DP_ZERO_GATHER_STEP : DP_ZERO_GATHER_AUTO;
+                pr[k].tp.dp.zero_scatter = g == 2;
+                pr[k].tp.dp.bucket_cap_bytes = 16 << 10, pr[k].tp.dp.first_bucket_bytes = 16 << 10;
             }
             run_procs(2, pr, 0);
             for (int k = 0; k < 2; k++)
@@ -354,7 +354,7 @@ TEST_T(ddp_procs_zero_save_after_run_refused, 120) {
         memset(pr, 0, sizeof pr);
         for (int k = 0; k < 2; k++) {
             pr[k].tp = base("mlp:784,48,10", 1);
-            pr[k].tp.zero = z, pr[k].tp.max_steps = 2;
+            pr[k].tp.dp.zero = z, pr[k].tp.run.max_steps = 2;
         }
         pr[0].save = ck;
         run_procs(2, pr, 0);
@@ -388,8 +388,8 @@ TEST_T(ddp_procs_zero_checkpoint_write_failure, 120) {
     memset(pr, 0, sizeof pr);
     for (int k = 0; k < 2; k++) {
         pr[k].tp = base("mlp:784,48,10", 1);
-        pr[k].tp.zero = 2, pr[k].tp.max_steps = 2, pr[k].tp.out_dir = dir;
-        pr[k].tp.bucket_cap_bytes = 16 << 10, pr[k].tp.first_bucket_bytes = 16 << 10;
+        pr[k].tp.dp.zero = 2, pr[k].tp.run.max_steps = 2, pr[k].tp.io.out_dir = dir;
+        pr[k].tp.dp.bucket_cap_bytes = 16 << 10, pr[k].tp.dp.first_bucket_bytes = 16 << 10;
     }
     run_procs(2, pr, 0);
     fprintf(stderr, "    process 0: %s\n    process 1: %s\n", pr[0].err, pr[1].rc ? pr[1].err : "ok");
@@ -414,7 +414,7 @@ TEST_T(ddp_procs_straggler_named, 120) {
     for (int k = 0; k < 2; k++) {
         pr[k].tp = base("mlp", 2);
         pr[k].fault = (struct dp_fault){DP_FAULT_SLOW, 2, 0};
-        pr[k].tp.on_event = on_epoch;
+        pr[k].tp.io.on_event = on_epoch;
     }
     run_procs(2, pr, 0);
     ASSERT_OK(pr[0].rc);

@@ -37,17 +37,17 @@ static const char *token_file(void) {
 /* Batches of 8 windows of ctx 8, 32 windows per epoch (4 steps). */
 static struct dp_train_params gpt_params(int workers) {
     struct dp_train_params p = dp_train_default_params();
-    p.data_dir = token_file();
-    p.model = GPT;
-    p.workers = workers;
-    p.batch = 8;
-    p.train_limit = 32;
-    p.test_limit = 40;
-    p.epochs = 2;
+    p.data.data_dir = token_file();
+    p.run.model = GPT;
+    p.dp.workers = workers;
+    p.run.batch = 8;
+    p.data.train_limit = 32;
+    p.data.test_limit = 40;
+    p.run.epochs = 2;
     p.sched.base_lr = 0.1f;
     p.optim.momentum = 0.9f;
-    p.prefetch = 1;
-    p.seed = 5;
+    p.data.prefetch = 1;
+    p.run.seed = 5;
     return p;
 }
 
@@ -80,23 +80,23 @@ static double trained_diff(const struct dp_train_params *a, const struct dp_trai
 TEST(gpt_train_loss_scale_is_mean_over_positions) {
     struct dp_train_params p = gpt_params(1);
     p.optim.momentum = 0;
-    p.max_steps = 1;
+    p.run.max_steps = 1;
     struct dp_trainer *t;
     ASSERT_OK(dp_trainer_init(&t, &p));
     const struct dp_model *m = dp_trainer_model(t);
     struct dp_replica r;
     ASSERT_OK(dp_replica_init(&r, m, 8));
-    dp_model_init_params(m, &r, p.seed);
+    dp_model_init_params(m, &r, p.run.seed);
     ASSERT_OK(dp_trainer_run(t));
     /* windows 0..7 of epoch 0 */
     struct dp_tokens tk;
-    ASSERT_OK(dp_tokens_read(p.data_dir, &tk));
+    ASSERT_OK(dp_tokens_read(p.data.data_dir, &tk));
     struct dp_text_split sp;
     ASSERT_OK(dp_text_split_init(&sp, tk.n, DP_TEXT_VAL_FRAC));
     int32_t x[64], y[64];
-    ASSERT_OK(dp_text_fill_train(&tk, &sp, 8, p.seed, 0, 0, 8, x, y));
+    ASSERT_OK(dp_text_fill_train(&tk, &sp, 8, p.run.seed, 0, 0, 8, x, y));
     struct dp_batch b = {.B = 8, .tokens = x, .targets = y};
-    struct dp_pass pass = {.training = 1, .backward = 1, .seed = p.seed}; /* scale 1/(B T) */
+    struct dp_pass pass = {.training = 1, .backward = 1, .seed = p.run.seed}; /* scale 1/(B T) */
     memset(r.grads, 0, sizeof(float) * (size_t)m->num_params);
     ASSERT_OK(dp_model_run(m, &r, &b, &pass));
     for (int64_t i = 0; i < m->num_params; i++) r.params[i] -= p.sched.base_lr * r.grads[i];
@@ -155,8 +155,8 @@ TEST_T(gpt_ddp_equivalence, 300) {
         int64_t n1, n;
         float *ref = train(&p, &n1);
         for (int P = 2; P <= 3; P++) {
-            p.workers = P;
-            p.check_replicas = 1;
+            p.dp.workers = P;
+            p.dp.check_replicas = 1;
             float *got = train(&p, &n);
             ASSERT_EQ(n, n1);
             double d = rel_diff(ref, got, n);
@@ -173,7 +173,7 @@ TEST_T(gpt_ddp_equivalence, 300) {
  * chunks of 2), and the same model as ordinary training. */
 TEST_T(gpt_ddp_deterministic_bit_identical, 300) {
     struct dp_train_params p = gpt_params(1);
-    p.det_chunk = 2;
+    p.dp.det_chunk = 2;
     expect_deterministic(p, 3, "gpt");
 }
 
@@ -190,22 +190,22 @@ TEST_T(gpt_ddp_deterministic_bit_identical, 300) {
 TEST_T(gpt_zero23_equivalence, 300) {
     for (int k = 0; k < 2; k++) {
         struct dp_train_params p = gpt_params(2);
-        p.bucket_cap_bytes = 4096, p.first_bucket_bytes = 4096;
-        p.model = "gpt:layers=2,heads=2,dim=16,ctx=8";
+        p.dp.bucket_cap_bytes = 4096, p.dp.first_bucket_bytes = 4096;
+        p.run.model = "gpt:layers=2,heads=2,dim=16,ctx=8";
         if (k == 1) {
             p.optim = dp_optim_default_params();
             p.optim.kind = DP_OPTIM_ADAMW;
             p.sched.base_lr = 3e-3f;
-            p.clip_norm = 0.5;
-            p.batch = 4, p.accum = 2, p.epochs = 1;
+            p.run.clip_norm = 0.5;
+            p.run.batch = 4, p.dp.accum = 2, p.run.epochs = 1;
         }
         for (int P = 2; P <= 3; P++) {
-            p.workers = P;
-            p.zero = 0, p.check_replicas = 0;
+            p.dp.workers = P;
+            p.dp.zero = 0, p.dp.check_replicas = 0;
             int64_t n0, n;
             float *ref = train(&p, &n0);
             for (int z = 2; z <= 3; z++) {
-                p.zero = z, p.check_replicas = 1;
+                p.dp.zero = z, p.dp.check_replicas = 1;
                 float *got = train(&p, &n);
                 ASSERT_EQ(n, n0);
                 double d = rel_diff(ref, got, n);
@@ -226,11 +226,11 @@ TEST_T(gpt_zero23_equivalence, 300) {
  * block, and the head, without that range gathered again, reads zeros. */
 TEST_T(gpt_zero3_tied_head_reads_gathered_table, 300) {
     struct dp_train_params p = gpt_params(2);
-    p.model = "gpt:layers=1,heads=2,dim=128,ctx=8,vocab=8192";
-    p.epochs = 1, p.max_steps = 3;
+    p.run.model = "gpt:layers=1,heads=2,dim=128,ctx=8,vocab=8192";
+    p.run.epochs = 1, p.run.max_steps = 3;
     p.sched.base_lr = 0.05f;
     struct dp_train_params z = p;
-    z.zero = 3, z.check_replicas = 1;
+    z.dp.zero = 3, z.dp.check_replicas = 1;
     double d = trained_diff(&p, &z);
     fprintf(stderr, "    gpt dim 128 vocab 8192 P=2 --zero 3 vs --zero 0: %.2e\n", d);
     ASSERT_TRUE(d <= 1e-6);
@@ -240,15 +240,15 @@ TEST_T(gpt_zero3_tied_head_reads_gathered_table, 300) {
  * deterministic training at P = 1, for P = 2 and 3 (the same 4 KiB buckets). */
 TEST_T(gpt_zero23_deterministic_bit_identical, 300) {
     struct dp_train_params p = gpt_params(1);
-    p.bucket_cap_bytes = 4096, p.first_bucket_bytes = 4096;
-    p.model = "gpt:layers=2,heads=2,dim=16,ctx=8";
-    p.det_chunk = 2;
-    p.deterministic = 1;
+    p.dp.bucket_cap_bytes = 4096, p.dp.first_bucket_bytes = 4096;
+    p.run.model = "gpt:layers=2,heads=2,dim=16,ctx=8";
+    p.dp.det_chunk = 2;
+    p.dp.deterministic = 1;
     int64_t n0, n;
     float *ref = train(&p, &n0);
     for (int P = 2; P <= 3; P++)
         for (int z = 2; z <= 3; z++) {
-            p.workers = P, p.zero = z;
+            p.dp.workers = P, p.dp.zero = z;
             float *got = train(&p, &n);
             ASSERT_EQ(n, n0);
             int same = memcmp(ref, got, sizeof(float) * (size_t)n) == 0;
@@ -263,8 +263,8 @@ TEST_T(gpt_zero23_deterministic_bit_identical, 300) {
  * global sample indices, the same in both. */
 TEST_T(gpt_ddp_accumulation_equals_big_batch, 300) {
     struct dp_train_params p = gpt_params(2), q = p;
-    q.batch = 4;
-    q.accum = 2;
+    q.run.batch = 4;
+    q.dp.accum = 2;
     double d = trained_diff(&p, &q);
     fprintf(stderr, "    gpt accum 2 x 4 vs batch 8: %.2e\n", d);
     ASSERT_TRUE(d <= 1e-5);
@@ -278,19 +278,19 @@ TEST_T(gpt_validation_loss_per_token, 300) {
     p.optim = dp_optim_default_params();
     p.optim.kind = DP_OPTIM_ADAMW;
     p.sched.base_lr = 3e-3f;
-    p.epochs = 4;
+    p.run.epochs = 4;
     double ref[4];
     for (int P = 1; P <= 3; P++) {
         struct losses l = {0};
-        p.workers = P;
-        p.on_event = on_epoch, p.event_arg = &l;
+        p.dp.workers = P;
+        p.io.on_event = on_epoch, p.io.event_arg = &l;
         struct dp_trainer *t;
         ASSERT_OK(dp_trainer_init(&t, &p));
         ASSERT_OK(dp_trainer_run(t));
         ASSERT_EQ(l.n, 4);
         ASSERT_EQ(l.positions, 8);
         double acc, loss;
-        ASSERT_OK(dp_trainer_evaluate(t, NULL, p.test_limit, &acc, &loss));
+        ASSERT_OK(dp_trainer_evaluate(t, NULL, p.data.test_limit, &acc, &loss));
         ASSERT_TRUE(loss == l.test[3]);
         dp_trainer_free(t);
         fprintf(stderr, "    P=%d val loss by epoch: %.4f %.4f %.4f %.4f\n", P, l.test[0], l.test[1], l.test[2],
@@ -316,8 +316,8 @@ TEST_T(gpt_checkpoint_resume_round_trip, 300) {
     struct dp_train_params p = gpt_params(2);
     int64_t n;
     float *ref = train(&p, &n);
-    p.out_dir = dir;
-    p.max_steps = 3;
+    p.io.out_dir = dir;
+    p.run.max_steps = 3;
     float *part = train(&p, &n);
     free(part);
     struct dp_ckpt_header h;
@@ -327,8 +327,8 @@ TEST_T(gpt_checkpoint_resume_round_trip, 300) {
     ASSERT_EQ(h.in_shape[0], 8);
     for (int P = 2; P >= 1; P--) {
         struct dp_train_params q = gpt_params(P);
-        q.resume = ck;
-        q.model = NULL; /* from the checkpoint */
+        q.io.resume = ck;
+        q.run.model = NULL; /* from the checkpoint */
         float *got = train(&q, &n);
         double d = rel_diff(ref, got, n);
         fprintf(stderr, "    resumed at step 3 on %d worker%s: %.2e to the straight run\n", P, P > 1 ? "s" : "", d);
@@ -339,7 +339,7 @@ TEST_T(gpt_checkpoint_resume_round_trip, 300) {
     /* export: PyTorch names; the tied head adds no tensor */
     struct dp_trainer *t;
     struct dp_train_params q = gpt_params(1);
-    q.epochs = 0;
+    q.run.epochs = 0;
     ASSERT_OK(dp_trainer_init(&t, &q));
     const struct dp_model *m = dp_trainer_model(t);
     static const char *names[] = {"tok.weight", "pos.weight", "blocks.0.ln1.weight", "blocks.0.qkv.weight",
@@ -361,7 +361,7 @@ TEST_T(gpt_checkpoint_resume_round_trip, 300) {
 TEST(gpt_train_refuses_folder_and_nan_fault) {
     struct dp_train_params p = gpt_params(1);
     struct dp_trainer *t;
-    p.data_dir = dp_test_tmpdir();
+    p.data.data_dir = dp_test_tmpdir();
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "prepare-text");
     p = gpt_params(2);
     ASSERT_OK(dp_trainer_init(&t, &p));
@@ -369,6 +369,6 @@ TEST(gpt_train_refuses_folder_and_nan_fault) {
     dp_trainer_free(t);
     /* a vocabulary larger than the model's */
     p = gpt_params(1);
-    p.model = GPT ",vocab=100";
+    p.run.model = GPT ",vocab=100";
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EMISMATCH, "vocabulary");
 }

@@ -143,7 +143,7 @@ TEST(host_train_predict) {
     int reg;
     ASSERT_OK(dp_train_params_from_ckpt(p, ck, &epoch, in, &outputs, &reg));
     ASSERT_TRUE(epoch == 3 && in[0] == 1 && in[1] == 1 && in[2] == D && outputs == 2 && reg == 0);
-    ASSERT_TRUE(p->batch == 16 && p->model == NULL && !strcmp(p->resume, ck));
+    ASSERT_TRUE(p->run.batch == 16 && p->run.model == NULL && !strcmp(p->io.resume, ck));
     ASSERT_OK(dp_train_option_set(p, "epochs", "3"));
     ASSERT_OK(dp_train_params_set_array(p, "x", &ax));
     ASSERT_OK(dp_trainer_init(&t, p));

@@ -215,7 +215,7 @@ TEST(model_text_absent_for_own_layer) {
     }
 }
 
-/* A model built by the caller (dp_train_params.model_build): 2 workers give the 1-worker
+/* A model built by the caller (dp_train_params.run.model_build): 2 workers give the 1-worker
  * bits; the checkpoint holds its text, so a resume needs no builder and a checkpoint's model
  * is rebuilt alone (dp_ckpt_build_model) under the caller's name. */
 static int build_calls;
@@ -240,11 +240,11 @@ TEST(trainer_takes_model_build) {
     uint64_t h[2];
     for (int k = 0; k < 2; k++) {
         struct dp_train_params p = base(NULL, k + 1);
-        p.model_build = user_build;
-        p.model_build_arg = "users_net";
-        p.deterministic = 1;
-        p.out_dir = dir;
-        p.overwrite = 1;
+        p.run.model_build = user_build;
+        p.run.model_build_arg = "users_net";
+        p.dp.deterministic = 1;
+        p.io.out_dir = dir;
+        p.io.overwrite = 1;
         struct dp_trainer *t;
         build_calls = 0;
         ASSERT_OK(dp_trainer_init(&t, &p));
@@ -269,11 +269,11 @@ TEST(trainer_takes_model_build) {
     dp_model_free(b);
     /* resumed with no model at all: the checkpoint's text, 1 more epoch */
     struct dp_train_params p = base(NULL, 2);
-    p.model = NULL;
-    p.resume = ck;
-    p.out_dir = dir;
-    p.deterministic = 1;
-    p.epochs = 2;
+    p.run.model = NULL;
+    p.io.resume = ck;
+    p.io.out_dir = dir;
+    p.dp.deterministic = 1;
+    p.run.epochs = 2;
     struct dp_trainer *t;
     ASSERT_OK(dp_trainer_init(&t, &p));
     ASSERT_TRUE(strcmp(dp_trainer_model(t)->spec, "users_net") == 0);

@@ -19,32 +19,32 @@ TEST(options_set_each_kind) {
     ASSERT_EQ(dp_train_option_set(p, "lr", "0.125"), DP_OK);
     ASSERT_FEQ(p->sched.base_lr, 0.125f);
     ASSERT_EQ(dp_train_option_set(p, "--epochs", "7"), DP_OK); /* the CLI's spelling */
-    ASSERT_EQ(p->epochs, 7);
+    ASSERT_EQ(p->run.epochs, 7);
     ASSERT_EQ(dp_train_option_set(p, "zero_gather", "ahead"), DP_OK); /* Python's */
-    ASSERT_EQ(p->zero_gather, DP_ZERO_GATHER_AHEAD);
+    ASSERT_EQ(p->dp.zero_gather, DP_ZERO_GATHER_AHEAD);
     ASSERT_EQ(dp_train_option_set(p, "seed", "9007199254740993"), DP_OK);
-    ASSERT_TRUE(p->seed == 9007199254740993ull);
+    ASSERT_TRUE(p->run.seed == 9007199254740993ull);
     ASSERT_EQ(dp_train_option_set(p, "deterministic", NULL), DP_OK);
-    ASSERT_EQ(p->deterministic, 1);
+    ASSERT_EQ(p->dp.deterministic, 1);
     ASSERT_EQ(dp_train_option_set(p, "deterministic", "false"), DP_OK);
-    ASSERT_EQ(p->deterministic, 0);
+    ASSERT_EQ(p->dp.deterministic, 0);
     ASSERT_EQ(dp_train_option_set(p, "no-overlap", "1"), DP_OK); /* an inverted flag */
-    ASSERT_EQ(p->overlap, 0);
+    ASSERT_EQ(p->dp.overlap, 0);
     ASSERT_EQ(dp_train_option_set(p, "balance", NULL), DP_OK); /* an optional value */
-    ASSERT_EQ(p->balance, 10);
+    ASSERT_EQ(p->dp.balance, 10);
     ASSERT_EQ(dp_train_option_set(p, "backup-workers", "1"), DP_OK); /* two fields */
-    ASSERT_TRUE(p->backup == 1 && p->backup_workers == 1);
+    ASSERT_TRUE(p->dp.backup == 1 && p->dp.backup_workers == 1);
     ASSERT_EQ(dp_train_option_set(p, "bucket-cap-mb", "0.5"), DP_OK);
-    ASSERT_EQ((long long)p->bucket_cap_bytes, 524288);
+    ASSERT_EQ((long long)p->dp.bucket_cap_bytes, 524288);
     ASSERT_EQ(dp_train_option_set(p, "compress", "topk:0.1"), DP_OK);
-    ASSERT_EQ(p->compress.kind, DP_COMPRESS_TOPK);
+    ASSERT_EQ(p->dp.compress.kind, DP_COMPRESS_TOPK);
     ASSERT_EQ(dp_train_option_set(p, "image-size", "32,48"), DP_OK);
-    ASSERT_TRUE(p->image_h == 32 && p->image_w == 48);
+    ASSERT_TRUE(p->data.image_h == 32 && p->data.image_w == 48);
     ASSERT_EQ(dp_train_option_set(p, "normalize", "0.5,0.25"), DP_OK);
-    ASSERT_TRUE(p->normalize == DP_NORM_FIXED && p->norm_mean == 0.5f && p->norm_std == 0.25f);
+    ASSERT_TRUE(p->data.normalize == DP_NORM_FIXED && p->data.norm_mean == 0.5f && p->data.norm_std == 0.25f);
     ASSERT_EQ(dp_train_option_set(p, "model", "mlp"), DP_OK);
     ASSERT_EQ(dp_train_option_set(p, "model-file", "m.txt"), DP_OK); /* replaces the spec */
-    ASSERT_TRUE(p->model == NULL && !strcmp(p->model_file, "m.txt"));
+    ASSERT_TRUE(p->run.model == NULL && !strcmp(p->run.model_file, "m.txt"));
     dp_train_params_free(p);
 }
 
@@ -73,8 +73,8 @@ TEST(options_refuse_with_one_line) {
     }
     /* nothing was changed by a refusal */
     struct dp_train_params d = dp_train_default_params();
-    ASSERT_EQ(p->epochs, d.epochs);
-    ASSERT_EQ(p->zero_gather, d.zero_gather);
+    ASSERT_EQ(p->run.epochs, d.run.epochs);
+    ASSERT_EQ(p->dp.zero_gather, d.dp.zero_gather);
     dp_train_params_free(p);
 }
 

@@ -242,8 +242,8 @@ static void on_event(void *arg, const struct dp_event *ev) {
 /* Trains and returns the parameter hash, the events in *s. */
 static uint64_t run_hash(struct dp_train_params p, struct seen *s) {
     memset(s, 0, sizeof *s);
-    p.on_event = on_event, p.event_arg = s;
-    p.overwrite = 1; /* (the folders are scratch, reused by the test's runs) */
+    p.io.on_event = on_event, p.io.event_arg = s;
+    p.io.overwrite = 1; /* (the folders are scratch, reused by the test's runs) */
     struct dp_trainer *t;
     ASSERT_OK(dp_trainer_init(&t, &p));
     ASSERT_OK(dp_trainer_run(t));
@@ -259,12 +259,12 @@ static void ssp0_equals_sync(const char *model, int64_t limit) {
     require_data();
     for (int P = 2; P <= 3; P++) {
         struct dp_train_params p = base(model, P);
-        p.train_limit = limit;
+        p.data.train_limit = limit;
         int64_t n, n1;
         float *ref = train(&p, &n1);
         struct seen s = {0};
-        p.staleness = 0;
-        p.on_event = on_event, p.event_arg = &s;
+        p.dp.staleness = 0;
+        p.io.on_event = on_event, p.io.event_arg = &s;
         float *got = train(&p, &n);
         ASSERT_EQ(n, n1);
         double d = rel_diff(ref, got, n);
@@ -285,8 +285,8 @@ TEST_T(ps_async_workers_1_to_4, 300) {
     require_data();
     for (int P = 1; P <= 4; P++) {
         struct dp_train_params p = base("mlp", P);
-        p.async = 1;
-        p.epochs = 2;
+        p.dp.async = 1;
+        p.run.epochs = 2;
         p.optim.momentum = 0;
         struct seen s;
         run_hash(p, &s);
@@ -311,17 +311,17 @@ TEST_T(ps_async_workers_1_to_4, 300) {
 TEST_T(ps_empty_shares, 120) {
     require_data();
     struct dp_train_params p = base("mlp", 4);
-    p.train_limit = 20, p.epochs = 2, p.async = 1;
+    p.data.train_limit = 20, p.run.epochs = 2, p.dp.async = 1;
     struct seen s;
     run_hash(p, &s);
     ASSERT_EQ(s.epochs, 2);
     ASSERT_EQ(s.pushes[1], 2);
-    p.train_limit = 3, p.batch = 3, p.det_chunk = 1;
-    p.deterministic = 1;
+    p.data.train_limit = 3, p.run.batch = 3, p.dp.det_chunk = 1;
+    p.dp.deterministic = 1;
     run_hash(p, &s);
     ASSERT_EQ(s.epochs, 2);
     ASSERT_EQ(s.pushes[1], 3); /* the empty push takes its turn but is not counted */
-    p.deterministic = 0, p.staleness = 0;
+    p.dp.deterministic = 0, p.dp.staleness = 0;
     run_hash(p, &s);
     ASSERT_EQ(s.epochs, 2);
     ASSERT_EQ(s.pushes[1], 3);
@@ -335,13 +335,13 @@ TEST_T(ps_replay_deterministic, 300) {
     require_data();
     for (int opt = 0; opt < 2; opt++) {
         struct dp_train_params p = base("mlp", 3);
-        p.async = 1, p.deterministic = 1, p.epochs = 2, p.train_limit = 300;
+        p.dp.async = 1, p.dp.deterministic = 1, p.run.epochs = 2, p.data.train_limit = 300;
         p.optim.momentum = 0.5f;
         if (opt) p.optim.kind = DP_OPTIM_ADAMW, p.sched.base_lr = 1e-3f;
-        p.servers = 2;
+        p.dp.servers = 2;
         struct seen a, b, c;
         uint64_t h1 = run_hash(p, &a), h2 = run_hash(p, &b);
-        p.servers = 1;
+        p.dp.servers = 1;
         uint64_t h3 = run_hash(p, &c);
         fprintf(stderr, "    %s: %016llx %016llx %016llx, staleness p50 %lld max %lld\n", opt ? "adamw" : "sgd",
                 (unsigned long long)h1, (unsigned long long)h2, (unsigned long long)h3, (long long)a.stale_p50[1],
@@ -365,16 +365,16 @@ TEST_T(ps_resume_exact, 300) {
     snprintf(ck, sizeof ck, "%s/checkpoint.bin", d2);
     for (int mode = 0; mode < 2; mode++) {
         struct dp_train_params p = base("mlp", 3);
-        p.deterministic = 1;
-        if (mode) p.staleness = 0;
-        else p.async = 1;
+        p.dp.deterministic = 1;
+        if (mode) p.dp.staleness = 0;
+        else p.dp.async = 1;
         p.optim.kind = DP_OPTIM_ADAMW, p.sched.base_lr = 1e-3f;
-        p.epochs = 2, p.out_dir = d1, p.train_limit = 300;
+        p.run.epochs = 2, p.io.out_dir = d1, p.data.train_limit = 300;
         struct seen s;
         uint64_t h2 = run_hash(p, &s);
-        p.epochs = 1, p.out_dir = d2;
+        p.run.epochs = 1, p.io.out_dir = d2;
         uint64_t h1 = run_hash(p, &s);
-        p.epochs = 2, p.resume = ck;
+        p.run.epochs = 2, p.io.resume = ck;
         uint64_t hr = run_hash(p, &s);
         fprintf(stderr, "    %s: straight %016llx, after 1 epoch %016llx, resumed %016llx\n", mode ? "ssp" : "replay",
                 (unsigned long long)h2, (unsigned long long)h1, (unsigned long long)hr);
@@ -389,8 +389,8 @@ TEST_T(ps_resume_exact, 300) {
 TEST_T(ps_async_slow_worker_takes_less, 300) {
     require_data();
     struct dp_train_params p = base("cnn", 2);
-    p.async = 1, p.train_limit = 360, p.optim.momentum = 0;
-    p.simulate_slow = "1:6";
+    p.dp.async = 1, p.data.train_limit = 360, p.optim.momentum = 0;
+    p.sim.simulate_slow = "1:6";
     struct seen s;
     run_hash(p, &s);
     fprintf(stderr, "    samples: rank 0 %lld, rank 1 %lld\n", (long long)s.rank_samples[0][0],
@@ -403,48 +403,48 @@ TEST(ps_refusals) {
     require_data();
     struct dp_trainer *t;
     struct dp_train_params p = base("mlp", 2);
-    p.async = 1;
-    p.backup = 1, p.backup_workers = 1;
+    p.dp.async = 1;
+    p.dp.backup = 1, p.dp.backup_workers = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--backup-workers does not work with --mode async");
-    p = base("mlp", 2), p.async = 1, p.balance = 5;
+    p = base("mlp", 2), p.dp.async = 1, p.dp.balance = 5;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--balance does not work with --mode async");
-    p = base("mlp", 2), p.staleness = 1, p.accum = 2;
+    p = base("mlp", 2), p.dp.staleness = 1, p.dp.accum = 2;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--accum > 1 is not supported with --staleness");
-    p = base("mlp", 2), p.async = 1, p.max_steps = 3;
+    p = base("mlp", 2), p.dp.async = 1, p.run.max_steps = 3;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--max-steps");
-    p = base("mlp", 2), p.async = 1, p.check_replicas = 1;
+    p = base("mlp", 2), p.dp.async = 1, p.dp.check_replicas = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--check-replicas");
-    p = base("mlp", 2), p.async = 1, p.skip_nonfinite = 1;
+    p = base("mlp", 2), p.dp.async = 1, p.dp.skip_nonfinite = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--skip-nonfinite");
-    p = base("mlp", 2), p.staleness = 0, p.clip_norm = 1;
+    p = base("mlp", 2), p.dp.staleness = 0, p.run.clip_norm = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--clip does not work with --staleness");
-    p = base("mlp", 2), p.staleness = 2, p.deterministic = 1;
+    p = base("mlp", 2), p.dp.staleness = 2, p.dp.deterministic = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--staleness 2 with --deterministic is not built");
-    p = base("mlp", 2), p.staleness = DP_PS_MAX_STALENESS + 1;
+    p = base("mlp", 2), p.dp.staleness = DP_PS_MAX_STALENESS + 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--staleness must be in 0..");
-    p = base("mlp", 2), p.servers = 2;
+    p = base("mlp", 2), p.dp.servers = 2;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--servers needs --mode async");
-    p = base("mlp", 2), p.staleness_lr = 1;
+    p = base("mlp", 2), p.dp.staleness_lr = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--staleness-lr needs --mode async");
-    p = base("mlp", 2), p.share_lr = 1;
+    p = base("mlp", 2), p.dp.share_lr = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--share-lr needs --mode async");
-    p = base("mlp", 2), p.staleness = 1, p.share_lr = 1;
+    p = base("mlp", 2), p.dp.staleness = 1, p.dp.share_lr = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--share-lr does not work with --staleness");
-    p = base("mlp", 2), p.implicit_momentum = 1;
+    p = base("mlp", 2), p.dp.implicit_momentum = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--implicit-momentum needs --mode async");
-    p = base("mlp", 2), p.staleness = 1, p.implicit_momentum = 1;
+    p = base("mlp", 2), p.dp.staleness = 1, p.dp.implicit_momentum = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--implicit-momentum does not work with --staleness");
-    p = base("mlp", 2), p.async = 1, p.servers = -1;
+    p = base("mlp", 2), p.dp.async = 1, p.dp.servers = -1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--servers must be >= 1");
-    p = base("mlp", 2), p.async = 1, p.servers = 1 << 30;
+    p = base("mlp", 2), p.dp.async = 1, p.dp.servers = 1 << 30;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--servers must be in 1..");
-    p = base("resnet", 2), p.async = 1;
+    p = base("resnet", 2), p.dp.async = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "BatchNorm");
     /* several processes (an MPI job): any communicator in `inter` (these refusals come before
      * it is used); async, SSP and the replay run there with server ranks (tests/cli.sh, the MPI block) */
-    p = base("mlp", 2), p.async = 1, p.inter = (struct dp_comm *)&p;
+    p = base("mlp", 2), p.dp.async = 1, p.dp.inter = (struct dp_comm *)&p;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--mode async across processes needs one worker per process");
-    p = base("mlp", 2), p.staleness = 0, p.inter = (struct dp_comm *)&p;
+    p = base("mlp", 2), p.dp.staleness = 0, p.dp.inter = (struct dp_comm *)&p;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--mode async across processes needs one worker per process");
 }
 
@@ -455,11 +455,11 @@ TEST_T(ps_failure_cancels_waits, 120) {
     require_data();
     for (int mode = 0; mode < 3; mode++) {
         struct dp_train_params p = base("mlp", 3);
-        p.train_limit = 600, p.optim.momentum = 0, p.sched.base_lr = 1e8f;
-        if (mode == 0) p.async = 1;
-        else if (mode == 1) p.async = 1, p.deterministic = 1;
-        else p.staleness = 1;
-        p.comm_timeout = 60;
+        p.data.train_limit = 600, p.optim.momentum = 0, p.sched.base_lr = 1e8f;
+        if (mode == 0) p.dp.async = 1;
+        else if (mode == 1) p.dp.async = 1, p.dp.deterministic = 1;
+        else p.dp.staleness = 1;
+        p.dp.comm_timeout = 60;
         struct dp_trainer *t;
         ASSERT_OK(dp_trainer_init(&t, &p));
         int rc = dp_trainer_run(t);

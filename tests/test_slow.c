@@ -49,9 +49,9 @@ TEST(slow_trainer_rejects_bad_specs) {
     require_data();
     struct dp_trainer *t;
     struct dp_train_params p = base("mlp", 2);
-    p.simulate_slow = "2:3";
+    p.sim.simulate_slow = "2:3";
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "rank 2 is out of range 0..1 (the job has 2 ranks)");
-    p.simulate_slow = NULL, p.simulate_jitter = "p=0.5";
+    p.sim.simulate_slow = NULL, p.sim.simulate_jitter = "p=0.5";
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "p and ms go together");
 }
 
@@ -60,12 +60,12 @@ TEST(slow_trainer_rejects_bad_specs) {
 TEST_T(slow_deterministic_same_hash, 120) {
     require_data();
     struct dp_train_params p = base("mlp", 2);
-    p.deterministic = 1;
-    p.max_steps = 5;
+    p.dp.deterministic = 1;
+    p.run.max_steps = 5;
     int64_t n;
     float *ref = train(&p, &n);
-    p.simulate_slow = "1:3";
-    p.simulate_jitter = "p=0.5,ms=2,lognormal=0.5";
+    p.sim.simulate_slow = "1:3";
+    p.sim.simulate_jitter = "p=0.5,ms=2,lognormal=0.5";
     float *got = train(&p, &n);
     ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
     free(ref), free(got);
@@ -122,16 +122,16 @@ static int metrics_sums(const char *dir, double *compute, double *slow) {
 static void slow_rank_is_last(int overlap) {
     require_data();
     struct dp_train_params p = base("mlp", 2);
-    p.overlap = overlap;
-    p.max_steps = 12;
+    p.dp.overlap = overlap;
+    p.run.max_steps = 12;
     char spec[32];
     snprintf(spec, sizeof spec, "0:%d", SLOW_F);
-    p.simulate_slow = spec;
+    p.sim.simulate_slow = spec;
     char dir[512];
     snprintf(dir, sizeof dir, "%s/slow%d", dp_test_tmpdir(), overlap);
-    p.out_dir = dir;
+    p.io.out_dir = dir;
     struct steps s = {0};
-    p.on_event = on_step, p.event_arg = &s;
+    p.io.on_event = on_step, p.io.event_arg = &s;
     int64_t n;
     free(train(&p, &n));
     double compute, slow;
@@ -145,7 +145,7 @@ static void slow_rank_is_last(int overlap) {
     ASSERT_TRUE(last0 >= 9);
 
     snprintf(spec, sizeof spec, "1:%d", SLOW_F);
-    p.out_dir = NULL; /* read from the events; dir holds the first run (refused as another run's) */
+    p.io.out_dir = NULL; /* read from the events; dir holds the first run (refused as another run's) */
     memset(&s, 0, sizeof s);
     free(train(&p, &n));
     int last1 = 0;
@@ -166,12 +166,12 @@ TEST_T(slow_rank_is_last_no_overlap, 120) { slow_rank_is_last(0); }
  * replays them, another seed stalls other steps. */
 static uint32_t stalled_steps(uint64_t seed, int deterministic) {
     struct dp_train_params p = base("mlp", 2);
-    p.seed = seed;
-    p.max_steps = 16;
-    p.deterministic = deterministic;
-    p.simulate_jitter = "p=0.3,ms=5";
+    p.run.seed = seed;
+    p.run.max_steps = 16;
+    p.dp.deterministic = deterministic;
+    p.sim.simulate_jitter = "p=0.3,ms=5";
     struct steps s = {0};
-    p.on_event = on_step, p.event_arg = &s;
+    p.io.on_event = on_step, p.io.event_arg = &s;
     int64_t n;
     free(train(&p, &n));
     ASSERT_EQ(s.n, 16);

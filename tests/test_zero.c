@@ -25,9 +25,9 @@
 static void equivalence(struct dp_train_params p, int minP, int maxP, const char *what) {
     require_data();
     for (int P = minP; P <= maxP; P++) {
-        p.workers = P;
-        p.zero = 0, p.zero_scatter = 0, p.zero_gather = DP_ZERO_GATHER_AUTO;
-        p.check_replicas = 0;
+        p.dp.workers = P;
+        p.dp.zero = 0, p.dp.zero_scatter = 0, p.dp.zero_gather = DP_ZERO_GATHER_AUTO;
+        p.dp.check_replicas = 0;
         int64_t n0, n;
         float *ref = train(&p, &n0);
         /* --zero 1 in both reductions (one worker reduces nothing: no scatter
@@ -36,13 +36,13 @@ static void equivalence(struct dp_train_params p, int minP, int maxP, const char
          * reductions (scatter: each bucket reduce-scattered during backward) */
         for (int form = 0; form < 6; form++) {
             if ((form == 1 || form >= 4) && P == 1) continue;
-            p.zero = form < 2 || form >= 4 ? 1 : form, p.zero_scatter = form == 1 || form == 5;
-            p.zero_gather = form >= 4 ? DP_ZERO_GATHER_AHEAD : DP_ZERO_GATHER_AUTO;
-            p.check_replicas = 1; /* the all-gather leaves every replica the same bits */
+            p.dp.zero = form < 2 || form >= 4 ? 1 : form, p.dp.zero_scatter = form == 1 || form == 5;
+            p.dp.zero_gather = form >= 4 ? DP_ZERO_GATHER_AHEAD : DP_ZERO_GATHER_AUTO;
+            p.dp.check_replicas = 1; /* the all-gather leaves every replica the same bits */
             float *got = train(&p, &n);
             ASSERT_EQ(n, n0);
             double d = rel_diff(ref, got, n);
-            fprintf(stderr, "    %s P=%d --zero %d%s vs --zero 0: %.2e\n", what, P, p.zero,
+            fprintf(stderr, "    %s P=%d --zero %d%s vs --zero 0: %.2e\n", what, P, p.dp.zero,
                     form == 0 ? " (allreduce)" : form == 1 ? " (scatter)" : form == 4 ? " (gather ahead)" : form == 5 ? " (scatter, gather ahead)" : "", d);
             ASSERT_TRUE(d <= 1e-6);
             free(got);
@@ -59,29 +59,29 @@ TEST_T(zero_equivalence_mlp_adamw_clip, 300) {
     p.sched.base_lr = 1e-3f;
     p.sched.kind = DP_SCHED_COSINE;
     p.sched.warmup_steps = 3;
-    p.clip_norm = 0.5; /* below the gradient's norm: every step clips */
-    p.max_steps = 4;
+    p.run.clip_norm = 0.5; /* below the gradient's norm: every step clips */
+    p.run.max_steps = 4;
     equivalence(p, 1, 4, "mlp adamw clip");
 }
 /* Nesterov SGD with accumulation (the reduced sum scaled after the reduction). */
 TEST_T(zero_equivalence_mlp_nesterov_accum, 300) {
     struct dp_train_params p = base("mlp", 1);
     p.optim.nesterov = 1;
-    p.batch = 30;
-    p.accum = 2;
-    p.max_steps = 4;
+    p.run.batch = 30;
+    p.dp.accum = 2;
+    p.run.max_steps = 4;
     equivalence(p, 3, 4, "mlp nesterov accum");
 }
 TEST_T(zero_equivalence_cnn, 300) {
     struct dp_train_params p = base("cnn", 1);
-    p.max_steps = 2;
+    p.run.max_steps = 2;
     equivalence(p, 2, 3, "cnn");
 }
 /* SyncBatchNorm: the buffers are compared too (lr 0.01: see test_ddp.c). */
 TEST_T(zero_equivalence_resnet, 300) {
     struct dp_train_params p = base("resnet", 1);
     p.sched.base_lr = 0.01f;
-    p.max_steps = 2;
+    p.run.max_steps = 2;
     equivalence(p, 3, 3, "resnet");
 }
 
@@ -94,19 +94,19 @@ TEST_T(zero_deterministic_bit_identical, 300) {
     struct dp_train_params p = base("mlp", 1);
     p.optim.kind = DP_OPTIM_ADAMW;
     p.sched.base_lr = 1e-3f;
-    p.clip_norm = 0.5;
-    p.deterministic = 1;
-    p.max_steps = 3;
+    p.run.clip_norm = 0.5;
+    p.dp.deterministic = 1;
+    p.run.max_steps = 3;
     int64_t n0, n;
     float *ref = train(&p, &n0);
     for (int P = 1; P <= 4; P++)
         for (int z = 1; z <= (P > 1 ? 4 : 1); z++) { /* 4: --zero 1 --zero-gather ahead */
-            p.workers = P;
-            p.zero = z == 4 ? 1 : z;
-            p.zero_gather = z == 4 ? DP_ZERO_GATHER_AHEAD : DP_ZERO_GATHER_AUTO;
+            p.dp.workers = P;
+            p.dp.zero = z == 4 ? 1 : z;
+            p.dp.zero_gather = z == 4 ? DP_ZERO_GATHER_AHEAD : DP_ZERO_GATHER_AUTO;
             float *got = train(&p, &n);
             ASSERT_EQ(n, n0);
-            fprintf(stderr, "    deterministic P=%d --zero %d%s: %s\n", P, p.zero, z == 4 ? " ahead" : "",
+            fprintf(stderr, "    deterministic P=%d --zero %d%s: %s\n", P, p.dp.zero, z == 4 ? " ahead" : "",
                     memcmp(ref, got, sizeof(float) * (size_t)n) ? "differs" : "same bits");
             ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
             free(got);
@@ -122,16 +122,16 @@ static void checkpoint_any_stage(int save_zero) {
     struct dp_train_params p = base("mlp", 1);
     p.optim.kind = DP_OPTIM_ADAMW;
     p.sched.base_lr = 1e-3f;
-    p.deterministic = 1;
-    p.train_limit = 480; /* 8 steps */
+    p.dp.deterministic = 1;
+    p.data.train_limit = 480; /* 8 steps */
     int64_t n0, n;
     float *ref = train(&p, &n0); /* the whole epoch, plain */
     char dir[512], ck[600];
     snprintf(dir, sizeof dir, "%s/zero", dp_test_tmpdir());
     snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
     struct dp_train_params a = p;
-    a.workers = 2, a.zero = save_zero, a.max_steps = 5, a.out_dir = dir;
-    a.overwrite = 1; /* (the folder is scratch, reused for each stage) */
+    a.dp.workers = 2, a.dp.zero = save_zero, a.run.max_steps = 5, a.io.out_dir = dir;
+    a.io.overwrite = 1; /* (the folder is scratch, reused for each stage) */
     struct dp_trainer *t;
     ASSERT_OK(dp_trainer_init(&t, &a));
     ASSERT_OK(dp_trainer_run(t));
@@ -145,7 +145,7 @@ static void checkpoint_any_stage(int save_zero) {
     const int workers[3] = {3, 1, 3}, zero[3] = {0, 0, save_zero};
     for (int k = 0; k < 3; k++) {
         struct dp_train_params b = p;
-        b.workers = workers[k], b.zero = zero[k], b.resume = ck;
+        b.dp.workers = workers[k], b.dp.zero = zero[k], b.io.resume = ck;
         float *got = train(&b, &n);
         ASSERT_EQ(n, n0);
         fprintf(stderr, "    saved P=2 --zero %d, resumed P=%d --zero %d: %s\n", save_zero, workers[k], zero[k],
@@ -173,11 +173,11 @@ TEST_T(zero23_checkpoint_any_stage_any_workers, 300) {
 TEST_T(zero_with_bf16_compression, 300) {
     require_data();
     struct dp_train_params p = base("mlp", 2);
-    p.max_steps = 6;
-    p.compress.kind = DP_COMPRESS_BF16;
+    p.run.max_steps = 6;
+    p.dp.compress.kind = DP_COMPRESS_BF16;
     int64_t n0, n;
     float *ref = train(&p, &n0);
-    p.zero = 1;
+    p.dp.zero = 1;
     float *got = train(&p, &n);
     double d = rel_diff(ref, got, n);
     fprintf(stderr, "    bf16 --zero 1 vs --zero 0: %.2e\n", d);
@@ -201,10 +201,10 @@ TEST_T(zero_check_replicas_names_diverged_worker, 120) {
      * its check gathers the pieces first, so there is no replica to drift) */
     for (int z = 1; z <= 3; z++) { /* 3: --zero 1 with the gather ahead (the fault lands after it) */
         struct dp_train_params p = base("mlp", 3);
-        p.zero = z == 3 ? 1 : z;
-        p.zero_gather = z == 3 ? DP_ZERO_GATHER_AHEAD : DP_ZERO_GATHER_AUTO;
+        p.dp.zero = z == 3 ? 1 : z;
+        p.dp.zero_gather = z == 3 ? DP_ZERO_GATHER_AHEAD : DP_ZERO_GATHER_AUTO;
         struct dp_fault f = {DP_FAULT_DIVERGE, 1, 2};
-        p.check_replicas = 3;
+        p.dp.check_replicas = 3;
         ASSERT_EQ(run_status(&p, &f), DP_EMISMATCH);
         ASSERT_TRUE(strstr(dp_errmsg(), "replica of worker 1 diverged") != NULL);
     }
@@ -253,7 +253,7 @@ TEST_T(zero_optimizer_state_is_sharded, 120) {
     struct dp_train_params p = base("mlp", 4);
     p.optim.kind = DP_OPTIM_ADAMW;
     size_t plain = live_after_init(p, NULL);
-    p.zero = 1;
+    p.dp.zero = 1;
     size_t zero = live_after_init(p, NULL);
     double n = 669706, saved = 8.0 * (n - n / 4) * 4;
     fprintf(stderr, "    live bytes after init, P=4 adamw: --zero 0 %zu, --zero 1 %zu (saved %.0f, expected %.0f)\n",
@@ -265,33 +265,33 @@ TEST(zero_refusals_one_line) {
     require_data();
     struct dp_train_params p = base("mlp", 2);
     struct dp_trainer *t;
-    p.zero = 4;
+    p.dp.zero = 4;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--zero must be in 0..3");
-    p.zero = 1;
-    p.async = 1;
+    p.dp.zero = 1;
+    p.dp.async = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--mode async");
-    p.async = 0;
-    p.backup = 1, p.backup_workers = 1;
+    p.dp.async = 0;
+    p.dp.backup = 1, p.dp.backup_workers = 1;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--backup-workers");
-    p.backup = 0, p.backup_workers = 0;
-    p.zero_scatter = 1;
-    p.compress.kind = DP_COMPRESS_BF16;
+    p.dp.backup = 0, p.dp.backup_workers = 0;
+    p.dp.zero_scatter = 1;
+    p.dp.compress.kind = DP_COMPRESS_BF16;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--zero-reduce allreduce");
     /* stages 2 and 3: each bucket is reduce-scattered */
     for (int z = 2; z <= 3; z++) {
-        p.zero = z;
-        p.zero_scatter = 0;
+        p.dp.zero = z;
+        p.dp.zero_scatter = 0;
         ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "use --zero 1");
-        p.compress.kind = DP_COMPRESS_NONE;
-        p.zero_scatter = 1;
+        p.dp.compress.kind = DP_COMPRESS_NONE;
+        p.dp.zero_scatter = 1;
         ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--zero-reduce is --zero 1's option");
-        p.compress.kind = DP_COMPRESS_BF16;
+        p.dp.compress.kind = DP_COMPRESS_BF16;
     }
     /* the all-gather left in flight: stage 1 with the all-reduce only */
-    p.compress.kind = DP_COMPRESS_NONE, p.zero_scatter = 0; /* (p.zero is 3) */
-    p.zero_gather = DP_ZERO_GATHER_AHEAD;
+    p.dp.compress.kind = DP_COMPRESS_NONE, p.dp.zero_scatter = 0; /* (p.dp.zero is 3) */
+    p.dp.zero_gather = DP_ZERO_GATHER_AHEAD;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--zero-gather is --zero 1's option (this run is --zero 3)");
-    p.zero = 1, p.zero_gather = 7;
+    p.dp.zero = 1, p.dp.zero_gather = 7;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "zero_gather must be auto, step or ahead");
 }
 
@@ -300,16 +300,16 @@ TEST(zero_refusals_one_line) {
  * worker's input stops the run at that step, naming the worker. */
 static void nonfinite_named(int zero, int scatter) {
     struct dp_train_params p = base("mlp", 3);
-    p.zero = zero, p.zero_scatter = scatter;
+    p.dp.zero = zero, p.dp.zero_scatter = scatter;
     struct dp_fault f = {DP_FAULT_NAN, 2, 3};
     ASSERT_EQ(run_status(&p, &f), DP_ENONFINITE);
     fprintf(stderr, "    --zero %d: %s\n", zero, dp_errmsg());
     ASSERT_TRUE(strstr(dp_errmsg(), "step 3 ") != NULL);
     ASSERT_TRUE(strstr(dp_errmsg(), "worker 2") != NULL);
     /* with --skip-nonfinite every worker skips that step alike: the run ends, replicas equal */
-    p.skip_nonfinite = 1;
-    p.check_replicas = 1;
-    p.max_steps = 5;
+    p.dp.skip_nonfinite = 1;
+    p.dp.check_replicas = 1;
+    p.run.max_steps = 5;
     ASSERT_OK(run_status(&p, &f));
 }
 TEST_T(zero_nonfinite_gradient_named, 120) {
@@ -351,10 +351,10 @@ TEST_T(zero23_memory_given_back, 120) {
         struct dp_train_params p = base("mlp:784,2048,2048,10", 4);
         p.optim.kind = DP_OPTIM_ADAMW;
         p.sched.base_lr = 1e-3f;
-        p.zero = z;
-        p.max_steps = 2;
+        p.dp.zero = z;
+        p.run.max_steps = 2;
         struct live_probe lp = {0};
-        p.on_event = live_on_event, p.event_arg = &lp;
+        p.io.on_event = live_on_event, p.io.event_arg = &lp;
         ASSERT_OK(dp_trainer_init(&lp.t, &p));
         ASSERT_OK(dp_trainer_run(lp.t));
         /* and the pages given back mid-step were not needed: the same model as plain */
@@ -400,11 +400,11 @@ static void count_on_event(void *arg, const struct dp_event *ev) {
 TEST_T(zero3_backward_regathers_nothing_forward_held, 120) {
     require_data();
     struct dp_train_params p = base("mlp", 2);
-    p.zero = 3;
-    p.first_bucket_bytes = p.bucket_cap_bytes = 1u << 20;
-    p.max_steps = 4;
+    p.dp.zero = 3;
+    p.dp.first_bucket_bytes = p.dp.bucket_cap_bytes = 1u << 20;
+    p.run.max_steps = 4;
     struct count_probe cp = {0};
-    p.on_event = count_on_event, p.event_arg = &cp;
+    p.io.on_event = count_on_event, p.io.event_arg = &cp;
     ASSERT_OK(dp_trainer_init(&cp.t, &p));
     ASSERT_OK(dp_trainer_run(cp.t));
     ASSERT_EQ(cp.n, 4);
@@ -428,9 +428,9 @@ TEST_T(zero3_backward_regathers_nothing_forward_held, 120) {
 TEST_T(zero2_gradient_in_flight_two_buckets, 120) {
     require_data();
     struct dp_train_params p = base("mlp:784,128,128,128,128,10", 2);
-    p.zero = 2;
-    p.bucket_cap_bytes = p.first_bucket_bytes = 4096;
-    p.max_steps = 3;
+    p.dp.zero = 2;
+    p.dp.bucket_cap_bytes = p.dp.first_bucket_bytes = 4096;
+    p.run.max_steps = 3;
     struct dp_fault f = {DP_FAULT_SLOW, 1, 0};
     struct dp_trainer *t;
     ASSERT_OK(init_faulty(&t, &p, &f));
@@ -456,10 +456,10 @@ TEST_T(zero2_gradient_in_flight_two_buckets, 120) {
 TEST_T(zero23_buckets_small_model, 120) {
     require_data();
     struct dp_train_params p = base("mlp:784,32,16,10", 3);
-    p.bucket_cap_bytes = 4096, p.first_bucket_bytes = 4096;
-    p.max_steps = 3;
-    p.train_limit = 360;
-    p.accum = 2; /* each micro-batch reduce-scattered, the second added into gshard */
+    p.dp.bucket_cap_bytes = 4096, p.dp.first_bucket_bytes = 4096;
+    p.run.max_steps = 3;
+    p.data.train_limit = 360;
+    p.dp.accum = 2; /* each micro-batch reduce-scattered, the second added into gshard */
     equivalence(p, 3, 3, "mlp:784,32,16,10, 4 KiB buckets, accum 2");
 }
 
@@ -510,7 +510,7 @@ TEST_T(zero23_startup_holds_no_replica, 120) {
         for (int z = 2; z <= 3; z++) {
             struct dp_train_params p = base("mlp", P);
             p.optim.kind = DP_OPTIM_ADAMW;
-            p.zero = z;
+            p.dp.zero = z;
             struct dp_trainer *t;
             ASSERT_OK(dp_trainer_init(&t, &p));
             double psi = (double)dp_trainer_model(t)->num_params;
@@ -552,15 +552,15 @@ TEST_T(zero3_epoch_end_holds_no_replica, 120) {
     struct dp_train_params p = base("mlp", 3);
     p.optim.kind = DP_OPTIM_ADAMW;
     p.sched.base_lr = 1e-3f;
-    p.train_limit = 240, p.test_limit = 600; /* 4 steps an epoch; 3 evaluation chunks of 256, 256, 88 */
-    p.epochs = 2;
+    p.data.train_limit = 240, p.data.test_limit = 600; /* 4 steps an epoch; 3 evaluation chunks of 256, 256, 88 */
+    p.run.epochs = 2;
     struct epoch_probe ref = {0};
-    p.on_event = epoch_on_event, p.event_arg = &ref;
+    p.io.on_event = epoch_on_event, p.io.event_arg = &ref;
     int64_t n;
     float *want = train(&p, &n);
     struct epoch_probe ep = {.P = 3};
-    p.zero = 3;
-    p.on_event = epoch_on_event, p.event_arg = &ep;
+    p.dp.zero = 3;
+    p.io.on_event = epoch_on_event, p.io.event_arg = &ep;
     ASSERT_OK(dp_trainer_init(&ep.t, &p));
     ASSERT_OK(dp_trainer_run(ep.t));
     const struct dp_model *m = dp_trainer_model(ep.t);
@@ -602,15 +602,15 @@ TEST_T(zero3_epoch_end_with_outputs_holds_no_replica, 120) {
     struct dp_train_params p = base("mlp", 3);
     p.optim.kind = DP_OPTIM_ADAMW;
     p.sched.base_lr = 1e-3f;
-    p.train_limit = 240, p.test_limit = 60;
-    p.epochs = 2;
-    p.zero = 3;
+    p.data.train_limit = 240, p.data.test_limit = 60;
+    p.run.epochs = 2;
+    p.dp.zero = 3;
     struct epoch_probe ep = {.P = 1};
-    p.on_event = epoch_on_event, p.event_arg = &ep;
+    p.io.on_event = epoch_on_event, p.io.event_arg = &ep;
     char dir[512], path[600];
     snprintf(dir, sizeof dir, "%s/z3epoch", dp_test_tmpdir());
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    p.out_dir = dir;
+    p.io.out_dir = dir;
     ASSERT_OK(dp_trainer_init(&ep.t, &p));
     ASSERT_OK(dp_trainer_run(ep.t));
     double shard = 16 * (double)dp_trainer_model(ep.t)->num_params / 3 + 12;
@@ -639,8 +639,8 @@ static char *checkpoint_bytes(struct dp_train_params p, const char *name, size_t
     char dir[512], ck[600];
     snprintf(dir, sizeof dir, "%s/%s", dp_test_tmpdir(), name);
     snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
-    p.out_dir = dir;
-    p.overwrite = 1; /* (a scratch folder, one per call's name, reused) */
+    p.io.out_dir = dir;
+    p.io.overwrite = 1; /* (a scratch folder, one per call's name, reused) */
     ASSERT_OK(run_status(&p, NULL));
     return read_whole_file(ck, n);
 }
@@ -658,15 +658,15 @@ TEST_T(zero_checkpoint_streamed_equals_whole_save, 300) {
     for (int adam = 0; adam < 2; adam++) {
         struct dp_train_params p = base("mlp:784,48,10", 1);
         if (adam) p.optim.kind = DP_OPTIM_ADAMW, p.sched.base_lr = 1e-3f;
-        p.deterministic = 1;
-        p.max_steps = 2;
-        p.train_limit = 240, p.test_limit = 60;
-        p.bucket_cap_bytes = 16 << 10, p.first_bucket_bytes = 16 << 10;
+        p.dp.deterministic = 1;
+        p.run.max_steps = 2;
+        p.data.train_limit = 240, p.data.test_limit = 60;
+        p.dp.bucket_cap_bytes = 16 << 10, p.dp.first_bucket_bytes = 16 << 10;
         size_t n0, n;
         char *ref = checkpoint_bytes(p, "zplain", &n0);
         for (int P = 2; P <= 4; P++)
             for (int z = 1; z <= 3; z++) {
-                p.workers = P, p.zero = z;
+                p.dp.workers = P, p.dp.zero = z;
                 char *got = checkpoint_bytes(p, "zstream", &n);
                 /* the header and payload (the sections after them hold each folder's own
                  * metrics.jsonl length, DPMETRIC) */
@@ -678,7 +678,7 @@ TEST_T(zero_checkpoint_streamed_equals_whole_save, 300) {
                         same ? "the same bytes as plain" : "differs");
                 ASSERT_TRUE(same);
                 free(got);
-                p.workers = 1, p.zero = 0;
+                p.dp.workers = 1, p.dp.zero = 0;
             }
         free(ref);
     }
@@ -703,13 +703,13 @@ TEST_T(zero_checkpoint_save_holds_no_whole_state, 120) {
         struct dp_train_params p = base("mlp", 4);
         p.optim.kind = DP_OPTIM_ADAMW;
         p.sched.base_lr = 1e-3f;
-        p.zero = z;
-        p.max_steps = 2, p.train_limit = 480, p.test_limit = 60;
-        p.on_event = peak_from_step;
+        p.dp.zero = z;
+        p.run.max_steps = 2, p.data.train_limit = 480, p.data.test_limit = 60;
+        p.io.on_event = peak_from_step;
         char dir[512];
         snprintf(dir, sizeof dir, "%s/zmem", dp_test_tmpdir());
-        p.out_dir = dir;
-        p.overwrite = 1; /* (a scratch folder, reused for each worker count) */
+        p.io.out_dir = dir;
+        p.io.overwrite = 1; /* (a scratch folder, reused for each worker count) */
         struct dp_allocator a = {count_alloc, count_free, NULL};
         dp_set_allocator(&a);
         struct dp_trainer *t;
@@ -737,21 +737,21 @@ TEST_T(zero_resume_reads_pieces_not_the_whole_file, 120) {
     struct dp_train_params p = base("mlp", 4);
     p.optim.kind = DP_OPTIM_ADAMW;
     p.sched.base_lr = 1e-3f;
-    p.max_steps = 1, p.train_limit = 240, p.test_limit = 60;
+    p.run.max_steps = 1, p.data.train_limit = 240, p.data.test_limit = 60;
     char dir[512], ck[600];
     snprintf(dir, sizeof dir, "%s/zres", dp_test_tmpdir());
     snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
-    p.out_dir = dir;
+    p.io.out_dir = dir;
     ASSERT_OK(run_status(&p, NULL));
-    p.out_dir = NULL, p.max_steps = 0;
+    p.io.out_dir = NULL, p.run.max_steps = 0;
     struct dp_ckpt_header h;
     ASSERT_OK(dp_ckpt_read_header(ck, &h));
     for (int z = 0; z <= 3; z++) {
-        p.zero = z;
+        p.dp.zero = z;
         size_t fresh, resumed;
-        p.resume = NULL;
+        p.io.resume = NULL;
         live_after_init(p, &fresh);
-        p.resume = ck;
+        p.io.resume = ck;
         live_after_init(p, &resumed);
         double extra = (double)resumed - (double)fresh;
         fprintf(stderr, "    P=4 --zero %d: init's peak %zu bytes, %zu with --resume (%.0f more; payload %llu)\n", z,

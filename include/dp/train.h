@@ -2,11 +2,11 @@
  * dp/train.h — the training loop, checkpoints and metrics.
  *
  *     struct dp_train_params tp = dp_train_default_params();
- *     tp.data_dir = "/usr/share/datasets/fashion-mnist";
- *     tp.model = "cnn";
+ *     tp.data.data_dir = "/usr/share/datasets/fashion-mnist";
+ *     tp.run.model = "cnn";
  *     struct dp_trainer *t;
  *     if (dp_trainer_init(&t, &tp)) { ... dp_errmsg() ... }
- *     int rc = dp_trainer_run(t);        // progress through tp.on_event
+ *     int rc = dp_trainer_run(t);        // progress through tp.io.on_event
  *     dp_trainer_free(t);
  *
  * Library code never prints: the trainer reports progress through the
@@ -86,7 +86,7 @@ struct dp_event {
 };
 typedef void (*dp_event_fn)(void *arg, const struct dp_event *ev);
 
-/* dp_train_params.normalize */
+/* dp_train_params.data.normalize */
 enum { DP_NORM_SOURCE = 0, DP_NORM_AUTO = 1, DP_NORM_NONE = 2, DP_NORM_FIXED = 3 };
 /* The checkpoint section holding the run's input normalisation (text: "mean M0 M1 ...\nstd S0 S1 ...\n"). */
 #define DP_CKPT_NORM_TAG "DPNORMIN"
@@ -97,10 +97,39 @@ enum { DP_NORM_SOURCE = 0, DP_NORM_AUTO = 1, DP_NORM_NONE = 2, DP_NORM_FIXED = 3
  * in class order. */
 #define DP_CKPT_CLASSES_TAG "DPCLASSN"
 
-/* dp_train_params.zero_gather */
+/* dp_train_params.dp.zero_gather */
 enum { DP_ZERO_GATHER_AUTO = 0, DP_ZERO_GATHER_STEP = 1, DP_ZERO_GATHER_AHEAD = 2 };
 
-struct dp_train_params {
+/* What is trained, and for how long */
+struct dp_train_run {
+    const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */
+    const char *model_file;    /* a model file (docs/models.md); when set it replaces model.  Every
+                                  process reads it; its canonical text goes into the checkpoint */
+    const char *model_text;    /* a model file's text itself, in place of model_file; model, if set,
+                                  then only names it (default "custom") */
+    /* A model built by the caller through the C API (examples/custom_model.c): when set it
+     * replaces model and model_file.  Called once per process, before the data is read, with
+     * model_build_arg; the model declares its input (dp_model_init), which must be the data's,
+     * and is finalized here if the builder did not.  The trainer owns and frees it.  Its
+     * canonical text (dp_model.desc) goes into the checkpoint, so a resume, `dptrain eval` and
+     * `ckpt export` rebuild it without the builder (a layer of the caller's own, which has no
+     * text, needs the builder again). */
+    int (*model_build)(struct dp_model **m, void *arg);
+    void *model_build_arg;
+    /* enum dp_loss_kind: DP_LOSS_XENT (classes, the default) or DP_LOSS_MSE (a regression: the
+     * labels are float targets, the report gives RMSE and MAE).  A model file's `loss mse` is
+     * the same as DP_LOSS_MSE. */
+    int loss;
+    int64_t epochs;
+    int64_t batch;
+    int64_t max_steps;         /* stop after this many steps in total (0 = no limit) */
+    uint64_t seed;
+    int threads;               /* compute threads */
+    double clip_norm;          /* 0 = no clipping */
+};
+
+/* Where the samples come from and how they are prepared (docs/data.md) */
+struct dp_train_data {
     const char *data_dir;      /* IDX files (train-*, t10k-*); an .npy of features (with labels); for a
                                   gpt model, a token file (dptrain prepare-text, docs/text.md) */
     /* Your own data (docs/data.md).  data_dir X.npy takes its labels from `labels` (y.npy); the
@@ -138,10 +167,16 @@ struct dp_train_params {
      * (DP_CKPT_NORM_TAG: "mean M0 M1 ...\nstd S0 S1 ...\n", one value per channel or
      * feature), e.g. from a safetensors file's metadata; NULL: none.  Overrides normalize. */
     const char *norm_text;
-    /* enum dp_loss_kind: DP_LOSS_XENT (classes, the default) or DP_LOSS_MSE (a regression: the
-     * labels are float targets, the report gives RMSE and MAE).  A model file's `loss mse` is
-     * the same as DP_LOSS_MSE. */
-    int loss;
+    float norm_mean, norm_std; /* input normalisation */
+    struct dp_augment aug;
+    int prefetch;              /* batches a loader thread prepares ahead; 0: none, each worker assembles
+                                  its batch itself; -1 (default) auto: dp_train_prefetch_auto */
+    int64_t train_limit;       /* use only the first N training samples (0 = all); text: N windows per epoch */
+    int64_t test_limit;        /* evaluate on the first N test samples (0 = all); text: validation windows */
+};
+
+/* Data parallelism: the workers, the reduction, the modes of training (docs/ddp.md) */
+struct dp_train_dp {
     /* Several processes (for example MPI ranks): this process's communicator
      * with the others, one per process, or NULL for a single process.  Each
      * process then runs `workers` worker threads, and the job has
@@ -178,6 +213,7 @@ struct dp_train_params {
                                   are not pinned); the calling thread's affinity is restored after
                                   the run.  0 (default): the scheduler places them. */
     int deterministic;         /* bit-identical results for any worker count (docs/ddp.md) */
+    int64_t det_chunk;         /* deterministic mode: samples per fixed chunk (0 = dp_det_chunk_auto) */
     /* ZeRO (docs/ddp.md "ZeRO"; dp/ddp.h): 1 = each worker keeps the optimizer state of its
      * 1/G shard of the parameters, updates that shard and all-gathers the parameters; 2 also
      * shards the gradient, 3 the parameters (0 = off).  zero_scatter: the gradient is
@@ -194,16 +230,6 @@ struct dp_train_params {
      * crosses a network and overlaps forward), within the step on threads (every core computes,
      * so the overlap only moves the copy to the communication thread; docs/ddp.md "ZeRO"). */
     int zero_gather;
-    int64_t det_chunk;         /* deterministic mode: samples per fixed chunk (0 = dp_det_chunk_auto) */
-    const char *timeline;      /* write a Chrome trace-event file of the run here (NULL = off) */
-    /* Slow workers on purpose (docs/ddp.md "Slow workers on purpose"): sleep
-     * proportional to a rank's measured compute.  simulate_slow:
-     * "RANK:FACTOR[,RANK:FACTOR...]" (job ranks, FACTOR >= 1);
-     * simulate_jitter: "p=P,ms=MS" and/or "lognormal=SIGMA", drawn per
-     * (rank, step) from (seed, DP_RNG_SLOW).  NULL = off.  Timing only: the
-     * arithmetic, and so the parameters, are unchanged. */
-    const char *simulate_slow;
-    const char *simulate_jitter;
     /* Heterogeneity-aware batches (docs/ddp.md "Balanced shares"): every
      * `balance` optimizer steps the ranks all-gather their measured
      * throughput and re-split the global batch in proportion to it (0 = off:
@@ -234,32 +260,10 @@ struct dp_train_params {
     int share_lr;
     int implicit_momentum;
     int servers;
-    const char *model;         /* model spec: mlp, cnn, resnet, mlp:... */
-    const char *model_file;    /* a model file (docs/models.md); when set it replaces model.  Every
-                                  process reads it; its canonical text goes into the checkpoint */
-    const char *model_text;    /* a model file's text itself, in place of model_file; model, if set,
-                                  then only names it (default "custom") */
-    /* A model built by the caller through the C API (examples/custom_model.c): when set it
-     * replaces model and model_file.  Called once per process, before the data is read, with
-     * model_build_arg; the model declares its input (dp_model_init), which must be the data's,
-     * and is finalized here if the builder did not.  The trainer owns and frees it.  Its
-     * canonical text (dp_model.desc) goes into the checkpoint, so a resume, `dptrain eval` and
-     * `ckpt export` rebuild it without the builder (a layer of the caller's own, which has no
-     * text, needs the builder again). */
-    int (*model_build)(struct dp_model **m, void *arg);
-    void *model_build_arg;
-    int64_t epochs;
-    int64_t batch;
-    int64_t max_steps;         /* stop after this many steps in total (0 = no limit) */
-    struct dp_optim_params optim;
-    struct dp_sched sched;     /* base_lr = learning rate; total_steps filled in if 0 */
-    double clip_norm;          /* 0 = no clipping */
-    uint64_t seed;
-    int threads;               /* compute threads */
-    struct dp_augment aug;
-    int prefetch;              /* batches a loader thread prepares ahead; 0: none, each worker assembles
-                                  its batch itself; -1 (default) auto: dp_train_prefetch_auto */
-    float norm_mean, norm_std; /* input normalisation */
+};
+
+/* The run folder, checkpoints and evaluation, and the caller's hooks */
+struct dp_train_io {
     /* The run folder: metrics.jsonl and checkpoint.bin (NULL = none), created with its missing
      * parents.  A folder that holds a run already (a checkpoint.bin or a non-empty
      * metrics.jsonl) is refused unless this run resumes that folder's own checkpoint (resume
@@ -273,6 +277,13 @@ struct dp_train_params {
     int64_t ckpt_every_steps;  /* and every N optimizer steps (0 = off) */
     int64_t eval_every;        /* evaluate every N optimizer steps (0 = only at epoch ends): a
                                   DP_EVENT_EVAL and test_loss/test_acc in that step's record */
+    /* The caller's configuration of the run, stored verbatim in every checkpoint (section
+     * "DPCONFIG"; dptrain: its train options, one per line) for a resume to restore
+     * (dp_ckpt_read_section).  NULL = none. */
+    const char *config;
+    const char *resume;        /* checkpoint to continue from */
+    const char *init_from;     /* safetensors file with initial weights */
+    const char *timeline;      /* write a Chrome trace-event file of the run here (NULL = off) */
     /* A stop on request (a signal; the caller's flag, set to non-zero from any thread): the
      * run finishes its current step, every rank at the same step (in one process they agree
      * through a shared atomic step; across processes, one 8-byte all-reduce per step), writes
@@ -287,16 +298,35 @@ struct dp_train_params {
 #else
     const _Atomic int *stop;
 #endif
-    /* The caller's configuration of the run, stored verbatim in every checkpoint (section
-     * "DPCONFIG"; dptrain: its train options, one per line) for a resume to restore
-     * (dp_ckpt_read_section).  NULL = none. */
-    const char *config;
-    const char *resume;        /* checkpoint to continue from */
-    const char *init_from;     /* safetensors file with initial weights */
-    int64_t train_limit;       /* use only the first N training samples (0 = all); text: N windows per epoch */
-    int64_t test_limit;        /* evaluate on the first N test samples (0 = all); text: validation windows */
     dp_event_fn on_event;
     void *event_arg;
+};
+
+/* Slow workers on purpose (docs/ddp.md "Slow workers on purpose"): timing only */
+struct dp_train_sim {
+    /* Slow workers on purpose (docs/ddp.md "Slow workers on purpose"): sleep
+     * proportional to a rank's measured compute.  simulate_slow:
+     * "RANK:FACTOR[,RANK:FACTOR...]" (job ranks, FACTOR >= 1);
+     * simulate_jitter: "p=P,ms=MS" and/or "lognormal=SIGMA", drawn per
+     * (rank, step) from (seed, DP_RNG_SLOW).  NULL = off.  Timing only: the
+     * arithmetic, and so the parameters, are unchanged. */
+    const char *simulate_slow;
+    const char *simulate_jitter;
+};
+
+/* A training run's parameters, by concept: what is trained (run), its samples (data), the
+ * optimizer and its schedule, data parallelism (dp), the run folder and the caller's hooks
+ * (io), simulated slowness (sim).  dp_train_default_params() gives the defaults;
+ * dp_train_option_set sets a field by the name of train's CLI option for it. */
+struct dp_train_params {
+    struct dp_train_run run;
+    struct dp_train_data data;
+    struct dp_optim_params optim; /* the optimizer (dp/optim.h) */
+    struct dp_sched sched;        /* the learning-rate schedule: base_lr = the learning rate;
+                                     total_steps filled in if 0 */
+    struct dp_train_dp dp;
+    struct dp_train_io io;
+    struct dp_train_sim sim;
 };
 struct dp_train_params dp_train_default_params(void);
 /* The same on the heap (for callers that cannot lay the struct out, such as Python's ctypes),
@@ -332,7 +362,7 @@ int dp_train_option_check(const struct dp_train_params *p, const char *name);
 /* The options that define the run (its data, model, optimizer, schedule, batch, epochs,
  * seed, the data-parallel options that change the arithmetic or its failure modes, the
  * checkpoint and evaluation cadence), one "--name=value" or "--name" per line, as the
- * stored configuration of its checkpoints (dp_train_params.config): malloc'ed, NULL when out
+ * stored configuration of its checkpoints (dp_train_params.io.config): malloc'ed, NULL when out
  * of memory.  Not rendered: where and how fast this invocation runs (workers, threads,
  * pinning, progress threads, prefetch, gemm), its own stop and outputs (max-steps, out,
  * resume, overwrite, init-from, timeline) and the slowness simulations.  Paths are made
@@ -392,7 +422,7 @@ int dp_train_prefetch_auto(int workers, int threads, int cpus);
 int dp_trainer_init(struct dp_trainer **t, const struct dp_train_params *p);
 /* Trains until the epoch count (or max_steps) is reached, or a stop is requested. */
 int dp_trainer_run(struct dp_trainer *t);
-/* After dp_trainer_run: the step at which a requested stop (dp_train_params.stop) ended the
+/* After dp_trainer_run: the step at which a requested stop (dp_train_params.io.stop) ended the
  * run, or -1 when it ran to its end. */
 int64_t dp_trainer_stopped(const struct dp_trainer *t);
 /* Accuracy and mean loss of the current model on a dataset (eval mode); for
@@ -529,7 +559,7 @@ struct dp_ckpt_section {
     uint32_t header_crc;       /* CRC-32 of this header with header_crc = 0 */
 };
 #define DP_CKPT_EF_TAG "DPEFSTAT"
-/* "DPCONFIG": dp_train_params.config, as given (text).  "DPMETRIC": a struct dp_ckpt_metrics,
+/* "DPCONFIG": dp_train_params.io.config, as given (text).  "DPMETRIC": a struct dp_ckpt_metrics,
  * the length of the run folder's metrics.jsonl when the checkpoint was written. */
 #define DP_CKPT_CONFIG_TAG "DPCONFIG"
 /* Section "DPMODTXT": the model's canonical text (dp_model.desc, docs/models.md), whatever

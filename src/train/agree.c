@@ -40,7 +40,7 @@ int dp__check_replicas(struct worker *w) {
     return rc;
 }
 
-/* A requested stop (dp_train_params.stop), checked before each step: *stop = 1 when every
+/* A requested stop (dp_train_params.io.stop), checked before each step: *stop = 1 when every
  * rank stops before step `step`.  The ranks must agree on the step, or one would wait
  * forever in a collective the others never start.
  *   One process: the first worker to see the request, before step s, sets stop_at = s + lead,
@@ -56,18 +56,18 @@ int dp__check_replicas(struct worker *w) {
 int dp__stop_agreed(struct worker *w, int64_t step, int *stop) {
     struct dp_trainer *t = w->t;
     *stop = 0;
-    if (!t->p.stop) return DP_OK;
-    if (t->p.inter) {
+    if (!t->p.io.stop) return DP_OK;
+    if (t->p.dp.inter) {
         if (t->bk_on)
-            return atomic_load(t->p.stop) ? dp_seterr(DP_ECANCELED, "stopped on request (--backup-workers across "
+            return atomic_load(t->p.io.stop) ? dp_seterr(DP_ECANCELED, "stopped on request (--backup-workers across "
                                                      "processes cannot agree on a step to stop at)") : DP_OK;
-        double v = atomic_load(t->p.stop) != 0;
+        double v = atomic_load(t->p.io.stop) != 0;
         int rc = dp_comm_allreduce(w->comm, &v, 1, DP_DTYPE_F64, DP_ALGO_AUTO);
         *stop = !rc && v > 0;
         return rc;
     }
     long long at = atomic_load(&t->stop_at);
-    if (at == INT64_MAX && atomic_load(t->p.stop)) {
+    if (at == INT64_MAX && atomic_load(t->p.io.stop)) {
         atomic_compare_exchange_strong(&t->stop_at, &at, (long long)step + (t->bk_on ? BACKUP_DEPTH + 1 : 1));
         at = atomic_load(&t->stop_at); /* (ours, or the one another worker set first) */
     }
@@ -103,21 +103,21 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     for (int i = 0; i < red->nb; i++) H(red->b[i].off), H(red->b[i].count);
     out[AGREE_BUCKETS] = h;
     h = 0xcbf29ce484222325ull;
-    H(t->train.n), H(t->train.C), H(t->train.H), H(t->train.W), H(p->norm_mean), H(p->norm_std);
-    H(p->test_limit), H(p->aug.crop_pad), H(p->aug.hflip);
+    H(t->train.n), H(t->train.C), H(t->train.H), H(t->train.W), H(p->data.norm_mean), H(p->data.norm_std);
+    H(p->data.test_limit), H(p->data.aug.crop_pad), H(p->data.aug.hflip);
     H(t->tokens.n), H(t->tokens.vocab), H(t->split.train_n), H(t->windows); /* text (0 otherwise) */
     out[AGREE_DATA] = h;
     h = 0xcbf29ce484222325ull;
-    H(p->batch), H(p->accum), H(p->seed), H(p->epochs), H(p->max_steps), H(p->clip_norm), H(p->workers);
+    H(p->run.batch), H(p->dp.accum), H(p->run.seed), H(p->run.epochs), H(p->run.max_steps), H(p->run.clip_norm), H(p->dp.workers);
     H(p->optim.kind), H(p->optim.momentum), H(p->optim.nesterov), H(p->optim.dampening);
     H(p->optim.weight_decay), H(p->optim.beta1), H(p->optim.beta2), H(p->optim.eps);
     H(p->sched.kind), H(p->sched.base_lr), H(p->sched.total_steps), H(p->sched.warmup_steps);
     H(p->sched.step_size), H(p->sched.gamma), H(p->sched.min_lr);
-    H(p->deterministic), H(p->det_chunk), H(p->algo), H(p->overlap), H(p->skip_nonfinite);
-    H(p->check_replicas), H(p->accum), H(t->gather_waits), H(p->balance), H(p->backup), H(p->backup_workers);
-    H(p->compress.kind), H(p->compress.rank), H(p->compress.fraction), H(p->compress.powersgd_start);
-    H(p->async), H(p->staleness), H(p->staleness_lr), H(p->servers), H(p->zero), H(p->zero_scatter), H(p->zero_gather);
-    H(p->share_lr), H(p->implicit_momentum); /* (not pin_threads: where a process's workers run is its own) */
+    H(p->dp.deterministic), H(p->dp.det_chunk), H(p->dp.algo), H(p->dp.overlap), H(p->dp.skip_nonfinite);
+    H(p->dp.check_replicas), H(p->dp.accum), H(t->gather_waits), H(p->dp.balance), H(p->dp.backup), H(p->dp.backup_workers);
+    H(p->dp.compress.kind), H(p->dp.compress.rank), H(p->dp.compress.fraction), H(p->dp.compress.powersgd_start);
+    H(p->dp.async), H(p->dp.staleness), H(p->dp.staleness_lr), H(p->dp.servers), H(p->dp.zero), H(p->dp.zero_scatter), H(p->dp.zero_gather);
+    H(p->dp.share_lr), H(p->dp.implicit_momentum); /* (not pin_threads: where a process's workers run is its own) */
     out[AGREE_CONFIG] = h;
     h = 0xcbf29ce484222325ull;
     H(w->step), H(w->epoch), H(w->in_epoch);

@@ -19,11 +19,11 @@ static int backup_setup(struct dp_trainer *t) {
     const struct dp_train_params *p = &t->p;
     if (!(t->dropped_count = dp_calloc((size_t)t->G, sizeof(int64_t))))
         return dp_seterr(DP_ENOMEM, "--backup-workers: out of memory");
-    if (!p->inter)
-        return dp_backup_slot_init(&t->slot, t->P, t->base, t->model->num_params, p->backup_workers, (double)t->pos,
-                                   p->comm_timeout);
-    return dp_backup_star_init(&t->star, p->inter, t->model->num_params, p->backup_workers, (double)t->pos,
-                               p->comm_timeout);
+    if (!p->dp.inter)
+        return dp_backup_slot_init(&t->slot, t->P, t->base, t->model->num_params, p->dp.backup_workers, (double)t->pos,
+                                   p->dp.comm_timeout);
+    return dp_backup_star_init(&t->star, p->dp.inter, t->model->num_params, p->dp.backup_workers, (double)t->pos,
+                               p->dp.comm_timeout);
 }
 
 /* One step: the compute (no reduction hooks: the gradient sums stay local),
@@ -57,7 +57,7 @@ static int backup_mode_step(struct worker *w, int64_t nmicro, int64_t *skipped, 
     double t1 = dp_time();
     /* every replica has the same update, n_acc and flag: the same decision */
     if (bad) {
-        if (t->p.skip_nonfinite) {
+        if (t->p.dp.skip_nonfinite) {
             (*skipped)++;
             return DP_OK;
         }

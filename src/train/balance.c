@@ -114,7 +114,7 @@ int dp__rebalance(struct worker *w) {
         int64_t rate = !(x < (double)BAL_RATE_MAX) ? BAL_RATE_MAX : x < 1 ? 1 : (int64_t)llround(x);
         w->bal_rate[r] = w->bal_rate[r] > 0 ? (w->bal_rate[r] + rate) / 2 : rate;
     }
-    int64_t a = t->bal_align, U = (t->p.batch + a - 1) / a, move = 0;
+    int64_t a = t->bal_align, U = (t->p.run.batch + a - 1) / a, move = 0;
     /* the fixed parts in 1/1024 units: rate (1024 samples/s) x µs / 1e6 / align
      * (< 2^53: rate <= 2^30, µs <= 2^23); a rank not measured yet has none */
     for (int r = 0; r < G; r++)

@@ -18,7 +18,7 @@ static int load_ef_state(struct dp_trainer *t, const char *path) {
     struct dp_ckpt_ef ef;
     if (!data) {
         snprintf(t->note, sizeof t->note, "%s has no error-feedback state for --compress %s: the residuals start "
-                 "at zero", path, dp_compress_name(t->p.compress.kind));
+                 "at zero", path, dp_compress_name(t->p.dp.compress.kind));
         return DP_OK;
     }
     memcpy(&ef, data, size >= sizeof ef ? sizeof ef : 0);
@@ -26,10 +26,10 @@ static int load_ef_state(struct dp_trainer *t, const char *path) {
         dp_free(data);
         return dp_seterr(DP_EFORMAT, "%s: the error-feedback section is malformed", path);
     }
-    if (ef.kind != (uint32_t)t->p.compress.kind || ef.len != len)
+    if (ef.kind != (uint32_t)t->p.dp.compress.kind || ef.len != len)
         snprintf(t->note, sizeof t->note, "%s holds error-feedback state of --compress %s, this run uses %s: the "
                  "residuals start at zero", path, dp_compress_name((enum dp_compress)ef.kind),
-                 dp_compress_name(t->p.compress.kind));
+                 dp_compress_name(t->p.dp.compress.kind));
     else if ((int)ef.workers != t->G)
         snprintf(t->note, sizeof t->note, "%s was saved by %u workers, this run has %d: the error-feedback "
                  "residuals are reset to zero", path, ef.workers, t->G);
@@ -128,12 +128,12 @@ int dp__load_checkpoint(struct dp_trainer *t, const char *path) {
     else if (h.optim_state_len != full_state)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint's optimizer state has %lld floats, this run's %s needs %lld", path,
                        (long long)h.optim_state_len, dp_optim_kind_name(t->p.optim.kind), (long long)full_state);
-    else if (h.batch != t->p.batch)
+    else if (h.batch != t->p.run.batch)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint was trained with batch %lld, this run uses %lld "
-                       "(the data order would differ)", path, (long long)h.batch, (long long)t->p.batch);
-    else if (h.seed != t->p.seed)
+                       "(the data order would differ)", path, (long long)h.batch, (long long)t->p.run.batch);
+    else if (h.seed != t->p.run.seed)
         rc = dp_seterr(DP_EMISMATCH, "%s: checkpoint seed %llu differs from --seed %llu", path,
-                       (unsigned long long)h.seed, (unsigned long long)t->p.seed);
+                       (unsigned long long)h.seed, (unsigned long long)t->p.run.seed);
     struct dp_ckpt_reader *rd = NULL;
     /* a corrupt file is reported as corrupt, not as a setting that differs: on a mismatch the
      * whole file's checksums are checked first (a pass that loads nothing) */
@@ -184,9 +184,9 @@ void dp__resume_position(struct dp_trainer *t) {
     const struct dp_train_params *p = &t->p;
     int64_t per = t->steps_per_epoch;
     const char *mode = "synchronous";
-    if (p->staleness >= 0) mode = "--staleness";
-    else if (p->async && p->deterministic) per = t->steps_per_epoch * (p->inter ? t->ps_W : t->P), mode = "the replay";
-    else if (p->async) per = t->ps_batches, mode = "--mode async";
+    if (p->dp.staleness >= 0) mode = "--staleness";
+    else if (p->dp.async && p->dp.deterministic) per = t->steps_per_epoch * (p->dp.inter ? t->ps_W : t->P), mode = "the replay";
+    else if (p->dp.async) per = t->ps_batches, mode = "--mode async";
     int64_t want = t->epoch * per;
     if (t->step == want) return;
     size_t len = strlen(t->note);
@@ -204,11 +204,11 @@ static void fill_header(const struct dp_trainer *t, struct dp_ckpt_header *h) {
     for (int i = 0; i < m->in_shape.ndim && i < 4; i++) h->in_shape[i] = m->in_shape.d[i];
     h->num_params = m->num_params;
     h->num_buffers = m->num_buffers;
-    h->seed = t->p.seed;
+    h->seed = t->p.run.seed;
     h->step = t->step;
     h->epoch = t->epoch;
     h->step_in_epoch = t->step_in_epoch;
-    h->batch = t->p.batch;
+    h->batch = t->p.run.batch;
     h->optim_kind = (uint32_t)t->p.optim.kind;
     h->nesterov = (uint32_t)t->p.optim.nesterov;
     h->momentum = t->p.optim.momentum;
@@ -221,7 +221,7 @@ static void fill_header(const struct dp_trainer *t, struct dp_ckpt_header *h) {
     h->sched_kind = (uint32_t)t->p.sched.kind;
     h->optim_step = w->sync.opt.step;
     /* ZeRO: the whole slab's state whatever the stage (zero_stream writes it from the shards) */
-    h->optim_state_len = t->p.zero ? dp_sync_state_len(&w->sync) : w->sync.opt.state_len;
+    h->optim_state_len = t->p.dp.zero ? dp_sync_state_len(&w->sync) : w->sync.opt.state_len;
 }
 
 /* ---- ZeRO checkpoints, streamed from the shards --------------------------------------------
@@ -306,11 +306,11 @@ int dp__zero_stream(struct worker *w, struct dp_ckpt_writer *out) {
 
 /* Rank 0 writes a checkpoint now (checkpoint() below): in a multi-process
  * ZeRO job every other worker sends its pieces meanwhile. */
-int dp__zero_serves(const struct dp_trainer *t) { return t->p.zero && t->p.out_dir && t->G > t->P; }
+int dp__zero_serves(const struct dp_trainer *t) { return t->p.dp.zero && t->p.io.out_dir && t->G > t->P; }
 
 int dp_trainer_save(struct dp_trainer *t, const char *path) {
     struct worker *w = &t->w[0];
-    if (t->p.zero && t->G > t->P && !t->zsaving)
+    if (t->p.dp.zero && t->G > t->P && !t->zsaving)
         return dp_seterr(DP_ENOTSUP, "checkpoint: a multi-process ZeRO job writes its checkpoints during the run "
                          "(every rank sends its pieces), at epoch ends and --max-steps");
     struct dp_ckpt_header h;
@@ -332,7 +332,7 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
         if (!(data = dp_malloc_big(size))) rc = dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the error-feedback state");
     }
     if (data) {
-        struct dp_ckpt_ef ef = {.kind = (uint32_t)t->p.compress.kind, .workers = (uint32_t)t->G, .len = len};
+        struct dp_ckpt_ef ef = {.kind = (uint32_t)t->p.dp.compress.kind, .workers = (uint32_t)t->G, .len = len};
         memcpy(data, &ef, sizeof ef);
         if (gathered) memcpy(data + sizeof ef, t->efstate, sizeof(float) * (size_t)len * (size_t)t->G);
         for (int r = 0; !gathered && r < t->P; r++)
@@ -343,7 +343,7 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
     struct dp_ckpt_writer *out = NULL;
     if (!rc) rc = dp_ckpt_writer_open(&out, path, &h);
     int src;
-    if (!t->p.zero) {
+    if (!t->p.dp.zero) {
         if (out) {
             dp_ckpt_writer_put(out, w->rep.params, sizeof(float) * (size_t)h.num_params);
             dp_ckpt_writer_put(out, w->rep.buffers, sizeof(float) * (size_t)h.num_buffers);
@@ -353,13 +353,13 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
     } else
         src = dp__zero_stream(w, out); /* (the others wait for the pieces even where the file failed) */
     if (out) {
-        if (t->p.zero) h.param_hash = dp_ckpt_writer_hash(out);
+        if (t->p.dp.zero) h.param_hash = dp_ckpt_writer_hash(out);
         if (data) dp_ckpt_writer_section(out, DP_CKPT_EF_TAG, data, size);
         if (t->metrics) {
             struct dp_ckpt_metrics mb = {.bytes = ftell(t->metrics)}; /* (every record is flushed) */
             dp_ckpt_writer_section(out, DP_CKPT_METRICS_TAG, &mb, sizeof mb);
         }
-        if (t->p.config) dp_ckpt_writer_section(out, DP_CKPT_CONFIG_TAG, t->p.config, strlen(t->p.config));
+        if (t->p.io.config) dp_ckpt_writer_section(out, DP_CKPT_CONFIG_TAG, t->p.io.config, strlen(t->p.io.config));
         if (t->model->desc) dp_ckpt_writer_section(out, DP_CKPT_MODEL_TAG, t->model->desc, strlen(t->model->desc));
         if (t->bpe) dp_ckpt_writer_section(out, DP_CKPT_BPE_TAG, t->bpe, t->bpe_len);
         if (t->class_names)
@@ -376,9 +376,9 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
 }
 
 int dp__checkpoint_write(struct dp_trainer *t) {
-    if (!t->p.out_dir) return DP_OK;
+    if (!t->p.io.out_dir) return DP_OK;
     char path[4096];
-    snprintf(path, sizeof path, "%s/checkpoint.bin", t->p.out_dir);
+    snprintf(path, sizeof path, "%s/checkpoint.bin", t->p.io.out_dir);
     t->zsaving = 1;
     int rc = dp_trainer_save(t, path);
     t->zsaving = 0;
@@ -401,7 +401,7 @@ int dp__checkpoint_write(struct dp_trainer *t) {
 int dp__ef_gather_state(struct worker *w) {
     struct dp_trainer *t = w->t;
     const int64_t len = dp_sync_ef_len(&w->sync), G = t->G;
-    if (!t->p.out_dir || len == 0 || t->G == t->P) return DP_OK;
+    if (!t->p.io.out_dir || len == 0 || t->G == t->P) return DP_OK;
     int64_t B = ((int64_t)1 << 20) / G;
     if (B < 1) B = 1;
     if (B > len) B = len;
@@ -430,7 +430,7 @@ int dp__ef_gather_state(struct worker *w) {
  * others stream their pieces where ZeRO spans processes; then a barrier). */
 int dp__step_checkpoint(struct worker *w) {
     struct dp_trainer *t = w->t;
-    if (!t->p.out_dir) return DP_OK;
+    if (!t->p.io.out_dir) return DP_OK;
     int rc = dp_sync_settle(&w->sync);
     if (!rc) rc = dp__ef_gather_state(w);
     if (!rc && w->grank == 0) rc = dp__checkpoint_write(t);

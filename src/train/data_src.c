@@ -79,12 +79,12 @@ char *dp__norm_text(const struct dp_trainer *t) {
     return s;
 }
 
-/* Decides the normalisation (the checkpoint's when resuming, else per p->normalize) and
+/* Decides the normalisation (the checkpoint's when resuming, else per p->data.normalize) and
  * applies it to both splits. */
 static int normalize(struct dp_trainer *t, int idx) {
     const struct dp_train_params *p = &t->p;
     int64_t C = dp_dataset_norm_groups(&t->train); /* channels, or a table's features */
-    int mode = p->normalize ? p->normalize : idx ? DP_NORM_FIXED : DP_NORM_AUTO;
+    int mode = p->data.normalize ? p->data.normalize : idx ? DP_NORM_FIXED : DP_NORM_AUTO;
     t->norm_mean = dp_malloc(sizeof(float) * (size_t)C);
     t->norm_std = dp_malloc(sizeof(float) * (size_t)C);
     double *m = dp_malloc(sizeof(double) * (size_t)C), *sd = dp_malloc(sizeof(double) * (size_t)C);
@@ -93,15 +93,15 @@ static int normalize(struct dp_trainer *t, int idx) {
         rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
         goto out;
     }
-    if (p->resume && (rc = ckpt_norm(p->resume, C, t->norm_mean, t->norm_std, &found))) goto out;
-    if (!found && p->norm_text && (rc = parse_norm(p->norm_text, C, t->norm_mean, t->norm_std, "the weights' metadata")))
+    if (p->io.resume && (rc = ckpt_norm(p->io.resume, C, t->norm_mean, t->norm_std, &found))) goto out;
+    if (!found && p->data.norm_text && (rc = parse_norm(p->data.norm_text, C, t->norm_mean, t->norm_std, "the weights' metadata")))
         goto out;
-    found |= p->norm_text != NULL;
+    found |= p->data.norm_text != NULL;
     /* none: the identity, recorded as such (so that eval and the export apply no other) */
     if (!found && mode == DP_NORM_NONE)
         for (int64_t c = 0; c < C; c++) t->norm_mean[c] = 0, t->norm_std[c] = 1;
     if (!found && mode == DP_NORM_FIXED)
-        for (int64_t c = 0; c < C; c++) t->norm_mean[c] = p->norm_mean, t->norm_std[c] = p->norm_std;
+        for (int64_t c = 0; c < C; c++) t->norm_mean[c] = p->data.norm_mean, t->norm_std[c] = p->data.norm_std;
     if (!found && mode == DP_NORM_AUTO) {
         if ((rc = dp_dataset_channel_stats(&t->train, m, sd))) goto out;
         for (int64_t c = 0; c < C; c++) t->norm_mean[c] = (float)m[c], t->norm_std[c] = (float)sd[c];
@@ -126,13 +126,13 @@ struct pair {
  * x_train,y_train (whose x_test,y_test are then the test set: *keras = 1). */
 static int npz_keys(const struct dp_train_params *p, const char *npz, char *kx, char *ky, size_t cap, int *keras) {
     *keras = 0;
-    const char *k = p->npz_keys ? p->npz_keys : "x,y", *comma = strchr(k, ',');
+    const char *k = p->data.npz_keys ? p->data.npz_keys : "x,y", *comma = strchr(k, ',');
     if (!comma || comma == k || !comma[1] || strchr(comma + 1, ',') || (size_t)(comma - k) >= cap ||
         strlen(comma + 1) >= cap)
         return dp_seterr(DP_EINVAL, "--npz-keys %s: expected two array names, X,Y (e.g. x_train,y_train)", k);
     snprintf(kx, cap, "%.*s", (int)(comma - k), k);
     snprintf(ky, cap, "%s", comma + 1);
-    if (p->npz_keys) return DP_OK;
+    if (p->data.npz_keys) return DP_OK;
     char names[16384];
     int rc = dp_npz_keys(npz, names, sizeof names);
     if (rc) return rc;
@@ -181,12 +181,12 @@ static int is_idx_dir(const char *dir) {
 static int same_classes(const struct dp_trainer *t) {
     void *data;
     uint64_t size;
-    int rc = dp_ckpt_read_section(t->p.resume, DP_CKPT_CLASSES_TAG, &data, &size);
+    int rc = dp_ckpt_read_section(t->p.io.resume, DP_CKPT_CLASSES_TAG, &data, &size);
     if (rc || !data) return rc;
     ((char *)data)[size] = 0;
     if (strcmp(data, t->class_names))
         rc = dp_seterr(DP_EMISMATCH, "%s was trained on other classes than --data %s has (its class folders differ)",
-                       t->p.resume, t->p.data_dir);
+                       t->p.io.resume, t->p.data.data_dir);
     dp_free(data);
     return rc;
 }
@@ -201,16 +201,16 @@ static int is_dir(const char *path) {
 static int image_pair(struct dp_trainer *t, int test, const char *dir, struct pair *pr) {
     const struct dp_train_params *p = &t->p;
     struct dp_images_opts o = dp_images_default_opts();
-    o.channels = test ? (int)t->train.C : p->image_channels;
-    o.height = test ? t->train.H : p->image_h, o.width = test ? t->train.W : p->image_w;
-    o.skip_bad = p->skip_bad_images;
+    o.channels = test ? (int)t->train.C : p->data.image_channels;
+    o.height = test ? t->train.H : p->data.image_h, o.width = test ? t->train.W : p->data.image_w;
+    o.skip_bad = p->data.skip_bad_images;
     struct dp_images_info info;
     int rc = dp_images_prepare(dir, &o, &info);
     char *names = NULL;
     if (rc || (rc = dp_images_class_names(&info, &names))) return rc;
     if (test && strcmp(names, t->class_names ? t->class_names : "")) {
         rc = dp_seterr(DP_EMISMATCH, "--test-data %s: its classes (subfolders) are not those of --data %s: each "
-                       "folder needs the same class subfolders", dir, p->data_dir);
+                       "folder needs the same class subfolders", dir, p->data.data_dir);
         dp_free(names);
         return rc;
     }
@@ -230,7 +230,7 @@ static int image_pair(struct dp_trainer *t, int test, const char *dir, struct pa
 
 static int resolve(struct dp_trainer *t, int test, struct pair *pr, int *keras) {
     const struct dp_train_params *p = &t->p;
-    const char *data = test ? p->test_data : p->data_dir, *labels = test ? p->test_labels : p->labels;
+    const char *data = test ? p->data.test_data : p->data.data_dir, *labels = test ? p->data.test_labels : p->data.labels;
     const char *xopt = test ? "--test-data" : "--data", *yopt = test ? "--test-labels" : "--labels";
     *keras = 0;
     snprintf(pr->what, sizeof pr->what, "%s", data);
@@ -255,7 +255,7 @@ static int resolve(struct dp_trainer *t, int test, struct pair *pr, int *keras) 
             return dp_seterr(DP_EINVAL, "%s %s: a CSV holds its labels (a column: --label-column NAME|INDEX, the "
                              "last by default), not %s %s", xopt, data, yopt, labels);
         struct dp_csv_opts o = dp_csv_default_opts();
-        o.header = p->csv_header, o.label_column = p->label_column, o.regression = t->regression;
+        o.header = p->data.csv_header, o.label_column = p->data.label_column, o.regression = t->regression;
         struct dp_csv_info info;
         int rc = dp_csv_prepare(data, &o, &info);
         if (rc) return rc;
@@ -291,7 +291,7 @@ static int same_shape(const struct dp_trainer *t, const char *what) {
     if (t->test.C == t->train.C && t->test.H == t->train.H && t->test.W == t->train.W) return DP_OK;
     return dp_seterr(DP_EMISMATCH, "the test set %s: its samples are %lld x %lld x %lld, %s%s's %lld x "
                      "%lld x %lld (C x H x W)", what, (long long)t->test.C, (long long)t->test.H,
-                     (long long)t->test.W, t->p.train_x.data ? "" : "--data ", t->p.train_x.data ? "X" : t->p.data_dir,
+                     (long long)t->test.W, t->p.data.train_x.data ? "" : "--data ", t->p.data.train_x.data ? "X" : t->p.data.data_dir,
                      (long long)t->train.C, (long long)t->train.H,
                      (long long)t->train.W);
 }
@@ -304,66 +304,66 @@ static int is_arrays(const char *data) {
 
 int dp__data_load(struct dp_trainer *t) {
     const struct dp_train_params *p = &t->p;
-    const int mem = p->train_x.data != NULL; /* arrays in memory (dp_train_params.train_x) */
-    const char *data = mem ? "X" : p->data_dir ? p->data_dir : "";
+    const int mem = p->data.train_x.data != NULL; /* arrays in memory (dp_train_params.data.train_x) */
+    const char *data = mem ? "X" : p->data.data_dir ? p->data.data_dir : "";
     int arrays = mem || is_arrays(data), rc, keras = 0;
-    struct dp_data_opts o = {.nhwc = p->layout_nhwc, .regression = t->regression};
+    struct dp_data_opts o = {.nhwc = p->data.layout_nhwc, .regression = t->regression};
     if (!arrays && t->regression)
         return dp_seterr(DP_EINVAL, "a regression (--loss mse) needs float targets: --data X.npy --labels y.npy "
                          "or a CSV (an IDX folder holds classes)");
     if (!arrays) {
         /* IDX: the folder holds its test split */
-        const char *own = p->labels ? "--labels" : p->test_data ? "--test-data" : p->test_labels ? "--test-labels"
-                        : p->val_split > 0 ? "--val-split" : p->layout_nhwc ? "--layout nhwc"
-                        : p->npz_keys ? "--npz-keys" : p->label_column ? "--label-column"
-                        : p->csv_header != -1 ? "--csv-header" : p->image_h ? "--image-size"
-                        : p->skip_bad_images ? "--skip-bad-images" : p->image_channels ? "--image-channels" : NULL;
+        const char *own = p->data.labels ? "--labels" : p->data.test_data ? "--test-data" : p->data.test_labels ? "--test-labels"
+                        : p->data.val_split > 0 ? "--val-split" : p->data.layout_nhwc ? "--layout nhwc"
+                        : p->data.npz_keys ? "--npz-keys" : p->data.label_column ? "--label-column"
+                        : p->data.csv_header != -1 ? "--csv-header" : p->data.image_h ? "--image-size"
+                        : p->data.skip_bad_images ? "--skip-bad-images" : p->data.image_channels ? "--image-channels" : NULL;
         struct stat st;
         if (own && stat(data, &st) == 0 && S_ISDIR(st.st_mode))
             return dp_seterr(DP_EINVAL, "%s does not apply to --data %s, a folder of IDX files (it holds its "
                              "labels and its test split); it goes with --data X.npy", own, data);
-        if ((rc = dp_dataset_load_dir_first(&t->train, &t->test, data, p->train_limit > 0 ? p->train_limit : 0,
-                                            p->test_limit > 0 ? p->test_limit : 0)))
+        if ((rc = dp_dataset_load_dir_first(&t->train, &t->test, data, p->data.train_limit > 0 ? p->data.train_limit : 0,
+                                            p->data.test_limit > 0 ? p->data.test_limit : 0)))
             return rc;
         return normalize(t, 1);
     }
     struct pair pr;
     if (mem) {
-        if (p->labels || p->test_data || p->test_labels || p->npz_keys || p->label_column)
+        if (p->data.labels || p->data.test_data || p->data.test_labels || p->data.npz_keys || p->data.label_column)
             return dp_seterr(DP_EINVAL, "%s does not apply to arrays in memory (it names a file's part)",
-                             p->labels ? "--labels" : p->test_data ? "--test-data" : p->test_labels ? "--test-labels"
-                             : p->npz_keys ? "--npz-keys" : "--label-column");
-        if ((rc = dp_dataset_open_arrays(&t->train, &p->train_x, &p->train_y, "X", "y", &o))) return rc;
-        if (p->test_x.data && p->val_split > 0)
+                             p->data.labels ? "--labels" : p->data.test_data ? "--test-data" : p->data.test_labels ? "--test-labels"
+                             : p->data.npz_keys ? "--npz-keys" : "--label-column");
+        if ((rc = dp_dataset_open_arrays(&t->train, &p->data.train_x, &p->data.train_y, "X", "y", &o))) return rc;
+        if (p->data.test_x.data && p->data.val_split > 0)
             return dp_seterr(DP_EINVAL, "test arrays and --val-split: give one (the test set, or the fraction of "
                              "the training arrays to hold out)");
-        if (p->test_x.data && ((rc = dp_dataset_open_arrays(&t->test, &p->test_x, &p->test_y, "the test X",
+        if (p->data.test_x.data && ((rc = dp_dataset_open_arrays(&t->test, &p->data.test_x, &p->data.test_y, "the test X",
                                                             "the test y", &o)) ||
                                (rc = same_shape(t, "(arrays)"))))
             return rc;
     } else if ((rc = resolve(t, 0, &pr, &keras)) || (rc = open_pair(&t->train, &pr, &o))) {
         return rc;
     }
-    if (p->resume && t->class_names && (rc = same_classes(t))) return rc;
-    if (p->test_labels && !p->test_data)
-        return dp_seterr(DP_EINVAL, "--test-labels %s without --test-data X.npy", p->test_labels);
-    if (p->test_data && p->val_split > 0)
+    if (p->io.resume && t->class_names && (rc = same_classes(t))) return rc;
+    if (p->data.test_labels && !p->data.test_data)
+        return dp_seterr(DP_EINVAL, "--test-labels %s without --test-data X.npy", p->data.test_labels);
+    if (p->data.test_data && p->data.val_split > 0)
         return dp_seterr(DP_EINVAL, "--test-data and --val-split: give one (the test set, or the fraction of "
                          "--data to hold out)");
     if (mem) {
-        if (p->val_split > 0 && (rc = dp_dataset_split(&t->train, &t->test, p->val_split, p->seed))) return rc;
-    } else if (p->test_data) {
+        if (p->data.val_split > 0 && (rc = dp_dataset_split(&t->train, &t->test, p->data.val_split, p->run.seed))) return rc;
+    } else if (p->data.test_data) {
         if ((rc = resolve(t, 1, &pr, &keras)) || (rc = open_pair(&t->test, &pr, &o)) || (rc = same_shape(t, pr.what)))
             return rc;
-    } else if (keras && p->val_split <= 0) { /* Keras's layout: its own test arrays */
+    } else if (keras && p->data.val_split <= 0) { /* Keras's layout: its own test arrays */
         note(t, "its x_test, y_test are the test set");
         if ((rc = npz_pair(data, "x_test", "y_test", &pr)) || (rc = open_pair(&t->test, &pr, &o)) ||
             (rc = same_shape(t, pr.what)))
             return rc;
-    } else if (p->val_split > 0 && (rc = dp_dataset_split(&t->train, &t->test, p->val_split, p->seed))) {
+    } else if (p->data.val_split > 0 && (rc = dp_dataset_split(&t->train, &t->test, p->data.val_split, p->run.seed))) {
         return rc;
     }
-    dp_dataset_limit(&t->train, p->train_limit);
+    dp_dataset_limit(&t->train, p->data.train_limit);
     /* a regression's targets per sample must agree; classes are those either split names */
     if (t->regression && t->test.n && t->test.num_classes != t->train.num_classes)
         return dp_seterr(DP_EMISMATCH, "the test set has %lld target%s per sample, --data %s has %lld",

@@ -27,7 +27,7 @@ static int det_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *
     (void)skipped;
     struct dp_trainer *t = w->t;
     const struct dp_model *m = t->model;
-    const int64_t C = t->p.det_chunk;
+    const int64_t C = t->p.dp.det_chunk;
     int rc = dp_sync_step_begin(&w->sync, w->step); /* ZeRO 3: the whole parameters, gathered for the chunks */
     if (rc) return rc;
     double n_total = 0, loss_sum = 0, n_local = 0, compute = 0;
@@ -38,7 +38,7 @@ static int det_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *
         for (int64_t c0 = 0; c0 < lb->B; c0 += C) {
             int64_t B = lb->B - c0 < C ? lb->B - c0 : C;
             struct dp_batch b = dp__batch_of(lb, c0, B, per, t->pos, dp_model_num_classes(m));
-            struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = 1.0f};
+            struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.run.seed, .loss_scale = 1.0f};
             (void)dp_sync_micro_begin(&w->sync, &pass, k, nmicro, n_total, (double)lb->global_B);
             rc = dp_model_run(m, &w->rep, &b, &pass);
             if ((rc = dp_sync_micro_end(&w->sync, &pass, 0, rc))) return rc; /* the chunk, in fixed point */
@@ -80,7 +80,7 @@ static int det_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *
     if ((rc = dp_sync_check(&w->sync, &bad))) return rc;
     if (bad) return dp_seterr(DP_ENONFINITE, "step %lld: the gradient is not finite", (long long)w->step);
     /* [clip the whole gradient: the plain run's norm] -> the plain update, or ZeRO's shard update */
-    rc = dp_sync_update(&w->sync, dp_sched_lr(&t->p.sched, w->step), t->p.clip_norm);
+    rc = dp_sync_update(&w->sync, dp_sched_lr(&t->p.sched, w->step), t->p.run.clip_norm);
     if (w->sync.t_gather1 > w->sync.t_gather0)
         dp_timeline_add(&w->tl, "gather", 0, w->step, w->sync.t_gather0, w->sync.t_gather1);
     dp__update_done(w, dp_time() - t1);

@@ -44,7 +44,7 @@ static int eval_chunks(struct dp_trainer *t, struct worker *w, const struct dp_d
             if (rc) return dp_adderr(rc, "evaluate");
             b.tokens = w->etok, b.targets = w->etgt;
         }
-        struct dp_pass pass = {.training = 0, .seed = t->p.seed};
+        struct dp_pass pass = {.training = 0, .seed = t->p.run.seed};
         if (gather) dp_sync_eval_hooks(&w->sync, &pass);
         int rc = dp_model_run(t->model, &w->rep, &b, &pass);
         if (rc) return dp_adderr(rc, "evaluate");
@@ -128,7 +128,7 @@ int dp_trainer_evaluate(struct dp_trainer *t, const struct dp_dataset *ds, int64
 int dp__evaluate_shared(struct worker *w, double *acc, double *loss) {
     struct dp_trainer *t = w->t;
     const struct dp_dataset *ds = t->text ? NULL : &t->test;
-    int64_t n = eval_count(t, ds, t->p.test_limit), nchunks = (n + t->eval_chunk - 1) / t->eval_chunk;
+    int64_t n = eval_count(t, ds, t->p.data.test_limit), nchunks = (n + t->eval_chunk - 1) / t->eval_chunk;
     int64_t c0, len;
     dp_comm_split(nchunks, t->G / t->P, t->base / t->P, &c0, &len);
     double *slot = dp_calloc((size_t)(2 * nchunks + 1), sizeof(double));

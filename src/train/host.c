@@ -20,10 +20,10 @@
 
 int dp_train_params_set_array(struct dp_train_params *p, const char *which, const struct dp_array *a) {
     struct dp_array *dst = !which ? NULL
-                         : !strcmp(which, "x") ? &p->train_x
-                         : !strcmp(which, "y") ? &p->train_y
-                         : !strcmp(which, "test_x") ? &p->test_x
-                         : !strcmp(which, "test_y") ? &p->test_y : NULL;
+                         : !strcmp(which, "x") ? &p->data.train_x
+                         : !strcmp(which, "y") ? &p->data.train_y
+                         : !strcmp(which, "test_x") ? &p->data.test_x
+                         : !strcmp(which, "test_y") ? &p->data.test_y : NULL;
     if (!dst) return dp_seterr(DP_EINVAL, "arrays: '%s' is none of x, y, test_x, test_y", which ? which : "(null)");
     if (a) *dst = *a;
     else memset(dst, 0, sizeof *dst);
@@ -32,9 +32,9 @@ int dp_train_params_set_array(struct dp_train_params *p, const char *which, cons
 
 void dp_train_params_set_hooks(struct dp_train_params *p, dp_event_fn on_event, void *event_arg, void *stop,
                                struct dp_comm *inter) {
-    p->on_event = on_event, p->event_arg = event_arg;
-    p->stop = stop; /* (an int the caller owns; the library reads it atomically) */
-    p->inter = inter;
+    p->io.on_event = on_event, p->io.event_arg = event_arg;
+    p->io.stop = stop; /* (an int the caller owns; the library reads it atomically) */
+    p->dp.inter = inter;
 }
 
 int dp_train_params_from_ckpt(struct dp_train_params *p, const char *path, int64_t *epoch, int64_t *in_shape,
@@ -49,10 +49,10 @@ int dp_train_params_from_ckpt(struct dp_train_params *p, const char *path, int64
         if (regression) *regression = m->loss == DP_LOSS_MSE;
         dp_model_free(m);
     }
-    p->resume = path;
-    p->model = NULL, p->model_file = NULL, p->model_text = NULL;
-    p->batch = h.batch;
-    p->seed = h.seed;
+    p->io.resume = path;
+    p->run.model = NULL, p->run.model_file = NULL, p->run.model_text = NULL;
+    p->run.batch = h.batch;
+    p->run.seed = h.seed;
     p->optim.kind = (enum dp_optim_kind)h.optim_kind;
     p->optim.momentum = h.momentum;
     p->optim.nesterov = (int)h.nesterov;
@@ -157,7 +157,7 @@ int dp_event_json(const struct dp_event *ev, char *buf, size_t cap) {
 static int open_like_run(struct dp_trainer *t, struct dp_dataset *ds, const struct dp_array *x,
                          const struct dp_array *y) {
     if (t->text) return dp_seterr(DP_ENOTSUP, "a language model reads token windows, not arrays");
-    struct dp_data_opts o = {.nhwc = t->p.layout_nhwc, .regression = t->regression};
+    struct dp_data_opts o = {.nhwc = t->p.data.layout_nhwc, .regression = t->regression};
     int rc = dp_dataset_open_arrays(ds, x, y, "X", "y", &o);
     if (rc) return rc;
     if (ds->C != t->train.C || ds->H != t->train.H || ds->W != t->train.W) {
@@ -175,7 +175,7 @@ static int open_like_run(struct dp_trainer *t, struct dp_dataset *ds, const stru
 }
 
 /* ZeRO 3 on several workers: each replica holds its shard of the parameters only. */
-static int sharded(const struct dp_trainer *t) { return t->p.zero == 3 && t->G > 1; }
+static int sharded(const struct dp_trainer *t) { return t->p.dp.zero == 3 && t->G > 1; }
 
 static int whole_replica(const struct dp_trainer *t) {
     if (sharded(t))
@@ -208,7 +208,7 @@ int dp_trainer_predict(struct dp_trainer *t, const struct dp_array *x, float *ou
         struct dp_batch b = {.B = B, .x = xb};
         if (t->regression) b.target = tg;
         else b.targets = cls;
-        struct dp_pass pass = {.training = 0, .seed = t->p.seed};
+        struct dp_pass pass = {.training = 0, .seed = t->p.run.seed};
         if ((rc = dp_model_run(t->model, r, &b, &pass))) rc = dp_adderr(rc, "predict");
         else memcpy(out + i * K, r->acts[t->model->nlayers], sizeof(float) * (size_t)(B * K));
     }

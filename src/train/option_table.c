@@ -18,7 +18,7 @@
 /* ---- the options whose text is not one number or word ----------------------------------- */
 
 static int set_model_file(struct dp_train_params *p, const char *v) {
-    p->model_file = v, p->model = NULL; /* (replaces a --model given before it) */
+    p->run.model_file = v, p->run.model = NULL; /* (replaces a --model given before it) */
     return DP_OK;
 }
 static int set_optim(struct dp_train_params *p, const char *v) {
@@ -43,15 +43,15 @@ static int set_algo(struct dp_train_params *p, const char *v) {
     int k = dp_comm_algo_parse(v);
     if (k < 0)
         return dp_seterr(DP_EINVAL, "--algo: unknown algorithm '%s' (expected auto, ring, rhd, direct or native)", v);
-    p->algo = k;
+    p->dp.algo = k;
     return DP_OK;
 }
 static int get_algo(const struct dp_train_params *p, char *out, size_t n) {
-    return snprintf(out, n, "%s", dp_comm_algo_name((enum dp_comm_algo)p->algo)) > 0;
+    return snprintf(out, n, "%s", dp_comm_algo_name((enum dp_comm_algo)p->dp.algo)) > 0;
 }
-static int set_compress(struct dp_train_params *p, const char *v) { return dp_compress_parse(v, &p->compress); }
+static int set_compress(struct dp_train_params *p, const char *v) { return dp_compress_parse(v, &p->dp.compress); }
 static int get_compress(const struct dp_train_params *p, char *out, size_t n) {
-    dp_compress_format(&p->compress, out, n);
+    dp_compress_format(&p->dp.compress, out, n);
     return 1;
 }
 static int set_gemm(struct dp_train_params *p, const char *v) {
@@ -70,26 +70,26 @@ static int set_mib(size_t *field, const char *name, const char *v) {
     return DP_OK;
 }
 static int set_bucket_cap(struct dp_train_params *p, const char *v) {
-    return set_mib(&p->bucket_cap_bytes, "bucket-cap-mb", v);
+    return set_mib(&p->dp.bucket_cap_bytes, "bucket-cap-mb", v);
 }
 static int get_bucket_cap(const struct dp_train_params *p, char *out, size_t n) {
-    return p->bucket_cap_bytes && snprintf(out, n, "%.17g", (double)p->bucket_cap_bytes / 1048576.0) > 0;
+    return p->dp.bucket_cap_bytes && snprintf(out, n, "%.17g", (double)p->dp.bucket_cap_bytes / 1048576.0) > 0;
 }
 static int set_first_bucket(struct dp_train_params *p, const char *v) {
-    return set_mib(&p->first_bucket_bytes, "first-bucket-mb", v);
+    return set_mib(&p->dp.first_bucket_bytes, "first-bucket-mb", v);
 }
 static int get_first_bucket(const struct dp_train_params *p, char *out, size_t n) {
-    return p->first_bucket_bytes && snprintf(out, n, "%.17g", (double)p->first_bucket_bytes / 1048576.0) > 0;
+    return p->dp.first_bucket_bytes && snprintf(out, n, "%.17g", (double)p->dp.first_bucket_bytes / 1048576.0) > 0;
 }
 static int set_simulate_slow(struct dp_train_params *p, const char *v) {
     int rc = dp_parse_simulate_slow(v, 0, NULL); /* the syntax now; the ranks against the job's size in the trainer */
-    if (!rc) p->simulate_slow = v;
+    if (!rc) p->sim.simulate_slow = v;
     return rc;
 }
 static int set_simulate_jitter(struct dp_train_params *p, const char *v) {
     struct dp_jitter j;
     int rc = dp_parse_simulate_jitter(v, &j);
-    if (!rc) p->simulate_jitter = v;
+    if (!rc) p->sim.simulate_jitter = v;
     return rc;
 }
 static int set_backup_workers(struct dp_train_params *p, const char *v) {
@@ -97,18 +97,18 @@ static int set_backup_workers(struct dp_train_params *p, const char *v) {
     long x = strtol(v, &end, 10); /* the upper bound (< workers) is the trainer's check */
     if (end == v || *end || x < 0 || x > 255)
         return dp_seterr(DP_EINVAL, "--backup-workers: '%s' is not an integer in 0..255", v);
-    p->backup = 1, p->backup_workers = (int)x;
+    p->dp.backup = 1, p->dp.backup_workers = (int)x;
     return DP_OK;
 }
 static int get_backup_workers(const struct dp_train_params *p, char *out, size_t n) {
-    return p->backup && snprintf(out, n, "%d", p->backup_workers) > 0;
+    return p->dp.backup && snprintf(out, n, "%d", p->dp.backup_workers) > 0;
 }
 static int get_mode(const struct dp_train_params *p, char *out, size_t n) {
-    return snprintf(out, n, "%s", p->async || p->staleness >= 0 ? "async" : "sync") > 0;
+    return snprintf(out, n, "%s", p->dp.async || p->dp.staleness >= 0 ? "async" : "sync") > 0;
 }
 static int set_mode(struct dp_train_params *p, const char *v) {
     if (strcmp(v, "async") && strcmp(v, "sync")) return dp_seterr(DP_EINVAL, "--mode: expected sync or async, got '%s'", v);
-    p->async = !strcmp(v, "async");
+    p->dp.async = !strcmp(v, "async");
     return DP_OK;
 }
 static int set_balance(struct dp_train_params *p, const char *v) {
@@ -116,11 +116,11 @@ static int set_balance(struct dp_train_params *p, const char *v) {
     long long x = v ? strtoll(v, &end, 10) : 10; /* the value is optional */
     if (v && (end == v || *end || x < 1 || x > 1000000))
         return dp_seterr(DP_EINVAL, "--balance: '%s' is not an integer in 1..1000000", v);
-    p->balance = x;
+    p->dp.balance = x;
     return DP_OK;
 }
 static int get_balance(const struct dp_train_params *p, char *out, size_t n) {
-    return p->balance && snprintf(out, n, "%lld", (long long)p->balance) > 0;
+    return p->dp.balance && snprintf(out, n, "%lld", (long long)p->dp.balance) > 0;
 }
 static int set_prefetch(struct dp_train_params *p, const char *v) {
     char *end;
@@ -128,7 +128,7 @@ static int set_prefetch(struct dp_train_params *p, const char *v) {
     if (!strcmp(v, "auto")) x = -1;
     else if (end == v || *end || x < 0 || x > 64)
         return dp_seterr(DP_EINVAL, "--prefetch: '%s' is not an integer in 0..64 (or auto)", v);
-    p->prefetch = (int)x;
+    p->data.prefetch = (int)x;
     return DP_OK;
 }
 static int set_image_size(struct dp_train_params *p, const char *v) {
@@ -136,31 +136,31 @@ static int set_image_size(struct dp_train_params *p, const char *v) {
     long long h = strtoll(v, &end, 10), w = *end == ',' ? strtoll(end + 1, &end, 10) : 0;
     if (*end || h < 1 || w < 1 || h > 16384 || w > 16384)
         return dp_seterr(DP_EINVAL, "--image-size %s: expected H,W (each 1..16384), e.g. --image-size 64,64", v);
-    p->image_h = h, p->image_w = w;
+    p->data.image_h = h, p->data.image_w = w;
     return DP_OK;
 }
 static int get_image_size(const struct dp_train_params *p, char *out, size_t n) {
-    return p->image_h && snprintf(out, n, "%lld,%lld", (long long)p->image_h, (long long)p->image_w) > 0;
+    return p->data.image_h && snprintf(out, n, "%lld,%lld", (long long)p->data.image_h, (long long)p->data.image_w) > 0;
 }
 static int set_normalize(struct dp_train_params *p, const char *v) {
     char *end;
-    if (!strcmp(v, "auto")) p->normalize = DP_NORM_AUTO;
-    else if (!strcmp(v, "none")) p->normalize = DP_NORM_NONE;
+    if (!strcmp(v, "auto")) p->data.normalize = DP_NORM_AUTO;
+    else if (!strcmp(v, "none")) p->data.normalize = DP_NORM_NONE;
     else {
         double m = strtod(v, &end), sd = *end == ',' ? strtod(end + 1, &end) : 0;
         if (end == v || *end || !(sd > 0) || !isfinite(m) || !isfinite(sd))
             return dp_seterr(DP_EINVAL, "--normalize %s: expected auto, none or MEAN,STD (STD > 0), e.g. "
                              "--normalize 0.5,0.25", v);
-        p->normalize = DP_NORM_FIXED, p->norm_mean = (float)m, p->norm_std = (float)sd;
+        p->data.normalize = DP_NORM_FIXED, p->data.norm_mean = (float)m, p->data.norm_std = (float)sd;
     }
     return DP_OK;
 }
 static int get_normalize(const struct dp_train_params *p, char *out, size_t n) {
     char a[32], b[32];
-    if (p->normalize == DP_NORM_AUTO || p->normalize == DP_NORM_NONE)
-        return snprintf(out, n, "%s", p->normalize == DP_NORM_AUTO ? "auto" : "none") > 0;
-    return p->normalize == DP_NORM_FIXED &&
-           snprintf(out, n, "%s,%s", dp__flt(a, sizeof a, p->norm_mean), dp__flt(b, sizeof b, p->norm_std)) > 0;
+    if (p->data.normalize == DP_NORM_AUTO || p->data.normalize == DP_NORM_NONE)
+        return snprintf(out, n, "%s", p->data.normalize == DP_NORM_AUTO ? "auto" : "none") > 0;
+    return p->data.normalize == DP_NORM_FIXED &&
+           snprintf(out, n, "%s,%s", dp__flt(a, sizeof a, p->data.norm_mean), dp__flt(b, sizeof b, p->data.norm_std)) > 0;
 }
 
 /* ---- the table ----------------------------------------------------------------------------- */
@@ -191,88 +191,88 @@ const struct dp__opt dp__opts[] = {
          "docs/text.md), or a\n"
          "folder of text files, prepared on first use into ~/.cache/dptrain\n"
          "($XDG_CACHE_HOME) and reused while valid"),
-     .kind = DP__OPT_PATH, .off = F(data_dir), .store = DP__STORE_SET},
+     .kind = DP__OPT_PATH, .off = F(data.data_dir), .store = DP__STORE_SET},
     {OPT("model", "SPEC", G_BASICS,
          "mlp | cnn | resnet | mlp:784,W1,...,10[,dropout=P] | mlp:hidden=W1,... |\n"
          "cnn:C1,C2[,F] | resnet:DEPTH[,WIDTH] (DEPTH 6n+2: 8, 14, 20, ...) |\n"
          "gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V] [mlp]"),
-     .kind = DP__OPT_STR, .off = F(model), .store = DP__STORE_SET},
-    {OPT("epochs", "N", G_BASICS, "passes over the training set [1]"), NUM(DP__OPT_I64, epochs, 1, 1000000),
+     .kind = DP__OPT_STR, .off = F(run.model), .store = DP__STORE_SET},
+    {OPT("epochs", "N", G_BASICS, "passes over the training set [1]"), NUM(DP__OPT_I64, run.epochs, 1, 1000000),
      .store = DP__STORE_ALWAYS},
     {OPT("batch", "N", G_BASICS, "global batch size, split over the workers [128]"),
-     NUM(DP__OPT_I64, batch, 1, 1 << 20), .store = DP__STORE_ALWAYS},
+     NUM(DP__OPT_I64, run.batch, 1, 1 << 20), .store = DP__STORE_ALWAYS},
     {OPT("lr", "F", G_BASICS, "learning rate [0.05]"), FNUM(DP__OPT_F32, sched.base_lr, 1e-12, 1e6),
      .store = DP__STORE_ALWAYS},
     {OPT("out", "DIR", G_BASICS, "write metrics.jsonl and checkpoint.bin there"), .kind = DP__OPT_STR,
-     .off = F(out_dir)},
+     .off = F(io.out_dir)},
     {OPT("resume", "FILE", G_BASICS, "continue exactly from a checkpoint (same --batch, --seed)"),
-     .kind = DP__OPT_STR, .off = F(resume)},
+     .kind = DP__OPT_STR, .off = F(io.resume)},
     {OPT("workers", "P", G_BASICS,
          "data-parallel workers (threads, one replica each) per process\n"
          "[cores / processes on this host]"),
-     NUM(DP__OPT_INT, workers, 1, 256)},
+     NUM(DP__OPT_INT, dp.workers, 1, 256)},
 
     {OPT("model-file", "FILE", G_DATA,
          "a model declared in a file, one layer per line (docs/models.md;\n"
          "models/*.txt are the built-in ones); it travels in the checkpoint"),
      CUSTOM(set_model_file, NULL)},
     {OPT("labels", "FILE", G_DATA, "with --data X.npy: y.npy, a class per sample (float targets with --loss mse)"),
-     .kind = DP__OPT_PATH, .off = F(labels), .store = DP__STORE_SET},
+     .kind = DP__OPT_PATH, .off = F(data.labels), .store = DP__STORE_SET},
     {OPT("test-data", "FILE", G_DATA, "with --data X.npy: the test set's X.npy"), .kind = DP__OPT_PATH,
-     .off = F(test_data), .store = DP__STORE_SET},
+     .off = F(data.test_data), .store = DP__STORE_SET},
     {OPT("test-labels", "FILE", G_DATA, "with --test-data: the test set's y.npy"), .kind = DP__OPT_PATH,
-     .off = F(test_labels), .store = DP__STORE_SET},
+     .off = F(data.test_labels), .store = DP__STORE_SET},
     {OPT("npz-keys", "X,Y", G_DATA,
          "--data data.npz: its features' and labels' arrays [x,y, or Keras's\n"
          "x_train,y_train with x_test,y_test as the test set]"),
-     .kind = DP__OPT_STR, .off = F(npz_keys), .store = DP__STORE_SET},
+     .kind = DP__OPT_STR, .off = F(data.npz_keys), .store = DP__STORE_SET},
     {OPT("label-column", "C", G_DATA,
          "--data data.csv: the labels' column, a header name or a 0-based index\n"
          "[the last]; the CSV is parsed once into the cache folder"),
-     .kind = DP__OPT_STR, .off = F(label_column), .store = DP__STORE_SET},
+     .kind = DP__OPT_STR, .off = F(data.label_column), .store = DP__STORE_SET},
     {OPT("csv-header", "H", G_DATA, "auto | yes | no: whether the CSV's first row names the columns [auto]"),
-     .kind = DP__OPT_CHOICE, .off = F(csv_header), .choices = "auto|yes|no", .vals = {-1, 1, 0},
+     .kind = DP__OPT_CHOICE, .off = F(data.csv_header), .choices = "auto|yes|no", .vals = {-1, 1, 0},
      .store = DP__STORE_SET},
     {OPT("image-size", "H,W", G_DATA,
          "--data DIR of images (DIR/<class>/*.png|jpg): resize each (shorter\n"
          "side) and centre-crop it to H x W [their own size, all equal]"),
      CUSTOM(set_image_size, get_image_size), .store = DP__STORE_SET},
     {OPT("image-channels", "N", G_DATA, "1 (grey) or 3 (RGB) [3 if any image has colour, else 1]"),
-     NUM(DP__OPT_INT, image_channels, 1, 3), .store = DP__STORE_SET},
+     NUM(DP__OPT_INT, data.image_channels, 1, 3), .store = DP__STORE_SET},
     {OPT("skip-bad-images", NULL, G_DATA, "skip and count corrupt images instead of stopping at the first"),
-     FLAG(skip_bad_images), .store = DP__STORE_SET},
+     FLAG(data.skip_bad_images), .store = DP__STORE_SET},
     {OPT("val-split", "F", G_DATA, "hold out the fraction F of --data X.npy as the test set (seed-keyed) [none]"),
-     FNUM(DP__OPT_F64, val_split, 0, 0.99), .store = DP__STORE_SET},
+     FNUM(DP__OPT_F64, data.val_split, 0, 0.99), .store = DP__STORE_SET},
     {OPT("layout", "L", G_DATA, "nchw | nhwc: how X.npy's 4-D samples are stored [nchw]"),
-     .kind = DP__OPT_CHOICE, .off = F(layout_nhwc), .choices = "nchw|nhwc", .vals = {0, 1},
+     .kind = DP__OPT_CHOICE, .off = F(data.layout_nhwc), .choices = "nchw|nhwc", .vals = {0, 1},
      .store = DP__STORE_SET},
     {OPT("normalize", "MODE", G_DATA,
          "auto | none | MEAN,STD; auto: each channel's mean and std over the\n"
          "training split [IDX: 0.2860,0.3530 (Fashion-MNIST's); X.npy: auto]"),
      CUSTOM(set_normalize, get_normalize), .store = DP__STORE_SET},
     {OPT("loss", "NAME", G_DATA, "cross_entropy | mse (a regression: RMSE and MAE reported) [cross_entropy]"),
-     .kind = DP__OPT_CHOICE, .off = F(loss), .choices = "cross_entropy|mse", .vals = {DP_LOSS_XENT, DP_LOSS_MSE},
+     .kind = DP__OPT_CHOICE, .off = F(run.loss), .choices = "cross_entropy|mse", .vals = {DP_LOSS_XENT, DP_LOSS_MSE},
      .store = DP__STORE_SET},
     {OPT("data-format", "F", G_DATA,
          "gpt: tokens (dptrain's token file, or an llm.c shard) | u16 (raw uint16\n"
          "tokens, nanoGPT's train.bin; the vocabulary is the model's) [tokens]"),
-     .kind = DP__OPT_CHOICE, .off = F(tokens_raw_u16), .choices = "tokens|u16", .vals = {0, 1},
+     .kind = DP__OPT_CHOICE, .off = F(data.tokens_raw_u16), .choices = "tokens|u16", .vals = {0, 1},
      .store = DP__STORE_SET},
     {OPT("train-limit", "N", G_DATA,
          "use only the first N training samples [all], and read no image\n"
          "past them; gpt: N windows per epoch [training tokens / (ctx + 1)]"),
-     NUM(DP__OPT_I64, train_limit, 1, INT64_MAX / 2), .store = DP__STORE_SET},
+     NUM(DP__OPT_I64, data.train_limit, 1, INT64_MAX / 2), .store = DP__STORE_SET},
     {OPT("test-limit", "N", G_DATA,
          "evaluate on the first N test samples [all] (read no image past\n"
          "them); gpt: validation windows"),
-     NUM(DP__OPT_I64, test_limit, 1, INT64_MAX / 2), .store = DP__STORE_SET},
+     NUM(DP__OPT_I64, data.test_limit, 1, INT64_MAX / 2), .store = DP__STORE_SET},
     {OPT("crop-pad", "N", G_DATA, "augmentation: random crop with N pixels of zero padding [0]"),
-     NUM(DP__OPT_INT, aug.crop_pad, 0, 64), .store = DP__STORE_SET},
-    {OPT("hflip", NULL, G_DATA, "augmentation: random horizontal flip"), FLAG(aug.hflip), .store = DP__STORE_SET},
+     NUM(DP__OPT_INT, data.aug.crop_pad, 0, 64), .store = DP__STORE_SET},
+    {OPT("hflip", NULL, G_DATA, "augmentation: random horizontal flip"), FLAG(data.aug.hflip), .store = DP__STORE_SET},
     {OPT("init-from", "FILE", G_DATA, "initial weights from a safetensors file (PyTorch names)"),
-     .kind = DP__OPT_STR, .off = F(init_from)},
+     .kind = DP__OPT_STR, .off = F(io.init_from)},
     {OPT("seed", "N", G_DATA, "seed for initialisation, shuffling, dropout, augmentation [1]"),
-     NUM(DP__OPT_U64, seed, 0, INT64_MAX), .store = DP__STORE_ALWAYS},
+     NUM(DP__OPT_U64, run.seed, 0, INT64_MAX), .store = DP__STORE_ALWAYS},
 
     {OPT("optim", "NAME", G_OPTIM, "sgd | adamw [sgd]"), CUSTOM(set_optim, get_optim), .store = DP__STORE_ALWAYS},
     {OPT("momentum", "F", G_OPTIM, "SGD's momentum [0]"), FNUM(DP__OPT_F32, optim.momentum, 0, 0.999999),
@@ -297,47 +297,47 @@ const struct dp__opt dp__opts[] = {
      NUM(DP__OPT_I64, sched.step_size, 1, INT64_MAX / 2), .store = DP__STORE_ALWAYS, .need = DP__NEED_STEP},
     {OPT("gamma", "F", G_OPTIM, "step: the factor [0.1]"), FNUM(DP__OPT_F32, sched.gamma, 0, 1),
      .store = DP__STORE_ALWAYS, .need = DP__NEED_STEP},
-    {OPT("clip", "F", G_OPTIM, "clip the global gradient norm to F [off]"), FNUM(DP__OPT_F64, clip_norm, 0, 1e12),
+    {OPT("clip", "F", G_OPTIM, "clip the global gradient norm to F [off]"), FNUM(DP__OPT_F64, run.clip_norm, 0, 1e12),
      .store = DP__STORE_SET},
     {OPT("max-steps", "N", G_OPTIM, "stop after N steps in total [off]"),
-     NUM(DP__OPT_I64, max_steps, 0, INT64_MAX / 2)},
+     NUM(DP__OPT_I64, run.max_steps, 0, INT64_MAX / 2)},
 
     {OPT("ckpt-every", "N", G_CKPT, "checkpoint every N epochs [only at the end]"),
-     NUM(DP__OPT_INT, ckpt_every, 0, 1000000), .store = DP__STORE_ALWAYS},
+     NUM(DP__OPT_INT, io.ckpt_every, 0, 1000000), .store = DP__STORE_ALWAYS},
     {OPT("ckpt-every-steps", "N", G_CKPT, "checkpoint every N optimizer steps [off]"),
-     NUM(DP__OPT_I64, ckpt_every_steps, 0, INT64_MAX / 2), .store = DP__STORE_SET},
+     NUM(DP__OPT_I64, io.ckpt_every_steps, 0, INT64_MAX / 2), .store = DP__STORE_SET},
     {OPT("overwrite", NULL, G_CKPT,
          "replace the run an --out folder already holds (checkpoint.bin,\n"
          "metrics.jsonl); without it train refuses such a folder unless resuming it"),
-     FLAG(overwrite)},
+     FLAG(io.overwrite)},
     {OPT("eval-every", "N", G_CKPT,
          "evaluate on the test set every N steps too; the figures go to the\n"
          "step records of metrics.jsonl [only at the end of each epoch]"),
-     NUM(DP__OPT_I64, eval_every, 0, INT64_MAX / 2), .store = DP__STORE_SET},
+     NUM(DP__OPT_I64, io.eval_every, 0, INT64_MAX / 2), .store = DP__STORE_SET},
 
-    {OPT("threads", "N", G_DDP, "compute threads per worker [1]"), NUM(DP__OPT_INT, threads, 1, 256)},
+    {OPT("threads", "N", G_DDP, "compute threads per worker [1]"), NUM(DP__OPT_INT, run.threads, 1, 256)},
     {OPT("accum", "K", G_DDP, "gradient accumulation: K global batches per optimizer step [1]"),
-     NUM(DP__OPT_INT, accum, 1, 65536), .store = DP__STORE_ALWAYS},
+     NUM(DP__OPT_INT, dp.accum, 1, 65536), .store = DP__STORE_ALWAYS},
     {OPT("bucket-cap-mb", "F", G_DDP, "gradient bucket cap in MiB [auto: a quarter of the gradient,\n1..25 MiB]"),
      CUSTOM(set_bucket_cap, get_bucket_cap), .store = DP__STORE_SET},
     {OPT("first-bucket-mb", "F", G_DDP, "the first (output-side) bucket in MiB [1]"),
      CUSTOM(set_first_bucket, get_first_bucket), .store = DP__STORE_ALWAYS},
     {OPT("no-overlap", NULL, G_DDP, "all-reduce only after backward (for comparison)"), .kind = DP__OPT_FLAG,
-     .off = F(overlap), .flag_on = 0, .store = DP__STORE_SET},
+     .off = F(dp.overlap), .flag_on = 0, .store = DP__STORE_SET},
     {OPT("algo", "NAME", G_DDP,
          "all-reduce algorithm: auto | ring | rhd | direct | native [auto];\n"
          "with mpi it applies between processes (native = MPI's own)"),
      CUSTOM(set_algo, get_algo), .store = DP__STORE_ALWAYS},
     {OPT("deterministic", NULL, G_DDP, "bit-identical results for any --workers (fixed chunks, exact sums)"),
-     FLAG(deterministic), .store = DP__STORE_SET},
+     FLAG(dp.deterministic), .store = DP__STORE_SET},
     {OPT("det-chunk", "N", G_DDP, "deterministic mode: samples per chunk [batch/4, within 8..32]"),
-     NUM(DP__OPT_I64, det_chunk, 1, 1 << 20), .store = DP__STORE_SET, .need = DP__NEED_DET},
+     NUM(DP__OPT_I64, dp.det_chunk, 1, 1 << 20), .store = DP__STORE_SET, .need = DP__NEED_DET},
     {OPT("check-replicas", "N", G_DDP, "compare every replica's parameter hash every N steps [off]"),
-     NUM(DP__OPT_I64, check_replicas, 0, INT64_MAX / 2), .store = DP__STORE_SET},
+     NUM(DP__OPT_I64, dp.check_replicas, 0, INT64_MAX / 2), .store = DP__STORE_SET},
     {OPT("skip-nonfinite", NULL, G_DDP, "skip steps whose loss or gradient is NaN/Inf instead of stopping"),
-     FLAG(skip_nonfinite), .store = DP__STORE_SET},
+     FLAG(dp.skip_nonfinite), .store = DP__STORE_SET},
     {OPT("comm-timeout", "S", G_DDP, "fail a collective that blocks longer than S seconds [off]"),
-     FNUM(DP__OPT_F64, comm_timeout, 0, 1e6), .store = DP__STORE_SET},
+     FNUM(DP__OPT_F64, dp.comm_timeout, 0, 1e6), .store = DP__STORE_SET},
 
     {OPT_OPTIONAL("balance", "[=K]", G_SLOW,
          "heterogeneity-aware batches: every K steps [10] re-split the global\n"
@@ -359,23 +359,23 @@ const struct dp__opt dp__opts[] = {
     {OPT("servers", "S", G_SLOW,
          "parameter-server shards, each with its own lock [min(workers, 4)];\n"
          "under mpirun: server ranks, one shard each [1]"),
-     NUM(DP__OPT_INT, servers, 1, INT32_MAX), .store = DP__STORE_SET},
+     NUM(DP__OPT_INT, dp.servers, 1, INT32_MAX), .store = DP__STORE_SET},
     {OPT("staleness", "S", G_SLOW,
          "stale-synchronous (implies async): a clock's pushes make one update,\n"
          "a worker at most S clocks ahead of the slowest (0 = synchronous)"),
-     NUM(DP__OPT_INT, staleness, 0, 1000), .store = DP__STORE_SET},
+     NUM(DP__OPT_INT, dp.staleness, 0, 1000), .store = DP__STORE_SET},
     {OPT("staleness-lr", NULL, G_SLOW,
          "scale each update's lr by 1 / (1 + its staleness) [off]\n"
          "(epoch lines and metrics.jsonl report the staleness)"),
-     FLAG(staleness_lr), .store = DP__STORE_SET},
+     FLAG(dp.staleness_lr), .store = DP__STORE_SET},
     {OPT("share-lr", NULL, G_SLOW,
          "async: scale each push's lr by its share of the batch (its samples /\n"
          "--batch), so a global batch's pushes move as far as one sync step [off]"),
-     FLAG(share_lr), .store = DP__STORE_SET},
+     FLAG(dp.share_lr), .store = DP__STORE_SET},
     {OPT("implicit-momentum", NULL, G_SLOW,
          "async SGD: asynchrony acts like momentum 1 - 1/workers; the server runs\n"
          "at momentum 1 - workers x (1 - --momentum), so the two compose to it [off]"),
-     FLAG(implicit_momentum), .store = DP__STORE_SET},
+     FLAG(dp.implicit_momentum), .store = DP__STORE_SET},
 
     {OPT("compress", "SPEC", G_COMPRESS,
          "none | bf16 | fp16 | powersgd:RANK | topk:FRACTION | sign [none];\n"
@@ -383,37 +383,37 @@ const struct dp__opt dp__opts[] = {
          "(saved in checkpoints)"),
      CUSTOM(set_compress, get_compress), .store = DP__STORE_ALWAYS},
     {OPT("powersgd-start", "N", G_COMPRESS, "powersgd: plain all-reduce before optimizer step N [0]"),
-     NUM(DP__OPT_I64, compress.powersgd_start, 0, INT64_MAX / 2), .store = DP__STORE_ALWAYS,
+     NUM(DP__OPT_I64, dp.compress.powersgd_start, 0, INT64_MAX / 2), .store = DP__STORE_ALWAYS,
      .need = DP__NEED_POWERSGD},
     {OPT("no-error-feedback", NULL, G_COMPRESS,
          "topk, sign, powersgd: drop the residual instead of adding it to the\n"
          "next step's gradient (to measure what error feedback buys)"),
-     FLAG(compress.no_ef), .store = DP__STORE_SET, .need = DP__NEED_RESIDUAL},
+     FLAG(dp.compress.no_ef), .store = DP__STORE_SET, .need = DP__NEED_RESIDUAL},
 
     {OPT("zero", "N", G_ZERO,
          "ZeRO stage: 0 off | 1 each worker keeps the optimizer state of its 1/P\n"
          "shard, updates it and all-gathers the parameters | 2 and the gradient:\n"
          "each bucket reduce-scattered, its memory given back | 3 and the\n"
          "parameters: each bucket gathered before its layers run, then freed [0]"),
-     NUM(DP__OPT_INT, zero, 0, 3), .store = DP__STORE_ALWAYS},
+     NUM(DP__OPT_INT, dp.zero, 0, 3), .store = DP__STORE_ALWAYS},
     {OPT("zero-reduce", "HOW", G_ZERO,
          "--zero 1's gradient reduction: allreduce (bucketed, overlapped with\n"
          "backward) | scatter (half the bytes: each bucket reduce-scattered during\n"
          "backward with the gather ahead, else the slab after backward) [allreduce]"),
-     .kind = DP__OPT_CHOICE, .off = F(zero_scatter), .choices = "allreduce|scatter", .vals = {0, 1},
+     .kind = DP__OPT_CHOICE, .off = F(dp.zero_scatter), .choices = "allreduce|scatter", .vals = {0, 1},
      .store = DP__STORE_ALWAYS, .need = DP__NEED_ZERO1},
     {OPT("zero-gather", "WHEN", G_ZERO,
          "--zero 1's parameter all-gather: step (within the step) | ahead (bucket\n"
          "by bucket, waited for by the next forward layer by layer) | auto (ahead\n"
          "when the workers span processes, else step) [auto]"),
-     .kind = DP__OPT_CHOICE, .off = F(zero_gather), .choices = "auto|step|ahead",
+     .kind = DP__OPT_CHOICE, .off = F(dp.zero_gather), .choices = "auto|step|ahead",
      .vals = {DP_ZERO_GATHER_AUTO, DP_ZERO_GATHER_STEP, DP_ZERO_GATHER_AHEAD}, .store = DP__STORE_ALWAYS,
      .need = DP__NEED_ZERO1},
 
     {OPT("timeline", "FILE", G_TUNE,
          "write a Chrome trace (Perfetto, chrome://tracing): one compute and one\n"
          "all-reduce track per worker"),
-     .kind = DP__OPT_STR, .off = F(timeline)},
+     .kind = DP__OPT_STR, .off = F(io.timeline)},
     {OPT("simulate-slow", "RANK:FACTOR[,RANK:FACTOR...]", G_TUNE,
          "make job rank RANK's compute FACTOR (>= 1) times slower by sleeping\n"
          "(FACTOR - 1) x its measured compute of each step [off]"),
@@ -429,17 +429,17 @@ const struct dp__opt dp__opts[] = {
          "layers; no third thread) | auto (caller when the workers' threads\n"
          "fill the process's cores with none left for a communication\n"
          "thread each, else thread) [auto]"),
-     .kind = DP__OPT_CHOICE, .off = F(comm_progress), .choices = "auto|thread|caller",
+     .kind = DP__OPT_CHOICE, .off = F(dp.comm_progress), .choices = "auto|thread|caller",
      .vals = {DP_PROGRESS_AUTO, DP_PROGRESS_THREAD, DP_PROGRESS_CALLER}},
     {OPT("comm-spin-us", "N", G_TUNE,
          "a worker waiting for another spins N microseconds before it sleeps\n"
          "[auto: 10, 1 with more workers than cores; with caller progress\n"
          "up to 2000 while the worker has its core to itself]"),
-     NUM(DP__OPT_INT, comm_spin_us, 0, 1000000)},
+     NUM(DP__OPT_INT, dp.comm_spin_us, 0, 1000000)},
     {OPT("pin-threads", NULL, G_TUNE,
          "worker r runs only on the r-th core this process may use (its\n"
          "affinity: give each process on a host its own cores) [off]"),
-     FLAG(pin_threads)},
+     FLAG(dp.pin_threads)},
     {OPT("prefetch", "N|auto", G_TUNE,
          "batches a loader thread prepares ahead; 0: each worker assembles its\n"
          "own [auto: 0 where the compute threads fill the CPUs, else 2]"),

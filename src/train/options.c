@@ -136,7 +136,7 @@ int dp_train_option_set(struct dp_train_params *p, const char *name, const char 
 /* Whether the setting option o is for is p's (and if not, why, into why) */
 static int applies(const struct dp_train_params *p, const struct dp__opt *o, char *why, size_t n) {
     const char *nm = o->pub.name;
-    int kind = p->compress.kind;
+    int kind = p->dp.compress.kind;
     switch (o->need) {
     case DP__NEED_ANY: return 1;
     case DP__NEED_SGD:
@@ -157,22 +157,22 @@ static int applies(const struct dp_train_params *p, const struct dp__opt *o, cha
         return 0;
     }
     case DP__NEED_ZERO1:
-        if (p->zero == 1) return 1;
+        if (p->dp.zero == 1) return 1;
         snprintf(why, n, "--%s applies to --zero 1 only", nm);
         return 0;
     case DP__NEED_DET:
-        if (p->deterministic) return 1;
+        if (p->dp.deterministic) return 1;
         snprintf(why, n, "--%s applies to --deterministic runs only", nm);
         return 0;
     case DP__NEED_POWERSGD:
         if (kind == DP_COMPRESS_POWERSGD) return 1;
         snprintf(why, n, "--%s applies to --compress powersgd:RANK only (this run's is %s)", nm,
-                 dp_compress_name(p->compress.kind));
+                 dp_compress_name(p->dp.compress.kind));
         return 0;
     case DP__NEED_RESIDUAL:
         if (kind == DP_COMPRESS_TOPK || kind == DP_COMPRESS_SIGN || kind == DP_COMPRESS_POWERSGD) return 1;
         snprintf(why, n, "--%s applies to --compress topk, sign and powersgd only (%s keeps no residual)", nm,
-                 dp_compress_name(p->compress.kind));
+                 dp_compress_name(p->dp.compress.kind));
         return 0;
     }
     return 1;

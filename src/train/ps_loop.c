@@ -34,16 +34,16 @@
  * epochs as sync; SSP's version counts clocks (global batches). */
 static int ps_init(struct dp_trainer *t) {
     const struct dp_train_params *p = &t->p;
-    struct dp_ps_params pp = {.shards = p->servers ? p->servers : (t->P < 4 ? t->P : 4), .workers = t->P,
-                              .staleness = p->staleness, .staleness_lr = p->staleness_lr,
-                              .share_batch = p->share_lr ? p->batch : 0,
-                              .implicit_momentum = p->implicit_momentum,
-                              .ordered = p->deterministic && p->staleness < 0,
-                              .exact = p->deterministic, .timeout_s = p->comm_timeout, .optim = p->optim,
-                              .sched = p->sched, .lr_div = p->staleness < 0 ? t->P : 1};
-    if (p->servers > t->model->num_params)
+    struct dp_ps_params pp = {.shards = p->dp.servers ? p->dp.servers : (t->P < 4 ? t->P : 4), .workers = t->P,
+                              .staleness = p->dp.staleness, .staleness_lr = p->dp.staleness_lr,
+                              .share_batch = p->dp.share_lr ? p->run.batch : 0,
+                              .implicit_momentum = p->dp.implicit_momentum,
+                              .ordered = p->dp.deterministic && p->dp.staleness < 0,
+                              .exact = p->dp.deterministic, .timeout_s = p->dp.comm_timeout, .optim = p->optim,
+                              .sched = p->sched, .lr_div = p->dp.staleness < 0 ? t->P : 1};
+    if (p->dp.servers > t->model->num_params)
         return dp_seterr(DP_EINVAL, "--servers must be in 1..%lld (the parameters of '%s'; got %d)",
-                         (long long)t->model->num_params, t->model->spec, p->servers);
+                         (long long)t->model->num_params, t->model->spec, p->dp.servers);
     if (t->step_in_epoch != 0)
         return dp_seterr(DP_ENOTSUP, "the parameter server resumes only from an epoch boundary (the checkpoint "
                          "is at step %lld of epoch %lld)", (long long)t->step_in_epoch, (long long)t->epoch + 1);
@@ -51,11 +51,11 @@ static int ps_init(struct dp_trainer *t) {
     t->ps_on = 1;
     atomic_init(&t->ps_next, 0);
     atomic_init(&t->ps_samples, 0);
-    if (p->inter) { /* server ranks: the last S processes; one shard each (src/ddp/ps_mpi.c) */
-        struct dp_ps_net_params np = {.c = p->inter, .servers = t->ps_servers, .n = t->model->num_params,
+    if (p->dp.inter) { /* server ranks: the last S processes; one shard each (src/ddp/ps_mpi.c) */
+        struct dp_ps_net_params np = {.c = p->dp.inter, .servers = t->ps_servers, .n = t->model->num_params,
                                       .batches = t->ps_batches, .ps = pp};
         np.ps.workers = pp.workers = t->ps_W;
-        if (p->staleness < 0) np.ps.lr_div = t->ps_div = t->ps_W;
+        if (p->dp.staleness < 0) np.ps.lr_div = t->ps_div = t->ps_W;
         np.slow = t->slow_factor ? t->slow_factor[t->base] : 1;
         float mu; /* every rank refuses what the servers' dp_ps_init would */
         int rc = dp_ps_momentum(&np.ps, &mu);
@@ -79,9 +79,9 @@ static int ps_batch(struct worker *w, int64_t epoch, int64_t k, double *n, doubl
     *n = (double)lb->B, *loss = 0;
     w->step_slow = 0;
     if (lb->B == 0) return DP_OK; /* an empty share: an empty push */
-    double denom = (double)(t->p.staleness >= 0 ? lb->global_B : lb->B) * (double)t->pos;
+    double denom = (double)(t->p.dp.staleness >= 0 ? lb->global_B : lb->B) * (double)t->pos;
     struct dp_batch b = dp__batch_of(lb, 0, lb->B, 0, t->pos, dp_model_num_classes(t->model));
-    struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = (float)(1.0 / denom)};
+    struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.run.seed, .loss_scale = (float)(1.0 / denom)};
     double mult = 1, stall = 0;
     if (t->simulate) dp__pace_plan(w, &mult, &stall);
     dp__pace_start(w, mult, stall, ta);
@@ -97,7 +97,7 @@ static int ps_batch(struct worker *w, int64_t epoch, int64_t k, double *n, doubl
     if (!isfinite(pass.loss_sum) || dp_any_nonfinite(w->rep.grads, m->num_params))
         return dp_seterr(DP_ENONFINITE, "worker %d, epoch %lld: the loss or gradient of its batch is not finite; "
                          "try a lower --lr or --clip", w->grank, (long long)epoch + 1);
-    if (t->p.clip_norm > 0) dp_clip_grad_norm(w->rep.grads, m->num_params, t->p.clip_norm);
+    if (t->p.run.clip_norm > 0) dp_clip_grad_norm(w->rep.grads, m->num_params, t->p.run.clip_norm);
     return DP_OK;
 }
 
@@ -120,7 +120,7 @@ static int ps_loop(struct worker *w) {
     /* nobody pushes before everyone has pulled the starting version (the
      * replay's pulls must not depend on timing) */
     if (!rc) rc = dp_comm_barrier(w->comm);
-    while (!rc && epoch < t->p.epochs) {
+    while (!rc && epoch < t->p.run.epochs) {
         double t_start = dp_time();
         w->wait0 = dp_loader_wait_time(w->loader);
         w->loss_sum = w->t_fwd = w->t_bwd = w->t_opt = w->t_comm = w->t_exposed = w->t_wait = w->t_slow = 0;
@@ -132,7 +132,7 @@ static int ps_loop(struct worker *w) {
             double s0[6], ts = dp_time(), n, loss;
             dp__phase_sums(w, s0);
             w->step = pushes; /* the simulated slowness is drawn per (rank, push) */
-            if (t->p.staleness >= 0 && (rc = dp_ps_pull(ps, w->rank, clock, w->rep.params))) break;
+            if (t->p.dp.staleness >= 0 && (rc = dp_ps_pull(ps, w->rank, clock, w->rep.params))) break;
             double tw = dp_time();
             w->t_wait += tw - ts;
             if ((rc = ps_batch(w, epoch, k, &n, &loss))) break;
@@ -164,7 +164,7 @@ static int ps_loop(struct worker *w) {
         double s0[6], tb = dp_time();
         dp__phase_sums(w, s0);
         /* A stop request ends the run at this epoch's end (ps_stop_note) */
-        if (w->rank == 0 && t->p.stop && atomic_load(t->p.stop)) atomic_store(&t->stop_at, (long long)epoch);
+        if (w->rank == 0 && t->p.io.stop && atomic_load(t->p.io.stop)) atomic_store(&t->stop_at, (long long)epoch);
         if ((rc = dp_comm_barrier(w->comm))) break;
         int stop = atomic_load(&t->stop_at) != INT64_MAX; /* (read before end_epoch's barrier) */
         w->ckpt_due |= stop;
@@ -230,7 +230,7 @@ static int ps_net_loop(struct worker *w) {
     int rc = dp_comm_broadcast(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, 0, DP_ALGO_AUTO);
     if (!rc && !server && !t->ps_dynamic) rc = dp_loader_seek(w->loader, epoch, 0); /* static shares */
     if (!rc && server) rc = dp_ps_net_set_state(net, w->rep.params, w->sync.opt.state, w->sync.opt.step, t->step);
-    while (!rc && epoch < t->p.epochs) {
+    while (!rc && epoch < t->p.run.epochs) {
         double t_start = dp_time();
         w->wait0 = dp_loader_wait_time(w->loader);
         w->loss_sum = w->t_fwd = w->t_bwd = w->t_opt = w->t_comm = w->t_exposed = w->t_wait = w->t_slow = 0;

@@ -4,8 +4,8 @@
 
 void dp__emit_event(struct dp_trainer *t, struct dp_event *ev) {
     ev->steps_per_epoch = t->steps_per_epoch;
-    ev->epochs = t->p.epochs;
-    if (t->p.on_event) t->p.on_event(t->p.event_arg, ev);
+    ev->epochs = t->p.run.epochs;
+    if (t->p.io.on_event) t->p.io.on_event(t->p.io.event_arg, ev);
 }
 
 /* After a step: every rank's wait gathered into waits[0..G), and the last
@@ -37,7 +37,7 @@ static int epoch_totals(struct worker *w, double *out) {
     memset(out, 0, sizeof(double) * (size_t)(4 + 2 * t->G));
     out[4 + t->G + w->grank] = (double)w->seen;
     out[0] = w->loss_sum, out[1] = (double)w->correct, out[2] = (double)w->seen, out[3] = (double)w->skipped;
-    int nb = t->p.deterministic || t->bk_on ? 1 : w->sync.red.nb;
+    int nb = t->p.dp.deterministic || t->bk_on ? 1 : w->sync.red.nb;
     double a = 0;
     for (int i = 0; i < nb; i++) a += w->arrival[i];
     if (nb > 0 && w->arrival_steps > 0) out[4 + w->grank] = a / nb / (double)w->arrival_steps;
@@ -93,8 +93,8 @@ static const char *test_fields(char *buf, size_t cap, double loss, double acc, i
 int dp__report_eval(struct worker *w, int64_t step, int64_t epoch, double acc, double loss) {
     struct dp_trainer *t = w->t;
     struct dp_event ev = {.kind = DP_EVENT_EVAL, .step = step, .epoch = epoch, .test_acc = acc, .test_loss = loss,
-                          .positions = t->pos, .step_in_epoch = (t->step_in_epoch + t->p.accum - 1) / t->p.accum,
-                          .regression = t->regression, .val_bpb = dp_trainer_bits_per_byte(t, loss, t->p.test_limit)};
+                          .positions = t->pos, .step_in_epoch = (t->step_in_epoch + t->p.dp.accum - 1) / t->p.dp.accum,
+                          .regression = t->regression, .val_bpb = dp_trainer_bits_per_byte(t, loss, t->p.data.test_limit)};
     dp__emit_event(t, &ev);
     if (!t->metrics || isnan(loss)) return DP_OK;
     errno = 0;
@@ -122,7 +122,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
                           .lr = dp_sched_lr(&t->p.sched, sstep > 0 ? sstep - 1 : 0)};
     ev.positions = t->pos;
     ev.regression = t->regression;
-    ev.val_bpb = dp_trainer_bits_per_byte(t, test_loss, t->p.test_limit);
+    ev.val_bpb = dp_trainer_bits_per_byte(t, test_loss, t->p.data.test_limit);
     ev.loss = tot[2] > 0 ? tot[0] / (tot[2] * (double)t->pos) : NAN;
     ev.train_acc = tot[2] > 0 ? tot[1] / (tot[2] * (double)t->pos) : NAN;
     ev.samples_per_s = dt > 0 ? tot[2] / dt : 0;
@@ -143,7 +143,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
         /* the plan in force, as samples of a full global batch */
         for (int r = 0; r < t->G; r++) {
             int64_t off;
-            dp_loader_split(t->p.batch, t->p.batch, t->bal_align, t->G, r, w->bal_share, &off, &t->share_samples[r]);
+            dp_loader_split(t->p.run.batch, t->p.run.batch, t->bal_align, t->G, r, w->bal_share, &off, &t->share_samples[r]);
         }
         for (int r = 0; r < t->G; r++) t->rank_samples[r] = (int64_t)tot[4 + t->G + r];
         ev.shares = t->share_samples, ev.rank_samples = t->rank_samples, ev.nshares = t->G;
@@ -183,7 +183,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
         /* gradient traffic per reducing step (rank 0) and compression */
         if (fprintf(t->metrics, ", \"compress\": \"%s\", \"bytes_sent\": %.0f, \"bytes_recv\": %.0f, "
                     "\"compress_ratio\": %.4g, \"compress_s\": %.4f, \"decompress_s\": %.4f",
-                    dp_compress_name(t->p.compress.kind), ev.bytes_sent, ev.bytes_recv,
+                    dp_compress_name(t->p.dp.compress.kind), ev.bytes_sent, ev.bytes_recv,
                     ev.bytes_sent > 0 ? ev.bytes_fp32 / ev.bytes_sent : 1.0, ev.t_compress, ev.t_decompress) < 0)
             return dp__metrics_error(t);
         for (int r = 0; t->gather_waits && r < t->G; r++)
@@ -211,7 +211,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
             if (fprintf(t->metrics, ", \"mode\": \"%s\", \"servers\": %d, \"stale_pushes\": %lld, "
                         "\"stale_mean\": %.4f, \"stale_p50\": %lld, \"stale_p99\": %lld, \"stale_max\": %lld, "
                         "\"stale_overflow\": %lld, \"stale_hist\": [",
-                        t->p.staleness >= 0 ? "ssp" : "async", t->ps_servers, (long long)ev.pushes,
+                        t->p.dp.staleness >= 0 ? "ssp" : "async", t->ps_servers, (long long)ev.pushes,
                         ev.stale_mean, (long long)ev.stale_p50, (long long)ev.stale_p99, (long long)ev.stale_max,
                         (long long)sh->overflow) < 0)
                 return dp__metrics_error(t);
@@ -229,8 +229,8 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
         if ((rc = metrics_end(t))) return rc;
     }
     dp__emit_event(t, &ev);
-    int last = t->epoch == t->p.epochs;
-    if (last || (t->p.ckpt_every > 0 && t->epoch % t->p.ckpt_every == 0) || w->ckpt_due)
+    int last = t->epoch == t->p.run.epochs;
+    if (last || (t->p.io.ckpt_every > 0 && t->epoch % t->p.io.ckpt_every == 0) || w->ckpt_due)
         if ((rc = dp__checkpoint_write(t))) return rc;
     return DP_OK;
 }
@@ -254,10 +254,10 @@ int dp__end_epoch(struct worker *w, double t_start) {
      * barrier.  With an output folder, the report's hash is folded range by
      * range as they pass (zhash), and the checkpoint streams the pieces
      * (zero_stream): neither needs the whole parameters. */
-    int last = e == t->p.epochs, ckpt = last || (t->p.ckpt_every > 0 && e % t->p.ckpt_every == 0) || w->ckpt_due;
+    int last = e == t->p.run.epochs, ckpt = last || (t->p.io.ckpt_every > 0 && e % t->p.io.ckpt_every == 0) || w->ckpt_due;
     if (!rc) rc = dp__evaluate_shared(w, &test_acc, &test_loss);
     if (!rc && last) dp_sync_drop_grads(&w->sync);
-    if (!rc && (last || t->p.out_dir)) {
+    if (!rc && (last || t->p.io.out_dir)) {
         uint64_t h = DP_FNV1A64_INIT;
         rc = dp_sync_gather(&w->sync, w->rank == 0 && last, dp_sync_sharded_params(&w->sync) ? &h : NULL);
         w->zhash = dp_fnv1a64(w->rep.buffers, sizeof(float) * (size_t)t->model->num_buffers, h);
@@ -272,7 +272,7 @@ int dp__end_epoch(struct worker *w, double t_start) {
      * short write, under --comm-timeout like any collective (a hung file
      * system on rank 0 is a stall the timeout is there to catch). */
     rc = dp_comm_barrier(w->comm);
-    return rc || e == t->p.epochs ? rc : dp_sync_release(&w->sync);
+    return rc || e == t->p.run.epochs ? rc : dp_sync_release(&w->sync);
 }
 
 /* The worker's running phase sums: data wait, forward, backward, comm,

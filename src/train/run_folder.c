@@ -1,4 +1,4 @@
-/* The run folder (dp_train_params.out_dir): what may be written into it, and
+/* The run folder (dp_train_params.io.out_dir): what may be written into it, and
  * its metrics.jsonl.
  *
  *   a folder that holds a run        refused, unless this run resumes the

@@ -9,26 +9,26 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     w->grank = t->base + rank;
     /* ZeRO 2 and 3 (sharded): the slabs a worker holds only parts of are
      * mapped, never touched as a whole (the gradient; stage 3, the parameters) */
-    int lazy = p->zero >= 2 && t->G > 1 ? DP_REPLICA_LAZY_GRADS | (p->zero == 3 ? DP_REPLICA_LAZY_PARAMS : 0) : 0;
+    int lazy = p->dp.zero >= 2 && t->G > 1 ? DP_REPLICA_LAZY_GRADS | (p->dp.zero == 3 ? DP_REPLICA_LAZY_PARAMS : 0) : 0;
     int rc = dp_replica_init_lazy(&w->rep, t->model, t->max_batch, lazy);
     if (rc) return rc;
     if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
     struct dp_loader_params lp = dp_loader_default_params();
-    lp.batch = p->batch;
+    lp.batch = p->run.batch;
     lp.shuffle = 1;
-    lp.seed = p->seed;
-    lp.aug = p->aug;
-    lp.prefetch = p->prefetch;
+    lp.seed = p->run.seed;
+    lp.aug = p->data.aug;
+    lp.prefetch = p->data.prefetch;
     lp.rank = w->grank;
     lp.world = t->ps_W; /* G, but for the parameter server's ranks under mpirun */
     if (lp.rank >= t->ps_W) lp.rank = 0, lp.prefetch = 0; /* a server rank: its loader is not read */
-    lp.align = p->deterministic && !p->async ? p->det_chunk : 1;
+    lp.align = p->dp.deterministic && !p->dp.async ? p->dp.det_chunk : 1;
     lp.uneven = t->balance;
     if (t->ps_dynamic) {
         /* plain async: this worker reads whichever batch k of ceil(batch / P)
          * samples it claims (dp_loader_seek, then next); no prefetch, as the
          * next batch it will read is not known in advance (ps_loop) */
-        lp.batch = (p->batch + t->ps_W - 1) / t->ps_W;
+        lp.batch = (p->run.batch + t->ps_W - 1) / t->ps_W;
         lp.rank = 0, lp.world = 1, lp.prefetch = 0;
     }
     if (t->text) {
@@ -47,27 +47,27 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     }
     if (rc) return rc;
     /* ~10 events per step: 200k covers long runs; later events are counted, not kept */
-    if ((rc = dp_timeline_init(&w->tl, p->timeline ? 200000 : 0))) return rc;
-    if (p->skip_nonfinite && t->model->num_buffers > 0) {
+    if ((rc = dp_timeline_init(&w->tl, p->io.timeline ? 200000 : 0))) return rc;
+    if (p->dp.skip_nonfinite && t->model->num_buffers > 0) {
         w->buf_save = dp_malloc(sizeof(float) * (size_t)t->model->num_buffers);
         if (!w->buf_save) return dp_seterr(DP_ENOMEM, "--skip-nonfinite: out of memory");
     }
     /* the step's synchronisation (dp/ddp.h dp_sync): the reducer, ZeRO, the optimizer */
     struct dp_sync_params sp = dp_sync_default_params();
-    sp.reducer.bucket_cap_bytes = p->bucket_cap_bytes;
-    sp.reducer.first_bucket_bytes = p->first_bucket_bytes;
-    sp.reducer.overlap = p->overlap;
-    sp.reducer.algo = (enum dp_comm_algo)p->algo;
-    sp.reducer.compress = p->compress;
-    sp.reducer.compress.seed = p->seed;
+    sp.reducer.bucket_cap_bytes = p->dp.bucket_cap_bytes;
+    sp.reducer.first_bucket_bytes = p->dp.first_bucket_bytes;
+    sp.reducer.overlap = p->dp.overlap;
+    sp.reducer.algo = (enum dp_comm_algo)p->dp.algo;
+    sp.reducer.compress = p->dp.compress;
+    sp.reducer.compress.seed = p->run.seed;
     if (p->optim.kind == DP_OPTIM_SGD && !p->optim.nesterov && p->optim.dampening == 0)
         sp.reducer.compress.momentum = p->optim.momentum;
     sp.optim = p->optim;
-    sp.zero = p->zero, sp.zero_scatter = p->zero_scatter, sp.lazy = lazy;
+    sp.zero = p->dp.zero, sp.zero_scatter = p->dp.zero_scatter, sp.lazy = lazy;
     /* ZeRO 1: the all-gather ahead (src/ddp/zero.c "Ahead"): asked for, or by default across processes */
-    sp.zero_ahead = p->zero == 1 && t->G > 1 &&
-                    (p->zero_gather == DP_ZERO_GATHER_AHEAD || (p->zero_gather == DP_ZERO_GATHER_AUTO && t->G > t->P));
-    sp.deterministic = p->deterministic;
+    sp.zero_ahead = p->dp.zero == 1 && t->G > 1 &&
+                    (p->dp.zero_gather == DP_ZERO_GATHER_AHEAD || (p->dp.zero_gather == DP_ZERO_GATHER_AUTO && t->G > t->P));
+    sp.deterministic = p->dp.deterministic;
     sp.positions = (double)t->pos;
     if ((rc = dp_sync_init(&w->sync, t->model, w->comm, &w->rep, &sp))) return rc;
     w->arrival = dp_calloc((size_t)w->sync.red.nb + 1, sizeof(double));
@@ -106,8 +106,8 @@ struct model_src {
 static int build_declared(struct dp_trainer *t, const struct model_src *src) {
     const struct dp_train_params *p = &t->p;
     int rc = DP_OK;
-    if (p->model_build) {
-        if ((rc = p->model_build(&t->model, p->model_build_arg)))
+    if (p->run.model_build) {
+        if ((rc = p->run.model_build(&t->model, p->run.model_build_arg)))
             return dp_adderr(rc, "the caller's model_build");
         if (!t->model) return dp_seterr(DP_EINVAL, "the caller's model_build returned no model");
         if (!t->model->finalized && (rc = dp_model_finalize(t->model))) return rc;
@@ -138,13 +138,13 @@ static int build_model(struct dp_trainer *t, const struct model_src *src, const 
  * keeps them, so that `sample` decodes with the tokenizer the model learned). */
 static int load_tokenizer(struct dp_trainer *t) {
     char path[4096];
-    int rc = dp_bpe_find_for(t->p.data_dir, path, sizeof path);
+    int rc = dp_bpe_find_for(t->p.data.data_dir, path, sizeof path);
     if (rc <= 0) return rc;
     struct dp_bpe *b;
     if ((rc = dp_bpe_load(&b, path))) return rc;
     if (dp_bpe_vocab(b) != t->tokens.vocab)
         rc = dp_seterr(DP_EMISMATCH, "%s has %lld tokens, its token file %s a vocabulary of %lld: not its tokenizer "
-                       "(prepare the text again)", path, (long long)dp_bpe_vocab(b), t->p.data_dir,
+                       "(prepare the text again)", path, (long long)dp_bpe_vocab(b), t->p.data.data_dir,
                        (long long)t->tokens.vocab);
     if (!rc && !(t->tok_len = dp_malloc(sizeof(uint16_t) * (size_t)t->tokens.vocab)))
         rc = dp_seterr(DP_ENOMEM, "out of memory");
@@ -169,26 +169,26 @@ static int load_text(struct dp_trainer *t, const struct model_src *src) {
     const struct dp_train_params *p = &t->p;
     const char *spec = src->spec;
     struct stat st;
-    if (!p->data_dir || (stat(p->data_dir, &st) == 0 && S_ISDIR(st.st_mode)))
+    if (!p->data.data_dir || (stat(p->data.data_dir, &st) == 0 && S_ISDIR(st.st_mode)))
         return dp_seterr(DP_EINVAL, "model '%s' trains on a token file, and --data %s is a folder: run "
                          "'dptrain prepare-text %s --out tokens.bin' first, then train with --data tokens.bin",
-                         spec, p->data_dir ? p->data_dir : "(none)", p->data_dir ? p->data_dir : "DIR");
+                         spec, p->data.data_dir ? p->data.data_dir : "(none)", p->data.data_dir ? p->data.data_dir : "DIR");
     /* (raw tokens name no vocabulary: the model's, which is then built first) */
-    int rc = p->tokens_raw_u16 ? build_model(t, src, NULL) : dp_tokens_read(p->data_dir, &t->tokens);
-    if (!rc && p->tokens_raw_u16) rc = dp_tokens_read_raw_u16(p->data_dir, dp_model_num_classes(t->model), &t->tokens);
+    int rc = p->data.tokens_raw_u16 ? build_model(t, src, NULL) : dp_tokens_read(p->data.data_dir, &t->tokens);
+    if (!rc && p->data.tokens_raw_u16) rc = dp_tokens_read_raw_u16(p->data.data_dir, dp_model_num_classes(t->model), &t->tokens);
     if (rc || (rc = load_tokenizer(t))) return rc;
-    if (!p->tokens_raw_u16 && (rc = build_model(t, src, NULL))) return rc;
+    if (!p->data.tokens_raw_u16 && (rc = build_model(t, src, NULL))) return rc;
     t->ctx = t->model->in_shape.d[0];
     if (t->tokens.vocab > dp_model_num_classes(t->model))
         return dp_seterr(DP_EMISMATCH, "%s has a vocabulary of %lld tokens, model '%s' outputs %lld",
-                         p->data_dir, (long long)t->tokens.vocab, spec,
+                         p->data.data_dir, (long long)t->tokens.vocab, spec,
                          (long long)dp_model_num_classes(t->model));
     if ((rc = dp_text_split_init(&t->split, t->tokens.n, DP_TEXT_VAL_FRAC))) return rc;
     if (t->split.train_n < t->ctx + 1)
         return dp_seterr(DP_EINVAL, "%s: the training part holds %lld tokens, a window of ctx %lld needs %lld",
-                         p->data_dir, (long long)t->split.train_n, (long long)t->ctx, (long long)(t->ctx + 1));
+                         p->data.data_dir, (long long)t->split.train_n, (long long)t->ctx, (long long)(t->ctx + 1));
     t->windows = t->split.train_n / (t->ctx + 1);
-    if (p->train_limit > 0 && p->train_limit < t->windows) t->windows = p->train_limit;
+    if (p->data.train_limit > 0 && p->data.train_limit < t->windows) t->windows = p->data.train_limit;
     t->eval_chunk = TEXT_EVAL_CHUNK;
     return DP_OK;
 }
@@ -202,46 +202,46 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     struct dp_trainer *t = dp_calloc(1, sizeof *t);
     if (!t) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
     t->p = *p;
-    if (p->staleness >= 0) t->p.async = 1; /* --staleness implies the parameter server */
-    if (p->prefetch < 0) t->p.prefetch = dp_train_prefetch_auto(p->workers, p->threads, dp_cpus_allowed());
-    if (p->deterministic && !p->det_chunk) t->p.det_chunk = dp_det_chunk_auto(p->batch);
+    if (p->dp.staleness >= 0) t->p.dp.async = 1; /* --staleness implies the parameter server */
+    if (p->data.prefetch < 0) t->p.data.prefetch = dp_train_prefetch_auto(p->dp.workers, p->run.threads, dp_cpus_allowed());
+    if (p->dp.deterministic && !p->dp.det_chunk) t->p.dp.det_chunk = dp_det_chunk_auto(p->run.batch);
     p = &t->p;
-    t->P = p->workers;
-    t->G = p->inter ? t->P * dp_comm_world(p->inter) : t->P;
-    t->base = p->inter ? t->P * dp_comm_rank(p->inter) : 0;
+    t->P = p->dp.workers;
+    t->G = p->dp.inter ? t->P * dp_comm_world(p->dp.inter) : t->P;
+    t->base = p->dp.inter ? t->P * dp_comm_rank(p->dp.inter) : 0;
     t->slow_rank = -1;
     /* the parameter server under mpirun: the last S ranks serve (check_ps: one worker each) */
-    t->ps_servers = p->inter && p->async ? (p->servers ? p->servers : 1) : 0;
+    t->ps_servers = p->dp.inter && p->dp.async ? (p->dp.servers ? p->dp.servers : 1) : 0;
     t->ps_W = t->G - t->ps_servers;
     t->efstate_step = -1;
     t->stopped = -1;
     atomic_init(&t->eval_next, 0);
     atomic_init(&t->stop_at, INT64_MAX);
-    dp_set_num_threads(p->threads);
+    dp_set_num_threads(p->run.threads);
 
     /* A folder that holds another run is refused before anything is loaded. */
-    if (p->out_dir && t->base == 0 && (rc = dp__run_folder_check(p->out_dir, p->resume, p->overwrite))) goto fail;
+    if (p->io.out_dir && t->base == 0 && (rc = dp__run_folder_check(p->io.out_dir, p->io.resume, p->io.overwrite))) goto fail;
     /* The model: the caller's builder, a model file (--model-file), a spec (--model), or,
      * resuming without any, the checkpoint's (its canonical text; its spec string where it
      * predates the text). */
-    snprintf(spec, sizeof spec, "%s", p->model ? p->model : "");
-    if (p->model_build) {
+    snprintf(spec, sizeof spec, "%s", p->run.model ? p->run.model : "");
+    if (p->run.model_build) {
         snprintf(spec, sizeof spec, "(the caller's model_build)");
-    } else if (p->model_text) {
-        if (!(src.text = dp_strdup(p->model_text))) {
+    } else if (p->run.model_text) {
+        if (!(src.text = dp_strdup(p->run.model_text))) {
             rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
             goto fail;
         }
-        snprintf(spec, sizeof spec, "%s", p->model ? p->model : "custom");
+        snprintf(spec, sizeof spec, "%s", p->run.model ? p->run.model : "custom");
         src.origin = spec;
-    } else if (p->model_file) {
-        if ((rc = dp_model_read_file(p->model_file, &src.text))) goto fail;
-        src.origin = p->model_file;
-        const char *base = strrchr(p->model_file, '/');
-        snprintf(spec, sizeof spec, "file:%s", base ? base + 1 : p->model_file);
-    } else if (p->resume && !p->model) {
+    } else if (p->run.model_file) {
+        if ((rc = dp_model_read_file(p->run.model_file, &src.text))) goto fail;
+        src.origin = p->run.model_file;
+        const char *base = strrchr(p->run.model_file, '/');
+        snprintf(spec, sizeof spec, "file:%s", base ? base + 1 : p->run.model_file);
+    } else if (p->io.resume && !p->run.model) {
         struct dp_ckpt_header h;
-        if ((rc = dp_ckpt_read_header(p->resume, &h)) || (rc = dp_ckpt_model_text(p->resume, &src.text))) goto fail;
+        if ((rc = dp_ckpt_read_header(p->io.resume, &h)) || (rc = dp_ckpt_model_text(p->io.resume, &src.text))) goto fail;
         snprintf(spec, sizeof spec, "%s", h.model_spec);
         src.origin = strncmp(spec, "file:", 5) ? spec : spec + 5;
     }
@@ -256,8 +256,8 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (t->text) {
         if ((rc = load_text(t, &src))) goto fail;
     } else {
-        if (p->loss == DP_LOSS_MSE && t->model && (rc = dp_model_set_loss(t->model, DP_LOSS_MSE))) goto fail;
-        t->regression = p->loss == DP_LOSS_MSE || (t->model && t->model->loss == DP_LOSS_MSE);
+        if (p->run.loss == DP_LOSS_MSE && t->model && (rc = dp_model_set_loss(t->model, DP_LOSS_MSE))) goto fail;
+        t->regression = p->run.loss == DP_LOSS_MSE || (t->model && t->model->loss == DP_LOSS_MSE);
         if ((rc = dp__data_load(t))) goto fail; /* data_src.c */
         if ((rc = build_model(t, &src, &t->train))) goto fail;
         if (t->regression && (rc = dp_model_set_loss(t->model, DP_LOSS_MSE))) goto fail;
@@ -280,53 +280,53 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
                        (long long)t->train.num_classes, spec, (long long)dp_model_num_classes(t->model));
         goto fail;
     }
-    if (p->backup && t->model->num_buffers > 0) {
+    if (p->dp.backup && t->model->num_buffers > 0) {
         rc = dp_seterr(DP_ENOTSUP, "--backup-workers does not support models with BatchNorm ('%s'): their "
                        "statistics are synchronised across every worker in forward", spec);
         goto fail;
     }
-    if (p->async && t->model->num_buffers > 0) {
+    if (p->dp.async && t->model->num_buffers > 0) {
         rc = dp_seterr(DP_ENOTSUP, "%s does not support models with BatchNorm ('%s'): their statistics are "
-                       "synchronised across every worker in forward", p->staleness >= 0 ? "--staleness" : "--mode async",
+                       "synchronised across every worker in forward", p->dp.staleness >= 0 ? "--staleness" : "--mode async",
                        spec);
         goto fail;
     }
     /* plain async claims batches as it goes; SSP and the replay take static shares */
-    t->ps_dynamic = p->async && p->staleness < 0 && !p->deterministic;
+    t->ps_dynamic = p->dp.async && p->dp.staleness < 0 && !p->dp.deterministic;
     /* --backup-workers 0 with --deterministic is plain deterministic sync */
-    t->bk_on = p->backup && !p->deterministic;
+    t->bk_on = p->dp.backup && !p->dp.deterministic;
     t->mode = dp__mode_for(t);
     /* A worker's share is at most ceil(batch / P); evaluation uses up to
      * eval_chunk samples. */
-    int64_t share = (p->batch + t->ps_W - 1) / t->ps_W;
-    t->balance = p->balance > 0 && t->G > 1;
-    t->bal_align = p->deterministic ? p->det_chunk : 1;
-    if (t->balance) share = p->batch; /* a balanced share may be the whole batch */
-    if (p->deterministic && !p->async) share = p->det_chunk; /* one chunk at a time */
+    int64_t share = (p->run.batch + t->ps_W - 1) / t->ps_W;
+    t->balance = p->dp.balance > 0 && t->G > 1;
+    t->bal_align = p->dp.deterministic ? p->dp.det_chunk : 1;
+    if (t->balance) share = p->run.batch; /* a balanced share may be the whole batch */
+    if (p->dp.deterministic && !p->dp.async) share = p->dp.det_chunk; /* one chunk at a time */
     t->max_batch = share > t->eval_chunk ? share : t->eval_chunk;
     struct dp_comm_params cp = dp_comm_default_params();
-    cp.timeout_s = p->comm_timeout;
+    cp.timeout_s = p->dp.comm_timeout;
     /* (a hierarchical world, with processes, reduces on its threads whatever is asked) */
-    cp.progress = p->comm_progress == DP_PROGRESS_AUTO ? dp_train_progress_auto(t->P, p->threads, dp_cpus_allowed())
-                                                       : p->comm_progress;
-    t->comm_progress = p->inter ? DP_PROGRESS_THREAD : cp.progress;
-    cp.spin_us = p->comm_spin_us;
-    rc = p->inter ? dp_comm_thread_world_init_hier(&t->world, t->P, &cp, p->inter)
+    cp.progress = p->dp.comm_progress == DP_PROGRESS_AUTO ? dp_train_progress_auto(t->P, p->run.threads, dp_cpus_allowed())
+                                                       : p->dp.comm_progress;
+    t->comm_progress = p->dp.inter ? DP_PROGRESS_THREAD : cp.progress;
+    cp.spin_us = p->dp.comm_spin_us;
+    rc = p->dp.inter ? dp_comm_thread_world_init_hier(&t->world, t->P, &cp, p->dp.inter)
                   : dp_comm_thread_world_init(&t->world, t->P, &cp);
     if (rc) goto fail;
-    if (p->simulate_slow) {
+    if (p->sim.simulate_slow) {
         t->slow_factor = dp_malloc(sizeof(double) * (size_t)t->G);
         if (!t->slow_factor) {
             rc = dp_seterr(DP_ENOMEM, "trainer: out of memory");
             goto fail;
         }
         /* the ranks are known now: a rank out of range is an error here */
-        if ((rc = dp_parse_simulate_slow(p->simulate_slow, t->G, t->slow_factor))) goto fail;
+        if ((rc = dp_parse_simulate_slow(p->sim.simulate_slow, t->G, t->slow_factor))) goto fail;
     }
-    if (p->simulate_jitter) (void)dp_parse_simulate_jitter(p->simulate_jitter, &t->jit); /* checked above */
-    t->simulate = p->simulate_slow || p->simulate_jitter;
+    if (p->sim.simulate_jitter) (void)dp_parse_simulate_jitter(p->sim.simulate_jitter, &t->jit); /* checked above */
+    t->simulate = p->sim.simulate_slow || p->sim.simulate_jitter;
     /* (not with backup workers: a per-step all-gather would wait for the late) */
-    t->gather_waits = t->G > 1 && (p->out_dir || t->simulate) && !t->bk_on && !p->async;
+    t->gather_waits = t->G > 1 && (p->io.out_dir || t->simulate) && !t->bk_on && !p->dp.async;
     t->last_count = dp_calloc((size_t)t->G, sizeof(int64_t));
     t->rank_samples = dp_calloc((size_t)t->G, sizeof(int64_t));
     t->share_samples = dp_calloc((size_t)t->G, sizeof(int64_t));
@@ -348,38 +348,38 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
      * initialisation, including --init-from on rank 0 only.)  ZeRO 3
      * (sharded) builds no replica: each worker draws its own pieces from the
      * seed, below, and rank 0 only its buffers. */
-    int zero3 = p->zero == 3 && t->G > 1;
-    if (zero3 && !p->init_from)
-        dp_model_init_slice(t->model, 1, t->w[0].rep.buffers, 0, t->model->num_buffers, p->seed);
-    else dp_model_init_params(t->model, &t->w[0].rep, p->seed);
-    if (p->init_from && (rc = dp_safetensors_load(p->init_from, t->model, &t->w[0].rep))) goto fail;
+    int zero3 = p->dp.zero == 3 && t->G > 1;
+    if (zero3 && !p->io.init_from)
+        dp_model_init_slice(t->model, 1, t->w[0].rep.buffers, 0, t->model->num_buffers, p->run.seed);
+    else dp_model_init_params(t->model, &t->w[0].rep, p->run.seed);
+    if (p->io.init_from && (rc = dp_safetensors_load(p->io.init_from, t->model, &t->w[0].rep))) goto fail;
     t->batches_per_epoch = dp_loader_steps_per_epoch(t->w[0].loader);
     if (t->ps_dynamic) { /* the loader's batches are batch / P: the schedule counts global batches */
         int64_t n = t->text ? t->windows : t->train.n;
         t->ps_batches = t->batches_per_epoch;
-        t->batches_per_epoch = (n + p->batch - 1) / p->batch;
+        t->batches_per_epoch = (n + p->run.batch - 1) / p->run.batch;
     }
-    t->steps_per_epoch = (t->batches_per_epoch + p->accum - 1) / p->accum;
-    if (t->p.sched.total_steps <= 0) t->p.sched.total_steps = t->steps_per_epoch * p->epochs;
+    t->steps_per_epoch = (t->batches_per_epoch + p->dp.accum - 1) / p->dp.accum;
+    if (t->p.sched.total_steps <= 0) t->p.sched.total_steps = t->steps_per_epoch * p->run.epochs;
     if ((rc = dp__check_schedule(t))) goto fail;
 
-    if (p->resume && (rc = dp__load_checkpoint(t, p->resume))) goto fail;
-    if (p->resume && t->step_in_epoch == 0) dp__resume_position(t);
+    if (p->io.resume && (rc = dp__load_checkpoint(t, p->io.resume))) goto fail;
+    if (p->io.resume && t->step_in_epoch == 0) dp__resume_position(t);
     /* ZeRO 3: each worker's pieces, drawn from the seed, or copied from rank
      * 0's slab where --init-from filled it, which is then given back; a
      * checkpoint has put them in place already (load_checkpoint).  Every
      * process of an MPI job computes the same pieces (the same seed, the
      * same files), so the parameters need no broadcast. */
     if (zero3) {
-        const float *whole = p->init_from ? t->w[0].rep.params : NULL;
-        for (int r = 0; r < t->P && !rc && !p->resume; r++)
-            rc = dp_sync_shard_init(&t->w[r].sync, t->model, p->seed, whole);
+        const float *whole = p->io.init_from ? t->w[0].rep.params : NULL;
+        for (int r = 0; r < t->P && !rc && !p->io.resume; r++)
+            rc = dp_sync_shard_init(&t->w[r].sync, t->model, p->run.seed, whole);
         if (rc || (whole && (rc = dp_sync_release(&t->w[0].sync)))) goto fail;
     }
     if (t->mode->setup && (rc = t->mode->setup(t))) goto fail;
     /* Only the job's rank 0 writes metrics and checkpoints (src/train/run_folder.c). */
-    if (p->out_dir && t->base == 0 &&
-        (rc = dp__run_folder_open(p->out_dir, p->resume, p->overwrite, &t->metrics, t->metrics_path,
+    if (p->io.out_dir && t->base == 0 &&
+        (rc = dp__run_folder_open(p->io.out_dir, p->io.resume, p->io.overwrite, &t->metrics, t->metrics_path,
                                   sizeof t->metrics_path, t->note, sizeof t->note)))
         goto fail;
     *out = t;

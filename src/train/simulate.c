@@ -116,10 +116,10 @@ void dp__pace_plan(const struct worker *w, double *mult, double *stall) {
     *mult = t->slow_factor ? t->slow_factor[w->grank] : 1;
     *stall = 0;
     if (t->jit.sigma > 0) {
-        double f = exp(t->jit.sigma * (double)dp_rng_normal(t->p.seed, DP_RNG_SLOW, a, b + 1));
+        double f = exp(t->jit.sigma * (double)dp_rng_normal(t->p.run.seed, DP_RNG_SLOW, a, b + 1));
         if (f > 1) *mult *= f;
     }
-    if (t->jit.p > 0 && (double)dp_rng_uniform(t->p.seed, DP_RNG_SLOW, a, b) < t->jit.p) *stall = t->jit.ms * 1e-3;
+    if (t->jit.p > 0 && (double)dp_rng_uniform(t->p.run.seed, DP_RNG_SLOW, a, b) < t->jit.p) *stall = t->jit.ms * 1e-3;
 }
 
 /* Starts pacing one micro-batch whose compute starts at t0. */

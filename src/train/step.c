@@ -34,8 +34,8 @@ static int stat_sync(void *arg, double *buf, int64_t n) {
  * bucket. */
 int dp__red_check_possible(const struct dp_trainer *t) {
     const struct dp_train_params *p = &t->p;
-    if (t->G < 2 || t->G != t->P || p->inter || p->deterministic || p->async || t->bk_on || p->zero ||
-        p->compress.kind != DP_COMPRESS_NONE)
+    if (t->G < 2 || t->G != t->P || p->dp.inter || p->dp.deterministic || p->dp.async || t->bk_on || p->dp.zero ||
+        p->dp.compress.kind != DP_COMPRESS_NONE)
         return 0;
     return dp_sync_post_supported(&t->w[0].sync);
 }
@@ -51,7 +51,7 @@ void dp__reduced_check(void *arg, int64_t off, int64_t n) {
  * (not with ZeRO, whose update waits in its gather). */
 void dp__update_done(struct worker *w, double s) {
     w->t_opt += s;
-    if (!w->t->p.zero) w->bal_a += s, w->bal_k++;
+    if (!w->t->p.dp.zero) w->bal_a += s, w->bal_k++;
 }
 
 /* ---- a step's compute, shared by the modes that reduce gradients ----------------------
@@ -88,7 +88,7 @@ int dp__compute(struct worker *w, int64_t nmicro, const struct dp__micro_hooks *
         dp_timeline_add(&w->tl, "data", 0, w->step, td, ta);
         int last_micro = k == nmicro - 1;
         struct dp_batch b = dp__batch_of(lb, 0, lb->B, 0, t->pos, dp_model_num_classes(m));
-        struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.seed, .loss_scale = 1.0f};
+        struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.run.seed, .loss_scale = 1.0f};
         int reducing = h->begin ? h->begin(w, &pass, k, nmicro, lb, c->n_total) : 0;
         dp__pace_start(w, mult, last_micro ? stall : 0, ta);
         double stat_before = w->stat_s;
@@ -140,7 +140,7 @@ int dp__compute(struct worker *w, int64_t nmicro, const struct dp__micro_hooks *
  * from t1 (the reduced gradient's arrival); shared by the modes. */
 int dp__apply_update(struct worker *w, double t1) {
     struct dp_trainer *t = w->t;
-    int rc = dp_sync_update(&w->sync, dp_sched_lr(&t->p.sched, w->step), t->p.clip_norm);
+    int rc = dp_sync_update(&w->sync, dp_sched_lr(&t->p.sched, w->step), t->p.run.clip_norm);
     if (w->sync.t_gather1 > w->sync.t_gather0)
         dp_timeline_add(&w->tl, "gather", 0, w->step, w->sync.t_gather0, w->sync.t_gather1);
     if (t->fault.kind == DP_FAULT_DIVERGE && w->grank == t->fault.worker && w->step == t->fault.step &&
@@ -236,7 +236,7 @@ static int sync_step(struct worker *w, int64_t nmicro, int64_t *skipped, double 
             if (flags[r] != 0) who = r;
         dp_free(flags);
         if (rc) return rc;
-        if (t->p.skip_nonfinite) {
+        if (t->p.dp.skip_nonfinite) {
             if (w->buf_save) memcpy(w->rep.buffers, w->buf_save, sizeof(float) * (size_t)m->num_buffers);
             (*skipped)++;
             return DP_OK;

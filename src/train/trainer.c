@@ -40,7 +40,7 @@ const struct dp_dataset *dp_trainer_test_set(const struct dp_trainer *t) { retur
 const char *dp_trainer_data_note(const struct dp_trainer *t) { return t->data_note; }
 
 int dp_trainer_comm_progress(const struct dp_trainer *t) { return t->comm_progress; }
-int dp_trainer_prefetch(const struct dp_trainer *t) { return t->p.prefetch; }
+int dp_trainer_prefetch(const struct dp_trainer *t) { return t->p.data.prefetch; }
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t) { return &t->w[0].rep; }
 int64_t dp_trainer_live_bytes(const struct dp_trainer *t, int worker) {
     if (worker < 0 || worker >= t->P) return -1;
@@ -115,9 +115,9 @@ int dp__trainer_set_fault(struct dp_trainer *t, const struct dp_fault *f) {
 
 /* The mode of a trainer's parameters (struct dp__mode). */
 const struct dp__mode *dp__mode_for(const struct dp_trainer *t) {
-    if (t->p.async) return t->p.inter ? &dp__mode_ps_net : &dp__mode_ps; /* ps_loop.c */
+    if (t->p.dp.async) return t->p.dp.inter ? &dp__mode_ps_net : &dp__mode_ps; /* ps_loop.c */
     if (t->bk_on) return &dp__mode_backup;                                 /* backup.c */
-    if (t->p.deterministic) return &dp__mode_det;                          /* det_step.c */
+    if (t->p.dp.deterministic) return &dp__mode_det;                          /* det_step.c */
     return &dp__mode_sync;                                                 /* step.c */
 }
 
@@ -142,7 +142,7 @@ int dp__step_loop(struct worker *w) {
         (m->num_buffers &&
          (rc = dp_comm_broadcast(w->comm, w->rep.buffers, m->num_buffers, DP_DTYPE_F32, 0, DP_ALGO_AUTO))))
         return rc;
-    while (epoch < t->p.epochs) {
+    while (epoch < t->p.run.epochs) {
         double t_start = dp_time();
         w->wait0 = dp_loader_wait_time(w->loader);
         w->loss_sum = w->t_fwd = w->t_bwd = w->t_opt = w->t_comm = w->t_exposed = w->t_wait = w->t_slow = 0;
@@ -151,7 +151,7 @@ int dp__step_loop(struct worker *w) {
         w->correct = w->seen = w->skipped = 0;
         while (in_epoch < t->batches_per_epoch) {
             int stop = 0;
-            if ((t->p.max_steps && step >= t->p.max_steps) || (rc = dp__stop_agreed(w, step, &stop)) || stop) {
+            if ((t->p.run.max_steps && step >= t->p.run.max_steps) || (rc = dp__stop_agreed(w, step, &stop)) || stop) {
                 if (rc) return dp_adderr(rc, "worker %d, step %lld: the stop request", w->grank, (long long)step);
                 /* the run's end: as end_epoch's last epoch; --max-steps mid-epoch evaluates first
                  * (a requested stop does not: it is to end soon) */
@@ -167,8 +167,8 @@ int dp__step_loop(struct worker *w) {
                 } else if (dp__zero_serves(t)) rc = dp__zero_stream(w, NULL); /* while rank 0 writes */
                 return rc ? rc : dp_comm_barrier(w->comm);
             }
-            int64_t nmicro = t->batches_per_epoch - in_epoch < t->p.accum ? t->batches_per_epoch - in_epoch
-                                                                          : t->p.accum;
+            int64_t nmicro = t->batches_per_epoch - in_epoch < t->p.dp.accum ? t->batches_per_epoch - in_epoch
+                                                                          : t->p.dp.accum;
             int64_t skipped_before = w->skipped;
             double n_step = 0, loss_step = 0;
             w->step = step, w->epoch = epoch;
@@ -185,11 +185,11 @@ int dp__step_loop(struct worker *w) {
             step++;
             in_epoch += nmicro;
             /* every rank re-plans after the same steps (the step count is agreed) */
-            if (t->balance && step % t->p.balance == 0 && (rc = dp__rebalance(w)))
+            if (t->balance && step % t->p.dp.balance == 0 && (rc = dp__rebalance(w)))
                 return dp_adderr(rc, "worker %d, step %lld: --balance", w->grank, (long long)step);
             /* --eval-every: every rank evaluates (a collective), rank 0 reports with the step */
             double eacc = NAN, eloss = NAN, step_s = dp_time() - ts;
-            if (t->p.eval_every && step % t->p.eval_every == 0 && (rc = dp__evaluate_shared(w, &eacc, &eloss)))
+            if (t->p.io.eval_every && step % t->p.io.eval_every == 0 && (rc = dp__evaluate_shared(w, &eacc, &eloss)))
                 return dp_adderr(rc, "worker %d, step %lld: --eval-every", w->grank, (long long)step);
             if (w->grank == 0) {
                 if (last_rank >= 0) t->last_count[last_rank]++;
@@ -197,7 +197,7 @@ int dp__step_loop(struct worker *w) {
                 t->step = step;
                 t->step_in_epoch = in_epoch;
                 struct dp_event ev = {.kind = DP_EVENT_STEP, .step = step, .epoch = epoch,
-                                      .step_in_epoch = (in_epoch + t->p.accum - 1) / t->p.accum,
+                                      .step_in_epoch = (in_epoch + t->p.dp.accum - 1) / t->p.dp.accum,
                                       .lr = dp_sched_lr(&t->p.sched, step - 1),
                                       .samples = (int64_t)n_step, .loss = loss_step,
                                       .skipped = w->skipped - skipped_before,
@@ -211,13 +211,13 @@ int dp__step_loop(struct worker *w) {
                     struct dp_event eev = {.kind = DP_EVENT_EVAL, .step = step, .epoch = epoch,
                                            .step_in_epoch = ev.step_in_epoch, .test_acc = eacc, .test_loss = eloss,
                                            .positions = t->pos,
-                                           .val_bpb = dp_trainer_bits_per_byte(t, eloss, t->p.test_limit)};
+                                           .val_bpb = dp_trainer_bits_per_byte(t, eloss, t->p.data.test_limit)};
                     dp__emit_event(t, &eev);
                 }
             }
-            if (t->p.check_replicas && step % t->p.check_replicas == 0 && (rc = dp__check_replicas(w))) return rc;
+            if (t->p.dp.check_replicas && step % t->p.dp.check_replicas == 0 && (rc = dp__check_replicas(w))) return rc;
             /* --ckpt-every-steps: now, or with the epoch's end when this step ends the epoch */
-            if (t->p.ckpt_every_steps && step % t->p.ckpt_every_steps == 0) {
+            if (t->p.io.ckpt_every_steps && step % t->p.io.ckpt_every_steps == 0) {
                 if (in_epoch >= t->batches_per_epoch) w->ckpt_due = 1;
                 else if ((rc = dp__step_checkpoint(w)))
                     return dp_adderr(rc, "worker %d, step %lld: --ckpt-every-steps", w->grank, (long long)step);
@@ -253,9 +253,9 @@ static void pin_to_core(const cpu_set_t *allowed, int rank) {
 void *dp__worker_main(void *arg) {
     struct worker *w = arg;
     cpu_set_t before;
-    int pinned = w->t->p.pin_threads && pthread_getaffinity_np(pthread_self(), sizeof before, &before) == 0;
+    int pinned = w->t->p.dp.pin_threads && pthread_getaffinity_np(pthread_self(), sizeof before, &before) == 0;
     if (pinned) pin_to_core(&w->t->cpus, w->rank);
-    dp_set_num_threads(w->t->p.threads);
+    dp_set_num_threads(w->t->p.run.threads);
     w->rc = w->t->mode->loop(w);
     if (pinned) pthread_setaffinity_np(pthread_self(), sizeof before, &before); /* (the caller's, for worker 0) */
     if (w->rc) {
@@ -271,7 +271,7 @@ void *dp__worker_main(void *arg) {
 
 int dp_trainer_run(struct dp_trainer *t) {
     t->t_origin = dp_time();
-    if (t->p.pin_threads && sched_getaffinity(0, sizeof t->cpus, &t->cpus) != 0) CPU_ZERO(&t->cpus);
+    if (t->p.dp.pin_threads && sched_getaffinity(0, sizeof t->cpus, &t->cpus) != 0) CPU_ZERO(&t->cpus);
     for (int r = 0; r < t->P; r++) t->w[r].step = t->step, t->w[r].epoch = t->epoch, t->w[r].in_epoch = t->step_in_epoch;
     if (t->star) { /* rank 0's collector opens the first step */
         int rc = dp_backup_star_start(t->star, t->step);
@@ -295,13 +295,13 @@ int dp_trainer_run(struct dp_trainer *t) {
     dp__worker_main(&t->w[0]);
     for (int r = 1; r < t->P; r++)
         if (t->w[r].started) pthread_join(t->w[r].thread, NULL), t->w[r].started = 0;
-    if (t->p.timeline) {
+    if (t->p.io.timeline) {
         struct dp_timeline *tls = dp_malloc(sizeof *tls * (size_t)t->P);
         if (!tls) return dp_seterr(DP_ENOMEM, "timeline: out of memory");
         for (int r = 0; r < t->P; r++) tls[r] = t->w[r].tl;
         char path[4096], note[160] = "";
-        if (t->base == 0) snprintf(path, sizeof path, "%s", t->p.timeline);
-        else snprintf(path, sizeof path, "%s.p%d", t->p.timeline, t->base / t->P);
+        if (t->base == 0) snprintf(path, sizeof path, "%s", t->p.io.timeline);
+        else snprintf(path, sizeof path, "%s.p%d", t->p.io.timeline, t->base / t->P);
         if (t->slow_rank >= 0)
             snprintf(note, sizeof note, "slowest rank: %d, %.3g ms per step behind the earliest", t->slow_rank,
                      t->slow_lag * 1e3);

@@ -110,7 +110,7 @@ static int launched_by_mpi(void) {
 }
 
 /* SIGINT and SIGTERM during training: the first asks the trainer to stop
- * after its current step, with a checkpoint (dp_train_params.stop); a second,
+ * after its current step, with a checkpoint (dp_train_params.io.stop); a second,
  * or one before training starts, ends the process as the signal's default
  * would.
  *   Neither may run a handler on a thread that computes: oneDNN's GEMM
@@ -176,28 +176,28 @@ static void arm_stop_signals(void) {
 /* 1 when the run's model reads token ids: its model file's, its spec's, or the resumed
  * checkpoint's (the library reports a file or checkpoint it cannot read). */
 static int train_reads_tokens(const struct dp_train_params *tp) {
-    if (tp->model_text) return dp_model_text_reads_tokens(tp->model_text);
-    if (tp->model_file) {
+    if (tp->run.model_text) return dp_model_text_reads_tokens(tp->run.model_text);
+    if (tp->run.model_file) {
         char *text;
-        if (dp_model_read_file(tp->model_file, &text)) return 0;
+        if (dp_model_read_file(tp->run.model_file, &text)) return 0;
         int r = dp_model_text_reads_tokens(text);
         dp_free(text);
         return r;
     }
     struct dp_ckpt_header h;
-    if (tp->model) return dp_model_spec_reads_tokens(tp->model);
-    return tp->resume && dp_ckpt_read_header(tp->resume, &h) == 0 && dp_ckpt_reads_tokens(tp->resume, &h);
+    if (tp->run.model) return dp_model_spec_reads_tokens(tp->run.model);
+    return tp->io.resume && dp_ckpt_read_header(tp->io.resume, &h) == 0 && dp_ckpt_reads_tokens(tp->io.resume, &h);
 }
 
 static int cmd_train(int argc, char **argv) {
     take_stop_signals(); /* first: before any thread starts */
     struct dp_train_params tp = dp_train_default_params();
-    tp.data_dir = DEFAULT_DATA;
-    tp.model = NULL;
+    tp.data.data_dir = DEFAULT_DATA;
+    tp.run.model = NULL;
     /* One worker per core this process may run on (its affinity: under mpirun,
      * taskset or a cgroup cpuset that is fewer than the machine's cores). */
     int ncpu = dp_cpus_allowed();
-    tp.workers = ncpu > 256 ? 256 : ncpu;
+    tp.dp.workers = ncpu > 256 ? 256 : ncpu;
     struct progress prog_state = {.mode = PROG_AUTO, .last_test_acc = NAN, .last_test_loss = NAN, .slow_rank = -1};
     const char *v, *backend = "auto";
     int model_given = 0, workers_given = 0, data_given = 0;
@@ -259,13 +259,13 @@ static int cmd_train(int argc, char **argv) {
         }
     }
     if (user_model && user_file) die("--model %s and --model-file %s: give one", user_model, user_file);
-    if (!model_given && !tp.resume) tp.model = "mlp";
+    if (!model_given && !tp.io.resume) tp.run.model = "mlp";
     int lm = train_reads_tokens(&tp);
     /* (a folder given with --data is refused by the library with the same advice) */
     if (lm && !data_given)
         die("model %s trains on a token file: run 'dptrain prepare-text [FILES or DIR] --out tokens.bin' "
             "first, then pass --data tokens.bin (or pass --data DIR, a folder of text files, prepared on first use)",
-            tp.model_file ? tp.model_file : tp.model);
+            tp.run.model_file ? tp.run.model_file : tp.run.model);
     if (tp.sched.kind == DP_SCHED_STEP && tp.sched.step_size == 0)
         die("--schedule step needs --step-size N");
     /* (--skip-nonfinite with --deterministic is refused by the library) */
@@ -275,12 +275,12 @@ static int cmd_train(int argc, char **argv) {
     /* the configuration every checkpoint of this run stores, and what this resume changes */
     char *config = dp_train_options_render(&tp);
     if (!config) die("out of memory");
-    tp.config = config;
+    tp.io.config = config;
     if (prog_state.mode == PROG_AUTO) prog_state.mode = isatty(2) ? PROG_BAR : PROG_LINES;
-    prog_state.max_steps = tp.max_steps;
-    tp.on_event = dptrain_on_event;
-    tp.stop = &stop_signal;
-    tp.event_arg = &prog_state;
+    prog_state.max_steps = tp.run.max_steps;
+    tp.io.on_event = dptrain_on_event;
+    tp.io.stop = &stop_signal;
+    tp.io.event_arg = &prog_state;
 
     /* Backend: a multi-process job over MPI, or threads in this process. */
     if (!strcmp(backend, "auto")) backend = launched_by_mpi() && dp_comm_backend_available("mpi") ? "mpi" : "thread";
@@ -290,27 +290,27 @@ static int cmd_train(int argc, char **argv) {
     struct dp_comm *job = NULL;
     if (!strcmp(backend, "mpi")) {
         struct dp_comm_params cp = dp_comm_default_params();
-        cp.timeout_s = tp.comm_timeout;
+        cp.timeout_s = tp.dp.comm_timeout;
         job = dptrain_job_start(&cp);
         nprocs = dp_comm_world(job), me = dp_comm_rank(job);
         int host_rank, host_size;
         if (!workers_given && dp_comm_host_ranks(job, &host_rank, &host_size) == 0 && host_size > 0)
-            tp.workers = ncpu / host_size < 1 ? 1 : ncpu / host_size > 256 ? 256 : (int)(ncpu / host_size);
-        tp.inter = job;
+            tp.dp.workers = ncpu / host_size < 1 ? 1 : ncpu / host_size > 256 ? 256 : (int)(ncpu / host_size);
+        tp.dp.inter = job;
         if (me != 0) prog_state.mode = PROG_NONE; /* rank 0 reports for the job */
     }
 
     /* a language model's folder of text: its token file, prepared on first
      * use (every process of a job runs this on its own file system; where
      * they share one, each writes the same bytes atomically) */
-    if (lm && data_given && !tp.tokens_raw_u16) tp.data_dir = dptrain_prepared_text_data(tp.data_dir, me == 0);
+    if (lm && data_given && !tp.data.tokens_raw_u16) tp.data.data_dir = dptrain_prepared_text_data(tp.data.data_dir, me == 0);
 
     /* every worker needs a sample of each global batch (the library runs empty shares, for
      * --balance; a user asking for them has mistyped --batch or --workers) */
-    int64_t job_workers = (int64_t)tp.workers * nprocs - (tp.async && nprocs > 1 ? (tp.servers ? tp.servers : 1) : 0);
-    if (tp.batch < job_workers)
+    int64_t job_workers = (int64_t)tp.dp.workers * nprocs - (tp.dp.async && nprocs > 1 ? (tp.dp.servers ? tp.dp.servers : 1) : 0);
+    if (tp.run.batch < job_workers)
         die("global batch %lld is smaller than the %lld workers: each worker needs at least one sample per step "
-            "(raise --batch or lower --workers)", (long long)tp.batch, (long long)job_workers);
+            "(raise --batch or lower --workers)", (long long)tp.run.batch, (long long)job_workers);
     struct dp_trainer *t;
     int rc = dp_trainer_init(&t, &tp);
     if (rc) die_rc(rc);
@@ -323,32 +323,32 @@ static int cmd_train(int argc, char **argv) {
         if (!dptrain_config_overrides(stored, config, stdout) && !from_header) printf("resume: (none)\n");
     }
     if (me == 0 && dp_trainer_note(t)) printf("note: %s\n", dp_trainer_note(t));
-    int ranks = tp.workers * nprocs; /* data-parallel ranks in the job */
+    int ranks = tp.dp.workers * nprocs; /* data-parallel ranks in the job */
     char procs[64] = "";
     if (job) snprintf(procs, sizeof procs, "%d process%s (mpi) x ", nprocs, nprocs > 1 ? "es" : "");
     char det[64] = ""; /* the chunk decides the bits, so the header names it */
-    if (tp.deterministic && !tp.async && tp.staleness < 0)
+    if (tp.dp.deterministic && !tp.dp.async && tp.dp.staleness < 0)
         snprintf(det, sizeof det, ", deterministic in chunks of %lld",
-                 (long long)(tp.det_chunk ? tp.det_chunk : dp_det_chunk_auto(tp.batch)));
+                 (long long)(tp.dp.det_chunk ? tp.dp.det_chunk : dp_det_chunk_auto(tp.run.batch)));
     if (me == 0)
         printf("dptrain: model %s (%lld parameters, %.1f MFLOP/sample forward), global batch %lld, %s lr %g, "
                "%s%d worker%s x %d thread%s, gemm %s%s\n",
-               m->spec, (long long)m->num_params, (double)m->flops_fwd / 1e6, (long long)tp.batch,
-               dp_optim_kind_name(tp.optim.kind), (double)tp.sched.base_lr, procs, tp.workers,
-               tp.workers > 1 ? "s" : "", tp.threads, tp.threads > 1 ? "s" : "",
+               m->spec, (long long)m->num_params, (double)m->flops_fwd / 1e6, (long long)tp.run.batch,
+               dp_optim_kind_name(tp.optim.kind), (double)tp.sched.base_lr, procs, tp.dp.workers,
+               tp.dp.workers > 1 ? "s" : "", tp.run.threads, tp.run.threads > 1 ? "s" : "",
                dp_gemm_backend_name(dp_gemm_get_backend()), det);
     if (me == 0 && dp_trainer_data_note(t)[0]) printf("data: %s\n", dp_trainer_data_note(t));
-    if (me == 0 && tp.workers > 1 && dp_trainer_comm_progress(t) == DP_PROGRESS_CALLER && !tp.async)
+    if (me == 0 && tp.dp.workers > 1 && dp_trainer_comm_progress(t) == DP_PROGRESS_CALLER && !tp.dp.async)
         printf("reduction: by the workers between layers (--comm-progress caller%s)\n",
-               tp.comm_progress == DP_PROGRESS_AUTO ? ", auto: no core left for a communication thread" : "");
-    if (me == 0 && tp.prefetch < 0 && dp_trainer_prefetch(t) == 0 && !tp.async)
+               tp.dp.comm_progress == DP_PROGRESS_AUTO ? ", auto: no core left for a communication thread" : "");
+    if (me == 0 && tp.data.prefetch < 0 && dp_trainer_prefetch(t) == 0 && !tp.dp.async)
         printf("loader: each worker assembles its own batches (--prefetch auto: no core left for a loader thread)\n");
     fflush(stdout);
     /* The MFU's denominator, measured now (~10 ms, before the workers load
      * the cores): 0 where it cannot be measured, and then no MFU is printed. */
     double peak = me == 0 ? dp_cpu_peak_flops() : 0;
     double t0 = dp_time();
-    if (tp.async || tp.staleness >= 0) /* the parameter server stops at epoch ends (src/train/ps_loop.c ps_stop_note) */
+    if (tp.dp.async || tp.dp.staleness >= 0) /* the parameter server stops at epoch ends (src/train/ps_loop.c ps_stop_note) */
         stop_msg = "\ndptrain: stopping at the end of this epoch (--mode async and --staleness stop where every "
                    "push is applied), with a checkpoint (again to abort now)\n";
     arm_stop_signals();
@@ -368,9 +368,9 @@ static int cmd_train(int argc, char **argv) {
     /* under mpirun or srun the stop is agreed by every process (one all-reduce
      * per step), so rank 0 may stop on a signal another process received */
     const char *by = sig == SIGINT ? "by SIGINT" : sig ? "by SIGTERM" : "on another process's signal";
-    if (me == 0 && stopped >= 0 && tp.out_dir)
+    if (me == 0 && stopped >= 0 && tp.io.out_dir)
         printf("stopped %s after step %lld: checkpoint %s/checkpoint.bin (continue with --resume "
-               "%s/checkpoint.bin --out %s)\n", by, (long long)stopped, tp.out_dir, tp.out_dir, tp.out_dir);
+               "%s/checkpoint.bin --out %s)\n", by, (long long)stopped, tp.io.out_dir, tp.io.out_dir, tp.io.out_dir);
     else if (me == 0 && stopped >= 0)
         printf("stopped %s after step %lld (no --out: nothing saved)\n", by, (long long)stopped);
     fflush(stdout);
@@ -385,10 +385,10 @@ static int cmd_train(int argc, char **argv) {
 
 static int cmd_eval(int argc, char **argv) {
     struct dp_train_params tp = dp_train_default_params();
-    tp.data_dir = DEFAULT_DATA;
-    tp.model = NULL;
-    tp.epochs = 0;
-    tp.prefetch = 0;
+    tp.data.data_dir = DEFAULT_DATA;
+    tp.run.model = NULL;
+    tp.run.epochs = 0;
+    tp.data.prefetch = 0;
     const char *v, *ckpt = NULL, *weights = NULL, *model = NULL, *model_file = NULL;
     int data_given = 0;
     struct args a = {argc, 0, argv, "eval"};
@@ -422,10 +422,10 @@ static int cmd_eval(int argc, char **argv) {
         else if (opt(&a, "--safetensors", &v)) weights = v;
         else if (opt(&a, "--model", &v)) model = v;
         else if (opt(&a, "--model-file", &v)) model_file = v;
-        else if (opt(&a, "--data", &v)) tp.data_dir = v, data_given = 1;
+        else if (opt(&a, "--data", &v)) tp.data.data_dir = v, data_given = 1;
         else if (eval_data_opt(&a, &tp)) continue;
-        else if (opt(&a, "--threads", &v)) tp.threads = (int)parse_int("--threads", v, 1, 256);
-        else if (opt(&a, "--test-limit", &v)) tp.test_limit = parse_int("--test-limit", v, 1, INT64_MAX / 2);
+        else if (opt(&a, "--threads", &v)) tp.run.threads = (int)parse_int("--threads", v, 1, 256);
+        else if (opt(&a, "--test-limit", &v)) tp.data.test_limit = parse_int("--test-limit", v, 1, INT64_MAX / 2);
         else if (a.argv[a.i][0] != '-' && !ckpt) ckpt = a.argv[a.i];
         else die("unknown option '%s' for eval (see '%s eval --help')", argv[a.i], prog);
     }
@@ -465,7 +465,7 @@ static int cmd_eval(int argc, char **argv) {
             for (char *c = mean; *c; c++) if (*c == ',') *c = ' ';
             for (char *c = std; *c; c++) if (*c == ',') *c = ' ';
             snprintf(norm, 2 * (size_t)CAP + 16, "mean %s\nstd %s\n", mean, std);
-            tp.norm_text = norm;
+            tp.data.norm_text = norm;
         }
         free(mean), free(std);
     }
@@ -473,15 +473,15 @@ static int cmd_eval(int argc, char **argv) {
     struct dp_ckpt_header h = {.step = -1};
     int rc;
     if (weights) { /* the trainer loads them as it does for train --init-from */
-        tp.model = model;
-        tp.model_file = model_file;
-        tp.model_text = meta_text;
-        tp.init_from = weights;
+        tp.run.model = model;
+        tp.run.model_file = model_file;
+        tp.run.model_text = meta_text;
+        tp.io.init_from = weights;
     } else if ((rc = dp_ckpt_read_header(ckpt, &h))) die_rc(rc);
     if (ckpt) { /* the run's settings come from the checkpoint header */
-        tp.resume = ckpt;
-        tp.batch = h.batch;
-        tp.seed = h.seed;
+        tp.io.resume = ckpt;
+        tp.run.batch = h.batch;
+        tp.run.seed = h.seed;
         tp.optim.kind = (enum dp_optim_kind)h.optim_kind;
         tp.optim.momentum = h.momentum;
         tp.optim.nesterov = (int)h.nesterov;
@@ -493,29 +493,29 @@ static int cmd_eval(int argc, char **argv) {
         if (!data_given)
             die("model %s evaluates on text: pass --data tokens.bin (a token file) or --data DIR (a folder of "
                 "text files)", ckpt ? h.model_spec : model_file ? model_file : model);
-        if (!tp.tokens_raw_u16) tp.data_dir = dptrain_prepared_text_data(tp.data_dir, 1);
+        if (!tp.data.tokens_raw_u16) tp.data.data_dir = dptrain_prepared_text_data(tp.data.data_dir, 1);
     }
     /* --data X.npy --labels y.npy (or data.npz, data.csv): those samples are the ones evaluated */
-    size_t dl = strlen(tp.data_dir);
-    const char *ext = dl > 4 ? tp.data_dir + dl - 4 : "";
+    size_t dl = strlen(tp.data.data_dir);
+    const char *ext = dl > 4 ? tp.data.data_dir + dl - 4 : "";
     struct stat dst;
     char idx[4200];
-    snprintf(idx, sizeof idx, "%s/train-images-idx3-ubyte", tp.data_dir);
-    int images = stat(tp.data_dir, &dst) == 0 && S_ISDIR(dst.st_mode) && access(idx, F_OK) != 0 &&
-                 (snprintf(idx, sizeof idx, "%s/train-images-idx3-ubyte.gz", tp.data_dir), access(idx, F_OK) != 0);
+    snprintf(idx, sizeof idx, "%s/train-images-idx3-ubyte", tp.data.data_dir);
+    int images = stat(tp.data.data_dir, &dst) == 0 && S_ISDIR(dst.st_mode) && access(idx, F_OK) != 0 &&
+                 (snprintf(idx, sizeof idx, "%s/train-images-idx3-ubyte.gz", tp.data.data_dir), access(idx, F_OK) != 0);
     /* (with --val-split: the part of --data the run held out, which the split keyed by the
      * checkpoint's seed finds again) */
-    if ((!strcmp(ext, ".npy") || !strcmp(ext, ".npz") || !strcmp(ext, ".csv") || images) && !tp.test_data &&
-        !(tp.val_split > 0))
-        tp.test_data = tp.data_dir, tp.test_labels = tp.labels; /* (an .npz of Keras's layout: its x_test, y_test) */
+    if ((!strcmp(ext, ".npy") || !strcmp(ext, ".npz") || !strcmp(ext, ".csv") || images) && !tp.data.test_data &&
+        !(tp.data.val_split > 0))
+        tp.data.test_data = tp.data.data_dir, tp.data.test_labels = tp.data.labels; /* (an .npz of Keras's layout: its x_test, y_test) */
     struct dp_trainer *t;
     if ((rc = dp_trainer_init(&t, &tp))) die_rc(rc);
     double acc, loss;
     const char *spec = dp_trainer_model(t)->spec;
     if (dp_model_reads_tokens(dp_trainer_model(t))) { /* --data is a token file: its validation windows */
-        if ((rc = dp_trainer_evaluate(t, NULL, tp.test_limit, &acc, &loss))) die_rc(rc);
+        if ((rc = dp_trainer_evaluate(t, NULL, tp.data.test_limit, &acc, &loss))) die_rc(rc);
         printf("model %s  val loss %.4f  val ppl %.2f  val bpb %.4f  token acc %.2f%%\n", spec, loss, exp(loss),
-               dp_trainer_bits_per_byte(t, loss, tp.test_limit), 100 * acc);
+               dp_trainer_bits_per_byte(t, loss, tp.data.test_limit), 100 * acc);
         dp_trainer_free(t);
         free(meta_text);
         free(norm);
@@ -524,7 +524,7 @@ static int cmd_eval(int argc, char **argv) {
     }
     const struct dp_dataset *test = dp_trainer_test_set(t); /* normalised as the run was */
     if (!test->n) die("no test set to evaluate: pass --data X.npy --labels y.npy (the samples to evaluate)");
-    rc = dp_trainer_evaluate(t, test, tp.test_limit, &acc, &loss);
+    rc = dp_trainer_evaluate(t, test, tp.data.test_limit, &acc, &loss);
     if (rc) die_rc(rc);
     char step[32] = "";
     if (ckpt) snprintf(step, sizeof step, "  step %lld", (long long)h.step);
@@ -534,7 +534,7 @@ static int cmd_eval(int argc, char **argv) {
     else
         snprintf(fig, sizeof fig, "test acc %.2f%%  test loss %.4f", 100 * acc, loss);
     printf("model %s%s  %s  (%lld samples)\n", dp_trainer_model(t)->spec, step, fig,
-           (long long)(tp.test_limit && tp.test_limit < test->n ? tp.test_limit : test->n));
+           (long long)(tp.data.test_limit && tp.data.test_limit < test->n ? tp.data.test_limit : test->n));
     dptrain_warn_gemm_fallback();
     dp_trainer_free(t);
     free(meta_text);
@@ -656,8 +656,8 @@ static int cmd_ckpt(int argc, char **argv) {
     size_t ncap = own ? (size_t)nlen + 32 : 32;
     char *mean = malloc(ncap), *std = malloc(ncap);
     if (!mean || !std) die("out of memory");
-    snprintf(mean, ncap, "%.9g", (double)defaults.norm_mean);
-    snprintf(std, ncap, "%.9g", (double)defaults.norm_std);
+    snprintf(mean, ncap, "%.9g", (double)defaults.data.norm_mean);
+    snprintf(std, ncap, "%.9g", (double)defaults.data.norm_std);
     /* the run's own normalisation, where the checkpoint stores it (section DPNORMIN: "mean M0 M1
      * ...\nstd S0 S1 ...\n", per channel): a checkpoint of an IDX run holds Fashion-MNIST's */
     if (own) {

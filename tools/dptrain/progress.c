@@ -152,7 +152,7 @@ void dptrain_progress_summary(const struct progress *p, const struct dp_trainer 
      * threads x ranks (each process of an mpi job on a CPU like rank 0's). */
     double sps = p->tp_t1 > p->tp_t0
                      ? (double)p->tp_samples / (p->tp_t1 - p->tp_t0) : p->last_sps;
-    double mfu = peak > 0 ? sps * 3.0 * (double)m->flops_fwd / (peak * tp->threads * ranks) : 0;
+    double mfu = peak > 0 ? sps * 3.0 * (double)m->flops_fwd / (peak * tp->run.threads * ranks) : 0;
     char acc[64] = "n/a (no epoch finished)";
     if (p->nepochs && isnan(p->last_test_acc)) snprintf(acc, sizeof acc, "n/a (no test set)");
     int reg = m->loss == DP_LOSS_MSE;
@@ -171,7 +171,7 @@ void dptrain_progress_summary(const struct progress *p, const struct dp_trainer 
                (long long)p->run_steps - 5);
         if (lm) printf(", %.0f tokens/s", sps * (double)m->in_shape.d[0]);
         if (peak > 0)
-            printf(", MFU %.1f%% of %d x %.0f GFLOP/s (measured, %s)", 100 * mfu, tp->threads * ranks, peak / 1e9,
+            printf(", MFU %.1f%% of %d x %.0f GFLOP/s (measured, %s)", 100 * mfu, tp->run.threads * ranks, peak / 1e9,
                    dp_cpu_peak_isa());
         printf("\n");
     }
@@ -201,10 +201,10 @@ void dptrain_progress_summary(const struct progress *p, const struct dp_trainer 
                    p->sum_comm > p->sum_exposed ? 100 * (1 - p->sum_exposed / p->sum_comm) : 0.0);
     }
     /* the bytes on the wire, when compression changes them */
-    if (p->nepochs > 0 && p->sum_sent > 0 && tp->compress.kind != DP_COMPRESS_NONE) {
+    if (p->nepochs > 0 && p->sum_sent > 0 && tp->dp.compress.kind != DP_COMPRESS_NONE) {
         const struct progress *q = p;
         char cspec[64];
-        dp_compress_format(&tp->compress, cspec, sizeof cspec);
+        dp_compress_format(&tp->dp.compress, cspec, sizeof cspec);
         printf("gradient traffic (worker 0, --compress %s): %.3g MB sent and %.3g MB received per step, "
                "%.2fx less than fp32; compress %.2fs, decompress %.2fs\n",
                cspec, q->sum_sent / q->nepochs / 1e6, q->sum_recv / q->nepochs / 1e6, q->sum_fp32 / q->sum_sent,

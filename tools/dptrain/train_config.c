@@ -31,7 +31,7 @@
 static char *from_header(const struct dp_ckpt_header *h) {
     /* the same lines as dp_train_options_render's for these fields */
     struct dp_train_params tp = dp_train_default_params();
-    tp.model = h->model_spec, tp.batch = h->batch, tp.seed = h->seed, tp.sched.base_lr = h->lr;
+    tp.run.model = h->model_spec, tp.run.batch = h->batch, tp.run.seed = h->seed, tp.sched.base_lr = h->lr;
     tp.optim.kind = (enum dp_optim_kind)h->optim_kind, tp.optim.momentum = h->momentum;
     tp.optim.nesterov = (int)h->nesterov, tp.optim.beta1 = h->beta1, tp.optim.beta2 = h->beta2, tp.optim.eps = h->eps;
     tp.optim.weight_decay = h->weight_decay, tp.sched.kind = (enum dp_sched_kind)h->sched_kind;
