@@ -306,29 +306,13 @@ TEST(ddp_det_chunk_auto_follows_batch) {
 /* BatchNorm: each fixed chunk normalised with its own statistics, the running statistics
  * moved per step from fixed-point sums (docs/ddp.md "Deterministic mode"): the same bits,
  * parameters and running statistics, for P = 1..3.  Not the ordinary run's model (that one
- * normalises over the global batch): near it after a few steps. */
+ * normalises over the global batch): near it after a few steps (2.7e-3). */
 TEST_T(ddp_deterministic_batchnorm_bit_identical, 300) {
     require_data();
     struct dp_train_params p = base("resnet:8,4", 1);
     p.run.max_steps = 4;
     p.dp.det_chunk = 8;
-    p.dp.deterministic = 1;
-    int64_t n1, n;
-    float *ref = train(&p, &n1);
-    for (int P = 2; P <= 3; P++) {
-        p.dp.workers = P;
-        float *got = train(&p, &n);
-        ASSERT_EQ(n, n1);
-        ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
-        free(got);
-    }
-    p.dp.workers = 2;
-    p.dp.deterministic = 0;
-    float *plain = train(&p, &n);
-    double d = rel_diff(plain, ref, n);
-    fprintf(stderr, "    resnet:8,4 deterministic (chunks of 8) vs ordinary (SyncBatchNorm): %.2e\n", d);
-    ASSERT_TRUE(d > 0 && d < 0.05);
-    free(plain), free(ref);
+    expect_deterministic_within(p, 3, "resnet:8,4 (chunks of 8 against SyncBatchNorm)", 0.05);
 }
 
 TEST_T(ddp_check_replicas_names_diverged_worker, 120) {

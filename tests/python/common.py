@@ -53,3 +53,21 @@ def ckpt_hash(path):
     r = subprocess.run([CLI, "ckpt", "info", path], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     return re.search(r"param hash: +([0-9a-f]{16})", r.stdout).group(1)
+
+
+def mpirun2(script_text, folder, *args):
+    """Runs script_text (written into folder) as 2 processes under mpirun, on this machine's
+    loopback; the completed process, its output captured.  None without mpirun (the caller
+    skips)."""
+    import shutil
+    import sys
+    if not shutil.which("mpirun"):
+        return None
+    script = os.path.join(folder, "mpi_script.py")
+    with open(script, "w") as f:
+        f.write(script_text)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_pml=os.environ.get("OMPI_MCA_pml", "ob1"), OMPI_MCA_btl="self,tcp",
+               OMPI_MCA_btl_tcp_if_include="lo")
+    return subprocess.run(["mpirun", "--oversubscribe", "-np", "2", sys.executable, script] + list(args),
+                          env=env, capture_output=True, text=True, timeout=300)

@@ -1,10 +1,7 @@
 """Ctrl-C during fit: the run stops at a step boundary, writes its checkpoint, and re-raises
 KeyboardInterrupt; the checkpoint resumes to the bits of the run never interrupted."""
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 import unittest
@@ -12,7 +9,7 @@ import unittest
 import numpy as np
 
 import dptrain
-from common import fashion, scratch
+from common import fashion, mpirun2, scratch
 
 MPI_SCRIPT = """
 import sys, numpy as np, dptrain
@@ -96,21 +93,13 @@ class TestInterrupt(unittest.TestCase):
         # SIGTERM to rank 1 of 2: both stop at the same step, rank 0 writes the checkpoint; rank 1
         # exits 143, rank 0's fit raises KeyboardInterrupt (the job was stopped); the checkpoint
         # resumes (here on 2 threads) to the run never stopped
-        if not shutil.which("mpirun"):
-            self.skipTest("no mpirun (apt-get install openmpi-bin)")
         X, y, _, _ = fashion(1000, 0)
         d = scratch()
         out = os.path.join(d, "run")
         np.save(os.path.join(d, "X.npy"), X), np.save(os.path.join(d, "y.npy"), y)
-        script = os.path.join(d, "mpi_term.py")
-        with open(script, "w") as f:
-            f.write(MPI_SCRIPT)
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                   OMPI_MCA_pml=os.environ.get("OMPI_MCA_pml", "ob1"), OMPI_MCA_btl="self,tcp",
-                   OMPI_MCA_btl_tcp_if_include="lo")
-        r = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", sys.executable, script,
-                            os.path.join(d, "X.npy"), os.path.join(d, "y.npy"), out],
-                           env=env, capture_output=True, text=True, timeout=300)
+        r = mpirun2(MPI_SCRIPT, d, os.path.join(d, "X.npy"), os.path.join(d, "y.npy"), out)
+        if r is None:
+            self.skipTest("no mpirun (apt-get install openmpi-bin)")
         self.assertIn("rank 0 stopped: the job was stopped after step", r.stdout, r.stdout + r.stderr)
         self.assertIn("rank 1 stopped, exit 143", r.stdout, r.stdout + r.stderr)
         m = dptrain.Model.load(os.path.join(out, "checkpoint.bin"))

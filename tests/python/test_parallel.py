@@ -3,16 +3,14 @@ guarantee (workers=1, workers=2, the CLI on the same data as .npy, and mpirun -n
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 import threading
 import unittest
 
 import numpy as np
 
 import dptrain
-from common import CLI, ROOT, cli_hash, fashion, scratch
+from common import CLI, ROOT, cli_hash, fashion, mpirun2, scratch
 
 OPTS = dict(epochs=2, batch_size=64, lr=0.05, momentum=0.9, deterministic=True, verbose=0)
 CLI_OPTS = ["--model", "mlp:hidden=64", "--epochs", "2", "--batch", "64", "--lr", "0.05", "--momentum", "0.9",
@@ -91,17 +89,9 @@ class TestParallel(unittest.TestCase):
                     "assert MPI.COMM_WORLD.allgather(dptrain.rank()) == [0, 1]\n")
 
     def mpirun(self, text):
-        if not shutil.which("mpirun"):
+        r = mpirun2(text, self.dir, os.path.join(self.dir, "X.npy"), os.path.join(self.dir, "y.npy"))
+        if r is None:
             self.skipTest("no mpirun (apt-get install openmpi-bin)")
-        script = os.path.join(self.dir, "mpi_fit.py")
-        with open(script, "w") as f:
-            f.write(text)
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                   OMPI_MCA_pml=os.environ.get("OMPI_MCA_pml", "ob1"), OMPI_MCA_btl="self,tcp",
-                   OMPI_MCA_btl_tcp_if_include="lo")
-        r = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", sys.executable, script,
-                            os.path.join(self.dir, "X.npy"), os.path.join(self.dir, "y.npy")],
-                           env=env, capture_output=True, text=True, timeout=300)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         # (the two processes' lines may interleave in mpirun's output)
         found = sorted(re.findall(r"rank (\d) of (\d) hash ([0-9a-f]{16})", r.stdout))
