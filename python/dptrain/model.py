@@ -387,7 +387,13 @@ class Model:
                     self._ckpt = ck
                 ckb = self._ckpt.encode()
                 keep.append(ckb)
-                check(lib.dp_train_params_from_ckpt(p, ckb, None, None, None, None))
+                shape = (ctypes.c_int64 * 3)()
+                check(lib.dp_train_params_from_ckpt(p, ckb, None, ctypes.byref(shape), None, None))
+                per = int(np.prod(np.shape(X)[1:])) if X is not None and np.ndim(X) > 1 else None
+                if per is not None and min(shape) > 0 and per != shape[0] * shape[1] * shape[2]:
+                    raise InvalidArgumentError("X: samples of %d values, but this model takes %d x %d x %d = %d "
+                                               "(the data it was trained on)" % (per, shape[0], shape[1], shape[2],
+                                                                                  shape[0] * shape[1] * shape[2]))
                 opts["epochs"] = self._epoch + (epochs if epochs is not None else 1)
             else:
                 opts = dict(self._defaults, **opts)

@@ -33,6 +33,16 @@ class TestErrors(unittest.TestCase):
         self.assertTrue(issubclass(dptrain.InvalidArgumentError, dptrain.Error))
         self.assertTrue(issubclass(dptrain.NotFoundError, FileNotFoundError))
 
+    def test_second_fit_on_other_features(self):
+        # a fit that continues a model on samples of another size: the sizes named, not the
+        # library's complaint about the checkpoint it continues from
+        m = dptrain.Model("mlp:hidden=16")
+        m.fit(self.X, self.y, epochs=1, workers=1, verbose=0)
+        self.assertRaisesMsg(ValueError, "X: samples of 392 values, but this model takes 1 x 28 x 28 = 784",
+                             m.fit, np.ascontiguousarray(self.X[:, :14, :]), self.y, verbose=0)
+        m.fit(self.X, self.y, epochs=1, workers=1, verbose=0)  # and the model goes on
+        self.assertEqual(m.epochs_trained, 2)
+
     def test_bad_option_value(self):
         e = self.assertRaisesMsg(ValueError, "lr", self.fit, lr="fast")
         self.assertEqual(e.code, -1)  # DP_EINVAL
