@@ -377,7 +377,7 @@ TEST(image_decode_refusals) {
     uint32_t crc = (uint32_t)crc32(0, f + 12, 17);
     f[29] = (uint8_t)(crc >> 24), f[30] = (uint8_t)(crc >> 16), f[31] = (uint8_t)(crc >> 8), f[32] = (uint8_t)crc;
     ASSERT_ERR(dp_image_decode(f, n, "huge.png", 0, 0, 0, &px, &c, &h, &w), DP_EFORMAT,
-               "huge.png: 20000x30000 (HxW) is too large (more than 134217728 pixels)");
+               "huge.png: 20000x30000 (HxW) is too large (more than 67108864 pixels)");
     /* truncated: in its data, and in its header */
     put_png8(p, 1, 1, 1, one);
     free(f);
