@@ -276,18 +276,21 @@ TEST_T(balance_deterministic_same_bits, 300) {
         ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
         for (int r = 0; r + 1 < P; r++) ASSERT_EQ(seen.shares[r] % 8, 0); /* whole chunks; the last rank
                                                                               has the short one */
-        /* the shares moved: the slow rank 1 planned and took the least of
-         * all ranks.  (Not a fixed fraction: with mlp's tiny chunks the
-         * measured compute is noisy, and at P = 3 two workers share a core
-         * here, so how far the plan moves in 17 steps varies from run to run;
-         * 0.8 x equal failed 3 runs in 4.)  The plan is compared in chunks:
-         * the last rank's share holds the batch's short chunk (60 = 7 x 8 + 4),
-         * so 2 chunks are 12 samples there and 16 elsewhere. */
+        /* the shares moved: over the run the slow rank 1 took the least of
+         * all ranks, and under 3/4 of an equal part (seen: 96-224 of 1000 at
+         * P = 2, 152-184 at P = 3, against 500 and 333).  The last plan is
+         * one step's moving average, so a single preemption of another rank
+         * in that step (CI runs a CPU-bound neighbour; at P = 3 two workers
+         * share a core) can tie it with rank 1's: CI saw 16 16 28.  So the
+         * last plan is compared without ties, in chunks: the last rank's
+         * share holds the batch's short chunk (60 = 7 x 8 + 4), so 2 chunks
+         * are 12 samples there and 16 elsewhere. */
         for (int r = 0; r < P; r++)
             if (r != 1) {
                 ASSERT_TRUE(seen.taken[1] < seen.taken[r]);
-                ASSERT_TRUE((seen.shares[1] + 7) / 8 < (seen.shares[r] + 7) / 8);
+                ASSERT_TRUE((seen.shares[1] + 7) / 8 <= (seen.shares[r] + 7) / 8);
             }
+        ASSERT_TRUE(4 * seen.taken[1] * P < 3 * 1000);
         ASSERT_TRUE(seen.shares[1] * P < 60);
         free(got);
     }
