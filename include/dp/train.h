@@ -274,7 +274,9 @@ struct dp_train_io {
     const char *out_dir;
     int overwrite;
     int ckpt_every;            /* epochs between checkpoints (0 = only at the end) */
-    int64_t ckpt_every_steps;  /* and every N optimizer steps (0 = off) */
+    int64_t ckpt_every_steps;  /* and every N optimizer steps (0 = off), written in the background
+                                  (not with ZeRO) */
+    int ckpt_sync;             /* write those in the step instead (for comparison) */
     int64_t eval_every;        /* evaluate every N optimizer steps (0 = only at epoch ends): a
                                   DP_EVENT_EVAL and test_loss/test_acc in that step's record */
     /* The caller's configuration of the run, stored verbatim in every checkpoint (section

@@ -1,6 +1,8 @@
 /* Checkpoint I/O: reading a checkpoint into a trainer (load_checkpoint), writing
  * one (dp_trainer_save; ZeRO's pieces streamed by the workers that hold them),
  * and the cadence of the writes (end of epoch, --ckpt-every-steps). */
+#include <unistd.h>
+
 #include "trainer.h"
 
 /* The error-feedback state of a resumed run (a "DPEFSTAT" section, see
@@ -196,7 +198,7 @@ void dp__resume_position(struct dp_trainer *t) {
     t->step = want;
 }
 
-static void fill_header(const struct dp_trainer *t, struct dp_ckpt_header *h) {
+void dp__fill_header(const struct dp_trainer *t, struct dp_ckpt_header *h) {
     const struct worker *w = &t->w[0];
     memset(h, 0, sizeof *h);
     const struct dp_model *m = t->model;
@@ -308,38 +310,61 @@ int dp__zero_stream(struct worker *w, struct dp_ckpt_writer *out) {
  * ZeRO job every other worker sends its pieces meanwhile. */
 int dp__zero_serves(const struct dp_trainer *t) { return t->p.dp.zero && t->p.io.out_dir && t->G > t->P; }
 
+/* The compressor's per-worker state (residuals, PowerSGD's Q), every
+ * worker's in rank order, as the section after the payload: this process's
+ * workers' when it holds every worker, else (a multi-process job) the
+ * states ef_gather_state brought to rank 0 at this step; a multi-process
+ * save at another step writes none (its resume starts the residuals at
+ * zero, with a note).  *data: NULL where there is none. */
+int dp__ckpt_ef_image(const struct dp_trainer *t, char **data, size_t *size) {
+    const struct worker *w = &t->w[0];
+    int64_t len = dp_sync_ef_len(&w->sync);
+    int gathered = t->G != t->P && t->efstate && t->efstate_step == w->sync.opt.step;
+    *data = NULL, *size = 0;
+    if (!len || (t->G != t->P && !gathered)) return DP_OK;
+    size_t n = sizeof(struct dp_ckpt_ef) + sizeof(float) * (size_t)len * (size_t)t->G;
+    char *d = dp_malloc_big(n);
+    if (!d) return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the error-feedback state");
+    struct dp_ckpt_ef ef = {.kind = (uint32_t)t->p.dp.compress.kind, .workers = (uint32_t)t->G, .len = len};
+    memcpy(d, &ef, sizeof ef);
+    if (gathered) memcpy(d + sizeof ef, t->efstate, sizeof(float) * (size_t)len * (size_t)t->G);
+    for (int r = 0; !gathered && r < t->P; r++)
+        dp_sync_ef_get(&t->w[r].sync, (float *)(void *)(d + sizeof ef) + (size_t)len * (size_t)r);
+    *data = d, *size = n;
+    return DP_OK;
+}
+
+/* The sections after the payload: the error-feedback state (ef, NULL for
+ * none), the length of metrics.jsonl when the state was taken (a resume
+ * cuts the file back to it: load_metrics; < 0 for none) and what the run
+ * was built from (configuration, model, tokenizer, classes, normalisation:
+ * fixed for the run, so a background writer reads them too). */
+void dp__ckpt_put_sections(const struct dp_trainer *t, struct dp_ckpt_writer *out, const char *ef, size_t ef_size,
+                           int64_t metrics_bytes) {
+    if (ef) dp_ckpt_writer_section(out, DP_CKPT_EF_TAG, ef, ef_size);
+    if (metrics_bytes >= 0) {
+        struct dp_ckpt_metrics mb = {.bytes = metrics_bytes};
+        dp_ckpt_writer_section(out, DP_CKPT_METRICS_TAG, &mb, sizeof mb);
+    }
+    if (t->p.io.config) dp_ckpt_writer_section(out, DP_CKPT_CONFIG_TAG, t->p.io.config, strlen(t->p.io.config));
+    if (t->model->desc) dp_ckpt_writer_section(out, DP_CKPT_MODEL_TAG, t->model->desc, strlen(t->model->desc));
+    if (t->bpe) dp_ckpt_writer_section(out, DP_CKPT_BPE_TAG, t->bpe, t->bpe_len);
+    if (t->class_names) dp_ckpt_writer_section(out, DP_CKPT_CLASSES_TAG, t->class_names, strlen(t->class_names));
+    char *norm = dp__norm_text(t);
+    if (norm) dp_ckpt_writer_section(out, DP_CKPT_NORM_TAG, norm, strlen(norm));
+    dp_free(norm);
+}
+
 int dp_trainer_save(struct dp_trainer *t, const char *path) {
     struct worker *w = &t->w[0];
     if (t->p.dp.zero && t->G > t->P && !t->zsaving)
         return dp_seterr(DP_ENOTSUP, "checkpoint: a multi-process ZeRO job writes its checkpoints during the run "
                          "(every rank sends its pieces), at epoch ends and --max-steps");
     struct dp_ckpt_header h;
-    fill_header(t, &h);
-    h.param_hash = dp_replica_hash(&w->rep); /* (ZeRO: the writer's hash of what it wrote) */
-    /* The compressor's per-worker state (residuals, PowerSGD's Q), every
-     * worker's in rank order, as a section after the payload: this
-     * process's workers' when it holds every worker, else (a multi-process
-     * job) the states ef_gather_state brought to rank 0 at this step; a
-     * multi-process save at another step writes none (its resume starts the
-     * residuals at zero, with a note). */
-    int64_t len = dp_sync_ef_len(&w->sync);
-    int gathered = t->G != t->P && t->efstate && t->efstate_step == w->sync.opt.step;
-    size_t size = 0;
-    char *data = NULL;
-    int rc = DP_OK;
-    if (len && (t->G == t->P || gathered)) {
-        size = sizeof(struct dp_ckpt_ef) + sizeof(float) * (size_t)len * (size_t)t->G;
-        if (!(data = dp_malloc_big(size))) rc = dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the error-feedback state");
-    }
-    if (data) {
-        struct dp_ckpt_ef ef = {.kind = (uint32_t)t->p.dp.compress.kind, .workers = (uint32_t)t->G, .len = len};
-        memcpy(data, &ef, sizeof ef);
-        if (gathered) memcpy(data + sizeof ef, t->efstate, sizeof(float) * (size_t)len * (size_t)t->G);
-        for (int r = 0; !gathered && r < t->P; r++)
-            dp_sync_ef_get(&t->w[r].sync, (float *)(void *)(data + sizeof ef) + (size_t)len * (size_t)r);
-    }
-    /* The sections after the payload: the error-feedback state, the length of metrics.jsonl
-     * now (a resume cuts the file back to it: load_metrics) and the caller's configuration. */
+    dp__fill_header(t, &h);
+    char *data;
+    size_t size;
+    int rc = dp__ckpt_ef_image(t, &data, &size);
     struct dp_ckpt_writer *out = NULL;
     if (!rc) rc = dp_ckpt_writer_open(&out, path, &h);
     int src;
@@ -353,20 +378,8 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
     } else
         src = dp__zero_stream(w, out); /* (the others wait for the pieces even where the file failed) */
     if (out) {
-        if (t->p.dp.zero) h.param_hash = dp_ckpt_writer_hash(out);
-        if (data) dp_ckpt_writer_section(out, DP_CKPT_EF_TAG, data, size);
-        if (t->metrics) {
-            struct dp_ckpt_metrics mb = {.bytes = ftell(t->metrics)}; /* (every record is flushed) */
-            dp_ckpt_writer_section(out, DP_CKPT_METRICS_TAG, &mb, sizeof mb);
-        }
-        if (t->p.io.config) dp_ckpt_writer_section(out, DP_CKPT_CONFIG_TAG, t->p.io.config, strlen(t->p.io.config));
-        if (t->model->desc) dp_ckpt_writer_section(out, DP_CKPT_MODEL_TAG, t->model->desc, strlen(t->model->desc));
-        if (t->bpe) dp_ckpt_writer_section(out, DP_CKPT_BPE_TAG, t->bpe, t->bpe_len);
-        if (t->class_names)
-            dp_ckpt_writer_section(out, DP_CKPT_CLASSES_TAG, t->class_names, strlen(t->class_names));
-        char *norm = dp__norm_text(t);
-        if (norm) dp_ckpt_writer_section(out, DP_CKPT_NORM_TAG, norm, strlen(norm));
-        dp_free(norm);
+        h.param_hash = dp_ckpt_writer_hash(out); /* (ZeRO: of what it wrote) */
+        dp__ckpt_put_sections(t, out, data, size, t->metrics ? (int64_t)ftell(t->metrics) : -1); /* (flushed) */
         int crc = dp_ckpt_writer_close(out, &h, NULL, NULL, 0);
         if (!src) src = crc;
     }
@@ -375,12 +388,40 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
     return rc;
 }
 
+/* The run folder keeps the latest two checkpoints: before a new
+ * checkpoint.bin replaces the old one, the old one becomes
+ * checkpoint.prev.bin (a second name for the same file, made under a
+ * temporary name and renamed into place, so at every instant both names
+ * hold a whole checkpoint).  A folder without a checkpoint yet has nothing
+ * to keep. */
+int dp__ckpt_keep_previous(const char *path) {
+    char prev[4200], tmp[4300];
+    size_t n = strlen(path);
+    if (n < 4 || strcmp(path + n - 4, ".bin") != 0) return DP_OK;
+    snprintf(prev, sizeof prev, "%.*s.prev.bin", (int)(n - 4), path);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", prev, (long)getpid());
+    unlink(tmp);
+    if (link(path, tmp) != 0) {
+        if (errno == ENOENT) return DP_OK;
+        return dp_seterr(DP_EIO, "checkpoint: cannot keep %s as %s: %s", path, prev, strerror(errno));
+    }
+    if (rename(tmp, prev) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return dp_seterr(DP_EIO, "checkpoint: cannot keep %s as %s: %s", path, prev, strerror(e));
+    }
+    return DP_OK;
+}
+
 int dp__checkpoint_write(struct dp_trainer *t) {
     if (!t->p.io.out_dir) return DP_OK;
     char path[4096];
     snprintf(path, sizeof path, "%s/checkpoint.bin", t->p.io.out_dir);
+    int rc = dp__snapshot_wait(t); /* (a background write first: the files keep their order) */
+    if (!rc) rc = dp__ckpt_keep_previous(path);
+    if (rc) return rc;
     t->zsaving = 1;
-    int rc = dp_trainer_save(t, path);
+    rc = dp_trainer_save(t, path);
     t->zsaving = 0;
     if (rc) return rc;
     struct dp_event ev = {.kind = DP_EVENT_CHECKPOINT, .step = t->step, .epoch = t->epoch, .path = path};
@@ -427,13 +468,16 @@ int dp__ef_gather_state(struct worker *w) {
 
 /* --ckpt-every-steps within an epoch: as end_epoch's checkpoint (every worker: ZeRO's last
  * all-gather settled, the error-feedback state brought to rank 0, which writes while the
- * others stream their pieces where ZeRO spans processes; then a barrier). */
+ * others stream their pieces where ZeRO spans processes; then a barrier).  Without ZeRO
+ * rank 0 takes a snapshot instead, which a thread writes while training goes on
+ * (snapshot.c); the barrier holds the others until the copy is taken, since it reads
+ * their error-feedback state. */
 int dp__step_checkpoint(struct worker *w) {
     struct dp_trainer *t = w->t;
     if (!t->p.io.out_dir) return DP_OK;
     int rc = dp_sync_settle(&w->sync);
     if (!rc) rc = dp__ef_gather_state(w);
-    if (!rc && w->grank == 0) rc = dp__checkpoint_write(t);
+    if (!rc && w->grank == 0) rc = dp__snapshot_on(t) ? dp__snapshot_take(t) : dp__checkpoint_write(t);
     else if (!rc && dp__zero_serves(t)) rc = dp__zero_stream(w, NULL);
     return rc ? rc : dp_comm_barrier(w->comm);
 }

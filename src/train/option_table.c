@@ -304,8 +304,11 @@ const struct dp__opt dp__opts[] = {
 
     {OPT("ckpt-every", "N", G_CKPT, "checkpoint every N epochs [only at the end]"),
      NUM(DP__OPT_INT, io.ckpt_every, 0, 1000000), .store = DP__STORE_ALWAYS},
-    {OPT("ckpt-every-steps", "N", G_CKPT, "checkpoint every N optimizer steps [off]"),
+    {OPT("ckpt-every-steps", "N", G_CKPT,
+         "checkpoint every N optimizer steps, written in the background\n"
+         "while training goes on (with ZeRO: in the step) [off]"),
      NUM(DP__OPT_I64, io.ckpt_every_steps, 0, INT64_MAX / 2), .store = DP__STORE_SET},
+    {OPT("ckpt-sync", NULL, G_CKPT, "write the --ckpt-every-steps checkpoints in the step instead"), FLAG(io.ckpt_sync)},
     {OPT("overwrite", NULL, G_CKPT,
          "replace the run an --out folder already holds (checkpoint.bin,\n"
          "metrics.jsonl); without it train refuses such a folder unless resuming it"),

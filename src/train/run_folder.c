@@ -4,8 +4,9 @@
  *   a folder that holds a run        refused, unless this run resumes the
  *   (checkpoint.bin, or a non-empty  folder's own checkpoint, or overwrite
  *   metrics.jsonl)                   is set (then its checkpoint is removed
- *                                    first: the folder never pairs an old
- *                                    checkpoint with new metrics)
+ *                                    first, and checkpoint.prev.bin: the
+ *                                    folder never pairs an old checkpoint
+ *                                    with new metrics)
  *   a missing folder                 made, with its missing parents
  *
  * metrics.jsonl holds one JSON record per line.  Each record reaches the
@@ -147,6 +148,11 @@ int dp__run_folder_open(const char *dir, const char *resume, int overwrite, FILE
     if (rc) return rc;
     if (overwrite && !own && has_ckpt && unlink(ckpt) != 0)
         return dp_seterr(DP_EIO, "--overwrite: cannot remove %s: %s", ckpt, strerror(errno));
+    /* and the one before it (checkpointing.c keeps the latest two) */
+    char prev[4200];
+    snprintf(prev, sizeof prev, "%s/checkpoint.prev.bin", dir);
+    if (overwrite && !own && unlink(prev) != 0 && errno != ENOENT)
+        return dp_seterr(DP_EIO, "--overwrite: cannot remove %s: %s", prev, strerror(errno));
     if (dp__mkdir_p(dir, 0755) != 0)
         return dp_seterr(DP_EIO, "cannot create output folder %s: %s", dir, strerror(errno));
     if (own && (rc = cut_metrics(path, resume, note, note_len))) return rc;

@@ -58,6 +58,7 @@ int64_t dp_trainer_stopped(const struct dp_trainer *t) { return t->stopped; }
 
 void dp_trainer_free(struct dp_trainer *t) {
     if (!t) return;
+    dp__snapshot_free(t); /* (first: its writer reads the trainer) */
     for (int r = 0; t->w && r < t->P; r++) {
         struct worker *w = &t->w[r];
         dp_timeline_free(&w->tl);
@@ -309,6 +310,11 @@ int dp_trainer_run(struct dp_trainer *t) {
         dp_free(tls);
         if (rc && !t->w[0].rc) return rc;
     }
+    /* A background checkpoint still in flight (the run's final checkpoint waits for it, so only
+     * where a worker failed before that) */
+    int snap_rc = dp__snapshot_wait(t);
+    char snap_err[512];
+    snprintf(snap_err, sizeof snap_err, "%s", snap_rc ? dp_errmsg() : "");
     /* The last step records (after the last epoch's flush, or all of them
      * when --max-steps stops mid-epoch) reach the file here. */
     errno = 0;
@@ -318,5 +324,5 @@ int dp_trainer_run(struct dp_trainer *t) {
         if (t->w[r].rc && t->w[r].rc != DP_ECANCELED) return dp_seterr(t->w[r].rc, "%s", t->w[r].err);
     for (int r = 0; r < t->P; r++)
         if (t->w[r].rc) return dp_seterr(t->w[r].rc, "%s", t->w[r].err);
-    return DP_OK;
+    return snap_rc ? dp_seterr(snap_rc, "%s", snap_err) : DP_OK;
 }

@@ -183,6 +183,9 @@ struct dp_trainer {
                                   their pieces (zero_stream) */
     float *efstate;            /* multi-process job, rank 0 with out_dir: every rank's error-feedback
                                   state (G x dp_sync_ef_len), gathered by ef_gather_state */
+    struct dp_snapshot *snap;  /* the background checkpoint writer (snapshot.c), NULL until the first */
+    double snap_copy_s, snap_wait_s; /* rank 0's time copying snapshots, and waiting for the writer */
+    int64_t snap_taken;
     int64_t efstate_step;      /* the optimizer step efstate was gathered at (-1: never) */
     int red_check;             /* the reduced gradient is checked for non-finite values inside the
                                   all-reduce (reduced_check), not by every worker after it */
@@ -225,6 +228,17 @@ int dp__zero_serves(const struct dp_trainer *t);
 int dp__checkpoint_write(struct dp_trainer *t);
 int dp__ef_gather_state(struct worker *w);
 int dp__step_checkpoint(struct worker *w);
+void dp__fill_header(const struct dp_trainer *t, struct dp_ckpt_header *h);
+int dp__ckpt_ef_image(const struct dp_trainer *t, char **data, size_t *size);
+void dp__ckpt_put_sections(const struct dp_trainer *t, struct dp_ckpt_writer *out, const char *ef, size_t ef_size,
+                           int64_t metrics_bytes);
+int dp__ckpt_keep_previous(const char *path);
+
+/* snapshot.c: --ckpt-every-steps written in the background */
+int dp__snapshot_on(const struct dp_trainer *t);
+int dp__snapshot_take(struct dp_trainer *t);
+int dp__snapshot_wait(struct dp_trainer *t);
+void dp__snapshot_free(struct dp_trainer *t);
 
 /* eval.c */
 int dp__evaluate_shared(struct worker *w, double *acc, double *loss);
