@@ -97,6 +97,50 @@ struct dp_sim_result {
 int dp_sim_run(const struct dp_sim_params *p, struct dp_sim_result *r);
 void dp_sim_result_free(struct dp_sim_result *r);
 
+/* ---- failures at scale (src/plan/failures.c) ------------------------------------------ */
+
+/* The random stream of the failure times (a = trial, b = failure number). */
+#define DP_RNG_FAIL 18
+
+struct dp_fail_params {
+    int workers;            /* P >= 1: the job fails when any worker does */
+    int64_t steps;          /* K: steps the job must complete */
+    double step_s;          /* one step without failures (dp_sim_run's or dp_plan_run's) */
+    double mtbf_worker_s;   /* a worker's mean time between failures (exponential) */
+    double recovery_s;      /* R: from a failure to the first step after relaunch */
+    int64_t snapshot_every; /* N: steps between snapshots (0: none, a failure restarts the job) */
+    double snapshot_s;      /* C: what a snapshot costs the step (the copy, or the whole write with --ckpt-sync) */
+    double write_s;         /* from the copy to a durable file (the background write); 0: at once */
+    int trials;             /* runs of the job averaged */
+    uint64_t seed;
+};
+struct dp_fail_params dp_fail_default_params(void);
+
+struct dp_fail_result {
+    double mtbf_job_s;      /* M = mtbf_worker_s / P */
+    double time_s;          /* mean wall time to finish the job */
+    double goodput;         /* K step_s / time_s: the useful fraction of worker-time */
+    double daly_goodput;    /* Daly's expected goodput for the same parameters (NAN where write_s > 0) */
+    double failures;        /* mean failures per job (those during recovery included) */
+    double snapshots;       /* mean snapshots per job */
+    double steps_lost;      /* mean steps redone per job */
+    double steps_lost_mean; /* per failure */
+    double steps_lost_max;  /* the most any failure lost, over all trials */
+    /* where the time beyond K step_s went, means per job; they sum with K step_s to time_s */
+    double snapshot_s, recovery_s, lost_s;
+};
+
+/* Simulates `trials` jobs (failures.c has the model).  0 or DP_EINVAL (a bad
+ * parameter, or a job that would never finish, with a message).  A pure
+ * function of the parameters. */
+int dp_fail_run(const struct dp_fail_params *p, struct dp_fail_result *r);
+double dp_fail_job_mtbf_s(const struct dp_fail_params *p);
+/* Young's interval of work between snapshots, sqrt(2 C M). */
+double dp_fail_young_daly_s(double snapshot_s, double mtbf_s);
+/* Daly's expected goodput with tau seconds of work between snapshots of cost
+ * C, recovery R and job MTBF M: tau / (M e^(R/M) (e^((tau+C)/M) - 1)). */
+double dp_fail_daly_goodput(double tau_s, double snapshot_s, double recovery_s, double mtbf_s);
+
 /* ---- the analytic cost model (DESIGN §4) ------------------------------------------ */
 
 /* Collective algorithms as the model knows them, n bytes, p workers, α s per

@@ -73,6 +73,21 @@ int dptrain_cmd_calibrate(int argc, char **argv);
  * the file and line. */
 struct dp_json_obj;
 void dptrain_each_record(const char *path, void (*fn)(const struct dp_json_obj *, void *), void *arg);
+/* tools/dptrain/failures.c: the failure model's options in simulate and plan (on when
+ * given), and its reports for a step time the command worked out; json: simulate's
+ * fields inside its object, plan's as lines of their own. */
+struct dptrain_fail_opts {
+    int given;                 /* any failure option was given */
+    double mtbf_worker_s, recovery_s, snapshot_s, write_s;
+    long long every;           /* -1: Young-Daly's */
+    long long job_steps;
+    int trials;
+};
+extern const char *const dptrain_fail_help;
+void dptrain_fail_defaults(struct dptrain_fail_opts *o);
+int dptrain_fail_take(int argc, char **argv, int *i, struct dptrain_fail_opts *o);
+void dptrain_fail_simulate(const struct dptrain_fail_opts *o, int workers, double step_s, uint64_t seed, int json);
+void dptrain_fail_plan(const struct dptrain_fail_opts *o, int workers, double step_s, int json);
 /* tools/dptrain/plot.c */
 int dptrain_cmd_plot(int argc, char **argv);
 

@@ -135,10 +135,13 @@ int dptrain_cmd_simulate(int argc, char **argv) {
     p.workers = 8, p.batch = 32, p.bound = 1, p.backup = 1;
     const char *slow = NULL, *jitter = NULL, *trace = NULL, *v;
     int per_worker = 0, json = 0;
+    struct dptrain_fail_opts fo;
+    dptrain_fail_defaults(&fo);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(help_simulate, stdout);
+            fputs(dptrain_fail_help, stdout);
             return 0;
         }
         if (dptrain_take(argc, argv, &i, "--mode", &v)) {
@@ -161,6 +164,7 @@ int dptrain_cmd_simulate(int argc, char **argv) {
         else if (dptrain_take(argc, argv, &i, "--seed", &v)) p.seed = (uint64_t)dptrain_int_arg(a, v, 0, INT64_MAX);
         else if (!strcmp(a, "--per-worker")) per_worker = 1;
         else if (!strcmp(a, "--json")) json = 1;
+        else if (dptrain_fail_take(argc, argv, &i, &fo)) continue;
         else die("unknown option '%s' (see 'dptrain simulate --help')", a);
     }
     if (p.mode != DP_SIM_BACKUP) p.backup = 0;
@@ -211,6 +215,8 @@ int dptrain_cmd_simulate(int argc, char **argv) {
                    r.stale_mean, (long long)r.stale_p50, (long long)r.stale_p99, (long long)r.stale_max);
             print_hist_json(&r);
         }
+        /* failures: the job's step is the simulated one */
+        if (fo.given) dptrain_fail_simulate(&fo, p.workers, 1 / r.steps_per_s, p.seed, 1);
         printf("}\n");
     } else {
         printf("mode %s  workers %d  steps %lld  simulated time %.6g s\n", dp_sim_mode_name(p.mode), p.workers,
@@ -225,6 +231,7 @@ int dptrain_cmd_simulate(int argc, char **argv) {
                    p.mode == DP_SIM_SSP ? "steps" : "pushes", r.stale_mean, (long long)r.stale_p50,
                    (long long)r.stale_p99, (long long)r.stale_max);
         for (int w = 0; per_worker && w < p.workers; w++) printf("worker %d idle %.6f\n", w, r.idle[w]);
+        if (fo.given) dptrain_fail_simulate(&fo, p.workers, 1 / r.steps_per_s, p.seed, 0);
     }
     dp_sim_result_free(&r);
     free(tr.t);
@@ -297,7 +304,8 @@ static const char *help_plan =
     "  --buckets             the bucket table (times from the step's start)\n"
     "  --sweep MAX           the same global batch on P = 1, 2, 4 .. MAX workers, and the\n"
     "                        first P where communication exceeds compute\n"
-    "  --json                one JSON object instead of text\n";
+    "  --json                one JSON object instead of text (with --mtbf-hours, the failure\n"
+    "                        sweep's objects follow it, one per line)\n";
 
 static void print_bytes(const char *label, double b) {
     const char *u[] = {"B", "KB", "MB", "GB", "TB", "PB"};
@@ -501,10 +509,13 @@ int dptrain_cmd_plan(int argc, char **argv) {
     struct profile_info pi = {.sgd_param_s = NAN, .adamw_param_s = NAN};
     long long sweep = 0;
     const char *model = NULL, *input = "1,28,28", *v;
+    struct dptrain_fail_opts fo;
+    dptrain_fail_defaults(&fo);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(help_plan, stdout);
+            fputs(dptrain_fail_help, stdout);
             return 0;
         }
         if (dptrain_take(argc, argv, &i, "--params", &v)) p.params = (int64_t)dptrain_num_arg(a, v, 1, 1e15);
@@ -557,6 +568,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
         } else if (!strcmp(a, "--buckets")) buckets = 1;
         else if (dptrain_take(argc, argv, &i, "--sweep", &v)) sweep = dptrain_int_arg(a, v, 1, 100000000);
         else if (!strcmp(a, "--json")) json = 1;
+        else if (dptrain_fail_take(argc, argv, &i, &fo)) continue;
         else die("unknown option '%s' (see 'dptrain plan --help')", a);
         /* a link given on the command line applies to every algorithm */
         if (gbps_given || lat_given) {
@@ -568,6 +580,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
         }
     }
     if (!model && !p.params) die("give --params N or --model SPEC (see 'dptrain plan --help')");
+    if (fo.given && sweep) die("--sweep and the failure options exclude each other: plan one worker count");
     if (model && p.params) die("--params and --model exclude each other");
     if (p.algo == DP_PLAN_HIER && p.net.per_host < 2) die("--algo hier needs --per-host G (G >= 2)");
     if (!batch_given) p.batch = 32LL * p.net.workers;
@@ -613,7 +626,9 @@ int dptrain_cmd_plan(int argc, char **argv) {
         }
         if (json) print_plan_json(&p, &r);
         else print_plan_text(&p, &r, buckets, compute_given || pi.compute);
+        double step_s = r.step_s;
         dp_plan_result_free(&r);
+        if (fo.given) dptrain_fail_plan(&fo, p.net.workers, step_s, json); /* (lines of their own after --json's) */
     } else {
         if (!json) printf("%8s %12s %12s %12s %12s %14s %10s\n", "workers", "compute_ms", "comm_ms", "exposed_ms",
                           "step_ms", "samples_s", "eff");
