@@ -427,6 +427,14 @@ int dp_trainer_run(struct dp_trainer *t);
 /* After dp_trainer_run: the step at which a requested stop (dp_train_params.io.stop) ended the
  * run, or -1 when it ran to its end. */
 int64_t dp_trainer_stopped(const struct dp_trainer *t);
+/* After dp_trainer_run: what the background checkpoints (--ckpt-every-steps) cost, on rank 0.
+ * taken: snapshots; copy_s: the steps' time copying them; wait_s: the steps' time waiting for
+ * a write still in flight; write_s, write_cpu_s: the writer thread's wall and CPU time. */
+struct dp_snapshot_stats {
+    int64_t taken;
+    double copy_s, wait_s, write_s, write_cpu_s;
+};
+void dp_trainer_snapshot_stats(const struct dp_trainer *t, struct dp_snapshot_stats *s);
 /* Accuracy and mean loss of the current model on a dataset (eval mode); for
  * a text model ds is NULL and the data is its validation windows (per-token
  * accuracy and loss). */

@@ -31,6 +31,7 @@
  * rank 0 is what ZeRO exists to avoid. */
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/core_impl.h"
@@ -45,6 +46,7 @@ struct dp_snapshot {
     int rc;                 /* the last write's status, and its message */
     char err[512];
     int event;              /* a write finished whose event is still to emit */
+    double write_s, write_cpu_s; /* the writer's wall and CPU time, all writes */
     const struct dp_trainer *t;
     struct dp_ckpt_header h;
     float *payload;         /* params | buffers | optimizer state */
@@ -67,6 +69,12 @@ static int write_snapshot(struct dp_snapshot *s) {
     return dp_ckpt_writer_close(out, &s->h, NULL, NULL, 0);
 }
 
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void *writer_main(void *arg) {
     struct dp_snapshot *s = arg;
     /* below the workers: the write yields the cores to the step (Linux: per-thread nice) */
@@ -76,8 +84,11 @@ static void *writer_main(void *arg) {
         while (!s->busy && !s->quit) pthread_cond_wait(&s->cv, &s->mu);
         if (!s->busy) break;
         pthread_mutex_unlock(&s->mu);
+        double t0 = dp_time(), c0 = thread_cpu_s();
         int rc = write_snapshot(s);
+        double dt = dp_time() - t0, dc = thread_cpu_s() - c0;
         pthread_mutex_lock(&s->mu);
+        s->write_s += dt, s->write_cpu_s += dc;
         s->rc = rc;
         if (rc) snprintf(s->err, sizeof s->err, "%s", dp_errmsg());
         s->event = !rc;
@@ -159,6 +170,15 @@ int dp__snapshot_take(struct dp_trainer *t) {
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return DP_OK;
+}
+
+void dp_trainer_snapshot_stats(const struct dp_trainer *t, struct dp_snapshot_stats *st) {
+    *st = (struct dp_snapshot_stats){.taken = t->snap_taken, .copy_s = t->snap_copy_s, .wait_s = t->snap_wait_s};
+    struct dp_snapshot *s = t->snap;
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    st->write_s = s->write_s, st->write_cpu_s = s->write_cpu_s;
+    pthread_mutex_unlock(&s->mu);
 }
 
 void dp__snapshot_free(struct dp_trainer *t) {

@@ -175,6 +175,13 @@ void dptrain_progress_summary(const struct progress *p, const struct dp_trainer 
                    dp_cpu_peak_isa());
         printf("\n");
     }
+    struct dp_snapshot_stats ss;
+    dp_trainer_snapshot_stats(t, &ss);
+    if (ss.taken) /* what E5's failure model calls C (the copy, and any wait) and the write */
+        printf("checkpoints in the background: %lld, per checkpoint: the step paid %.3g ms (copy %.3g, waiting for "
+               "the previous write %.3g); the writer took %.3g ms (%.3g ms of CPU)\n",
+               (long long)ss.taken, 1e3 * (ss.copy_s + ss.wait_s) / ss.taken, 1e3 * ss.copy_s / ss.taken,
+               1e3 * ss.wait_s / ss.taken, 1e3 * ss.write_s / ss.taken, 1e3 * ss.write_cpu_s / ss.taken);
     if (p->sum_time > 0) {
         /* Worker 0's training time, phase by phase, adding up to 100%: exposed communication is
          * the wait after backward (the rest of the communication hid behind backward, inside
