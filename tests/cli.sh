@@ -30,6 +30,10 @@ hash_of() { "$BIN" ckpt info "$1" | awk '/^param hash:/ {print $3}'; }
 # same_hash A B: true when both hashes are non-empty and equal.  An empty hash
 # means a run or `ckpt info` failed, and two failures must never compare equal.
 same_hash() { [[ -n "$1" && -n "$2" && "$1" == "$2" ]]; }
+# the step numbers of a metrics.jsonl's step records, one per line, in file order
+steps_of() { sed -n 's/^{"kind": "step", "step": \([0-9]*\),.*/\1/p' "$1"; }
+# a checkpoint's step
+step_of() { "$BIN" ckpt info "$1" | awk '/^step:/ {print $2}'; }
 # test_acc_of LOG: the "test acc X%" figure of the last line that has one, as printed
 test_acc_of() { awk '{for (i = 2; i < NF; i++) if ($(i-1) == "test" && $i == "acc") v = $(i+1)} END {sub("%", "", v); print v}' "$1"; }
 

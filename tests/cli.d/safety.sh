@@ -2,8 +2,6 @@
 # a run folder is never overwritten by mistake, metrics.jsonl survives a kill,
 # a signal stops a run cleanly at an agreed step, --resume remembers the run.
 
-# the step numbers of a metrics.jsonl's step records, one per line, in file order
-steps_of() { sed -n 's/^{"kind": "step", "step": \([0-9]*\),.*/\1/p' "$1"; }
 # 0 when every line of FILE is a whole record (ends with "}" and a newline, the file too)
 whole_records() { [[ ! -s $1 || $(tail -c 1 "$1" | od -An -c | tr -d ' ') == '\n' ]] && ! grep -qv '^{.*}$' "$1"; }
 # wait_steps FILE N: until FILE holds N step records (at most 60 s)
@@ -15,7 +13,6 @@ wait_steps() {
   done
   return 1
 }
-step_of() { "$BIN" ckpt info "$1" | awk '/^step:/ {print $2}'; }
 
 # --- R1: a folder that holds another run is refused, and kept as it was -------------
 LONG=(--data "$DATA" --train-limit 3000 --test-limit 500 --batch 50 --lr 0.05 --momentum 0.9 --progress none)
