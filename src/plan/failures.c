@@ -70,6 +70,26 @@ struct trial {
 
 static void next_failure(struct trial *s) { s->t_fail = s->t + draw_exp(s->seed, s->trial, s->nfail++, s->m); }
 
+/* A failure at s->t_fail that loses `lost` steps, lost_s seconds of work
+ * done: then the recovery, started again by each failure inside it. */
+static void fail(const struct dp_fail_params *p, struct trial *s, struct dp_fail_result *r, int64_t lost,
+                 double lost_s) {
+    r->failures++;
+    r->steps_lost += (double)lost;
+    if ((double)lost > r->steps_lost_max) r->steps_lost_max = (double)lost;
+    r->lost_s += lost_s;
+    s->t = s->t_fail;
+    for (;;) {
+        next_failure(s);
+        if (s->t_fail >= s->t + p->recovery_s) break;
+        r->failures++;
+        r->recovery_s += s->t_fail - s->t;
+        s->t = s->t_fail;
+    }
+    s->t += p->recovery_s;
+    r->recovery_s += p->recovery_s;
+}
+
 static double run_trial(const struct dp_fail_params *p, struct trial *s, struct dp_fail_result *r) {
     const int64_t K = p->steps, N = p->snapshot_every;
     int64_t k = 0, durable = 0, pending = -1; /* steps done; the newest durable snapshot; one being written */
@@ -85,22 +105,8 @@ static double run_trial(const struct dp_fail_params *p, struct trial *s, struct 
         if (s->t_fail < t_next) {
             int64_t done = k + (int64_t)floor((s->t_fail - s->t) / p->step_s);
             if (pending >= 0 && pending_at <= s->t_fail) durable = pending; /* written before the failure */
-            r->failures++;
-            r->steps_lost += (double)(done - durable);
-            if ((double)(done - durable) > r->steps_lost_max) r->steps_lost_max = (double)(done - durable);
-            r->lost_s += s->t_fail - s->t + (double)(k - durable) * p->step_s;
+            fail(p, s, r, done - durable, s->t_fail - s->t + (double)(k - durable) * p->step_s);
             k = durable, pending = -1;
-            /* recovery, restarted by each failure that falls inside it */
-            s->t = s->t_fail;
-            for (;;) {
-                next_failure(s);
-                if (s->t_fail >= s->t + p->recovery_s) break;
-                r->failures++;
-                r->recovery_s += s->t_fail - s->t;
-                s->t = s->t_fail;
-            }
-            s->t += p->recovery_s;
-            r->recovery_s += p->recovery_s;
             continue;
         }
         s->t = t_next, k = next;
@@ -112,21 +118,8 @@ static double run_trial(const struct dp_fail_params *p, struct trial *s, struct 
             /* failed while waiting or copying: the steps since the newest durable snapshot are lost */
             if (pending >= 0 && pending_at <= s->t_fail) durable = pending;
             r->snapshot_s += s->t_fail - start;
-            r->failures++;
-            r->steps_lost += (double)(k - durable);
-            if ((double)(k - durable) > r->steps_lost_max) r->steps_lost_max = (double)(k - durable);
-            r->lost_s += (double)(k - durable) * p->step_s;
+            fail(p, s, r, k - durable, (double)(k - durable) * p->step_s);
             k = durable, pending = -1;
-            s->t = s->t_fail;
-            for (;;) {
-                next_failure(s);
-                if (s->t_fail >= s->t + p->recovery_s) break;
-                r->failures++;
-                r->recovery_s += s->t_fail - s->t;
-                s->t = s->t_fail;
-            }
-            s->t += p->recovery_s;
-            r->recovery_s += p->recovery_s;
             continue;
         }
         if (pending >= 0) durable = pending;
