@@ -16,8 +16,6 @@
 #endif
 #ifdef DP_WITH_BLAS
 #include <cblas.h>
-/* OpenBLAS's own (the Makefile links -lopenblas), declared here since not every cblas.h has it */
-void openblas_set_num_threads(int num_threads);
 #endif
 #ifdef _OPENMP
 #include <omp.h>
@@ -155,15 +153,6 @@ void dp_set_num_threads(int n) {
     nthreads = n;
 #ifdef _OPENMP
     omp_set_num_threads(n); /* the calling thread's team size (dnnl and our loops) */
-#endif
-#ifdef DP_WITH_BLAS
-    /* Debian's default OpenBLAS (openblas-pthread) keeps a pool of its own, one thread per
-     * core, that OpenMP's setting does not reach: without this, every worker's GEMM under
-     * --gemm blas spread over all the cores (a 512^3 sgemm "on one thread" ran at 1.3x one
-     * core's measured peak on a 2-core machine).  Process-wide, so set where it changes
-     * (the workers of a trainer all ask for the count its setup set already). */
-    static atomic_int blas_threads;
-    if (atomic_exchange(&blas_threads, n) != n) openblas_set_num_threads(n);
 #endif
 }
 

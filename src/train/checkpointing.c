@@ -1,6 +1,7 @@
 /* Checkpoint I/O: reading a checkpoint into a trainer (load_checkpoint), writing
  * one (dp_trainer_save; ZeRO's pieces streamed by the workers that hold them),
  * and the cadence of the writes (end of epoch, --ckpt-every-steps). */
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "trainer.h"
@@ -400,6 +401,9 @@ int dp__ckpt_keep_previous(const char *path) {
     if (n < 4 || strcmp(path + n - 4, ".bin") != 0) return DP_OK;
     snprintf(prev, sizeof prev, "%.*s.prev.bin", (int)(n - 4), path);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", prev, (long)getpid());
+    struct stat st;
+    /* (something else in checkpoint.bin's place is no checkpoint to keep: the write's rename names it) */
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) return DP_OK;
     unlink(tmp);
     if (link(path, tmp) != 0) {
         if (errno == ENOENT) return DP_OK;
