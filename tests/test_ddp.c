@@ -332,12 +332,12 @@ TEST_T(ddp_check_replicas_names_diverged_worker, 120) {
 
 /* A last batch smaller than the number of workers: some workers get no
  * sample at all and still take part (SyncBatchNorm included). */
-static void empty_shares(const char *model) {
+static void empty_shares(const char *model, float lr) {
     require_data();
     struct dp_train_params p = base(model, 1);
     p.run.batch = 6;
     p.data.train_limit = 20; /* batches 6, 6, 6, 2: with 4 workers two get nothing */
-    p.sched.base_lr = 0.01f; /* see ddp_equivalence_resnet */
+    p.sched.base_lr = lr;
     int64_t n;
     float *ref = train(&p, &n);
     p.dp.workers = 4;
@@ -348,8 +348,13 @@ static void empty_shares(const char *model) {
     ASSERT_TRUE(d <= 1e-5);
     free(ref), free(got);
 }
-TEST_T(ddp_empty_shares_mlp, 120) { empty_shares("mlp"); }
-TEST_T(ddp_empty_shares_resnet, 120) { empty_shares("resnet"); }
+
+TEST_T(ddp_empty_shares_mlp, 120) { empty_shares("mlp", 0.01f); }
+/* resnet's BatchNorm over 6 samples amplifies rounding (see ddp_equivalence_resnet): at lr 0.01
+ * one worker differs from four by 2.8e-5 on an AVX2 CPU (oneDNN's kernels for 1- and 2-row
+ * GEMMs round otherwise), where a change of GEMM library alone gives 1.8e-4 in a run of this shape;
+ * at lr 0.003 the difference is 1.5e-8, so the check measures the empty shares, not that chaos. */
+TEST_T(ddp_empty_shares_resnet, 120) { empty_shares("resnet", 0.003f); }
 
 /* ---- a skipped step, the schedule's length, evaluation under a timeout, metrics on a full disk */
 
