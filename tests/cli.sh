@@ -32,6 +32,15 @@ hash_of() { "$BIN" ckpt info "$1" | awk '/^param hash:/ {print $3}'; }
 same_hash() { [[ -n "$1" && -n "$2" && "$1" == "$2" ]]; }
 # the step numbers of a metrics.jsonl's step records, one per line, in file order
 steps_of() { sed -n 's/^{"kind": "step", "step": \([0-9]*\),.*/\1/p' "$1"; }
+# wait_steps FILE N: until FILE holds N step records (at most 60 s)
+wait_steps() {
+  local k=0
+  while (( k < 600 )); do
+    [[ -f $1 ]] && (( $(grep -c '"kind": "step"' "$1" 2>/dev/null) >= $2 )) && return 0
+    sleep 0.1; k=$((k + 1))
+  done
+  return 1
+}
 # a checkpoint's step
 step_of() { "$BIN" ckpt info "$1" | awk '/^step:/ {print $2}'; }
 # test_acc_of LOG: the "test acc X%" figure of the last line that has one, as printed

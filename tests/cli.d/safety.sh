@@ -4,15 +4,6 @@
 
 # 0 when every line of FILE is a whole record (ends with "}" and a newline, the file too)
 whole_records() { [[ ! -s $1 || $(tail -c 1 "$1" | od -An -c | tr -d ' ') == '\n' ]] && ! grep -qv '^{.*}$' "$1"; }
-# wait_steps FILE N: until FILE holds N step records (at most 60 s)
-wait_steps() {
-  local k=0
-  while (( k < 600 )); do
-    [[ -f $1 ]] && (( $(grep -c '"kind": "step"' "$1" 2>/dev/null) >= $2 )) && return 0
-    sleep 0.1; k=$((k + 1))
-  done
-  return 1
-}
 
 # --- R1: a folder that holds another run is refused, and kept as it was -------------
 LONG=(--data "$DATA" --train-limit 3000 --test-limit 500 --batch 50 --lr 0.05 --momentum 0.9 --progress none)

@@ -88,6 +88,8 @@ void dptrain_fail_defaults(struct dptrain_fail_opts *o);
 int dptrain_fail_take(int argc, char **argv, int *i, struct dptrain_fail_opts *o);
 void dptrain_fail_simulate(const struct dptrain_fail_opts *o, int workers, double step_s, uint64_t seed, int json);
 void dptrain_fail_plan(const struct dptrain_fail_opts *o, int workers, double step_s, int json);
+/* tools/dptrain/launch.c */
+int dptrain_cmd_launch(int argc, char **argv);
 /* tools/dptrain/plot.c */
 int dptrain_cmd_plot(int argc, char **argv);
 

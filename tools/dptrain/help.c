@@ -31,6 +31,7 @@ const char *const dptrain_help_main =
     "  calibrate      measure alpha, beta, gamma and compute per sample: a profile for plan\n"
     "  simulate       discrete-event simulation of steps: sync, ssp, async, backup workers\n"
     "  plot           SVG plots of runs (metrics.jsonl) and of plan/simulate outputs\n"
+    "  launch         run a job and keep it going: relaunch after failures, grow with hosts\n"
     "  help CMD       help for one command (same as CMD --help)\n"
     "  --version, -V  the version and the build: git commit, compiler, gemm backends, mpi\n"
     "\n"

@@ -781,6 +781,10 @@ int main(int argc, char **argv) {
             char *h[] = {"sample", "--help", NULL};
             return dptrain_cmd_sample(2, h);
         }
+        if (!strcmp(what, "launch")) {
+            char *h[] = {"launch", "--help", NULL};
+            return dptrain_cmd_launch(2, h);
+        }
         if (!strcmp(what, "train")) {
             dptrain_print_train_help(stdout);
             return 0;
@@ -800,6 +804,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "calibrate")) return dptrain_cmd_calibrate(argc - 1, argv + 1);
     if (!strcmp(cmd, "plot")) return dptrain_cmd_plot(argc - 1, argv + 1);
     if (!strcmp(cmd, "simulate")) return dptrain_cmd_simulate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "launch")) return dptrain_cmd_launch(argc - 1, argv + 1);
     fprintf(stderr, "%s: error: unknown command '%s' (see '%s --help')\n", prog, cmd, prog);
     return 2;
 }

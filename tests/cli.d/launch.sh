@@ -1,0 +1,71 @@
+# dptrain launch, the supervisor (issue 33, E1; sourced by tests/cli.sh: its helpers, BIN, DATA,
+# T, MPIRUN): a killed job is relaunched from its checkpoint and ends with the uninterrupted
+# run's bits; a host that joins grows the job, a host that dies is excluded; a job that cannot
+# start is not restarted; launch.jsonl accounts for each event.
+
+# cnn, 60 steps of 64, deterministic (the same bits at any worker count), a checkpoint every 5
+LJOB=(--model cnn --data "$DATA" --train-limit 4000 --test-limit 200 --batch 64 --lr 0.05 --momentum 0.9
+      --epochs 1 --max-steps 60 --deterministic --ckpt-every-steps 5 --progress none)
+"$BIN" train "${LJOB[@]}" --workers 2 --out "$T/lstraight" >"$T/ls.log" 2>&1
+lhash=$(hash_of "$T/lstraight/checkpoint.bin")
+# kinds of launch.jsonl's records, in order, on one line
+launch_kinds() { sed -n 's/.*"kind": "\([a-z_]*\)".*/\1/p' "$1" | tr '\n' ' '; }
+# kill_after FILE N SIGNAL PATTERN: once FILE holds N step records, signal the newest process
+# whose command line matches PATTERN (in the background)
+kill_after() {
+  ( wait_steps "$1" "$2" && pkill -"$3" -n -f "$4" ) &
+}
+
+# --- one machine: a killed job comes back from its checkpoint -------------------------------
+kill_after "$T/l1/metrics.jsonl" 23 9 "dptrain train .*$T/l1"
+if "$BIN" launch --max-restarts 2 -- train "${LJOB[@]}" --workers 2 --out "$T/l1" >"$T/l1.log" 2>&1 &&
+   same_hash "$(hash_of "$T/l1/checkpoint.bin")" "$lhash" &&
+   [[ $(launch_kinds "$T/l1/launch.jsonl") == "launch failure launch recovered done " ]] &&
+   [[ $(steps_of "$T/l1/metrics.jsonl" | tr '\n' ' ') == "$(seq -s ' ' 1 60) " ]] &&
+   grep -q "^dptrain launch: the job failed (status 137) after step [0-9]*, checkpoint at step [0-9]*" "$T/l1.log"; then
+  # at most N = 5 steps since the last durable checkpoint, plus those of a background write still
+  # in flight when the job died (lost with it): at most 2N while a write takes less than N steps
+  lost=$(sed -n 's/.*"kind": "failure".*"steps_lost": \([0-9]*\).*/\1/p' "$T/l1/launch.jsonl")
+  if [[ -n $lost ]] && (( lost <= 10 )); then ok launch_restarts_killed_job
+  else bad launch_restarts_killed_job "steps lost $lost > 10" "$(cat "$T/l1/launch.jsonl")"; fi
+else bad launch_restarts_killed_job "hash $(hash_of "$T/l1/checkpoint.bin") vs $lhash" "$(cat "$T/l1/launch.jsonl" 2>&1)" \
+  "$(grep -v '^epoch' "$T/l1.log" | tail -5)"; fi
+wait
+
+# --- a job that cannot start is not restarted; the usage errors -----------------------------
+# (stderr: the job's own error, launch's lines, and launch's error last)
+"$BIN" launch -- train --model nosuch --data "$DATA" --out "$T/l2" >"$T/l2.out" 2>"$T/l2.err"
+rc=$?
+if [[ $rc == 1 && $(tail -1 "$T/l2.err") == "dptrain: error: launch: the job failed before its first step, naming no lost rank: not restarted (see its error above)" ]] &&
+   grep -q "^dptrain: error: unknown model 'nosuch'" "$T/l2.err" &&
+   [[ $(launch_kinds "$T/l2/launch.jsonl") == "launch failure gave_up " ]]; then ok launch_no_restart_before_first_step
+else bad launch_no_restart_before_first_step "exit $rc" "$(cat "$T/l2.err" "$T/l2/launch.jsonl")"; fi
+expect_error launch_needs_out "train needs --out DIR" "$BIN" launch -- train --model mlp
+expect_error launch_needs_job "give the job after '--'" "$BIN" launch --max-restarts 1
+expect_error launch_hosts_missing "--hosts $T/nohosts: No such file" "$BIN" launch --hosts "$T/nohosts" -- train --out "$T/l3"
+printf 'localhost\n' >"$T/hosts1"
+expect_error launch_min_nodes "lists 1 hosts, fewer than --min-nodes 2" \
+  "$BIN" launch --hosts "$T/hosts1" --min-nodes 2 -- train --out "$T/l3"
+
+# --- mpirun, one process per host, the hosts from a discovery command: a host joins (the job
+# grows at a step boundary), then a host dies (it is excluded and the job goes on without it);
+# the uninterrupted run's bits ---
+printf 'localhost\n' >"$T/hosts"
+( wait_steps "$T/l4/metrics.jsonl" 15 && echo 127.0.0.1 >>"$T/hosts" &&
+  # the job grown to 2 processes: the newest rank dies at its 10th step or so
+  k=0 && while (( k < 600 )) && [[ $(grep -c '"kind": "launch"' "$T/l4/launch.jsonl") -lt 2 ]]; do sleep 0.1; k=$((k + 1)); done &&
+  c=$(grep -c '"kind": "step"' "$T/l4/metrics.jsonl") && wait_steps "$T/l4/metrics.jsonl" $((c + 10)) &&
+  pkill -9 -n -f "dptrain train .*$T/l4" ) &
+lopts=()
+for o in "${MPIRUN[@]:1}"; do lopts+=(--mpirun-opt "$o"); done
+if "$BIN" launch --hosts-cmd "cat $T/hosts" --cooldown-s 600 --poll-s 0.2 "${lopts[@]}" -- \
+     train "${LJOB[@]}" --workers 1 --out "$T/l4" >"$T/l4.log" 2>&1 &&
+   same_hash "$(hash_of "$T/l4/checkpoint.bin")" "$lhash" &&
+   [[ $(launch_kinds "$T/l4/launch.jsonl") == "launch scale_up launch failure launch recovered done " ]] &&
+   grep -q '"kind": "launch", "attempt": 0, "size": 2, "hosts": \["localhost", "127.0.0.1"\]' "$T/l4/launch.jsonl" &&
+   grep -q '"kind": "failure", .*"failed_hosts": \["[a-z0-9.]*"\]' "$T/l4/launch.jsonl" &&
+   grep -q '"kind": "launch", "attempt": 1, "size": 1' "$T/l4/launch.jsonl" &&
+   [[ $(steps_of "$T/l4/metrics.jsonl" | tr '\n' ' ') == "$(seq -s ' ' 1 60) " ]]; then ok launch_grows_and_excludes
+else bad launch_grows_and_excludes "hash $(hash_of "$T/l4/checkpoint.bin") vs $lhash" "$(cat "$T/l4/launch.jsonl" 2>&1)" \
+  "$(grep -v '^epoch' "$T/l4.log" | tail -8)"; fi
+wait
