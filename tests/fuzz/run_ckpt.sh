@@ -8,8 +8,8 @@ out=$(mktemp -d /tmp/dptrain-fuzz-ckpt.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 src=(src/core/*.c src/train/ckpt.c)
 flags=(-std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc -fsanitize=address,undefined -fno-sanitize-recover=undefined)
-clang "${flags[@]}" -DDP_FUZZ_GEN -o "$out/gen" tests/fuzz/fuzz_ckpt.c "${src[@]}" -lm -lpthread
-clang "${flags[@]}" -fsanitize=fuzzer -o "$out/fuzz" tests/fuzz/fuzz_ckpt.c "${src[@]}" -lm -lpthread
+clang "${flags[@]}" -DDP_FUZZ_GEN -o "$out/gen" tests/fuzz/fuzz_ckpt.c "${src[@]}" -lz -lm -lpthread
+clang "${flags[@]}" -fsanitize=fuzzer -o "$out/fuzz" tests/fuzz/fuzz_ckpt.c "${src[@]}" -lz -lm -lpthread
 mkdir -p "$out/corpus"
 "$out/gen" "$out/corpus/valid.bin"
 head -c 100 "$out/corpus/valid.bin" >"$out/corpus/short.bin"

@@ -13,7 +13,7 @@ trap 'rm -rf "$out"' EXIT
 mkdir -p tests/fuzz/findings-csv
 flags=(-std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc -fsanitize=address,undefined -fno-sanitize-recover=undefined)
 clang "${flags[@]}" -fsanitize=fuzzer -o "$out/fuzz" tests/fuzz/fuzz_csv.c src/data/csv.c src/data/cache.c \
-  src/data/npy.c src/core/error.c src/core/alloc.c src/core/file.c src/core/util.c -lcsv -lm -lpthread
+  src/data/npy.c src/core/error.c src/core/alloc.c src/core/file.c src/core/util.c -lcsv -lz -lm -lpthread
 c="$out/corpus"
 mkdir -p "$c"
 printf 'a,b,label\n1,2,0\n3.5,-4e1,7\n'          >"$c/header.csv"

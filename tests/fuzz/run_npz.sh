@@ -12,7 +12,7 @@ trap 'rm -rf "$out"' EXIT
 mkdir -p tests/fuzz/findings-npz
 flags=(-std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc -fsanitize=address,undefined -fno-sanitize-recover=undefined)
 clang "${flags[@]}" -fsanitize=fuzzer -o "$out/fuzz" tests/fuzz/fuzz_npz.c src/data/npz.c src/data/npy.c \
-  src/data/cache.c src/core/error.c src/core/alloc.c src/core/file.c src/core/util.c -lzip -lm -lpthread
+  src/data/cache.c src/core/error.c src/core/alloc.c src/core/file.c src/core/util.c -lzip -lz -lm -lpthread
 c="$out/corpus"
 mkdir -p "$c"
 # the seeds: an .npy member x stored and deflated, another member name, a member cut short

@@ -12,8 +12,8 @@ trap 'rm -rf "$out"' EXIT
 mkdir -p tests/fuzz/findings-tokens
 src=(src/core/error.c src/core/alloc.c src/core/util.c src/core/file.c src/core/rng.c src/data/tokens.c)
 flags=(-std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc -fsanitize=address,undefined -fno-sanitize-recover=undefined)
-clang "${flags[@]}" -DDP_FUZZ_GEN -o "$out/gen" tests/fuzz/fuzz_tokens.c "${src[@]}" -lm -lpthread
-clang "${flags[@]}" -fsanitize=fuzzer -o "$out/fuzz" tests/fuzz/fuzz_tokens.c "${src[@]}" -lm -lpthread
+clang "${flags[@]}" -DDP_FUZZ_GEN -o "$out/gen" tests/fuzz/fuzz_tokens.c "${src[@]}" -lz -lm -lpthread
+clang "${flags[@]}" -fsanitize=fuzzer -o "$out/fuzz" tests/fuzz/fuzz_tokens.c "${src[@]}" -lz -lm -lpthread
 c="$out/corpus"
 mkdir -p "$c"
 "$out/gen" "$c/valid.bin"
