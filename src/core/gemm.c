@@ -4,6 +4,7 @@
  * one core (AVX-512), Debian's OpenBLAS ~107 GFLOP/s (held to its AVX2
  * kernels by OPENBLAS_CORETYPE=Haswell).  bench/gemm re-measures; the
  * default is oneDNN when it was built in. */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -115,6 +116,74 @@ void dp_gemm_ref(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, c
     }
 }
 
+static _Thread_local int nthreads = 1; /* dp_set_num_threads */
+
+#if defined(DP_WITH_DNNL) || defined(DP_WITH_BLAS)
+#ifdef DP_WITH_BLAS
+/* OpenBLAS's own (the Makefile links -lopenblas), declared here since not every cblas.h has it */
+void openblas_set_num_threads(int num_threads);
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_one_thread(void) { openblas_set_num_threads(1); }
+#endif
+
+/* The libraries' GEMMs give the same bits for the same call on one thread, but
+ * not across thread counts: with several threads oneDNN may split the sum over
+ * K between them, and its kernel depends on the shape (oneDNN 2.6 on an AVX2
+ * CPU: C differs between 1 and 2 threads for 16x16x4096, and between one call
+ * and the same rows in two calls); Debian's OpenBLAS runs a pool of its own,
+ * one thread per core, whatever the caller asked.  So C is cut into tiles
+ * chosen from the shape alone, never from the thread count, each tile one
+ * single-threaded library call over the whole K, and the caller's threads
+ * (dp_set_num_threads) share the tiles: the same bits for any count.
+ *   A GEMM of at most TILE_WORK multiply-adds is one tile (the library's own
+ *   call, as unthreaded); a larger one is cut into bands of rows (or of
+ *   columns when it has few rows) of about TILE_WORK each, a multiple of 64,
+ *   so each band re-packs the other operand: a few percent of the work in
+ *   memory traffic, and enough bands for the threads. */
+#define TILE_WORK ((int64_t)1 << 22)
+static int gemm_tiled(enum dp_gemm_backend be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    int64_t bm = M, bn = N; /* the tile */
+    if (M * N * K > TILE_WORK) {
+        if (M >= 128) bm = (TILE_WORK / (N * K) + 63) / 64 * 64;
+        else bn = (TILE_WORK / (M * K) + 63) / 64 * 64;
+        if (bm < 64) bm = 64 < M ? 64 : M;
+        if (bn < 64) bn = 64 < N ? 64 : N;
+    }
+    const int64_t tm = (M + bm - 1) / bm, tn = (N + bn - 1) / bn, nt = tm * tn;
+    const int nth = nthreads < nt ? nthreads : (int)nt;
+    int st = 0;
+#ifdef DP_WITH_BLAS
+    if (be == DP_GEMM_BLAS) pthread_once(&blas_once, blas_one_thread);
+#endif
+#pragma omp parallel for num_threads(nth) schedule(static)
+    for (int64_t t = 0; t < nt; t++) {
+#ifdef _OPENMP
+        omp_set_num_threads(1); /* (this task's own setting: the library runs the tile on this thread) */
+#endif
+        const int64_t i0 = (t / tn) * bm, j0 = (t % tn) * bn;
+        const int64_t m = M - i0 < bm ? M - i0 : bm, n = N - j0 < bn ? N - j0 : bn;
+        const float *a = ta ? A + i0 : A + i0 * lda, *b = tb ? B + j0 * ldb : B + j0;
+        float *c = C + i0 * ldc + j0;
+        int s = 0;
+#ifdef DP_WITH_DNNL
+        if (be == DP_GEMM_DNNL)
+            s = (int)dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
+#ifdef DP_WITH_BLAS
+        if (be == DP_GEMM_BLAS)
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+                        (int)K, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+#endif
+        if (s) {
+#pragma omp critical(dp_gemm_status)
+            st = s;
+        }
+    }
+    return st;
+}
+#endif
+
 void dp_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
@@ -126,8 +195,7 @@ void dp_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const
     switch (backend) {
 #ifdef DP_WITH_DNNL
     case DP_GEMM_DNNL: {
-        dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B,
-                                      ldb, beta, C, ldc);
+        dnnl_status_t st = (dnnl_status_t)gemm_tiled(DP_GEMM_DNNL, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         if (st == dnnl_success) return;
         /* a library error: the reference computes the call, and that is
          * recorded for the caller (dp_gemm_fallback_note) */
@@ -137,16 +205,13 @@ void dp_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const
 #endif
 #ifdef DP_WITH_BLAS
     case DP_GEMM_BLAS:
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+        gemm_tiled(DP_GEMM_BLAS, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
 #endif
     default: break;
     }
     dp_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
-
-static _Thread_local int nthreads = 1;
 
 void dp_set_num_threads(int n) {
     if (n < 1) n = 1;
