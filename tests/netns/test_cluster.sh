@@ -302,9 +302,12 @@ epoch_comm() {
     sed -E 's/.*"epoch": ([0-9]+).*"comm_s": ([0-9.eE+-]+).*"comm_exposed_s": ([0-9.eE+-]+).*/epoch \1 comm \2 exposed \3/'
 }
 dptrain_checks() {
-  # dp_args EPOCHS: the options every run shares (one worker per rank with --backend mpi)
+  # dp_args EPOCHS: the options every run shares (one worker per rank with --backend mpi).  lr 0.02:
+  # at 0.05 a change of summation order alone (the thread backend's --algo ring against rhd) moves
+  # these 32 steps by up to 2.5e-4 on an AVX2 CPU, so (a) would measure chaos, not the backends;
+  # at 0.02 it is 1.8e-7
   dp_args() { DP=(--model cnn --data "$DATA" --train-limit 2048 --test-limit 256 --epochs "$1" --batch 128
-    --lr 0.05 --seed 1 --progress none); }
+    --lr 0.02 --seed 1 --progress none); }
   local mpi=(--backend mpi --workers 1)
   local D=$T/dp DP=()
   mkdir -p "$D"
@@ -374,6 +377,39 @@ dptrain_checks() {
     cluster_signal 2 KILL dptrain 2>/dev/null
   else bad dptrain_stop "the run did not start" "$(tail -10 "$D/stop.out")"; fi
   bg wait_for 60 finished "$D/stop.out"
+
+  # (e) dptrain launch across the hosts (docs/cluster.md "Elastic training"): SIGKILL of h2's
+  # rank once a checkpoint exists; launch names h2's address, relaunches on the 3 hosts left and
+  # the run ends with the deterministic hash of (a); the time from the kill to the failure seen
+  # (mpirun ending the job) and to the first step after the relaunch
+  local lopts=() o hosts2 tk
+  while read -r o; do lopts+=(--mpirun-opt "$o"); done < <(cluster_mpirun_opts)
+  hosts2=$(awk 'NR == 3 {print $1}' "$CLUSTER_STATE/hostfile")
+  dp_args 2
+  ( DPT_CLUSTER_STATE=$CLUSTER_STATE timeout 300 "$BIN" launch --hosts "$CLUSTER_STATE/hostfile" --min-nodes 2 \
+      --cooldown-s 600 "${lopts[@]}" -- train "${mpi[@]}" "${DP[@]}" --deterministic --ckpt-every-steps 4 \
+      --out "$D/launch" >"$D/launch.out" 2>&1 </dev/null; echo "rc=$?" >>"$D/launch.out" ) &
+  BG_PID=$!
+  if wait_for 120 test -s "$D/launch/checkpoint.bin"; then
+    remember
+    tk=$(now)
+    cluster_signal 2 KILL dptrain
+    wait_for 60 grep -qs '"kind": "failure"' "$D/launch/launch.jsonl"
+    local seen
+    seen=$(elapsed "$tk")
+    wait_for 60 grep -qs '"kind": "recovered"' "$D/launch/launch.jsonl"
+    local first
+    first=$(elapsed "$tk")
+    bg wait_for 120 finished "$D/launch.out"
+    local h3
+    h3=$(hash_of "$D/launch/checkpoint.bin")
+    if [[ $(rc_of "$D/launch.out") == 0 && -n $h3 && $h3 == "$(hash_of "$D/thrd/checkpoint.bin")" ]] &&
+       grep -q "\"kind\": \"failure\", .*\"failed_hosts\": \[\"$hosts2\"\]" "$D/launch/launch.jsonl" &&
+       grep -q '"kind": "launch", "attempt": 1, "size": 3' "$D/launch/launch.jsonl"; then
+      ok "dptrain_launch (h2 SIGKILLed: excluded, relaunched on 3 hosts, param hash $h3 as 4 threads; failure seen ${seen} s after the kill, first step after the relaunch at ${first} s)"
+    else bad dptrain_launch "exit $(rc_of "$D/launch.out"), hash ${h3:-none}" "$(cat "$D/launch/launch.jsonl")" "$(tail -8 "$D/launch.out")"; fi
+  else bad dptrain_launch "no checkpoint within 120 s" "$(tail -10 "$D/launch.out")"; kill_jobs; fi
+  bg wait_for 60 finished "$D/launch.out"
 }
 if [[ -x $BIN ]] && "$BIN" train --help 2>&1 | grep -q -- '--backend'; then
   dptrain_checks
