@@ -148,9 +148,10 @@ static double wall_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The last step record's step in DIR/metrics.jsonl, or -1; -1 too when the
- * file was last written before `since` (wall clock): a relaunched job first
- * cuts the records after its checkpoint, then appends. */
+/* The last step record's step in DIR/metrics.jsonl (read from its last 64 KiB,
+ * which hold it), or -1; -1 too when the file was last written before `since`
+ * (wall clock): a relaunched job first cuts the records after its checkpoint,
+ * then appends. */
 static long long last_step_since(const struct launch *L, double since) {
     char path[PATH_MAX + 32], line[4096];
     snprintf(path, sizeof path, "%s/metrics.jsonl", L->out);
@@ -159,8 +160,11 @@ static long long last_step_since(const struct launch *L, double since) {
     FILE *f = fopen(path, "r");
     long long s = -1, v;
     if (!f) return -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "{\"kind\": \"step\", \"step\": %lld,", &v) == 1) s = v;
+    int partial = st.st_size > 65536 && fseeko(f, st.st_size - 65536, SEEK_SET) == 0; /* (a line cut short first) */
+    while (fgets(line, sizeof line, f)) {
+        if (partial) partial = 0;
+        else if (sscanf(line, "{\"kind\": \"step\", \"step\": %lld,", &v) == 1) s = v;
+    }
     fclose(f);
     return s;
 }
