@@ -44,7 +44,7 @@ expect_error launch_needs_out "train needs --out DIR" "$BIN" launch -- train --m
 expect_error launch_needs_job "give the job after '--'" "$BIN" launch --max-restarts 1
 expect_error launch_hosts_missing "--hosts $T/nohosts: No such file" "$BIN" launch --hosts "$T/nohosts" -- train --out "$T/l3"
 printf 'localhost\n' >"$T/hosts1"
-expect_error launch_min_nodes "lists 1 hosts, fewer than --min-nodes 2" \
+expect_error launch_min_nodes "lists 1 host, fewer than --min-nodes 2" \
   "$BIN" launch --hosts "$T/hosts1" --min-nodes 2 -- train --out "$T/l3"
 
 # --- mpirun, one process per host, the hosts from a discovery command: a host joins (the job

@@ -444,8 +444,8 @@ int dptrain_cmd_launch(int argc, char **argv) {
         if (!L.hosts_cmd && access(L.hosts_file, R_OK)) die("launch: --hosts %s: %s", L.hosts_file, strerror(errno));
         read_hosts(&L);
         if (L.nhosts < L.min_nodes)
-            die("launch: %s %s lists %d hosts, fewer than --min-nodes %d", L.hosts_cmd ? "--hosts-cmd" : "--hosts",
-                L.hosts_file, L.nhosts, L.min_nodes);
+            die("launch: %s %s lists %d host%s, fewer than --min-nodes %d", L.hosts_cmd ? "--hosts-cmd" : "--hosts",
+                L.hosts_file, L.nhosts, L.nhosts == 1 ? "" : "s", L.min_nodes);
     }
     char path[PATH_MAX + 32];
     mkdir(L.out, 0755); /* (train makes missing parents; an error shows when the log cannot open) */
