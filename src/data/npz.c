@@ -37,7 +37,9 @@ static int zip_err(const char *what, int code) {
     return rc;
 }
 
-/* The members named *.npy, without the suffix, comma-separated, into names. */
+/* The members named *.npy, without the suffix, comma-separated, into names;
+ * a name's control characters (a zip's names are any bytes) shown as '?', so
+ * the message stays one line. */
 static void list_keys(zip_t *z, char *names, size_t cap) {
     size_t len = 0;
     names[0] = 0;
@@ -50,6 +52,8 @@ static void list_keys(zip_t *z, char *names, size_t cap) {
             names[len] = 0; /* (no name cut short: "xylophone" must not read as "x") */
             break;
         }
+        for (size_t k = len; k < len + (size_t)w; k++)
+            if ((unsigned char)names[k] < 0x20 || names[k] == 0x7f) names[k] = '?';
         len += (size_t)w;
     }
 }

@@ -27,7 +27,10 @@ x = npy("<f4", "(2, 3)", struct.pack("<6f", *range(6)))
 for name, comp, members in (("stored", zipfile.ZIP_STORED, {"x.npy": x, "y.npy": npy("<i8", "(2,)", b"\0" * 16)}),
                             ("deflated", zipfile.ZIP_DEFLATED, {"x.npy": x}),
                             ("other", zipfile.ZIP_STORED, {"z.npy": x}),
-                            ("cut", zipfile.ZIP_STORED, {"x.npy": x[:40]})):
+                            ("cut", zipfile.ZIP_STORED, {"x.npy": x[:40]}),
+                            # a member name with a newline: the fuzzer's find of 2026-12-06 (the
+                            # list of arrays in the message broke its one line)
+                            ("ctrl", zipfile.ZIP_STORED, {"a\nb.npy": x})):
     b = io.BytesIO()
     with zipfile.ZipFile(b, "w", comp) as z:
         for k, v in members.items():
