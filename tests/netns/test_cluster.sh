@@ -410,6 +410,31 @@ dptrain_checks() {
     else bad dptrain_launch "exit $(rc_of "$D/launch.out"), hash ${h3:-none}" "$(cat "$D/launch/launch.jsonl")" "$(tail -8 "$D/launch.out")"; fi
   else bad dptrain_launch "no checkpoint within 120 s" "$(tail -10 "$D/launch.out")"; kill_jobs; fi
   bg wait_for 60 finished "$D/launch.out"
+
+  # (f) a cut link, not a killed process: h2's eth0 down once a checkpoint exists; with
+  # --comm-timeout 5 the ranks name rank 2 ("did not respond"), launch excludes h2's address,
+  # relaunches on the 3 hosts left, and the run ends with the deterministic hash of (a)
+  ( DPT_CLUSTER_STATE=$CLUSTER_STATE timeout 300 "$BIN" launch --hosts "$CLUSTER_STATE/hostfile" --min-nodes 2 \
+      --cooldown-s 600 "${lopts[@]}" -- train "${mpi[@]}" "${DP[@]}" --deterministic --ckpt-every-steps 4 \
+      --comm-timeout 5 --out "$D/cut" >"$D/cut.out" 2>&1 </dev/null; echo "rc=$?" >>"$D/cut.out" ) &
+  BG_PID=$!
+  if wait_for 120 test -s "$D/cut/checkpoint.bin"; then
+    remember
+    tk=$(now)
+    ip netns exec "$CLUSTER_PREFIX-h2" ip link set eth0 down
+    wait_for 60 grep -qs '"kind": "failure"' "$D/cut/launch.jsonl"
+    seen=$(elapsed "$tk")
+    wait_for 60 grep -qs '"kind": "recovered"' "$D/cut/launch.jsonl"
+    first=$(elapsed "$tk")
+    bg wait_for 150 finished "$D/cut.out"
+    ip netns exec "$CLUSTER_PREFIX-h2" ip link set eth0 up
+    h3=$(hash_of "$D/cut/checkpoint.bin")
+    if [[ $(rc_of "$D/cut.out") == 0 && -n $h3 && $h3 == "$(hash_of "$D/thrd/checkpoint.bin")" ]] &&
+       grep -q "\"kind\": \"failure\", .*\"failed_hosts\": \[\"$hosts2\"\]" "$D/cut/launch.jsonl"; then
+      ok "dptrain_launch_link_cut (h2's link down, --comm-timeout 5: h2 named and excluded, param hash $h3; failure seen ${seen} s after the cut, first step after the relaunch at ${first} s)"
+    else bad dptrain_launch_link_cut "exit $(rc_of "$D/cut.out"), hash ${h3:-none}" "$(cat "$D/cut/launch.jsonl")" "$(grep -v '^epoch' "$D/cut.out" | tail -12)"; fi
+  else bad dptrain_launch_link_cut "no checkpoint within 120 s" "$(tail -10 "$D/cut.out")"; kill_jobs; fi
+  bg wait_for 60 finished "$D/cut.out"
 }
 if [[ -x $BIN ]] && "$BIN" train --help 2>&1 | grep -q -- '--backend'; then
   dptrain_checks

@@ -10,8 +10,8 @@
  *
  *   the job ends 0            done
  *   the job fails             which hosts failed is read from the job's
- *                             output (mpirun names the rank that died, the
- *                             trainer's --comm-timeout names the rank that did
+ *                             output (mpirun names the rank killed by a signal,
+ *                             the trainer's --comm-timeout the rank that did
  *                             not answer; rank r ran on the r-th host); those
  *                             hosts are excluded for --cooldown-s, and the job
  *                             is relaunched on the others from DIR/checkpoint.bin
@@ -206,22 +206,20 @@ struct attempt {
     size_t scan_len[2];
 };
 
-/* The job's output names a failed rank: mpirun's "process rank R ... exited on
- * signal" and "Process name: [[J,1],R]" (a non-zero exit), the trainer's
- * "rank R did not respond" (--comm-timeout). */
+/* The job's output names a lost rank: mpirun's "process rank R ... exited on
+ * signal" (killed: the OOM killer, a lost machine), the trainer's "rank R did
+ * not respond" (--comm-timeout: stalled, or its link cut).  A rank that exited
+ * with an error of its own (mpirun's "Process name: [[J,1],R] ... Exit code")
+ * names no lost host: the job is relaunched on the same ones. */
 static void scan_line(struct attempt *a, const char *line) {
-    static const char *const pats[] = {"process rank ", "did not respond", "Process name: [["};
     const char *p;
     int r = -1;
-    if ((p = strstr(line, pats[0]))) r = atoi(p + strlen(pats[0]));
-    else if ((p = strstr(line, pats[1]))) {
-        for (const char *q = p; q > line + 4; q--)
-            if (!strncmp(q - 5, "rank ", 5)) {
-                r = atoi(q);
-                break;
-            }
-    } else if ((p = strstr(line, pats[2])) && (p = strchr(p, ']')) && p[1] == ',')
-        r = atoi(p + 2);
+    if ((p = strstr(line, "process rank ")) && strstr(p, "exited on signal")) r = atoi(p + strlen("process rank "));
+    else if ((p = strstr(line, " did not respond")) && p - line >= 6) {
+        const char *q = p;
+        while (q > line && q[-1] >= '0' && q[-1] <= '9') q--;
+        if (q < p && q - line >= 5 && !strncmp(q - 5, "rank ", 5)) r = atoi(q);
+    }
     if (r >= 0 && r < a->nhosts) a->failed[r] = 1;
 }
 
@@ -345,8 +343,8 @@ static int run_attempt(struct launch *L, struct attempt *a, int first, int *stop
     }
     close(out[1]), close(err[1]);
     *stopped_for_more = 0;
-    int open_fds = 2, status = 0, signalled = 0, exited = 0;
-    double last_poll = dp_time();
+    int open_fds = 2, status = 0, signalled = 0, exited = 0, killed = 0;
+    double last_poll = dp_time(), named_at = -1;
     struct pollfd pf[2] = {{.fd = out[0], .events = POLLIN}, {.fd = err[0], .events = POLLIN}};
     while (!exited || open_fds) {
         int rc = poll(pf, 2, 100);
@@ -358,6 +356,16 @@ static int run_attempt(struct launch *L, struct attempt *a, int first, int *stop
                 open_fds--;
             }
         if (!exited && waitpid(pid, &status, WNOHANG) == pid) exited = 1;
+        /* A rank named as lost, and the job still running well after mpirun's teardown
+         * should have ended it: mpirun cannot reach a host whose link is cut, and waits for
+         * it.  The job is over (its ranks aborted): end mpirun and what it started here. */
+        for (int r = 0; named_at < 0 && r < a->nhosts; r++)
+            if (a->failed[r]) named_at = dp_time();
+        if (!exited && !killed && named_at >= 0 && dp_time() - named_at > 2 * L->grace_s + 10) {
+            record(L, "the job named a lost rank but did not end: ending mpirun", "\"kind\": \"killed\"");
+            kill(-pid, SIGKILL); /* (its process group: mpirun and the ranks of this machine) */
+            killed = 1;
+        }
         if (exited && open_fds && rc == 0) break; /* (a grandchild holding the pipes: not ours to wait for) */
         if (got_signal && !signalled) {
             kill(pid, got_signal == SIGINT ? SIGINT : SIGTERM);
