@@ -175,7 +175,8 @@ static int gemm_tiled(enum dp_gemm_backend be, int ta, int tb, int64_t M, int64_
             cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
                         (int)K, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 #endif
-        if (s) {
+        if (s) { /* a library error: the reference computes this tile (C is untouched by the failed call) */
+            dp_gemm_ref(ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
 #pragma omp critical(dp_gemm_status)
             st = s;
         }
@@ -196,11 +197,10 @@ void dp_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const
 #ifdef DP_WITH_DNNL
     case DP_GEMM_DNNL: {
         dnnl_status_t st = (dnnl_status_t)gemm_tiled(DP_GEMM_DNNL, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        if (st == dnnl_success) return;
-        /* a library error: the reference computes the call, and that is
-         * recorded for the caller (dp_gemm_fallback_note) */
-        record_fallback(st, ta, tb, M, N, K, lda, ldb, ldc);
-        break;
+        /* a library error: the reference computed the tiles it failed (gemm_tiled), and that
+         * is recorded for the caller (dp_gemm_fallback_note) */
+        if (st != dnnl_success) record_fallback(st, ta, tb, M, N, K, lda, ldb, ldc);
+        return;
     }
 #endif
 #ifdef DP_WITH_BLAS
