@@ -141,6 +141,30 @@ static void blas_one_thread(void) { openblas_set_num_threads(1); }
  *   so each band re-packs the other operand: a few percent of the work in
  *   memory traffic, and enough bands for the threads. */
 #define TILE_WORK ((int64_t)1 << 22)
+
+/* Tile t of the grid of bm x bn tiles (tn per row of tiles): one library call on
+ * this thread; a call the library refuses is computed by the reference (C is
+ * untouched by the failed call).  Returns the library's status. */
+static int gemm_tile(enum dp_gemm_backend be, int ta, int tb, int64_t M, int64_t N, int64_t K, int64_t bm, int64_t bn,
+                     int64_t tn, int64_t t, float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                     float beta, float *C, int64_t ldc) {
+    const int64_t i0 = (t / tn) * bm, j0 = (t % tn) * bn;
+    const int64_t m = M - i0 < bm ? M - i0 : bm, n = N - j0 < bn ? N - j0 : bn;
+    const float *a = ta ? A + i0 : A + i0 * lda, *b = tb ? B + j0 * ldb : B + j0;
+    float *c = C + i0 * ldc + j0;
+    int s = 0;
+#ifdef DP_WITH_DNNL
+    if (be == DP_GEMM_DNNL)
+        s = (int)dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
+#ifdef DP_WITH_BLAS
+    if (be == DP_GEMM_BLAS)
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+                    (int)K, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+#endif
+    if (s) dp_gemm_ref(ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
+    return s;
+}
 static int gemm_tiled(enum dp_gemm_backend be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     int64_t bm = M, bn = N; /* the tile */
@@ -156,27 +180,29 @@ static int gemm_tiled(enum dp_gemm_backend be, int ta, int tb, int64_t M, int64_
 #ifdef DP_WITH_BLAS
     if (be == DP_GEMM_BLAS) pthread_once(&blas_once, blas_one_thread);
 #endif
+    if (nth == 1) {
+        /* one thread for all the tiles: no parallel region on this (the common) path; the
+         * library runs on this thread only (a caller with more threads than tiles included) */
+#ifdef _OPENMP
+        const int was = omp_get_max_threads();
+        if (was > 1) omp_set_num_threads(1);
+#endif
+        for (int64_t t = 0; t < nt; t++) {
+            int s = gemm_tile(be, ta, tb, M, N, K, bm, bn, tn, t, alpha, A, lda, B, ldb, beta, C, ldc);
+            if (s) st = s;
+        }
+#ifdef _OPENMP
+        if (was > 1) omp_set_num_threads(was);
+#endif
+        return st;
+    }
 #pragma omp parallel for num_threads(nth) schedule(static)
     for (int64_t t = 0; t < nt; t++) {
 #ifdef _OPENMP
         omp_set_num_threads(1); /* (this task's own setting: the library runs the tile on this thread) */
 #endif
-        const int64_t i0 = (t / tn) * bm, j0 = (t % tn) * bn;
-        const int64_t m = M - i0 < bm ? M - i0 : bm, n = N - j0 < bn ? N - j0 : bn;
-        const float *a = ta ? A + i0 : A + i0 * lda, *b = tb ? B + j0 * ldb : B + j0;
-        float *c = C + i0 * ldc + j0;
-        int s = 0;
-#ifdef DP_WITH_DNNL
-        if (be == DP_GEMM_DNNL)
-            s = (int)dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
-#endif
-#ifdef DP_WITH_BLAS
-        if (be == DP_GEMM_BLAS)
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
-                        (int)K, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-#endif
-        if (s) { /* a library error: the reference computes this tile (C is untouched by the failed call) */
-            dp_gemm_ref(ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
+        int s = gemm_tile(be, ta, tb, M, N, K, bm, bn, tn, t, alpha, A, lda, B, ldb, beta, C, ldc);
+        if (s) {
 #pragma omp critical(dp_gemm_status)
             st = s;
         }
