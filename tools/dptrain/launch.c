@@ -178,12 +178,6 @@ static long long checkpoint_step(const struct launch *L) {
     return access(path, R_OK) == 0 && dp_ckpt_read_header(path, &h) == DP_OK ? (long long)h.step : -1;
 }
 
-static int have_checkpoint(const struct launch *L) {
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/checkpoint.bin", L->out);
-    return access(path, R_OK) == 0;
-}
-
 /* One record in launch.jsonl (flushed) and, with text, one line on stderr. */
 static void record(struct launch *L, const char *text, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void record(struct launch *L, const char *text, const char *fmt, ...) {
@@ -312,9 +306,10 @@ static char **command(struct launch *L, struct attempt *a, int first, char **hos
     }
     if (!first) {
         snprintf(resume, sizeof resume, "%s/checkpoint.bin", L->out);
-        /* (no checkpoint yet: the failed attempt's records go) */
-        v[n++] = have_checkpoint(L) ? "--resume" : "--overwrite";
-        if (have_checkpoint(L)) v[n++] = resume;
+        /* (no checkpoint yet: the failed attempt's records go; a checkpoint there, even one
+         * that does not read, is never overwritten: train says what is wrong with it) */
+        if (access(resume, F_OK) == 0) v[n++] = "--resume", v[n++] = resume;
+        else v[n++] = "--overwrite";
     }
     v[n] = NULL;
     return v;
