@@ -471,6 +471,19 @@ assert st[-1]['loss'] < st[0]['loss'], (st[0]['loss'], st[-1]['loss'])
      grep -q "timeout after 3.0 s in backup-workers step 0 on rank 0: rank(s) did not arrive: 1" "$T/bkto.log"; then
     ok mpi_backup_timeout_names_rank
   else bad mpi_backup_timeout_names_rank "exit $rc" "$(grep -v '^\[' "$T/bkto.log" | head -5)"; fi
+  # a failed run leaves a failure record per process in its folder (for dptrain launch): the
+  # ranks that timed out name the silent one
+  timeout 60 "${MPIRUN[@]}" -np 3 "$BIN" train --model cnn --epochs 1 "${SMALL[@]}" --workers 1 \
+    --simulate-slow 1:1000 --comm-timeout 3 --out "$T/frec" >"$T/frec.log" 2>&1
+  rc=$?
+  if [[ $rc -ne 0 && $rc -ne 124 ]] && /usr/bin/python3 -c "
+import json
+for p in (0, 2):
+    r = json.loads(open('$T/frec/failure.p%d.json' % p).read())
+    assert r['kind'] == 'failure' and r['process'] == p and r['lost_processes'] == [1], r
+    assert r['steps_done'] == 0 and 'rank 1 did not respond' in r['error'] and r['host'], r
+"; then ok mpi_failure_record_names_silent_rank
+  else bad mpi_failure_record_names_silent_rank "exit $rc" "$(ls "$T/frec"; cat "$T/frec"/failure* 2>&1)"; fi
   timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --backup-workers 1 \
     >"$T/bkh.log" 2>&1
   rc=$?

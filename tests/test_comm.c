@@ -776,6 +776,10 @@ static void timeout_member(struct dp_comm *c, void *arg) {
      * sanitizer build) cannot make the timeout look late */
     ASSERT_TRUE(dt >= 0.2 && dt < 2.5);
     ASSERT_TRUE(strstr(dp_errmsg(), "timeout after 0.25 s") != NULL);
+    /* threads of one process are never lost apart from it: no failure-record list */
+    int lost[4];
+    ASSERT_EQ(dp_comm_lost_ranks(c, lost, 4), 0);
+    ASSERT_EQ(dp_comm_lost_ranks(NULL, lost, 4), DP_EINVAL);
 }
 
 TEST_T(comm_timeout_names_missing_rank, 20) {

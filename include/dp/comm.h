@@ -318,6 +318,13 @@ int dp_comm_kill_job(struct dp_comm *c, int code);
  * NULL argument. */
 int dp_comm_host_ranks(const struct dp_comm *c, int *local_rank, int *local_size);
 
+/* The ranks that a timeout on this rank found silent (neither answering nor in
+ * the operation: stalled, killed, or cut off), for a failure record: their
+ * number, the first `max` of them in ranks[] in rank order.  0 before any
+ * timeout, and always on the thread backend (its ranks cannot be lost apart
+ * from the process).  DP_EINVAL for a NULL argument. */
+int dp_comm_lost_ranks(const struct dp_comm *c, int *ranks, int max);
+
 /* ---- collectives: blocking ------------------------------------------------------ */
 
 /* Each one is its nonblocking form followed by dp_comm_wait().  Returns 0, or

@@ -189,6 +189,11 @@ int dp_comm_host_ranks(const struct dp_comm *c, int *local_rank, int *local_size
     return 0;
 }
 
+int dp_comm_lost_ranks(const struct dp_comm *c, int *ranks, int max) {
+    if (!c || (max > 0 && !ranks)) return dp_seterr(DP_EINVAL, "comm: lost_ranks: NULL argument");
+    return c->ops->lost_ranks ? c->ops->lost_ranks(c, ranks, max) : 0;
+}
+
 /* ---- dispatch -------------------------------------------------------------------------- */
 
 /* The algorithm an operation runs: AUTO by dp_comm_choose_algo; on the

@@ -74,6 +74,8 @@ struct dp_comm_ops {
     int (*msg_test)(struct dp_comm *c, struct dp_comm_msg *msg, int *done);
     int (*msg_wait)(struct dp_comm *c, struct dp_comm_msg *msg, int *src, int64_t *bytes);
     int (*msg_cancel)(struct dp_comm *c, struct dp_comm_msg *msg);
+    /* (optional) The ranks a timeout found silent; NULL: none. */
+    int (*lost_ranks)(const struct dp_comm *c, int *ranks, int max);
 };
 
 /* The base every backend's communicator starts with. */

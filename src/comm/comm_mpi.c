@@ -403,7 +403,7 @@ static void m_free(struct dp_comm *c) {
     MPI_Comm_free(&m->p2p);
     MPI_Comm_free(&m->side);
     MPI_Comm_free(&m->msgc);
-    dp_free(m->scratch), dp_free(m->remote);
+    dp_free(m->scratch), dp_free(m->remote), dp_free(m->lost);
     if (m->diag_sent != 2) dp_free(m->diag_out); /* else MPI may still read it */
     pthread_mutex_destroy(&m->mu);
     dp_free(m);
@@ -422,10 +422,21 @@ static void m_free(struct dp_comm *c) {
     pthread_mutex_unlock(&g_mu);
 }
 
+static int m_lost_ranks(const struct dp_comm *c, int *ranks, int max) {
+    const struct mpi_comm *m = (const struct mpi_comm *)c;
+    int n = 0;
+    for (int q = 0; m->lost && q < c->nranks; q++)
+        if (m->lost[q]) {
+            if (n < max) ranks[n] = q;
+            n++;
+        }
+    return n;
+}
 
 static const struct dp_comm_ops mpi_ops = {
     "mpi",   m_start,      m_test,  m_wait,  m_abort,    m_status,   m_free,
     m_kill_job, m_host_ranks, dp__mpi_isend, dp__mpi_irecv, dp__mpi_msg_test, dp__mpi_msg_wait, dp__mpi_msg_cancel,
+    m_lost_ranks,
 };
 
 /* ---- init ---------------------------------------------------------------------------------------- */
@@ -531,7 +542,8 @@ int dp__comm_mpi_init(struct dp_comm **cp, const struct dp_comm_params *params) 
     if (!rc) {
         m->scratch = dp_malloc_big(SCRATCH_BYTES);
         m->diag_out = dp_calloc(2, sizeof *m->diag_out);
-        if (!m->scratch || !m->diag_out) rc = dp_seterr(DP_ENOMEM, "comm: mpi: out of memory");
+        m->lost = dp_calloc((size_t)m->base.nranks, 1);
+        if (!m->scratch || !m->diag_out || !m->lost) rc = dp_seterr(DP_ENOMEM, "comm: mpi: out of memory");
     }
     if (rc) {
         /* the dups are collective: a failure is very likely on every rank */
@@ -542,7 +554,7 @@ int dp__comm_mpi_init(struct dp_comm **cp, const struct dp_comm_params *params) 
         if (m->p2p != MPI_COMM_NULL) MPI_Comm_free(&m->p2p);
         if (m->side != MPI_COMM_NULL) MPI_Comm_free(&m->side);
         if (m->msgc != MPI_COMM_NULL) MPI_Comm_free(&m->msgc);
-        dp_free(m->scratch), dp_free(m->diag_out), dp_free(m->remote);
+        dp_free(m->scratch), dp_free(m->diag_out), dp_free(m->remote), dp_free(m->lost);
         pthread_mutex_destroy(&m->mu);
         dp_free(m);
         pthread_mutex_lock(&g_mu);

@@ -132,6 +132,7 @@ struct mpi_comm {
     char *scratch;            /* SCRATCH_BYTES: win slots of seg bytes */
     uint64_t *diag_out;       /* the timeout message; leaked if its sends never complete */
     int diag_sent;
+    unsigned char *lost;      /* (P) or NULL: rank q did not respond to a timeout's question */
     atomic_int aborted;
     pthread_mutex_t mu;       /* abort_msg */
     char abort_msg[MSG_LEN];

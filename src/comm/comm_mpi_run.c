@@ -224,6 +224,7 @@ void dp__mpi_timed_out(struct mpi_comm *m, struct dp_comm_req *rq) {
         for (int q = 0; ok && q < P; q++) {
             if (q == r) continue;
             if (!got[q]) {
+                m->lost[q] = 1;
                 if (ns < sizeof silent - 16)
                     ns += (size_t)snprintf(silent + ns, sizeof silent - ns, "%s%d",
                                            nsilent ? ", " : "", q);

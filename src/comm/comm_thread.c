@@ -364,4 +364,5 @@ static void t_host_ranks(const struct dp_comm *c, int *local_rank, int *local_si
 const struct dp_comm_ops dp__thread_ops = {
     "thread", t_start,  t_test,  t_wait,     t_abort,    t_status,   t_free,
     NULL,     t_host_ranks, dp__thread_isend, dp__thread_irecv, dp__thread_msg_test, dp__thread_msg_wait, dp__thread_msg_cancel,
+    NULL,
 };

@@ -3,6 +3,7 @@
 #define DP_TRAIN_RUN_FOLDER_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 /* The stdio buffer of metrics.jsonl: larger than any record, so that each
@@ -17,5 +18,17 @@
 int dp__run_folder_check(const char *dir, const char *resume, int overwrite);
 int dp__run_folder_open(const char *dir, const char *resume, int overwrite, FILE **metrics, char *path,
                         size_t path_len, char *note, size_t note_len);
+
+/* The failure record: when a run fails, each process writes
+ * DIR/failure.p<process>.json (atomically; one JSON object on one line):
+ *
+ *   {"kind": "failure", "process": 1, "host": "h1", "steps_done": 57,
+ *    "lost_processes": [2], "error": "comm: timeout after 5 s in ..."}
+ *
+ * lost_processes: the processes (MPI ranks) that a --comm-timeout found
+ * silent (dp_comm_lost_ranks).  A supervisor (dptrain launch) reads the
+ * records to learn which hosts to exclude. */
+int dp__run_folder_failure(const char *dir, int process, int64_t steps_done, const char *error, const int *lost,
+                           int nlost);
 
 #endif

@@ -31,6 +31,7 @@
  * draws training windows by (seed, epoch, global index), and the end-of-epoch
  * evaluation runs on the fixed validation windows (docs/text.md). */
 #include "core/core_impl.h"
+#include "run_folder.h"
 #include "trainer.h"
 
 const struct dp_model *dp_trainer_model(const struct dp_trainer *t) { return t->model; }
@@ -270,7 +271,7 @@ void *dp__worker_main(void *arg) {
     return NULL;
 }
 
-int dp_trainer_run(struct dp_trainer *t) {
+static int run_workers(struct dp_trainer *t) {
     t->t_origin = dp_time();
     if (t->p.dp.pin_threads && sched_getaffinity(0, sizeof t->cpus, &t->cpus) != 0) CPU_ZERO(&t->cpus);
     for (int r = 0; r < t->P; r++) t->w[r].step = t->step, t->w[r].epoch = t->epoch, t->w[r].in_epoch = t->step_in_epoch;
@@ -325,4 +326,22 @@ int dp_trainer_run(struct dp_trainer *t) {
     for (int r = 0; r < t->P; r++)
         if (t->w[r].rc) return dp_seterr(t->w[r].rc, "%s", t->w[r].err);
     return snap_rc ? dp_seterr(snap_rc, "%s", snap_err) : DP_OK;
+}
+
+/* A failed run leaves its failure record in the run folder (run_folder.h):
+ * each process writes its own, naming the processes its --comm-timeout
+ * found silent, for the supervisor that relaunches the job.  The record is
+ * best effort: a folder it cannot reach (not shared with this host) keeps
+ * the run's own error in front. */
+int dp_trainer_run(struct dp_trainer *t) {
+    int rc = run_workers(t);
+    if (!rc || !t->p.io.out_dir) return rc;
+    char err[2048];
+    snprintf(err, sizeof err, "%s", dp_errmsg());
+    struct dp_comm *inter = t->p.dp.inter;
+    int lost[64], nlost = inter ? dp_comm_lost_ranks(inter, lost, 64) : 0;
+    if (nlost > 64) nlost = 64;
+    (void)dp__run_folder_failure(t->p.io.out_dir, inter ? dp_comm_rank(inter) : 0, t->w[0].step, err, lost,
+                                 nlost < 0 ? 0 : nlost);
+    return dp_seterr(rc, "%s", err);
 }

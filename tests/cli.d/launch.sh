@@ -73,3 +73,36 @@ if "${lenv[@]}" "$BIN" launch --hosts-cmd "cat $T/hosts" --cooldown-s 600 --poll
 else bad launch_grows_and_excludes "hash $(hash_of "$T/l4/checkpoint.bin") vs $lhash" "$(cat "$T/l4/launch.jsonl" 2>&1)" \
   "$(grep -v '^epoch' "$T/l4.log" | tail -8)"; fi
 wait
+
+# --- the failure records decide which host is lost (a stand-in for mpirun, no MPI needed): the
+# first attempt leaves the records of a link cut on host c (a and b name process 2, c names 0
+# and 1: the vote names c alone) and fails; the relaunch on a, b ends well ---
+cat >"$T/fake-mpirun" <<'FAKE'
+#!/bin/bash
+# args: -np N --host h1,h2,... [--mca k v] ... dptrain train ... --out DIR ...
+hosts= out=
+while (( $# )); do
+  case $1 in --host) hosts=$2; shift ;; --out) out=$2; shift ;; esac
+  shift
+done
+echo "$hosts" >>"$out/fake-hosts"
+if [[ $hosts == a,b,c ]]; then
+  printf '{"kind": "step", "step": 1, "loss": 1}\n' >>"$out/metrics.jsonl"
+  for p in 0 1; do
+    printf '{"kind": "failure", "process": %d, "host": "h", "steps_done": 1, "lost_processes": [2], "error": "comm: timeout: rank 2 did not respond"}\n' $p >"$out/failure.p$p.json"
+  done
+  printf '{"kind": "failure", "process": 2, "host": "c", "steps_done": 1, "lost_processes": [0, 1], "error": "x"}\n' >"$out/failure.p2.json"
+  exit 1
+fi
+[[ $hosts == a,b && ! -e $out/failure.p0.json ]]
+FAKE
+chmod +x "$T/fake-mpirun"
+printf 'a\nb\nc\n' >"$T/hosts-abc"
+mkdir -p "$T/l5"
+if "$BIN" launch --hosts "$T/hosts-abc" --mpirun "$T/fake-mpirun" --min-nodes 2 -- \
+     train --model mlp --out "$T/l5" >"$T/l5.log" 2>&1 &&
+   [[ $(tr '\n' ' ' <"$T/l5/fake-hosts") == "a,b,c a,b " ]] &&
+   grep -q '"kind": "failure", .*"failed_hosts": \["c"\], "records": 3,' "$T/l5/launch.jsonl" &&
+   grep -q '"kind": "launch", "attempt": 1, "size": 2, "hosts": \["a", "b"\]' "$T/l5/launch.jsonl"; then
+  ok launch_failure_records_vote
+else bad launch_failure_records_vote "$(cat "$T/l5/launch.jsonl" "$T/l5/fake-hosts" 2>&1)" "$(tail -5 "$T/l5.log")"; fi

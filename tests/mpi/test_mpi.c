@@ -731,6 +731,9 @@ static int timeout_case(const char *name) {
     int ok = rc == DP_ECANCELED && strstr(m, want) && strstr(m, who) &&
              !strstr(m, "rank 0 did") && !strstr(m, "rank 1 did") && dt >= timeout &&
              dt < timeout + grace + 3.0;
+    /* the failure record's list: rank 2 alone when it did not respond, none when it answered */
+    int lost[4] = {-1, -1, -1, -1}, nlost = dp_comm_lost_ranks(c, lost, 4);
+    ok = ok && (elsewhere ? nlost == 0 : nlost == 1 && lost[0] == 2);
     /* and the communicator stays failed */
     ok = ok && dp_comm_barrier(c) == DP_ECANCELED && dp_comm_status(c) == DP_ECANCELED;
     printf("%s mpi_%s (rank %d, %.1f s): %s\n", ok ? "ok  " : "FAIL", name, r, dt, m);

@@ -368,9 +368,12 @@ dptrain_checks() {
     if wait_for 30 finished "$D/stop.out"; then
       local s
       s=$(elapsed "$t0")
+      # (and the survivors' failure records name process 2 alone)
       if [[ $(rc_of "$D/stop.out") -ne 0 ]] &&
-        grep -iE 'time(d )?out' "$D/stop.out" | grep -qE '\branks? ([0-9]+, |[0-9]+ and )*2\b'; then
-        ok "dptrain_stop (rank 2 stopped, --comm-timeout 5: exit $(rc_of "$D/stop.out") after $s s: $(grep -iE 'time(d )?out' "$D/stop.out" | head -1 | head -c 160))"
+        grep -iE 'time(d )?out' "$D/stop.out" | grep -qE '\branks? ([0-9]+, |[0-9]+ and )*2\b' &&
+        grep -qs '"lost_processes": \[2\]' "$D"/stop/failure.p*.json &&
+        ! grep -qs '"lost_processes": \[[0-9, ]*[013]' "$D"/stop/failure.p*.json; then
+        ok "dptrain_stop (rank 2 stopped, --comm-timeout 5: exit $(rc_of "$D/stop.out") after $s s, $(ls "$D"/stop/failure.p*.json | wc -l) failure records name process 2: $(grep -iE 'time(d )?out' "$D/stop.out" | head -1 | head -c 160))"
       else bad dptrain_stop "exit $(rc_of "$D/stop.out") after $s s; expected a timeout line naming rank 2:" "$(tail -12 "$D/stop.out")"; fi
     else bad dptrain_stop "still running 30 s after SIGSTOP" "$(tail -10 "$D/stop.out")"; fi
     cluster_signal 2 CONT dptrain 2>/dev/null
@@ -430,7 +433,7 @@ dptrain_checks() {
     ip netns exec "$CLUSTER_PREFIX-h2" ip link set eth0 up
     h3=$(hash_of "$D/cut/checkpoint.bin")
     if [[ $(rc_of "$D/cut.out") == 0 && -n $h3 && $h3 == "$(hash_of "$D/thrd/checkpoint.bin")" ]] &&
-       grep -q "\"kind\": \"failure\", .*\"failed_hosts\": \[\"$hosts2\"\]" "$D/cut/launch.jsonl"; then
+       grep -q "\"kind\": \"failure\", .*\"failed_hosts\": \[\"$hosts2\"\], \"records\": [1-9]" "$D/cut/launch.jsonl"; then
       ok "dptrain_launch_link_cut (h2's link down, --comm-timeout 5: h2 named and excluded, param hash $h3; failure seen ${seen} s after the cut, first step after the relaunch at ${first} s)"
     else bad dptrain_launch_link_cut "exit $(rc_of "$D/cut.out"), hash ${h3:-none}" "$(cat "$D/cut/launch.jsonl")" "$(grep -v '^epoch' "$D/cut.out" | tail -12)"; fi
   else bad dptrain_launch_link_cut "no checkpoint within 120 s" "$(tail -10 "$D/cut.out")"; kill_jobs; fi

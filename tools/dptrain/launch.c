@@ -9,10 +9,12 @@
  * through, and watches it:
  *
  *   the job ends 0            done
- *   the job fails             which hosts failed is read from the job's
- *                             output (mpirun names the rank killed by a signal,
- *                             the trainer's --comm-timeout the rank that did
- *                             not answer; rank r ran on the r-th host); those
+ *   the job fails             which hosts failed is read from the failure
+ *                             records the job's processes leave in DIR (each
+ *                             names the ranks its --comm-timeout found silent;
+ *                             a vote settles a cut link) and from mpirun's
+ *                             output (the rank killed by a signal); rank r ran
+ *                             on the r-th host; those
  *                             hosts are excluded for --cooldown-s, and the job
  *                             is relaunched on the others from DIR/checkpoint.bin
  *                             once at least A hosts are left; at most K such
@@ -47,6 +49,7 @@
 #include <unistd.h>
 
 #include "dp/core.h"
+#include "dp/plan.h"
 #include "dp/train.h"
 #include "cli.h"
 
@@ -195,7 +198,9 @@ static void record(struct launch *L, const char *text, const char *fmt, ...) {
 
 struct attempt {
     int hosts[MAX_HOSTS], nhosts; /* indices into L->hosts, rank order (mpirun's --host order) */
-    int failed[MAX_HOSTS];        /* per rank: named as failed by the output */
+    int failed[MAX_HOSTS];        /* per rank: named as failed: killed (mpirun's output), or silent by
+                                     the failure records' vote */
+    int silent[MAX_HOSTS];        /* per rank: named by a "did not respond" line of the output */
     char scan[2][8192];           /* the partial last line of stdout, stderr */
     size_t scan_len[2];
 };
@@ -207,14 +212,65 @@ struct attempt {
  * names no lost host: the job is relaunched on the same ones. */
 static void scan_line(struct attempt *a, const char *line) {
     const char *p;
-    int r = -1;
+    int r = -1, *mark = a->failed;
     if ((p = strstr(line, "process rank ")) && strstr(p, "exited on signal")) r = atoi(p + strlen("process rank "));
     else if ((p = strstr(line, " did not respond")) && p - line >= 6) {
         const char *q = p;
         while (q > line && q[-1] >= '0' && q[-1] <= '9') q--;
-        if (q < p && q - line >= 5 && !strncmp(q - 5, "rank ", 5)) r = atoi(q);
+        if (q < p && q - line >= 5 && !strncmp(q - 5, "rank ", 5)) r = atoi(q), mark = a->silent;
     }
-    if (r >= 0 && r < a->nhosts) a->failed[r] = 1;
+    if (r >= 0 && r < a->nhosts) mark[r] = 1;
+}
+
+/* The failure records the job's processes left in DIR (failure.p<P>.json, written by the
+ * trainer when a run fails: src/train/run_folder.h).  remove: delete them (before an
+ * attempt, so that only its own are read).  Else, for each record, votes[q] += 1 for each
+ * process q it names as lost; returns the number of records that name any. */
+static int failure_records(const struct launch *L, int nprocs, int *votes, int remove) {
+    DIR *d = opendir(L->out);
+    struct dirent *e;
+    int naming = 0, p;
+    char tail[8];
+    while (d && (e = readdir(d))) {
+        if (sscanf(e->d_name, "failure.p%d%7s", &p, tail) != 2 || strcmp(tail, ".json")) continue;
+        char path[PATH_MAX + 300], buf[8192];
+        snprintf(path, sizeof path, "%s/%s", L->out, e->d_name);
+        if (remove) {
+            unlink(path);
+            continue;
+        }
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        struct dp_json_obj o = {0};
+        const struct dp_json_field *lost;
+        if (dp_json_parse(buf, n, &o) == DP_OK && dp_json_str_is(&o, "kind", "failure") &&
+            (lost = dp_json_get(&o, "lost_processes")) && lost->type == DP_JSON_ARR && lost->n > 0) {
+            naming++;
+            for (int64_t i = 0; i < lost->n; i++)
+                if (lost->arr[i] >= 0 && lost->arr[i] < nprocs) votes[(int)lost->arr[i]]++;
+        }
+        dp_json_obj_free(&o);
+    }
+    if (d) closedir(d);
+    return naming;
+}
+
+/* The processes lost by the records' vote: named by more than half of the records that
+ * name any.  A process cut off from the others names them all while they name it; a real
+ * loss gets every survivor's vote.  (Two processes that name each other are a tie: neither
+ * is named.)  Without records (a folder the ranks cannot reach), the "did not respond"
+ * lines of the output name them.  Marks them in a->failed; returns how many records
+ * named any. */
+static int vote_failed(const struct launch *L, struct attempt *a) {
+    int *votes = calloc((size_t)a->nhosts + 1, sizeof *votes);
+    if (!votes) die("out of memory");
+    int naming = failure_records(L, a->nhosts, votes, 0);
+    for (int q = 0; q < a->nhosts; q++)
+        if (naming ? 2 * votes[q] > naming : a->silent[q]) a->failed[q] = 1;
+    free(votes);
+    return naming;
 }
 
 /* A stop at a step boundary: a signal to any one rank is enough (the ranks
@@ -355,7 +411,7 @@ static int run_attempt(struct launch *L, struct attempt *a, int first, int *stop
          * should have ended it: mpirun cannot reach a host whose link is cut, and waits for
          * it.  The job is over (its ranks aborted): end mpirun and what it started here. */
         for (int r = 0; named_at < 0 && r < a->nhosts; r++)
-            if (a->failed[r]) named_at = dp_time();
+            if (a->failed[r] || a->silent[r]) named_at = dp_time();
         if (!exited && !killed && named_at >= 0 && dp_time() - named_at > 2 * L->grace_s + 10) {
             record(L, "the job named a lost rank but did not end: ending mpirun", "\"kind\": \"killed\"");
             kill(-pid, SIGKILL); /* (its process group: mpirun and the ranks of this machine) */
@@ -482,6 +538,7 @@ int dptrain_cmd_launch(int argc, char **argv) {
         if (got_signal) break;
         /* where this attempt starts: the folder's checkpoint after the first */
         long long resume_step = first ? last_step(&L) : checkpoint_step(&L);
+        failure_records(&L, 0, NULL, 1); /* (an earlier attempt's, or an earlier run's) */
         json_hosts(&L, &a, hosts_json, sizeof hosts_json);
         snprintf(line, sizeof line, "%s on %d host%s (%s)", first ? "starting" : "relaunching", a.nhosts,
                  a.nhosts == 1 ? "" : "s", L.hosts_file ? "mpirun" : "this machine");
@@ -500,7 +557,8 @@ int dptrain_cmd_launch(int argc, char **argv) {
             record(&L, "the job finished", "\"kind\": \"done\", \"step\": %lld, \"restarts\": %d", last_step(&L), restarts);
             break;
         }
-        /* a failure: which hosts, how far it got */
+        /* a failure: which hosts (the job's failure records, and mpirun's output), how far it got */
+        int records = vote_failed(&L, &a);
         long long done = last_step(&L), ckpt = checkpoint_step(&L);
         char failed[4096] = "[";
         size_t fl = 1;
@@ -517,8 +575,8 @@ int dptrain_cmd_launch(int argc, char **argv) {
         snprintf(line, sizeof line, "the job failed (status %d) after step %lld, checkpoint at step %lld; failed hosts: %s",
                  code, done, ckpt, failed);
         record(&L, line, "\"kind\": \"failure\", \"status\": %d, \"step\": %lld, \"checkpoint_step\": %lld, "
-                         "\"steps_lost\": %lld, \"failed_hosts\": %s, \"cooldown_s\": %.3f",
-               code, done, ckpt, done - (ckpt > 0 ? ckpt : 0), failed, L.cooldown_s);
+                         "\"steps_lost\": %lld, \"failed_hosts\": %s, \"records\": %d, \"cooldown_s\": %.3f",
+               code, done, ckpt, done - (ckpt > 0 ? ckpt : 0), failed, records, L.cooldown_s);
         if (done <= resume_step && !nfailed) {
             record(&L, NULL, "\"kind\": \"gave_up\", \"reason\": \"no step\"");
             die("launch: the job failed before its first step, naming no lost rank: not restarted (see its error "
