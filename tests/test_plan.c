@@ -180,12 +180,12 @@ TEST(sim_bad_params) {
 
 static const char *json_line =
     "{\"kind\": \"step\", \"step\": 3, \"loss\": -1.5e-3, \"ok\": true, \"no\": null, "
-    "\"arr\": [1, 2.5, -3e2], \"e\": [], \"s\": \"a\\\"b\\u0041\\n\"}\n";
+    "\"arr\": [1, 2.5, -3e2], \"e\": [], \"s\": \"a\\\"b\\u0041\\n\", \"h\": [\"x\", \"y\\u0041\"]}\n";
 
 TEST(json_parse_flat) {
     struct dp_json_obj o;
     ASSERT_OK(dp_json_parse(json_line, strlen(json_line), &o));
-    ASSERT_EQ(o.n, 8);
+    ASSERT_EQ(o.n, 9);
     ASSERT_TRUE(dp_json_str_is(&o, "kind", "step"));
     ASSERT_FEQ(dp_json_num(&o, "step", 0), 3);
     ASSERT_FEQ(dp_json_num(&o, "loss", 0), -1.5e-3);
@@ -197,13 +197,16 @@ TEST(json_parse_flat) {
     ASSERT_EQ(dp_json_get(&o, "e")->n, 0);
     ASSERT_TRUE(!strcmp(dp_json_get(&o, "s")->str, "a\"bA\n"));
     ASSERT_EQ(dp_json_get(&o, "ok")->type, DP_JSON_BOOL);
+    const struct dp_json_field *h = dp_json_get(&o, "h");
+    ASSERT_TRUE(h && h->type == DP_JSON_STRS && h->n == 2);
+    ASSERT_TRUE(!strcmp(h->strs[0], "x") && !strcmp(h->strs[1], "yA"));
     dp_json_obj_free(&o);
 }
 
 TEST(json_rejects_bad_input) {
     const char *bad[] = {"", "{", "{\"a\"}", "{\"a\": }", "{\"a\": 1,}", "{\"a\": 01}", "{\"a\": +1}",
                          "{\"a\": nan}", "{\"a\": inf}", "{\"a\": 1.}", "{\"a\": {\"b\": 1}}", "{\"a\": [[1]]}",
-                         "{\"a\": [\"x\"]}", "{\"a\": \"\\x\"}", "{\"a\": \"\\u12\"}", "{\"a\": 1} x", "[1]",
+                         "{\"a\": [\"x\", 1]}", "{\"a\": [1, \"x\"]}", "{\"a\": [\"x\",]}", "{\"a\": \"\\x\"}", "{\"a\": \"\\u12\"}", "{\"a\": 1} x", "[1]",
                          "{\"a\": tru}", "{\"a\": 0x10}", "{\"a\": \"abc"};
     for (size_t i = 0; i < DP_ARRAY_LEN(bad); i++) {
         struct dp_json_obj o;

@@ -309,16 +309,19 @@ int dp_plan_fit(int algo, int p, double gamma_s, const double *bytes, const doub
 /* ---- a reader of flat JSON lines (metrics.jsonl) ---------------------------------- */
 
 /* One line of metrics.jsonl is one flat object: string keys, values that are
- * numbers, strings, true/false/null or arrays of numbers.  Nothing nested
+ * numbers, strings, true/false/null, arrays of numbers or arrays of strings
+ * (an empty array is one of numbers).  Nothing nested
  * deeper is accepted.  Bad input is DP_EFORMAT with a message naming the
  * column; never a crash (tests/test_plan.c feeds it mutated lines). */
-enum dp_json_type { DP_JSON_NUM = 0, DP_JSON_STR, DP_JSON_ARR, DP_JSON_BOOL, DP_JSON_NULL, DP_JSON_TYPE_COUNT };
+enum dp_json_type { DP_JSON_NUM = 0, DP_JSON_STR, DP_JSON_ARR, DP_JSON_BOOL, DP_JSON_NULL, DP_JSON_STRS,
+                    DP_JSON_TYPE_COUNT };
 struct dp_json_field {
     char *key;
     enum dp_json_type type;
     double num;             /* NUM, BOOL (0 or 1) */
     char *str;              /* STR (escapes decoded; \u beyond ASCII becomes '?') */
     double *arr;            /* ARR (n) */
+    char **strs;            /* STRS (n), decoded as str */
     int64_t n;
 };
 struct dp_json_obj {

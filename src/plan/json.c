@@ -3,6 +3,7 @@
  * Grammar accepted (RFC 8259, restricted to what the trainer writes):
  *   object := '{' [ pair (',' pair)* ] '}'      pair := string ':' value
  *   value  := number | string | true | false | null | '[' [ number (',' number)* ] ']'
+ *           | '[' string (',' string)* ']'
  * Numbers follow JSON's grammar exactly (no "inf", "nan", hex or leading '+').
  * Every read is bounds-checked against len, so a truncated or mutated line
  * fails with DP_EFORMAT and a column, never reads past its end. */
@@ -115,21 +116,30 @@ static int array(struct cur *c, struct dp_json_field *f) {
         c->i++;
         return DP_OK;
     }
+    /* the first element decides: an array of numbers (arr) or of strings (strs) */
+    if (peek(c) == '"') f->type = DP_JSON_STRS;
     for (;;) {
         ws(c);
-        if (peek(c) == '[' || peek(c) == '{' || peek(c) == '"') return fail(c, "only arrays of numbers are supported");
-        double v;
-        int rc = number(c, &v);
+        if (peek(c) == '[' || peek(c) == '{') return fail(c, "only arrays of numbers or of strings are supported");
+        if ((peek(c) == '"') != (f->type == DP_JSON_STRS)) return fail(c, "an array mixes numbers and strings");
+        double v = 0;
+        char *str = NULL;
+        int rc = f->type == DP_JSON_STRS ? string(c, &str) : number(c, &v);
         if (rc) return rc;
         if (f->n == cap) {
             cap = cap ? 2 * cap : 16;
-            double *a = dp_malloc(sizeof(double) * (size_t)cap);
-            if (!a) return dp_seterr(DP_ENOMEM, "json: out of memory");
-            if (f->arr) memcpy(a, f->arr, sizeof(double) * (size_t)f->n);
-            dp_free(f->arr);
-            f->arr = a;
+            size_t el = f->type == DP_JSON_STRS ? sizeof(char *) : sizeof(double);
+            void *a = dp_malloc(el * (size_t)cap), **old = f->type == DP_JSON_STRS ? (void **)&f->strs : (void **)&f->arr;
+            if (!a) {
+                dp_free(str);
+                return dp_seterr(DP_ENOMEM, "json: out of memory");
+            }
+            if (*old) memcpy(a, *old, el * (size_t)f->n);
+            dp_free(*old);
+            *old = a;
         }
-        f->arr[f->n++] = v;
+        if (f->type == DP_JSON_STRS) f->strs[f->n++] = str;
+        else f->arr[f->n++] = v;
         ws(c);
         if (peek(c) == ',') {
             c->i++;
@@ -156,7 +166,10 @@ static int value(struct cur *c, struct dp_json_field *f) {
 
 void dp_json_obj_free(struct dp_json_obj *o) {
     if (!o) return;
-    for (int i = 0; i < o->n; i++) dp_free(o->f[i].key), dp_free(o->f[i].str), dp_free(o->f[i].arr);
+    for (int i = 0; i < o->n; i++) {
+        for (int64_t k = 0; o->f[i].strs && k < o->f[i].n; k++) dp_free(o->f[i].strs[k]);
+        dp_free(o->f[i].key), dp_free(o->f[i].str), dp_free(o->f[i].arr), dp_free(o->f[i].strs);
+    }
     dp_free(o->f);
     memset(o, 0, sizeof *o);
 }

@@ -31,6 +31,19 @@ if "$BIN" launch --max-restarts 2 -- train "${LJOB[@]}" --workers 2 --out "$T/l1
 else bad launch_restarts_killed_job "hash $(hash_of "$T/l1/checkpoint.bin") vs $lhash" "$(cat "$T/l1/launch.jsonl" 2>&1)" \
   "$(grep -v '^epoch' "$T/l1.log" | tail -5)"; fi
 wait
+# dptrain plot draws the world size over time from the folder's launch.jsonl: 1 host, 0 after
+# the failure, 1 again from the relaunch to the end (a step line: 7 points)
+if "$BIN" plot --out "$T/l1plot" "$T/l1" >"$T/l1plot.log" 2>&1 && grep -q "^wrote .*/world_size.svg" "$T/l1plot.log" &&
+   /usr/bin/python3 -c "
+import sys, xml.dom.minidom
+d = xml.dom.minidom.parse(sys.argv[1])
+pl = d.getElementsByTagName('polyline')
+ys = [float(p.split(',')[1]) for p in pl[0].getAttribute('points').split()]
+assert len(pl) == 1 and len(ys) == 7, ys
+top, bottom = min(ys), max(ys)   # (SVG's y grows downwards)
+assert ys == [top, top, bottom, bottom, top, top, top], ys
+" "$T/l1plot/world_size.svg"; then ok launch_world_size_plotted
+else bad launch_world_size_plotted "$(cat "$T/l1plot.log")"; fi
 
 # --- a job that cannot start is not restarted; the usage errors -----------------------------
 # (stderr: the job's own error, launch's lines, and launch's error last)
@@ -75,8 +88,9 @@ else bad launch_grows_and_excludes "hash $(hash_of "$T/l4/checkpoint.bin") vs $l
 wait
 
 # --- the failure records decide which host is lost (a stand-in for mpirun, no MPI needed): the
-# first attempt leaves the records of a link cut on host c (a and b name process 2, c names 0
-# and 1: the vote names c alone) and fails; the relaunch on a, b ends well ---
+# first attempt, on a, b, c, d, sees host a leave the hosts file (launch re-reads it meanwhile:
+# rank 2 must still be c), then leaves the records of a link cut on c (the others name process
+# 2, c names 0, 1 and 3: the vote names c alone) and fails; the relaunch on b, d ends well ---
 cat >"$T/fake-mpirun" <<'FAKE'
 #!/bin/bash
 # args: -np N --host h1,h2,... [--mca k v] ... dptrain train ... --out DIR ...
@@ -86,23 +100,48 @@ while (( $# )); do
   shift
 done
 echo "$hosts" >>"$out/fake-hosts"
-if [[ $hosts == a,b,c ]]; then
+if [[ $hosts == a,b,c,d ]]; then
+  printf 'b\nc\nd\n' >"$FAKE_HOSTS"
+  sleep 0.6
   printf '{"kind": "step", "step": 1, "loss": 1}\n' >>"$out/metrics.jsonl"
-  for p in 0 1; do
+  for p in 0 1 3; do
     printf '{"kind": "failure", "process": %d, "host": "h", "steps_done": 1, "lost_processes": [2], "error": "comm: timeout: rank 2 did not respond"}\n' $p >"$out/failure.p$p.json"
   done
-  printf '{"kind": "failure", "process": 2, "host": "c", "steps_done": 1, "lost_processes": [0, 1], "error": "x"}\n' >"$out/failure.p2.json"
+  printf '{"kind": "failure", "process": 2, "host": "c", "steps_done": 1, "lost_processes": [0, 1, 3], "error": "x"}\n' >"$out/failure.p2.json"
   exit 1
 fi
-[[ $hosts == a,b && ! -e $out/failure.p0.json ]]
+[[ $hosts == b,d && ! -e $out/failure.p0.json ]]
 FAKE
 chmod +x "$T/fake-mpirun"
-printf 'a\nb\nc\n' >"$T/hosts-abc"
+printf 'a\nb\nc\nd\n' >"$T/hosts-abcd"
 mkdir -p "$T/l5"
-if "$BIN" launch --hosts "$T/hosts-abc" --mpirun "$T/fake-mpirun" --min-nodes 2 -- \
+if FAKE_HOSTS=$T/hosts-abcd "$BIN" launch --hosts "$T/hosts-abcd" --mpirun "$T/fake-mpirun" --min-nodes 2 --poll-s 0.1 -- \
      train --model mlp --out "$T/l5" >"$T/l5.log" 2>&1 &&
-   [[ $(tr '\n' ' ' <"$T/l5/fake-hosts") == "a,b,c a,b " ]] &&
-   grep -q '"kind": "failure", .*"failed_hosts": \["c"\], "records": 3,' "$T/l5/launch.jsonl" &&
-   grep -q '"kind": "launch", "attempt": 1, "size": 2, "hosts": \["a", "b"\]' "$T/l5/launch.jsonl"; then
+   [[ $(tr '\n' ' ' <"$T/l5/fake-hosts") == "a,b,c,d b,d " ]] &&
+   grep -q '"kind": "failure", .*"failed_hosts": \["c"\], "records": 4,' "$T/l5/launch.jsonl" &&
+   grep -q '"kind": "launch", "attempt": 1, "size": 2, "hosts": \["b", "d"\]' "$T/l5/launch.jsonl"; then
   ok launch_failure_records_vote
 else bad launch_failure_records_vote "$(cat "$T/l5/launch.jsonl" "$T/l5/fake-hosts" 2>&1)" "$(tail -5 "$T/l5.log")"; fi
+
+# --- a relaunch that fails before its first step, naming no host, is not relaunched again (the
+# steps the failed attempt left in metrics.jsonl are not this attempt's progress) ---
+cat >"$T/fake-mpirun2" <<'FAKE'
+#!/bin/bash
+out=
+while (( $# )); do [[ $1 == --out ]] && out=$2; shift; done
+[[ -e $out/once ]] && exit 1
+touch "$out/once"
+printf '{"kind": "step", "step": 1, "loss": 1}\n' >>"$out/metrics.jsonl"
+printf '{"kind": "failure", "process": 0, "host": "a", "steps_done": 1, "lost_processes": [1], "error": "x"}\n' >"$out/failure.p0.json"
+exit 1
+FAKE
+chmod +x "$T/fake-mpirun2"
+printf 'a\nb\nc\n' >"$T/hosts-abc"
+mkdir -p "$T/l6"
+"$BIN" launch --hosts "$T/hosts-abc" --mpirun "$T/fake-mpirun2" --min-nodes 2 --max-restarts 5 -- \
+  train --model mlp --out "$T/l6" >"$T/l6.log" 2>&1
+rc=$?
+if [[ $rc == 1 ]] && [[ $(launch_kinds "$T/l6/launch.jsonl") == "launch failure launch failure gave_up " ]] &&
+   grep -q "failed before its first step, naming no lost rank: not restarted" "$T/l6.log"; then
+  ok launch_no_restart_without_progress
+else bad launch_no_restart_without_progress "exit $rc" "$(cat "$T/l6/launch.jsonl")"; fi

@@ -36,6 +36,8 @@ skip_all() { skip all "$1"; closing; exit; }
 
 # shellcheck source=cluster.sh
 source "$ROOT/tests/netns/cluster.sh"
+# shellcheck source=chaos.sh
+source "$ROOT/tests/netns/chaos.sh"
 t_start=$(date +%s.%N)
 why=$(cluster_check) || skip_all "$why"
 command -v mpicc >/dev/null 2>&1 || skip_all "mpicc not found"
@@ -438,6 +440,22 @@ dptrain_checks() {
     else bad dptrain_launch_link_cut "exit $(rc_of "$D/cut.out"), hash ${h3:-none}" "$(cat "$D/cut/launch.jsonl")" "$(grep -v '^epoch' "$D/cut.out" | tail -12)"; fi
   else bad dptrain_launch_link_cut "no checkpoint within 120 s" "$(tail -10 "$D/cut.out")"; kill_jobs; fi
   bg wait_for 60 finished "$D/cut.out"
+
+  # (g) issue 33's E3 case and a short chaos run (tests/netns/chaos.sh; the full one is
+  # bench/chaos.sh): a deterministic cnn job of 800 steps under dptrain launch ends with the
+  # uninterrupted 4-thread run's hash, and launch.jsonl accounts for each loss and return
+  local CJ=(--model cnn --data "$DATA" --train-limit 12800 --test-limit 256 --batch 128 --lr 0.02 --seed 1
+            --epochs 1000 --max-steps 800 --deterministic --ckpt-every-steps 10 --progress none) ch
+  bg timeout 300 "$BIN" train --workers $N "${CJ[@]}" --out "$D/cstraight" >"$D/cstraight.log" 2>&1
+  ch=$(hash_of "$D/cstraight/checkpoint.bin")
+  # h2 lost at step 120, back at step 300
+  if chaos_at_steps "$D/e3" 120 300 2 "${CJ[@]}" && chaos_check "$D/e3" "$ch" 10; then
+    ok "dptrain_launch_lose_120_gain_300 (h2 lost at step 120, back at step 300: param hash $ch as 4 threads, in $CHAOS_S s; $(chaos_summary "$D/e3"))"
+  else bad dptrain_launch_lose_120_gain_300 "${CHAOS_WHY:-}" "$(cat "$D/e3.chaos" "$D/e3/launch.jsonl" 2>&1)" "$(grep -v '^epoch' "$D/e3.log" | tail -8)"; kill_jobs; fi
+  # a random host lost every 15-30 s, back 20 s later: 2 losses, 1 return at least
+  if chaos_run "$D/chaos" 2 1 0 7 "${CJ[@]}" && chaos_check "$D/chaos" "$ch" 10; then
+    ok "dptrain_launch_chaos (in $CHAOS_S s: $(chaos_summary "$D/chaos"); param hash $ch as 4 threads)"
+  else bad dptrain_launch_chaos "${CHAOS_WHY:-}" "$(cat "$D/chaos.chaos" "$D/chaos/launch.jsonl" 2>&1)" "$(grep -v '^epoch' "$D/chaos.log" | tail -8)"; kill_jobs; fi
 }
 if [[ -x $BIN ]] && "$BIN" train --help 2>&1 | grep -q -- '--backend'; then
   dptrain_checks

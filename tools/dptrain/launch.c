@@ -83,7 +83,7 @@ static const char *help_launch =
 
 struct host {
     char name[256];
-    double excluded_until; /* dp_time(); 0: usable */
+    double excluded_until; /* dp_time() (in L->excluded) */
 };
 
 struct launch {
@@ -94,8 +94,10 @@ struct launch {
     int nmpi;
     char **train; /* "train" ARGS..., NULL-terminated */
     int ntrain;
-    struct host hosts[MAX_HOSTS];
+    struct host hosts[MAX_HOSTS];  /* the file's (the command's) hosts now, in its order */
     int nhosts;
+    struct host excluded[MAX_HOSTS]; /* failed hosts, by name: whether or not the file still lists them */
+    int nexcluded;
     FILE *log;
     double t0;
 };
@@ -105,8 +107,8 @@ static void on_signal(int sig) { got_signal = sig; }
 
 /* ---- the hosts file ------------------------------------------------------------------- */
 
-/* Re-reads the file, or runs the discovery command and reads its output, keeping
- * each host's exclusion; a missing file or a failed command keeps the list. */
+/* Re-reads the file, or runs the discovery command and reads its output; a missing file
+ * or a failed command keeps the list. */
 static void read_hosts(struct launch *L) {
     FILE *f = L->hosts_cmd ? popen(L->hosts_cmd, "r") : fopen(L->hosts_file, "r");
     if (!f) return;
@@ -120,11 +122,7 @@ static void read_hosts(struct launch *L) {
         char *h = line + strspn(line, " \t");
         h[strcspn(h, " \t\r\n#")] = 0;
         if (!*h) continue;
-        struct host *d = &L->hosts[L->nhosts++];
-        snprintf(d->name, sizeof d->name, "%s", h);
-        d->excluded_until = 0;
-        for (int i = 0; i < nold; i++)
-            if (!strcmp(old[i].name, d->name)) d->excluded_until = old[i].excluded_until;
+        snprintf(L->hosts[L->nhosts++].name, sizeof L->hosts[0].name, "%s", h);
     }
     int failed = L->hosts_cmd ? pclose(f) != 0 : fclose(f) != 0;
     if (failed) { /* (a discovery command that failed said nothing new) */
@@ -134,12 +132,33 @@ static void read_hosts(struct launch *L) {
     free(old);
 }
 
-/* The usable hosts now (at most max_nodes), their indices into out. */
-static int usable_hosts(const struct launch *L, int *out) {
+/* Excludes the host named `name` until dp_time() reaches `until`. */
+static void exclude(struct launch *L, const char *name, double until) {
+    int i = 0;
+    while (i < L->nexcluded && strcmp(L->excluded[i].name, name)) i++;
+    if (i == L->nexcluded) {
+        if (L->nexcluded == MAX_HOSTS) i = 0; /* (full: the oldest entry goes) */
+        else L->nexcluded++;
+        snprintf(L->excluded[i].name, sizeof L->excluded[i].name, "%s", name);
+    }
+    L->excluded[i].excluded_until = until;
+}
+
+static int is_excluded(const struct launch *L, const char *name, double now) {
+    for (int i = 0; i < L->nexcluded; i++)
+        if (!strcmp(L->excluded[i].name, name)) return L->excluded[i].excluded_until > now;
+    return 0;
+}
+
+/* The usable hosts now (at most max_nodes), copied into out (NULL: counted only). */
+static int usable_hosts(const struct launch *L, struct host *out) {
     int n = 0;
     double now = dp_time();
     for (int i = 0; i < L->nhosts && n < L->max_nodes; i++)
-        if (L->hosts[i].excluded_until <= now) out[n++] = i;
+        if (!is_excluded(L, L->hosts[i].name, now)) {
+            if (out) out[n] = L->hosts[i];
+            n++;
+        }
     return n;
 }
 
@@ -197,7 +216,8 @@ static void record(struct launch *L, const char *text, const char *fmt, ...) {
 /* ---- one run of the job --------------------------------------------------------------- */
 
 struct attempt {
-    int hosts[MAX_HOSTS], nhosts; /* indices into L->hosts, rank order (mpirun's --host order) */
+    struct host hosts[MAX_HOSTS]; /* rank order (mpirun's --host order); copies: the file may change */
+    int nhosts;
     int failed[MAX_HOSTS];        /* per rank: named as failed: killed (mpirun's output), or silent by
                                      the failure records' vote */
     int silent[MAX_HOSTS];        /* per rank: named by a "did not respond" line of the output */
@@ -331,12 +351,12 @@ static char **command(struct launch *L, struct attempt *a, int first, char **hos
     *hostlist = NULL;
     if (L->hosts_file) {
         size_t len = 1;
-        for (int i = 0; i < a->nhosts; i++) len += strlen(L->hosts[a->hosts[i]].name) + 1;
+        for (int i = 0; i < a->nhosts; i++) len += strlen(a->hosts[i].name) + 1;
         char *hl = calloc(1, len);
         if (!hl) die("out of memory");
         for (int i = 0; i < a->nhosts; i++) {
             if (i) strcat(hl, ",");
-            strcat(hl, L->hosts[a->hosts[i]].name);
+            strcat(hl, a->hosts[i].name);
         }
         *hostlist = hl;
         snprintf(np, sizeof np, "%d", a->nhosts);
@@ -435,8 +455,7 @@ static int run_attempt(struct launch *L, struct attempt *a, int first, int *stop
         if (L->hosts_file && !exited && !signalled && !*stopped_for_more && dp_time() - last_poll >= L->poll_s) {
             last_poll = dp_time();
             read_hosts(L);
-            int idx[MAX_HOSTS];
-            int n = usable_hosts(L, idx);
+            int n = usable_hosts(L, NULL);
             if (n > a->nhosts) {
                 record(L, "more hosts: stopping the job at a step boundary to relaunch it larger",
                        "\"kind\": \"scale_up\", \"from\": %d, \"to\": %d", a->nhosts, n);
@@ -459,7 +478,7 @@ static int run_attempt(struct launch *L, struct attempt *a, int first, int *stop
 static void json_hosts(struct launch *L, const struct attempt *a, char *buf, size_t n) {
     size_t k = (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < a->nhosts && k < n; i++)
-        k += (size_t)snprintf(buf + k, n - k, "%s\"%s\"", i ? ", " : "", L->hosts[a->hosts[i]].name);
+        k += (size_t)snprintf(buf + k, n - k, "%s\"%s\"", i ? ", " : "", a->hosts[i].name);
     if (k < n) snprintf(buf + k, n - k, "]");
 }
 
@@ -545,6 +564,7 @@ int dptrain_cmd_launch(int argc, char **argv) {
         record(&L, line, "\"kind\": \"launch\", \"attempt\": %d, \"size\": %d, \"hosts\": %s, \"resume_step\": %lld",
                restarts, a.nhosts, L.hosts_file ? hosts_json : "[]", first ? -1 : resume_step);
         int grow;
+        const double attempt_wall = wall_now();
         status = run_attempt(&L, &a, first, &grow, failed_at, resume_step);
         first = 0, failed_at = -1;
         int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -566,8 +586,8 @@ int dptrain_cmd_launch(int argc, char **argv) {
         double until = dp_time() + L.cooldown_s;
         for (int r = 0; L.hosts_file && r < a.nhosts; r++)
             if (a.failed[r]) {
-                struct host *h = &L.hosts[a.hosts[r]];
-                h->excluded_until = until;
+                struct host *h = &a.hosts[r];
+                exclude(&L, h->name, until);
                 fl += (size_t)snprintf(failed + fl, sizeof failed - fl, "%s\"%s\"", nfailed++ ? ", " : "", h->name);
                 if (fl >= sizeof failed - 2) break;
             }
@@ -577,7 +597,9 @@ int dptrain_cmd_launch(int argc, char **argv) {
         record(&L, line, "\"kind\": \"failure\", \"status\": %d, \"step\": %lld, \"checkpoint_step\": %lld, "
                          "\"steps_lost\": %lld, \"failed_hosts\": %s, \"records\": %d, \"cooldown_s\": %.3f",
                code, done, ckpt, done - (ckpt > 0 ? ckpt : 0), failed, records, L.cooldown_s);
-        if (done <= resume_step && !nfailed) {
+        /* (this attempt's own steps: a relaunch that failed before cutting metrics.jsonl back
+         * to its checkpoint leaves the failed attempt's steps there) */
+        if (last_step_since(&L, attempt_wall) <= resume_step && !nfailed) {
             record(&L, NULL, "\"kind\": \"gave_up\", \"reason\": \"no step\"");
             die("launch: the job failed before its first step, naming no lost rank: not restarted (see its error "
                 "above)");

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "dp/plan.h"
 #include "cli.h"
@@ -50,6 +51,8 @@ struct input {
     struct vec idle, stale;
     /* plan: buckets; plan_sweep: the curve */
     struct vec b_ready, b_start, b_done, sw_workers, sw_rate;
+    /* launch.jsonl: the job's size from each event on (0 while it is down) */
+    struct vec l_time, l_size;
 };
 
 static double num(const struct dp_json_obj *o, const char *k) { return dp_json_num(o, k, NAN); }
@@ -78,6 +81,18 @@ static void take_record(const struct dp_json_obj *o, void *arg) {
         copy_arr(&in->b_ready, dp_json_get(o, "bucket_ready_s"));
         copy_arr(&in->b_start, dp_json_get(o, "bucket_start_s"));
         copy_arr(&in->b_done, dp_json_get(o, "bucket_done_s"));
+    } else if (dp_json_str_is(o, "kind", "launch") || dp_json_str_is(o, "kind", "failure") ||
+               dp_json_str_is(o, "kind", "done") || dp_json_str_is(o, "kind", "stopped") ||
+               dp_json_str_is(o, "kind", "gave_up")) {
+        /* dptrain launch's records: a launch runs `size` hosts until the next failure (down:
+         * 0) or the next launch (a scale-up's stop runs at the old size until then); the last
+         * record closes the line */
+        double t = num(o, "time_s"), last = in->l_size.n ? in->l_size.v[in->l_size.n - 1] : 0;
+        if (!isfinite(t)) return;
+        double y = dp_json_str_is(o, "kind", "launch") ? num(o, "size")
+                 : dp_json_str_is(o, "kind", "failure") ? 0 : last;
+        if (in->l_time.n) push(&in->l_time, t), push(&in->l_size, last); /* (a step, not a ramp) */
+        push(&in->l_time, t), push(&in->l_size, y);
     } else if (dp_json_str_is(o, "kind", "plan_sweep")) {
         push(&in->sw_workers, num(o, "workers")), push(&in->sw_rate, num(o, "samples_per_s"));
     }
@@ -86,7 +101,7 @@ static void take_record(const struct dp_json_obj *o, void *arg) {
 static void free_input(struct input *in) {
     struct vec *v[] = {&in->step, &in->loss, &in->time, &in->data, &in->fwd, &in->bwd, &in->exposed, &in->opt,
                        &in->e_step, &in->e_time, &in->acc, &in->arrival, &in->idle, &in->stale, &in->b_ready,
-                       &in->b_start, &in->b_done, &in->sw_workers, &in->sw_rate};
+                       &in->b_start, &in->b_done, &in->sw_workers, &in->sw_rate, &in->l_time, &in->l_size};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]->v);
 }
 
@@ -135,6 +150,8 @@ static const char *help_plot =
     "  scaling.svg       predicted samples/s against workers (plan --sweep --json), and each\n"
     "                    run's measured rate at its worker count\n"
     "  timeline.svg      the buckets of one planned step (plan --json)\n"
+    "  world_size.svg    the hosts the job ran on over time, 0 while it was down (a run folder\n"
+    "                    of dptrain launch, or its launch.jsonl)\n"
     "A plot whose data no input holds is skipped with a note.\n";
 
 int dptrain_cmd_plot(int argc, char **argv) {
@@ -163,6 +180,12 @@ int dptrain_cmd_plot(int argc, char **argv) {
                 snprintf(in[nin].name, sizeof in[nin].name, "%.*s", (int)(e - b), b);
             } else snprintf(in[nin].name, sizeof in[nin].name, "%s", base);
             dptrain_each_record(a, take_record, &in[nin]);
+            /* a run folder that dptrain launch ran: its events too */
+            struct stat st;
+            char lpath[4096];
+            snprintf(lpath, sizeof lpath, "%s/launch.jsonl", a);
+            if (stat(a, &st) == 0 && S_ISDIR(st.st_mode) && access(lpath, R_OK) == 0)
+                dptrain_each_record(lpath, take_record, &in[nin]);
             nin++;
         }
     }
@@ -257,6 +280,9 @@ int dptrain_cmd_plot(int argc, char **argv) {
         emit("timeline.svg", &(struct dp_svg_plot){DP_SVG_SPANS, "Buckets of one step (planned)", "time from the step's start (ms)", "bucket (index)", 0, 0, 0}, s, 2);
         free(a.v), free(b.v), free(c.v);
     } else skip("timeline.svg", "no plan --json output");
+    ns = gather(s, in, nin, OFF(l_time), OFF(l_size));
+    if (ns) emit("world_size.svg", &(struct dp_svg_plot){DP_SVG_LINES, "World size under dptrain launch", "time (s)", "hosts running (count)", 0, 0, 0}, s, ns);
+    else skip("world_size.svg", "no launch.jsonl records");
 #undef OFF
     for (int i = 0; i < nin; i++) free_input(&in[i]);
     free(in);
