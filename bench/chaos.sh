@@ -14,14 +14,14 @@
 # seen twice).  Every phase is bounded (90 s to be steady again; 900 s in all).
 #
 # Usage (as root, after make): bash bench/chaos.sh
-# Environment: HOSTS (4), FAILS (6), REJOINS (3), MIN_S (180), STEPS (2400), N (10), SEED (1),
+# Environment: HOSTS (4), FAILS (6), REJOINS (3), MIN_S (180), STEPS (3000), N (10), SEED (1),
 # DP_DATA.  Writes bench/results/chaos-<date>.txt.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd)
 BIN=$ROOT/build/dptrain
 DATA=${DP_DATA:-/usr/share/datasets/fashion-mnist}
-HOSTS=${HOSTS:-4} FAILS=${FAILS:-6} REJOINS=${REJOINS:-3} MIN_S=${MIN_S:-180} STEPS=${STEPS:-2400}
+HOSTS=${HOSTS:-4} FAILS=${FAILS:-6} REJOINS=${REJOINS:-3} MIN_S=${MIN_S:-180} STEPS=${STEPS:-3000}
 N=${N:-10} SEED=${SEED:-1}
 RESULTS=${RESULTS:-bench/results}
 # shellcheck source=lib.sh
@@ -39,6 +39,9 @@ cleanup() { local p; for p in $(jobs -p); do kill -KILL -- "-$p" 2>/dev/null || 
 # shellcheck disable=SC2034  # used by cluster_trap
 EXTRA_CLEANUP=cleanup
 cluster_trap
+# a copy of the binary: launch relaunches its own (/proc/self/exe), and a rebuild during the run
+# must not change it (a half-written file killed a relaunch with SIGILL once)
+cp "$BIN" "$W/dptrain" && BIN=$W/dptrain
 CLUSTER_PREFIX=dpch-$$
 cluster_up "$HOSTS" 1gbit || { echo "chaos: cluster_up failed" >&2; exit 1; }
 

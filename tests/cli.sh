@@ -484,6 +484,29 @@ for p in (0, 2):
     assert r['steps_done'] == 0 and 'rank 1 did not respond' in r['error'] and r['host'], r
 "; then ok mpi_failure_record_names_silent_rank
   else bad mpi_failure_record_names_silent_rank "exit $rc" "$(ls "$T/frec"; cat "$T/frec"/failure* 2>&1)"; fi
+  # ZeRO checkpoints in the background across processes (src/train/snapshot.c): each process
+  # writes its own shards in place and rank 0 finishes the file; the files of steps 10 (the
+  # background one) and 12 are the --ckpt-sync run's, byte for byte, for stages 1-3 on 3
+  # processes and stage 3 on 2 processes x 2 workers; no temporary file is left
+  zok=1 zwhy=
+  for zc in "1 3 1" "2 3 1" "3 3 1" "3 2 2"; do
+    read -r zs znp zw <<<"$zc"
+    for zsync in 0 1; do
+      zd=$T/zsnap-$zs-$znp-$zsync
+      zx=(); (( zsync )) && zx=(--ckpt-sync)
+      timeout 120 "${MPIRUN[@]}" -np "$znp" "$BIN" train --model mlp --optim adamw --lr 0.001 --zero "$zs" \
+        --workers "$zw" --data "$DATA" --train-limit 1000 --test-limit 500 --batch 50 --progress none --max-steps 12 --ckpt-every-steps 5 "${zx[@]}" --out "$zd" >"$zd.log" 2>&1 ||
+        { zok=0 zwhy+="--zero $zs -np $znp sync=$zsync failed: $(grep error "$zd.log" | head -1); "; }
+    done
+    zb=$T/zsnap-$zs-$znp-0 zf=$T/zsnap-$zs-$znp-1
+    if ! cmp -s "$zb/checkpoint.prev.bin" "$zf/checkpoint.prev.bin" || ! cmp -s "$zb/checkpoint.bin" "$zf/checkpoint.bin" ||
+       [[ $(step_of "$zb/checkpoint.prev.bin") != 10 || $(ls "$zb" | tr '\n' ' ') != "checkpoint.bin checkpoint.prev.bin metrics.jsonl " ]] ||
+       ! grep -q "^checkpoints in the background: 2," "$zb.log"; then
+      zok=0 zwhy+="--zero $zs -np $znp x $zw: $(ls "$zb" | tr '\n' ' ') $(cmp "$zb/checkpoint.prev.bin" "$zf/checkpoint.prev.bin" 2>&1); "
+    fi
+  done
+  if (( zok )); then ok mpi_zero_snapshot_shards_in_place
+  else bad mpi_zero_snapshot_shards_in_place "$zwhy"; fi
   timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 2 --backup-workers 1 \
     >"$T/bkh.log" 2>&1
   rc=$?

@@ -36,6 +36,8 @@ void dp_test_skip(const char *fmt, ...) __attribute__((noreturn, format(printf, 
 /* The entries of folder dir not starting with '.' (what a run left there); fails the test when
  * dir cannot be listed. */
 int dp_test_files_in(const char *dir);
+/* The bytes of path (caller frees; *n their number); fails the test on any error. */
+char *dp_test_read_file(const char *path, size_t *n);
 /* Writes n bytes of p to path (created or truncated); fails the test on any error. */
 void dp_test_write_file(const char *path, const void *p, size_t n);
 /* dp_test_tmpdir()/name into out (512 bytes), returned. */

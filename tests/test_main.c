@@ -67,6 +67,20 @@ int dp_test_files_in(const char *dir) {
     return n;
 }
 
+char *dp_test_read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) dp_test_fail(__FILE__, __LINE__, "cannot open %s: %s", path, strerror(errno));
+    size_t cap = 1 << 16, len = 0, got;
+    char *buf = malloc(cap);
+    while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0)
+        if ((len += got) == cap) buf = realloc(buf, cap *= 2);
+    int bad = !buf || ferror(f);
+    fclose(f);
+    if (bad) dp_test_fail(__FILE__, __LINE__, "cannot read %s", path);
+    *n = len;
+    return buf;
+}
+
 void dp_test_write_file(const char *path, const void *p, size_t n) {
     FILE *f = fopen(path, "wb");
     if (!f) dp_test_fail(__FILE__, __LINE__, "cannot create %s: %s", path, strerror(errno));

@@ -107,3 +107,57 @@ TEST_T(snapshot_write_error_ends_the_run, 300) {
     ASSERT_TRUE(strstr(dp_errmsg(), "checkpoint.prev.bin") != NULL);
     dp_trainer_free(t);
 }
+
+/* ZeRO: each worker copies its own pieces and the writer puts them at their places in the
+ * shared file (snapshot.c).  For stages 1, 2, 3 (and stage 1 with the all-gather ahead, whose
+ * pieces are cut per bucket), AdamW (two state parts), 3 workers (shards of unequal sizes): the
+ * background file of step 10 and the run's last are the ones --ckpt-sync writes, byte for
+ * byte, and no temporary file is left. */
+static void zero_snapshot_case(int stage, int ahead) {
+    char bg[512], sync[512], a[600], b[600], name[64];
+    snprintf(name, sizeof name, "zsnap_bg_%d_%d", stage, ahead);
+    dp_test_path(bg, name);
+    snprintf(name, sizeof name, "zsnap_sync_%d_%d", stage, ahead);
+    dp_test_path(sync, name);
+    for (int k = 0; k < 2; k++) {
+        struct dp_train_params p = base("mlp", 3);
+        p.optim.kind = DP_OPTIM_ADAMW;
+        p.sched.base_lr = 1e-3f;
+        p.dp.zero = stage;
+        p.dp.zero_gather = ahead ? DP_ZERO_GATHER_AHEAD : DP_ZERO_GATHER_AUTO;
+        p.io.out_dir = k ? sync : bg;
+        p.io.ckpt_sync = k;
+        p.io.ckpt_every_steps = 5;
+        p.run.max_steps = 12;
+        struct dp_trainer *t;
+        ASSERT_OK(dp_trainer_init(&t, &p));
+        ASSERT_OK(dp_trainer_run(t));
+        struct dp_snapshot_stats st;
+        dp_trainer_snapshot_stats(t, &st);
+        ASSERT_EQ(st.taken, k ? 0 : 2); /* steps 5 and 10 in the background (12: the run's end, in the step) */
+        dp_trainer_free(t);
+    }
+    for (int prev = 0; prev < 2; prev++) {
+        const char *f = prev ? "checkpoint.prev.bin" : "checkpoint.bin";
+        snprintf(a, sizeof a, "%s/%s", bg, f), snprintf(b, sizeof b, "%s/%s", sync, f);
+        size_t na, nb;
+        char *da = dp_test_read_file(a, &na), *db = dp_test_read_file(b, &nb);
+        struct dp_ckpt_header h;
+        ASSERT_OK(dp_ckpt_read_header(a, &h));
+        ASSERT_EQ(h.step, prev ? 10 : 12);
+        ASSERT_TRUE(h.optim_state_len == 2 * h.num_params);
+        if (!(na == nb && memcmp(da, db, na) == 0))
+            dp_test_fail(__FILE__, __LINE__, "--zero %d%s: %s differs from the --ckpt-sync run's", stage,
+                         ahead ? " (gather ahead)" : "", f);
+        free(da), free(db);
+    }
+    ASSERT_EQ(dp_test_files_in(bg), 3);
+}
+
+TEST_T(snapshot_zero_shards_written_in_place, 300) {
+    require_data();
+    zero_snapshot_case(1, 0);
+    zero_snapshot_case(1, 1);
+    zero_snapshot_case(2, 0);
+    zero_snapshot_case(3, 0);
+}

@@ -472,16 +472,28 @@ int dp__ef_gather_state(struct worker *w) {
 
 /* --ckpt-every-steps within an epoch: as end_epoch's checkpoint (every worker: ZeRO's last
  * all-gather settled, the error-feedback state brought to rank 0, which writes while the
- * others stream their pieces where ZeRO spans processes; then a barrier).  Without ZeRO
- * rank 0 takes a snapshot instead, which a thread writes while training goes on
- * (snapshot.c); the barrier holds the others until the copy is taken, since it reads
- * their error-feedback state. */
-int dp__step_checkpoint(struct worker *w) {
+ * others stream their pieces where ZeRO spans processes; then a barrier) with --ckpt-sync.
+ * Else a snapshot, written by a thread while training goes on (snapshot.c): rank 0 takes it
+ * (the barrier holds the others until the copy is taken, since it reads their
+ * error-feedback state), or with ZeRO every worker its own pieces. */
+static int step_checkpoint(struct worker *w) {
     struct dp_trainer *t = w->t;
-    if (!t->p.io.out_dir) return DP_OK;
     int rc = dp_sync_settle(&w->sync);
     if (!rc) rc = dp__ef_gather_state(w);
-    if (!rc && w->grank == 0) rc = dp__snapshot_on(t) ? dp__snapshot_take(t) : dp__checkpoint_write(t);
+    if (!rc && t->p.dp.zero && dp__snapshot_on(t)) rc = dp__zsnap_take(w);
+    else if (!rc && w->grank == 0) rc = dp__snapshot_on(t) ? dp__snapshot_take(t) : dp__checkpoint_write(t);
     else if (!rc && dp__zero_serves(t)) rc = dp__zero_stream(w, NULL);
     return rc ? rc : dp_comm_barrier(w->comm);
+}
+
+int dp__step_checkpoint(struct worker *w, int64_t step, int epoch_ends) {
+    struct dp_trainer *t = w->t;
+    if (!t->p.io.out_dir) return DP_OK;
+    int rc = dp__zsnap_poll(w); /* (a ZeRO snapshot of several processes still to finish) */
+    if (rc || !t->p.io.ckpt_every_steps || step % t->p.io.ckpt_every_steps) return rc;
+    if (epoch_ends) { /* with the epoch's end */
+        w->ckpt_due = 1;
+        return DP_OK;
+    }
+    return step_checkpoint(w);
 }

@@ -68,6 +68,57 @@ int dp_ckpt_writer_put(struct dp_ckpt_writer *w, const void *data, size_t n) {
 
 uint64_t dp_ckpt_writer_hash(const struct dp_ckpt_writer *w) { return w->hash; }
 
+/* A payload written by several writers (each its pieces, with pwrite at their offsets, into
+ * the temporary file `tmp`: a ZeRO snapshot, snapshot.c) becomes a writer here, as if put
+ * in order: its CRC and the params' and buffers' FNV-1a are read back from the file, which is
+ * cut to the header and payload (an earlier attempt's longer file leaves no tail), and the
+ * writer stands after the payload: sections and close go on as usual (close renames tmp to
+ * path).  A file shorter than that misses a piece: an error, and tmp is removed. */
+int dp__ckpt_writer_adopt(struct dp_ckpt_writer **out, const char *tmp, const char *path,
+                          const struct dp_ckpt_header *h) {
+    struct dp_ckpt_writer *w = *out = dp_calloc(1, sizeof *w);
+    uint8_t *buf = dp_malloc(1 << 20);
+    if (!w || !buf) {
+        dp_free(w), dp_free(buf), *out = NULL;
+        return dp_seterr(DP_ENOMEM, "checkpoint: out of memory");
+    }
+    w->want = w->put = 4u * (uint64_t)(h->num_params + h->num_buffers + h->optim_state_len);
+    w->hash_len = 4u * (uint64_t)(h->num_params + h->num_buffers);
+    w->hash = DP_FNV1A64_INIT;
+    w->a.path = path, w->a.what = "checkpoint";
+    snprintf(w->a.tmp, sizeof w->a.tmp, "%s", tmp);
+    const uint64_t end = sizeof *h + w->want;
+    struct stat st;
+    int rc = DP_OK;
+    if ((w->a.fd = open(tmp, O_RDWR | O_CLOEXEC)) < 0)
+        rc = dp_seterr(DP_EIO, "checkpoint: cannot open %s: %s", tmp, strerror(errno));
+    else if (fstat(w->a.fd, &st) != 0 || (uint64_t)st.st_size < end)
+        rc = dp_seterr(DP_EIO, "checkpoint: %s holds %lld bytes, less than the header and payload's %llu (a piece "
+                       "missing)", tmp, (long long)st.st_size, (unsigned long long)end);
+    else if (ftruncate(w->a.fd, (off_t)end) != 0 || lseek(w->a.fd, (off_t)sizeof *h, SEEK_SET) < 0)
+        rc = dp_seterr(DP_EIO, "checkpoint: %s: %s", tmp, strerror(errno));
+    for (uint64_t at = 0; !rc && at < w->want;) {
+        size_t n = w->want - at < (1u << 20) ? (size_t)(w->want - at) : (size_t)1 << 20;
+        ssize_t got = read(w->a.fd, buf, n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            rc = dp_seterr(DP_EIO, "checkpoint: cannot read %s back: %s", tmp, got < 0 ? strerror(errno) : "short");
+            break;
+        }
+        if (at < w->hash_len) w->hash = dp_fnv1a64(buf, (size_t)(w->hash_len - at < (uint64_t)got ? w->hash_len - at
+                                                                                               : (uint64_t)got), w->hash);
+        w->crc = dp_crc32(w->crc, buf, (size_t)got);
+        at += (uint64_t)got;
+    }
+    dp_free(buf);
+    if (rc) {
+        if (w->a.fd >= 0) dp__atomic_abort(&w->a);
+        else unlink(tmp);
+        dp_free(w), *out = NULL;
+    }
+    return rc;
+}
+
 int dp_ckpt_writer_section(struct dp_ckpt_writer *w, const char *tag, const void *data, uint64_t size) {
     if (w->rc) return w->rc;
     if (w->put != w->want) {

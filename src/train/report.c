@@ -237,6 +237,8 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
 
 int dp__end_epoch(struct worker *w, double t_start) {
     struct dp_trainer *t = w->t;
+    int zrc = dp__zsnap_drain(w); /* (a ZeRO snapshot still pending: its file before the epoch's) */
+    if (zrc) return zrc;
     double *tot = dp_malloc(sizeof(double) * (size_t)(4 + 2 * t->G));
     if (!tot) return dp_seterr(DP_ENOMEM, "out of memory");
     double test_acc = NAN, test_loss = NAN;

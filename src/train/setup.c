@@ -382,6 +382,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
         (rc = dp__run_folder_open(p->io.out_dir, p->io.resume, p->io.overwrite, &t->metrics, t->metrics_path,
                                   sizeof t->metrics_path, t->note, sizeof t->note)))
         goto fail;
+    if (p->io.out_dir && t->base == 0) dp__zsnap_clean(p->io.out_dir); /* (a failed run's ZeRO snapshot files) */
     *out = t;
     return DP_OK;
 fail:

@@ -158,6 +158,7 @@ int dp__step_loop(struct worker *w) {
                 /* the run's end: as end_epoch's last epoch; --max-steps mid-epoch evaluates first
                  * (a requested stop does not: it is to end soon) */
                 double acc = NAN, loss = NAN;
+                if ((rc = dp__zsnap_drain(w))) return rc; /* (the last snapshot's file before this one) */
                 if (!stop && in_epoch > 0 && (rc = dp__evaluate_shared(w, &acc, &loss))) return rc;
                 dp_sync_drop_grads(&w->sync);
                 if ((rc = dp_sync_gather(&w->sync, w->rank == 0, NULL)) || (rc = dp__ef_gather_state(w)))
@@ -218,12 +219,8 @@ int dp__step_loop(struct worker *w) {
                 }
             }
             if (t->p.dp.check_replicas && step % t->p.dp.check_replicas == 0 && (rc = dp__check_replicas(w))) return rc;
-            /* --ckpt-every-steps: now, or with the epoch's end when this step ends the epoch */
-            if (t->p.io.ckpt_every_steps && step % t->p.io.ckpt_every_steps == 0) {
-                if (in_epoch >= t->batches_per_epoch) w->ckpt_due = 1;
-                else if ((rc = dp__step_checkpoint(w)))
-                    return dp_adderr(rc, "worker %d, step %lld: --ckpt-every-steps", w->grank, (long long)step);
-            }
+            if ((rc = dp__step_checkpoint(w, step, in_epoch >= t->batches_per_epoch)))
+                return dp_adderr(rc, "worker %d, step %lld: --ckpt-every-steps", w->grank, (long long)step);
         }
         if ((rc = dp__end_epoch(w, t_start))) return rc;
         epoch++;

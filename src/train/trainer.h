@@ -33,6 +33,7 @@ struct worker {
     struct dp_sync sync;       /* the step's synchronisation: reducer, ZeRO, optimizer (dp/ddp.h) */
     uint64_t zhash;            /* ZeRO 3: dp_replica_hash's value, folded as the ranges passed (end_epoch) */
     int ckpt_due;              /* --ckpt-every-steps fell on the epoch's last step: end_epoch checkpoints */
+    int zsnap_pending;         /* a ZeRO snapshot of several processes is written, not yet finished (snapshot.c) */
     struct dp_loader *loader;
     struct dp_comm *comm;
     struct dp_timeline tl;
@@ -227,17 +228,31 @@ int dp__zero_stream(struct worker *w, struct dp_ckpt_writer *out);
 int dp__zero_serves(const struct dp_trainer *t);
 int dp__checkpoint_write(struct dp_trainer *t);
 int dp__ef_gather_state(struct worker *w);
-int dp__step_checkpoint(struct worker *w);
+/* After each step (every worker): --ckpt-every-steps now, or with the epoch's end when
+ * this step ends the epoch (epoch_ends); and the ZeRO snapshot still pending (snapshot.c). */
+int dp__step_checkpoint(struct worker *w, int64_t step, int epoch_ends);
 void dp__fill_header(const struct dp_trainer *t, struct dp_ckpt_header *h);
 int dp__ckpt_ef_image(const struct dp_trainer *t, char **data, size_t *size);
 void dp__ckpt_put_sections(const struct dp_trainer *t, struct dp_ckpt_writer *out, const char *ef, size_t ef_size,
                            int64_t metrics_bytes);
 int dp__ckpt_keep_previous(const char *path);
 
+/* ckpt.c: a payload written by several writers at their offsets, adopted as a writer (snapshot.c) */
+int dp__ckpt_writer_adopt(struct dp_ckpt_writer **out, const char *tmp, const char *path,
+                          const struct dp_ckpt_header *h);
 /* snapshot.c: --ckpt-every-steps written in the background */
 int dp__snapshot_on(const struct dp_trainer *t);
 int dp__snapshot_take(struct dp_trainer *t);
 int dp__snapshot_wait(struct dp_trainer *t);
+/* ZeRO (every worker): take a snapshot (each copies its pieces; each process's writer
+ * writes them); at a step boundary, learn whether every process has written a pending one
+ * (one all-reduce while one is pending); wait for it (before a synchronous checkpoint, the
+ * next snapshot, the run's end).  clean: rank 0 at the start removes a failed run's
+ * temporary files. */
+int dp__zsnap_take(struct worker *w);
+int dp__zsnap_poll(struct worker *w);
+int dp__zsnap_drain(struct worker *w);
+void dp__zsnap_clean(const char *dir);
 void dp__snapshot_free(struct dp_trainer *t);
 
 /* eval.c */

@@ -16,6 +16,12 @@
 # launch running and two steps recorded since it resumed), so that launch.jsonl can be checked
 # against the actions one for one.  SEED seeds the choices ($RANDOM).
 #
+#   chaos_at_steps DIR LOSE GAIN K [ARGS...]
+#
+# the same job and files with two actions at given steps (issue 33's E3 case): host hK is lost
+# at step LOSE and comes back at step GAIN.  chaos_check compares either run's launch.jsonl
+# with its actions and its hash with the uninterrupted run's; chaos_summary gives one line.
+#
 # Every phase is bounded: the job steady again within CHAOS_PHASE_S (90 s), the whole run within
 # CHAOS_LIMIT_S (900 s).  DIR.chaos gets one line per action: "TIME kill|rejoin HOST SIZE".
 # Returns 0 when the actions were all made and the job ended 0; else 1 with CHAOS_WHY set.
