@@ -8,6 +8,7 @@
 # checkpoint written between two steps counts; the cost is 1 - median / off's median.
 #   bash bench/ckpt_cost.sh                         # about 8 minutes
 #   MODELS=cnn NS="10 50" REPS=5 bash bench/ckpt_cost.sh
+#   EXTRA="--zero 2" bash bench/ckpt_cost.sh        # ZeRO: each worker's shards written in place
 # Writes bench/results/ckpt_cost-<date>.txt (needs `make`, the data of scripts/install-deps.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,7 @@ MODELS=${MODELS:-cnn gpt}
 NS=${NS:-10 50 200}
 STEPS=${STEPS:-205}
 WORKERS=${WORKERS:-2}
+EXTRA=${EXTRA:-}   # more train options for every run (words)
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
 RESULTS=${RESULTS:-bench/results}
 DPTRAIN=${DPTRAIN:-./build/dptrain}
@@ -46,7 +48,8 @@ run_one() {
     sync*) extra=(--ckpt-every-steps "${how#sync}" --ckpt-sync) ;;
     esac
     rm -rf "$WORK/run"
-    "$DPTRAIN" train "${opts[@]}" "${extra[@]}" --workers "$WORKERS" --threads 1 --epochs 1 --max-steps "$STEPS" \
+    # shellcheck disable=SC2086  # EXTRA: words
+    "$DPTRAIN" train "${opts[@]}" "${extra[@]}" $EXTRA --workers "$WORKERS" --threads 1 --epochs 1 --max-steps "$STEPS" \
         --progress none --out "$WORK/run" >"$WORK/log" 2>&1 || { cat "$WORK/log" >&2; die "$model $how failed"; }
     local sps
     sps=$(dptrain_sps "$WORK/log")
@@ -64,7 +67,7 @@ bench_interleaved "$REPS" "${names[@]}"
 
 median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 {
-    echo "# bash bench/ckpt_cost.sh (REPS=$REPS MODELS=\"$MODELS\" NS=\"$NS\" STEPS=$STEPS WORKERS=$WORKERS) at $GIT_REV"
+    echo "# bash bench/ckpt_cost.sh (REPS=$REPS MODELS=\"$MODELS\" NS=\"$NS\" STEPS=$STEPS WORKERS=$WORKERS EXTRA=\"$EXTRA\") at $GIT_REV"
     echo "# CPU: $CPU_MODEL, $NCPU cores; load average at the start: $LOAD1"
     echo "# samples/s: the throughput line (steps 6..$STEPS, wall time, checkpoints between steps included);"
     echo "# cost = 1 - median / off's median; bg: the background writer (default), sync: --ckpt-sync"

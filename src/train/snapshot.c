@@ -85,7 +85,6 @@ struct dp_snapshot {
     int64_t metrics_bytes;  /* -1: no metrics.jsonl */
     char path[4096];
     /* ZeRO */
-    int zero;
     int copied;             /* this process's workers that copied their pieces for the snapshot in hand */
     int written;            /* this process's pieces of the snapshot in hand are on disk */
     struct zbuf *zb;        /* (P) per worker of this process */
@@ -246,7 +245,6 @@ static int snapshot_new(struct dp_trainer *t) {
         if (s) dp_free(s);
         return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the snapshot");
     }
-    s->zero = t->p.dp.zero != 0;
     s->t = t;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
