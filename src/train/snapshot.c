@@ -259,20 +259,19 @@ static int snapshot_new(struct dp_trainer *t) {
     return DP_OK;
 }
 
-int dp__snapshot_take(struct dp_trainer *t) {
-    int rc = t->snap ? dp__snapshot_wait(t) : snapshot_new(t);
-    if (rc) return rc;
+/* Rank 0's part of a snapshot (its writer idle): the header, then np parameters, the
+ * buffers and ns floats of optimizer state copied into the payload, the error-feedback
+ * state, metrics.jsonl's length; the copy's time since t0 counted. */
+static int copy_rank0(struct dp_trainer *t, size_t np, size_t ns, double t0) {
     struct dp_snapshot *s = t->snap;
-    double t0 = dp_time();
     const struct worker *w = &t->w[0];
-    /* the writer is idle (waited for above): the copy is ours to fill */
     dp__fill_header(t, &s->h);
-    const size_t np = (size_t)s->h.num_params, nb = (size_t)s->h.num_buffers, ns = (size_t)s->h.optim_state_len;
+    const size_t nb = (size_t)s->h.num_buffers;
     s->payload_len = np + nb + ns;
     if (s->payload_len > s->payload_cap) {
         dp_free(s->payload);
         s->payload_cap = 0;
-        if (!(s->payload = dp_malloc_big(sizeof(float) * s->payload_len)))
+        if (!(s->payload = dp_malloc_big(sizeof(float) * (s->payload_len ? s->payload_len : 1))))
             return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the snapshot (%zu floats)", s->payload_len);
         s->payload_cap = s->payload_len;
     }
@@ -281,10 +280,20 @@ int dp__snapshot_take(struct dp_trainer *t) {
     if (ns) memcpy(s->payload + np + nb, w->sync.opt.state, sizeof(float) * ns);
     dp_free(s->ef);
     s->ef = NULL;
-    if ((rc = dp__ckpt_ef_image(t, &s->ef, &s->ef_size))) return rc;
+    int rc = dp__ckpt_ef_image(t, &s->ef, &s->ef_size);
+    if (rc) return rc;
     s->metrics_bytes = t->metrics ? (int64_t)ftell(t->metrics) : -1;
     t->snap_copy_s += dp_time() - t0;
     t->snap_taken++;
+    return DP_OK;
+}
+
+int dp__snapshot_take(struct dp_trainer *t) {
+    int rc = t->snap ? dp__snapshot_wait(t) : snapshot_new(t);
+    if (rc) return rc;
+    struct dp_snapshot *s = t->snap;
+    /* the writer is idle (waited for above): the copy is ours to fill */
+    if ((rc = copy_rank0(t, (size_t)t->model->num_params, (size_t)t->w[0].sync.opt.state_len, dp_time()))) return rc;
     pthread_mutex_lock(&s->mu);
     s->busy = TASK_WRITE;
     pthread_cond_broadcast(&s->cv);
@@ -370,25 +379,10 @@ int dp__zsnap_take(struct worker *w) {
         memcpy(dst, src, sizeof(float) * (size_t)pc.len);
         dst += pc.len;
     }
-    if (w->grank == 0) { /* the header and what only rank 0 writes */
-        dp__fill_header(t, &s->h);
-        const size_t np = dp_sync_sharded_params(&w->sync) ? 0 : (size_t)s->h.num_params, nb = (size_t)s->h.num_buffers;
-        if (np + nb > s->payload_cap) {
-            dp_free(s->payload);
-            s->payload_cap = 0;
-            if (!(s->payload = dp_malloc_big(sizeof(float) * (np + nb))))
-                return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the snapshot (%zu floats)", np + nb);
-            s->payload_cap = np + nb;
-        }
-        memcpy(s->payload, w->rep.params, sizeof(float) * np);
-        memcpy(s->payload + np, w->rep.buffers, sizeof(float) * nb);
-        dp_free(s->ef);
-        s->ef = NULL;
-        if ((rc = dp__ckpt_ef_image(t, &s->ef, &s->ef_size))) return rc;
-        s->metrics_bytes = t->metrics ? (int64_t)ftell(t->metrics) : -1;
-        t->snap_copy_s += dp_time() - t0;
-        t->snap_taken++;
-    }
+    /* rank 0: the header and what only it writes (the parameters below stage 3, the buffers) */
+    if (w->grank == 0 &&
+        (rc = copy_rank0(t, dp_sync_sharded_params(&w->sync) ? 0 : (size_t)t->model->num_params, 0, t0)))
+        return rc;
     pthread_mutex_lock(&s->mu);
     if (++s->copied == t->P) { /* the last copy of this process: the writer's turn */
         s->copied = 0;

@@ -375,7 +375,7 @@ dptrain_checks() {
         grep -iE 'time(d )?out' "$D/stop.out" | grep -qE '\branks? ([0-9]+, |[0-9]+ and )*2\b' &&
         grep -qs '"lost_processes": \[2\]' "$D"/stop/failure.p*.json &&
         ! grep -qs '"lost_processes": \[[0-9, ]*[013]' "$D"/stop/failure.p*.json; then
-        ok "dptrain_stop (rank 2 stopped, --comm-timeout 5: exit $(rc_of "$D/stop.out") after $s s, $(ls "$D"/stop/failure.p*.json | wc -l) failure records name process 2: $(grep -iE 'time(d )?out' "$D/stop.out" | head -1 | head -c 160))"
+        ok "dptrain_stop (rank 2 stopped, --comm-timeout 5: exit $(rc_of "$D/stop.out") after $s s, $(grep -ls '"lost_processes": \[2\]' "$D"/stop/failure.p*.json | wc -l) of $(ls "$D"/stop/failure.p*.json | wc -l) failure records name process 2: $(grep -iE 'time(d )?out' "$D/stop.out" | head -1 | head -c 160))"
       else bad dptrain_stop "exit $(rc_of "$D/stop.out") after $s s; expected a timeout line naming rank 2:" "$(tail -12 "$D/stop.out")"; fi
     else bad dptrain_stop "still running 30 s after SIGSTOP" "$(tail -10 "$D/stop.out")"; fi
     cluster_signal 2 CONT dptrain 2>/dev/null
