@@ -275,8 +275,8 @@ static int copy_rank0(struct dp_trainer *t, size_t np, size_t ns, double t0) {
             return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the snapshot (%zu floats)", s->payload_len);
         s->payload_cap = s->payload_len;
     }
-    memcpy(s->payload, w->rep.params, sizeof(float) * np);
-    memcpy(s->payload + np, w->rep.buffers, sizeof(float) * nb);
+    if (np) memcpy(s->payload, w->rep.params, sizeof(float) * np);
+    if (nb) memcpy(s->payload + np, w->rep.buffers, sizeof(float) * nb);
     if (ns) memcpy(s->payload + np + nb, w->sync.opt.state, sizeof(float) * ns);
     dp_free(s->ef);
     s->ef = NULL;
@@ -376,7 +376,7 @@ int dp__zsnap_take(struct worker *w) {
     EACH_PIECE(&w->sync, k, i, first_part(&w->sync)) {
         struct dp_zero_piece pc;
         const float *src = dp_sync_piece(&w->sync, i, k, &pc);
-        memcpy(dst, src, sizeof(float) * (size_t)pc.len);
+        if (pc.len) memcpy(dst, src, sizeof(float) * (size_t)pc.len);
         dst += pc.len;
     }
     /* rank 0: the header and what only it writes (the parameters below stage 3, the buffers) */
