@@ -229,9 +229,10 @@ TEST(ddp_buckets_plan) {
     dp_model_free(m);
 }
 
-static void expect_failure(enum dp_fault_kind kind, int worker, const char *needle) {
+static void expect_failure_in(enum dp_fault_kind kind, int worker, const char *needle, int deterministic) {
     require_data();
     struct dp_train_params p = base("mlp", 3);
+    p.dp.deterministic = deterministic;
     p.run.epochs = 3;
     struct dp_fault f = {kind, worker, 20}; /* in the second epoch: the first epoch's checkpoint exists */
     char dir[512], ck[600];
@@ -261,8 +262,13 @@ static void expect_failure(enum dp_fault_kind kind, int worker, const char *need
     ASSERT_EQ(h.step, 17);
     dp_free(payload);
 }
+static void expect_failure(enum dp_fault_kind kind, int worker, const char *needle) {
+    expect_failure_in(kind, worker, needle, 0);
+}
 
 TEST_T(ddp_failure_nan_names_worker_and_step, 120) { expect_failure(DP_FAULT_NAN, 2, "not finite"); }
+/* deterministic mode: the chunk's conversion to fixed point finds it */
+TEST_T(ddp_failure_nan_deterministic, 120) { expect_failure_in(DP_FAULT_NAN, 2, "not finite", 1); }
 TEST_T(ddp_failure_alloc_stops_all_workers, 120) { expect_failure(DP_FAULT_ALLOC, 1, "allocation"); }
 TEST_T(ddp_failure_data_stops_all_workers, 120) { expect_failure(DP_FAULT_DATA, 0, "data error"); }
 

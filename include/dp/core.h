@@ -107,6 +107,11 @@ int dp_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, double deadline)
  * |g[i]| * 2^32 reaches 2^52 (|g| >= 2^20) or is NaN: beyond that a sum of
  * many could leave the exact range, so the caller fails the step. */
 int dp_fixed_add(double *restrict acc, const float *restrict g, int64_t n);
+/* The same in one pass that also zeroes g (the deterministic step's chunks: the next chunk's
+ * backward accumulates into g); with `store`, acc[i] = 0.0 + round(g[i] * 2^32) instead (the
+ * step's first chunk: no zeroing pass over acc first; 0.0 + v is the bits of adding to a zeroed
+ * acc, -0.0 included). */
+int dp_fixed_take(double *restrict acc, float *restrict g, int64_t n, int store);
 
 /* ---- the CPU's peak ---------------------------------------------------------- */
 

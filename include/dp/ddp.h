@@ -438,6 +438,10 @@ struct dp_sync {
     double *stat_acc;          /* deterministic with BatchNorm: the chunks' statistics in fixed
                                   point (num_buffers; dp_pass.stat_acc), all-reduced by finish */
     int64_t det_done;          /* deterministic: floats of this chunk converted by its grad_ready */
+    int det_first;             /* deterministic: the chunk in hand is this worker's first of the step */
+    int det_mean_bad;          /* deterministic: dp_sync_mean's gradient has a non-finite value */
+    int det_tiles;             /* deterministic: backward's ranges were seen to tile the slab (then a
+                                  step's first chunk stores into acc, which needs no zeroing) */
     int det_bad;               /* deterministic: a chunk's gradient did not fit fixed point */
     double t_gather0, t_gather1; /* the last update's all-gather (ZeRO; equal when none) */
     struct dp_sync_stats stats; /* since the last dp_sync_stats_take */
@@ -472,7 +476,8 @@ int dp_sync_finish(struct dp_sync *s, int last_micro);
  * (x positions), unless the 1/N went into the loss scale already. */
 void dp_sync_mean(struct dp_sync *s, double n_total);
 /* *bad = 1 when the reduced gradient is not finite, on every worker alike
- * (ZeRO: from ||g||^2, which the clipping then uses; collective). */
+ * (ZeRO: from ||g||^2, which the clipping then uses; collective;
+ * deterministic: dp_sync_mean's pass answered it, call it after that). */
 int dp_sync_check(struct dp_sync *s, int *bad);
 /* [clip the global norm to clip_norm] -> the optimizer step at lr; ZeRO:
  * the shard's update and the parameters' all-gather.  Collective with ZeRO. */

@@ -83,6 +83,28 @@ int dp_fixed_add(double *restrict acc, const float *restrict g, int64_t n) {
     return bad;
 }
 
+int dp_fixed_take(double *restrict acc, float *restrict g, int64_t n, int store) {
+    int bad = 0;
+    if (store) {
+#pragma omp simd reduction(| : bad)
+        for (int64_t i = 0; i < n; i++) {
+            double v = nearbyint((double)g[i] * DP_FIXED_SCALE);
+            bad |= !(fabs(v) < 4503599627370496.0);
+            acc[i] = 0.0 + v;
+            g[i] = 0;
+        }
+    } else {
+#pragma omp simd reduction(| : bad)
+        for (int64_t i = 0; i < n; i++) {
+            double v = nearbyint((double)g[i] * DP_FIXED_SCALE);
+            bad |= !(fabs(v) < 4503599627370496.0);
+            acc[i] += v;
+            g[i] = 0;
+        }
+    }
+    return bad;
+}
+
 uint64_t dp_fnv1a64(const void *data, size_t n, uint64_t h) {
     const unsigned char *p = data;
     for (size_t i = 0; i < n; i++) {

@@ -21,6 +21,7 @@
  * the split over workers.  Every replica then holds the same reduced
  * gradient, so every replica takes the same decision (dp_sync_check) and
  * applies the same update (dp_sync_update) without talking to the others. */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -89,11 +90,7 @@ void dp_sync_free(struct dp_sync *s) {
  * The conversion runs range by range as backward reports each top-level
  * layer (det_grad_ready), while its gradient is in cache, and zeroes the
  * range for the next chunk's backward, which accumulates into it. */
-static int det_accumulate(double *acc, float *g, int64_t n) {
-    int bad = dp_fixed_add(acc, g, n);
-    memset(g, 0, sizeof(float) * (size_t)n);
-    return bad;
-}
+static int det_accumulate(double *acc, float *g, int64_t n, int store) { return dp_fixed_take(acc, g, n, store); }
 
 /* det_done counts the floats converted, so that dp_sync_micro_end can tell
  * that every range came (the top-level ranges tile the slab; if they ever
@@ -101,7 +98,7 @@ static int det_accumulate(double *acc, float *g, int64_t n) {
  * converted hold zeros, which add nothing). */
 static void det_grad_ready(void *arg, int64_t off, int64_t count) {
     struct dp_sync *s = arg;
-    s->det_bad |= det_accumulate(s->acc + off, s->grads + off, count);
+    s->det_bad |= det_accumulate(s->acc + off, s->grads + off, count, s->det_first && s->det_tiles);
     s->det_done += count;
 }
 
@@ -111,7 +108,11 @@ int dp_sync_step_begin(struct dp_sync *s, int64_t step) {
     s->step = step;
     s->sumsq = 0;
     if (s->p.deterministic) {
-        memset(s->acc, 0, sizeof(double) * (size_t)s->n);
+        /* the first chunk stores into acc where backward's ranges tile the slab (learned at the
+         * first chunk ever, which adds into a zeroed acc); a worker without a chunk zeroes it
+         * in dp_sync_finish */
+        s->det_first = 1;
+        if (!s->det_tiles) memset(s->acc, 0, sizeof(double) * (size_t)s->n);
         if (s->stat_acc) memset(s->stat_acc, 0, sizeof(double) * (size_t)s->m->num_buffers);
         /* ZeRO 3: the chunks run on the whole parameters, gathered for the
          * step (deterministic mode holds full-size sums anyway: no memory win) */
@@ -161,7 +162,12 @@ int dp_sync_micro_begin(struct dp_sync *s, struct dp_pass *pass, int64_t k, int6
 int dp_sync_micro_end(struct dp_sync *s, const struct dp_pass *pass, int reducing, int rc) {
     if (s->p.deterministic) {
         if (rc) return rc;
-        if (s->det_done != s->n) s->det_bad |= det_accumulate(s->acc, s->grads, s->n);
+        /* (ranges that did not tile: the rest added; the ranges converted hold zeros, which add nothing) */
+        if (s->det_done != s->n && s->det_first && s->det_tiles)
+            return dp_seterr(DP_EINTERNAL, "deterministic mode: backward's ranges tiled the slab before and do not now");
+        if (s->det_done != s->n) s->det_bad |= det_accumulate(s->acc, s->grads, s->n, 0);
+        else if (s->det_first) s->det_tiles = 1;
+        s->det_first = 0;
         if (s->det_bad)
             return dp_seterr(DP_ENONFINITE, "deterministic mode: a gradient is not finite or too large "
                              "for fixed-point accumulation (|g| >= 2^20)");
@@ -182,6 +188,8 @@ int dp_sync_micro_end(struct dp_sync *s, const struct dp_pass *pass, int reducin
 int dp_sync_finish(struct dp_sync *s, int last_micro) {
     struct dp_sync_stats *st = &s->stats;
     if (s->p.deterministic) { /* the integer sums: exact, in any order */
+        if (s->det_first) memset(s->acc, 0, sizeof(double) * (size_t)s->n); /* (no chunk this step) */
+        s->det_first = 0;
         double t0 = dp_time();
         int rc = dp_comm_allreduce(s->comm, s->acc, s->n, DP_DTYPE_F64, s->p.reducer.algo);
         double dt = dp_time() - t0;
@@ -208,8 +216,17 @@ int dp_sync_finish(struct dp_sync *s, int last_micro) {
 
 void dp_sync_mean(struct dp_sync *s, double n_total) {
     if (s->p.deterministic) { /* back to float: acc / 2^32 / N */
-        double scale = 1.0 / (DP_FIXED_SCALE * n_total * s->p.positions);
-        for (int64_t i = 0; i < s->n; i++) s->grads[i] = (float)(s->acc[i] * scale);
+        const double scale = 1.0 / (DP_FIXED_SCALE * n_total * s->p.positions);
+        const double *restrict acc = s->acc;
+        float *restrict g = s->grads;
+        int bad = 0; /* (dp_sync_check's answer, from this pass: no second one over g) */
+#pragma omp simd reduction(| : bad)
+        for (int64_t i = 0; i < s->n; i++) {
+            float v = (float)(acc[i] * scale);
+            bad |= !(fabsf(v) <= FLT_MAX);
+            g[i] = v;
+        }
+        s->det_mean_bad = bad;
         return;
     }
     if (s->folded) return;
@@ -226,7 +243,11 @@ void dp_sync_mean(struct dp_sync *s, double n_total) {
  * anywhere makes it non-finite on every worker. */
 int dp_sync_check(struct dp_sync *s, int *bad) {
     s->sumsq = 0;
-    if (!s->p.zero || s->p.deterministic) { /* (deterministic: the whole gradient is here) */
+    if (s->p.deterministic) { /* (the whole gradient is here; dp_sync_mean looked at it) */
+        *bad = s->det_mean_bad;
+        return DP_OK;
+    }
+    if (!s->p.zero) {
         *bad = dp_any_nonfinite(s->grads, s->n);
         return DP_OK;
     }

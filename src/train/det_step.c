@@ -40,8 +40,14 @@ static int det_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *
             struct dp_batch b = dp__batch_of(lb, c0, B, per, t->pos, dp_model_num_classes(m));
             struct dp_pass pass = {.training = 1, .backward = 1, .seed = t->p.run.seed, .loss_scale = 1.0f};
             (void)dp_sync_micro_begin(&w->sync, &pass, k, nmicro, n_total, (double)lb->global_B);
-            rc = dp_model_run(m, &w->rep, &b, &pass);
-            if ((rc = dp_sync_micro_end(&w->sync, &pass, 0, rc))) return rc; /* the chunk, in fixed point */
+            rc = dp__model_run(w, &b, &pass, k == nmicro - 1 && c0 + B >= lb->B);
+            if ((rc = dp_sync_micro_end(&w->sync, &pass, 0, rc))) { /* the chunk, in fixed point */
+                if (rc != DP_ENONFINITE) return rc;
+                char msg[512]; /* (non-finite errors name the worker and step themselves: dp__step_loop) */
+                snprintf(msg, sizeof msg, "%s", dp_errmsg());
+                return dp_seterr(rc, "step %lld (epoch %lld): worker %d: %s; try a lower --lr or --clip",
+                                 (long long)w->step, (long long)w->epoch + 1, w->grank, msg);
+            }
             loss_sum += pass.loss_sum;
             w->loss_sum += pass.loss_sum;
             w->correct += pass.correct;

@@ -6,6 +6,28 @@
 /* BatchNorm statistics summed over the workers (SyncBatchNorm).  Timed:
  * the all-reduce is mostly a wait for the slowest worker, which --balance
  * must not count as this worker's compute. */
+/* The model's pass on b, or, on the worker, step and batch a test armed (fault.h), its fault in
+ * the pass's place: an allocation or data error, or a NaN in one input (forward, loss and
+ * gradients all turn NaN).  last: the step's last batch (micro-batch, or chunk). */
+int dp__model_run(struct worker *w, const struct dp_batch *b, struct dp_pass *pass, int last) {
+    const struct dp_trainer *t = w->t;
+    const struct dp_model *m = t->model;
+    int fault = t->fault.kind && w->grank == t->fault.worker && w->step == t->fault.step && last;
+    if (fault && t->fault.kind == DP_FAULT_ALLOC) return dp_seterr(DP_ENOMEM, "injected allocation failure");
+    if (fault && t->fault.kind == DP_FAULT_DATA) return dp_seterr(DP_EIO, "injected data error");
+    if (!fault || t->fault.kind != DP_FAULT_NAN || b->B == 0) return dp_model_run(m, &w->rep, b, pass);
+    size_t n = (size_t)(b->B * dp_shape_numel(&m->in_shape));
+    float *x = dp_malloc(n * sizeof(float));
+    if (!x) return dp_seterr(DP_ENOMEM, "out of memory");
+    memcpy(x, b->x, n * sizeof(float));
+    x[0] = NAN;
+    struct dp_batch nb = *b;
+    nb.x = x;
+    int rc = dp_model_run(m, &w->rep, &nb, pass);
+    dp_free(x);
+    return rc;
+}
+
 static int stat_sync(void *arg, double *buf, int64_t n) {
     struct worker *w = arg;
     double t0 = dp_time();
@@ -92,21 +114,7 @@ int dp__compute(struct worker *w, int64_t nmicro, const struct dp__micro_hooks *
         int reducing = h->begin ? h->begin(w, &pass, k, nmicro, lb, c->n_total) : 0;
         dp__pace_start(w, mult, last_micro ? stall : 0, ta);
         double stat_before = w->stat_s;
-        int fault = t->fault.kind && w->grank == t->fault.worker && w->step == t->fault.step && last_micro;
-        if (fault && t->fault.kind == DP_FAULT_ALLOC) rc = dp_seterr(DP_ENOMEM, "injected allocation failure");
-        else if (fault && t->fault.kind == DP_FAULT_DATA) rc = dp_seterr(DP_EIO, "injected data error");
-        else if (fault && t->fault.kind == DP_FAULT_NAN && b.B > 0) {
-            /* a NaN in one input: forward, loss and gradients all turn NaN */
-            size_t n = (size_t)(b.B * dp_shape_numel(&m->in_shape));
-            float *x = dp_malloc(n * sizeof(float));
-            if (!x) return dp_seterr(DP_ENOMEM, "out of memory");
-            memcpy(x, b.x, n * sizeof(float));
-            x[0] = NAN;
-            b.x = x;
-            rc = dp_model_run(m, &w->rep, &b, &pass);
-            dp_free(x);
-        } else
-            rc = dp_model_run(m, &w->rep, &b, &pass);
+        rc = dp__model_run(w, &b, &pass, last_micro);
         if (h->after_run) rc = h->after_run(w, &pass, reducing, rc);
         if (rc) return rc;
         /* the sleep paid inside backward (grad_ready) is not compute; the

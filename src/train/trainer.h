@@ -231,6 +231,9 @@ int dp__ef_gather_state(struct worker *w);
 /* After each step (every worker): --ckpt-every-steps now, or with the epoch's end when
  * this step ends the epoch (epoch_ends); and the ZeRO snapshot still pending (snapshot.c). */
 int dp__step_checkpoint(struct worker *w, int64_t step, int epoch_ends);
+/* step.c: the model's pass on b, or the fault a test armed in its place (fault.h); last: the
+ * step's last batch on this worker (micro-batch, or deterministic chunk) */
+int dp__model_run(struct worker *w, const struct dp_batch *b, struct dp_pass *pass, int last);
 void dp__fill_header(const struct dp_trainer *t, struct dp_ckpt_header *h);
 int dp__ckpt_ef_image(const struct dp_trainer *t, char **data, size_t *size);
 void dp__ckpt_put_sections(const struct dp_trainer *t, struct dp_ckpt_writer *out, const char *ef, size_t ef_size,
