@@ -99,8 +99,10 @@ groups = [
     ("matmul (oneDNN JIT: GEMMs, convolutions)", r"^\[JIT\]"),
     ("matmul (library)", r"gemm|sgemm|dnnl|jit_|libopenblas"),
     ("im2col / col2im", r"im2col|col2im"),
+    ("convolution (own loops: bias, small kernels)", r"conv_|fwd_chunk|bwd_chunk"),
+    ("bias sums, residual blocks' own loops", r"colsum|resblock_|block_forward|block_backward|same_range"),
     ("attention", r"attn|attention|softmax"),
-    ("normalisation", r"batchnorm|layernorm|bn_|_norm"),
+    ("normalisation", r"batchnorm|layernorm|bn_|\bln_|_norm"),
     ("activation", r"relu|gelu|tanh|sigmoid"),
     ("pooling", r"pool"),
     ("loss", r"cross_entropy|loss|log_softmax"),
@@ -111,7 +113,7 @@ groups = [
     ("checks (finite, norms)", r"nonfinite|sumsq|norm2"),
     ("deterministic sums (fixed point)", r"fixed|det_|sync_mean"),
     ("communication", r"comm_|allreduce|reduce_|ring_|rhd_"),
-    ("threads (OpenMP, scheduler)", r"gomp|omp_|sched_yield|futex|__schedule|pthread"),
+    ("threads (libgomp, scheduler)", r"libgomp|gomp_|sched_yield|futex|__schedule|pthread_"),
     ("kernel (page faults, syscalls)", r"\[kernel"),
 ]
 
