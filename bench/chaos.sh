@@ -42,7 +42,7 @@ cluster_trap
 # a copy of the binary: launch relaunches its own (/proc/self/exe), and a rebuild during the run
 # must not change it (a half-written file killed a relaunch with SIGILL once)
 cp "$BIN" "$W/dptrain" && BIN=$W/dptrain
-CLUSTER_PREFIX=dpch-$$
+export CLUSTER_PREFIX=dpch-$$   # (cluster_up's)
 cluster_up "$HOSTS" 1gbit || { echo "chaos: cluster_up failed" >&2; exit 1; }
 
 JOB=(--model cnn --data "$DATA" --train-limit 12800 --test-limit 256 --batch 128 --lr 0.02 --seed 1

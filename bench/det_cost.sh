@@ -10,23 +10,20 @@
 #   OLD=/path/to/dptrain-before bash bench/det_cost.sh
 # Writes bench/results/det_cost-<date>.txt.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$PWD
+cd "$(dirname "$0")/.." || exit 1
 RESULTS=${RESULTS:-bench/results}
 OLD=${OLD:-}
 NEW=${NEW:-build/dptrain}
 REPS=${REPS:-5}
 MODELS=${MODELS:-mlp cnn gpt}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
-DPTRAIN=$NEW
-WORK=$(mktemp -d /tmp/dptrain-det.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+DPTRAIN=$NEW   # (bench_tokens runs it)
+export DPTRAIN
 TOKENS=''
-die() { echo "det_cost: $*" >&2; exit 1; }
-note() { echo "# $*" >&2; }
+GPT=gpt:layers=4,heads=4,dim=128,ctx=64
 # shellcheck source=lib.sh
 source bench/lib.sh
-bench_facts det_cost
+bench_start det_cost
 [[ $MODELS == *gpt* ]] && bench_tokens
 run() { # run BIN MODEL [more options]: samples/s
   local bin=$1 m=$2 opts=()
@@ -34,7 +31,7 @@ run() { # run BIN MODEL [more options]: samples/s
   case $m in
   mlp) opts=(--model mlp --data "$DATA" --batch 128 --lr 0.05 --momentum 0.9 --max-steps 600) ;;
   cnn) opts=(--model cnn --data "$DATA" --batch 128 --lr 0.05 --momentum 0.9 --max-steps 150) ;;
-  gpt) opts=(--model gpt:layers=4,heads=4,dim=128,ctx=64 --data "$TOKENS" --batch 32 --optim adamw --lr 1e-3 --max-steps 100) ;;
+  gpt) opts=(--model "$GPT" --data "$TOKENS" --batch 32 --optim adamw --lr 1e-3 --max-steps 100) ;;
   esac
   "$bin" train "${opts[@]}" "$@" --workers 2 --threads 1 --epochs 100 --test-limit 100 --progress none 2>&1 |
     sed -n 's/^throughput: \([0-9.]*\) samples.*/\1/p'

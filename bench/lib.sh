@@ -15,6 +15,17 @@ bench_facts() {
     GIT_REV=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)
 }
 
+# bench_start NAME: what a script starts with: WORK (a temporary folder, removed at exit), die
+# and note (messages on stderr naming the script), then bench_facts NAME.
+bench_start() {
+    BENCH_NAME=$1
+    WORK=$(mktemp -d "/tmp/dptrain-$1.XXXXXX")
+    trap 'rm -rf "$WORK"' EXIT
+    die() { echo "$BENCH_NAME: $*" >&2; exit 1; }
+    note() { echo "# $*" >&2; }
+    bench_facts "$1"
+}
+
 # dptrain_sps FILE: the samples/s of dptrain's last `throughput:` line in FILE; empty when
 # there is none.
 dptrain_sps() {

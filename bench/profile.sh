@@ -28,8 +28,7 @@
 # Writes bench/results/profile-<date>.md, and the perf reports (text) in
 # bench/results/profile-<date>/MODEL.txt.  Needs perf (linux-perf) and `make`.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$PWD
+cd "$(dirname "$0")/.." || exit 1
 MODELS=${MODELS:-mlp cnn resnet gpt}
 SECONDS_RUN=${SECONDS_RUN:-10}
 DELAY_MS=${DELAY_MS:-3000}
@@ -39,15 +38,11 @@ DPTRAIN=${DPTRAIN:-./build/dptrain}
 PY=${PY:-/usr/bin/python3}
 TOKENS=${TOKENS:-}
 GPT=gpt:layers=4,heads=4,dim=128,ctx=64
-WORK=$(mktemp -d /tmp/dptrain-profile.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
-die() { echo "profile: $*" >&2; exit 1; }
-note() { echo "# $*" >&2; }
-command -v perf >/dev/null || die "perf not found (Debian package linux-perf)"
-[[ -x $DPTRAIN ]] || die "build $DPTRAIN first (make)"
 # shellcheck source=lib.sh
 source bench/lib.sh
-bench_facts profile
+bench_start profile
+command -v perf >/dev/null || die "perf not found (Debian package linux-perf)"
+[[ -x $DPTRAIN ]] || die "build $DPTRAIN first (make)"
 DIR=$RESULTS/profile-$STAMP
 mkdir -p "$DIR"
 [[ $MODELS == *gpt* ]] && bench_tokens

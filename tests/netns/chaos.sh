@@ -26,6 +26,7 @@
 # CHAOS_LIMIT_S (900 s).  DIR.chaos gets one line per action: "TIME kill|rejoin HOST SIZE".
 # Returns 0 when the actions were all made and the job ended 0; else 1 with CHAOS_WHY set.
 # Sets CHAOS_KILLS, CHAOS_REJOINS, CHAOS_S (the job's wall time).
+# shellcheck disable=SC2034  # (CHAOS_*: the caller's)
 
 _ch_now() { date +%s.%N; }
 _ch_since() { awk -v a="$1" -v b="$(_ch_now)" 'BEGIN {printf "%.1f", b - a}'; }
@@ -98,7 +99,7 @@ _ch_wait_step() {
 # (chaos_check) as chaos_run; 0 when both actions were made and the job ended 0.
 chaos_at_steps() {
   local d=$1 lose=$2 gain=$3 k=$4 ip t0; shift 4
-  CHAOS_KILLS=0 CHAOS_REJOINS=0 CHAOS_WHY= CHAOS_S=
+  CHAOS_KILLS=0 CHAOS_REJOINS=0 CHAOS_WHY='' CHAOS_S=''
   ip=$(_ch_ips | sed -n "$((k + 1))p")
   t0=$(_ch_now)
   _ch_launch "$d" "$@"
@@ -126,7 +127,7 @@ chaos_run() {
   local d=$1 fails=$2 rejoins=$3 min_s=$4 seed=$5; shift 5
   local ip=() k t0 next_kill now size
   local -A gone_at=()
-  CHAOS_KILLS=0 CHAOS_REJOINS=0 CHAOS_WHY= CHAOS_S=
+  CHAOS_KILLS=0 CHAOS_REJOINS=0 CHAOS_WHY='' CHAOS_S=''
   RANDOM=$seed
   mapfile -t ip < <(_ch_ips)
   t0=$(_ch_now)
