@@ -50,6 +50,10 @@ def interrupt_after(metrics, epochs, sig=signal.SIGINT):
 
 class TestInterrupt(unittest.TestCase):
     def test_sigint_checkpoint_resume(self):
+        # Python's Ctrl-C handler, whatever this process inherited: a shell starts a background
+        # job (the suite run with `&`) with SIGINT ignored, and Python then installs none
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.addCleanup(signal.signal, signal.SIGINT, previous)
         X, y, _, _ = fashion(1000, 0)
         out = os.path.join(scratch(), "run")
         watcher = interrupt_after(os.path.join(out, "metrics.jsonl"), 3)
