@@ -25,7 +25,7 @@
 #
 #   bash bench/profile.sh                     # about 2 minutes
 #   MODELS="mlp gpt" SECONDS_RUN=20 bash bench/profile.sh
-# Writes bench/results/profile-<date>.md, and the perf reports (text) in
+# Writes bench/results/profile-<date>.md, and the perf reports (text, symbols of 0.01% and more) in
 # bench/results/profile-<date>/MODEL.txt.  Needs perf (linux-perf) and `make`.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -70,7 +70,7 @@ for name in $MODELS; do
     perf record -F 1999 -D "$DELAY_MS" -o "$WORK/$f.data" -- "$DPTRAIN" train "${opts[@]}" "${more[@]}" --threads 1 \
         --epochs 1000 --max-steps "$steps" --test-limit 100 --progress none --out "$WORK/$f" >"$WORK/$f.log" 2>&1 ||
         { cat "$WORK/$f.log" >&2; die "$name failed"; }
-    perf report -i "$WORK/$f.data" --no-children --sort dso,sym --stdio 2>/dev/null >"$DIR/$f.txt"
+    perf report -i "$WORK/$f.data" --no-children --sort dso,sym --stdio --percent-limit 0.01 2>/dev/null >"$DIR/$f.txt"
     grep -h '^throughput:' "$WORK/$f.log" >"$DIR/$f.throughput"
 done
 
