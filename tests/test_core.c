@@ -1,5 +1,6 @@
 /* Core: errors, arena, RNG, GEMM backends against the reference. */
 #include "dp/core.h"
+#include "core/core_impl.h"
 #include "test.h"
 
 TEST(core_error_messages) {
@@ -248,4 +249,16 @@ TEST(core_rel_diff_nonfinite_is_a_difference) {
     z2[N - 1] = 1e-30f;                                      /* differs from all zeros */
     ASSERT_TRUE(isinf(dp_rel_diff(z, z2, N)));
     ASSERT_TRUE(dp_rel_diff(a, b, 0) == 0);                  /* empty */
+}
+
+/* dp__json_escape: quote, backslash and control characters escaped; a buffer too small is cut
+ * before the first escape that does not fit whole, and the length needed is returned. */
+TEST(core_json_escape) {
+    char buf[64];
+    ASSERT_EQ(dp__json_escape(buf, sizeof buf, "a\"b\\c\nd"), strlen("a\\\"b\\\\c\\u000ad"));
+    ASSERT_TRUE(!strcmp(buf, "a\\\"b\\\\c\\u000ad"));
+    ASSERT_EQ(dp__json_escape(buf, 4, "a\"b"), 4); /* a \" b: 4 bytes, one too many for 4 */
+    ASSERT_TRUE(!strcmp(buf, "a\\\""));
+    ASSERT_EQ(dp__json_escape(buf, 3, "a\"b"), 4);
+    ASSERT_TRUE(!strcmp(buf, "a")); /* (never half an escape) */
 }

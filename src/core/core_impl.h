@@ -36,6 +36,10 @@ int dp__atomic_write(struct dp__atomic *a, const void *data, size_t len);
 int dp__atomic_pwrite(struct dp__atomic *a, const void *data, size_t len, uint64_t off);
 int dp__atomic_commit(struct dp__atomic *a);
 void dp__atomic_abort(struct dp__atomic *a);
+/* s as the inside of a JSON string (quote and backslash escaped, control characters as
+ * \u00XX) into out[cap], NUL-terminated, cut before the first character that does not fit
+ * whole; returns the length the whole of s needs (>= cap: cut), as snprintf does. */
+size_t dp__json_escape(char *out, size_t cap, const char *s);
 /* mkdir -p: path and its missing parents (mode for the ones made); 0, or -1 with errno. */
 int dp__mkdir_p(const char *path, unsigned mode);
 /* pthread_create with every asynchronous signal blocked in the new thread (the

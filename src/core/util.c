@@ -105,6 +105,21 @@ int dp_fixed_take(double *restrict acc, float *restrict g, int64_t n, int store)
     return bad;
 }
 
+size_t dp__json_escape(char *out, size_t cap, const char *s) {
+    size_t need = 0, k = 0;
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        char piece[8];
+        int n = ch == '"' || ch == '\\' ? snprintf(piece, sizeof piece, "\\%c", ch)
+              : ch < 0x20            ? snprintf(piece, sizeof piece, "\\u%04x", ch)
+                                     : snprintf(piece, sizeof piece, "%c", ch);
+        if (need == k && k + (size_t)n < cap) memcpy(out + k, piece, (size_t)n), k += (size_t)n;
+        need += (size_t)n;
+    }
+    if (cap) out[k] = 0;
+    return need;
+}
+
 uint64_t dp_fnv1a64(const void *data, size_t n, uint64_t h) {
     const unsigned char *p = data;
     for (size_t i = 0; i < n; i++) {

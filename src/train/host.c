@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/core_impl.h"
 #include "trainer.h"
 
 /* ---- parameters --------------------------------------------------------------------------- */
@@ -137,10 +138,11 @@ int dp_event_json(const struct dp_event *ev, char *buf, size_t cap) {
         break;
     case DP_EVENT_CHECKPOINT: {
         put(&o, "{\"kind\": \"checkpoint\", \"step\": %lld, \"path\": \"", (long long)ev->step);
-        for (const char *c = ev->path ? ev->path : ""; *c; c++) /* (a path is JSON-escaped) */
-            if (*c == '"' || *c == '\\') put(&o, "\\%c", *c);
-            else if ((unsigned char)*c < 0x20) put(&o, "\\u%04x", (unsigned)(unsigned char)*c);
-            else put(&o, "%c", *c);
+        if (!o.full) { /* (a path is JSON-escaped) */
+            size_t need = dp__json_escape(o.buf + o.len, o.cap - o.len, ev->path ? ev->path : "");
+            if (need >= o.cap - o.len) o.full = 1;
+            else o.len += need;
+        }
         put(&o, "\"}");
         break;
     }

@@ -165,24 +165,12 @@ int dp__run_folder_open(const char *dir, const char *resume, int overwrite, FILE
 
 /* ---- the failure record ------------------------------------------------------------------- */
 
-/* s as the inside of a JSON string: quote, backslash and control characters escaped. */
-static void json_text(char *out, size_t cap, const char *s) {
-    size_t k = 0;
-    for (; *s && k + 7 < cap; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') out[k++] = '\\', out[k++] = (char)ch;
-        else if (ch < 0x20) k += (size_t)snprintf(out + k, cap - k, "\\u%04x", ch);
-        else out[k++] = (char)ch;
-    }
-    out[k] = 0;
-}
-
 int dp__run_folder_failure(const char *dir, int process, int64_t steps_done, const char *error, const int *lost,
                            int nlost) {
     char host[256] = "", hostj[600], err[2200], rec[4096 + 600], path[4096];
     if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
-    json_text(hostj, sizeof hostj, host);
-    json_text(err, sizeof err, error ? error : "");
+    (void)dp__json_escape(hostj, sizeof hostj, host); /* (a cut message is still one record) */
+    (void)dp__json_escape(err, sizeof err, error ? error : "");
     int k = snprintf(rec, sizeof rec,
                      "{\"kind\": \"failure\", \"process\": %d, \"host\": \"%s\", \"steps_done\": %lld, "
                      "\"lost_processes\": [", process, hostj, (long long)steps_done);
