@@ -83,7 +83,11 @@ static const char *help_launch =
 
 struct host {
     char name[256];
-    double excluded_until; /* dp_time() (in L->excluded) */
+};
+
+struct exclusion {
+    char name[256];
+    double until; /* dp_time() */
 };
 
 struct launch {
@@ -96,7 +100,7 @@ struct launch {
     int ntrain;
     struct host hosts[MAX_HOSTS];  /* the file's (the command's) hosts now, in its order */
     int nhosts;
-    struct host excluded[MAX_HOSTS]; /* failed hosts, by name: whether or not the file still lists them */
+    struct exclusion excluded[MAX_HOSTS]; /* failed hosts, by name: whether or not the file still lists them */
     int nexcluded;
     FILE *log;
     double t0;
@@ -141,12 +145,12 @@ static void exclude(struct launch *L, const char *name, double until) {
         else L->nexcluded++;
         snprintf(L->excluded[i].name, sizeof L->excluded[i].name, "%s", name);
     }
-    L->excluded[i].excluded_until = until;
+    L->excluded[i].until = until;
 }
 
 static int is_excluded(const struct launch *L, const char *name, double now) {
     for (int i = 0; i < L->nexcluded; i++)
-        if (!strcmp(L->excluded[i].name, name)) return L->excluded[i].excluded_until > now;
+        if (!strcmp(L->excluded[i].name, name)) return L->excluded[i].until > now;
     return 0;
 }
 
