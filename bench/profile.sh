@@ -70,15 +70,16 @@ for name in $MODELS; do
     perf record -F 1999 -D "$DELAY_MS" -o "$WORK/$f.data" -- "$DPTRAIN" train "${opts[@]}" "${more[@]}" --threads 1 \
         --epochs 1000 --max-steps "$steps" --test-limit 100 --progress none --out "$WORK/$f" >"$WORK/$f.log" 2>&1 ||
         { cat "$WORK/$f.log" >&2; die "$name failed"; }
-    perf report -i "$WORK/$f.data" --no-children --sort dso,sym --stdio --percent-limit 0.01 2>/dev/null >"$DIR/$f.txt"
-    grep -h '^throughput:' "$WORK/$f.log" >"$DIR/$f.throughput"
+    # the report, after the run's throughput line (as a comment, which perf's own lines are too)
+    { sed -n 's/^throughput:/# dptrain throughput:/p' "$WORK/$f.log"
+      perf report -i "$WORK/$f.data" --no-children --sort dso,sym --stdio --percent-limit 0.01 2>/dev/null; } >"$DIR/$f.txt"
 done
 
-"$PY" - "$DIR" "$WORK" 0 "$CPU_MODEL" "$NCPU" "$LOAD1" "$GIT_REV" $MODELS <<'PYEOF' >"$RESULTS/profile-$STAMP.md"
+"$PY" - "$DIR" "$WORK" "$CPU_MODEL" "$NCPU" "$LOAD1" "$GIT_REV" $MODELS <<'PYEOF' >"$RESULTS/profile-$STAMP.md"
 import json, re, statistics, sys, time
 import numpy as np
-d, work, _, cpu, ncpu, load, rev = sys.argv[1:8]
-models = sys.argv[8:]
+d, work, cpu, ncpu, load, rev = sys.argv[1:7]
+models = sys.argv[7:]
 
 def copy_bw(nbytes):
     """read + write bytes per second of a copy whose two arrays hold nbytes together"""
@@ -135,7 +136,7 @@ for name in models:
         rows[g] = rows.get(g, 0) + pct
         total += pct
         if len(top) < 8: top.append((pct, dso, sym))
-    thr = open(f"{d}/{m}.throughput").read().strip()
+    thr = next((l[len("# dptrain "):].strip() for l in open(f"{d}/{m}.txt") if l.startswith("# dptrain throughput:")), "")
     mt = re.search(r"([0-9.]+) (samples|tokens)/s.*MFU ([0-9.]+)% of \d+ x (\d+) GFLOP/s", thr)
     mfu = float(mt.group(3)) / 100 if mt else float("nan")
     peak = float(mt.group(4)) if mt else float("nan")
