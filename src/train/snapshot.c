@@ -259,6 +259,17 @@ static int snapshot_new(struct dp_trainer *t) {
     return DP_OK;
 }
 
+/* *buf holds at least n floats (*cap: what it holds), kept from one snapshot to the next. */
+static int reserve(float **buf, size_t *cap, size_t n, const char *what) {
+    if (n <= *cap) return DP_OK;
+    dp_free(*buf);
+    *cap = 0;
+    if (!(*buf = dp_malloc_big(sizeof(float) * (n ? n : 1))))
+        return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for %s (%zu floats)", what, n);
+    *cap = n;
+    return DP_OK;
+}
+
 /* Rank 0's part of a snapshot (its writer idle): the header, then np parameters, the
  * buffers and ns floats of optimizer state copied into the payload, the error-feedback
  * state, metrics.jsonl's length; the copy's time since t0 counted. */
@@ -268,20 +279,14 @@ static int copy_rank0(struct dp_trainer *t, size_t np, size_t ns, double t0) {
     dp__fill_header(t, &s->h);
     const size_t nb = (size_t)s->h.num_buffers;
     s->payload_len = np + nb + ns;
-    if (s->payload_len > s->payload_cap) {
-        dp_free(s->payload);
-        s->payload_cap = 0;
-        if (!(s->payload = dp_malloc_big(sizeof(float) * (s->payload_len ? s->payload_len : 1))))
-            return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the snapshot (%zu floats)", s->payload_len);
-        s->payload_cap = s->payload_len;
-    }
+    int rc = reserve(&s->payload, &s->payload_cap, s->payload_len, "the snapshot");
+    if (rc) return rc;
     if (np) memcpy(s->payload, w->rep.params, sizeof(float) * np);
     if (nb) memcpy(s->payload + np, w->rep.buffers, sizeof(float) * nb);
     if (ns) memcpy(s->payload + np + nb, w->sync.opt.state, sizeof(float) * ns);
     dp_free(s->ef);
     s->ef = NULL;
-    int rc = dp__ckpt_ef_image(t, &s->ef, &s->ef_size);
-    if (rc) return rc;
+    if ((rc = dp__ckpt_ef_image(t, &s->ef, &s->ef_size))) return rc;
     s->metrics_bytes = t->metrics ? (int64_t)ftell(t->metrics) : -1;
     t->snap_copy_s += dp_time() - t0;
     t->snap_taken++;
@@ -363,15 +368,7 @@ int dp__zsnap_take(struct worker *w) {
     double t0 = dp_time();
     /* the writer is idle, and stays so until the last of this process's workers hands it the copies */
     struct zbuf *b = &s->zb[w->rank];
-    size_t need = (size_t)pieces_len(&w->sync);
-    if (need > b->cap) {
-        dp_free(b->data);
-        b->cap = 0;
-        if (!(b->data = dp_malloc_big(sizeof(float) * (need ? need : 1))))
-            return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for the snapshot of worker %d's shards (%zu floats)",
-                             w->grank, need);
-        b->cap = need;
-    }
+    if ((rc = reserve(&b->data, &b->cap, (size_t)pieces_len(&w->sync), "the snapshot of a worker's shards"))) return rc;
     float *dst = b->data;
     EACH_PIECE(&w->sync, k, i, first_part(&w->sync)) {
         struct dp_zero_piece pc;
