@@ -1099,6 +1099,86 @@ TEST(layer_small_cnn_through_model_run) {
     dp_model_free(m);
 }
 
+/* Fusion (dp_model_finalize): a ReLU after conv2d or linear is applied in that layer's
+ * epilogue and its dy masked there; the pass skips the ReLU layer.  The fused model gives the
+ * unfused one's bits: logits, loss and every gradient, on 1 and 2 threads, with the convolution
+ * cut into chunks of one sample (the n == 1 paths), of ~512 columns, and whole. */
+static struct dp_model *fusion_model(int fuse) {
+    struct dp_model *m;
+    struct dp_shape in = dp__shape3(2, 12, 12);
+    if (dp_model_init(&m, "fusion", &in)) return NULL;
+    int rc = dp_model_set_fusion(m, fuse);
+    if (!rc) rc = dp_conv2d(m, "conv1", 6, 3, 1, 1, 1); /* "same": the masked im2col */
+    if (!rc) rc = dp_relu(m, "relu1");
+    if (!rc) rc = dp_maxpool2d(m, "pool", 2, 2);
+    if (!rc) rc = dp_conv2d(m, "conv2", 5, 3, 2, 1, 1); /* strided, 3x3 planes */
+    if (!rc) rc = dp_relu(m, "relu2");
+    if (!rc) rc = dp_conv2d(m, "conv3", 4, 1, 1, 0, 0); /* no bias */
+    if (!rc) rc = dp_relu(m, "relu3");
+    if (!rc) rc = dp_flatten(m, "flatten");
+    if (!rc) rc = dp_linear(m, "fc1", 9, 1);
+    if (!rc) rc = dp_relu(m, "relu4");
+    if (!rc) rc = dp_relu(m, "relu5"); /* after a fused ReLU: runs as written */
+    if (!rc) rc = dp_linear(m, "fc2", 7, 1);
+    if (!rc) rc = dp_relu(m, "relu6"); /* the logits themselves */
+    if (!rc) rc = dp_model_finalize(m);
+    if (rc) {
+        dp_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+TEST(layer_fused_relu_same_bits) {
+    struct dp_model *mf = fusion_model(1), *mu = fusion_model(0);
+    ASSERT_TRUE(mf && mu);
+    const int want[13] = {0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 1};
+    ASSERT_EQ(mf->nlayers, 13);
+    for (int i = 0; i < mf->nlayers; i++) {
+        ASSERT_EQ(mf->layers[i]->fused, want[i]);
+        ASSERT_EQ(mu->layers[i]->fused, 0);
+    }
+    ASSERT_TRUE(mf->desc && mu->desc && !strcmp(mf->desc, mu->desc)); /* the same text */
+    ASSERT_ERR(dp_model_set_fusion(mf, 0), DP_EINVAL, "before finalize");
+
+    const int64_t B = 7, per = 2 * 12 * 12;
+    struct dp_replica rf, ru;
+    ASSERT_OK(dp_replica_init(&rf, mf, B));
+    ASSERT_OK(dp_replica_init(&ru, mu, B));
+    dp_model_init_params(mf, &rf, 11);
+    dp_model_init_params(mu, &ru, 11);
+    float x[7 * 288];
+    int32_t tg[7];
+    int64_t sidx[7];
+    fill(x, B * per, 5, -1.0f, 1.0f);
+    for (int64_t i = 0; i < B * per; i += 13) x[i] = 0.0f; /* exact zeros before the ReLUs too */
+    for (int64_t b = 0; b < B; b++) tg[b] = (int32_t)(b % 7), sidx[b] = b;
+    struct dp_batch batch = {.B = B, .x = x, .targets = tg, .sample_idx = sidx};
+    const size_t np = sizeof(float) * (size_t)mf->num_params;
+    const int64_t chunks[3] = {1, 512, 0};
+    for (int nth = 1; nth <= 2; nth++)
+        for (int c = 0; c < 3; c++) {
+            dp_set_num_threads(nth);
+            dp__conv2d_set_chunk_cols(chunks[c]);
+            memset(rf.grads, 0, np), memset(ru.grads, 0, np);
+            struct dp_pass pf = {.training = 1, .seed = 3, .backward = 1}, pu = pf;
+            ASSERT_OK(dp_model_run(mf, &rf, &batch, &pf));
+            ASSERT_OK(dp_model_run(mu, &ru, &batch, &pu));
+            ASSERT_TRUE(pf.loss_sum == pu.loss_sum && isfinite(pf.loss_sum));
+            ASSERT_TRUE(!memcmp(rf.acts[mf->nlayers], ru.acts[mu->nlayers], sizeof(float) * 7 * 7));
+            ASSERT_TRUE(!memcmp(rf.grads, ru.grads, np));
+            int64_t nz = 0;
+            for (int64_t i = 0; i < mf->num_params; i++) nz += rf.grads[i] != 0.0f;
+            ASSERT_TRUE(nz > mf->num_params / 2); /* the gradients are not all masked away */
+        }
+    dp_set_num_threads(1);
+    dp__conv2d_set_chunk_cols(512);
+    dp_replica_free(&rf);
+    dp_replica_free(&ru);
+    dp_model_free(mf);
+    dp_model_free(mu);
+}
+
 /* ---- constructor errors ------------------------------------------------------------- */
 
 TEST(layer_constructor_errors) {

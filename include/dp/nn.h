@@ -118,6 +118,13 @@ struct dp_layer {
     int64_t buffer_off, buffer_count; /* range in the buffer slab */
     int64_t flops_fwd;       /* multiply-adds × 2 per sample, forward */
     void *priv;              /* the layer type's own state */
+    /* Fusion (dp_model_finalize).  fuse_relu, set by a constructor whose layer can apply
+     * ReLU to its own output (conv2d, linear; NULL otherwise): asks it to do so from then
+     * on, in its epilogue while the output is in cache (forward y = max(f(x), 0); backward
+     * masks dy by [y > 0] as it reads it); 1 when it does.  fused = 1 marks the ReLU layer
+     * after it: dp_model_run skips it, its output being its input and its dx its dy. */
+    int (*fuse_relu)(struct dp_layer *l);
+    int fused;
 };
 
 /* ---- parameter registration (used by layer constructors) ----------------- */
@@ -256,12 +263,18 @@ struct dp_model {
                                    layer of the caller's own cannot be written down */
     int ndesc;                  /* layers the text holds */
     int loss;                   /* enum dp_loss_kind: what dp_model_run computes on the outputs */
+    int no_fusion;              /* 1: dp_model_finalize fuses no layers (dp_model_set_fusion) */
 };
 
 /* An empty model with per-sample input shape `in`. */
 int dp_model_init(struct dp_model **m, const char *spec, const struct dp_shape *in);
-/* Checks the model (the last layer's output must be (V) or (T, V) logits). */
+/* Checks the model (the last layer's output must be (V) or (T, V) logits), then fuses each
+ * ReLU into the layer before it where that layer can apply it itself (struct dp_layer's
+ * fuse_relu): the same bits, one pass over the activations fewer. */
 int dp_model_finalize(struct dp_model *m);
+/* on = 0: finalize fuses nothing (every layer runs as written; the tests compare the two).
+ * Before dp_model_finalize; DP_EINVAL after it. */
+int dp_model_set_fusion(struct dp_model *m, int on);
 /* Sets the loss of a model (softmax cross-entropy by default; mean squared error for a
  * regression, whose output must be (K) values per sample), before or after finalize; the
  * canonical text's loss statement follows. */

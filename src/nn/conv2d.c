@@ -29,6 +29,7 @@
 struct conv {
     struct dp__conv_dims d;
     int bias;
+    int relu; /* 1: ReLU fused into the epilogue (conv_fuse_relu) */
     /* (K, OH*OW) for "same" convolutions (stride 1, OH == H, OW == W), else
      * NULL: colmask[kw][o] = 1 when output pixel o's input column for kernel
      * column kw lies inside the image. */
@@ -244,9 +245,10 @@ static int thread_id(void) {
 /* Forward:  y[b,oc,oh,ow] = b[oc] + sum_{c,kh,kw} W[oc,c,kh,kw] x[b,c,oh*S-P+kh,ow*S-P+kw]
  *           per chunk of n samples: Y' = W · col       Y' (OC, n*OHW), W (OC, CKK)
  * Backward: dW += sum over chunks of dY' · col^T      (OC, CKK), dY' = dy as (OC, n*OHW)
- *           db += sum_{b,oh,ow} dy[b,oc,oh,ow]        (OC)
+ *           db += sum_{b,oh,ow} dy[b,oc,oh,ow]        (OC; per chunk, from dY' in cache)
  *           dx = col2im(W^T · dY')                    (overwrite; skipped when dx is NULL)
- * Backward does not read y (the residual block reuses that buffer). */
+ * Backward does not read y (the residual block reuses that buffer), unless a ReLU is fused:
+ * then y is the ReLU's output, and dy is masked by [y > 0] as it is read. */
 static void fwd_chunk(const struct conv *p, const float *w, const float *bias, float *y,
                       const float *x, int64_t b0, int64_t n, float *col, float *yt) {
     const struct dp__conv_dims *d = &p->d;
@@ -255,41 +257,73 @@ static void fwd_chunk(const struct conv *p, const float *w, const float *bias, f
     float *ytc = n == 1 ? yb : yt; /* (OC, Nc); one sample: Y' is y's layout */
     im2col(col, x + b0 * d->C * d->H * d->W, n, p);
     dp_gemm(0, 0, OC, Nc, CKK, 1.0f, w, CKK, col, Nc, 0.0f, ytc, Nc);
+    /* The epilogue, on Y' while it is in cache: reorder, bias, the fused ReLU (relu_forward's
+     * expression, so the same bits as the ReLU layer: a NaN stays, -0 stays). */
+    const int relu = p->relu;
 #pragma omp parallel for collapse(2) schedule(static) if (OC * Nc >= DP__OMP_MIN)
     for (int64_t bb = 0; bb < n; bb++) {
         for (int64_t oc = 0; oc < OC; oc++) {
             float *dst = yb + (bb * OC + oc) * OHW; /* (OHW) */
             const float *src = ytc + oc * Nc + bb * OHW;
             const float bv = p->bias ? bias[oc] : 0.0f;
-            if (dst != src) {
+            if (dst != src || p->bias) { /* (+ 0.0f as before: -0 becomes +0 without bias) */
+#pragma omp simd
+                for (int64_t i = 0; i < OHW; i++) {
+                    const float v = src[i] + bv;
+                    dst[i] = relu && v < 0.0f ? 0.0f : v;
+                }
+            } else if (relu) {
 #pragma omp simd
                 for (int64_t i = 0; i < OHW; i++)
-                    dst[i] = src[i] + bv;
-            } else if (p->bias) {
-#pragma omp simd
-                for (int64_t i = 0; i < OHW; i++)
-                    dst[i] += bv;
+                    dst[i] = dst[i] < 0.0f ? 0.0f : dst[i];
             }
         }
     }
 }
 
-/* dwp (OC, CKK) = beta * dwp + dY' col^T for one chunk; dx part if dx. */
-static void bwd_chunk(const struct conv *p, const float *w, float *dwp, float beta, float *dx,
-                      const float *dy, const float *x, int64_t b0, int64_t n, float *col,
-                      float *dyt) {
+/* dwp (OC, CKK) = beta * dwp + dY' col^T for one chunk; dbp (OC) += the sums of dY''s rows
+ * when dbp (in double, while dY' is in cache); dx part if dx.  With the fused ReLU, dY' is
+ * dy [y > 0] (relu_backward's expression), masked as it is reordered into dyt. */
+static void bwd_chunk(const struct conv *p, const float *w, float *dwp, float beta, double *dbp,
+                      float *dx, const float *dy, const float *y, const float *x, int64_t b0,
+                      int64_t n, float *col, float *dyt) {
     const struct dp__conv_dims *d = &p->d;
     const int64_t OC = d->OC, CKK = d->C * d->K * d->K, OHW = d->OH * d->OW, Nc = n * OHW;
     const int64_t CHW = d->C * d->H * d->W;
     const float *dyb = dy + b0 * OC * OHW; /* (n, OC, OHW) */
     const float *g = dyb;                  /* dY' (OC, Nc) */
-    if (n > 1) {
+    if (p->relu) {
+        const float *yb = y + b0 * OC * OHW; /* (n, OC, OHW) */
+#pragma omp parallel for collapse(2) schedule(static) if (OC * Nc >= DP__OMP_MIN)
+        for (int64_t oc = 0; oc < OC; oc++)
+            for (int64_t bb = 0; bb < n; bb++) {
+                float *dst = dyt + oc * Nc + bb * OHW;
+                const float *src = dyb + (bb * OC + oc) * OHW, *ys = yb + (bb * OC + oc) * OHW;
+#pragma omp simd
+                for (int64_t i = 0; i < OHW; i++) {
+                    const float v = src[i];
+                    dst[i] = ys[i] > 0.0f ? v : 0.0f;
+                }
+            }
+        g = dyt;
+    } else if (n > 1) {
 #pragma omp parallel for collapse(2) schedule(static) if (OC * Nc >= DP__OMP_MIN)
         for (int64_t oc = 0; oc < OC; oc++)
             for (int64_t bb = 0; bb < n; bb++)
                 memcpy(dyt + oc * Nc + bb * OHW, dyb + (bb * OC + oc) * OHW,
                        sizeof(float) * (size_t)OHW);
         g = dyt;
+    }
+    if (dbp) {
+#pragma omp parallel for schedule(static) if (OC * Nc >= DP__OMP_MIN)
+        for (int64_t oc = 0; oc < OC; oc++) {
+            const float *row = g + oc * Nc;
+            double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t i = 0; i < Nc; i++)
+                acc += row[i];
+            dbp[oc] += acc;
+        }
     }
     im2col(col, x + b0 * CHW, n, p);
     dp_gemm(0, 1, OC, CKK, Nc, 1.0f, g, Nc, col, Nc, beta, dwp, CKK);
@@ -339,26 +373,14 @@ static int conv_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, cons
     float *db = dw + NW;                         /* (OC) */
     if (B == 0) return DP_OK; /* an empty share: no gradient to add */
 
-    /* Bias: one thread per output channel, samples in order. */
-    if (p->bias) {
-#pragma omp parallel for schedule(static) if (OC * B * OHW >= DP__OMP_MIN)
-        for (int64_t oc = 0; oc < OC; oc++) {
-            double acc = 0.0;
-            for (int64_t b = 0; b < B; b++) {
-                const float *src = dy + (b * OC + oc) * OHW;
-#pragma omp simd reduction(+ : acc)
-                for (int64_t i = 0; i < OHW; i++)
-                    acc += src[i];
-            }
-            db[oc] += (float)acc;
-        }
-    }
-
+    const int need_dyt = nb > 1 || p->relu;
     float *col = dp__arena_floats(ctx, nbuf * CKK * nb * OHW); /* (nbuf, CKK, nb*OHW) */
     float *dyt =
-        nb > 1 ? dp__arena_floats(ctx, nbuf * OC * nb * OHW) : NULL; /* (nbuf, OC, nb*OHW) */
+        need_dyt ? dp__arena_floats(ctx, nbuf * OC * nb * OHW) : NULL; /* (nbuf, OC, nb*OHW) */
     float *part = dp__arena_floats(ctx, G * NW);                     /* (G, OC, CKK) */
-    if (!col || (nb > 1 && !dyt) || !part) return DP_ENOMEM;
+    double *dbp = p->bias ? dp_arena_alloc(ctx->arena, sizeof(double) * (size_t)(G * OC)) : NULL; /* (G, OC) */
+    if (!col || (need_dyt && !dyt) || !part || (p->bias && !dbp)) return DP_ENOMEM;
+    if (dbp) memset(dbp, 0, sizeof(double) * (size_t)(G * OC));
 #pragma omp parallel num_threads(T) if (outer)
     {
         const int t = thread_id();
@@ -368,7 +390,8 @@ static int conv_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, cons
             const int64_t k0 = g * nchunks / G, k1 = (g + 1) * nchunks / G;
             for (int64_t k = k0; k < k1; k++) {
                 const int64_t b0 = k * nb, n = b0 + nb <= B ? nb : B - b0;
-                bwd_chunk(p, w, part + g * NW, k == k0 ? 0.0f : 1.0f, dx, dy, x, b0, n, ct, dt);
+                bwd_chunk(p, w, part + g * NW, k == k0 ? 0.0f : 1.0f, dbp ? dbp + g * OC : NULL, dx, dy, y,
+                          x, b0, n, ct, dt);
             }
         }
 #pragma omp for schedule(static)
@@ -378,6 +401,15 @@ static int conv_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, cons
                 acc += part[g * NW + i];
             dw[i] += acc;
         }
+        if (dbp) {
+#pragma omp for schedule(static)
+            for (int64_t oc = 0; oc < OC; oc++) {
+                double acc = dbp[oc];
+                for (int64_t g = 1; g < G; g++)
+                    acc += dbp[g * OC + oc];
+                db[oc] += (float)acc;
+            }
+        }
     }
     return DP_OK;
 }
@@ -386,6 +418,11 @@ static void conv_free(struct dp_layer *l) {
     struct conv *p = l->priv;
     if (p) dp_free(p->colmask);
     dp_free(p);
+}
+
+static int conv_fuse_relu(struct dp_layer *l) {
+    ((struct conv *)l->priv)->relu = 1;
+    return 1;
 }
 
 static const struct dp_layer_ops conv_ops = {"conv2d", conv_forward, conv_backward, conv_free};
@@ -520,6 +557,7 @@ int dp__conv2d_make(struct dp_model *m, struct dp_layer **out, const char *name,
         return dp__layer_fail(m, l, &mk, rc);
     int64_t OHW = d->OH * d->OW;
     l->flops_fwd = 2 * d->OC * CKK * OHW + (p->bias ? d->OC * OHW : 0);
+    l->fuse_relu = conv_fuse_relu;
     *out = l;
     return DP_OK;
 }

@@ -18,6 +18,7 @@
 struct linear {
     int64_t in, out; /* features */
     int bias;
+    int relu; /* 1: ReLU fused (linear_fuse_relu) */
 };
 
 /* db (OUT) += sum over rows of dy (R, OUT).  Each thread owns a block of
@@ -62,6 +63,12 @@ static int linear_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, cons
         beta = 1.0f;
     }
     dp_gemm(0, 1, R, p->out, p->in, 1.0f, x, p->in, w, p->in, beta, y, p->out);
+    if (p->relu) { /* the fused ReLU, right after the GEMM wrote y (relu_forward's expression) */
+        const int64_t n = R * p->out;
+#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
+        for (int64_t i = 0; i < n; i++)
+            y[i] = y[i] < 0.0f ? 0.0f : y[i];
+    }
     return DP_OK;
 }
 
@@ -72,6 +79,15 @@ static int linear_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, co
     const float *w = ctx->params + l->param_off; /* (OUT, IN) */
     float *dw = ctx->grads + l->param_off;       /* (OUT, IN) */
     float *db = dw + p->out * p->in;             /* (OUT) */
+    if (p->relu) { /* the fused ReLU: dy [y > 0] (relu_backward's expression), once for all three */
+        const int64_t n = R * p->out;
+        float *g = dp__arena_floats(ctx, n); /* (R, OUT) */
+        if (!g) return DP_ENOMEM;
+#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
+        for (int64_t i = 0; i < n; i++)
+            g[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+        dy = g;
+    }
     dp_gemm(1, 0, p->out, p->in, R, 1.0f, dy, p->out, x, p->in, 1.0f, dw, p->in);
     if (p->bias) colsum_add(db, dy, R, p->out);
     if (dx) dp_gemm(0, 0, R, p->in, p->out, 1.0f, dy, p->out, w, p->in, 0.0f, dx, p->in);
@@ -79,6 +95,11 @@ static int linear_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, co
 }
 
 static void linear_free(struct dp_layer *l) { dp_free(l->priv); }
+
+static int linear_fuse_relu(struct dp_layer *l) {
+    ((struct linear *)l->priv)->relu = 1;
+    return 1;
+}
 
 static const struct dp_layer_ops linear_ops = {"linear", linear_forward, linear_backward,
                                                linear_free};
@@ -114,6 +135,7 @@ int dp__linear_make(struct dp_model *m, struct dp_layer **out, const char *name,
 
     int64_t rows = dp_shape_numel(in) / p->in;
     l->flops_fwd = 2 * rows * p->in * p->out + (p->bias ? rows * p->out : 0);
+    l->fuse_relu = linear_fuse_relu;
     *out = l;
     return DP_OK;
 }

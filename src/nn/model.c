@@ -236,7 +236,21 @@ int dp_model_finalize(struct dp_model *m) {
         dp_free(m->desc);
         m->desc = NULL;
     }
+    /* Fusion: a ReLU after a layer that applies it in its own epilogue is skipped by the pass
+     * (the ReLU layer stays in the sequence: names, text and checkpoints are unchanged).  The
+     * same bits: max(v, 0) of the same v, dy [y > 0] of the same dy and y. */
+    for (int i = 1; i < m->nlayers && !m->no_fusion; i++) {
+        struct dp_layer *l = m->layers[i], *prev = m->layers[i - 1];
+        if (!strcmp(l->ops->type, "relu") && !prev->fused && prev->fuse_relu && prev->fuse_relu(prev))
+            l->fused = 1;
+    }
     m->finalized = 1;
+    return DP_OK;
+}
+
+int dp_model_set_fusion(struct dp_model *m, int on) {
+    if (m->finalized) return dp_seterr(DP_EINVAL, "model %s: fusion is chosen before finalize", m->spec);
+    m->no_fusion = !on;
     return DP_OK;
 }
 
@@ -386,6 +400,10 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
         struct dp_layer *l = m->layers[i];
         int rc = p->layer_begin ? p->layer_begin(p->layer_begin_arg, DP_PHASE_FORWARD, i, l) : 0;
         if (rc) return dp_adderr(rc, "forward %s", l->name);
+        if (l->fused) { /* done by the layer before it */
+            r->acts[i + 1] = r->acts[i];
+            continue;
+        }
         float *y = dp_arena_alloc(&r->arena, sizeof(float) * (size_t)(B * dp_shape_numel(&l->out_shape)));
         if (!y) return dp_adderr(DP_ENOMEM, "forward %s", l->name);
         rc = l->ops->forward(l, &ctx, y, r->acts[i], B);
@@ -423,7 +441,7 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
     const float *dy = dlogits;
     for (int i = m->nlayers - 1; i >= 0; i--) {
         struct dp_layer *l = m->layers[i];
-        float *dx = i > 0 ? buf[i & 1] : NULL;
+        float *dx = i > 0 ? (dy == buf[0] ? buf[1] : buf[0]) : NULL; /* (not the buffer dy is in) */
         /* a layer's backward scratch is dead once it returns (its results
          * are dx and the gradients): give it back, so that the step's peak is
          * the forward's saved activations plus one layer's scratch, not the
@@ -431,6 +449,7 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
         if (p->layer_begin &&
             (rc = p->layer_begin(p->layer_begin_arg, DP_PHASE_BACKWARD, i, l)))
             return dp_adderr(rc, "backward %s", l->name);
+        if (l->fused) continue; /* its dx is its dy: the layer before it masks dy itself */
         struct dp_arena_mark mk = dp_arena_mark(&r->arena);
         rc = l->ops->backward(l, &ctx, dx, dy, r->acts[i], r->acts[i + 1], B);
         dp_arena_release(&r->arena, mk);
