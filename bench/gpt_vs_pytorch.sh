@@ -10,10 +10,11 @@
 # windows, AdamW lr 1e-3 with dptrain's defaults (betas 0.9/0.999, eps 1e-8, weight decay 0;
 # bench/pytorch_gpt.py passes the same), seed 1, one thread per worker/process.
 #
-# Throughput mode: REPS repetitions of five variants, interleaved within a repetition (the order
-# rotates from one repetition to the next) so that the noise of a shared machine hits all alike,
-# each training STEPS steps of one epoch (STEPS must be below the steps of an epoch, 1177 here, so
-# that neither side evaluates on the way):
+# Throughput mode: REPS repetitions of the variants below, interleaved within a repetition (the
+# order rotates from one repetition to the next) so that the noise of a shared machine hits all
+# alike, each training STEPS steps of one epoch (STEPS must be below the steps of an epoch, 1177
+# here, so that neither side evaluates on the way).  The PyTorch variants, torch1 and ddp2, run once
+# per PyTorch environment (PT_ENV, below) in every repetition: twice with the default best-tuned pair.
 #
 #   dp1    ./build/dptrain train --workers 1 --threads 1 --batch 32 ...
 #   torch1 bench/pytorch_gpt.py --threads 1 --batch 32 ...          plain PyTorch
@@ -23,18 +24,23 @@
 #          different cores (taskset), no communication: their summed tokens/s is the ceiling of
 #          any replicated data parallelism on this machine (bench/scaling.sh's ind2)
 #
-# PyTorch runs in the "tuned" environment of bench/train_vs_pytorch.sh (its best): thread pools
-# pinned to 1 (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, torch.set_num_threads),
-# OpenBLAS free to use its AVX-512 kernels (env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE),
-# OMP_WAIT_POLICY=PASSIVE and glibc malloc on huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1).
-# PT_ENV=installed runs it in the environment as is.
+# PyTorch's baseline is "best-tuned", as in bench/train_vs_pytorch.sh: each PyTorch variant runs
+# twice per repetition, with thread pools pinned to 1 (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS,
+# MKL_NUM_THREADS, torch.set_num_threads), OMP_WAIT_POLICY=PASSIVE, dptrain's allocator policy
+# (GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=17179869184:
+# glibc.malloc.hugetlb=1, appended with ':' to any GLIBC_TUNABLES already set) and
+#   (a) own  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE (OpenBLAS's own kernel choice)
+#   (b) skx  the same with OPENBLAS_CORETYPE=SkylakeX (OPENBLAS_L2_SIZE unset)
+# and the faster of the two in each repetition is the baseline (torch1, ddp2; the report gives
+# both runs and the best).  PT_ENV=tuned_own or tuned_skx runs only (a) or (b); PT_ENV=installed
+# runs PyTorch once, pinned, in the environment as is.  VAL=1 uses (a) (or the PT_ENV given).
 #
 # Tokens/s, both sides measured alike: global windows x ctx over the wall time from the end of step
 # 5 to the end of the last step (dptrain's `throughput: N samples/s` line, times ctx; pytorch_gpt.py's
 # RESULT tokens_per_s).  dptrain's epoch line also prints tokens/s, but over the whole epoch with
 # the first steps: not the comparable figure.  Ratios are taken per repetition (runs made side by
-# side), median over the repetitions [min..max].  Targets: dp1/torch1 >= 1.5, dp2/ddp2 >= 1.5,
-# dp2/ind2 >= 0.9.
+# side), median over the repetitions [min..max]; torch1 and ddp2 are the per-repetition best of the
+# PyTorch environments.  Targets: dp1/torch1 >= 1.5, dp2/ddp2 >= 1.5, dp2/ind2 >= 0.9.
 #
 # VAL=1: both sides train VAL_STEPS (2000) steps with the same recipe, VAL_STEPS x 32 windows in
 # equal epochs no longer than the training part allows (2 epochs of 32000 here: --epochs 2
@@ -51,7 +57,7 @@
 #
 # Environment knobs:
 #   REPS=3  STEPS=200  VARIANTS="dp1 torch1 dp2 ddp2 ind2"  MODEL=gpt:layers=4,heads=4,dim=128,ctx=64
-#   BATCH=32  LR=1e-3  SEED=1  PT_ENV=tuned|installed  TOKENS=(prepared into a temp dir)
+#   BATCH=32  LR=1e-3  SEED=1  PT_ENV=tuned|tuned_own|tuned_skx|installed  TOKENS=(prepared into a temp dir)
 #   CPUS="0 1" (ind2's and VAL's two cores [the first two this process may run on])
 #   VAL=0  VAL_STEPS=2000  VAL_WARMUP=100  VAL_SCHEDULE=cosine|constant  VAL_SAME_INIT=1  VAL_PARALLEL=1
 #   DPTRAIN=./build/dptrain  PY=/usr/bin/python3  RESULTS=bench/results
@@ -91,7 +97,13 @@ note() { echo "gpt_vs_pytorch: $*" >&2; }
 [[ $("$DPTRAIN" train --help 2>&1) == *gpt:* ]] || die "'$DPTRAIN train --help' does not list gpt: is the binary current?"
 "$PY" -c 'import torch, torch.distributed as d, numpy; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
     die "$PY cannot import torch (with gloo) and numpy (python3-torch python3-numpy; the pyenv python3 on PATH has no torch)"
-case $PT_ENV in tuned | installed) ;; *) die "PT_ENV must be tuned or installed" ;; esac
+case $PT_ENV in
+tuned) PT_ENVS=(own skx) ;;
+tuned_own) PT_ENVS=(own) ;;
+tuned_skx) PT_ENVS=(skx) ;;
+installed) PT_ENVS=(installed) ;;
+*) die "PT_ENV must be tuned (the best of tuned_own and tuned_skx), tuned_own, tuned_skx or installed" ;;
+esac
 case $VAL_SCHEDULE in cosine | constant) ;; *) die "VAL_SCHEDULE must be cosine or constant" ;; esac
 for v in $VARIANTS; do case $v in dp1 | torch1 | dp2 | ddp2 | ind2) ;; *) die "unknown variant $v (dp1 torch1 dp2 ddp2 ind2)" ;; esac; done
 [ "$VAL" = 1 ] || [ -n "${VARIANTS// /}" ] || die "no variants to run"
@@ -132,25 +144,33 @@ fi
 [ "$STEPS" -gt 5 ] || die "STEPS must exceed the 5 warm-up steps"
 
 PIN=(OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1)
-if [ "$PT_ENV" = tuned ]; then
-    PTENV=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "${PIN[@]}" OMP_WAIT_POLICY=PASSIVE
-           GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1")
-else
-    PTENV=(env "${PIN[@]}")
-fi
+# dptrain's allocator policy (it sets the same with mallopt at start), for the tuned environments
+TUNED_MALLOC=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=17179869184:glibc.malloc.hugetlb=1
+# ptenv E: the environment of PyTorch environment E (own, skx, installed), into the array PTENV.
+ptenv() {
+    local tuned=(OMP_WAIT_POLICY=PASSIVE GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}$TUNED_MALLOC")
+    case $1 in
+    own) PTENV=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "${PIN[@]}" "${tuned[@]}") ;;
+    skx) PTENV=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_CORETYPE=SkylakeX "${PIN[@]}" "${tuned[@]}") ;;
+    installed) PTENV=(env "${PIN[@]}") ;;
+    esac
+}
+ptenv "${PT_ENVS[0]}"   # VAL=1 and --export-init run in the first (own for the best-tuned pair)
 DPCOMMON=(--model "$MODEL" --data "$TOKENS" --optim adamw --lr "$LR" --seed "$SEED" --threads 1 --progress none)
 PTCOMMON=(--model "$MODEL" --data "$TOKENS" --lr "$LR" --seed "$SEED" --threads 1)
 
-# The command line of one variant, into the array CMD.
+# The command line of one variant, into the array CMD; torch1_E and ddp2_E run PyTorch in
+# environment E (ptenv).
 build_cmd() {
+    case $1 in torch1_* | ddp2_*) ptenv "${1#*_}" ;; esac
     case $1 in
     dp1 | dp2) CMD=(env "${PIN[@]}" "$DPTRAIN" train "${DPCOMMON[@]}" --workers "${1#dp}" --batch "$BATCH"
                     --epochs 1 --max-steps "$STEPS") ;;
     ind2) CMD=(env "${PIN[@]}" "$DPTRAIN" train "${DPCOMMON[@]}" --workers 1 --batch $((BATCH / 2))
                --epochs 1 --max-steps "$STEPS") ;;
-    torch1) CMD=("${PTENV[@]}" "$PY" bench/pytorch_gpt.py "${PTCOMMON[@]}" --world 1 --batch "$BATCH"
+    torch1_*) CMD=("${PTENV[@]}" "$PY" bench/pytorch_gpt.py "${PTCOMMON[@]}" --world 1 --batch "$BATCH"
                  --epochs 1 --max-steps "$STEPS" --no-eval) ;;
-    ddp2) CMD=("${PTENV[@]}" "$PY" bench/pytorch_gpt.py "${PTCOMMON[@]}" --world 2 --batch "$BATCH"
+    ddp2_*) CMD=("${PTENV[@]}" "$PY" bench/pytorch_gpt.py "${PTCOMMON[@]}" --world 2 --batch "$BATCH"
                --epochs 1 --max-steps "$STEPS" --no-eval) ;;
     esac
 }
@@ -173,7 +193,7 @@ run_one() {
     local variant=$1 rep=$2
     local log=$WORK/$variant-r$rep.log
     build_cmd "$variant"
-    local rc=0 tps cpu el us sy
+    local rc=0 tps cpu
     if [ "$variant" = ind2 ]; then
         # two independent processes at once, one per core; tokens/s summed
         pin 0 "$TIME" -f '%e %U %S' -o "$log.time" "${CMD[@]}" >"$log" 2>&1 & local pid=$!
@@ -194,7 +214,7 @@ run_one() {
         tps=NA
     fi
     printf '%s\t%s\t%s\t%s\n' "$variant" "$rep" "$tps" "$cpu" >>"$RAW"
-    printf '  %-6s rep %s: %s tokens/s (%s cores busy over the whole process)\n' "$variant" "$rep" "$tps" "$cpu" >&2
+    printf '  %-13s rep %s: %s tokens/s (%s cores busy over the whole process)\n' "$variant" "$rep" "$tps" "$cpu" >&2
 }
 
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -202,7 +222,14 @@ T_START=$(date +%s)
 
 # ---- throughput -------------------------------------------------------------------
 if [ "$VAL" != 1 ]; then
-    read -r -a VARR <<<"$VARIANTS"
+    # torch1 and ddp2 once per PyTorch environment: torch1_own torch1_skx ... (interleaved like the rest)
+    VARR=()
+    for v in $VARIANTS; do
+        case $v in
+        torch1 | ddp2) for e in "${PT_ENVS[@]}"; do VARR+=("${v}_$e"); done ;;
+        *) VARR+=("$v") ;;
+        esac
+    done
     NV=${#VARR[@]}
     note "variants: ${VARR[*]}; $MODEL, batch $BATCH, $STEPS steps, $REPS repetition(s); PyTorch env $PT_ENV;" \
          "ind2 on CPUs ${CPUA[*]:0:2} (pinned: $PINNED)"
@@ -279,7 +306,8 @@ bench_facts gpt_vs_pytorch
 TORCH_VER=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo unknown)
 NPARAMS=$(sed -n 's/^dptrain: model .* (\([0-9]*\) parameters.*/\1/p' "$WORK"/*.log 2>/dev/null | head -n 1 || true)
 DPTRAIN_BIN=$DPTRAIN
-export RAW VALRAW REPS STEPS MODEL BATCH LR SEED PT_ENV LOAD0 LOAD1 T_START CPU_MODEL NCPU GIT_REV TORCH_VER
+PT_ENVS_S="${PT_ENVS[*]}"
+export RAW VALRAW REPS STEPS MODEL BATCH LR SEED PT_ENV PT_ENVS_S TUNED_MALLOC LOAD0 LOAD1 T_START CPU_MODEL NCPU GIT_REV TORCH_VER
 export VAL_EPOCHS=${VAL_EPOCHS:-1} LIMIT=${LIMIT:-0}
 export DPTRAIN_BIN NPARAMS NTOK VAL VAL_STEPS VAL_WARMUP VAL_SCHEDULE VAL_SAME_INIT VAL_PARALLEL PINNED CPUS
 "$PY" - >"$OUTMD" <<'EOF'
@@ -293,9 +321,40 @@ for variant, rep, tps, c in rows:
         data.setdefault(variant, {})[int(rep)] = float(tps)
     if c != "NA":
         cpu.setdefault(variant, []).append(float(c))
+ENVS = E["PT_ENVS_S"].split()   # own skx (best-tuned), or one of own, skx, installed
+ENVNAME = {"own": "(a) OpenBLAS's own kernels", "skx": "(b) SkylakeX kernels", "installed": "as installed"}
+BEST = len(ENVS) > 1
 NAMES = {"dp1": "dptrain 1 worker", "torch1": "PyTorch 1 process", "dp2": "dptrain 2 workers",
          "ddp2": "PyTorch DDP 2 processes", "ind2": "2 independent dptrain (batch/2 each)"}
-order = [v for v in ("dp1", "torch1", "dp2", "ddp2", "ind2") if any(r[0] == v for r in rows)]
+for b in ("torch1", "ddp2"):
+    for e in ENVS:
+        NAMES[f"{b}_{e}"] = f"{NAMES[b]}, {ENVNAME[e]}"
+    NAMES[b] += ", best-tuned" if BEST else f" ({ENVNAME[ENVS[0]]})"
+    if not BEST:
+        NAMES[f"{b}_{ENVS[0]}"] = NAMES[b]
+# torch1 and ddp2: per repetition the faster of their runs in the PyTorch environments (of those
+# with a figure); picks[b][e] counts the repetitions environment e gave it.
+present = {r[0] for r in rows}
+picks, partial = {}, []
+for b in ("torch1", "ddp2"):
+    runs = [f"{b}_{e}" for e in ENVS if f"{b}_{e}" in present]
+    if not runs:
+        continue
+    picks[b] = {e: 0 for e in ENVS}
+    for r in sorted({r for v in runs for r in data.get(v, {})}):
+        got = [(data[v][r], v) for v in runs if r in data.get(v, {})]
+        data.setdefault(b, {})[r], w = max(got)
+        picks[b][w[len(b) + 1:]] += 1
+        if len(got) < len(ENVS):
+            partial.append(f"{b} rep {r}")
+order, runs_order = [], []   # the tokens/s columns; what ran (the CPU table)
+for v in ("dp1", "torch1", "dp2", "ddp2", "ind2"):
+    runs = [f"{v}_{e}" for e in ENVS if f"{v}_{e}" in present] if v in picks else [v] if v in present else []
+    runs_order += runs
+    if v in picks:
+        order += (runs if BEST else []) + [v]
+    else:
+        order += runs
 
 def med(xs):
     return statistics.median(xs) if xs else None
@@ -328,9 +387,20 @@ p(f"- machine: **{E['CPU_MODEL']}**, {E['NCPU']} CPUs; load average at start {E[
 p(f"- model `{E['MODEL']}` ({E['NPARAMS'] or '?'} parameters), fortunes token file ({E['NTOK']} tokens, the last 5% "
   f"validate), global batch {E['BATCH']} windows, AdamW lr {E['LR']} (betas 0.9/0.999, eps 1e-8, weight decay 0), "
   f"seed {E['SEED']}, fp32, 1 thread per worker/process")
+tuned_env = (f"OMP_WAIT_POLICY=PASSIVE, GLIBC_TUNABLES=`{E['TUNED_MALLOC']}` (dptrain's allocator policy), "
+             "OPENBLAS_L2_SIZE unset, and OPENBLAS_CORETYPE ")
+envdesc = {"own": "unset (OpenBLAS's own kernel choice)", "skx": "=SkylakeX"}
+if E["PT_ENV"] == "installed":
+    pdesc = " (the environment as is, thread pools pinned to 1)"
+elif BEST and val:
+    pdesc = f" (run (a) of the best-tuned pair: {tuned_env}{envdesc['own']})"
+elif BEST:
+    pdesc = (f" (best-tuned: {tuned_env}unset (a) or =SkylakeX (b), both run every repetition; "
+             "the PyTorch baselines are per repetition the faster of (a) and (b))")
+else:
+    pdesc = f" ({tuned_env}{envdesc[ENVS[0]]})"
 p(f"- PyTorch: `bench/pytorch_gpt.py` (the module of tests/torch/ref.py), environment `{E['PT_ENV']}`"
-  + (" (AVX-512 OpenBLAS, OMP_WAIT_POLICY=PASSIVE, glibc.malloc.hugetlb=1)" if E["PT_ENV"] == "tuned" else "")
-  + "; DDP: gloo on loopback, bucket_cap_mb 25")
+  + pdesc + "; DDP: gloo on loopback, bucket_cap_mb 25")
 if not val:
     p(f"- {E['STEPS']} steps per run; tokens/s = global windows x ctx over the steps after the 5th (dptrain's "
       "`throughput:` samples/s x ctx; pytorch_gpt.py's RESULT line), no evaluation; "
@@ -341,16 +411,29 @@ if not val:
     p("")
     p(f"## Tokens/s (global, median) -- {E['CPU_MODEL']}")
     p("")
-    p("| " + " | ".join(NAMES[v] for v in order) + " |")
+    p("| " + " | ".join(f"**{NAMES[v]}**" if BEST and v in picks else NAMES[v] for v in order) + " |")
     p("|" + "---:|" * len(order))
     p("| " + " | ".join(fmt(med(list(data.get(v, {}).values()))) for v in order) + " |")
     p("")
+    if BEST and picks:
+        p("Best-tuned, which run was faster (repetitions): " + "; ".join(
+            f"{NAMES[b]}: " + ", ".join(f"{ENVNAME[e].split(' ')[0]} {n}" for e, n in pk.items())
+            + f" of {sum(pk.values())}" for b, pk in picks.items()) + ".")
+        if partial:
+            p(f"**From one run only (the other gave no figure)**: {', '.join(partial)}.")
+        p("")
     p("## Ratios (median of per-repetition ratios)")
     p("")
     p("| ratio | value | target |")
     p("|---|---:|---:|")
-    p(f"| dptrain 1 worker / PyTorch 1 process (dp1/torch1) | {cell(ratios('dp1', 'torch1'), False, 1.5)} | >= 1.5x |")
-    p(f"| dptrain 2 workers / PyTorch DDP 2 processes (dp2/ddp2) | {cell(ratios('dp2', 'ddp2'), False, 1.5)} | >= 1.5x |")
+    bt = ", best-tuned" if BEST else ""
+    p(f"| dptrain 1 worker / PyTorch 1 process{bt} (dp1/torch1) | {cell(ratios('dp1', 'torch1'), False, 1.5)} | >= 1.5x |")
+    p(f"| dptrain 2 workers / PyTorch DDP 2 processes{bt} (dp2/ddp2) | {cell(ratios('dp2', 'ddp2'), False, 1.5)} | >= 1.5x |")
+    if BEST:
+        for a, b in (("dp1", "torch1"), ("dp2", "ddp2")):
+            for e in ENVS:
+                if f"{b}_{e}" in present:
+                    p(f"| {NAMES[a]} / {NAMES[b + '_' + e]} ({a}/{b}_{e}) | {cell(ratios(a, f'{b}_{e}'))} | |")
     p(f"| dptrain 2 workers / the ceiling (dp2/ind2) | {cell(ratios('dp2', 'ind2'), True, 0.9)} | >= 90% |")
     p(f"| dptrain scaling efficiency dp2 / (2 x dp1) | {cell(ratios('dp2', 'dp1', 2), True)} | |")
     p(f"| PyTorch DDP scaling efficiency ddp2 / (2 x torch1) | {cell(ratios('ddp2', 'torch1', 2), True)} | |")
@@ -359,9 +442,9 @@ if not val:
     p("## CPU cores busy per run (median of (user+sys)/wall over the whole process, start-up included; "
       "ind2: one of its two processes)")
     p("")
-    p("| " + " | ".join(NAMES[v] for v in order) + " |")
-    p("|" + "---:|" * len(order))
-    p("| " + " | ".join(fmt(med(cpu.get(v, [])), "{:.2f}") for v in order) + " |")
+    p("| " + " | ".join(NAMES[v] for v in runs_order) + " |")
+    p("|" + "---:|" * len(runs_order))
+    p("| " + " | ".join(fmt(med(cpu.get(v, [])), "{:.2f}") for v in runs_order) + " |")
     p("")
 else:
     vr = {r[0]: r for r in (l.rstrip("\n").split("\t") for l in open(E["VALRAW"]) if l.strip())}

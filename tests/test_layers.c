@@ -326,6 +326,45 @@ TEST(layer_maxpool_ties_and_nan) {
     }
 }
 
+/* The 2x2/stride-2 path (maxpool_plane_2x2) against PyTorch's scan written out here: y and
+ * dx bit for bit, on planes of odd and even sizes, with values drawn from {0, -0, 1, -1, NaN}
+ * so that ties and NaNs are everywhere. */
+TEST(layer_maxpool_2x2_matches_scan) {
+    const int64_t sizes[3][2] = {{5, 7}, {6, 8}, {4, 3}};
+    const float vals[5] = {0.0f, -0.0f, 1.0f, -1.0f, NAN};
+    for (int v = 0; v < 3; v++) {
+        const int64_t H = sizes[v][0], W = sizes[v][1], OH = H / 2, OW = W / 2, C = 3;
+        struct lt t;
+        lt_begin(&t, dp__shape3(C, H, W), 4);
+        ASSERT_OK(dp_maxpool2d(t.m, "pool", 2, 2));
+        lt_end(&t, 30 + (uint64_t)v);
+        for (int64_t i = 0; i < t.nin; i++) t.x[i] = vals[dp_rng_u32(7, 1, (uint64_t)v, (uint64_t)i) % 5];
+        for (int64_t i = 0; i < t.nout; i++) t.dy[i] = (float)(i % 9) - 4.0f; /* -0 from 0 * -1 too */
+        t.dy[1] = -0.0f;
+        lt_forward(&t);
+        lt_backward(&t, t.dx);
+        float *dx = calloc((size_t)t.nin, sizeof(float));
+        for (int64_t pl = 0; pl < t.B * C; pl++)
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    const float *xp = t.x + pl * H * W;
+                    float mx = -INFINITY;
+                    int64_t at = 2 * oh * W + 2 * ow;
+                    for (int kh = 0; kh < 2; kh++)
+                        for (int kw = 0; kw < 2; kw++) {
+                            const int64_t i = (2 * oh + kh) * W + 2 * ow + kw;
+                            if (xp[i] > mx || xp[i] != xp[i]) mx = xp[i], at = i;
+                        }
+                    const int64_t o = pl * OH * OW + oh * OW + ow;
+                    ASSERT_TRUE(!memcmp(&t.y[o], &mx, sizeof mx));
+                    dx[pl * H * W + at] += t.dy[o];
+                }
+        ASSERT_TRUE(!memcmp(dx, t.dx, sizeof(float) * (size_t)t.nin));
+        free(dx);
+        lt_free(&t);
+    }
+}
+
 TEST(layer_avgpool_grad) {
     struct lt t;
     lt_begin(&t, dp__shape3(3, 4, 5), 2);
