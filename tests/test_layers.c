@@ -1382,6 +1382,29 @@ TEST(layer_gelu_erf_grad) {
     lt_free(&t);
 }
 
+/* The transformer block's GELU, which keeps gelu'(x) in x's place for backward
+ * (dp__gelu_erf_forward_keep / _backward_kept), gives the gelu_erf layer's bits: y and dx, over
+ * [-12, 12] (both tails), zeros, infinities and a NaN, and past the vector width. */
+TEST(layer_gelu_erf_kept_derivative_same_bits) {
+    struct lt t;
+    lt_begin(&t, dp__shape2(5, 37), 3);
+    ASSERT_OK(dp_gelu_erf(t.m, "gelu"));
+    lt_end(&t, 23);
+    for (int64_t i = 0; i < t.nin; i++) t.x[i] *= 12.0f;
+    t.x[0] = 0.0f, t.x[1] = -0.0f, t.x[2] = INFINITY, t.x[3] = -INFINITY, t.x[4] = NAN, t.x[5] = -5.7f;
+    lt_forward(&t);
+    lt_backward(&t, t.dx);
+    const size_t sz = sizeof(float) * (size_t)t.nin;
+    float *y = malloc(sz), *xd = malloc(sz), *dx = malloc(sz);
+    memcpy(xd, t.x, sz);
+    dp__gelu_erf_forward_keep(y, xd, t.nin);
+    dp__gelu_erf_backward_kept(dx, t.dy, xd, t.nin);
+    ASSERT_TRUE(!memcmp(y, t.y, sz));
+    ASSERT_TRUE(!memcmp(dx, t.dx, sz));
+    free(y), free(xd), free(dx);
+    lt_free(&t);
+}
+
 /* tokens (B, T) in [0, V) with repeats, so the scatter-add accumulates */
 static void fill_tokens(int32_t *tok, int64_t n, uint64_t seed, int32_t V) {
     for (int64_t i = 0; i < n; i++)

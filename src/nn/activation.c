@@ -149,6 +149,27 @@ static int gelu_erf_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, 
 static const struct dp_layer_ops gelu_erf_ops = {"gelu_erf", gelu_erf_forward, gelu_erf_backward,
                                                  NULL};
 
+/* The exact GELU for a caller that keeps the derivative instead of the input (the transformer
+ * block): y = x Phi(x) and, in x's place, d = Phi(x) + x phi(x); backward is then dx = dy d, a
+ * stream, where gelu_erf_backward evaluates Phi and exp again.  The expressions are
+ * gelu_erf_forward's and gelu_erf_backward's, so the bits are theirs. */
+void dp__gelu_erf_forward_keep(float *y, float *xd, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN / 4)
+    for (int64_t i = 0; i < n; i++) {
+        float v = xd[i], g;
+        float cdf = dp__normcdf(v, &g);
+        float pdf = GELU_RSQRT2PI * g;
+        y[i] = v * cdf;
+        xd[i] = cdf + v * pdf;
+    }
+}
+
+void dp__gelu_erf_backward_kept(float *dx, const float *dy, const float *d, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
+    for (int64_t i = 0; i < n; i++)
+        dx[i] = dy[i] * d[i];
+}
+
 int dp__gelu_erf_make(struct dp_model *m, struct dp_layer **out, const char *name,
                       const struct dp_shape *in) {
     return elementwise_make(m, out, &gelu_erf_ops, name, in, 12);

@@ -218,6 +218,10 @@ int dp__resblock_children(const struct dp_layer *l, const struct dp_layer *child
 void dp__layer_apply_stats(const struct dp_layer *l, float *buffers, const double *acc);
 int dp__gelu_erf_make(struct dp_model *m, struct dp_layer **out, const char *name,
                       const struct dp_shape *in);
+/* The exact GELU keeping its derivative: y = gelu(x) (n) and xd, which holds x, overwritten
+ * with gelu'(x); then dx = dy gelu'(x) from it.  The gelu_erf layer's bits. */
+void dp__gelu_erf_forward_keep(float *y, float *xd, int64_t n);
+void dp__gelu_erf_backward_kept(float *dx, const float *dy, const float *d, int64_t n);
 /* token embedding `tok_name` (vocab, dim) + position embedding `pos_name`
  * (ctx_len, dim), weights N(0, std^2); input (T) token ids, T <= ctx_len */
 int dp__tokpos_embedding_make(struct dp_model *m, struct dp_layer **out, const char *tok_name,

@@ -27,12 +27,12 @@ struct block_saved {
     float *a;  /* attn(h1)      (n) */
     float *r;  /* x + a         (n) */
     float *h2; /* ln2(r)        (n) */
-    float *f;  /* fc(h2)        (4n) */
+    float *f;  /* fc(h2), then gelu'(fc(h2)) in its place (4n) */
     float *g;  /* gelu(f)       (4n) */
 };
 
 /* Forward:  h1 = ln1(x), r = x + attn(h1), y = r + fc_out(gelu(fc(ln2(r))))
- * Backward: dg = fc_out^T(dy), df = gelu'(f) dg, dh2 = fc^T(df)
+ * Backward: dg = fc_out^T(dy), df = gelu'(f) dg (gelu'(f) kept by forward), dh2 = fc^T(df)
  *           dr = ln2^T(dh2) + dy                         (residual: dy flows straight to r)
  *           dh1 = attn^T(dr),  dx = ln1^T(dh1) + dr      (residual: dr flows straight to x)
  * Each child's backward overwrites its dx, so the residual terms are added
@@ -60,10 +60,11 @@ static int block_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const
     for (int64_t i = 0; i < n; i++)
         r[i] = x[i] + a[i];
     if ((rc = p->ln2->ops->forward(p->ln2, ctx, sv->h2, sv->r, B)) ||
-        (rc = p->fc->ops->forward(p->fc, ctx, sv->f, sv->h2, B)) ||
-        (rc = p->act->ops->forward(p->act, ctx, sv->g, sv->f, B)) ||
-        (rc = p->fc_out->ops->forward(p->fc_out, ctx, y, sv->g, B)))
+        (rc = p->fc->ops->forward(p->fc, ctx, sv->f, sv->h2, B)))
         return rc;
+    /* the act child's GELU, keeping its derivative in f's place: backward needs no Phi again */
+    dp__gelu_erf_forward_keep(sv->g, sv->f, 4 * n);
+    if ((rc = p->fc_out->ops->forward(p->fc_out, ctx, y, sv->g, B))) return rc;
 #pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
     for (int64_t i = 0; i < n; i++)
         y[i] += r[i];
@@ -82,9 +83,9 @@ static int block_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, con
     float *gn = dp__arena_floats(ctx, n), *dr = dp__arena_floats(ctx, n);
     if (!g4a || !g4b || !gn || !dr) return DP_ENOMEM;
     int rc;
-    if ((rc = p->fc_out->ops->backward(p->fc_out, ctx, g4a, dy, sv->g, NULL, B)) ||
-        (rc = p->act->ops->backward(p->act, ctx, g4b, g4a, sv->f, sv->g, B)) ||
-        (rc = p->fc->ops->backward(p->fc, ctx, gn, g4b, sv->h2, NULL, B)) ||
+    if ((rc = p->fc_out->ops->backward(p->fc_out, ctx, g4a, dy, sv->g, NULL, B))) return rc;
+    dp__gelu_erf_backward_kept(g4b, g4a, sv->f, 4 * n);
+    if ((rc = p->fc->ops->backward(p->fc, ctx, gn, g4b, sv->h2, NULL, B)) ||
         (rc = p->ln2->ops->backward(p->ln2, ctx, dr, gn, sv->r, NULL, B)))
         return rc;
 #pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
