@@ -153,7 +153,12 @@ static void im2col(float *col, const float *x, int64_t B, const struct conv *p) 
                     dst[ow] = 0.0f;
                 if (S == 1 && hi > lo)
                     memcpy(dst + lo, xrow + lo - P + kw, sizeof(float) * (size_t)(hi - lo));
-                else if (S != 1) {
+                else if (S == 2) { /* a constant stride: shuffles, where a variable one gathers */
+                    const float *xs = xrow - P + kw;
+#pragma omp simd
+                    for (int64_t ow = lo; ow < hi; ow++)
+                        dst[ow] = xs[2 * ow];
+                } else if (S != 1) {
 #pragma omp simd
                     for (int64_t ow = lo; ow < hi; ow++)
                         dst[ow] = xrow[ow * S - P + kw];
