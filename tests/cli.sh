@@ -1112,6 +1112,13 @@ pl=$("$BIN" plan --params 2e8 --workers 8 --batch 1600 --algo ring --link-gbps 1
 if grep -q "sent per worker per step: 1.4 GB" <<<"$pl" && grep -q "^communication 113.68 ms" <<<"$pl" &&
    grep -q "zero1 1.8 GB  zero2 1.1 GB  zero3 400 MB" <<<"$pl"; then ok plan_textbook
 else bad plan_textbook "$pl"; fi
+# the units ZeRO 2 and 3 hold at once on top of their state: the largest two adjacent buckets
+# (two 67M-float layers here), what src/ddp/zero.c holds (dp_zero_inflight_bytes)
+pl=$("$BIN" plan --model mlp:784,8192,8192,8192,10 --workers 2 2>&1)
+if grep -q "^units in flight per worker, on top: zero2 536.9 MB  zero3 1.078 GB" <<<"$pl" &&
+   ! "$BIN" plan --model mlp:784,8192,8192,8192,10 --workers 1 2>&1 | grep -q "units in flight"; then
+  ok plan_zero_units_in_flight
+else bad plan_zero_units_in_flight "$pl"; fi
 pl=$("$BIN" plan --model cnn --workers 2 --batch 64 --flops 5e10 --json 2>&1)
 if python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["workers"] == 2 and d["mem_plain"] == 16 * d["grad_bytes"] / 4 and len(d["bucket_bytes"]) >= 1' "$pl" 2>/dev/null
 then ok plan_model_json; else bad plan_model_json "$pl"; fi

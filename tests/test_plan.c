@@ -564,7 +564,8 @@ TEST(plan_measured_table) {
     ASSERT_EQ(dp_plan_run(&p, &r), DP_EINVAL);
 }
 
-/* AdamW in fp32, Ψ = 1M on 4 workers: 16Ψ, 8Ψ + 8Ψ/P, 4Ψ + 12Ψ/P, 16Ψ/P. */
+/* AdamW in fp32, Ψ = 1M on 4 workers: 16Ψ, 8Ψ + 8Ψ/P, 4Ψ + 12Ψ/P, 16Ψ/P, and the units in
+ * flight beside them. */
 TEST(plan_zero_memory) {
     struct dp_plan_params p = dp_plan_default_params();
     p.params = 1000000, p.nlayers = 3, p.batch = 4;
@@ -575,7 +576,21 @@ TEST(plan_zero_memory) {
     ASSERT_NEAR(r.mem_bytes[1], 10e6, 1e-6);
     ASSERT_NEAR(r.mem_bytes[2], 7e6, 1e-6);
     ASSERT_NEAR(r.mem_bytes[3], 4e6, 1e-6);
+    /* the units in flight on top (dp_zero_inflight_bytes' rule): the largest two adjacent
+     * buckets' gradients (stage 2), also their parameters and two 2 MiB units (stage 3) */
+    ASSERT_TRUE(r.mem_inflight[0] == 0 && r.mem_inflight[1] == 0);
+    int64_t pair = r.b[0].count;
+    for (int k = 0; k + 1 < r.nb; k++)
+        if (r.b[k].count + r.b[k + 1].count > pair) pair = r.b[k].count + r.b[k + 1].count;
+    ASSERT_TRUE(r.nb >= 2 && pair < p.params); /* (a pair, not the whole model) */
+    ASSERT_NEAR(r.mem_inflight[2], 4.0 * (double)pair, 1e-6);
+    ASSERT_NEAR(r.mem_inflight[3], 8.0 * (double)pair + 4194304.0, 1e-6);
     dp_plan_result_free(&r);
+    p.net = net_of(1, 0, 1e9), p.batch = 1; /* one worker: nothing is sharded, nothing in flight */
+    ASSERT_OK(dp_plan_run(&p, &r));
+    ASSERT_TRUE(r.mem_inflight[2] == 0 && r.mem_inflight[3] == 0);
+    dp_plan_result_free(&r);
+    p.net = net_of(4, 0, 1e9), p.batch = 4;
     p.opt_state_bytes = 4; /* SGD with momentum: 12Ψ plain */
     ASSERT_OK(dp_plan_run(&p, &r));
     ASSERT_NEAR(r.mem_bytes[0], 12e6, 1e-6);

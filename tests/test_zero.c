@@ -11,6 +11,7 @@
 
 #include "dp/comm.h"
 #include "dp/ddp.h"
+#include "dp/plan.h"
 #include "dp/train.h"
 #include "test.h"
 
@@ -437,6 +438,19 @@ TEST_T(zero2_gradient_in_flight_two_buckets, 120) {
     ASSERT_OK(dp_trainer_run(t));
     int64_t pair = dp_trainer_inflight_bytes(t);
     ASSERT_EQ(pair, 4 * 116992);
+    /* the plan's memory figure counts the same units (dptrain plan: "units in flight") */
+    const int64_t layers[5] = {100480, 16512, 16512, 16512, 1290};
+    struct dp_plan_params pp = dp_plan_default_params();
+    pp.layers = layers, pp.nlayers = 5, pp.params = 151306, pp.batch = 2;
+    pp.bucket_cap_bytes = pp.first_bucket_bytes = 4096;
+    memset(&pp.net, 0, sizeof pp.net);
+    pp.net.workers = 2, pp.net.shards = 1;
+    dp_plan_net_link(&pp.net, 0, 1e9);
+    struct dp_plan_result pr;
+    ASSERT_OK(dp_plan_run(&pp, &pr));
+    ASSERT_NEAR(pr.mem_inflight[2], (double)pair, 1e-9);
+    ASSERT_NEAR(pr.mem_inflight[3], 2.0 * (double)pair + 2.0 * (double)DP_SLAB_UNIT, 1e-9);
+    dp_plan_result_free(&pr);
     for (int r = 0; r < 2; r++) {
         struct dp_zero_counts c;
         ASSERT_EQ(dp_trainer_zero_counts(t, r, &c), 0);

@@ -285,6 +285,10 @@ struct dp_plan_result {
     double grad_bytes;            /* on the wire per all-reduce of the whole gradient */
     double sent_bytes;            /* one worker sends per step */
     double mem_bytes[4];          /* weights + grads + optimizer state per worker: plain, ZeRO 1, 2, 3 */
+    double mem_inflight[4];       /* on top of mem_bytes, what a sharded step holds at once per worker
+                                     (src/ddp/zero.c dp_zero_inflight_bytes): ZeRO 2 the gradients of
+                                     the largest two adjacent buckets, ZeRO 3 also their gathered
+                                     parameters and two 2 MiB units; 0 for plain, ZeRO 1 and P = 1 */
     int nb;
     struct dp_plan_bucket *b;     /* (nb), output side first */
 };

@@ -458,6 +458,12 @@ static void print_plan_text(const struct dp_plan_params *p, const struct dp_plan
     print_bytes("  zero2 ", r->mem_bytes[2]);
     print_bytes("  zero3 ", r->mem_bytes[3]);
     printf("\n");
+    if (r->mem_inflight[2] > 0) { /* whole buckets, held at once on top of that (src/ddp/zero.c) */
+        printf("units in flight per worker, on top:");
+        print_bytes(" zero2 ", r->mem_inflight[2]);
+        print_bytes("  zero3 ", r->mem_inflight[3]);
+        printf("  (the largest two adjacent buckets)\n");
+    }
     if (!buckets) return;
     printf("bucket  layers    elements      bytes   ready_ms   start_ms    done_ms  algo");
     for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) printf(" %8s_ms", dp_plan_algo_name(a));
@@ -479,11 +485,12 @@ static void print_plan_json(const struct dp_plan_params *p, const struct dp_plan
     printf("{\"kind\": \"plan\", \"workers\": %d, \"batch\": %lld, \"step_s\": %.9g, \"fwd_s\": %.9g, "
            "\"bwd_s\": %.9g, \"opt_s\": %.9g, \"comm_s\": %.9g, \"exposed_s\": %.9g, \"efficiency\": %.6f, "
            "\"samples_per_s\": %.9g, \"grad_bytes\": %.9g, \"sent_bytes\": %.9g, \"mem_plain\": %.9g, "
-           "\"mem_zero1\": %.9g, \"mem_zero2\": %.9g, \"mem_zero3\": %.9g, \"data_s\": %.9g, \"zero_s\": %.9g, "
+           "\"mem_zero1\": %.9g, \"mem_zero2\": %.9g, \"mem_zero3\": %.9g, \"mem_inflight_zero2\": %.9g, "
+           "\"mem_inflight_zero3\": %.9g, \"data_s\": %.9g, \"zero_s\": %.9g, "
            "\"overlap_s\": %.9g, \"steal_s\": %.9g, \"straggle_s\": %.9g, \"gather_s\": %.9g",
            p->net.workers, (long long)p->batch, r->step_s, r->fwd_s, r->bwd_s, r->opt_s, r->comm_s, r->exposed_s,
            r->efficiency, r->samples_per_s, r->grad_bytes, r->sent_bytes, r->mem_bytes[0], r->mem_bytes[1],
-           r->mem_bytes[2], r->mem_bytes[3], r->data_s, r->zero_s, r->overlap_s, r->steal_s, r->straggle_s, r->gather_s);
+           r->mem_bytes[2], r->mem_bytes[3], r->mem_inflight[2], r->mem_inflight[3], r->data_s, r->zero_s, r->overlap_s, r->steal_s, r->straggle_s, r->gather_s);
     const char *keys[] = {"bucket_bytes", "bucket_ready_s", "bucket_start_s", "bucket_done_s"};
     for (int f = 0; f < 4; f++) {
         printf(", \"%s\": [", keys[f]);
