@@ -372,6 +372,14 @@ void dp_zero_drop_grad_shard(struct dp_zero *z);
 /* Sharded stages: the most bytes of the slabs resident at once during a
  * step, beyond the shards (the ranges in flight; src/ddp/zero.c); else 0. */
 int64_t dp_zero_inflight_bytes(const struct dp_zero *z);
+/* Its rule, from `pair`, the floats of the largest two adjacent ranges (buckets): stage 2 holds
+ * their gradients (one bucket's whole gradient waits for its reduce-scatter while the next is
+ * written), stage 3 also their gathered parameters and two slab units.  Also the plan's
+ * (dp_plan_result.mem_inflight). */
+static inline int64_t dp_zero_inflight_of_pair(int stage, int64_t pair) {
+    const int64_t b = (int64_t)sizeof(float) * pair;
+    return stage == 3 ? 2 * b + 2 * (int64_t)DP_SLAB_UNIT : b;
+}
 
 /* ---- dp_sync: one worker's synchronisation of a step (src/ddp/sync.c) ----
  * The one object the synchronous trainer talks to.  It owns the worker's

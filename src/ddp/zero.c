@@ -536,8 +536,7 @@ int64_t dp_zero_inflight_bytes(const struct dp_zero *z) {
     int64_t pair = z->npieces ? z->piece[0].rcount : 0;
     for (int k = 0; k + 1 < z->npieces; k++)
         if (z->piece[k].rcount + z->piece[k + 1].rcount > pair) pair = z->piece[k].rcount + z->piece[k + 1].rcount;
-    int64_t b = (int64_t)sizeof(float) * pair;
-    return z->stage == 3 ? 2 * b + 2 * (int64_t)UNIT : b;
+    return dp_zero_inflight_of_pair(z->stage, pair);
 }
 
 /* Piece i's floats in this worker's memory: part k of its optimizer state

@@ -25,22 +25,27 @@ static int elementwise_make(struct dp_model *m, struct dp_layer **out,
 
 /* Forward:  y = max(x, 0)   (a NaN stays NaN, as in PyTorch)      y, x (B, n)
  * Backward: dx = dy * [y > 0] */
-static int relu_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x,
-                        int64_t B) {
-    const int64_t n = B * dp_shape_numel(&l->in_shape);
+void dp__relu(float *y, const float *x, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
     for (int64_t i = 0; i < n; i++)
         y[i] = x[i] < 0.0f ? 0.0f : x[i];
+}
+
+void dp__relu_mask(float *dx, const float *dy, const float *y, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
+    for (int64_t i = 0; i < n; i++)
+        dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+static int relu_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x,
+                        int64_t B) {
+    dp__relu(y, x, B * dp_shape_numel(&l->in_shape));
     return DP_OK;
 }
 
 static int relu_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *dy,
                          const float *x, const float *y, int64_t B) {
-    if (!dx) return DP_OK;
-    const int64_t n = B * dp_shape_numel(&l->in_shape);
-#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
-    for (int64_t i = 0; i < n; i++)
-        dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    if (dx) dp__relu_mask(dx, dy, y, B * dp_shape_numel(&l->in_shape));
     return DP_OK;
 }
 

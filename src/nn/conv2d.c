@@ -262,7 +262,7 @@ static void fwd_chunk(const struct conv *p, const float *w, const float *bias, f
     float *ytc = n == 1 ? yb : yt; /* (OC, Nc); one sample: Y' is y's layout */
     im2col(col, x + b0 * d->C * d->H * d->W, n, p);
     dp_gemm(0, 0, OC, Nc, CKK, 1.0f, w, CKK, col, Nc, 0.0f, ytc, Nc);
-    /* The epilogue, on Y' while it is in cache: reorder, bias, the fused ReLU (relu_forward's
+    /* The epilogue, on Y' while it is in cache: reorder, bias, the fused ReLU (dp__relu's
      * expression, so the same bits as the ReLU layer: a NaN stays, -0 stays). */
     const int relu = p->relu;
 #pragma omp parallel for collapse(2) schedule(static) if (OC * Nc >= DP__OMP_MIN)
@@ -288,7 +288,7 @@ static void fwd_chunk(const struct conv *p, const float *w, const float *bias, f
 
 /* dwp (OC, CKK) = beta * dwp + dY' col^T for one chunk; dbp (OC) += the sums of dY''s rows
  * when dbp (in double, while dY' is in cache); dx part if dx.  With the fused ReLU, dY' is
- * dy [y > 0] (relu_backward's expression), masked as it is reordered into dyt. */
+ * dy [y > 0] (dp__relu_mask's expression), masked as it is reordered into dyt. */
 static void bwd_chunk(const struct conv *p, const float *w, float *dwp, float beta, double *dbp,
                       float *dx, const float *dy, const float *y, const float *x, int64_t b0,
                       int64_t n, float *col, float *dyt) {

@@ -198,6 +198,11 @@ int dp__global_avgpool_make(struct dp_model *m, struct dp_layer **out, const cha
                             const struct dp_shape *in);
 int dp__relu_make(struct dp_model *m, struct dp_layer **out, const char *name,
                   const struct dp_shape *in);
+/* The ReLU layer's two loops, for the layers that apply it themselves (fused, or inside a
+ * block), so that their bits are the layer's: y = max(x, 0) (a NaN stays, -0 stays), and
+ * dx = dy [y > 0] (y the ReLU's output); either may work in place. */
+void dp__relu(float *y, const float *x, int64_t n);
+void dp__relu_mask(float *dx, const float *dy, const float *y, int64_t n);
 int dp__gelu_make(struct dp_model *m, struct dp_layer **out, const char *name,
                   const struct dp_shape *in);
 int dp__dropout_make(struct dp_model *m, struct dp_layer **out, const char *name,

@@ -63,12 +63,7 @@ static int linear_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, cons
         beta = 1.0f;
     }
     dp_gemm(0, 1, R, p->out, p->in, 1.0f, x, p->in, w, p->in, beta, y, p->out);
-    if (p->relu) { /* the fused ReLU, right after the GEMM wrote y (relu_forward's expression) */
-        const int64_t n = R * p->out;
-#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
-        for (int64_t i = 0; i < n; i++)
-            y[i] = y[i] < 0.0f ? 0.0f : y[i];
-    }
+    if (p->relu) dp__relu(y, y, R * p->out); /* the fused ReLU, right after the GEMM wrote y */
     return DP_OK;
 }
 
@@ -79,13 +74,10 @@ static int linear_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, co
     const float *w = ctx->params + l->param_off; /* (OUT, IN) */
     float *dw = ctx->grads + l->param_off;       /* (OUT, IN) */
     float *db = dw + p->out * p->in;             /* (OUT) */
-    if (p->relu) { /* the fused ReLU: dy [y > 0] (relu_backward's expression), once for all three */
-        const int64_t n = R * p->out;
-        float *g = dp__arena_floats(ctx, n); /* (R, OUT) */
+    if (p->relu) { /* the fused ReLU: dy [y > 0], once for all three products */
+        float *g = dp__arena_floats(ctx, R * p->out); /* (R, OUT) */
         if (!g) return DP_ENOMEM;
-#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
-        for (int64_t i = 0; i < n; i++)
-            g[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+        dp__relu_mask(g, dy, y, R * p->out);
         dy = g;
     }
     dp_gemm(1, 0, p->out, p->in, R, 1.0f, dy, p->out, x, p->in, 1.0f, dw, p->in);

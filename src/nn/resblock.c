@@ -57,10 +57,7 @@ static int resblock_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, co
     if ((rc = p->conv1->ops->forward(p->conv1, ctx, sv->t1, x, B)) ||
         (rc = p->bn1->ops->forward(p->bn1, ctx, sv->t2, sv->t1, B)))
         return rc;
-    float *t2 = sv->t2;
-#pragma omp parallel for simd schedule(static) if (parallel : M >= DP__OMP_MIN)
-    for (int64_t i = 0; i < M; i++)
-        t2[i] = t2[i] < 0.0f ? 0.0f : t2[i];
+    dp__relu(sv->t2, sv->t2, M);
     /* bn2 writes straight into y; the shortcut is added in place. */
     if ((rc = p->conv2->ops->forward(p->conv2, ctx, sv->t4, sv->t2, B)) ||
         (rc = p->bn2->ops->forward(p->bn2, ctx, y, sv->t4, B)))
@@ -95,18 +92,13 @@ static int resblock_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, 
     float *g1 = dp__arena_floats(ctx, M); /* ping-pong buffers for the main path */
     float *g2 = dp__arena_floats(ctx, M);
     if (!g || !g1 || !g2) return DP_ENOMEM;
-#pragma omp parallel for simd schedule(static) if (parallel : M >= DP__OMP_MIN)
-    for (int64_t i = 0; i < M; i++)
-        g[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    dp__relu_mask(g, dy, y, M);
 
     int rc;
     if ((rc = p->bn2->ops->backward(p->bn2, ctx, g1, g, sv->t4, NULL, B)) ||
         (rc = p->conv2->ops->backward(p->conv2, ctx, g2, g1, sv->t2, NULL, B)))
         return rc;
-    const float *t2 = sv->t2;
-#pragma omp parallel for simd schedule(static) if (parallel : M >= DP__OMP_MIN)
-    for (int64_t i = 0; i < M; i++)
-        g2[i] = t2[i] > 0.0f ? g2[i] : 0.0f;
+    dp__relu_mask(g2, g2, sv->t2, M);
     if ((rc = p->bn1->ops->backward(p->bn1, ctx, g1, g2, sv->t1, NULL, B)) ||
         (rc = p->conv1->ops->backward(p->conv1, ctx, dx, g1, x, NULL, B)))
         return rc;

@@ -58,6 +58,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "dp/ddp.h"
 #include "dp/plan.h"
 
 static const char *const algo_names[DP_PLAN_ALGO_COUNT] = {"ring", "rhd", "tree", "hier", "ps"};
@@ -354,17 +355,15 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
     r->mem_bytes[1] = 8 * psi + S * psi / P;
     r->mem_bytes[2] = 4 * psi + (4 + S) * psi / P;
     r->mem_bytes[3] = (8 + S) * psi / P;
-    /* The units in flight (dp_zero_inflight_bytes, the same rule): a bucket's gradient is whole
-     * from its layers' backward until its reduce-scatter completes, and the next bucket's is being
-     * written meanwhile: the largest adjacent pair.  Stage 3 also holds the gathered parameters of
-     * the layer running and of the one prefetched, and two slab units around them. */
-    double pair = r->nb ? (double)r->b[0].count : 0;
+    /* The units in flight: the library's rule (dp_zero_inflight_of_pair) on the largest two
+     * adjacent buckets, when the state is sharded (P > 1). */
+    int64_t pair = r->nb ? r->b[0].count : 0;
     for (int j = 0; j + 1 < r->nb; j++)
-        if ((double)(r->b[j].count + r->b[j + 1].count) > pair) pair = (double)(r->b[j].count + r->b[j + 1].count);
+        if (r->b[j].count + r->b[j + 1].count > pair) pair = r->b[j].count + r->b[j + 1].count;
     memset(r->mem_inflight, 0, sizeof r->mem_inflight);
     if (P > 1) {
-        r->mem_inflight[2] = 4 * pair;
-        r->mem_inflight[3] = 2 * 4 * pair + 2 * (double)DP_SLAB_UNIT;
+        r->mem_inflight[2] = (double)dp_zero_inflight_of_pair(2, pair);
+        r->mem_inflight[3] = (double)dp_zero_inflight_of_pair(3, pair);
     }
     dp_free(own);
     return DP_OK;
