@@ -30,9 +30,8 @@ source bench/lib.sh
 bench_facts "$NAME"
 [[ $CONFIGS == *gpt* ]] && bench_tokens
 opts_of() { # CONFIG: the train options, into OPTS
-  local model=${1%%_w*} pt=${1##*_w}
-  local p=${pt%t*} t=${pt#*t}
-  [[ $p =~ ^[0-9]+$ && $t =~ ^[0-9]+$ ]] || die "bad configuration '$1' (expected MODEL_wPtT, e.g. cnn_w2t1)"
+  [[ $1 =~ ^([a-z]+)_w([1-9][0-9]*)t([1-9][0-9]*)$ ]] || die "bad configuration '$1' (expected MODEL_wPtT, e.g. cnn_w2t1)"
+  local model=${BASH_REMATCH[1]} p=${BASH_REMATCH[2]} t=${BASH_REMATCH[3]}
   # shellcheck disable=SC2054 # (gpt's commas are its model spec's)
   case $model in
   mlp) OPTS=(--model mlp --data "$DATA" --batch 128 --max-steps 300) ;;
@@ -44,9 +43,17 @@ opts_of() { # CONFIG: the train options, into OPTS
   OPTS+=(--workers "$p" --threads "$t")
 }
 for c in $CONFIGS; do opts_of "$c"; done # (refuses a bad list before any run)
-run() { # run BIN CONFIG: samples/s
+run() { # run BIN CONFIG: samples/s, or NA (with the run's last lines on stderr) when it gave none
   opts_of "$2"
-  "$1" train "${OPTS[@]}" --epochs 1 --test-limit 200 --progress none 2>&1 | sed -n 's/^throughput: \([0-9.]*\) samples.*/\1/p'
+  local out v
+  out=$("$1" train "${OPTS[@]}" --epochs 1 --test-limit 200 --progress none 2>&1)
+  v=$(sed -n 's/^throughput: \([0-9.]*\) samples.*/\1/p' <<<"$out")
+  if [ -z "$v" ]; then
+    note "$1 $2: no throughput line; its last lines:"
+    tail -n 3 <<<"$out" >&2
+    v=NA
+  fi
+  echo "$v"
 }
 : >"$WORK/raw"
 for rep in $(seq "$REPS"); do
@@ -63,7 +70,7 @@ median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
   for c in $CONFIGS; do
     o=$(awk -v k="$c" '$1 == k && $2 == "old" {print $4}' "$WORK/raw" | median)
     n=$(awk -v k="$c" '$1 == k && $2 == "new" {print $4}' "$WORK/raw" | median)
-    printf "%-12s %10s %10s %8s  %s; %s\n" "$c" "$o" "$n" "$(awk -v a="$n" -v b="$o" 'BEGIN {printf "%+.1f%%", 100 * (a / b - 1)}')" \
+    printf "%-12s %10s %10s %8s  %s; %s\n" "$c" "$o" "$n" "$(awk -v a="$n" -v b="$o" 'BEGIN {if (a + 0 > 0 && b + 0 > 0) printf "%+.1f%%", 100 * (a / b - 1); else printf "n/a"}')" \
       "$(awk -v k="$c" '$1 == k && $2 == "old" {printf "%s ", $4}' "$WORK/raw")" "$(awk -v k="$c" '$1 == k && $2 == "new" {printf "%s ", $4}' "$WORK/raw")"
   done
 } | tee "$RESULTS/$NAME-$STAMP.txt"
