@@ -1859,6 +1859,52 @@ TEST(gpt_tied_gradient_reported_once_last) {
     gpt_case_free(&g);
 }
 
+/* The pass in halves (a pipeline's stages): forward [0, k) then [k, L) on a view's
+ * activations, backward [k, L) then [0, k) from the dx it hands back, gives the whole
+ * pass's loss and gradients bit for bit, at every cut of the gpt; the spans of the cuts
+ * tile the slab; and the halves refuse ranges out of order. */
+TEST(model_range_halves_same_bits) {
+    struct gpt_case g;
+    gpt_case_init(&g);
+    const int64_t np = g.m->num_params;
+    const int L = g.m->nlayers;
+    memset(g.r.grads, 0, sizeof(float) * (size_t)np);
+    struct dp_pass whole = {.training = 1, .backward = 1};
+    ASSERT_OK(dp_model_run(g.m, &g.r, &g.batch, &whole));
+    float *want = malloc(sizeof(float) * (size_t)np);
+    memcpy(want, g.r.grads, sizeof(float) * (size_t)np);
+    for (int k = 1; k < L; k++) {
+        struct dp_replica v;
+        ASSERT_OK(dp_replica_init_view(&v, &g.r, k, L));
+        struct dp_span a, b;
+        ASSERT_OK(dp_model_span(g.m, 0, k, &a));
+        ASSERT_OK(dp_model_span(g.m, k, L, &b));
+        ASSERT_EQ(a.param_off, 0);
+        ASSERT_EQ(a.param_off + a.param_count, b.param_off);
+        ASSERT_EQ(b.param_off + b.param_count, np);
+        memset(g.r.grads, 0, sizeof(float) * (size_t)np);
+        struct dp_pass p0 = {.training = 1, .backward = 1}, p1 = p0;
+        ASSERT_OK(dp_model_forward_range(g.m, &g.r, &g.batch, 0, k, NULL, &p0));
+        ASSERT_FEQ(p0.loss_sum, 0.0);
+        ASSERT_OK(dp_model_forward_range(g.m, &v, &g.batch, k, L, g.r.acts[k], &p1));
+        ASSERT_FEQ(p1.loss_sum, whole.loss_sum);
+        const float *dx = NULL, *none = NULL;
+        ASSERT_OK(dp_model_backward_range(g.m, &v, &g.batch, k, L, NULL, &dx, &p1));
+        ASSERT_TRUE(dx != NULL);
+        ASSERT_OK(dp_model_backward_range(g.m, &g.r, &g.batch, 0, k, dx, &none, &p0));
+        ASSERT_TRUE(none == NULL);
+        ASSERT_TRUE(memcmp(want, g.r.grads, sizeof(float) * (size_t)np) == 0);
+        dp_replica_free(&v);
+    }
+    struct dp_span s;
+    struct dp_pass p = {.training = 1, .backward = 1};
+    ASSERT_ERR(dp_model_span(g.m, 2, 2, &s), DP_EINVAL, "layers [2, 2)");
+    ASSERT_ERR(dp_model_forward_range(g.m, &g.r, &g.batch, 1, L + 1, NULL, &p), DP_EINVAL, "layers [1,");
+    ASSERT_ERR(dp_model_backward_range(g.m, &g.r, &g.batch, 0, 1, NULL, NULL, &p), DP_EINVAL, "output gradient");
+    free(want);
+    gpt_case_free(&g);
+}
+
 /* The issue's workload size, the PyTorch module's names, layouts and inits,
  * and the spec parser's errors. */
 /* The spec strings' parameters (issue 28, M3): cnn:C1,C2[,F], resnet:DEPTH[,WIDTH]

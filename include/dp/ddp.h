@@ -93,6 +93,9 @@ struct dp_reducer_params {
                                   dp_comm_split(count, P, r) of the bucket holds the sum) as soon as
                                   it is ready, and done(done_arg, k), if set, is called once bucket k
                                   has completed (from grad_ready's polling or from finish) */
+    struct dp_span span;       /* a pipeline stage's layers: the buckets cover its parameters only, the
+                                  slab given to dp_reducer_init starts at span.param_off and
+                                  grad_ready's offsets are the model's (zeroed: the whole model) */
 };
 struct dp_reducer_params dp_reducer_default_params(void);
 
@@ -110,6 +113,7 @@ struct dp_reducer {
     struct dp_reducer_params p;
     struct dp_comm *comm;
     float *grads;
+    int64_t base;              /* p.span.param_off: grad_ready's offsets less this index grads */
     struct dp_bucket *b;       /* b[0] is the output side (highest offsets) */
     int nb;
     int next;                  /* next bucket to start */
@@ -413,6 +417,9 @@ struct dp_sync_params {
     int lazy;                  /* DP_REPLICA_LAZY_* the replica's slabs were mapped with */
     int deterministic;         /* fixed-point sums per chunk, one all-reduce of doubles per step */
     double positions;          /* loss terms per sample (1; T for a language model): N = samples x positions */
+    struct dp_span span;       /* a pipeline stage: its layers' parameters only are reduced, checked and
+                                  updated (params, grads and n below are that range; ZeRO 0 and 1,
+                                  no compression); zeroed: the whole model */
 };
 struct dp_sync_params dp_sync_default_params(void);
 
@@ -438,6 +445,7 @@ struct dp_sync {
     float *params, *grads;     /* the replica's slabs (n floats each) */
     float *buffers;            /* ... and its buffers (BatchNorm's running statistics) */
     int64_t n;
+    int64_t base;              /* the slab offset of params[0] (p.span.param_off; 0: the whole model) */
     int G;                     /* workers in the job */
     int64_t step;              /* the optimizer step being taken (dp_sync_step_begin) */
     int folded;                /* the 1/N of the mean went into the loss scale (one micro-batch) */

@@ -314,6 +314,17 @@ int64_t dp_model_num_classes(const struct dp_model *m);
 /* A parameter or buffer by full name, or NULL. */
 const struct dp_param_info *dp_model_find_param(const struct dp_model *m, const char *name);
 
+/* Layers [layer0, layer1) of a model's sequence and the parameters they own,
+ * [param_off, param_off + param_count) of the slab (contiguous: parameters are
+ * registered in layer order): a pipeline stage's part of the model.  A zeroed
+ * span (layer1 = 0) stands for the whole model where a span is optional. */
+struct dp_span {
+    int layer0, layer1;
+    int64_t param_off, param_count;
+};
+/* The span of layers [l0, l1) (0 <= l0 < l1 <= nlayers), or DP_EINVAL. */
+int dp_model_span(const struct dp_model *m, int l0, int l1, struct dp_span *s);
+
 /* One worker's state for a model. */
 struct dp_replica {
     const struct dp_model *model;
@@ -325,6 +336,8 @@ struct dp_replica {
     float **acts;      /* (nlayers + 1) activation pointers of the last forward */
     int64_t max_batch;
     int lazy;          /* DP_REPLICA_LAZY_*: the slabs mapped with dp_slab_map */
+    float *dlogits;    /* the loss's gradient of the last forward that ended with it (in the arena) */
+    int view;          /* 1: the slabs are another replica's (dp_replica_init_view) */
 };
 int dp_replica_init(struct dp_replica *r, const struct dp_model *m, int64_t max_batch);
 /* The same, with the slabs named in `lazy` mapped (dp_slab_map) instead of
@@ -333,6 +346,10 @@ int dp_replica_init(struct dp_replica *r, const struct dp_model *m, int64_t max_
 enum { DP_REPLICA_LAZY_GRADS = 1, DP_REPLICA_LAZY_PARAMS = 2 };
 int dp_replica_init_lazy(struct dp_replica *r, const struct dp_model *m, int64_t max_batch, int lazy);
 void dp_replica_free(struct dp_replica *r);
+/* A second set of activations over r's slabs: v borrows r's parameters, gradients and buffers
+ * and has its own arena, saved state and activations, sized for layers [l0, l1).  A pipeline
+ * stage holds one per micro-batch in flight.  dp_replica_free(v) frees only what is v's own. */
+int dp_replica_init_view(struct dp_replica *v, const struct dp_replica *r, int l0, int l1);
 /* Initialises parameters and buffers from the seed (PyTorch's default schemes:
  * Linear/Conv weight and bias U(±1/sqrt(fan_in)), BN weight 1, bias 0). */
 void dp_model_init_params(const struct dp_model *m, struct dp_replica *r, uint64_t seed);
@@ -376,6 +393,19 @@ struct dp_pass {
  * stay in r->acts[nlayers] until the next call. */
 int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp_batch *b,
                  struct dp_pass *p);
+/* The same pass in two halves over layers [l0, l1) of the sequence, for a pipeline stage.
+ * dp_model_forward_range resets the arena and runs layers l0..l1-1 on x (at l0 = 0: the batch's
+ * inputs, x ignored); their output stays in r->acts[l1].  When l1 is the last layer it computes
+ * the loss (p->loss_sum, correct, abs_sum; otherwise 0) and, with p->backward, the loss's
+ * gradient.  dp_model_backward_range then runs their backward from dy, the gradient of
+ * r->acts[l1] ((B, out_shape of layer l1 - 1); ignored when l1 is the last layer: the loss's),
+ * accumulating the parameter gradients and reporting each range to p->grad_ready as
+ * dp_model_run does; *dx_out (may be NULL) gets the gradient of layer l0's input, in r's arena
+ * until its next forward (NULL at l0 = 0).  dp_model_run is the two over every layer. */
+int dp_model_forward_range(const struct dp_model *m, struct dp_replica *r, const struct dp_batch *b, int l0, int l1,
+                           const float *x, struct dp_pass *p);
+int dp_model_backward_range(const struct dp_model *m, struct dp_replica *r, const struct dp_batch *b, int l0, int l1,
+                            const float *dy, const float **dx_out, struct dp_pass *p);
 /* Deterministic mode's statistics (dp_ctx.stat_acc, num_buffers doubles: the sums over the
  * step's batches, on every worker): each BatchNorm's running statistics move once towards
  * their mean over those batches, running = (1 - momentum) running + momentum mean, and its

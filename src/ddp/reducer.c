@@ -16,24 +16,24 @@ struct dp_reducer_params dp_reducer_default_params(void) {
  * adding the next layer would push it past its cap (a layer larger than the
  * cap gets a bucket of its own).  Returns the bucket count, or < 0. */
 static int plan(struct dp_reducer *r, const struct dp_model *m) {
-    int cap = 0;
-    for (int i = 0; i < m->nlayers; i++) cap += m->layers[i]->param_count > 0;
+    int cap = 0, l0 = r->p.span.layer0, l1 = r->p.span.layer1;
+    for (int i = l0; i < l1; i++) cap += m->layers[i]->param_count > 0;
     r->b = dp_calloc((size_t)(cap ? cap : 1), sizeof *r->b);
     if (!r->b) return dp_seterr(DP_ENOMEM, "reducer: out of memory");
     r->nb = 0;
     struct dp_bucket *cur = NULL;
-    for (int i = m->nlayers - 1; i >= 0; i--) {
+    for (int i = l1 - 1; i >= l0; i--) {
         const struct dp_layer *l = m->layers[i];
         if (l->param_count == 0) continue;
         size_t limit = cur == r->b ? r->p.first_bucket_bytes : r->p.bucket_cap_bytes;
         if (cur && (size_t)(cur->count + l->param_count) * sizeof(float) > limit) cur = NULL;
         if (!cur) {
             cur = &r->b[r->nb++];
-            cur->off = l->param_off + l->param_count;
+            cur->off = l->param_off + l->param_count - r->base;
             cur->count = 0;
         }
         /* layers are contiguous and visited in decreasing offset order */
-        cur->off = l->param_off;
+        cur->off = l->param_off - r->base;
         cur->count += l->param_count;
         cur->nlayers++;
         cur->owner = r;
@@ -51,8 +51,10 @@ int dp_reducer_init(struct dp_reducer *r, const struct dp_model *m, struct dp_co
                     const struct dp_reducer_params *p) {
     memset(r, 0, sizeof *r);
     r->p = p ? *p : dp_reducer_default_params();
+    if (r->p.span.layer1 == 0) dp_model_span(m, 0, m->nlayers, &r->p.span);
+    r->base = r->p.span.param_off;
     if (r->p.bucket_cap_bytes == 0) { /* auto: total / 4, clamped to [1 MiB, 25 MiB] */
-        size_t q = (size_t)m->num_params * sizeof(float) / 4;
+        size_t q = (size_t)r->p.span.param_count * sizeof(float) / 4;
         r->p.bucket_cap_bytes = q < (1u << 20) ? 1u << 20 : q > (25u << 20) ? 25u << 20 : q;
     }
     if (r->p.bucket_cap_bytes < sizeof(float) || r->p.first_bucket_bytes < sizeof(float))
@@ -146,6 +148,7 @@ static void poll(struct dp_reducer *r) {
 void dp_reducer_grad_ready(void *arg, int64_t offset, int64_t count) {
     struct dp_reducer *r = arg;
     (void)count;
+    offset -= r->base;
     if (!r->p.overlap || r->p.scatter || dp__compress_mode(r->cz, r->step) == 2) return;
     if (r->p.shard && r->nb) { /* written from the slab's top down to offset, less what was reduced */
         int64_t held = r->b[0].off + r->b[0].count - offset - r->shard_done;

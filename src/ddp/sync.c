@@ -39,8 +39,12 @@ int dp_sync_init(struct dp_sync *s, const struct dp_model *m, struct dp_comm *co
     memset(s, 0, sizeof *s);
     s->p = *p;
     s->comm = comm, s->m = m;
-    float *params = r->params, *grads = r->grads;
-    s->params = params, s->grads = grads, s->buffers = r->buffers, s->n = m->num_params;
+    if (s->p.span.layer1 == 0) dp_model_span(m, 0, m->nlayers, &s->p.span);
+    else if (p->zero >= 2 || p->reducer.compress.kind != DP_COMPRESS_NONE)
+        return dp_seterr(DP_ENOTSUP, "a pipeline stage's reduction supports ZeRO 0 and 1 without compression");
+    s->base = s->p.span.param_off;
+    float *params = r->params + s->base, *grads = r->grads + s->base;
+    s->params = params, s->grads = grads, s->buffers = r->buffers, s->n = s->p.span.param_count;
     s->G = comm ? dp_comm_world(comm) : 1;
     int rc = dp_zero_init(&s->zero, comm, s->n, p->zero, &p->optim);
     if (rc) return rc;
@@ -56,6 +60,7 @@ int dp_sync_init(struct dp_sync *s, const struct dp_model *m, struct dp_comm *co
         !(s->stat_acc = dp_malloc(sizeof(double) * (size_t)m->num_buffers)))
         return dp_seterr(DP_ENOMEM, "--deterministic: out of memory");
     struct dp_reducer_params rp = p->reducer;
+    rp.span = s->p.span;
     rp.scatter = p->zero && p->zero_scatter && !p->zero_ahead;
     rp.shard = (p->zero >= 2 && s->G > 1) || (p->zero_ahead && p->zero_scatter);
     if ((rc = dp_reducer_init(&s->red, m, comm, grads, &rp))) return rc;
@@ -98,6 +103,7 @@ static int det_accumulate(double *acc, float *g, int64_t n, int store) { return 
  * converted hold zeros, which add nothing). */
 static void det_grad_ready(void *arg, int64_t off, int64_t count) {
     struct dp_sync *s = arg;
+    off -= s->base;
     s->det_bad |= det_accumulate(s->acc + off, s->grads + off, count, s->det_first && s->det_tiles);
     s->det_done += count;
 }

@@ -285,6 +285,16 @@ const struct dp_param_info *dp_model_find_param(const struct dp_model *m, const 
     return NULL;
 }
 
+int dp_model_span(const struct dp_model *m, int l0, int l1, struct dp_span *s) {
+    if (l0 < 0 || l1 > m->nlayers || l0 >= l1)
+        return dp_seterr(DP_EINVAL, "model %s: layers [%d, %d) of %d", m->spec, l0, l1, m->nlayers);
+    int64_t off = m->layers[l0]->param_off, end = off;
+    for (int i = l0; i < l1; i++) /* (registration order: each layer's range starts where the last ended) */
+        end = m->layers[i]->param_off + m->layers[i]->param_count;
+    *s = (struct dp_span){.layer0 = l0, .layer1 = l1, .param_off = off, .param_count = end - off};
+    return DP_OK;
+}
+
 /* ---- replicas ----------------------------------------------------------------- */
 
 int dp_replica_init(struct dp_replica *r, const struct dp_model *m, int64_t max_batch) {
@@ -322,8 +332,34 @@ int dp_replica_init_lazy(struct dp_replica *r, const struct dp_model *m, int64_t
     return DP_OK;
 }
 
+int dp_replica_init_view(struct dp_replica *v, const struct dp_replica *r, int l0, int l1) {
+    memset(v, 0, sizeof *v);
+    const struct dp_model *m = r->model;
+    if (l0 < 0 || l1 > m->nlayers || l0 >= l1)
+        return dp_seterr(DP_EINVAL, "replica view: layers [%d, %d) of %d", l0, l1, m->nlayers);
+    *v = (struct dp_replica){.model = m, .params = r->params, .grads = r->grads, .buffers = r->buffers,
+                             .max_batch = r->max_batch, .view = 1};
+    size_t est = 0;
+    for (int i = l0; i < l1; i++) est += (size_t)dp_shape_numel(&m->layers[i]->out_shape) * sizeof(float) * 3;
+    est *= (size_t)(r->max_batch > 0 ? r->max_batch : 1);
+    v->saved = dp_calloc((size_t)m->nids + 1, sizeof(void *));
+    v->acts = dp_calloc((size_t)m->nlayers + 1, sizeof(float *));
+    if (!v->saved || !v->acts || dp_arena_init(&v->arena, est) != DP_OK) {
+        dp_replica_free(v);
+        return dp_seterr(DP_ENOMEM, "replica view: cannot allocate %zu bytes of activations", est);
+    }
+    return DP_OK;
+}
+
 void dp_replica_free(struct dp_replica *r) {
     if (!r) return;
+    if (r->view) { /* (the slabs are the owner's) */
+        dp_free(r->saved);
+        dp_free(r->acts);
+        if (r->arena.head) dp_arena_free(&r->arena);
+        memset(r, 0, sizeof *r);
+        return;
+    }
     size_t np = r->model ? (size_t)(r->model->num_params ? r->model->num_params : 1) * sizeof(float) : 0;
     if (r->lazy & DP_REPLICA_LAZY_PARAMS) dp_slab_unmap(r->params, np);
     else dp_free(r->params);
@@ -370,8 +406,26 @@ uint64_t dp_replica_hash(const struct dp_replica *r) {
 
 /* ---- one pass ------------------------------------------------------------------ */
 
-int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp_batch *b,
-                 struct dp_pass *p) {
+/* The pass's context on replica r (its slabs, arena and saved state). */
+static struct dp_ctx pass_ctx(struct dp_replica *r, const struct dp_batch *b, const struct dp_pass *p) {
+    return (struct dp_ctx){
+        .params = r->params, .grads = r->grads, .buffers = r->buffers, .arena = &r->arena,
+        .saved = r->saved, .batch = b, .training = p->training, .seed = p->seed,
+        .grad_ready = p->grad_ready, .grad_ready_arg = p->grad_ready_arg,
+        .stat_sync = p->stat_sync, .stat_sync_arg = p->stat_sync_arg, .stat_acc = p->stat_acc,
+    };
+}
+
+/* Rows of the loss (R) and classes (V) of a batch of B samples, and the loss scale. */
+static float pass_scale(const struct dp_model *m, int64_t B, const struct dp_pass *p, int64_t *R, int64_t *V) {
+    struct dp_shape out = dp_model_cur_shape(m);
+    *V = out.d[out.ndim - 1];
+    *R = B * (dp_shape_numel(&out) / *V);
+    return p->loss_scale != 0.0f ? p->loss_scale : *R > 0 ? 1.0f / (float)*R : 0.0f;
+}
+
+int dp_model_forward_range(const struct dp_model *m, struct dp_replica *r, const struct dp_batch *b, int l0, int l1,
+                           const float *x, struct dp_pass *p) {
     int64_t B = b->B;
     /* B = 0 is allowed: a data-parallel worker whose share of a small last
      * batch is empty still runs the pass, so that it takes part in the
@@ -379,24 +433,18 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
     if (B < 0 || B > r->max_batch)
         return dp_seterr(DP_EINVAL, "model: batch of %lld samples (replica holds up to %lld)",
                          (long long)B, (long long)r->max_batch);
+    if (l0 < 0 || l1 > m->nlayers || l0 >= l1)
+        return dp_seterr(DP_EINVAL, "model: layers [%d, %d) of %d", l0, l1, m->nlayers);
     if (p->backward && !p->training) return dp_seterr(DP_EINVAL, "model: backward needs training mode");
     dp_arena_reset(&r->arena);
     memset(r->saved, 0, sizeof(void *) * (size_t)(m->nids + 1));
-    struct dp_ctx ctx = {
-        .params = r->params, .grads = r->grads, .buffers = r->buffers, .arena = &r->arena,
-        .saved = r->saved, .batch = b, .training = p->training, .seed = p->seed,
-        .grad_ready = p->grad_ready, .grad_ready_arg = p->grad_ready_arg,
-        .stat_sync = p->stat_sync, .stat_sync_arg = p->stat_sync_arg, .stat_acc = p->stat_acc,
-    };
-    struct dp_shape out = dp_model_cur_shape(m);
-    int64_t V = out.d[out.ndim - 1];
-    int64_t R = B * (dp_shape_numel(&out) / V);
-    ctx.loss_scale = p->loss_scale != 0.0f ? p->loss_scale : R > 0 ? 1.0f / (float)R : 0.0f;
-
-    /* forward */
+    r->dlogits = NULL;
+    struct dp_ctx ctx = pass_ctx(r, b, p);
+    int64_t R, V;
+    ctx.loss_scale = pass_scale(m, B, p, &R, &V);
     double t0 = dp_time();
-    r->acts[0] = (float *)b->x;
-    for (int i = 0; i < m->nlayers; i++) {
+    r->acts[l0] = (float *)(l0 == 0 ? b->x : x);
+    for (int i = l0; i < l1; i++) {
         struct dp_layer *l = m->layers[i];
         int rc = p->layer_begin ? p->layer_begin(p->layer_begin_arg, DP_PHASE_FORWARD, i, l) : 0;
         if (rc) return dp_adderr(rc, "forward %s", l->name);
@@ -410,25 +458,37 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
         if (rc) return dp_adderr(rc, "forward %s", l->name);
         r->acts[i + 1] = y;
     }
-    const float *logits = r->acts[m->nlayers];
-    float *dlogits = NULL;
-    if (p->backward) {
-        dlogits = dp_arena_alloc(&r->arena, sizeof(float) * (size_t)(R * V));
-        if (!dlogits) return dp_adderr(DP_ENOMEM, "loss");
+    p->abs_sum = 0, p->correct = 0, p->loss_sum = 0;
+    if (l1 == m->nlayers) { /* the loss, and its gradient for backward */
+        const float *logits = r->acts[m->nlayers];
+        if (p->backward && !(r->dlogits = dp_arena_alloc(&r->arena, sizeof(float) * (size_t)(R * V))))
+            return dp_adderr(DP_ENOMEM, "loss");
+        int rc = m->loss == DP_LOSS_MSE
+                     ? dp_mse(r->dlogits, &p->loss_sum, &p->abs_sum, logits, b->target, R, V, ctx.loss_scale)
+                     : dp_softmax_xent(r->dlogits, &p->loss_sum, &p->correct, logits, b->targets, R, V,
+                                       ctx.loss_scale);
+        if (rc) return dp_adderr(rc, "loss");
     }
-    p->abs_sum = 0, p->correct = 0;
-    int rc = m->loss == DP_LOSS_MSE
-                 ? dp_mse(dlogits, &p->loss_sum, &p->abs_sum, logits, b->target, R, V, ctx.loss_scale)
-                 : dp_softmax_xent(dlogits, &p->loss_sum, &p->correct, logits, b->targets, R, V, ctx.loss_scale);
-    if (rc) return dp_adderr(rc, "loss");
-    double t1 = dp_time();
-    p->t_forward = t1 - t0;
+    p->t_forward = dp_time() - t0;
     p->t_backward = 0;
-    if (!p->backward) return DP_OK;
+    return DP_OK;
+}
 
-    /* backward: two ping-pong buffers for the activation gradients */
+int dp_model_backward_range(const struct dp_model *m, struct dp_replica *r, const struct dp_batch *b, int l0, int l1,
+                            const float *dy, const float **dx_out, struct dp_pass *p) {
+    if (dx_out) *dx_out = NULL;
+    if (l0 < 0 || l1 > m->nlayers || l0 >= l1)
+        return dp_seterr(DP_EINVAL, "model: layers [%d, %d) of %d", l0, l1, m->nlayers);
+    if (l1 == m->nlayers) dy = r->dlogits;
+    if (!p->backward || !dy) return dp_seterr(DP_EINVAL, "model: backward without its forward or output gradient");
+    int64_t B = b->B;
+    struct dp_ctx ctx = pass_ctx(r, b, p);
+    int64_t R, V;
+    ctx.loss_scale = pass_scale(m, B, p, &R, &V);
+    double t1 = dp_time();
+    /* two ping-pong buffers for the activation gradients */
     int64_t maxn = 0;
-    for (int i = 1; i < m->nlayers; i++) {
+    for (int i = l0 > 0 ? l0 : 1; i < l1; i++) {
         int64_t n = dp_shape_numel(&m->layers[i]->in_shape);
         if (n > maxn) maxn = n;
     }
@@ -438,8 +498,8 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
         buf[1] = dp_arena_alloc(&r->arena, sizeof(float) * (size_t)(B * maxn));
         if (!buf[0] || !buf[1]) return dp_adderr(DP_ENOMEM, "backward");
     }
-    const float *dy = dlogits;
-    for (int i = m->nlayers - 1; i >= 0; i--) {
+    int rc;
+    for (int i = l1 - 1; i >= l0; i--) {
         struct dp_layer *l = m->layers[i];
         float *dx = i > 0 ? (dy == buf[0] ? buf[1] : buf[0]) : NULL; /* (not the buffer dy is in) */
         /* a layer's backward scratch is dead once it returns (its results
@@ -457,8 +517,19 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
         if (l->param_count > 0 && p->grad_ready) p->grad_ready(p->grad_ready_arg, l->param_off, l->param_count);
         dy = dx;
     }
+    if (dx_out) *dx_out = dy;
     p->t_backward = dp_time() - t1;
     return DP_OK;
+}
+
+int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp_batch *b,
+                 struct dp_pass *p) {
+    int rc = dp_model_forward_range(m, r, b, 0, m->nlayers, NULL, p);
+    if (rc || !p->backward) return rc;
+    double t_forward = p->t_forward;
+    rc = dp_model_backward_range(m, r, b, 0, m->nlayers, NULL, NULL, p);
+    p->t_forward = t_forward;
+    return rc;
 }
 
 void dp_model_apply_stats(const struct dp_model *m, float *buffers, const double *acc) {
