@@ -935,6 +935,37 @@ else
   skip mpi_gpt_zero3_equals_plain "MPI not built into $BIN"
   skip mpi_gpt_zero3_hybrid_equals_plain_hybrid "MPI not built into $BIN"
 fi
+# Pipeline parallelism (issue 31, Q1): 2 stages with one micro-batch train one worker's bits; the
+# layout is printed; the timeline has each micro-batch's forward and backward; the pipelined
+# checkpoint resumes on one worker; and the mistakes each give one line
+GPP=(--model gpt:layers=2,heads=2,dim=16,ctx=8 "${GPTRUN[@]:2}" --epochs 1)
+if "$BIN" train "${GPP[@]}" --workers 1 --out "$T/gpp1" >"$T/gpp1.log" 2>&1 &&
+   "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --micro-batches 1 --out "$T/gpp2" >"$T/gpp2.log" 2>&1 &&
+   grep -q '^pipeline: 2 stages x 1 replica, 1 micro-batch, 1f1b: stage 0 tok+pos\.\..* parameters, [0-9]*%); stage 1 ' "$T/gpp2.log" &&
+   same_hash "$(hash_of "$T/gpp1/checkpoint.bin")" "$(hash_of "$T/gpp2/checkpoint.bin")"; then
+  ok gpt_pipeline_one_microbatch_equals_one_worker
+else bad gpt_pipeline_one_microbatch_equals_one_worker "$(tail -3 "$T/gpp2.log")"; fi
+if "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --micro-batches 4 --pp-schedule gpipe --max-steps 2 \
+     --timeline "$T/gpp.json" >"$T/gppt.log" 2>&1 &&
+   [[ $(grep -c '"name": "forward", .*"micro": 3}' "$T/gpp.json") -eq 4 ]] &&
+   [[ $(grep -c '"name": "backward", .*"micro": 0}' "$T/gpp.json") -eq 4 ]]; then
+  ok gpt_pipeline_timeline_micro_batches
+else bad gpt_pipeline_timeline_micro_batches "$(tail -3 "$T/gppt.log")"; fi
+if "$BIN" train "${GPP[@]}" --workers 1 --resume "$T/gpp2/checkpoint.bin" --epochs 2 >"$T/gppr.log" 2>&1 &&
+   "$BIN" train "${GPP[@]}" --workers 1 --resume "$T/gpp1/checkpoint.bin" --epochs 2 >"$T/gppr1.log" 2>&1 &&
+   [[ -n $(grep '^done:' "$T/gppr.log") && $(grep '^done:' "$T/gppr.log" | sed 's/^done: [0-9.]*s//') == $(grep '^done:' "$T/gppr1.log" | sed 's/^done: [0-9.]*s//') ]]; then
+  ok gpt_pipeline_checkpoint_resumes_unpipelined
+else bad gpt_pipeline_checkpoint_resumes_unpipelined "$(tail -2 "$T/gppr.log")" "$(tail -2 "$T/gppr1.log")"; fi
+expect_error pipeline_stages_divide_workers "--pp must divide --workers into stages (got --pp 2 with 3 workers)" \
+  "$BIN" train "${GPP[@]}" --workers 3 --pp 2
+expect_error pipeline_unknown_schedule "--pp-schedule: unknown schedule 'interleaved' (expected gpipe or 1f1b)" \
+  "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --pp-schedule interleaved
+expect_error pipeline_micro_batches_need_pp "--micro-batches is --pp's option" \
+  "$BIN" train "${GPP[@]}" --workers 2 --micro-batches 4
+expect_error pipeline_more_stages_than_layers "has 5 layers, fewer than the stages" \
+  "$BIN" train "${GPP[@]}" --workers 8 --pp 8 --batch 8
+expect_error pipeline_not_with_zero "--pp does not work with --zero" \
+  "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --zero 1
 last_val=$(awk '/^epoch 2\/2/ {for (i = 3; i < NF; i++) if ($(i-1) == "val" && $i == "loss") print $(i+1)}' "$T/gt.log")
 if "$BIN" eval --ckpt "$T/gpt_run/checkpoint.bin" --data "$T/gpt.bin" --test-limit 64 >"$T/ge.log" 2>&1 &&
    [[ -n $last_val ]] && grep -q "^model $GPT  val loss $last_val  val ppl " "$T/ge.log"; then

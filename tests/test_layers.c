@@ -1875,7 +1875,7 @@ TEST(model_range_halves_same_bits) {
     memcpy(want, g.r.grads, sizeof(float) * (size_t)np);
     for (int k = 1; k < L; k++) {
         struct dp_replica v;
-        ASSERT_OK(dp_replica_init_view(&v, &g.r, k, L));
+        ASSERT_OK(dp_replica_init_view(&v, &g.r, k, L, g.r.max_batch));
         struct dp_span a, b;
         ASSERT_OK(dp_model_span(g.m, 0, k, &a));
         ASSERT_OK(dp_model_span(g.m, k, L, &b));

@@ -418,8 +418,12 @@ struct dp_sync_params {
     int deterministic;         /* fixed-point sums per chunk, one all-reduce of doubles per step */
     double positions;          /* loss terms per sample (1; T for a language model): N = samples x positions */
     struct dp_span span;       /* a pipeline stage: its layers' parameters only are reduced, checked and
-                                  updated (params, grads and n below are that range; ZeRO 0 and 1,
-                                  no compression); zeroed: the whole model */
+                                  updated (params, grads and n below are that range; ZeRO 0, no
+                                  compression); zeroed: the whole model */
+    /* A pipeline stage: called by dp_sync_settle and dp_sync_gather, on every worker, to make
+     * the parameters outside the span current (the stages' assembly); NULL: none */
+    int (*whole)(void *arg);
+    void *whole_arg;
 };
 struct dp_sync_params dp_sync_default_params(void);
 
@@ -500,6 +504,8 @@ int dp_sync_check(struct dp_sync *s, int *bad);
 int dp_sync_update(struct dp_sync *s, float lr, double clip_norm);
 /* ZeRO 1 ahead: waits for the gather in flight (a no-op otherwise). */
 int dp_sync_settle(struct dp_sync *s);
+/* A pipeline stage (p.whole): from the optimizer step to the next dp_sync_settle or
+ * dp_sync_gather, the parameters outside the span are not current. */
 /* 1 when this worker holds no whole parameters between passes (ZeRO 3 with
  * G > 1): passes gather layer by layer (dp_sync_eval_hooks), and whatever
  * reads the slab goes through dp_sync_gather. */
@@ -515,9 +521,10 @@ int dp_sync_shard_init(struct dp_sync *s, const struct dp_model *m, uint64_t see
 /* The stats since the last take, and zeroed. */
 struct dp_sync_stats dp_sync_stats_take(struct dp_sync *s);
 /* Checkpoint state.  The file keeps the whole-slab layout: the optimizer
- * state is dp_sync_state_len floats (ZeRO: parts x n, whatever the shard).
- * This worker holds npieces pieces of it; piece i's part k (k = -1: ZeRO 3's
- * master parameters) is *pc's range of the slab (pc may be NULL), its floats
+ * state is dp_sync_state_len floats (parts x the model's parameters, whatever
+ * the shard or the pipeline stage).  This worker holds npieces pieces of it;
+ * piece i's part k (k = -1: ZeRO 3's master parameters) is *pc's range of the
+ * slab (the model's offsets; pc may be NULL), its floats
  * at the pointer returned (read by a save, written by a resume; NULL where
  * the worker holds no such part).  The error-feedback state
  * (compression) is dp_sync_ef_len floats, got and set whole. */

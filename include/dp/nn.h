@@ -347,9 +347,10 @@ enum { DP_REPLICA_LAZY_GRADS = 1, DP_REPLICA_LAZY_PARAMS = 2 };
 int dp_replica_init_lazy(struct dp_replica *r, const struct dp_model *m, int64_t max_batch, int lazy);
 void dp_replica_free(struct dp_replica *r);
 /* A second set of activations over r's slabs: v borrows r's parameters, gradients and buffers
- * and has its own arena, saved state and activations, sized for layers [l0, l1).  A pipeline
- * stage holds one per micro-batch in flight.  dp_replica_free(v) frees only what is v's own. */
-int dp_replica_init_view(struct dp_replica *v, const struct dp_replica *r, int l0, int l1);
+ * and has its own arena, saved state and activations, sized for layers [l0, l1) on batches of
+ * up to max_batch samples.  A pipeline stage holds one per micro-batch in flight.
+ * dp_replica_free(v) frees only what is v's own. */
+int dp_replica_init_view(struct dp_replica *v, const struct dp_replica *r, int l0, int l1, int64_t max_batch);
 /* Initialises parameters and buffers from the seed (PyTorch's default schemes:
  * Linear/Conv weight and bias U(±1/sqrt(fan_in)), BN weight 1, bias 0). */
 void dp_model_init_params(const struct dp_model *m, struct dp_replica *r, uint64_t seed);

@@ -192,6 +192,16 @@ struct dp_train_dp {
      * compute threads, each taking its share of every global batch */
     int workers;               /* P (default 1) */
     int accum;                 /* gradient accumulation: global batches per optimizer step */
+    /* Pipeline parallelism (docs/parallel.md): pp stages (1 = off), the model's layer sequence
+     * cut into pp contiguous stages balanced by counted cost; the workers form workers / pp
+     * data-parallel replicas of the pipeline (job rank g is stage g / (workers / pp), replica
+     * g mod (workers / pp)).  Each replica's share of the global batch is cut into
+     * micro_batches (0 = pp) that flow through the stages by pp_schedule (enum
+     * dp_pipe_schedule, dp/par.h).  Thread backend in one process; ZeRO 0; not with --accum,
+     * --deterministic, --balance, compression, backup workers or the parameter server. */
+    int pp;
+    int micro_batches;
+    int pp_schedule;
     size_t bucket_cap_bytes;   /* reducer bucket cap (default 0 = auto, see dp/ddp.h) */
     size_t first_bucket_bytes; /* reducer first bucket (default 1 MiB) */
     int overlap;               /* 1: all-reduce buckets during backward (default) */
@@ -456,6 +466,9 @@ double dp_trainer_bits_per_byte(const struct dp_trainer *t, double loss, int64_t
  * for a CSV, an .npz or an image folder what was found and whether its arrays were made now
  * or reused from the cache folder (one line, no newline). */
 const char *dp_trainer_data_note(const struct dp_trainer *t);
+/* How the model is split (--pp), for the user: the stages, replicas, micro-batches and schedule,
+ * and each stage's layers, parameters and share of the FLOPs (one line); "" when it is not. */
+const char *dp_trainer_layout(const struct dp_trainer *t);
 /* The test set as the run evaluates it (normalised; n = 0 when there is none). */
 const struct dp_dataset *dp_trainer_test_set(const struct dp_trainer *t);
 /* Who runs this process's bucket all-reduces: DP_PROGRESS_THREAD or

@@ -289,12 +289,21 @@ int dp_sync_update(struct dp_sync *s, float lr, double clip_norm) {
 
 /* ---- between steps --------------------------------------------------------------------- */
 
-int dp_sync_settle(struct dp_sync *s) { return dp_zero_settle(&s->zero); }
+int dp_sync_settle(struct dp_sync *s) {
+    int rc = dp_zero_settle(&s->zero);
+    return rc || !s->p.whole ? rc : s->p.whole(s->p.whole_arg);
+}
 int dp_sync_sharded_params(const struct dp_sync *s) { return s->zero.stage == 3 && s->zero.sharded; }
 void dp_sync_eval_hooks(struct dp_sync *s, struct dp_pass *pass) {
     if (dp_sync_sharded_params(s)) pass->layer_begin = dp_zero_layer_begin, pass->layer_begin_arg = &s->zero;
 }
-int dp_sync_gather(struct dp_sync *s, int keep, uint64_t *hash) { return dp_zero_gather_params(&s->zero, keep, hash); }
+int dp_sync_gather(struct dp_sync *s, int keep, uint64_t *hash) {
+    if (!s->p.whole) return dp_zero_gather_params(&s->zero, keep, hash);
+    /* a pipeline stage (ZeRO 0): the whole slab assembled, then hashed */
+    int rc = s->p.whole(s->p.whole_arg);
+    if (!rc && hash) *hash = dp_fnv1a64(s->params - s->base, sizeof(float) * (size_t)s->m->num_params, *hash);
+    return rc;
+}
 int dp_sync_release(struct dp_sync *s) { return dp_zero_release_params(&s->zero); }
 void dp_sync_drop_grads(struct dp_sync *s) { dp_zero_drop_grad_shard(&s->zero); }
 int dp_sync_shard_init(struct dp_sync *s, const struct dp_model *m, uint64_t seed, const float *whole) {
@@ -309,11 +318,11 @@ struct dp_sync_stats dp_sync_stats_take(struct dp_sync *s) {
 
 /* ---- checkpoint state, the post hook, memory ---------------------------------------------- */
 
-int64_t dp_sync_state_len(const struct dp_sync *s) { return (int64_t)s->zero.parts * s->n; }
+int64_t dp_sync_state_len(const struct dp_sync *s) { return (int64_t)s->zero.parts * s->m->num_params; }
 int dp_sync_state_parts(const struct dp_sync *s) { return s->zero.parts; }
 int dp_sync_npieces(const struct dp_sync *s) { return s->zero.npieces; }
 float *dp_sync_piece(const struct dp_sync *s, int i, int k, struct dp_zero_piece *pc) {
-    if (pc) *pc = s->zero.piece[i];
+    if (pc) *pc = s->zero.piece[i], pc->off += s->base; /* (in the model's slab) */
     if (k >= s->zero.parts || (k < 0 && !s->zero.pshard)) return NULL; /* (no such part: its range only) */
     return (float *)dp_zero_piece_data(&s->zero, &s->opt, i, k);
 }

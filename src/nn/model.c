@@ -332,16 +332,16 @@ int dp_replica_init_lazy(struct dp_replica *r, const struct dp_model *m, int64_t
     return DP_OK;
 }
 
-int dp_replica_init_view(struct dp_replica *v, const struct dp_replica *r, int l0, int l1) {
+int dp_replica_init_view(struct dp_replica *v, const struct dp_replica *r, int l0, int l1, int64_t max_batch) {
     memset(v, 0, sizeof *v);
     const struct dp_model *m = r->model;
     if (l0 < 0 || l1 > m->nlayers || l0 >= l1)
         return dp_seterr(DP_EINVAL, "replica view: layers [%d, %d) of %d", l0, l1, m->nlayers);
     *v = (struct dp_replica){.model = m, .params = r->params, .grads = r->grads, .buffers = r->buffers,
-                             .max_batch = r->max_batch, .view = 1};
+                             .max_batch = max_batch, .view = 1};
     size_t est = 0;
     for (int i = l0; i < l1; i++) est += (size_t)dp_shape_numel(&m->layers[i]->out_shape) * sizeof(float) * 3;
-    est *= (size_t)(r->max_batch > 0 ? r->max_batch : 1);
+    est *= (size_t)(max_batch > 0 ? max_batch : 1);
     v->saved = dp_calloc((size_t)m->nids + 1, sizeof(void *));
     v->acts = dp_calloc((size_t)m->nlayers + 1, sizeof(float *));
     if (!v->saved || !v->acts || dp_arena_init(&v->arena, est) != DP_OK) {

@@ -118,6 +118,7 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     H(p->dp.compress.kind), H(p->dp.compress.rank), H(p->dp.compress.fraction), H(p->dp.compress.powersgd_start);
     H(p->dp.async), H(p->dp.staleness), H(p->dp.staleness_lr), H(p->dp.servers), H(p->dp.zero), H(p->dp.zero_scatter), H(p->dp.zero_gather);
     H(p->dp.share_lr), H(p->dp.implicit_momentum); /* (not pin_threads: where a process's workers run is its own) */
+    H(p->dp.pp), H(p->dp.micro_batches), H(p->dp.pp_schedule);
     out[AGREE_CONFIG] = h;
     h = 0xcbf29ce484222325ull;
     H(w->step), H(w->epoch), H(w->in_epoch);
@@ -129,14 +130,18 @@ int dp__agree_config(struct worker *w) {
     uint64_t mine[AGREE_PARTS], *all;
     agree_hashes(w, mine);
     int rc = gather_hashes(w, mine, AGREE_PARTS, &all);
+    const int R = w->t->pp > 1 ? w->t->pp_R : w->t->G;
     for (int r = 1; !rc && r < w->t->G; r++)
-        for (int k = 0; k < AGREE_PARTS; k++)
-            if (all[(size_t)r * AGREE_PARTS + (size_t)k] != all[k]) {
-                rc = dp_seterr(DP_EMISMATCH, "rank %d disagrees with rank 0 on the %s: every rank must be "
-                               "started with the same options%s", r, agree_names[k],
+        for (int k = 0; k < AGREE_PARTS; k++) {
+            /* (a pipeline's stages each have their own buckets: each rank agrees with its stage's first) */
+            const int ref = k == AGREE_BUCKETS ? r / R * R : 0;
+            if (all[(size_t)r * AGREE_PARTS + (size_t)k] != all[(size_t)ref * AGREE_PARTS + (size_t)k]) {
+                rc = dp_seterr(DP_EMISMATCH, "rank %d disagrees with rank %d on the %s: every rank must be "
+                               "started with the same options%s", r, ref, agree_names[k],
                                k == AGREE_POSITION ? " and checkpoint" : "");
                 break;
             }
+        }
     dp_free(all);
     return rc;
 }

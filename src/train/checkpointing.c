@@ -223,8 +223,9 @@ void dp__fill_header(const struct dp_trainer *t, struct dp_ckpt_header *h) {
     h->lr = t->p.sched.base_lr;
     h->sched_kind = (uint32_t)t->p.sched.kind;
     h->optim_step = w->sync.opt.step;
-    /* ZeRO: the whole slab's state whatever the stage (zero_stream writes it from the shards) */
-    h->optim_state_len = t->p.dp.zero ? dp_sync_state_len(&w->sync) : w->sync.opt.state_len;
+    /* the whole slab's state whatever the ZeRO stage (zero_stream writes it from the shards) or the
+     * pipeline stage (dp__state_part_each) */
+    h->optim_state_len = dp_sync_state_len(&w->sync);
 }
 
 /* ---- ZeRO checkpoints, streamed from the shards --------------------------------------------
@@ -356,6 +357,10 @@ void dp__ckpt_put_sections(const struct dp_trainer *t, struct dp_ckpt_writer *ou
     dp_free(norm);
 }
 
+static void put_floats(void *arg, const float *p, int64_t n) {
+    dp_ckpt_writer_put(arg, p, sizeof(float) * (size_t)n);
+}
+
 int dp_trainer_save(struct dp_trainer *t, const char *path) {
     struct worker *w = &t->w[0];
     if (t->p.dp.zero && t->G > t->P && !t->zsaving)
@@ -373,7 +378,7 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
         if (out) {
             dp_ckpt_writer_put(out, w->rep.params, sizeof(float) * (size_t)h.num_params);
             dp_ckpt_writer_put(out, w->rep.buffers, sizeof(float) * (size_t)h.num_buffers);
-            dp_ckpt_writer_put(out, w->sync.opt.state, sizeof(float) * (size_t)h.optim_state_len);
+            for (int k = 0; k < dp_sync_state_parts(&w->sync); k++) dp__state_part_each(t, k, put_floats, out);
         }
         src = DP_OK;
     } else

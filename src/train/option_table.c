@@ -11,6 +11,7 @@
 #include "dp/core.h"
 #include "dp/ddp.h"
 #include "dp/optim.h"
+#include "dp/par.h"
 #include "options.h"
 
 #define F(field) offsetof(struct dp_train_params, field)
@@ -48,6 +49,15 @@ static int set_algo(struct dp_train_params *p, const char *v) {
 }
 static int get_algo(const struct dp_train_params *p, char *out, size_t n) {
     return snprintf(out, n, "%s", dp_comm_algo_name((enum dp_comm_algo)p->dp.algo)) > 0;
+}
+static int set_pp_schedule(struct dp_train_params *p, const char *v) {
+    int k = dp_pipe_schedule_parse(v);
+    if (k < 0) return dp_seterr(DP_EINVAL, "--pp-schedule: unknown schedule '%s' (expected gpipe or 1f1b)", v);
+    p->dp.pp_schedule = k;
+    return DP_OK;
+}
+static int get_pp_schedule(const struct dp_train_params *p, char *out, size_t n) {
+    return snprintf(out, n, "%s", dp_pipe_schedule_name(p->dp.pp_schedule)) > 0;
 }
 static int set_compress(struct dp_train_params *p, const char *v) { return dp_compress_parse(v, &p->dp.compress); }
 static int get_compress(const struct dp_train_params *p, char *out, size_t n) {
@@ -173,6 +183,7 @@ static int get_normalize(const struct dp_train_params *p, char *out, size_t n) {
 #define G_SLOW "slow workers (docs/ddp.md)"
 #define G_COMPRESS "gradient compression (docs/ddp.md)"
 #define G_ZERO "memory (ZeRO, docs/ddp.md)"
+#define G_SPLIT "splitting the model (docs/parallel.md)"
 #define G_TUNE "diagnostics, simulation and tuning"
 
 /* An entry: name, value, group, help; then how it is read */
@@ -412,6 +423,19 @@ const struct dp__opt dp__opts[] = {
      .kind = DP__OPT_CHOICE, .off = F(dp.zero_gather), .choices = "auto|step|ahead",
      .vals = {DP_ZERO_GATHER_AUTO, DP_ZERO_GATHER_STEP, DP_ZERO_GATHER_AHEAD}, .store = DP__STORE_ALWAYS,
      .need = DP__NEED_ZERO1},
+
+    {OPT("pp", "S", G_SPLIT,
+         "pipeline parallelism: the model's layers cut into S stages (balanced\n"
+         "by counted cost), one worker each; --workers / S replicas of the\n"
+         "pipeline train data-parallel [1: off]"),
+     NUM(DP__OPT_INT, dp.pp, 1, 256)},
+    {OPT("micro-batches", "M", G_SPLIT, "--pp: each replica's share of a batch cut into M micro-batches [S]"),
+     NUM(DP__OPT_INT, dp.micro_batches, 1, 4096)},
+    {OPT("pp-schedule", "NAME", G_SPLIT,
+         "--pp: gpipe (every forward, then every backward: M micro-batches'\n"
+         "activations held) | 1f1b (one forward, one backward in turn: at\n"
+         "most S held) [1f1b]"),
+     CUSTOM(set_pp_schedule, get_pp_schedule)},
 
     {OPT("timeline", "FILE", G_TUNE,
          "write a Chrome trace (Perfetto, chrome://tracing): one compute and one\n"

@@ -1,5 +1,6 @@
 /* The training parameters: their defaults and the checks on their combinations
  * (one clear line each), and the automatic settings derived from the machine. */
+#include "dp/par.h"
 #include "trainer.h"
 
 struct dp_train_params dp_train_default_params(void) {
@@ -9,6 +10,8 @@ struct dp_train_params dp_train_default_params(void) {
     p.run.model = "mlp";
     p.dp.workers = 1;
     p.dp.accum = 1;
+    p.dp.pp = 1;
+    p.dp.pp_schedule = DP_PIPE_1F1B;
     p.dp.bucket_cap_bytes = 0; /* auto (dp/ddp.h) */
     p.dp.first_bucket_bytes = 1u << 20;
     p.dp.overlap = 1;
@@ -83,6 +86,32 @@ int dp__check_ps(const struct dp_train_params *p) {
     return DP_OK;
 }
 
+/* Pipeline parallelism's settings, and what it does not combine with (yet). */
+static int check_pipeline(const struct dp_train_params *p) {
+    const struct dp_train_dp *d = &p->dp;
+    if (d->pp < 1 || d->pp > d->workers || d->workers % d->pp)
+        return dp_seterr(DP_EINVAL, "--pp must divide --workers into stages (got --pp %d with %d workers)", d->pp,
+                         d->workers);
+    if (d->micro_batches < 0 || d->micro_batches > 4096)
+        return dp_seterr(DP_EINVAL, "--micro-batches must be in 1..4096 (got %d)", d->micro_batches);
+    if (d->pp_schedule < 0 || d->pp_schedule >= DP_PIPE_SCHEDULE_COUNT)
+        return dp_seterr(DP_EINVAL, "unknown pipeline schedule %d", d->pp_schedule);
+    if (d->pp == 1) return d->micro_batches > 1 ? dp_seterr(DP_EINVAL, "--micro-batches is --pp's option (a pipeline's "
+                                                             "micro-batches; without one, --accum)")
+                                                : DP_OK;
+    const char *no = d->inter ? "several processes (mpirun): the stages are threads of one process"
+                     : d->accum > 1 ? "--accum: a pipeline accumulates its --micro-batches"
+                     : d->deterministic ? "--deterministic"
+                     : d->zero ? "--zero: the stages' state is already split"
+                     : d->balance ? "--balance"
+                     : d->compress.kind != DP_COMPRESS_NONE ? "--compress"
+                     : d->backup ? "--backup-workers"
+                     : d->async || d->staleness >= 0 ? "the parameter server"
+                     : NULL;
+    if (no) return dp_seterr(DP_ENOTSUP, "--pp does not work with %s yet", no);
+    return DP_OK;
+}
+
 int dp__check_params(const struct dp_train_params *p) {
     int rc;
     if (p->run.epochs < 0) return dp_seterr(DP_EINVAL, "--epochs must be >= 0 (got %lld)", (long long)p->run.epochs);
@@ -120,6 +149,7 @@ int dp__check_params(const struct dp_train_params *p) {
         return dp_seterr(DP_EINVAL, "--backup-workers %d does not work with --deterministic: which ranks are "
                          "dropped depends on timing (only --backup-workers 0 does)", p->dp.backup_workers);
     if ((rc = dp__check_ps(p))) return rc;
+    if ((rc = check_pipeline(p))) return rc;
     if (p->dp.zero < 0 || p->dp.zero > 3) return dp_seterr(DP_EINVAL, "--zero must be in 0..3 (got %d)", p->dp.zero);
     /* stages 2 and 3 reduce-scatter each bucket: the compressed forms are all-reduces or all-gathers */
     if (p->dp.zero >= 2 && p->dp.compress.kind != DP_COMPRESS_NONE)

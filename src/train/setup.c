@@ -24,6 +24,7 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     if (lp.rank >= t->ps_W) lp.rank = 0, lp.prefetch = 0; /* a server rank: its loader is not read */
     lp.align = p->dp.deterministic && !p->dp.async ? p->dp.det_chunk : 1;
     lp.uneven = t->balance;
+    if (t->pp > 1 && (rc = dp__pipe_worker_init(w, &lp))) return rc; /* (its stage's replica's share) */
     if (t->ps_dynamic) {
         /* plain async: this worker reads whichever batch k of ceil(batch / P)
          * samples it claims (dp_loader_seek, then next); no prefetch, as the
@@ -69,7 +70,9 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
                     (p->dp.zero_gather == DP_ZERO_GATHER_AHEAD || (p->dp.zero_gather == DP_ZERO_GATHER_AUTO && t->G > t->P));
     sp.deterministic = p->dp.deterministic;
     sp.positions = (double)t->pos;
-    if ((rc = dp_sync_init(&w->sync, t->model, w->comm, &w->rep, &sp))) return rc;
+    /* --pp: the stage's span, reduced among the stage's replicas */
+    struct dp_comm *comm = w->pipe ? dp__pipe_sync_params(w, &sp) : w->comm;
+    if ((rc = dp_sync_init(&w->sync, t->model, comm, &w->rep, &sp))) return rc;
     w->arrival = dp_calloc((size_t)w->sync.red.nb + 1, sizeof(double));
     w->waits = dp_calloc((size_t)t->G, sizeof(double));
     if (!w->arrival || !w->waits) return dp_seterr(DP_ENOMEM, "trainer: out of memory");
@@ -299,6 +302,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     /* A worker's share is at most ceil(batch / P); evaluation uses up to
      * eval_chunk samples. */
     int64_t share = (p->run.batch + t->ps_W - 1) / t->ps_W;
+    if (p->dp.pp > 1) share = (p->run.batch + t->G / p->dp.pp - 1) / (t->G / p->dp.pp); /* (a replica's) */
     t->balance = p->dp.balance > 0 && t->G > 1;
     t->bal_align = p->dp.deterministic ? p->dp.det_chunk : 1;
     if (t->balance) share = p->run.batch; /* a balanced share may be the whole batch */
@@ -314,6 +318,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     rc = p->dp.inter ? dp_comm_thread_world_init_hier(&t->world, t->P, &cp, p->dp.inter)
                   : dp_comm_thread_world_init(&t->world, t->P, &cp);
     if (rc) goto fail;
+    if (p->dp.pp > 1 && (rc = dp__pipe_plan(t))) goto fail; /* (pipe_step.c) */
     if (p->sim.simulate_slow) {
         t->slow_factor = dp_malloc(sizeof(double) * (size_t)t->G);
         if (!t->slow_factor) {

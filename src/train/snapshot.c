@@ -270,6 +270,15 @@ static int reserve(float **buf, size_t *cap, size_t n, const char *what) {
     return DP_OK;
 }
 
+struct copy_at {
+    float *p;
+};
+static void copy_floats(void *arg, const float *p, int64_t n) {
+    struct copy_at *at = arg;
+    memcpy(at->p, p, sizeof(float) * (size_t)n);
+    at->p += n;
+}
+
 /* Rank 0's part of a snapshot (its writer idle): the header, then np parameters, the
  * buffers and ns floats of optimizer state copied into the payload, the error-feedback
  * state, metrics.jsonl's length; the copy's time since t0 counted. */
@@ -283,7 +292,8 @@ static int copy_rank0(struct dp_trainer *t, size_t np, size_t ns, double t0) {
     if (rc) return rc;
     if (np) memcpy(s->payload, w->rep.params, sizeof(float) * np);
     if (nb) memcpy(s->payload + np, w->rep.buffers, sizeof(float) * nb);
-    if (ns) memcpy(s->payload + np + nb, w->sync.opt.state, sizeof(float) * ns);
+    struct copy_at at = {s->payload + np + nb};
+    for (int k = 0; ns && k < dp_sync_state_parts(&w->sync); k++) dp__state_part_each(t, k, copy_floats, &at);
     dp_free(s->ef);
     s->ef = NULL;
     if ((rc = dp__ckpt_ef_image(t, &s->ef, &s->ef_size))) return rc;
@@ -298,7 +308,8 @@ int dp__snapshot_take(struct dp_trainer *t) {
     if (rc) return rc;
     struct dp_snapshot *s = t->snap;
     /* the writer is idle (waited for above): the copy is ours to fill */
-    if ((rc = copy_rank0(t, (size_t)t->model->num_params, (size_t)t->w[0].sync.opt.state_len, dp_time()))) return rc;
+    if ((rc = copy_rank0(t, (size_t)t->model->num_params, (size_t)dp_sync_state_len(&t->w[0].sync), dp_time())))
+        return rc;
     pthread_mutex_lock(&s->mu);
     s->busy = TASK_WRITE;
     pthread_cond_broadcast(&s->cv);

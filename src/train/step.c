@@ -57,6 +57,7 @@ static int stat_sync(void *arg, double *buf, int64_t n) {
 int dp__red_check_possible(const struct dp_trainer *t) {
     const struct dp_train_params *p = &t->p;
     if (t->G < 2 || t->G != t->P || p->dp.inter || p->dp.deterministic || p->dp.async || t->bk_on || p->dp.zero ||
+        p->dp.pp > 1 ||
         p->dp.compress.kind != DP_COMPRESS_NONE)
         return 0;
     return dp_sync_post_supported(&t->w[0].sync);

@@ -45,6 +45,7 @@ int dp_timeline_write(const char *path, const struct dp_timeline *tl, int P, int
                     e->name, 2 * r + e->track, (e->t0 - t_origin) * 1e6, (e->t1 - e->t0) * 1e6,
                     e->track ? "bucket" : "step", (long long)e->arg);
             if (e->bytes > 0) fprintf(f, ", \"bytes\": %lld", (long long)e->bytes);
+            if (e->micro >= 0) fprintf(f, ", \"micro\": %d", e->micro);
             fprintf(f, "}}");
             if (e->t1 > t_last) t_last = e->t1;
         }

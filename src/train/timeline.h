@@ -10,6 +10,7 @@ struct dp_tl_event {
     int track;          /* 0 = compute, 1 = communication */
     int64_t arg;        /* step, or bucket index */
     int64_t bytes;      /* a bucket's gradient bytes (0: not a bucket) */
+    int micro;          /* a pipeline's micro-batch (-1: none) */
     double t0, t1;      /* dp_time() seconds */
 };
 
@@ -31,7 +32,7 @@ static inline struct dp_tl_event *dp_timeline_push(struct dp_timeline *tl, const
         return NULL;
     }
     struct dp_tl_event *e = &tl->ev[tl->n++];
-    e->name = name, e->track = track, e->arg = arg, e->bytes = 0, e->t0 = t0, e->t1 = t1;
+    e->name = name, e->track = track, e->arg = arg, e->bytes = 0, e->micro = -1, e->t0 = t0, e->t1 = t1;
     return e;
 }
 static inline void dp_timeline_add(struct dp_timeline *tl, const char *name, int track, int64_t arg,

@@ -39,6 +39,7 @@ const struct dp_model *dp_trainer_model(const struct dp_trainer *t) { return t->
 const struct dp_dataset *dp_trainer_test_set(const struct dp_trainer *t) { return &t->test; }
 
 const char *dp_trainer_data_note(const struct dp_trainer *t) { return t->data_note; }
+const char *dp_trainer_layout(const struct dp_trainer *t) { return t->pp_note; }
 
 int dp_trainer_comm_progress(const struct dp_trainer *t) { return t->comm_progress; }
 int dp_trainer_prefetch(const struct dp_trainer *t) { return t->p.data.prefetch; }
@@ -76,6 +77,7 @@ void dp_trainer_free(struct dp_trainer *t) {
         dp_free(w->etok);
         dp_free(w->etgt);
         dp_free(w->ex);
+        dp__pipe_worker_free(w); /* (its messages in flight released on the comm first) */
         dp_comm_free(w->comm);
         dp_loader_free(w->loader);
         dp_sync_free(&w->sync); /* (after the comm: nothing left in flight writes into its buffers) */
@@ -93,6 +95,7 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_ps_net_free(t->psn);
     dp_backup_slot_free(t->slot);
     dp_comm_thread_world_free(t->world);
+    dp__pipe_free(t);
     dp_model_free(t->model);
     dp_dataset_free(&t->train);
     dp_dataset_free(&t->test);
@@ -117,6 +120,7 @@ int dp__trainer_set_fault(struct dp_trainer *t, const struct dp_fault *f) {
 
 /* The mode of a trainer's parameters (struct dp__mode). */
 const struct dp__mode *dp__mode_for(const struct dp_trainer *t) {
+    if (t->p.dp.pp > 1) return &dp__mode_pipe;                                /* pipe_step.c */
     if (t->p.dp.async) return t->p.dp.inter ? &dp__mode_ps_net : &dp__mode_ps; /* ps_loop.c */
     if (t->bk_on) return &dp__mode_backup;                                 /* backup.c */
     if (t->p.dp.deterministic) return &dp__mode_det;                          /* det_step.c */
@@ -263,6 +267,7 @@ void *dp__worker_main(void *arg) {
          * fail at once, so a failure never hangs the run. */
         if (w->rc != DP_ECANCELED) dp_comm_abort(w->comm, w->err);
         dp__backup_abort(w->t, w->err); /* and the backup workers' step slot */
+        if (w->rc != DP_ECANCELED) dp__pipe_abort(w->t, w->err); /* and the pipeline stages' reductions */
         if (w->t->ps && w->rc != DP_ECANCELED) dp_ps_abort(w->t->ps, w->err); /* and the server's waits */
     }
     return NULL;

@@ -75,6 +75,7 @@ struct worker {
     unsigned char *dropped;        /* (P) backup workers: this step's dropped ranks (1 = dropped) */
     int ndropped;
     int64_t ps_stale;              /* parameter server: the staleness of this worker's last push */
+    struct worker_pipe *pipe;      /* --pp: this worker's stage (pipe_step.c), NULL otherwise */
 };
 
 /* A mode of training: how a worker runs and what one optimizer step is.
@@ -92,7 +93,8 @@ struct dp__mode {
      * batch's samples and *loss_step this worker's mean loss */
     int (*step)(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step);
 };
-extern const struct dp__mode dp__mode_sync, dp__mode_det, dp__mode_backup, dp__mode_ps, dp__mode_ps_net;
+extern const struct dp__mode dp__mode_sync, dp__mode_det, dp__mode_backup, dp__mode_ps, dp__mode_ps_net,
+    dp__mode_pipe;
 
 /* What a step's compute sums over its micro-batches (dp__compute) */
 struct dp__sums {
@@ -195,6 +197,12 @@ struct dp_trainer {
                                   stops (INT64_MAX: none; stop_agreed); the parameter server's
                                   threads: the epoch at whose end they stop (ps_stop_note) */
     int64_t stopped;           /* the step a requested stop ended the run at (-1: none) */
+    /* --pp (pipe_step.c): S stages of R = G / S replicas; stage s is layers [pp_first[s],
+     * pp_first[s + 1]); each stage's replicas reduce in their own world */
+    int pp, pp_R, pp_M;
+    int *pp_first;
+    struct dp_comm_world **pp_worlds;
+    char pp_note[1024];        /* the layout, for the caller (dp_trainer_layout) */
 };
 
 /* params.c */
@@ -220,6 +228,20 @@ int dp__check_schedule(const struct dp_trainer *t);
 void *dp__worker_main(void *arg);
 int dp__step_loop(struct worker *w);
 const struct dp__mode *dp__mode_for(const struct dp_trainer *t);
+
+/* pipe_step.c (--pp): the stage split (before the workers), a worker's stage (worker_init: its
+ * loader's rank and world, its sync's span, communicator and assembly hook), and their ends */
+int dp__pipe_plan(struct dp_trainer *t);
+int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp);
+struct dp_comm *dp__pipe_sync_params(struct worker *w, struct dp_sync_params *sp);
+void dp__pipe_worker_free(struct worker *w);
+void dp__pipe_free(struct dp_trainer *t);
+/* A failed worker's message to the stages' worlds (their pending all-reduces fail at once). */
+void dp__pipe_abort(struct dp_trainer *t, const char *msg);
+/* The optimizer state's part k in the whole slab's layout, from this process's workers (a
+ * pipeline's stages: each stage's replica 0 holds its span's), handed to put in slab order. */
+void dp__state_part_each(const struct dp_trainer *t, int k, void (*put)(void *arg, const float *p, int64_t n),
+                         void *arg);
 
 /* checkpointing.c */
 int dp__load_checkpoint(struct dp_trainer *t, const char *path);

@@ -1,0 +1,456 @@
+/* Pipeline parallelism (--pp S): the model's layer sequence cut into S stages,
+ * one worker each, and each replica's share of a batch cut into M micro-batches
+ * that flow through them (dp/par.h: the schedules).  With P workers there are
+ * R = P / S replicas of the pipeline, which train data-parallel: job rank g is
+ * stage g / R of replica g mod R.
+ *
+ *   stage s, F(k)   receive micro-batch k's activations from stage s - 1 (stage
+ *                   0: the batch's tokens or inputs), run layers
+ *                   [first[s], first[s+1]) forward, send the output on (the last
+ *                   stage: the loss, and its gradient)
+ *   stage s, B(k)   receive the output's gradient from stage s + 1 (the last
+ *                   stage: the loss's), run backward accumulating the stage's
+ *                   parameter gradients, send the input's gradient back
+ *
+ * Every stage's gradient sums its micro-batches in order, and after the last
+ * one the stage's replicas all-reduce it (their own world, bucketed and
+ * overlapped with the last backward as in plain data parallelism: dp_sync over
+ * the stage's span).  The mean, the checks and the update are then each
+ * stage's on its span; the stages agree on three numbers through the job's
+ * world: whether any gradient is not finite, the loss, and the squared norm
+ * for --clip.  So the step is the one-worker step with the same global batch:
+ *
+ *   g = (1/N) sum over replicas r, micro-batches k, samples i of g_rki
+ *
+ * the same sum as one worker's, to float rounding (the order of the sums).
+ *
+ * Tied parameters.  A layer may read an earlier layer's parameters (the gpt's
+ * head reads the embedding's tok.weight).  When the two are on different
+ * stages, the owner's stage holds and updates them; the reader holds a copy:
+ * after its last backward it sends the gradient it added into the copy to the
+ * owner, which adds it in before its own last backward (so the owner's bucket
+ * reduces the whole gradient), and after the update the owner sends the new
+ * values back (Megatron-LM's embedding group, with one owner).
+ *
+ * Every worker holds the whole model's slabs, as a replica does; only its
+ * span's gradient and optimizer state are used.  Evaluation and checkpoints
+ * read the whole parameters: dp_sync_settle and dp_sync_gather assemble them
+ * (pipe_whole: each stage's span broadcast from its replica 0), and a
+ * checkpoint writes each stage's optimizer state in the whole slab's layout
+ * (dp__state_part_each), so a pipelined run resumes unpipelined and the
+ * reverse. */
+#include "dp/par.h"
+#include "trainer.h"
+
+/* message tags of the pipeline's protocol (the world's messages are apart from its collectives) */
+enum { TAG_ACT = 30001, TAG_GRAD = 30002, TAG_TIE_GRAD = 30003, TAG_TIE_PARAM = 30004 };
+enum { TIE_NONE = 0, TIE_OWNER = 1, TIE_READER = 2 };
+
+struct worker_pipe {
+    int stage, replica, S, R, M, kind;
+    struct dp_span span;
+    int64_t buf_off, buf_count;  /* the stage's layers' buffers (BatchNorm's running statistics) */
+    struct dp_comm *scomm;       /* the stage's replicas (their gradient's all-reduce) */
+    int prev, next;              /* job ranks of this replica's neighbouring stages (-1: none) */
+    int64_t in_n, out_n;         /* floats per sample of the stage's input and output */
+    int64_t micro_max;           /* the largest micro-batch */
+    int nviews;                  /* micro-batches held at once (dp_pipe_max_inflight) */
+    struct dp_replica *views;    /* micro-batch k's activations: views[k mod nviews] */
+    struct dp_pass *pass;        /* ... its pass */
+    int *reducing;               /* ... whether its backward reduces (the last micro-batch's) */
+    float **xin;                 /* ... its input, received from the stage before */
+    struct dp_comm_msg **sent;   /* ... its last message sent (activations, then the input's gradient) */
+    float *dy;                   /* the output's gradient, received from the stage after */
+    struct dp_pipe_op *ops;      /* this stage's schedule (2M) */
+    int tie;                     /* TIE_* */
+    int tie_peer;                /* the job rank at the other end of the tie */
+    int64_t tie_off, tie_count;  /* the tied range of the slab */
+    float *tie_buf;              /* the owner: the reader's gradient, received */
+    int stale;                   /* the parameters outside the span changed since the last assembly */
+    double loss, seen;           /* this step's loss sum and samples (the last stage's) */
+};
+
+/* ---- the plan ------------------------------------------------------------------------ */
+
+int dp__pipe_plan(struct dp_trainer *t) {
+    const struct dp_train_params *p = &t->p;
+    const struct dp_model *m = t->model;
+    t->pp = p->dp.pp, t->pp_R = t->G / t->pp, t->pp_M = p->dp.micro_batches ? p->dp.micro_batches : t->pp;
+    if (m->nlayers < t->pp)
+        return dp_seterr(DP_EINVAL, "--pp %d: model '%s' has %d layers, fewer than the stages", t->pp, m->spec,
+                         m->nlayers);
+    /* Each stage's cost: its layers' counted forward FLOPs (backward is about twice forward
+     * for each, so the proportions hold), plus one unit per layer so that layers without
+     * FLOPs (norms, activations) still spread. */
+    double *cost = dp_malloc(sizeof(double) * (size_t)m->nlayers);
+    t->pp_first = dp_malloc(sizeof(int) * (size_t)(t->pp + 1));
+    t->pp_worlds = dp_calloc((size_t)t->pp, sizeof *t->pp_worlds);
+    if (!cost || !t->pp_first || !t->pp_worlds) {
+        dp_free(cost);
+        return dp_seterr(DP_ENOMEM, "--pp: out of memory");
+    }
+    for (int i = 0; i < m->nlayers; i++) cost[i] = (double)m->layers[i]->flops_fwd + 1.0;
+    int rc = dp_pipe_split(cost, m->nlayers, t->pp, t->pp_first);
+    double total = 0;
+    for (int i = 0; i < m->nlayers; i++) total += cost[i];
+    /* the layout, for the caller to show: each stage's layers, parameters and share of the FLOPs */
+    int n = snprintf(t->pp_note, sizeof t->pp_note, "%d stage%s x %d replica%s, %d micro-batch%s, %s:", t->pp,
+                     t->pp > 1 ? "s" : "", t->pp_R, t->pp_R > 1 ? "s" : "", t->pp_M, t->pp_M > 1 ? "es" : "",
+                     dp_pipe_schedule_name(p->dp.pp_schedule));
+    for (int s = 0; !rc && s < t->pp && n > 0 && (size_t)n < sizeof t->pp_note; s++) {
+        int a = t->pp_first[s], b = t->pp_first[s + 1];
+        double c = 0;
+        for (int i = a; i < b; i++) c += cost[i];
+        struct dp_span sp;
+        (void)dp_model_span(m, a, b, &sp);
+        n += snprintf(t->pp_note + n, sizeof t->pp_note - (size_t)n, " stage %d %s%s%s (%lld parameters, %.0f%%)%s",
+                      s, m->layers[a]->name, b - a > 1 ? ".." : "", b - a > 1 ? m->layers[b - 1]->name : "",
+                      (long long)sp.param_count, 100.0 * c / total, s + 1 < t->pp ? ";" : "");
+    }
+    dp_free(cost);
+    if (rc) return rc;
+    struct dp_comm_params cp = dp_comm_default_params();
+    cp.timeout_s = p->dp.comm_timeout;
+    cp.progress = t->comm_progress;
+    cp.spin_us = p->dp.comm_spin_us;
+    for (int s = 0; s < t->pp; s++)
+        if ((rc = dp_comm_thread_world_init(&t->pp_worlds[s], t->pp_R, &cp))) return rc;
+    return DP_OK;
+}
+
+void dp__pipe_free(struct dp_trainer *t) {
+    for (int s = 0; t->pp_worlds && s < t->pp; s++) dp_comm_thread_world_free(t->pp_worlds[s]);
+    dp_free(t->pp_worlds);
+    dp_free(t->pp_first);
+    t->pp_worlds = NULL, t->pp_first = NULL;
+}
+
+/* ---- a worker's stage ------------------------------------------------------------------ */
+
+/* The whole parameters on every worker (dp_sync's `whole` hook, at dp_sync_settle and
+ * dp_sync_gather): each stage's span and buffers broadcast from its replica 0.  Every worker
+ * updates at the same steps, so all agree on whether anything is stale. */
+static int pipe_whole(void *arg) {
+    struct worker *w = arg;
+    struct worker_pipe *pp = w->pipe;
+    const struct dp_trainer *t = w->t;
+    if (!pp->stale) return DP_OK;
+    int rc = DP_OK;
+    for (int s = 0; s < pp->S && !rc; s++) {
+        struct dp_span sp;
+        (void)dp_model_span(t->model, t->pp_first[s], t->pp_first[s + 1], &sp);
+        const struct dp_layer *a = t->model->layers[sp.layer0], *z = t->model->layers[sp.layer1 - 1];
+        int64_t boff = a->buffer_off, bn = z->buffer_off + z->buffer_count - boff;
+        rc = dp_comm_broadcast(w->comm, w->rep.params + sp.param_off, sp.param_count, DP_DTYPE_F32, s * pp->R,
+                               DP_ALGO_AUTO);
+        if (!rc && bn > 0)
+            rc = dp_comm_broadcast(w->comm, w->rep.buffers + boff, bn, DP_DTYPE_F32, s * pp->R, DP_ALGO_AUTO);
+    }
+    if (!rc) pp->stale = 0;
+    return rc;
+}
+
+/* The tied range a stage's layers read outside their span, and the stage that owns it:
+ * at most one such range in the model (DP_ENOTSUP otherwise). */
+static int find_tie(const struct dp_trainer *t, int *reader, int *owner, int64_t *off, int64_t *count) {
+    *reader = *owner = -1, *off = *count = 0;
+    for (int s = 0; s < t->pp; s++) {
+        struct dp_span sp;
+        (void)dp_model_span(t->model, t->pp_first[s], t->pp_first[s + 1], &sp);
+        for (int i = sp.layer0; i < sp.layer1; i++) {
+            const struct dp_layer *l = t->model->layers[i];
+            if (!l->tied_count || (l->tied_off >= sp.param_off && l->tied_off < sp.param_off + sp.param_count))
+                continue;
+            if (*reader >= 0 && (*reader != s || *off != l->tied_off))
+                return dp_seterr(DP_ENOTSUP, "--pp: model '%s' ties more than one parameter across stages",
+                                 t->model->spec);
+            *reader = s, *off = l->tied_off, *count = l->tied_count;
+        }
+    }
+    for (int s = 0; *reader >= 0 && s < t->pp; s++) {
+        struct dp_span sp;
+        (void)dp_model_span(t->model, t->pp_first[s], t->pp_first[s + 1], &sp);
+        if (*off >= sp.param_off && *off + *count <= sp.param_off + sp.param_count) *owner = s;
+    }
+    if (*reader >= 0 && *owner < 0)
+        return dp_seterr(DP_ENOTSUP, "--pp: a tied parameter of model '%s' spans stages", t->model->spec);
+    return DP_OK;
+}
+
+int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp) {
+    struct dp_trainer *t = w->t;
+    const struct dp_model *m = t->model;
+    struct worker_pipe *pp = w->pipe = dp_calloc(1, sizeof *pp);
+    if (!pp) return dp_seterr(DP_ENOMEM, "--pp: out of memory");
+    pp->S = t->pp, pp->R = t->pp_R, pp->M = t->pp_M, pp->kind = t->p.dp.pp_schedule;
+    pp->stage = w->grank / pp->R, pp->replica = w->grank % pp->R;
+    pp->prev = pp->stage > 0 ? w->grank - pp->R : -1;
+    pp->next = pp->stage + 1 < pp->S ? w->grank + pp->R : -1;
+    int l0 = t->pp_first[pp->stage], l1 = t->pp_first[pp->stage + 1];
+    int rc = dp_model_span(m, l0, l1, &pp->span);
+    if (rc) return rc;
+    pp->buf_off = m->layers[l0]->buffer_off;
+    pp->buf_count = m->layers[l1 - 1]->buffer_off + m->layers[l1 - 1]->buffer_count - pp->buf_off;
+    pp->in_n = dp_shape_numel(&m->layers[l0]->in_shape);
+    pp->out_n = dp_shape_numel(&m->layers[l1 - 1]->out_shape);
+    /* the loader: replica r of R reads the share R data-parallel workers' rank r would */
+    lp->rank = pp->replica, lp->world = pp->R;
+    int64_t share = (t->p.run.batch + pp->R - 1) / pp->R;
+    pp->micro_max = (share + pp->M - 1) / pp->M;
+    pp->nviews = dp_pipe_max_inflight(pp->kind, pp->S, pp->M, pp->stage);
+    pp->views = dp_calloc((size_t)pp->nviews, sizeof *pp->views);
+    pp->pass = dp_calloc((size_t)pp->nviews, sizeof *pp->pass);
+    pp->reducing = dp_calloc((size_t)pp->nviews, sizeof *pp->reducing);
+    pp->xin = dp_calloc((size_t)pp->nviews, sizeof *pp->xin);
+    pp->sent = dp_calloc((size_t)pp->nviews, sizeof *pp->sent);
+    pp->ops = dp_malloc(sizeof *pp->ops * (size_t)(2 * pp->M));
+    pp->dy = pp->next >= 0 ? dp_malloc_big(sizeof(float) * (size_t)(pp->micro_max * pp->out_n)) : NULL;
+    if (!pp->views || !pp->pass || !pp->reducing || !pp->xin || !pp->sent || !pp->ops || (pp->next >= 0 && !pp->dy))
+        return dp_seterr(DP_ENOMEM, "--pp: out of memory");
+    if ((rc = dp_pipe_schedule(pp->kind, pp->S, pp->M, pp->stage, pp->ops))) return rc;
+    for (int v = 0; v < pp->nviews; v++) {
+        if ((rc = dp_replica_init_view(&pp->views[v], &w->rep, l0, l1, pp->micro_max))) return rc;
+        if (pp->prev >= 0 && !(pp->xin[v] = dp_malloc_big(sizeof(float) * (size_t)(pp->micro_max * pp->in_n))))
+            return dp_seterr(DP_ENOMEM, "--pp: out of memory");
+    }
+    int reader, owner;
+    if ((rc = find_tie(t, &reader, &owner, &pp->tie_off, &pp->tie_count))) return rc;
+    if (reader >= 0 && (pp->stage == reader || pp->stage == owner)) {
+        pp->tie = pp->stage == owner ? TIE_OWNER : TIE_READER;
+        pp->tie_peer = (pp->stage == owner ? reader : owner) * pp->R + pp->replica;
+        if (pp->tie == TIE_OWNER && !(pp->tie_buf = dp_malloc_big(sizeof(float) * (size_t)pp->tie_count)))
+            return dp_seterr(DP_ENOMEM, "--pp: out of memory");
+    }
+    return dp_comm_thread_init(&pp->scomm, t->pp_worlds[pp->stage], pp->replica);
+}
+
+struct dp_comm *dp__pipe_sync_params(struct worker *w, struct dp_sync_params *sp) {
+    sp->span = w->pipe->span;
+    sp->whole = pipe_whole, sp->whole_arg = w;
+    return w->pipe->scomm;
+}
+
+void dp__pipe_worker_free(struct worker *w) {
+    struct worker_pipe *pp = w->pipe;
+    if (!pp) return;
+    for (int v = 0; v < pp->nviews; v++) {
+        if (pp->views) dp_replica_free(&pp->views[v]);
+        if (pp->xin) dp_free(pp->xin[v]);
+        if (pp->sent && pp->sent[v]) (void)dp_comm_msg_wait(w->comm, pp->sent[v], NULL, NULL);
+    }
+    dp_free(pp->views), dp_free(pp->pass), dp_free(pp->reducing), dp_free(pp->xin), dp_free(pp->sent);
+    dp_free(pp->ops), dp_free(pp->dy), dp_free(pp->tie_buf);
+    dp_comm_free(pp->scomm);
+    dp_free(pp);
+    w->pipe = NULL;
+}
+
+void dp__pipe_abort(struct dp_trainer *t, const char *msg) {
+    for (int r = 0; r < t->P; r++)
+        if (t->w[r].pipe && t->w[r].pipe->scomm) dp_comm_abort(t->w[r].pipe->scomm, msg);
+}
+
+/* ---- one step ---------------------------------------------------------------------------- */
+
+/* View v's last message sent, completed (before the view's memory is written again). */
+static int sent_wait(struct worker *w, int v) {
+    struct worker_pipe *pp = w->pipe;
+    if (!pp->sent[v]) return DP_OK;
+    int rc = dp_comm_msg_wait(w->comm, pp->sent[v], NULL, NULL);
+    pp->sent[v] = NULL;
+    return rc;
+}
+
+/* BatchNorm's statistics summed over the stage's replicas (SyncBatchNorm within the stage) */
+static int stage_stat_sync(void *arg, double *buf, int64_t n) {
+    struct worker *w = arg;
+    return dp_comm_allreduce(w->pipe->scomm, buf, n, DP_DTYPE_F64, DP_ALGO_AUTO);
+}
+
+static int recv_floats(struct worker *w, float *buf, int64_t n, int src, int tag) {
+    int64_t got = 0;
+    int rc = dp_comm_recv(w->comm, buf, n * (int64_t)sizeof(float), src, tag, NULL, &got);
+    if (!rc && got != n * (int64_t)sizeof(float))
+        rc = dp_seterr(DP_EINTERNAL, "pipeline: %lld bytes from rank %d, expected %lld", (long long)got, src,
+                       (long long)(n * (int64_t)sizeof(float)));
+    return rc;
+}
+
+/* F(k): the input (received, or the batch's), the stage's layers, the output sent on (or,
+ * on the last stage, the loss counted). */
+static int pipe_forward(struct worker *w, const struct dp_loader_batch *lb, const struct dp_batch *b, int k) {
+    struct dp_trainer *t = w->t;
+    struct worker_pipe *pp = w->pipe;
+    int v = k % pp->nviews, rc = sent_wait(w, v);
+    if (rc) return rc;
+    struct dp_pass *pass = &pp->pass[v];
+    *pass = (struct dp_pass){.training = 1, .backward = 1, .seed = t->p.run.seed, .loss_scale = 1.0f};
+    pp->reducing[v] = dp_sync_micro_begin(&w->sync, pass, k, pp->M, 0, (double)lb->global_B);
+    if (pp->R > 1) pass->stat_sync = stage_stat_sync, pass->stat_sync_arg = w;
+    const float *x = NULL;
+    double t0 = dp_time();
+    if (pp->prev >= 0 && (rc = recv_floats(w, pp->xin[v], b->B * pp->in_n, pp->prev, TAG_ACT))) return rc;
+    if (pp->prev >= 0) x = pp->xin[v];
+    double ta = dp_time();
+    struct dp_replica *r = &pp->views[v];
+    if (t->fault.kind == DP_FAULT_ALLOC && w->grank == t->fault.worker && w->step == t->fault.step && k == pp->M - 1)
+        return dp_seterr(DP_ENOMEM, "injected allocation failure");
+    rc = dp_model_forward_range(t->model, r, b, pp->span.layer0, pp->span.layer1, x, pass);
+    if (rc) return rc;
+    struct dp_tl_event *e = dp_timeline_push(&w->tl, "forward", 0, w->step, ta, ta + pass->t_forward);
+    if (e) e->micro = k;
+    if (ta > t0) dp_timeline_add(&w->tl, "pipe-wait", 0, w->step, t0, ta);
+    w->t_fwd += pass->t_forward;
+    if (pp->next >= 0)
+        return dp_comm_isend(w->comm, r->acts[pp->span.layer1], b->B * pp->out_n * (int64_t)sizeof(float), pp->next,
+                             TAG_ACT, &pp->sent[v]);
+    w->loss_sum += pass->loss_sum; /* (the last stage's: the epoch's loss and accuracy) */
+    w->correct += pass->correct;
+    w->seen += b->B;
+    return DP_OK;
+}
+
+/* B(k): the output's gradient (received, or the loss's), the stage's backward (the tied
+ * gradient added in first on the owner's last), the input's gradient sent back. */
+static int pipe_backward(struct worker *w, const struct dp_batch *b, int k) {
+    struct dp_trainer *t = w->t;
+    struct worker_pipe *pp = w->pipe;
+    int v = k % pp->nviews, last = k == pp->M - 1, rc = sent_wait(w, v);
+    if (rc) return rc;
+    struct dp_pass *pass = &pp->pass[v];
+    double t0 = dp_time();
+    if (pp->next >= 0 && (rc = recv_floats(w, pp->dy, b->B * pp->out_n, pp->next, TAG_GRAD))) return rc;
+    if (last && pp->tie == TIE_OWNER) { /* the reader's share of the tied gradient, before this backward */
+        if ((rc = recv_floats(w, pp->tie_buf, pp->tie_count, pp->tie_peer, TAG_TIE_GRAD))) return rc;
+        float *g = w->rep.grads + pp->tie_off;
+        for (int64_t i = 0; i < pp->tie_count; i++) g[i] += pp->tie_buf[i];
+    }
+    double ta = dp_time();
+    if (ta > t0) dp_timeline_add(&w->tl, "pipe-wait", 0, w->step, t0, ta);
+    struct dp_replica *r = &pp->views[v];
+    const float *dx = NULL;
+    rc = dp_model_backward_range(t->model, r, b, pp->span.layer0, pp->span.layer1, pp->next >= 0 ? pp->dy : NULL,
+                                 &dx, pass);
+    if ((rc = dp_sync_micro_end(&w->sync, pass, pp->reducing[v], rc))) return rc;
+    struct dp_tl_event *e = dp_timeline_push(&w->tl, "backward", 0, w->step, ta, ta + pass->t_backward);
+    if (e) e->micro = k;
+    w->t_bwd += pass->t_backward;
+    if (pp->prev >= 0 &&
+        (rc = dp_comm_isend(w->comm, dx, b->B * pp->in_n * (int64_t)sizeof(float), pp->prev, TAG_GRAD, &pp->sent[v])))
+        return rc;
+    if (last && pp->tie == TIE_READER)
+        rc = dp_comm_send(w->comm, w->rep.grads + pp->tie_off, pp->tie_count * (int64_t)sizeof(float), pp->tie_peer,
+                          TAG_TIE_GRAD);
+    if (!rc && last && pp->reducing[v]) { /* the stage's all-reduce, overlapped with this backward */
+        rc = dp_sync_finish(&w->sync, 1);
+        const struct dp_reducer *red = &w->sync.red;
+        w->step_wait += red->t_end - red->t_backward_end;
+        dp_timeline_add(&w->tl, "wait", 0, w->step, red->t_backward_end, red->t_end);
+    }
+    return rc;
+}
+
+/* The stages' agreement after their reductions: [0] a gradient that is not finite anywhere,
+ * [1] the loss summed and [2] the samples (the last stage's), [3] the squared norm of the
+ * whole gradient (each stage's span once: its replica 0's). */
+static int agree(struct worker *w, int bad, double out[4]) {
+    struct worker_pipe *pp = w->pipe;
+    const int last = pp->next < 0;
+    out[0] = bad;
+    out[1] = last ? pp->loss : 0;
+    out[2] = last ? pp->seen : 0;
+    out[3] = 0;
+    if (w->t->p.run.clip_norm > 0 && pp->replica == 0) {
+        double g = dp_grad_norm(w->sync.grads, w->sync.n);
+        out[3] = g * g;
+    }
+    return dp_comm_allreduce(w->comm, out, 4, DP_DTYPE_F64, DP_ALGO_AUTO);
+}
+
+static int pipe_step(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
+    (void)nmicro; /* (one global batch: --accum is refused with --pp) */
+    struct dp_trainer *t = w->t;
+    struct worker_pipe *pp = w->pipe;
+    const struct dp_model *m = t->model;
+    int rc = dp_sync_step_begin(&w->sync, w->step); /* the span's gradient zeroed */
+    if (rc) return rc;
+    if (pp->tie == TIE_READER) memset(w->rep.grads + pp->tie_off, 0, sizeof(float) * (size_t)pp->tie_count);
+    if (w->buf_save) memcpy(w->buf_save, w->rep.buffers, sizeof(float) * (size_t)m->num_buffers);
+    w->step_wait = w->step_slow = 0;
+    const struct dp_loader_batch *lb;
+    double td = dp_time();
+    if ((rc = dp_loader_next(w->loader, &lb))) return rc;
+    dp_timeline_add(&w->tl, "data", 0, w->step, td, dp_time());
+    double loss0 = w->loss_sum, seen0 = (double)w->seen;
+    const int64_t per = dp_shape_numel(&m->in_shape);
+    for (int i = 0; i < 2 * pp->M && !rc; i++) {
+        const struct dp_pipe_op op = pp->ops[i];
+        int64_t c0, B;
+        dp_comm_split(lb->B, pp->M, op.micro, &c0, &B);
+        struct dp_batch b = dp__batch_of(lb, c0, B, per, t->pos, dp_model_num_classes(m));
+        rc = op.kind == 'F' ? pipe_forward(w, lb, &b, op.micro) : pipe_backward(w, &b, op.micro);
+    }
+    for (int v = 0; v < pp->nviews && !rc; v++) rc = sent_wait(w, v);
+    if (rc) return rc;
+    pp->loss = w->loss_sum - loss0, pp->seen = (double)w->seen - seen0;
+    double t1 = dp_time();
+    dp_sync_mean(&w->sync, (double)lb->global_B); /* sum -> mean over the global batch */
+    int bad;
+    double ag[4];
+    if ((rc = dp_sync_check(&w->sync, &bad)) || (rc = agree(w, bad || dp_any_nonfinite(w->rep.buffers + pp->buf_off,
+                                                                                            pp->buf_count), ag)))
+        return rc;
+    *n_step = (double)lb->global_B;
+    *loss_step = ag[2] > 0 ? ag[1] / (ag[2] * (double)t->pos) : 0;
+    if (ag[0] != 0) {
+        if (t->p.dp.skip_nonfinite) {
+            if (w->buf_save) memcpy(w->rep.buffers, w->buf_save, sizeof(float) * (size_t)m->num_buffers);
+            (*skipped)++;
+            return DP_OK;
+        }
+        return dp_seterr(DP_ENONFINITE, "step %lld (epoch %lld): the loss or the gradient is not finite; try a "
+                         "lower --lr, --clip, or --skip-nonfinite", (long long)w->step, (long long)w->epoch + 1);
+    }
+    /* --clip over the whole model: coef = c / (||g|| + 1e-6) when below 1 (dp_clip_grad_norm's) */
+    double c = t->p.run.clip_norm > 0 ? t->p.run.clip_norm / (sqrt(ag[3]) + 1e-6) : 1.0;
+    if (c < 1.0) {
+        const float cf = (float)c;
+        for (int64_t i = 0; i < w->sync.n; i++) w->sync.grads[i] *= cf;
+    }
+    rc = dp_sync_update(&w->sync, dp_sched_lr(&t->p.sched, w->step), 0);
+    pp->stale = 1;
+    /* the tied parameters' new values, from the owner to the reader */
+    if (!rc && pp->tie == TIE_OWNER)
+        rc = dp_comm_send(w->comm, w->rep.params + pp->tie_off, pp->tie_count * (int64_t)sizeof(float), pp->tie_peer,
+                          TAG_TIE_PARAM);
+    if (!rc && pp->tie == TIE_READER)
+        rc = recv_floats(w, w->rep.params + pp->tie_off, pp->tie_count, pp->tie_peer, TAG_TIE_PARAM);
+    double t2 = dp_time();
+    dp__update_done(w, t2 - t1);
+    dp_timeline_add(&w->tl, "optimizer", 0, w->step, t1, t2);
+    return rc;
+}
+
+/* A failure names the stage (the worker and step are added by the loop). */
+static int pipe_step_named(struct worker *w, int64_t nmicro, int64_t *skipped, double *n_step, double *loss_step) {
+    int rc = pipe_step(w, nmicro, skipped, n_step, loss_step);
+    if (!rc || rc == DP_ENONFINITE || rc == DP_ECANCELED) return rc;
+    const struct worker_pipe *pp = w->pipe;
+    const struct dp_model *m = w->t->model;
+    const int a = pp->span.layer0, b = pp->span.layer1;
+    return dp_adderr(rc, "pipeline stage %d (%s%s%s)", pp->stage, m->layers[a]->name, b - a > 1 ? ".." : "",
+                     b - a > 1 ? m->layers[b - 1]->name : "");
+}
+
+const struct dp__mode dp__mode_pipe = {.name = "pipeline", .loop = dp__step_loop, .step = pipe_step_named};
+
+/* ---- checkpoints --------------------------------------------------------------------------- */
+
+void dp__state_part_each(const struct dp_trainer *t, int k, void (*put)(void *arg, const float *p, int64_t n),
+                         void *arg) {
+    const int S = t->pp > 1 ? t->pp : 1, R = t->pp > 1 ? t->pp_R : 1;
+    for (int s = 0; s < S; s++) { /* (stage s's replica 0 is worker s R of this one process) */
+        const struct dp_sync *sy = &t->w[s * R].sync;
+        put(arg, sy->opt.state + (size_t)k * (size_t)sy->n, sy->n);
+    }
+}

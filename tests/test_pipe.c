@@ -1,0 +1,227 @@
+/* Pipeline parallelism through the trainer (issue 31, Q1 and Q3): every layout
+ * trains the one-worker model (bit for bit with one micro-batch, where the sums
+ * are the same; to float rounding with several), gpipe and 1f1b give the same
+ * bits, the gradient agrees layer by layer, checkpoints resume across layouts,
+ * a failing stage is named, and what --pp does not combine with is refused. */
+#include <math.h>
+#include <stdio.h>
+
+#include "dp/optim.h"
+#include "dp/par.h"
+#include "dp/train.h"
+#include "test.h"
+
+#include "ddp_util.h"
+
+#define GPT2 "gpt:layers=2,heads=2,dim=16,ctx=8" /* 5 layers: tok+pos, blocks.0, blocks.1, ln_f, lm_head */
+
+/* 6000 tokens of words drawn by a fixed LCG, written once per test into its tmpdir. */
+static const char *tokens(void) {
+    static char path[512];
+    static const char *words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat. ", "dog ", "ran ", "far ", "away. "};
+    enum { N = 6000 };
+    uint16_t *tok = malloc(N * sizeof *tok);
+    uint32_t s = 777;
+    int64_t n = 0;
+    while (n < N) {
+        s = s * 1664525u + 1013904223u;
+        for (const char *w = words[(s >> 16) % 10]; *w && n < N; w++) tok[n++] = (uint8_t)*w;
+    }
+    snprintf(path, sizeof path, "%s/tokens.bin", dp_test_tmpdir());
+    ASSERT_OK(dp_tokens_write(path, tok, N, 256));
+    free(tok);
+    return path;
+}
+
+/* AdamW with weight decay, cosine with warm-up: 4 steps of 8 windows per epoch. */
+static struct dp_train_params pipe_params(int workers, int pp, int micro, int kind, int64_t epochs) {
+    struct dp_train_params p = dp_train_default_params();
+    p.data.data_dir = tokens();
+    p.run.model = GPT2;
+    p.dp.workers = workers;
+    p.dp.pp = pp;
+    p.dp.micro_batches = micro;
+    p.dp.pp_schedule = kind;
+    p.run.batch = 8;
+    p.data.train_limit = 32;
+    p.data.test_limit = 40;
+    p.run.epochs = epochs;
+    p.optim = dp_optim_default_params();
+    p.optim.kind = DP_OPTIM_ADAMW;
+    p.optim.weight_decay = 0.01f;
+    p.sched.kind = DP_SCHED_COSINE;
+    p.sched.base_lr = 3e-3f;
+    p.sched.warmup_steps = 2;
+    p.data.prefetch = 0;
+    p.run.seed = 11;
+    return p;
+}
+
+static int same_bits(const float *a, const float *b, int64_t n) { return memcmp(a, b, sizeof(float) * (size_t)n) == 0; }
+
+/* One micro-batch: the pipeline sums exactly what one worker sums, in the same order (the
+ * tied head's gradient reaches the embedding's stage before the embedding adds its own), so
+ * 1 x 2 and 1 x 4 give one worker's bits, and 2 x 2 two plain data-parallel workers' bits,
+ * after 13 epochs (52 AdamW steps). */
+TEST_T(pipe_one_microbatch_same_bits_as_data_parallel, 300) {
+    int64_t n1, n2, n;
+    struct dp_train_params p = pipe_params(1, 1, 0, DP_PIPE_1F1B, 13);
+    float *one = train(&p, &n1);
+    p.dp.workers = 2;
+    float *two = train(&p, &n2);
+    ASSERT_EQ(n1, n2);
+    static const struct {
+        int workers, pp;
+    } lay[] = {{2, 2}, {4, 4}, {4, 2}};
+    for (size_t i = 0; i < sizeof lay / sizeof lay[0]; i++) {
+        struct dp_train_params q = pipe_params(lay[i].workers, lay[i].pp, 1, DP_PIPE_1F1B, 13);
+        q.dp.check_replicas = 4;
+        float *got = train(&q, &n);
+        ASSERT_EQ(n, n1);
+        const float *want = lay[i].workers / lay[i].pp == 1 ? one : two;
+        fprintf(stderr, "    dp %d x pp %d, 1 micro-batch: %s the %d-worker run (%.2e)\n", lay[i].workers / lay[i].pp,
+                lay[i].pp, same_bits(want, got, n) ? "the bits of" : "DIFFERS from", lay[i].workers / lay[i].pp,
+                rel_diff(want, got, n));
+        ASSERT_TRUE(same_bits(want, got, n));
+        free(got);
+    }
+    free(one), free(two);
+}
+
+/* Several micro-batches: gpipe and 1f1b run the backwards in the same order (the same bits),
+ * the stage count does not change the sums (1 x 2 and 1 x 4 the same bits), and every layout
+ * is within 1e-5 of one worker after 52 AdamW steps (the micro-batches' partial sums
+ * round differently); with --clip too, whose norm the stages add up. */
+TEST_T(pipe_microbatches_match_one_worker, 300) {
+    for (int clip = 0; clip < 2; clip++) {
+        int64_t n1, n;
+        struct dp_train_params p = pipe_params(1, 1, 0, DP_PIPE_1F1B, 13);
+        if (clip) p.run.clip_norm = 0.05;
+        float *one = train(&p, &n1);
+        float *first = NULL;
+        static const struct {
+            int workers, pp, micro, kind;
+        } lay[] = {{2, 2, 4, DP_PIPE_1F1B}, {2, 2, 4, DP_PIPE_GPIPE}, {4, 4, 4, DP_PIPE_1F1B},
+                   {4, 2, 2, DP_PIPE_1F1B}, {3, 3, 8, DP_PIPE_GPIPE}};
+        for (size_t i = 0; i < sizeof lay / sizeof lay[0]; i++) {
+            struct dp_train_params q = pipe_params(lay[i].workers, lay[i].pp, lay[i].micro, lay[i].kind, 13);
+            q.run.clip_norm = p.run.clip_norm;
+            float *got = train(&q, &n);
+            ASSERT_EQ(n, n1);
+            double d = rel_diff(one, got, n);
+            fprintf(stderr, "    %sdp %d x pp %d, %d micro-batches, %s: %.2e to one worker\n", clip ? "--clip, " : "",
+                    lay[i].workers / lay[i].pp, lay[i].pp, lay[i].micro, dp_pipe_schedule_name(lay[i].kind), d);
+            ASSERT_TRUE(d <= 1e-5);
+            if (i < 3 && first) ASSERT_TRUE(same_bits(first, got, n)); /* (M = 4 on one replica) */
+            if (i == 0) first = got;
+            else free(got);
+        }
+        free(first), free(one);
+    }
+}
+
+/* One SGD step of lr 1 from the same start: params - gradient.  Each parameter tensor (each
+ * layer's weights and biases, the tied embedding included) of the 1 x 2 pipeline against
+ * one worker's: the same bits with one micro-batch, within 1e-5 with four. */
+TEST_T(pipe_gradients_layer_by_layer, 300) {
+    struct dp_train_params p = pipe_params(1, 1, 0, DP_PIPE_1F1B, 1);
+    p.optim = dp_optim_default_params(); /* plain SGD */
+    p.sched = (struct dp_sched){.kind = DP_SCHED_CONSTANT, .base_lr = 1.0f};
+    p.run.max_steps = 1;
+    int64_t n1, n;
+    float *one = train(&p, &n1);
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    const struct dp_model *m = dp_trainer_model(t);
+    for (int micro = 1; micro <= 4; micro *= 4) {
+        struct dp_train_params q = p;
+        q.dp.workers = 2, q.dp.pp = 2, q.dp.micro_batches = micro;
+        float *got = train(&q, &n);
+        ASSERT_EQ(n, n1);
+        for (int i = 0; i < m->nparams; i++) {
+            const struct dp_param_info *pi = &m->params[i];
+            if (pi->is_buffer) continue;
+            double d = rel_diff(one + pi->offset, got + pi->offset, pi->count);
+            if (micro == 1) ASSERT_TRUE(same_bits(one + pi->offset, got + pi->offset, pi->count));
+            else ASSERT_TRUE(d <= 1e-5);
+            if (micro > 1) fprintf(stderr, "    %-22s %.2e\n", pi->name, d);
+        }
+        free(got);
+    }
+    dp_trainer_free(t);
+    free(one);
+}
+
+/* A pipelined run's checkpoint (each stage's AdamW state in the whole slab's layout) resumes
+ * on one worker, and one worker's resumes pipelined: both end with the straight run's bits
+ * (one micro-batch: the same sums). */
+TEST_T(pipe_checkpoint_resumes_across_layouts, 300) {
+    char dir[512], ck[600];
+    int64_t n1, n;
+    struct dp_train_params p = pipe_params(1, 1, 0, DP_PIPE_1F1B, 2);
+    float *straight = train(&p, &n1);
+    for (int from_pipe = 1; from_pipe >= 0; from_pipe--) {
+        snprintf(dir, sizeof dir, "%s/run%d", dp_test_tmpdir(), from_pipe);
+        snprintf(ck, sizeof ck, "%s/checkpoint.bin", dir);
+        struct dp_train_params a = pipe_params(from_pipe ? 2 : 1, from_pipe ? 2 : 1, from_pipe ? 1 : 0,
+                                               DP_PIPE_1F1B, 2);
+        a.io.out_dir = dir;
+        a.run.max_steps = 3;
+        free(train(&a, &n));
+        struct dp_ckpt_header h;
+        ASSERT_OK(dp_ckpt_read_header(ck, &h));
+        ASSERT_EQ(h.step, 3);
+        ASSERT_EQ(h.optim_state_len, 2 * h.num_params); /* AdamW's m and v, the whole model's */
+        struct dp_train_params b = pipe_params(from_pipe ? 1 : 2, from_pipe ? 1 : 2, from_pipe ? 0 : 1,
+                                               DP_PIPE_1F1B, 2);
+        b.io.resume = ck;
+        float *got = train(&b, &n);
+        ASSERT_EQ(n, n1);
+        fprintf(stderr, "    %s at step 3, resumed %s: %s\n", from_pipe ? "pipelined" : "one worker",
+                from_pipe ? "on one worker" : "pipelined", same_bits(straight, got, n) ? "the same bits" : "DIFFERENT");
+        ASSERT_TRUE(same_bits(straight, got, n));
+        free(got);
+    }
+    free(straight);
+}
+
+/* A stage that fails ends the job with the worker, the step and the stage named; the other
+ * stages, blocked on its messages or in their stage's all-reduce, do not hang. */
+TEST_T(pipe_failing_stage_named, 120) {
+    struct dp_train_params p = pipe_params(4, 2, 2, DP_PIPE_1F1B, 1);
+    for (int who = 0; who < 4; who += 3) {
+        struct dp_trainer *t;
+        ASSERT_OK(init_faulty(&t, &p, &(struct dp_fault){DP_FAULT_ALLOC, who, 2}));
+        int rc = dp_trainer_run(t);
+        ASSERT_EQ(rc, DP_ENOMEM);
+        char want[128];
+        snprintf(want, sizeof want, "worker %d, step 2: pipeline stage %d (%s", who, who / 2,
+                 who ? "" : "tok+pos..");
+        fprintf(stderr, "    %s\n", dp_errmsg());
+        ASSERT_TRUE(strstr(dp_errmsg(), want) != NULL);
+        ASSERT_TRUE(strstr(dp_errmsg(), "injected allocation failure") != NULL);
+        dp_trainer_free(t);
+    }
+}
+
+/* What --pp refuses, each with one clear line. */
+TEST(pipe_refusals) {
+    struct dp_trainer *t;
+    struct dp_train_params p = pipe_params(3, 2, 0, DP_PIPE_1F1B, 1);
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--pp must divide --workers into stages (got --pp 2 with 3");
+    p = pipe_params(2, 1, 4, DP_PIPE_1F1B, 1);
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--micro-batches is --pp's option");
+    p = pipe_params(8, 8, 0, DP_PIPE_1F1B, 1);
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "has 5 layers, fewer than the stages");
+    p = pipe_params(2, 2, 0, DP_PIPE_1F1B, 1);
+    p.dp.zero = 1;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--pp does not work with --zero");
+    p = pipe_params(2, 2, 0, DP_PIPE_1F1B, 1);
+    p.dp.accum = 2;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "a pipeline accumulates its --micro-batches");
+    p = pipe_params(2, 2, 0, DP_PIPE_1F1B, 1);
+    p.dp.deterministic = 1;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--pp does not work with --deterministic");
+    p = pipe_params(2, 2, 0, 5, 1);
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "unknown pipeline schedule 5");
+}
