@@ -956,6 +956,36 @@ if "$BIN" train "${GPP[@]}" --workers 1 --resume "$T/gpp2/checkpoint.bin" --epoc
    [[ -n $(grep '^done:' "$T/gppr.log") && $(grep '^done:' "$T/gppr.log" | sed 's/^done: [0-9.]*s//') == $(grep '^done:' "$T/gppr1.log" | sed 's/^done: [0-9.]*s//') ]]; then
   ok gpt_pipeline_checkpoint_resumes_unpipelined
 else bad gpt_pipeline_checkpoint_resumes_unpipelined "$(tail -2 "$T/gppr.log")" "$(tail -2 "$T/gppr1.log")"; fi
+# ... and across processes (one stage per process): mpirun -np 2 --pp 2 trains the threads' bits
+# (1f1b, 4 micro-batches), -np 4 --pp 2 with one micro-batch two data-parallel workers' bits; the
+# checkpoint (rank 0 writes, the last stage sends its optimizer state) is the threads' one
+if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [[ $BIN != *-asan* && $BIN != *-tsan* ]]; then
+  if "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --micro-batches 4 --out "$T/gppt4" >"$T/gppt4.log" 2>&1 &&
+     timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train "${GPP[@]}" --workers 1 --pp 2 --micro-batches 4 --out "$T/gppm4" \
+       >"$T/gppm4.log" 2>&1 &&
+     "$BIN" ckpt diff "$T/gppt4/checkpoint.bin" "$T/gppm4/checkpoint.bin" 2>&1 | grep -q 'bit-identical' &&
+     "$BIN" train "${GPP[@]}" --workers 1 --resume "$T/gppt4/checkpoint.bin" --epochs 2 >"$T/gppr4t.log" 2>&1 &&
+     "$BIN" train "${GPP[@]}" --workers 1 --resume "$T/gppm4/checkpoint.bin" --epochs 2 >"$T/gppr4m.log" 2>&1 &&
+     [[ -n $(grep '^done:' "$T/gppr4t.log") && $(grep '^done:' "$T/gppr4t.log" | sed 's/^done: [0-9.]*s//') == $(grep '^done:' "$T/gppr4m.log" | sed 's/^done: [0-9.]*s//') ]] &&
+     "$BIN" train "${GPP[@]}" --workers 2 --out "$T/gppd2" >"$T/gppd2.log" 2>&1 &&
+     timeout 120 "${MPIRUN[@]}" -np 4 "$BIN" train "${GPP[@]}" --workers 1 --pp 2 --micro-batches 1 --out "$T/gppm22" \
+       >"$T/gppm22.log" 2>&1 &&
+     same_hash "$(hash_of "$T/gppd2/checkpoint.bin")" "$(hash_of "$T/gppm22/checkpoint.bin")"; then
+    ok mpi_gpt_pipeline_equals_threads
+  else bad mpi_gpt_pipeline_equals_threads "$(tail -2 "$T/gppm4.log")" "$(tail -2 "$T/gppm22.log" 2>/dev/null)"; fi
+  # (every process says it: one line each, and the job ends)
+  timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" train "${GPP[@]}" --workers 2 --pp 2 >"$T/gppw.log" 2>&1
+  rc=$?
+  if [[ $rc -ne 0 && $rc -ne 124 ]] &&
+     [[ $(grep -c '^dptrain: error: process [01]: --pp across processes needs one worker per process' "$T/gppw.log") -eq 2 ]]; then
+    ok mpi_pipeline_one_worker_per_process
+  else bad mpi_pipeline_one_worker_per_process "exit $rc" "$(head -3 "$T/gppw.log")"; fi
+elif [[ $BIN == *-asan* || $BIN == *-tsan* ]]; then
+  echo "note: mpi_gpt_pipeline_* not run on a sanitizer build (the plain build's cli run has them)"
+else
+  skip mpi_gpt_pipeline_equals_threads "MPI not built into $BIN"
+  skip mpi_pipeline_one_worker_per_process "MPI not built into $BIN"
+fi
 expect_error pipeline_stages_divide_workers "--pp must divide --workers into stages (got --pp 2 with 3 workers)" \
   "$BIN" train "${GPP[@]}" --workers 3 --pp 2
 expect_error pipeline_unknown_schedule "--pp-schedule: unknown schedule 'interleaved' (expected gpipe or 1f1b)" \

@@ -273,6 +273,14 @@ int dp_comm_thread_world_init_hier(struct dp_comm_world **w, int nlocal,
  * dp_comm_status from any thread). */
 int dp_comm_thread_init(struct dp_comm **c, struct dp_comm_world *w, int rank);
 
+/* A group of parent's ranks: every rank of parent calls it (collective), and those with the same
+ * color (>= 0) get a communicator of their own over them, ranked by key (ties by parent's rank):
+ * a pipeline stage's data-parallel replicas, for example.  mpi: MPI_Comm_split, the group's
+ * operations apart from the parent's; the parent's timeout and spin.  thread: DP_ENOTSUP (the
+ * ranks of a group of threads form a world of their own: dp_comm_thread_world_init).  Free it
+ * with dp_comm_free before the parent. */
+int dp_comm_split_group(struct dp_comm *parent, int color, int key, struct dp_comm **c);
+
 /* Rank of this communicator in 0..world-1, and the number of ranks. */
 int dp_comm_rank(const struct dp_comm *c);
 int dp_comm_world(const struct dp_comm *c);

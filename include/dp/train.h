@@ -197,8 +197,9 @@ struct dp_train_dp {
      * data-parallel replicas of the pipeline (job rank g is stage g / (workers / pp), replica
      * g mod (workers / pp)).  Each replica's share of the global batch is cut into
      * micro_batches (0 = pp) that flow through the stages by pp_schedule (enum
-     * dp_pipe_schedule, dp/par.h).  Thread backend in one process; ZeRO 0; not with --accum,
-     * --deterministic, --balance, compression, backup workers or the parameter server. */
+     * dp_pipe_schedule, dp/par.h).  Threads of one process, or one worker per process (`inter`);
+     * ZeRO 0; not with --accum, --deterministic, --balance, compression, backup workers or the
+     * parameter server. */
     int pp;
     int micro_batches;
     int pp_schedule;
@@ -469,6 +470,11 @@ const char *dp_trainer_data_note(const struct dp_trainer *t);
 /* How the model is split (--pp), for the user: the stages, replicas, micro-batches and schedule,
  * and each stage's layers, parameters and share of the FLOPs (one line); "" when it is not. */
 const char *dp_trainer_layout(const struct dp_trainer *t);
+/* The most bytes of activations (forward's saved outputs and backward's scratch) worker `worker`
+ * of this process held at once so far: its replica's arena's high-water mark, or, on a pipeline
+ * stage, the sum over the micro-batches it holds in flight (dp_pipe_max_inflight) of theirs;
+ * -1 for no such worker.  (Evaluation runs on the replica's arena, not counted for a stage.) */
+int64_t dp_trainer_activation_bytes(const struct dp_trainer *t, int worker);
 /* The test set as the run evaluates it (normalised; n = 0 when there is none). */
 const struct dp_dataset *dp_trainer_test_set(const struct dp_trainer *t);
 /* Who runs this process's bucket all-reduces: DP_PROGRESS_THREAD or

@@ -154,6 +154,18 @@ int dp_comm_init(struct dp_comm **c, const char *backend, const struct dp_comm_p
     return dp_seterr(DP_EINVAL, "comm: unknown backend '%s' (thread, mpi, nccl)", backend);
 }
 
+int dp_comm_split_group(struct dp_comm *parent, int color, int key, struct dp_comm **c) {
+    if (!c) return dp_seterr(DP_EINVAL, "comm: NULL communicator pointer");
+    *c = NULL;
+    if (!parent || color < 0) return dp_seterr(DP_EINVAL, "comm: split of %s with color %d", parent ? "a rank" : "no communicator", color);
+#ifdef DP_WITH_MPI
+    if (!strcmp(parent->ops->name, "mpi")) return dp__comm_mpi_split(parent, color, key, c);
+#endif
+    (void)key;
+    return dp_seterr(DP_ENOTSUP, "comm: backend '%s' makes its groups otherwise (thread: a world of their own, "
+                     "dp_comm_thread_world_init)", parent->ops->name);
+}
+
 int dp_comm_rank(const struct dp_comm *c) { return c->rank; }
 int dp_comm_world(const struct dp_comm *c) { return c->nranks; }
 const char *dp_comm_backend_name(const struct dp_comm *c) { return c->ops->name; }

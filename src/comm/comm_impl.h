@@ -86,6 +86,7 @@ struct dp_comm {
 
 /* The mpi backend (comm_mpi.c; DP_WITH_MPI only): dp_comm_init(c, "mpi", p). */
 int dp__comm_mpi_init(struct dp_comm **c, const struct dp_comm_params *params);
+int dp__comm_mpi_split(struct dp_comm *parent, int color, int key, struct dp_comm **c);
 /* Tests (comm_mpi.c): the mpi communicator c takes ranks q and r to be on one
  * host iff q / per_host == r / per_host (message segments differ between
  * hosts); every rank calls it alike before any operation. */

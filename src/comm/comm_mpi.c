@@ -441,8 +441,9 @@ static const struct dp_comm_ops mpi_ops = {
 
 /* ---- init ---------------------------------------------------------------------------------------- */
 
-static int dup_world(struct mpi_comm *m, MPI_Comm *out) {
-    int err = MPI_Comm_dup(MPI_COMM_WORLD, out);
+/* A communicator of its own over `base`'s ranks (base: MPI_COMM_WORLD, or a group split from it). */
+static int dup_world(struct mpi_comm *m, MPI_Comm base, MPI_Comm *out) {
+    int err = MPI_Comm_dup(base, out);
     if (err != MPI_SUCCESS) return dp__mpi_fail(m, err, "MPI_Comm_dup");
     err = MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
     if (err != MPI_SUCCESS) return dp__mpi_fail(m, err, "MPI_Comm_set_errhandler");
@@ -480,6 +481,8 @@ void dp__comm_mpi_fake_hosts(struct dp_comm *c, int per_host) {
         m->remote[q] = q / per_host != c->rank / per_host;
 }
 
+static int mpi_new(struct dp_comm **cp, MPI_Comm base, int provided, const struct dp_comm_params *params);
+
 int dp__comm_mpi_init(struct dp_comm **cp, const struct dp_comm_params *params) {
     int inited = 0, fin = 0, provided = 0, err;
     pthread_mutex_lock(&g_mu);
@@ -503,6 +506,24 @@ int dp__comm_mpi_init(struct dp_comm **cp, const struct dp_comm_params *params) 
     if (provided < MPI_THREAD_SERIALIZED)
         return dp_seterr(DP_ENOTSUP, "comm: mpi: MPI provides thread level %d; the communicator "
                                      "needs at least MPI_THREAD_SERIALIZED", provided);
+    return mpi_new(cp, MPI_COMM_WORLD, provided, params);
+}
+
+int dp__comm_mpi_split(struct dp_comm *parent, int color, int key, struct dp_comm **cp) {
+    struct mpi_comm *pm = (struct mpi_comm *)parent;
+    MPI_Comm sub = MPI_COMM_NULL;
+    int err = MPI_Comm_split(pm->side, color, key, &sub);
+    if (err != MPI_SUCCESS) return dp__mpi_fail(pm, err, "MPI_Comm_split");
+    struct dp_comm_params params = {.timeout_s = pm->timeout_s, .spin_us = (int)(pm->spin_s * 1e6 + 0.5)};
+    int rc = mpi_new(cp, sub, pm->provided, &params);
+    MPI_Comm_free(&sub); /* (the new communicator holds duplicates of it) */
+    return rc;
+}
+
+/* The communicator over base's ranks: four duplicates of base (collectives, their schedules'
+ * messages, the side channel, dp_comm_isend's messages), this host's ranks, the bf16 sum. */
+static int mpi_new(struct dp_comm **cp, MPI_Comm base, int provided, const struct dp_comm_params *params) {
+    int err;
     struct mpi_comm *m = dp_calloc(1, sizeof *m);
     if (!m) return dp_seterr(DP_ENOMEM, "comm: mpi: out of memory");
     m->coll = m->p2p = m->side = m->msgc = MPI_COMM_NULL;
@@ -511,17 +532,17 @@ int dp__comm_mpi_init(struct dp_comm **cp, const struct dp_comm_params *params) 
     atomic_init(&m->aborted, 0);
     m->base.ops = &mpi_ops;
     m->provided = provided;
-    MPI_Comm_rank(MPI_COMM_WORLD, &m->base.rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &m->base.nranks);
+    MPI_Comm_rank(base, &m->base.rank);
+    MPI_Comm_size(base, &m->base.nranks);
     m->timeout_s = params->timeout_s;
     m->spin_s = 1e-6 * (params->spin_us >= 0 ? params->spin_us : 50);
     pthread_mutex_lock(&g_mu);
     g_live++;
     pthread_mutex_unlock(&g_mu);
-    int rc = dup_world(m, &m->coll);
-    if (!rc) rc = dup_world(m, &m->p2p);
-    if (!rc) rc = dup_world(m, &m->side);
-    if (!rc) rc = dup_world(m, &m->msgc);
+    int rc = dup_world(m, base, &m->coll);
+    if (!rc) rc = dup_world(m, base, &m->p2p);
+    if (!rc) rc = dup_world(m, base, &m->side);
+    if (!rc) rc = dup_world(m, base, &m->msgc);
     if (!rc) {
         int *ub = NULL, flag = 0;
         MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);

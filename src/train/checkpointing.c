@@ -308,9 +308,13 @@ int dp__zero_stream(struct worker *w, struct dp_ckpt_writer *out) {
     return rc;
 }
 
-/* Rank 0 writes a checkpoint now (checkpoint() below): in a multi-process
- * ZeRO job every other worker sends its pieces meanwhile. */
-int dp__zero_serves(const struct dp_trainer *t) { return t->p.dp.zero && t->p.io.out_dir && t->G > t->P; }
+/* Rank 0 writes a checkpoint now (checkpoint() below): in a multi-process job whose state is
+ * spread over the processes (ZeRO's pieces, a pipeline's stages) every other worker sends its
+ * part meanwhile. */
+int dp__ckpt_serves(const struct dp_trainer *t) {
+    return (t->p.dp.zero || t->pp > 1) && t->p.io.out_dir && t->G > t->P;
+}
+int dp__ckpt_serve(struct worker *w) { return w->pipe ? dp__pipe_serve(w) : dp__zero_stream(w, NULL); }
 
 /* The compressor's per-worker state (residuals, PowerSGD's Q), every
  * worker's in rank order, as the section after the payload: this process's
@@ -358,14 +362,14 @@ void dp__ckpt_put_sections(const struct dp_trainer *t, struct dp_ckpt_writer *ou
 }
 
 static void put_floats(void *arg, const float *p, int64_t n) {
-    dp_ckpt_writer_put(arg, p, sizeof(float) * (size_t)n);
+    if (arg) dp_ckpt_writer_put(arg, p, sizeof(float) * (size_t)n);
 }
 
 int dp_trainer_save(struct dp_trainer *t, const char *path) {
     struct worker *w = &t->w[0];
-    if (t->p.dp.zero && t->G > t->P && !t->zsaving)
-        return dp_seterr(DP_ENOTSUP, "checkpoint: a multi-process ZeRO job writes its checkpoints during the run "
-                         "(every rank sends its pieces), at epoch ends and --max-steps");
+    if ((t->p.dp.zero || t->pp > 1) && t->G > t->P && !t->zsaving)
+        return dp_seterr(DP_ENOTSUP, "checkpoint: a multi-process %s job writes its checkpoints during the run "
+                         "(every rank sends its pieces), at epoch ends and --max-steps", t->pp > 1 ? "pipeline" : "ZeRO");
     struct dp_ckpt_header h;
     dp__fill_header(t, &h);
     char *data;
@@ -373,14 +377,15 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
     int rc = dp__ckpt_ef_image(t, &data, &size);
     struct dp_ckpt_writer *out = NULL;
     if (!rc) rc = dp_ckpt_writer_open(&out, path, &h);
-    int src;
+    int src = DP_OK;
     if (!t->p.dp.zero) {
         if (out) {
             dp_ckpt_writer_put(out, w->rep.params, sizeof(float) * (size_t)h.num_params);
             dp_ckpt_writer_put(out, w->rep.buffers, sizeof(float) * (size_t)h.num_buffers);
-            for (int k = 0; k < dp_sync_state_parts(&w->sync); k++) dp__state_part_each(t, k, put_floats, out);
         }
-        src = DP_OK;
+        /* (a pipeline across processes: the stages' parts received even where the file failed) */
+        for (int k = 0; k < dp_sync_state_parts(&w->sync) && !src; k++)
+            src = dp__state_part_each(t, k, put_floats, out);
     } else
         src = dp__zero_stream(w, out); /* (the others wait for the pieces even where the file failed) */
     if (out) {
@@ -487,7 +492,7 @@ static int step_checkpoint(struct worker *w) {
     if (!rc) rc = dp__ef_gather_state(w);
     if (!rc && t->p.dp.zero && dp__snapshot_on(t)) rc = dp__zsnap_take(w);
     else if (!rc && w->grank == 0) rc = dp__snapshot_on(t) ? dp__snapshot_take(t) : dp__checkpoint_write(t);
-    else if (!rc && dp__zero_serves(t)) rc = dp__zero_stream(w, NULL);
+    else if (!rc && dp__ckpt_serves(t)) rc = dp__ckpt_serve(w);
     return rc ? rc : dp_comm_barrier(w->comm);
 }
 

@@ -89,9 +89,15 @@ int dp__check_ps(const struct dp_train_params *p) {
 /* Pipeline parallelism's settings, and what it does not combine with (yet). */
 static int check_pipeline(const struct dp_train_params *p) {
     const struct dp_train_dp *d = &p->dp;
-    if (d->pp < 1 || d->pp > d->workers || d->workers % d->pp)
-        return dp_seterr(DP_EINVAL, "--pp must divide --workers into stages (got --pp %d with %d workers)", d->pp,
-                         d->workers);
+    const int G = d->inter ? d->workers * dp_comm_world(d->inter) : d->workers;
+    if ((d->pp < 1 || d->pp > G || G % d->pp) && d->inter)
+        return dp_seterr(DP_EINVAL, "--pp must divide the job's %d workers (processes x --workers) into stages "
+                         "(got --pp %d)", G, d->pp);
+    if (d->pp < 1 || d->pp > G || G % d->pp)
+        return dp_seterr(DP_EINVAL, "--pp must divide --workers into stages (got --pp %d with %d workers)", d->pp, G);
+    if (d->pp > 1 && d->inter && d->workers > 1)
+        return dp_seterr(DP_ENOTSUP, "--pp across processes needs one worker per process (--workers 1 under "
+                         "mpirun; got %d): the stages' messages go between processes", d->workers);
     if (d->micro_batches < 0 || d->micro_batches > 4096)
         return dp_seterr(DP_EINVAL, "--micro-batches must be in 1..4096 (got %d)", d->micro_batches);
     if (d->pp_schedule < 0 || d->pp_schedule >= DP_PIPE_SCHEDULE_COUNT)
@@ -99,8 +105,7 @@ static int check_pipeline(const struct dp_train_params *p) {
     if (d->pp == 1) return d->micro_batches > 1 ? dp_seterr(DP_EINVAL, "--micro-batches is --pp's option (a pipeline's "
                                                              "micro-batches; without one, --accum)")
                                                 : DP_OK;
-    const char *no = d->inter ? "several processes (mpirun): the stages are threads of one process"
-                     : d->accum > 1 ? "--accum: a pipeline accumulates its --micro-batches"
+    const char *no = d->accum > 1 ? "--accum: a pipeline accumulates its --micro-batches"
                      : d->deterministic ? "--deterministic"
                      : d->zero ? "--zero: the stages' state is already split"
                      : d->balance ? "--balance"

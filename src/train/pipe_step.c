@@ -51,6 +51,8 @@ struct worker_pipe {
     struct dp_span span;
     int64_t buf_off, buf_count;  /* the stage's layers' buffers (BatchNorm's running statistics) */
     struct dp_comm *scomm;       /* the stage's replicas (their gradient's all-reduce) */
+    struct dp_comm *pcomm;       /* the messages between stages: the job's world on threads, the
+                                    processes' communicator under mpirun (one worker each) */
     int prev, next;              /* job ranks of this replica's neighbouring stages (-1: none) */
     int64_t in_n, out_n;         /* floats per sample of the stage's input and output */
     int64_t micro_max;           /* the largest micro-batch */
@@ -113,7 +115,7 @@ int dp__pipe_plan(struct dp_trainer *t) {
     cp.timeout_s = p->dp.comm_timeout;
     cp.progress = t->comm_progress;
     cp.spin_us = p->dp.comm_spin_us;
-    for (int s = 0; s < t->pp; s++)
+    for (int s = 0; s < t->pp && !p->dp.inter; s++) /* (processes: each rank splits the job's, pipe_worker_init) */
         if ((rc = dp_comm_thread_world_init(&t->pp_worlds[s], t->pp_R, &cp))) return rc;
     return DP_OK;
 }
@@ -221,7 +223,9 @@ int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp) {
         if (pp->tie == TIE_OWNER && !(pp->tie_buf = dp_malloc_big(sizeof(float) * (size_t)pp->tie_count)))
             return dp_seterr(DP_ENOMEM, "--pp: out of memory");
     }
-    return dp_comm_thread_init(&pp->scomm, t->pp_worlds[pp->stage], pp->replica);
+    pp->pcomm = t->p.dp.inter ? t->p.dp.inter : w->comm; /* (one worker per process: job rank = process rank) */
+    return t->p.dp.inter ? dp_comm_split_group(t->p.dp.inter, pp->stage, pp->replica, &pp->scomm)
+                         : dp_comm_thread_init(&pp->scomm, t->pp_worlds[pp->stage], pp->replica);
 }
 
 struct dp_comm *dp__pipe_sync_params(struct worker *w, struct dp_sync_params *sp) {
@@ -236,7 +240,7 @@ void dp__pipe_worker_free(struct worker *w) {
     for (int v = 0; v < pp->nviews; v++) {
         if (pp->views) dp_replica_free(&pp->views[v]);
         if (pp->xin) dp_free(pp->xin[v]);
-        if (pp->sent && pp->sent[v]) (void)dp_comm_msg_wait(w->comm, pp->sent[v], NULL, NULL);
+        if (pp->sent && pp->sent[v]) (void)dp_comm_msg_wait(pp->pcomm, pp->sent[v], NULL, NULL);
     }
     dp_free(pp->views), dp_free(pp->pass), dp_free(pp->reducing), dp_free(pp->xin), dp_free(pp->sent);
     dp_free(pp->ops), dp_free(pp->dy), dp_free(pp->tie_buf);
@@ -256,7 +260,7 @@ void dp__pipe_abort(struct dp_trainer *t, const char *msg) {
 static int sent_wait(struct worker *w, int v) {
     struct worker_pipe *pp = w->pipe;
     if (!pp->sent[v]) return DP_OK;
-    int rc = dp_comm_msg_wait(w->comm, pp->sent[v], NULL, NULL);
+    int rc = dp_comm_msg_wait(pp->pcomm, pp->sent[v], NULL, NULL);
     pp->sent[v] = NULL;
     return rc;
 }
@@ -269,7 +273,7 @@ static int stage_stat_sync(void *arg, double *buf, int64_t n) {
 
 static int recv_floats(struct worker *w, float *buf, int64_t n, int src, int tag) {
     int64_t got = 0;
-    int rc = dp_comm_recv(w->comm, buf, n * (int64_t)sizeof(float), src, tag, NULL, &got);
+    int rc = dp_comm_recv(w->pipe->pcomm, buf, n * (int64_t)sizeof(float), src, tag, NULL, &got);
     if (!rc && got != n * (int64_t)sizeof(float))
         rc = dp_seterr(DP_EINTERNAL, "pipeline: %lld bytes from rank %d, expected %lld", (long long)got, src,
                        (long long)(n * (int64_t)sizeof(float)));
@@ -302,7 +306,7 @@ static int pipe_forward(struct worker *w, const struct dp_loader_batch *lb, cons
     if (ta > t0) dp_timeline_add(&w->tl, "pipe-wait", 0, w->step, t0, ta);
     w->t_fwd += pass->t_forward;
     if (pp->next >= 0)
-        return dp_comm_isend(w->comm, r->acts[pp->span.layer1], b->B * pp->out_n * (int64_t)sizeof(float), pp->next,
+        return dp_comm_isend(pp->pcomm, r->acts[pp->span.layer1], b->B * pp->out_n * (int64_t)sizeof(float), pp->next,
                              TAG_ACT, &pp->sent[v]);
     w->loss_sum += pass->loss_sum; /* (the last stage's: the epoch's loss and accuracy) */
     w->correct += pass->correct;
@@ -336,10 +340,10 @@ static int pipe_backward(struct worker *w, const struct dp_batch *b, int k) {
     if (e) e->micro = k;
     w->t_bwd += pass->t_backward;
     if (pp->prev >= 0 &&
-        (rc = dp_comm_isend(w->comm, dx, b->B * pp->in_n * (int64_t)sizeof(float), pp->prev, TAG_GRAD, &pp->sent[v])))
+        (rc = dp_comm_isend(pp->pcomm, dx, b->B * pp->in_n * (int64_t)sizeof(float), pp->prev, TAG_GRAD, &pp->sent[v])))
         return rc;
     if (last && pp->tie == TIE_READER)
-        rc = dp_comm_send(w->comm, w->rep.grads + pp->tie_off, pp->tie_count * (int64_t)sizeof(float), pp->tie_peer,
+        rc = dp_comm_send(pp->pcomm, w->rep.grads + pp->tie_off, pp->tie_count * (int64_t)sizeof(float), pp->tie_peer,
                           TAG_TIE_GRAD);
     if (!rc && last && pp->reducing[v]) { /* the stage's all-reduce, overlapped with this backward */
         rc = dp_sync_finish(&w->sync, 1);
@@ -421,7 +425,7 @@ static int pipe_step(struct worker *w, int64_t nmicro, int64_t *skipped, double 
     pp->stale = 1;
     /* the tied parameters' new values, from the owner to the reader */
     if (!rc && pp->tie == TIE_OWNER)
-        rc = dp_comm_send(w->comm, w->rep.params + pp->tie_off, pp->tie_count * (int64_t)sizeof(float), pp->tie_peer,
+        rc = dp_comm_send(pp->pcomm, w->rep.params + pp->tie_off, pp->tie_count * (int64_t)sizeof(float), pp->tie_peer,
                           TAG_TIE_PARAM);
     if (!rc && pp->tie == TIE_READER)
         rc = recv_floats(w, w->rep.params + pp->tie_off, pp->tie_count, pp->tie_peer, TAG_TIE_PARAM);
@@ -444,13 +448,48 @@ static int pipe_step_named(struct worker *w, int64_t nmicro, int64_t *skipped, d
 
 const struct dp__mode dp__mode_pipe = {.name = "pipeline", .loop = dp__step_loop, .step = pipe_step_named};
 
+int64_t dp__pipe_activation_bytes(const struct worker *w) {
+    const struct worker_pipe *pp = w->pipe;
+    int64_t n = 0;
+    for (int v = 0; v < pp->nviews; v++) n += (int64_t)pp->views[v].arena.high_water;
+    return n;
+}
+
 /* ---- checkpoints --------------------------------------------------------------------------- */
 
-void dp__state_part_each(const struct dp_trainer *t, int k, void (*put)(void *arg, const float *p, int64_t n),
-                         void *arg) {
-    const int S = t->pp > 1 ? t->pp : 1, R = t->pp > 1 ? t->pp_R : 1;
-    for (int s = 0; s < S; s++) { /* (stage s's replica 0 is worker s R of this one process) */
-        const struct dp_sync *sy = &t->w[s * R].sync;
-        put(arg, sy->opt.state + (size_t)k * (size_t)sy->n, sy->n);
+enum { TAG_STATE = 30005 };
+
+int dp__state_part_each(const struct dp_trainer *t, int k, void (*put)(void *arg, const float *p, int64_t n),
+                        void *arg) {
+    const struct dp_sync *s0 = &t->w[0].sync;
+    if (t->pp <= 1) {
+        put(arg, s0->opt.state + (size_t)k * (size_t)s0->n, s0->n);
+        return DP_OK;
     }
+    int rc = DP_OK;
+    for (int s = 0; s < t->pp && !rc; s++) {
+        if (t->G == t->P) { /* (stage s's replica 0 is worker s R of this one process) */
+            const struct dp_sync *sy = &t->w[s * t->pp_R].sync;
+            put(arg, sy->opt.state + (size_t)k * (size_t)sy->n, sy->n);
+            continue;
+        }
+        struct dp_span sp;
+        (void)dp_model_span(t->model, t->pp_first[s], t->pp_first[s + 1], &sp);
+        float *buf = s ? dp_malloc_big(sizeof(float) * (size_t)(sp.param_count ? sp.param_count : 1)) : NULL;
+        if (s && !buf) return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for stage %d's optimizer state", s);
+        if (s) rc = recv_floats(&t->w[0], buf, sp.param_count, s * t->pp_R, TAG_STATE);
+        if (!rc) put(arg, s ? buf : s0->opt.state + (size_t)k * (size_t)s0->n, sp.param_count);
+        dp_free(buf);
+    }
+    return rc;
+}
+
+int dp__pipe_serve(struct worker *w) {
+    const struct worker_pipe *pp = w->pipe;
+    int rc = DP_OK;
+    if (pp->replica || !pp->stage) return DP_OK; /* (stage 0's is rank 0's own) */
+    for (int k = 0; k < dp_sync_state_parts(&w->sync) && !rc; k++)
+        rc = dp_comm_send(pp->pcomm, w->sync.opt.state + (size_t)k * (size_t)w->sync.n,
+                          w->sync.n * (int64_t)sizeof(float), 0, TAG_STATE);
+    return rc;
 }

@@ -266,7 +266,7 @@ int dp__end_epoch(struct worker *w, double t_start) {
     }
     if (!rc && ckpt) rc = dp__ef_gather_state(w);
     if (!rc && w->grank == 0) rc = report_epoch(w, dt, tot, test_acc, test_loss, &st);
-    else if (!rc && ckpt && dp__zero_serves(t)) rc = dp__zero_stream(w, NULL); /* while rank 0 writes */
+    else if (!rc && ckpt && dp__ckpt_serves(t)) rc = dp__ckpt_serve(w); /* while rank 0 writes */
     dp_free(tot);
     w->ckpt_due = 0;
     if (rc) return rc;

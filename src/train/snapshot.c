@@ -293,7 +293,8 @@ static int copy_rank0(struct dp_trainer *t, size_t np, size_t ns, double t0) {
     if (np) memcpy(s->payload, w->rep.params, sizeof(float) * np);
     if (nb) memcpy(s->payload + np, w->rep.buffers, sizeof(float) * nb);
     struct copy_at at = {s->payload + np + nb};
-    for (int k = 0; ns && k < dp_sync_state_parts(&w->sync); k++) dp__state_part_each(t, k, copy_floats, &at);
+    for (int k = 0; ns && k < dp_sync_state_parts(&w->sync) && !rc; k++) rc = dp__state_part_each(t, k, copy_floats, &at);
+    if (rc) return rc;
     dp_free(s->ef);
     s->ef = NULL;
     if ((rc = dp__ckpt_ef_image(t, &s->ef, &s->ef_size))) return rc;

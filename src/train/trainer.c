@@ -40,6 +40,11 @@ const struct dp_dataset *dp_trainer_test_set(const struct dp_trainer *t) { retur
 
 const char *dp_trainer_data_note(const struct dp_trainer *t) { return t->data_note; }
 const char *dp_trainer_layout(const struct dp_trainer *t) { return t->pp_note; }
+int64_t dp_trainer_activation_bytes(const struct dp_trainer *t, int worker) {
+    if (worker < 0 || worker >= t->P) return -1;
+    const struct worker *w = &t->w[worker];
+    return w->pipe ? dp__pipe_activation_bytes(w) : (int64_t)w->rep.arena.high_water;
+}
 
 int dp_trainer_comm_progress(const struct dp_trainer *t) { return t->comm_progress; }
 int dp_trainer_prefetch(const struct dp_trainer *t) { return t->p.data.prefetch; }
@@ -171,7 +176,7 @@ int dp__step_loop(struct worker *w) {
                     if (stop) t->stopped = step;
                     if (!isnan(acc)) rc = dp__report_eval(w, step, epoch, acc, loss);
                     if (!rc) rc = dp__checkpoint_write(t);
-                } else if (dp__zero_serves(t)) rc = dp__zero_stream(w, NULL); /* while rank 0 writes */
+                } else if (dp__ckpt_serves(t)) rc = dp__ckpt_serve(w); /* while rank 0 writes */
                 return rc ? rc : dp_comm_barrier(w->comm);
             }
             int64_t nmicro = t->batches_per_epoch - in_epoch < t->p.dp.accum ? t->batches_per_epoch - in_epoch

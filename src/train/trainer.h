@@ -236,18 +236,26 @@ int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp);
 struct dp_comm *dp__pipe_sync_params(struct worker *w, struct dp_sync_params *sp);
 void dp__pipe_worker_free(struct worker *w);
 void dp__pipe_free(struct dp_trainer *t);
+/* The activation bytes a stage's micro-batches held at the most: their arenas' high-water marks. */
+int64_t dp__pipe_activation_bytes(const struct worker *w);
 /* A failed worker's message to the stages' worlds (their pending all-reduces fail at once). */
 void dp__pipe_abort(struct dp_trainer *t, const char *msg);
-/* The optimizer state's part k in the whole slab's layout, from this process's workers (a
- * pipeline's stages: each stage's replica 0 holds its span's), handed to put in slab order. */
-void dp__state_part_each(const struct dp_trainer *t, int k, void (*put)(void *arg, const float *p, int64_t n),
-                         void *arg);
+/* The optimizer state's part k in the whole slab's layout, handed to put in slab order: worker 0's,
+ * or a pipeline's stages' (each stage's replica 0 holds its span's: a worker of this process, or,
+ * across processes, received from it: it sends them in dp__pipe_serve).  Rank 0. */
+int dp__state_part_each(const struct dp_trainer *t, int k, void (*put)(void *arg, const float *p, int64_t n),
+                        void *arg);
+int dp__pipe_serve(struct worker *w);
 
 /* checkpointing.c */
 int dp__load_checkpoint(struct dp_trainer *t, const char *path);
 void dp__resume_position(struct dp_trainer *t);
 int dp__zero_stream(struct worker *w, struct dp_ckpt_writer *out);
-int dp__zero_serves(const struct dp_trainer *t);
+/* 1 when rank 0's checkpoint needs the other workers' parts (a multi-process job with ZeRO or a
+ * pipeline): each of them then calls dp__ckpt_serve at the same point (ZeRO: dp__zero_stream with
+ * no writer; a pipeline stage: dp__pipe_serve). */
+int dp__ckpt_serves(const struct dp_trainer *t);
+int dp__ckpt_serve(struct worker *w);
 int dp__checkpoint_write(struct dp_trainer *t);
 int dp__ef_gather_state(struct worker *w);
 /* After each step (every worker): --ckpt-every-steps now, or with the epoch's end when

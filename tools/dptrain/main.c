@@ -362,6 +362,12 @@ static int cmd_train(int argc, char **argv) {
     double dt = dp_time() - t0;
     dptrain_warn_gemm_fallback();
     if (me == 0) dptrain_progress_summary(&prog_state, t, &tp, dt, peak, ranks); /* rank 0 reports for the job */
+    if (me == 0 && tp.dp.pp > 1 && nprocs == 1) { /* each stage's activations at their most (its replica 0's) */
+        printf("pipeline: activations held at most:");
+        for (int s = 0; s < tp.dp.pp; s++)
+            printf(" stage %d %.2f MB%s", s, (double)dp_trainer_activation_bytes(t, s * (tp.dp.workers / tp.dp.pp)) / 1e6,
+                   s + 1 < tp.dp.pp ? "," : "\n");
+    }
     /* a stop on request: one line naming the checkpoint, and the shell's status for the signal */
     int sig = atomic_load(&stop_signal), status = 0;
     int64_t stopped = dp_trainer_stopped(t);
