@@ -260,25 +260,31 @@ void dp__fill_header(const struct dp_trainer *t, struct dp_ckpt_header *h) {
 static int zero_stream_part(struct worker *w, struct dp_ckpt_writer *out, float *buf, int part) {
     struct dp_trainer *t = w->t;
     int rc = DP_OK;
-    for (int i = dp_sync_npieces(&w->sync) - 1; i >= 0 && !rc; i--) /* piece 0 is the highest range */
-        for (int q = 0; q < t->G && !rc; q++) {
-            int64_t off, len;
-            struct dp_zero_piece pc;
-            (void)dp_sync_piece(&w->sync, i, part, &pc);
-            dp_comm_split(pc.rcount, t->G, q, &off, &len);
-            const struct worker *o = buf ? (w->grank == q ? w : NULL) : &t->w[q];
-            const float *src = o ? dp_sync_piece(&o->sync, i, part, NULL) : NULL;
-            for (int64_t b = 0; b < len && !rc; b += ZBLOCK) {
-                const int64_t c = len - b < ZBLOCK ? len - b : ZBLOCK;
-                const float *x = src ? src + b : NULL;
-                if (buf) {
-                    if (src) memcpy(buf, x, sizeof(float) * (size_t)c);
-                    rc = dp_comm_broadcast(w->comm, buf, c, DP_DTYPE_F32, q, DP_ALGO_AUTO);
-                    x = buf;
+    /* the groups that shard a range: the job's workers, or a pipeline's stages (threads), each
+     * stage's R replicas sharding its span; the groups in slab order */
+    const int groups = t->pp > 1 ? t->pp : 1, R = t->G / groups;
+    for (int g = 0; g < groups && !rc; g++) {
+        const struct worker *lead = groups > 1 ? &t->w[g * R] : w;
+        for (int i = dp_sync_npieces(&lead->sync) - 1; i >= 0 && !rc; i--) /* piece 0 is the highest range */
+            for (int q = g * R; q < (g + 1) * R && !rc; q++) {
+                int64_t off, len;
+                struct dp_zero_piece pc;
+                (void)dp_sync_piece(&lead->sync, i, part, &pc);
+                dp_comm_split(pc.rcount, R, q - g * R, &off, &len);
+                const struct worker *o = buf ? (w->grank == q ? w : NULL) : &t->w[q];
+                const float *src = o ? dp_sync_piece(&o->sync, i, part, NULL) : NULL;
+                for (int64_t b = 0; b < len && !rc; b += ZBLOCK) {
+                    const int64_t c = len - b < ZBLOCK ? len - b : ZBLOCK;
+                    const float *x = src ? src + b : NULL;
+                    if (buf) {
+                        if (src) memcpy(buf, x, sizeof(float) * (size_t)c);
+                        rc = dp_comm_broadcast(w->comm, buf, c, DP_DTYPE_F32, q, DP_ALGO_AUTO);
+                        x = buf;
+                    }
+                    if (out && !rc) dp_ckpt_writer_put(out, x, sizeof(float) * (size_t)c);
                 }
-                if (out && !rc) dp_ckpt_writer_put(out, x, sizeof(float) * (size_t)c);
             }
-        }
+    }
     return rc;
 }
 

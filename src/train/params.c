@@ -107,12 +107,16 @@ static int check_pipeline(const struct dp_train_params *p) {
                                                 : DP_OK;
     const char *no = d->accum > 1 ? "--accum: a pipeline accumulates its --micro-batches"
                      : d->deterministic ? "--deterministic"
-                     : d->zero ? "--zero: the stages' state is already split"
+                     : d->zero && d->inter ? "--zero 1 across processes"
                      : d->balance ? "--balance"
                      : d->compress.kind != DP_COMPRESS_NONE ? "--compress"
                      : d->backup ? "--backup-workers"
                      : d->async || d->staleness >= 0 ? "the parameter server"
                      : NULL;
+    if (d->zero >= 2)
+        return dp_seterr(DP_ENOTSUP, "--pp does not work with --zero %d: each stage would reduce-scatter its gradient "
+                         "and gather its parameters once per micro-batch; --zero 1 shards each stage's optimizer "
+                         "state over its replicas", d->zero);
     if (no) return dp_seterr(DP_ENOTSUP, "--pp does not work with %s yet", no);
     return DP_OK;
 }

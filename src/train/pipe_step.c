@@ -230,6 +230,7 @@ int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp) {
 
 struct dp_comm *dp__pipe_sync_params(struct worker *w, struct dp_sync_params *sp) {
     sp->span = w->pipe->span;
+    sp->zero_ahead = 0; /* (ZeRO 1: the stage's gather within the step, before the tied values are sent) */
     sp->whole = pipe_whole, sp->whole_arg = w;
     return w->pipe->scomm;
 }
@@ -365,8 +366,8 @@ static int agree(struct worker *w, int bad, double out[4]) {
     out[2] = last ? pp->seen : 0;
     out[3] = 0;
     if (w->t->p.run.clip_norm > 0 && pp->replica == 0) {
-        double g = dp_grad_norm(w->sync.grads, w->sync.n);
-        out[3] = g * g;
+        double g = w->t->p.dp.zero ? 0 : dp_grad_norm(w->sync.grads, w->sync.n);
+        out[3] = w->t->p.dp.zero ? w->sync.sumsq : g * g; /* (ZeRO: the stage's, from dp_sync_check) */
     }
     return dp_comm_allreduce(w->comm, out, 4, DP_DTYPE_F64, DP_ALGO_AUTO);
 }
