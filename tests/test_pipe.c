@@ -8,6 +8,7 @@
 
 #include "dp/optim.h"
 #include "dp/par.h"
+#include "dp/plan.h"
 #include "dp/train.h"
 #include "test.h"
 
@@ -217,6 +218,40 @@ TEST_T(pipe_zero1_within_stages_same_bits, 300) {
             same_bits(resumed[0], resumed[1], n0) ? "plain's bits, and its checkpoint resumes alike" : "DIFFERENT");
     ASSERT_TRUE(same_bits(resumed[0], resumed[1], n0));
     for (int z = 0; z < 2; z++) free(trained[z]), free(resumed[z]);
+}
+
+/* The activations each stage holds, as the run measures them (dp_trainer_activation_bytes: its
+ * micro-batches' arenas at their most) and as the plan predicts them from the layers' measured
+ * bytes (dp_model_layer_bytes, dp_plan_pipeline): within 5%, gpipe and 1f1b, M = 1, 4, 8. */
+TEST_T(pipe_activations_as_planned, 300) {
+    static const int kinds[2] = {DP_PIPE_GPIPE, DP_PIPE_1F1B}, micros[3] = {1, 4, 8};
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 3; j++) {
+            struct dp_train_params p = pipe_params(2, 2, micros[j], kinds[k], 1);
+            p.run.max_steps = 2;
+            struct dp_trainer *t;
+            ASSERT_OK(dp_trainer_init(&t, &p));
+            ASSERT_OK(dp_trainer_run(t));
+            const struct dp_model *m = dp_trainer_model(t);
+            double *out = malloc(sizeof(double) * 3 * (size_t)m->nlayers), *flops = malloc(sizeof(double) * (size_t)m->nlayers);
+            int64_t *lay = malloc(sizeof(int64_t) * (size_t)m->nlayers);
+            ASSERT_OK(dp_model_layer_bytes(m, out, out + m->nlayers, out + 2 * m->nlayers));
+            for (int i = 0; i < m->nlayers; i++) lay[i] = m->layers[i]->param_count, flops[i] = (double)m->layers[i]->flops_fwd;
+            struct dp_plan_params q = dp_plan_default_params();
+            q.layers = lay, q.layer_flops = flops, q.nlayers = m->nlayers, q.batch = p.run.batch, q.net.workers = 2;
+            q.layer_out = out, q.layer_act = out + m->nlayers, q.layer_scratch = out + 2 * m->nlayers;
+            struct dp_plan_pipe r;
+            ASSERT_OK(dp_plan_pipeline(&q, 2, micros[j], kinds[k], 0, &r));
+            for (int s = 0; s < 2; s++) {
+                double got = (double)dp_trainer_activation_bytes(t, s), d = r.act_bytes[s] / got - 1;
+                fprintf(stderr, "    %s M=%d stage %d: %.0f bytes measured, %.0f planned (%+.1f%%)\n",
+                        dp_pipe_schedule_name(kinds[k]), micros[j], s, got, r.act_bytes[s], 100 * d);
+                ASSERT_TRUE(fabs(d) <= 0.05);
+            }
+            dp_plan_pipe_free(&r);
+            free(out), free(flops), free(lay);
+            dp_trainer_free(t);
+        }
 }
 
 /* A stage that fails ends the job with the worker, the step and the stage named; the other

@@ -8,6 +8,7 @@
 #include "dp/core.h"
 #include "dp/ddp.h"
 #include "dp/nn.h"
+#include "dp/par.h"
 #include "dp/plan.h"
 #include "test.h"
 
@@ -736,4 +737,62 @@ TEST(plan_fit_recovers_alpha_beta) {
     double a, b;
     ASSERT_EQ(dp_plan_fit(DP_PLAN_RING, 4, 0, bytes, t, 1, &a, &b), DP_EINVAL);
     ASSERT_EQ(dp_plan_fit(DP_PLAN_HIER, 4, 0, bytes, t, 7, &a, &b), DP_EINVAL);
+}
+
+/* A pipeline's step (dp_plan_pipeline): equal stages without communication take
+ * (M + S - 1)(f + b), the bubble (S - 1)/(M + S - 1); the split is the trainer's; memory per
+ * worker is the whole slabs (8 Psi), the stage's optimizer state (/ R with ZeRO 1) and the
+ * micro-batches in flight (gpipe M, 1f1b min(S - s, M)) x b x the stage's bytes per sample; a
+ * boundary message on a slow link lengthens the step; bad layouts are refused. */
+TEST(plan_pipeline_formula) {
+    int64_t layers[8];
+    double flops[8], out[8], act[8], scratch[8];
+    for (int i = 0; i < 8; i++) layers[i] = 1000, flops[i] = 1e6, out[i] = 100, act[i] = 400, scratch[i] = i;
+    struct dp_plan_params p = dp_plan_default_params();
+    p.layers = layers, p.layer_flops = flops, p.nlayers = 8;
+    p.layer_out = out, p.layer_act = act, p.layer_scratch = scratch;
+    p.fwd_sample_s = 1e-3, p.bwd_sample_s = 2e-3; /* per sample, the whole model */
+    p.batch = 64, p.net.workers = 4;
+    dp_plan_net_link(&p.net, 0, 1e30); /* (no communication time) */
+    struct dp_plan_pipe r;
+    ASSERT_OK(dp_plan_pipeline(&p, 2, 4, DP_PIPE_1F1B, 1, &r));
+    ASSERT_EQ(r.stages, 2);
+    ASSERT_EQ(r.replicas, 2);
+    ASSERT_EQ(r.micro, 4);
+    ASSERT_EQ(r.first[0], 0);
+    ASSERT_EQ(r.first[1], 4);
+    ASSERT_EQ(r.first[2], 8);
+    const double b = 64.0 / (2 * 4), fb = b * 3e-3 / 2; /* one stage's forward + backward of a micro-batch */
+    ASSERT_NEAR(r.f_s[0] + r.b_s[0], fb, 1e-12);
+    ASSERT_NEAR(r.pipe_s, (4 + 2 - 1) * fb, 1e-12);
+    ASSERT_NEAR(r.bubble, 1.0 / 5, 1e-12);
+    ASSERT_NEAR(r.act_bytes[0], 2 * b * (4 * 400 + 3), 1e-9); /* 1f1b: 2 held on stage 0 */
+    ASSERT_NEAR(r.act_bytes[1], 1 * b * (4 * 400 + 7), 1e-9);
+    ASSERT_NEAR(r.mem_bytes[1], 8 * 8000 + 8 * 4000 / 2 + r.act_bytes[1], 1e-6); /* ZeRO 1: the state over R */
+    dp_plan_pipe_free(&r);
+    ASSERT_OK(dp_plan_pipeline(&p, 2, 4, DP_PIPE_GPIPE, 0, &r));
+    ASSERT_NEAR(r.act_bytes[1], 4 * b * (4 * 400 + 7), 1e-9);
+    double quiet = r.step_s;
+    dp_plan_pipe_free(&r);
+    dp_plan_net_link(&p.net, 1e-4, 1e6); /* a slow link: the boundary's messages show */
+    ASSERT_OK(dp_plan_pipeline(&p, 2, 4, DP_PIPE_1F1B, 0, &r));
+    ASSERT_NEAR(r.p2p_s, 1e-4 + b * 100 * 4 / 1e6, 1e-12);
+    ASSERT_TRUE(r.step_s > quiet + 2 * r.p2p_s);
+    dp_plan_pipe_free(&r);
+    ASSERT_ERR(dp_plan_pipeline(&p, 3, 4, DP_PIPE_1F1B, 0, &r), DP_EINVAL, "3 stages for 4 workers");
+    ASSERT_ERR(dp_plan_pipeline(&p, 2, 4, DP_PIPE_1F1B, 2, &r), DP_EINVAL, "ZeRO 2");
+    ASSERT_ERR(dp_plan_pipeline(&p, 2, 64, DP_PIPE_1F1B, 0, &r), DP_EINVAL, "smaller than 2 replicas x 64");
+}
+
+/* The layers' bytes are the arena's: the gpt's blocks keep more than their outputs, and a
+ * layer without state keeps just its output. */
+TEST(model_layer_bytes_measured) {
+    struct dp_model *m;
+    ASSERT_OK(dp_model_from_spec(&m, "gpt:layers=2,heads=2,dim=16,ctx=8", 1, 1, 1));
+    double out[5], saved[5], scratch[5];
+    ASSERT_OK(dp_model_layer_bytes(m, out, saved, scratch));
+    ASSERT_FEQ(out[1], 8.0 * 16);
+    ASSERT_TRUE(saved[1] > 4 * 4 * out[1]); /* a block: its output, LayerNorms, attention, the MLP */
+    ASSERT_TRUE(scratch[1] > 0);
+    dp_model_free(m);
 }

@@ -407,6 +407,12 @@ int dp_model_forward_range(const struct dp_model *m, struct dp_replica *r, const
                            const float *x, struct dp_pass *p);
 int dp_model_backward_range(const struct dp_model *m, struct dp_replica *r, const struct dp_batch *b, int l0, int l1,
                             const float *dy, const float **dx_out, struct dp_pass *p);
+/* Per layer i of m, per sample: out[i] its output's floats; saved[i] the bytes its training
+ * forward keeps in the arena for backward (its output and saved state; the last layer's, with the
+ * loss's gradient); scratch[i] the most bytes its backward adds while it runs (scratch and the
+ * gradient buffers it writes).  Measured, not estimated: each layer run alone on one zero sample,
+ * on a view of its own, from the activations a whole forward gave it.  Arrays of nlayers. */
+int dp_model_layer_bytes(const struct dp_model *m, double *out, double *saved, double *scratch);
 /* Deterministic mode's statistics (dp_ctx.stat_acc, num_buffers doubles: the sums over the
  * step's batches, on every worker): each BatchNorm's running statistics move once towards
  * their mean over those batches, running = (1 - momentum) running + momentum mean, and its

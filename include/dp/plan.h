@@ -253,6 +253,11 @@ struct dp_plan_params {
                                * p != straggle_workers the wait is e_p sigma (dp_plan_normal_max) */
     double straggle_cv;       /* the measured (median max - median mean) / C at straggle_workers */
     int straggle_workers;     /* the p that straggle_cv was measured at (0: none) */
+    /* a pipeline (dp_plan_pipeline): per layer, the floats per sample of its output, the bytes per
+     * sample it keeps for backward, and the most bytes per sample its backward adds while it runs
+     * (scratch, gradient buffers); NULL: none (no messages, no activations counted) */
+    const double *layer_out, *layer_act, *layer_scratch;
+    double tie_bytes;         /* a parameter tied across the first and last stage (the gpt's embedding) */
 };
 struct dp_plan_params dp_plan_default_params(void);
 
@@ -296,6 +301,48 @@ struct dp_plan_result {
  * DP_ENOMEM.  The result owns b: dp_plan_result_free. */
 int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r);
 void dp_plan_result_free(struct dp_plan_result *r);
+/* ---- a pipeline's step (dptrain plan --pp, --layout auto) --------------------------------------
+ * The layout of src/train/pipe_step.c (docs/parallel.md): p->net.workers = P workers as R = P / S
+ * replicas of S stages, the layers cut by dp_pipe_split on each layer's forward FLOPs + 1, each
+ * replica's share (batch / R) in M micro-batches.  Per stage s and micro-batch: f_s and b_s, its
+ * layers' share of the forward and backward of b = batch / (R M) samples (p's compute model:
+ * calibrated seconds per sample shared out by FLOPs, or FLOPs at a rate); c, one message of the
+ * activations at a stage boundary, α + bytes β of the ring's link.  The micro-batches' makespan
+ * (gpipe and 1f1b alike, each link carrying one message per micro-batch each way):
+ *
+ *     pipe = Σ_s (f_s + b_s) + 2 (S - 1) c + (M - 1) max(max_s (f_s + b_s), c)
+ *
+ * (for equal stages, (M + S - 1)(f + b): the bubble (S - 1)/(M + S - 1)).  Then each stage's
+ * replicas all-reduce its span (ring over R; what the last micro-batch's backward does not hide
+ * is exposed), each stage updates its span (opt_param_s per parameter), the tied parameters go
+ * between the first and last stage (their gradient, then their values: 2 messages), and the
+ * stages agree on 4 doubles (one all-reduce over P).  step = pipe + the slowest stage's exposed
+ * reduction and update + the tie + the agreement.
+ * Memory per worker (the implementation's): weights and gradient of the whole model (8Ψ: every
+ * worker holds the whole slabs), its stage's optimizer state (S_bytes Ψ_s; ZeRO 1: / R) and its
+ * micro-batches' activations: dp_pipe_max_inflight x b x (the stage's layer_act per sample + the
+ * largest of its layers' layer_scratch: one layer's backward runs at a time). */
+struct dp_plan_pipe {
+    int stages, replicas, micro;  /* S, R, M */
+    int *first;                   /* (S + 1) stage s is layers [first[s], first[s + 1]) */
+    double *f_s, *b_s;            /* (S) forward, backward of one micro-batch */
+    double *mem_bytes;            /* (S) per worker of the stage: weights, gradient, state, activations */
+    double *act_bytes;            /* (S) of it, the activations */
+    double p2p_s;                 /* one boundary message (the largest boundary) */
+    double pipe_s;                /* the micro-batches' makespan */
+    double bubble;                /* 1 - M (f + b) / pipe for the bottleneck stage */
+    double comm_s, exposed_s;     /* the slowest stage's span all-reduce, and its part after backward */
+    double opt_s, tie_s, agree_s;
+    double step_s, samples_per_s;
+};
+/* Predicts one step of the layout (S stages, M micro-batches, schedule enum dp_pipe_schedule,
+ * ZeRO stage 0 or 1), from p as dp_plan_run reads it, with p->layer_out (the floats per sample
+ * of each layer's output: the boundary messages), p->layer_act and p->layer_scratch, when given.  0, DP_EINVAL (S does not divide the workers, more stages than
+ * layers, M < 1, ZeRO above 1) or DP_ENOMEM; dp_plan_pipe_free frees the arrays. */
+int dp_plan_pipeline(const struct dp_plan_params *p, int stages, int micro, int schedule, int zero,
+                     struct dp_plan_pipe *r);
+void dp_plan_pipe_free(struct dp_plan_pipe *r);
+
 /* e_p = E[max of p independent standard normals] (e_1 = 0, e_2 = 1/sqrt(pi),
  * e_3 = 3 / (2 sqrt(pi))), by quadrature; p >= 1. */
 double dp_plan_normal_max(int p);

@@ -532,6 +532,43 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
     return rc;
 }
 
+int dp_model_layer_bytes(const struct dp_model *m, double *out, double *saved, double *scratch) {
+    struct dp_replica r, v;
+    memset(&v, 0, sizeof v);
+    int rc = dp_replica_init(&r, m, 1);
+    if (rc) return rc;
+    const int64_t n = dp_shape_numel(&m->in_shape), T = dp_model_reads_tokens(m) ? n : 0;
+    const struct dp_shape os = dp_model_cur_shape(m);
+    const int64_t pos = dp_shape_numel(&os) / os.d[os.ndim - 1];
+    int64_t most = 1, idx = 0;
+    for (int i = 0; i < m->nlayers; i++)
+        if (dp_shape_numel(&m->layers[i]->out_shape) > most) most = dp_shape_numel(&m->layers[i]->out_shape);
+    float *x = dp_calloc((size_t)n, sizeof(float)), *dy = dp_calloc((size_t)most, sizeof(float));
+    int32_t *tok = dp_calloc((size_t)(T ? T : 1), sizeof(int32_t)), *tgt = dp_calloc((size_t)pos, sizeof(int32_t));
+    float *target = dp_calloc((size_t)os.d[os.ndim - 1], sizeof(float));
+    if (!x || !dy || !tok || !tgt || !target) rc = dp_seterr(DP_ENOMEM, "model: out of memory");
+    const struct dp_batch b = {.B = 1, .x = T ? NULL : x, .tokens = T ? tok : NULL,
+                               .targets = m->loss == DP_LOSS_MSE ? NULL : tgt,
+                               .target = m->loss == DP_LOSS_MSE ? target : NULL, .sample_idx = &idx};
+    struct dp_pass pass = {.training = 1, .backward = 1};
+    if (!rc) rc = dp_model_forward_range(m, &r, &b, 0, m->nlayers, NULL, &pass);
+    for (int i = 0; i < m->nlayers && !rc; i++) { /* layer i alone, on a view, from its input */
+        struct dp_pass q = {.training = 1, .backward = 1};
+        if ((rc = dp_replica_init_view(&v, &r, i, i + 1, 1)) ||
+            (rc = dp_model_forward_range(m, &v, &b, i, i + 1, r.acts[i], &q)))
+            break;
+        out[i] = (double)dp_shape_numel(&m->layers[i]->out_shape);
+        saved[i] = (double)v.arena.used_total;
+        if ((rc = dp_model_backward_range(m, &v, &b, i, i + 1, dy, NULL, &q))) break;
+        scratch[i] = (double)v.arena.high_water - saved[i];
+        dp_replica_free(&v);
+    }
+    dp_replica_free(&v);
+    dp_free(x), dp_free(dy), dp_free(tok), dp_free(tgt), dp_free(target);
+    dp_replica_free(&r);
+    return rc ? dp_adderr(rc, "model %s: measuring its layers", m->spec) : DP_OK;
+}
+
 void dp_model_apply_stats(const struct dp_model *m, float *buffers, const double *acc) {
     for (int i = 0; i < m->nlayers; i++) dp__layer_apply_stats(m->layers[i], buffers, acc);
 }

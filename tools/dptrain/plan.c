@@ -15,6 +15,7 @@
 
 #include "dp/core.h"
 #include "dp/nn.h"
+#include "dp/par.h"
 #include "dp/plan.h"
 #include "dp/train.h"
 #include "cli.h"
@@ -300,6 +301,15 @@ static const char *help_plan =
     "                        --workers as calibrated, the measured times per size (sizes,\n"
     "                        <algo>_measured_s) time the all-reduces, interpolated; options\n"
     "                        after it override it (a link given after it: the formulas)\n"
+    "splitting the model (docs/parallel.md; needs --model):\n"
+    "  --pp S                a pipeline of S stages x P/S replicas: the stages' split, each\n"
+    "                        micro-batch's forward and backward per stage, the boundary message,\n"
+    "                        the makespan and its bubble, the stages' reductions, memory per stage\n"
+    "  --micro-batches M     [S]   --pp-schedule gpipe|1f1b [1f1b]   --zero 0|1 [0]\n"
+    "  --layout auto         every layout of the P workers (data-parallel replicas x pipeline\n"
+    "                        stages, micro-batches S..16S, ZeRO 0-3 without stages, 0-1 with),\n"
+    "                        those that fit --memory-per-worker, ranked by predicted step time\n"
+    "  --memory-per-worker B bytes a worker may hold (suffix K, M, G: powers of 1000) [no limit]\n"
     "output:\n"
     "  --buckets             the bucket table (times from the step's start)\n"
     "  --sweep MAX           the same global batch on P = 1, 2, 4 .. MAX workers, and the\n"
@@ -506,6 +516,119 @@ static void print_plan_json(const struct dp_plan_params *p, const struct dp_plan
     printf("]}\n");
 }
 
+/* ---- splitting the model ------------------------------------------------------------------ */
+
+/* One candidate layout's predicted step and its terms, for --layout auto's table. */
+struct layout {
+    int dp, pp, micro, zero;
+    double step_s, compute_s, bubble, p2p_s, comm_s, mem;
+};
+
+static int layout_cmp(const void *a, const void *b) {
+    const struct layout *x = a, *y = b;
+    return x->step_s < y->step_s ? -1 : x->step_s > y->step_s;
+}
+
+static void print_pipe(const struct dp_plan_params *p, const struct dp_plan_pipe *r, int schedule, int zero,
+                       char *const *names, int estimate, int json) {
+    double comp = 0;
+    for (int s = 0; s < r->stages; s++) comp += r->f_s[s] + r->b_s[s];
+    if (json) {
+        printf("{\"kind\": \"plan_pipeline\", \"workers\": %d, \"stages\": %d, \"replicas\": %d, \"micro_batches\": %d, "
+               "\"schedule\": \"%s\", \"zero\": %d, \"step_s\": %.9g, \"samples_per_s\": %.9g, \"pipe_s\": %.9g, "
+               "\"bubble\": %.6f, \"p2p_s\": %.9g, \"comm_s\": %.9g, \"exposed_s\": %.9g, \"opt_s\": %.9g, "
+               "\"tie_s\": %.9g, \"stage_first\": [",
+               p->net.workers, r->stages, r->replicas, r->micro, dp_pipe_schedule_name(schedule), zero, r->step_s,
+               r->samples_per_s, r->pipe_s, r->bubble, r->p2p_s, r->comm_s, r->exposed_s, r->opt_s, r->tie_s);
+        for (int s = 0; s <= r->stages; s++) printf("%s%d", s ? ", " : "", r->first[s]);
+        printf("], \"stage_mem_bytes\": [");
+        for (int s = 0; s < r->stages; s++) printf("%s%.6g", s ? ", " : "", r->mem_bytes[s]);
+        printf("], \"stage_act_bytes\": [");
+        for (int s = 0; s < r->stages; s++) printf("%s%.6g", s ? ", " : "", r->act_bytes[s]);
+        printf("]}\n");
+        return;
+    }
+    printf("pipeline %d stage%s x %d replica%s, %d micro-batch%s of %.4g samples, %s, ZeRO %d\n", r->stages,
+           r->stages > 1 ? "s" : "", r->replicas, r->replicas > 1 ? "s" : "", r->micro, r->micro > 1 ? "es" : "",
+           (double)p->batch / ((double)r->replicas * r->micro), dp_pipe_schedule_name(schedule), zero);
+    for (int s = 0; s < r->stages; s++) {
+        int a = r->first[s], b = r->first[s + 1];
+        printf("  stage %d %s%s%s: per micro-batch forward %.4g + backward %.4g ms", s, names[a], b - a > 1 ? ".." : "",
+               b - a > 1 ? names[b - 1] : "", r->f_s[s] * 1e3, r->b_s[s] * 1e3);
+        print_bytes(", per worker ", r->mem_bytes[s]);
+        print_bytes(" (activations ", r->act_bytes[s]);
+        printf(")\n");
+    }
+    printf("step %.6g ms = micro-batches %.6g (bubble %.1f%%, boundary message %.4g ms) + reduction left %.4g + "
+           "optimizer %.4g + tie %.4g ms\n", r->step_s * 1e3, r->pipe_s * 1e3, 100 * r->bubble, r->p2p_s * 1e3,
+           r->exposed_s * 1e3, r->opt_s * 1e3, r->tie_s * 1e3);
+    printf("throughput %.6g samples/s; compute %.6g ms over the stages", r->samples_per_s, comp * r->micro * 1e3);
+    if (estimate) printf(" (compute: a FLOP estimate at the default %g FLOP/s, not measured)", p->flops);
+    printf("\n");
+}
+
+/* --layout auto: every (dp, pp, micro, zero) of the P workers, those that fit, by step time. */
+static void plan_layouts(struct dp_plan_params *p, double act_total, double mem_limit, int schedule, int estimate,
+                         int json) {
+    int P = p->net.workers, n = 0, cap = 256;
+    struct layout *ls = malloc(sizeof *ls * (size_t)cap);
+    if (!ls) die("out of memory");
+    for (int S = 1; S <= P && S <= p->nlayers; S++) {
+        if (P % S) continue;
+        int R = P / S;
+        for (int M = S == 1 ? 1 : S; M <= (S == 1 ? 1 : 16 * S); M *= 2)
+            for (int z = 0; z <= (S == 1 ? 3 : 1); z++) {
+                if ((z > 0 && R < 2) || p->batch < (int64_t)R * M) continue;
+                struct layout l = {.dp = R, .pp = S, .micro = M, .zero = z};
+                if (S == 1) {
+                    struct dp_plan_params q = *p;
+                    q.net.workers = R;
+                    struct dp_plan_result r;
+                    if (dp_plan_run(&q, &r)) die("%s", dp_errmsg());
+                    l.step_s = r.step_s, l.compute_s = r.fwd_s + r.bwd_s, l.comm_s = r.exposed_s;
+                    l.mem = r.mem_bytes[z] + r.mem_inflight[z] + (double)p->batch / R * act_total;
+                    dp_plan_result_free(&r);
+                } else {
+                    struct dp_plan_pipe r;
+                    if (dp_plan_pipeline(p, S, M, schedule, z, &r)) die("%s", dp_errmsg());
+                    l.step_s = r.step_s, l.bubble = r.bubble, l.p2p_s = r.p2p_s, l.comm_s = r.exposed_s;
+                    for (int s = 0; s < S; s++) {
+                        l.compute_s += (r.f_s[s] + r.b_s[s]) * M;
+                        if (r.mem_bytes[s] > l.mem) l.mem = r.mem_bytes[s];
+                    }
+                    dp_plan_pipe_free(&r);
+                }
+                if (mem_limit > 0 && l.mem > mem_limit) continue;
+                if (n == cap && !(ls = realloc(ls, sizeof *ls * (size_t)(cap *= 2)))) die("out of memory");
+                ls[n++] = l;
+            }
+    }
+    if (!n) die("no layout of %d workers fits %.4g bytes per worker (--memory-per-worker)", P, mem_limit);
+    qsort(ls, (size_t)n, sizeof *ls, layout_cmp);
+    if (!json && estimate)
+        printf("(compute: a FLOP estimate at the default %g FLOP/s, not measured: --profile from calibrate --model)\n",
+               p->flops);
+    if (!json)
+        printf("%4s %4s %6s %4s %11s %12s %11s %8s %10s %10s %12s\n", "dp", "pp", "micro", "zero", "step_ms",
+               "samples_s", "compute_ms", "bubble", "p2p_ms", "comm_ms", "memory");
+    for (int i = 0; i < n; i++) {
+        const struct layout *l = &ls[i];
+        if (json) printf("{\"kind\": \"plan_layout\", \"rank\": %d, \"dp\": %d, \"pp\": %d, \"micro_batches\": %d, "
+                         "\"zero\": %d, \"step_s\": %.9g, \"samples_per_s\": %.9g, \"compute_s\": %.9g, \"bubble\": %.6f, "
+                         "\"p2p_s\": %.9g, \"comm_s\": %.9g, \"mem_bytes\": %.6g}\n",
+                         i + 1, l->dp, l->pp, l->micro, l->zero, l->step_s, (double)p->batch / l->step_s, l->compute_s,
+                         l->bubble, l->p2p_s, l->comm_s, l->mem);
+        else {
+            printf("%4d %4d %6d %4d %11.5g %12.6g %11.5g %7.1f%% %10.4g %10.4g ", l->dp, l->pp, l->micro, l->zero,
+                   l->step_s * 1e3, (double)p->batch / l->step_s, l->compute_s * 1e3, 100 * l->bubble, l->p2p_s * 1e3,
+                   l->comm_s * 1e3);
+            print_bytes("", l->mem);
+            printf("\n");
+        }
+    }
+    free(ls);
+}
+
 int dptrain_cmd_plan(int argc, char **argv) {
     struct dp_plan_params p = dp_plan_default_params();
     p.nlayers = 24;
@@ -515,6 +638,8 @@ int dptrain_cmd_plan(int argc, char **argv) {
     int compute_given = 0, profile_given = 0; /* --flops or --sample-ms; --profile */
     struct profile_info pi = {.sgd_param_s = NAN, .adamw_param_s = NAN};
     long long sweep = 0;
+    int pp = 0, micro = 0, schedule = DP_PIPE_1F1B, zero = 0, layout = 0;
+    double mem_limit = 0;
     const char *model = NULL, *input = "1,28,28", *v;
     struct dptrain_fail_opts fo;
     dptrain_fail_defaults(&fo);
@@ -573,6 +698,22 @@ int dptrain_cmd_plan(int argc, char **argv) {
             profile_given = 1;
             gbps_given = lat_given = 0; /* the profile's link, unless given again after it */
         } else if (!strcmp(a, "--buckets")) buckets = 1;
+        else if (dptrain_take(argc, argv, &i, "--pp", &v)) pp = (int)dptrain_int_arg(a, v, 1, 65536);
+        else if (dptrain_take(argc, argv, &i, "--micro-batches", &v)) micro = (int)dptrain_int_arg(a, v, 1, 65536);
+        else if (dptrain_take(argc, argv, &i, "--pp-schedule", &v)) {
+            if ((schedule = dp_pipe_schedule_parse(v)) < 0) die("--pp-schedule: '%s' (expected gpipe or 1f1b)", v);
+        } else if (dptrain_take(argc, argv, &i, "--zero", &v)) zero = (int)dptrain_int_arg(a, v, 0, 3);
+        else if (dptrain_take(argc, argv, &i, "--layout", &v)) {
+            if (strcmp(v, "auto")) die("--layout: '%s' (expected auto)", v);
+            layout = 1;
+        } else if (dptrain_take(argc, argv, &i, "--memory-per-worker", &v)) {
+            char *end;
+            mem_limit = strtod(v, &end);
+            double u = !strcmp(end, "K") ? 1e3 : !strcmp(end, "M") ? 1e6 : !strcmp(end, "G") ? 1e9 : !*end ? 1 : 0;
+            if (!(mem_limit > 0) || u == 0) die("--memory-per-worker: '%s' (expected bytes, with K, M or G)", v);
+            mem_limit *= u;
+        }
+
         else if (dptrain_take(argc, argv, &i, "--sweep", &v)) sweep = dptrain_int_arg(a, v, 1, 100000000);
         else if (!strcmp(a, "--json")) json = 1;
         else if (dptrain_fail_take(argc, argv, &i, &fo)) continue;
@@ -610,9 +751,16 @@ int dptrain_cmd_plan(int argc, char **argv) {
             "FLOPs at %g FLOP/s, an estimate; run 'dptrain calibrate --model %s --out %s' (at the run's --workers and "
             "--batch), or give --sample-ms MS or --flops F",
             pi.path, model, p.flops, model, pi.path);
+    if ((pp || layout || micro) && !model) die("--pp, --micro-batches and --layout need --model (the layers to split)");
+    if ((pp || layout) && (sweep || fo.given)) die("--pp and --layout plan one worker count: not with --sweep or the failure options");
+    if (pp && layout) die("--pp and --layout auto exclude each other (the layout chooses the stages)");
+    if (micro && !pp) die("--micro-batches is --pp's option");
+    if (pp && zero > 1) die("--zero %d with --pp: a pipeline's stages take ZeRO 0 or 1 (docs/parallel.md)", zero);
     int64_t *lp = NULL;
-    double *lf = NULL;
+    double *lf = NULL, *lo = NULL, *la = NULL, *lsc = NULL;
+    char **names = NULL;
     if (model) {
+
         long long c = 1, h = 28, w = 28;
         if (sscanf(input, "%lld,%lld,%lld", &c, &h, &w) != 3 || c < 1 || h < 1 || w < 1)
             die("--input: '%s' is not C,H,W", input);
@@ -623,8 +771,39 @@ int dptrain_cmd_plan(int argc, char **argv) {
         if (!lp || !lf) die("out of memory");
         for (int i = 0; i < m->nlayers; i++) lp[i] = m->layers[i]->param_count, lf[i] = (double)m->layers[i]->flops_fwd;
         p.layers = lp, p.layer_flops = lf, p.nlayers = m->nlayers;
+        if (pp || layout) { /* the boundary messages, the activations, the tied embedding */
+            lo = malloc(sizeof *lo * (size_t)m->nlayers), la = malloc(sizeof *la * (size_t)m->nlayers);
+            lsc = malloc(sizeof *lsc * (size_t)m->nlayers);
+            names = calloc((size_t)m->nlayers, sizeof *names);
+            if (!lo || !la || !lsc || !names) die("out of memory");
+            if (dp_model_layer_bytes(m, lo, la, lsc)) die("plan: --model %s: %s", model, dp_errmsg());
+            for (int i = 0; i < m->nlayers; i++)
+                if (!(names[i] = strdup(m->layers[i]->name))) die("out of memory");
+            for (int i = 0; i < m->nlayers; i++)
+                if (m->layers[i]->tied_count) p.tie_bytes = 4.0 * (double)m->layers[i]->tied_count;
+            p.layer_out = lo, p.layer_act = la, p.layer_scratch = lsc;
+        }
         dp_model_free(m);
     }
+    if (pp || layout) {
+        if (layout) {
+            double act = 0, most = 0; /* (a replica's: every layer's saved, one layer's scratch at a time) */
+            for (int i = 0; i < p.nlayers; i++) act += la[i], most = lsc[i] > most ? lsc[i] : most;
+            act += most;
+            plan_layouts(&p, act, mem_limit, schedule,
+                         !compute_given && !pi.compute && p.fwd_sample_s <= 0 && p.sample_s <= 0, json);
+        } else {
+            struct dp_plan_pipe r;
+            if (dp_plan_pipeline(&p, pp, micro ? micro : pp, schedule, zero, &r)) die("%s", dp_errmsg());
+            print_pipe(&p, &r, schedule, zero, names, !compute_given && !pi.compute && p.fwd_sample_s <= 0 && p.sample_s <= 0,
+                       json);
+            dp_plan_pipe_free(&r);
+        }
+        for (int i = 0; i < p.nlayers; i++) free(names[i]);
+        free(names), free(lo), free(la), free(lsc), free(lp), free(lf);
+        return 0;
+    }
+
     struct dp_plan_result r;
     if (!sweep) {
         if (dp_plan_run(&p, &r)) {

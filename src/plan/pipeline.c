@@ -1,0 +1,106 @@
+/* A pipeline's step in the cost model: the formulas are in dp/plan.h (dp_plan_pipeline). */
+#include <math.h>
+#include <string.h>
+
+#include "dp/par.h"
+#include "dp/plan.h"
+
+void dp_plan_pipe_free(struct dp_plan_pipe *r) {
+    if (!r) return;
+    dp_free(r->first), dp_free(r->f_s), dp_free(r->b_s), dp_free(r->mem_bytes), dp_free(r->act_bytes);
+    memset(r, 0, sizeof *r);
+}
+
+/* The fastest all-reduce of `bytes` over w workers of p's network (or the one p forces). */
+static double allreduce_s(const struct dp_plan_params *p, double bytes, int w) {
+    if (w < 2 || bytes <= 0) return 0;
+    struct dp_plan_net net = p->net;
+    net.workers = w;
+    if (p->algo >= 0) return dp_plan_allreduce_s(p->algo, bytes, &net);
+    double best = INFINITY;
+    for (int a = 0; a < DP_PLAN_ALGO_COUNT; a++) {
+        double t = dp_plan_allreduce_s(a, bytes, &net);
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+int dp_plan_pipeline(const struct dp_plan_params *p, int S, int M, int schedule, int zero, struct dp_plan_pipe *r) {
+    memset(r, 0, sizeof *r);
+    const int P = p->net.workers, L = p->nlayers;
+    if (S < 1 || P % S || S > L)
+        return dp_seterr(DP_EINVAL, "plan: %d stages for %d workers and %d layers (S must divide the workers, "
+                         "each stage needs a layer)", S, P, L);
+    if (M < 1 || M > 65536 || schedule < 0 || schedule >= DP_PIPE_SCHEDULE_COUNT || zero < 0 || zero > 1)
+        return dp_seterr(DP_EINVAL, "plan: %d micro-batches, schedule %d, ZeRO %d", M, schedule, zero);
+    const int R = P / S;
+    if (p->batch < (int64_t)R * M)
+        return dp_seterr(DP_EINVAL, "plan: global batch %lld is smaller than %d replicas x %d micro-batches",
+                         (long long)p->batch, R, M);
+    /* the whole model's compute for one replica's share, from the data-parallel model at R workers */
+    struct dp_plan_params q = *p;
+    q.net.workers = R;
+    struct dp_plan_result whole;
+    int rc = dp_plan_run(&q, &whole);
+    if (rc) return rc;
+    r->stages = S, r->replicas = R, r->micro = M;
+    r->first = dp_malloc(sizeof(int) * (size_t)(S + 1));
+    r->f_s = dp_calloc((size_t)S, sizeof(double)), r->b_s = dp_calloc((size_t)S, sizeof(double));
+    r->mem_bytes = dp_calloc((size_t)S, sizeof(double)), r->act_bytes = dp_calloc((size_t)S, sizeof(double));
+    double *cost = dp_malloc(sizeof(double) * (size_t)L), *lp = dp_malloc(sizeof(double) * (size_t)L);
+    if (!r->first || !r->f_s || !r->b_s || !r->mem_bytes || !r->act_bytes || !cost || !lp) {
+        dp_free(cost), dp_free(lp), dp_plan_result_free(&whole), dp_plan_pipe_free(r);
+        return dp_seterr(DP_ENOMEM, "plan: out of memory");
+    }
+    double flops = 0, psi = 0;
+    for (int i = 0; i < L; i++) {
+        lp[i] = p->layers ? (double)p->layers[i] : (double)(p->params / L + (i < p->params % L));
+        cost[i] = p->layer_flops ? p->layer_flops[i] : 2.0 * lp[i] * p->tokens;
+        flops += cost[i], psi += lp[i];
+        cost[i] += 1.0; /* (the trainer's split: FLOPs + 1 per layer) */
+    }
+    rc = dp_pipe_split(cost, L, S, r->first);
+    double b = (double)p->batch / ((double)R * M); /* samples per micro-batch */
+    double fmax = 0, sum = 0, cmax = 0, tail = 0;
+    for (int s = 0; !rc && s < S; s++) {
+        double fl = 0, ps = 0, act = 0, most = 0;
+        for (int i = r->first[s]; i < r->first[s + 1]; i++) {
+            fl += cost[i] - 1.0, ps += lp[i], act += p->layer_act ? p->layer_act[i] : 0;
+            if (p->layer_scratch && p->layer_scratch[i] > most) most = p->layer_scratch[i];
+        }
+        act += most;
+        double share = flops > 0 ? fl / flops : 1.0 / S;
+        r->f_s[s] = whole.fwd_s / M * share;
+        r->b_s[s] = whole.bwd_s / M * share;
+        if (r->f_s[s] + r->b_s[s] > fmax) fmax = r->f_s[s] + r->b_s[s];
+        sum += r->f_s[s] + r->b_s[s];
+        /* the boundary after stage s: one micro-batch's output */
+        if (s + 1 < S && p->layer_out) {
+            double c = p->net.alpha_s[DP_PLAN_RING] + b * p->layer_out[r->first[s + 1] - 1] * 4.0 * p->net.beta_s[DP_PLAN_RING];
+            if (c > cmax) cmax = c;
+        }
+        /* the stage's reduction over its R replicas, from its last backward; and its update */
+        double ar = allreduce_s(p, ps * p->bytes_per_elem / p->compress, R);
+        double exposed = ar > r->b_s[s] ? ar - r->b_s[s] : 0;
+        double opt = p->opt_s + ps * p->opt_param_s / (zero ? R : 1);
+        if (ar > r->comm_s) r->comm_s = ar;
+        if (exposed + opt > tail) tail = exposed + opt, r->exposed_s = exposed, r->opt_s = opt;
+        r->act_bytes[s] = dp_pipe_max_inflight(schedule, S, M, s) * b * act;
+        r->mem_bytes[s] = 8.0 * psi + p->opt_state_bytes * ps / (zero ? R : 1) + r->act_bytes[s];
+    }
+    dp_free(cost), dp_free(lp);
+    if (rc) {
+        dp_plan_result_free(&whole), dp_plan_pipe_free(r);
+        return rc;
+    }
+    r->p2p_s = cmax;
+    r->pipe_s = sum + 2.0 * (S - 1) * cmax + (M - 1) * (fmax > cmax ? fmax : cmax);
+    r->bubble = r->pipe_s > 0 ? 1 - M * fmax / r->pipe_s : 0;
+    if (S > 1 && p->tie_bytes > 0)
+        r->tie_s = 2 * (p->net.alpha_s[DP_PLAN_RING] + p->tie_bytes * p->net.beta_s[DP_PLAN_RING]);
+    r->agree_s = allreduce_s(p, 32, P);
+    r->step_s = whole.data_s + whole.zero_s / S + r->pipe_s + tail + r->tie_s + r->agree_s;
+    r->samples_per_s = r->step_s > 0 ? (double)p->batch / r->step_s : INFINITY;
+    dp_plan_result_free(&whole);
+    return DP_OK;
+}
