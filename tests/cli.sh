@@ -1180,6 +1180,23 @@ if grep -q "^units in flight per worker, on top: zero2 536.9 MB  zero3 1.078 GB"
    ! "$BIN" plan --model mlp:784,8192,8192,8192,10 --workers 1 2>&1 | grep -q "units in flight"; then
   ok plan_zero_units_in_flight
 else bad plan_zero_units_in_flight "$pl"; fi
+# a pipeline's plan: the trainer's split (the same stage line as train's), the bubble of equal
+# stages (S-1)/(M+S-1) close to 10.8% at M = 8, 1f1b's activations below gpipe's; --layout auto
+# ranks the layouts and --memory-per-worker leaves out those that do not fit; the mistakes
+GPL=(--model gpt:layers=4,heads=4,dim=128,ctx=64 --workers 2 --batch 64)
+pl=$("$BIN" plan "${GPL[@]}" --pp 2 --micro-batches 8 2>&1)
+pg=$("$BIN" plan "${GPL[@]}" --pp 2 --micro-batches 8 --pp-schedule gpipe --json 2>&1)
+la=$("$BIN" plan "${GPL[@]}" --layout auto --json 2>&1)
+lf=$("$BIN" plan "${GPL[@]}" --layout auto --memory-per-worker 40M --json 2>&1)
+if grep -q '^  stage 0 tok+pos\.\.blocks\.1: per micro-batch forward .* (activations 29\.[0-9]* MB)$' <<<"$pl" &&
+   grep -q '^step .* (bubble 10\.[0-9]%, ' <<<"$pl" && grep -q '"stage_act_bytes": \[1\.1[0-9]*e+08, ' <<<"$pg" &&
+   [[ $(grep -c '"kind": "plan_layout"' <<<"$la") -gt $(grep -c '"kind": "plan_layout"' <<<"$lf") ]] &&
+   grep -q '"rank": 1, ' <<<"$lf" && ! grep -q '"pp": 1, ' <<<"$lf"; then
+  ok plan_pipeline_and_layouts
+else bad plan_pipeline_and_layouts "$pl" "$(head -3 <<<"$lf")"; fi
+expect_error plan_pipeline_needs_model "--pp, --micro-batches and --layout need --model" "$BIN" plan --params 1e6 --pp 2
+expect_error plan_pipeline_stages_divide "3 stages for 2 workers" "$BIN" plan "${GPL[@]}" --pp 3
+expect_error plan_layout_nothing_fits "no layout of 2 workers fits" "$BIN" plan "${GPL[@]}" --layout auto --memory-per-worker 1K
 pl=$("$BIN" plan --model cnn --workers 2 --batch 64 --flops 5e10 --json 2>&1)
 if python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["workers"] == 2 and d["mem_plain"] == 16 * d["grad_bytes"] / 4 and len(d["bucket_bytes"]) >= 1' "$pl" 2>/dev/null
 then ok plan_model_json; else bad plan_model_json "$pl"; fi
