@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Pipeline parallelism's bubble and activation memory (issue 31, Q4): 2 stages, each on its own
-# core, gpipe and 1f1b at M = 1, 2, 4, 8, 16 micro-batches, against the formulas.
+# core, gpipe and 1f1b at M = 1 .. 32 micro-batches, against the formulas.
 #
-#   bench/pipe_bubble.sh                 # REPS=3 STEPS=14 MICRO="1 2 4 8 16"
+#   bench/pipe_bubble.sh                 # REPS=3 STEPS=14 MICRO="1 2 4 8 16 32"
 #   TOKENS=fortunes.bin bench/pipe_bubble.sh
 #
 # Workload: gpt:layers=4,heads=4,dim=128,ctx=64 (the issue's gpt) on the fortunes token file, global
@@ -21,6 +21,12 @@
 #
 # Also, as the references, one worker (--workers 1) and plain data parallelism on the two cores
 # (--workers 2, 32 windows each) on the same batch: samples/s.
+# The plan against them (PLAN=0: not run): `dptrain calibrate --model MODEL --workers 2 --batch 64
+# --optim adamw` once, before the runs (the profile: forward and backward seconds per sample with
+# both workers computing at once, the optimizer's per parameter, the links), then for each layout
+# `dptrain plan --profile` (--pp 2 --micro-batches M --pp-schedule K; --workers 1 and 2 for the
+# references): its predicted step against the measured one (64 / samples/s), and `plan --layout
+# auto`'s first layout against the fastest measured.
 # Output: bench/results/pipe_bubble-<stamp>.md and .tsv (one row per run).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,7 +34,7 @@ RESULTS=${RESULTS:-$ROOT/bench/results}
 DPTRAIN=${DPTRAIN:-$ROOT/build/dptrain}
 REPS=${REPS:-3}
 STEPS=${STEPS:-14}
-MICRO=${MICRO:-1 2 4 8 16}
+MICRO=${MICRO:-1 2 4 8 16 32}
 TOKENS=${TOKENS:-}
 PY=${PY:-python3}
 # shellcheck source=bench/lib.sh
@@ -40,8 +46,25 @@ bench_tokens
 MODEL=gpt:layers=4,heads=4,dim=128,ctx=64
 COMMON=(--model "$MODEL" --data "$TOKENS" --batch 64 --optim adamw --lr 1e-3 --max-steps "$STEPS" --progress none
         --pin-threads)
+PLAN=${PLAN:-1}
+PROFILE=$WORK/profile.json
+if [ "$PLAN" != 0 ]; then
+    note "calibrating (dptrain calibrate --model $MODEL --workers 2 --batch 64 --optim adamw)"
+    "$DPTRAIN" calibrate --model "$MODEL" --workers 2 --batch 64 --optim adamw --out "$PROFILE" >"$WORK/calibrate.log" 2>&1 ||
+        { tail -3 "$WORK/calibrate.log" >&2; die "dptrain calibrate failed"; }
+fi
+# predicted SCHEDULE M: the plan's step seconds for that layout (one/dp2 with M 0); NA without PLAN
+predicted() {
+    [ "$PLAN" != 0 ] || { echo NA; return; }
+    local args=(--profile "$PROFILE" --model "$MODEL" --batch 64 --optim adamw --json)
+    case $1 in
+        one) "$DPTRAIN" plan "${args[@]}" --workers 1 ;;
+        dp2) "$DPTRAIN" plan "${args[@]}" --workers 2 ;;
+        *) "$DPTRAIN" plan "${args[@]}" --workers 2 --pp 2 --micro-batches "$2" --pp-schedule "$1" ;;
+    esac 2>/dev/null | sed -n 's/.*"step_s": \([0-9.eE+-]*\),.*/\1/p' | head -n 1
+}
 TSV=${OUTMD%.md}.tsv
-printf 'rep\tschedule\tmicro\tsamples_s\tidle0\tidle1\tbusy0_ms\tbusy1_ms\tact0_mb\tact1_mb\n' >"$TSV"
+printf 'rep\tschedule\tmicro\tsamples_s\tidle0\tidle1\tbusy0_ms\tbusy1_ms\tact0_mb\tact1_mb\tplan_step_s\n' >"$TSV"
 
 # timeline_idle FILE: "idle0 idle1 busy0_ms busy1_ms", medians over steps 4 .. STEPS-1
 timeline_idle() {
@@ -83,7 +106,8 @@ for rep in $(seq 1 "$REPS"); do
         if [ "$k" = one ] || [ "$k" = dp2 ]; then
             "$DPTRAIN" train "${COMMON[@]}" --workers "$([ "$k" = one ] && echo 1 || echo 2)" >"$log" 2>&1 ||
                 { tail -3 "$log" >&2; die "$k failed"; }
-            printf '%s\t%s\t0\t%s\tNA\tNA\tNA\tNA\tNA\tNA\n' "$rep" "$k" "$(dptrain_sps "$log")" >>"$TSV"
+            printf '%s\t%s\t0\t%s\tNA\tNA\tNA\tNA\tNA\tNA\t%s\n' "$rep" "$k" "$(dptrain_sps "$log")" \
+                "$(predicted "$k" 0)" >>"$TSV"
             continue
         fi
         "$DPTRAIN" train "${COMMON[@]}" --workers 2 --pp 2 --micro-batches "$m" --pp-schedule "$k" --timeline "$tl" \
@@ -91,15 +115,20 @@ for rep in $(seq 1 "$REPS"); do
         read -r i0 i1 b0 b1 <<<"$(timeline_idle "$tl")"
         act=$(sed -n 's/^pipeline: activations held at most: stage 0 \([0-9.]*\) MB, stage 1 \([0-9.]*\) MB$/\1 \2/p' "$log")
         read -r a0 a1 <<<"${act:-NA NA}"
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$rep" "$k" "$m" "$(dptrain_sps "$log")" "$i0" "$i1" "$b0" "$b1" \
-            "$a0" "$a1" >>"$TSV"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$rep" "$k" "$m" "$(dptrain_sps "$log")" "$i0" "$i1" "$b0" \
+            "$b1" "$a0" "$a1" "$(predicted "$k" "$m")" >>"$TSV"
         split=$(sed -n 's/^pipeline: 2 stages x 1 replica, [0-9]* micro-batch[es]*, [a-z0-9]*: //p' "$log")
     done
 done
 
-"$PY" - "$TSV" "$OUTMD" "$CPU_MODEL" "$NCPU" "$LOAD1" "$GIT_REV" "$STEPS" "$split" <<'PYEOF'
+FIRST=NA
+if [ "$PLAN" != 0 ]; then # the layout plan ranks first: "dp pp micro"
+    FIRST=$("$DPTRAIN" plan --profile "$PROFILE" --model "$MODEL" --batch 64 --optim adamw --workers 2 --layout auto --json \
+        2>/dev/null | sed -n 's/.*"rank": 1, "dp": \([0-9]*\), "pp": \([0-9]*\), "micro_batches": \([0-9]*\), "zero": \([0-9]*\).*/\1 \2 \3 \4/p')
+fi
+"$PY" - "$TSV" "$OUTMD" "$CPU_MODEL" "$NCPU" "$LOAD1" "$GIT_REV" "$STEPS" "$split" "${FIRST:-NA}" <<'PYEOF'
 import csv, statistics, sys
-tsv, out, cpu, ncpu, load, rev, steps, split = sys.argv[1:]
+tsv, out, cpu, ncpu, load, rev, steps, split, first = sys.argv[1:]
 rows = list(csv.DictReader(open(tsv), delimiter="\t"))
 med = lambda xs: statistics.median(xs) if xs else float("nan")
 def f(v):
@@ -115,8 +144,13 @@ lines = ["# Pipeline bubble and activations: 2 stages, gpipe and 1f1b", "",
          f"On the same batch: one worker {one:.1f} samples/s; plain data parallelism on the two cores"
          f" (--workers 2) {dp2:.1f} samples/s ({dp2 / one:.2f}×).", "",
          "| schedule | M | formula (S-1)/(M+S-1) | idle stage 0 | idle stage 1 | busy ms/step 0 / 1 | samples/s | vs one worker |"
-         " act. MB stage 0 / 1 | formula 1f1b/gpipe stage 0 / 1 |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+         " act. MB stage 0 / 1 | formula 1f1b/gpipe stage 0 / 1 | step ms measured / planned |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def planned(rs):
+    v = med([f(r["plan_step_s"]) for r in rs])
+    m = med([64 / f(r["samples_s"]) for r in rs if f(r["samples_s"]) > 0])
+    return m, v, ("" if v != v else f"{m * 1e3:.1f} / {v * 1e3:.1f} ({(v / m - 1) * 100:+.0f}%)")
+errs = []
 micros = sorted({int(r["micro"]) for r in rows if r["schedule"] in ("gpipe", "1f1b")})
 gp = {}
 for k in ("gpipe", "1f1b"):
@@ -129,9 +163,33 @@ for k in ("gpipe", "1f1b"):
         ratio = "" if k == "gpipe" or m not in gp else \
             f"{a0 / gp[m][0]:.2f} / {a1 / gp[m][1]:.2f} (formula {min(S, m) / m:.2f} / {min(S - 1, m) / m:.2f})"
         sps = g("samples_s")
+        mstep, pstep, ptxt = planned(rs)
+        if pstep == pstep: errs.append(abs(pstep / mstep - 1))
         lines.append(f"| {k} | {m} | {(S - 1) / (m + S - 1):.3f} | {g('idle0'):.3f} | {g('idle1'):.3f} |"
                      f" {g('busy0_ms'):.0f} / {g('busy1_ms'):.0f} | {sps:.1f} | {sps / one:.2f}× |"
-                     f" {a0:.1f} / {a1:.1f} | {ratio} |")
+                     f" {a0:.1f} / {a1:.1f} | {ratio} | {ptxt} |")
+for ref in ("one", "dp2"):
+    rs = [r for r in rows if r["schedule"] == ref]
+    mstep, pstep, ptxt = planned(rs)
+    if pstep == pstep:
+        errs.append(abs(pstep / mstep - 1))
+        lines.append(f"| ({'one worker' if ref == 'one' else 'data parallel, 2 workers'}) | | | | | | {64 / mstep:.1f} | |"
+                     f" | | {ptxt} |")
+if errs:
+    lines += ["", f"The plan's step against the measured: largest error {max(errs) * 100:.0f}%, median"
+              f" {statistics.median(errs) * 100:.0f}% over {len(errs)} layouts (target: within 20%)."]
+if first != "NA":
+    dpn, ppn, mn, zn = (int(x) for x in first.split())
+    meas = {("one", 0): one, ("dp2", 0): dp2}
+    for k in ("gpipe", "1f1b"):
+        for m in micros:
+            meas[(k, m)] = med([f(r["samples_s"]) for r in rows if r["schedule"] == k and int(r["micro"]) == m])
+    best = max(meas, key=lambda key: meas[key])
+    pick = ("dp2", 0) if ppn == 1 else ("1f1b", mn)
+    got = meas.get(pick, float("nan"))
+    lines += ["", f"`plan --layout auto` ranks first: dp {dpn} x pp {ppn}, {mn} micro-batch(es), ZeRO {zn}; measured"
+              f" {got:.1f} samples/s against the fastest measured layout, {best[0]} M={best[1]}, {meas[best]:.1f}"
+              f" ({(got / meas[best] - 1) * 100:+.0f}%; target: within 10%)."]
 lines += ["", f"Raw rows: {tsv.split('/')[-1]}."]
 open(out, "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -40,6 +40,18 @@ class TestParallel(unittest.TestCase):
     def test_workers_1_and_2_same_bits(self):
         self.assertEqual(self.hashes[1], self.hashes[2])
 
+    def test_pipeline_one_micro_batch_same_bits(self):
+        # pipeline parallelism from Python (pp=, micro_batches=: the CLI's --pp, --micro-batches):
+        # two stages with one micro-batch sum what one worker sums, in its order: one worker's bits
+        # (not deterministic mode, which --pp refuses: the plain run's hash)
+        plain = {k: v for k, v in OPTS.items() if k != "deterministic"}
+        a, b = dptrain.Model("mlp:hidden=64"), dptrain.Model("mlp:hidden=64")
+        a.fit(self.X, self.y, workers=1, **plain)
+        b.fit(self.X, self.y, workers=2, pp=2, micro_batches=1, **plain)
+        self.assertEqual(a.param_hash(), b.param_hash())
+        with self.assertRaisesRegex(dptrain.InvalidArgumentError, "--pp must divide --workers"):
+            dptrain.Model("mlp:hidden=64").fit(self.X, self.y, workers=3, pp=2, **plain)
+
     def test_cli_same_bits(self):
         h = cli_hash("--data", "X.npy", "--labels", "y.npy", "--workers", "2", *CLI_OPTS, cwd=self.dir)
         self.assertEqual(h, self.hashes[1])
