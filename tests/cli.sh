@@ -935,67 +935,6 @@ else
   skip mpi_gpt_zero3_equals_plain "MPI not built into $BIN"
   skip mpi_gpt_zero3_hybrid_equals_plain_hybrid "MPI not built into $BIN"
 fi
-# Pipeline parallelism (issue 31, Q1): 2 stages with one micro-batch train one worker's bits; the
-# layout is printed; the timeline has each micro-batch's forward and backward; the pipelined
-# checkpoint resumes on one worker; and the mistakes each give one line
-GPP=(--model gpt:layers=2,heads=2,dim=16,ctx=8 "${GPTRUN[@]:2}" --epochs 1)
-if "$BIN" train "${GPP[@]}" --workers 1 --out "$T/gpp1" >"$T/gpp1.log" 2>&1 &&
-   "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --micro-batches 1 --out "$T/gpp2" >"$T/gpp2.log" 2>&1 &&
-   grep -q '^pipeline: 2 stages x 1 replica, 1 micro-batch, 1f1b: stage 0 tok+pos\.\..* parameters, [0-9]*%); stage 1 ' "$T/gpp2.log" &&
-   same_hash "$(hash_of "$T/gpp1/checkpoint.bin")" "$(hash_of "$T/gpp2/checkpoint.bin")"; then
-  ok gpt_pipeline_one_microbatch_equals_one_worker
-else bad gpt_pipeline_one_microbatch_equals_one_worker "$(tail -3 "$T/gpp2.log")"; fi
-if "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --micro-batches 4 --pp-schedule gpipe --max-steps 2 \
-     --timeline "$T/gpp.json" >"$T/gppt.log" 2>&1 &&
-   [[ $(grep -c '"name": "forward", .*"micro": 3}' "$T/gpp.json") -eq 4 ]] &&
-   [[ $(grep -c '"name": "backward", .*"micro": 0}' "$T/gpp.json") -eq 4 ]]; then
-  ok gpt_pipeline_timeline_micro_batches
-else bad gpt_pipeline_timeline_micro_batches "$(tail -3 "$T/gppt.log")"; fi
-if "$BIN" train "${GPP[@]}" --workers 1 --resume "$T/gpp2/checkpoint.bin" --epochs 2 >"$T/gppr.log" 2>&1 &&
-   "$BIN" train "${GPP[@]}" --workers 1 --resume "$T/gpp1/checkpoint.bin" --epochs 2 >"$T/gppr1.log" 2>&1 &&
-   [[ -n $(grep '^done:' "$T/gppr.log") && $(grep '^done:' "$T/gppr.log" | sed 's/^done: [0-9.]*s//') == $(grep '^done:' "$T/gppr1.log" | sed 's/^done: [0-9.]*s//') ]]; then
-  ok gpt_pipeline_checkpoint_resumes_unpipelined
-else bad gpt_pipeline_checkpoint_resumes_unpipelined "$(tail -2 "$T/gppr.log")" "$(tail -2 "$T/gppr1.log")"; fi
-# ... and across processes (one stage per process): mpirun -np 2 --pp 2 trains the threads' bits
-# (1f1b, 4 micro-batches), -np 4 --pp 2 with one micro-batch two data-parallel workers' bits; the
-# checkpoint (rank 0 writes, the last stage sends its optimizer state) is the threads' one
-if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [[ $BIN != *-asan* && $BIN != *-tsan* ]]; then
-  if "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --micro-batches 4 --out "$T/gppt4" >"$T/gppt4.log" 2>&1 &&
-     timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train "${GPP[@]}" --workers 1 --pp 2 --micro-batches 4 --out "$T/gppm4" \
-       >"$T/gppm4.log" 2>&1 &&
-     "$BIN" ckpt diff "$T/gppt4/checkpoint.bin" "$T/gppm4/checkpoint.bin" 2>&1 | grep -q 'bit-identical' &&
-     "$BIN" train "${GPP[@]}" --workers 1 --resume "$T/gppt4/checkpoint.bin" --epochs 2 >"$T/gppr4t.log" 2>&1 &&
-     "$BIN" train "${GPP[@]}" --workers 1 --resume "$T/gppm4/checkpoint.bin" --epochs 2 >"$T/gppr4m.log" 2>&1 &&
-     [[ -n $(grep '^done:' "$T/gppr4t.log") && $(grep '^done:' "$T/gppr4t.log" | sed 's/^done: [0-9.]*s//') == $(grep '^done:' "$T/gppr4m.log" | sed 's/^done: [0-9.]*s//') ]] &&
-     "$BIN" train "${GPP[@]}" --workers 2 --out "$T/gppd2" >"$T/gppd2.log" 2>&1 &&
-     timeout 120 "${MPIRUN[@]}" -np 4 "$BIN" train "${GPP[@]}" --workers 1 --pp 2 --micro-batches 1 --out "$T/gppm22" \
-       >"$T/gppm22.log" 2>&1 &&
-     same_hash "$(hash_of "$T/gppd2/checkpoint.bin")" "$(hash_of "$T/gppm22/checkpoint.bin")"; then
-    ok mpi_gpt_pipeline_equals_threads
-  else bad mpi_gpt_pipeline_equals_threads "$(tail -2 "$T/gppm4.log")" "$(tail -2 "$T/gppm22.log" 2>/dev/null)"; fi
-  # (every process says it: one line each, and the job ends)
-  timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" train "${GPP[@]}" --workers 2 --pp 2 >"$T/gppw.log" 2>&1
-  rc=$?
-  if [[ $rc -ne 0 && $rc -ne 124 ]] &&
-     [[ $(grep -c '^dptrain: error: process [01]: --pp across processes needs one worker per process' "$T/gppw.log") -eq 2 ]]; then
-    ok mpi_pipeline_one_worker_per_process
-  else bad mpi_pipeline_one_worker_per_process "exit $rc" "$(head -3 "$T/gppw.log")"; fi
-elif [[ $BIN == *-asan* || $BIN == *-tsan* ]]; then
-  echo "note: mpi_gpt_pipeline_* not run on a sanitizer build (the plain build's cli run has them)"
-else
-  skip mpi_gpt_pipeline_equals_threads "MPI not built into $BIN"
-  skip mpi_pipeline_one_worker_per_process "MPI not built into $BIN"
-fi
-expect_error pipeline_stages_divide_workers "--pp must divide --workers into stages (got --pp 2 with 3 workers)" \
-  "$BIN" train "${GPP[@]}" --workers 3 --pp 2
-expect_error pipeline_unknown_schedule "--pp-schedule: unknown schedule 'interleaved' (expected gpipe or 1f1b)" \
-  "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --pp-schedule interleaved
-expect_error pipeline_micro_batches_need_pp "--micro-batches is --pp's option" \
-  "$BIN" train "${GPP[@]}" --workers 2 --micro-batches 4
-expect_error pipeline_more_stages_than_layers "has 5 layers, fewer than the stages" \
-  "$BIN" train "${GPP[@]}" --workers 8 --pp 8 --batch 8
-expect_error pipeline_not_with_zero3 "--pp does not work with --zero 3: each stage would reduce-scatter" \
-  "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --zero 3
 last_val=$(awk '/^epoch 2\/2/ {for (i = 3; i < NF; i++) if ($(i-1) == "val" && $i == "loss") print $(i+1)}' "$T/gt.log")
 if "$BIN" eval --ckpt "$T/gpt_run/checkpoint.bin" --data "$T/gpt.bin" --test-limit 64 >"$T/ge.log" 2>&1 &&
    [[ -n $last_val ]] && grep -q "^model $GPT  val loss $last_val  val ppl " "$T/ge.log"; then
@@ -1180,23 +1119,6 @@ if grep -q "^units in flight per worker, on top: zero2 536.9 MB  zero3 1.078 GB"
    ! "$BIN" plan --model mlp:784,8192,8192,8192,10 --workers 1 2>&1 | grep -q "units in flight"; then
   ok plan_zero_units_in_flight
 else bad plan_zero_units_in_flight "$pl"; fi
-# a pipeline's plan: the trainer's split (the same stage line as train's), the bubble of equal
-# stages (S-1)/(M+S-1) close to 10.8% at M = 8, 1f1b's activations below gpipe's; --layout auto
-# ranks the layouts and --memory-per-worker leaves out those that do not fit; the mistakes
-GPL=(--model gpt:layers=4,heads=4,dim=128,ctx=64 --workers 2 --batch 64)
-pl=$("$BIN" plan "${GPL[@]}" --pp 2 --micro-batches 8 2>&1)
-pg=$("$BIN" plan "${GPL[@]}" --pp 2 --micro-batches 8 --pp-schedule gpipe --json 2>&1)
-la=$("$BIN" plan "${GPL[@]}" --layout auto --json 2>&1)
-lf=$("$BIN" plan "${GPL[@]}" --layout auto --memory-per-worker 40M --json 2>&1)
-if grep -q '^  stage 0 tok+pos\.\.blocks\.1: per micro-batch forward .* (activations 29\.[0-9]* MB)$' <<<"$pl" &&
-   grep -q '^step .* (bubble 10\.[0-9]%, ' <<<"$pl" && grep -q '"stage_act_bytes": \[1\.1[0-9]*e+08, ' <<<"$pg" &&
-   [[ $(grep -c '"kind": "plan_layout"' <<<"$la") -gt $(grep -c '"kind": "plan_layout"' <<<"$lf") ]] &&
-   grep -q '"rank": 1, ' <<<"$lf" && ! grep -q '"pp": 1, ' <<<"$lf"; then
-  ok plan_pipeline_and_layouts
-else bad plan_pipeline_and_layouts "$pl" "$(head -3 <<<"$lf")"; fi
-expect_error plan_pipeline_needs_model "--pp, --micro-batches and --layout need --model" "$BIN" plan --params 1e6 --pp 2
-expect_error plan_pipeline_stages_divide "3 stages for 2 workers" "$BIN" plan "${GPL[@]}" --pp 3
-expect_error plan_layout_nothing_fits "no layout of 2 workers fits" "$BIN" plan "${GPL[@]}" --layout auto --memory-per-worker 1K
 pl=$("$BIN" plan --model cnn --workers 2 --batch 64 --flops 5e10 --json 2>&1)
 if python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["workers"] == 2 and d["mem_plain"] == 16 * d["grad_bytes"] / 4 and len(d["bucket_bytes"]) >= 1' "$pl" 2>/dev/null
 then ok plan_model_json; else bad plan_model_json "$pl"; fi

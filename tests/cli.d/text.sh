@@ -18,6 +18,7 @@ th=$("$BIN" train --help 2>&1)
 groups=$(grep -E '^[a-z][a-z ,()A-Z./]*:$' <<<"$th" | tr '\n' '|')
 want_groups='basics:|data and model:|optimisation:|checkpoints and evaluation:|data parallelism:|'
 want_groups+='slow workers (docs/ddp.md):|gradient compression (docs/ddp.md):|memory (ZeRO, docs/ddp.md):|'
+want_groups+='splitting the model (docs/parallel.md):|'
 want_groups+='diagnostics, simulation and tuning:|'
 if [[ $groups == "$want_groups" ]]; then ok train_help_groups
 else bad train_help_groups "groups: $groups" "expected: $want_groups"; fi
