@@ -186,6 +186,38 @@ TEST_T(pipe_checkpoint_resumes_across_layouts, 300) {
     free(straight);
 }
 
+/* --deterministic: the micro-batches are the fixed chunks, each chunk's gradient (the tied head's
+ * share sent to the embedding's stage chunk by chunk) converted to fixed point as backward reports
+ * it, so every layout trains one worker's deterministic bits: dp x pp in {1 x 2 (gpipe and 1f1b),
+ * 2 x 2, 1 x 4, 3 x 1 (plain data parallelism)}, chunks of 2 windows (4 per replica's share, or
+ * uneven shares of whole chunks at 3 replicas); BatchNorm models are refused. */
+TEST_T(pipe_deterministic_same_bits_any_layout, 300) {
+    int64_t n1, n;
+    struct dp_train_params p = pipe_params(1, 1, 0, DP_PIPE_1F1B, 3);
+    p.dp.deterministic = 1, p.dp.det_chunk = 2, p.run.clip_norm = 0.05;
+    float *one = train(&p, &n1);
+    static const struct {
+        int workers, pp, kind;
+    } lay[] = {{2, 2, DP_PIPE_1F1B}, {2, 2, DP_PIPE_GPIPE}, {4, 2, DP_PIPE_1F1B}, {4, 4, DP_PIPE_1F1B},
+               {3, 1, DP_PIPE_1F1B}, {6, 2, DP_PIPE_GPIPE}};
+    for (size_t i = 0; i < sizeof lay / sizeof lay[0]; i++) {
+        struct dp_train_params q = pipe_params(lay[i].workers, lay[i].pp, 0, lay[i].kind, 3);
+        q.dp.deterministic = 1, q.dp.det_chunk = 2, q.run.clip_norm = 0.05;
+        float *got = train(&q, &n);
+        ASSERT_EQ(n, n1);
+        fprintf(stderr, "    --deterministic dp %d x pp %d, %s: %s\n", lay[i].workers / lay[i].pp, lay[i].pp,
+                dp_pipe_schedule_name(lay[i].kind), same_bits(one, got, n) ? "one worker's bits" : "DIFFERENT");
+        ASSERT_TRUE(same_bits(one, got, n));
+        free(got);
+    }
+    free(one);
+    struct dp_trainer *t;
+    require_data();
+    p = base("resnet", 2);
+    p.dp.pp = 2, p.dp.deterministic = 1;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "BatchNorm");
+}
+
 /* ZeRO 1 within each stage: the stage's replicas shard its optimizer state, update their shards
  * and gather the span: 2 x 2 with --zero 1 (all-reduce, and --zero-reduce scatter) and --clip
  * trains plain 2 x 2's bits, and its checkpoint (each stage's pieces in the whole slab's layout)
@@ -288,9 +320,6 @@ TEST(pipe_refusals) {
     p = pipe_params(2, 2, 0, DP_PIPE_1F1B, 1);
     p.dp.accum = 2;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "a pipeline accumulates its --micro-batches");
-    p = pipe_params(2, 2, 0, DP_PIPE_1F1B, 1);
-    p.dp.deterministic = 1;
-    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--pp does not work with --deterministic");
     p = pipe_params(2, 2, 0, 5, 1);
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "unknown pipeline schedule 5");
 }

@@ -198,8 +198,9 @@ struct dp_train_dp {
      * g mod (workers / pp)).  Each replica's share of the global batch is cut into
      * micro_batches (0 = pp) that flow through the stages by pp_schedule (enum
      * dp_pipe_schedule, dp/par.h).  Threads of one process, or one worker per process (`inter`);
-     * ZeRO 0, or 1 on threads (each stage's state sharded over its replicas); not with --accum,
-     * --deterministic, --balance, compression, backup workers or the parameter server. */
+     * ZeRO 0, or 1 on threads (each stage's state sharded over its replicas); with --deterministic
+     * the micro-batches are the fixed chunks (any layout: the same bits); not with --accum,
+     * --balance, compression, backup workers or the parameter server. */
     int pp;
     int micro_batches;
     int pp_schedule;

@@ -322,7 +322,7 @@ int64_t dp_sync_state_len(const struct dp_sync *s) { return (int64_t)s->zero.par
 int dp_sync_state_parts(const struct dp_sync *s) { return s->zero.parts; }
 int dp_sync_npieces(const struct dp_sync *s) { return s->zero.npieces; }
 float *dp_sync_piece(const struct dp_sync *s, int i, int k, struct dp_zero_piece *pc) {
-    if (pc) *pc = s->zero.piece[i], pc->off += s->base; /* (in the model's slab) */
+    if (pc) *pc = s->zero.piece[i], pc->off += s->base, pc->roff += s->base; /* (in the model's slab) */
     if (k >= s->zero.parts || (k < 0 && !s->zero.pshard)) return NULL; /* (no such part: its range only) */
     return (float *)dp_zero_piece_data(&s->zero, &s->opt, i, k);
 }

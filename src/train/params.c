@@ -106,7 +106,6 @@ static int check_pipeline(const struct dp_train_params *p) {
                                                              "micro-batches; without one, --accum)")
                                                 : DP_OK;
     const char *no = d->accum > 1 ? "--accum: a pipeline accumulates its --micro-batches"
-                     : d->deterministic ? "--deterministic"
                      : d->zero && d->inter ? "--zero 1 across processes"
                      : d->balance ? "--balance"
                      : d->compress.kind != DP_COMPRESS_NONE ? "--compress"

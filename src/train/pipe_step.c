@@ -47,7 +47,10 @@ enum { TAG_ACT = 30001, TAG_GRAD = 30002, TAG_TIE_GRAD = 30003, TAG_TIE_PARAM = 
 enum { TIE_NONE = 0, TIE_OWNER = 1, TIE_READER = 2 };
 
 struct worker_pipe {
-    int stage, replica, S, R, M, kind;
+    int stage, replica, S, R, kind;
+    int M;                       /* this step's micro-batches (--deterministic: its chunks) */
+    int M_max;                   /* the most micro-batches a step has (the schedule's and views' room) */
+    int det;                     /* --deterministic: the micro-batches are the fixed chunks */
     struct dp_span span;
     int64_t buf_off, buf_count;  /* the stage's layers' buffers (BatchNorm's running statistics) */
     struct dp_comm *scomm;       /* the stage's replicas (their gradient's all-reduce) */
@@ -81,6 +84,9 @@ int dp__pipe_plan(struct dp_trainer *t) {
     if (m->nlayers < t->pp)
         return dp_seterr(DP_EINVAL, "--pp %d: model '%s' has %d layers, fewer than the stages", t->pp, m->spec,
                          m->nlayers);
+    if (p->dp.deterministic && m->num_buffers > 0) /* (each chunk's statistics are applied model-wide) */
+        return dp_seterr(DP_ENOTSUP, "--pp with --deterministic does not support models with BatchNorm ('%s') yet",
+                         m->spec);
     /* Each stage's cost: its layers' counted forward FLOPs (backward is about twice forward
      * for each, so the proportions hold), plus one unit per layer so that layers without
      * FLOPs (norms, activations) still spread. */
@@ -195,21 +201,24 @@ int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp) {
     pp->buf_count = m->layers[l1 - 1]->buffer_off + m->layers[l1 - 1]->buffer_count - pp->buf_off;
     pp->in_n = dp_shape_numel(&m->layers[l0]->in_shape);
     pp->out_n = dp_shape_numel(&m->layers[l1 - 1]->out_shape);
-    /* the loader: replica r of R reads the share R data-parallel workers' rank r would */
+    /* the loader: replica r of R reads the share R data-parallel workers' rank r would (in whole
+     * chunks when deterministic: lp->align) */
     lp->rank = pp->replica, lp->world = pp->R;
-    int64_t share = (t->p.run.batch + pp->R - 1) / pp->R;
-    pp->micro_max = (share + pp->M - 1) / pp->M;
-    pp->nviews = dp_pipe_max_inflight(pp->kind, pp->S, pp->M, pp->stage);
+    int64_t share = (t->p.run.batch + pp->R - 1) / pp->R, C = t->p.dp.det_chunk;
+    pp->det = t->p.dp.deterministic;
+    if (pp->det) share = (share + C - 1) / C * C; /* (whole chunks) */
+    pp->M_max = pp->det ? (int)((share + C - 1) / C) : pp->M;
+    pp->micro_max = pp->det ? C : (share + pp->M - 1) / pp->M;
+    pp->nviews = dp_pipe_max_inflight(pp->kind, pp->S, pp->M_max, pp->stage);
     pp->views = dp_calloc((size_t)pp->nviews, sizeof *pp->views);
     pp->pass = dp_calloc((size_t)pp->nviews, sizeof *pp->pass);
     pp->reducing = dp_calloc((size_t)pp->nviews, sizeof *pp->reducing);
     pp->xin = dp_calloc((size_t)pp->nviews, sizeof *pp->xin);
     pp->sent = dp_calloc((size_t)pp->nviews, sizeof *pp->sent);
-    pp->ops = dp_malloc(sizeof *pp->ops * (size_t)(2 * pp->M));
+    pp->ops = dp_malloc(sizeof *pp->ops * (size_t)(2 * pp->M_max));
     pp->dy = pp->next >= 0 ? dp_malloc_big(sizeof(float) * (size_t)(pp->micro_max * pp->out_n)) : NULL;
     if (!pp->views || !pp->pass || !pp->reducing || !pp->xin || !pp->sent || !pp->ops || (pp->next >= 0 && !pp->dy))
         return dp_seterr(DP_ENOMEM, "--pp: out of memory");
-    if ((rc = dp_pipe_schedule(pp->kind, pp->S, pp->M, pp->stage, pp->ops))) return rc;
     for (int v = 0; v < pp->nviews; v++) {
         if ((rc = dp_replica_init_view(&pp->views[v], &w->rep, l0, l1, pp->micro_max))) return rc;
         if (pp->prev >= 0 && !(pp->xin[v] = dp_malloc_big(sizeof(float) * (size_t)(pp->micro_max * pp->in_n))))
@@ -321,11 +330,18 @@ static int pipe_backward(struct worker *w, const struct dp_batch *b, int k) {
     struct dp_trainer *t = w->t;
     struct worker_pipe *pp = w->pipe;
     int v = k % pp->nviews, last = k == pp->M - 1, rc = sent_wait(w, v);
+    /* the tied gradient crosses once per step, or per chunk when deterministic (each chunk's is
+     * converted as backward reports it: the reader's share must be in before the owner's) */
+    const int tie_now = last || pp->det;
     if (rc) return rc;
     struct dp_pass *pass = &pp->pass[v];
     double t0 = dp_time();
     if (pp->next >= 0 && (rc = recv_floats(w, pp->dy, b->B * pp->out_n, pp->next, TAG_GRAD))) return rc;
-    if (last && pp->tie == TIE_OWNER) { /* the reader's share of the tied gradient, before this backward */
+    if (pp->det) { /* (the chunk's conversion counts from here: gpipe runs the forwards first) */
+        (void)dp_sync_micro_begin(&w->sync, pass, k, pp->M, 0, 0);
+        if (pp->tie == TIE_READER) memset(w->rep.grads + pp->tie_off, 0, sizeof(float) * (size_t)pp->tie_count);
+    }
+    if (tie_now && pp->tie == TIE_OWNER) { /* the reader's share of the tied gradient, before this backward */
         if ((rc = recv_floats(w, pp->tie_buf, pp->tie_count, pp->tie_peer, TAG_TIE_GRAD))) return rc;
         float *g = w->rep.grads + pp->tie_off;
         for (int64_t i = 0; i < pp->tie_count; i++) g[i] += pp->tie_buf[i];
@@ -343,7 +359,7 @@ static int pipe_backward(struct worker *w, const struct dp_batch *b, int k) {
     if (pp->prev >= 0 &&
         (rc = dp_comm_isend(pp->pcomm, dx, b->B * pp->in_n * (int64_t)sizeof(float), pp->prev, TAG_GRAD, &pp->sent[v])))
         return rc;
-    if (last && pp->tie == TIE_READER)
+    if (tie_now && pp->tie == TIE_READER)
         rc = dp_comm_send(pp->pcomm, w->rep.grads + pp->tie_off, pp->tie_count * (int64_t)sizeof(float), pp->tie_peer,
                           TAG_TIE_GRAD);
     if (!rc && last && pp->reducing[v]) { /* the stage's all-reduce, overlapped with this backward */
@@ -387,15 +403,21 @@ static int pipe_step(struct worker *w, int64_t nmicro, int64_t *skipped, double 
     if ((rc = dp_loader_next(w->loader, &lb))) return rc;
     dp_timeline_add(&w->tl, "data", 0, w->step, td, dp_time());
     double loss0 = w->loss_sum, seen0 = (double)w->seen;
-    const int64_t per = dp_shape_numel(&m->in_shape);
+    const int64_t per = dp_shape_numel(&m->in_shape), C = t->p.dp.det_chunk;
+    /* the micro-batches: M equal cuts of the share, or its fixed chunks (every stage of a replica
+     * reads the same share, so all agree on M) */
+    if (pp->det) pp->M = lb->B > 0 ? (int)((lb->B + C - 1) / C) : 1;
+    if ((rc = dp_pipe_schedule(pp->kind, pp->S, pp->M, pp->stage, pp->ops))) return rc;
     for (int i = 0; i < 2 * pp->M && !rc; i++) {
         const struct dp_pipe_op op = pp->ops[i];
         int64_t c0, B;
-        dp_comm_split(lb->B, pp->M, op.micro, &c0, &B);
+        if (pp->det) c0 = op.micro * C, B = lb->B - c0 < C ? lb->B - c0 : C;
+        else dp_comm_split(lb->B, pp->M, op.micro, &c0, &B);
         struct dp_batch b = dp__batch_of(lb, c0, B, per, t->pos, dp_model_num_classes(m));
         rc = op.kind == 'F' ? pipe_forward(w, lb, &b, op.micro) : pipe_backward(w, &b, op.micro);
     }
     for (int v = 0; v < pp->nviews && !rc; v++) rc = sent_wait(w, v);
+    if (!rc && pp->det) rc = dp_sync_finish(&w->sync, 1); /* the chunks' fixed-point sums over the stage's replicas */
     if (rc) return rc;
     pp->loss = w->loss_sum - loss0, pp->seen = (double)w->seen - seen0;
     double t1 = dp_time();
