@@ -54,6 +54,22 @@ else
   skip mpi_gpt_pipeline_equals_threads "MPI not built into $BIN"
   skip mpi_pipeline_one_worker_per_process "MPI not built into $BIN"
 fi
+# --deterministic: the chunks are the micro-batches; 2 stages x 2 replicas train one worker's bits,
+# and under mpirun 2 stages in 2 processes too
+if "$BIN" train "${GPP[@]}" --deterministic --det-chunk 2 --workers 1 --out "$T/gppd1" >"$T/gppd1.log" 2>&1 &&
+   "$BIN" train "${GPP[@]}" --deterministic --det-chunk 2 --workers 4 --pp 2 --out "$T/gppd4" >"$T/gppd4.log" 2>&1 &&
+   same_hash "$(hash_of "$T/gppd1/checkpoint.bin")" "$(hash_of "$T/gppd4/checkpoint.bin")"; then
+  ok gpt_pipeline_deterministic_equals_one_worker
+else bad gpt_pipeline_deterministic_equals_one_worker "$(tail -2 "$T/gppd4.log")"; fi
+if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [[ $BIN != *-asan* && $BIN != *-tsan* ]]; then
+  if timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train "${GPP[@]}" --deterministic --det-chunk 2 --workers 1 --pp 2 \
+       --out "$T/gppdm" >"$T/gppdm.log" 2>&1 &&
+     same_hash "$(hash_of "$T/gppd1/checkpoint.bin")" "$(hash_of "$T/gppdm/checkpoint.bin")"; then
+    ok mpi_gpt_pipeline_deterministic_equals_one_worker
+  else bad mpi_gpt_pipeline_deterministic_equals_one_worker "$(tail -2 "$T/gppdm.log")"; fi
+elif [[ $BIN != *-asan* && $BIN != *-tsan* ]]; then
+  skip mpi_gpt_pipeline_deterministic_equals_one_worker "MPI not built into $BIN"
+fi
 expect_error pipeline_stages_divide_workers "--pp must divide --workers into stages (got --pp 2 with 3 workers)" \
   "$BIN" train "${GPP[@]}" --workers 3 --pp 2
 expect_error pipeline_unknown_schedule "--pp-schedule: unknown schedule 'interleaved' (expected gpipe or 1f1b)" \
