@@ -63,6 +63,25 @@ static inline float *train_faulty(const struct dp_train_params *p, const struct 
 }
 static inline float *train(const struct dp_train_params *p, int64_t *n) { return train_faulty(p, NULL, n); }
 
+/* A token file for the text tests: 6000 tokens of words drawn by an LCG from `seed` (text with some
+ * structure to learn), written into the test's tmpdir; its path (until the next call). */
+static inline const char *words_token_file(uint32_t seed) {
+    static char path[512];
+    static const char *words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat. ", "dog ", "ran ", "far ", "away. "};
+    enum { N = 6000 };
+    uint16_t *tok = malloc(N * sizeof *tok);
+    uint32_t s = seed;
+    int64_t n = 0;
+    while (n < N) {
+        s = s * 1664525u + 1013904223u;
+        for (const char *w = words[(s >> 16) % 10]; *w && n < N; w++) tok[n++] = (uint8_t)*w;
+    }
+    snprintf(path, sizeof path, "%s/tokens.bin", dp_test_tmpdir());
+    ASSERT_OK(dp_tokens_write(path, tok, N, 256));
+    free(tok);
+    return path;
+}
+
 /* The library's comparison (dp_rel_diff: NaN or Inf counts as a difference),
  * the same one `dptrain ckpt diff` uses. */
 static inline double rel_diff(const float *a, const float *b, int64_t n) { return dp_rel_diff(a, b, n); }

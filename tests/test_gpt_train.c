@@ -15,29 +15,10 @@
 
 #define GPT "gpt:layers=1,heads=2,dim=16,ctx=8"
 
-/* A small token file: 6000 bytes of words drawn by a fixed LCG (text with
- * some structure to learn), written once per test into its tmpdir. */
-static const char *token_file(void) {
-    static char path[512];
-    static const char *words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat. ", "dog ", "ran ", "far ", "away. "};
-    enum { N = 6000 };
-    uint16_t *tok = malloc(N * sizeof *tok);
-    uint32_t s = 12345;
-    int64_t n = 0;
-    while (n < N) {
-        s = s * 1664525u + 1013904223u;
-        for (const char *w = words[(s >> 16) % 10]; *w && n < N; w++) tok[n++] = (uint8_t)*w;
-    }
-    snprintf(path, sizeof path, "%s/tokens.bin", dp_test_tmpdir());
-    ASSERT_OK(dp_tokens_write(path, tok, N, 256));
-    free(tok);
-    return path;
-}
-
 /* Batches of 8 windows of ctx 8, 32 windows per epoch (4 steps). */
 static struct dp_train_params gpt_params(int workers) {
     struct dp_train_params p = dp_train_default_params();
-    p.data.data_dir = token_file();
+    p.data.data_dir = words_token_file(12345u);
     p.run.model = GPT;
     p.dp.workers = workers;
     p.run.batch = 8;

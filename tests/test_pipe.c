@@ -16,28 +16,10 @@
 
 #define GPT2 "gpt:layers=2,heads=2,dim=16,ctx=8" /* 5 layers: tok+pos, blocks.0, blocks.1, ln_f, lm_head */
 
-/* 6000 tokens of words drawn by a fixed LCG, written once per test into its tmpdir. */
-static const char *tokens(void) {
-    static char path[512];
-    static const char *words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat. ", "dog ", "ran ", "far ", "away. "};
-    enum { N = 6000 };
-    uint16_t *tok = malloc(N * sizeof *tok);
-    uint32_t s = 777;
-    int64_t n = 0;
-    while (n < N) {
-        s = s * 1664525u + 1013904223u;
-        for (const char *w = words[(s >> 16) % 10]; *w && n < N; w++) tok[n++] = (uint8_t)*w;
-    }
-    snprintf(path, sizeof path, "%s/tokens.bin", dp_test_tmpdir());
-    ASSERT_OK(dp_tokens_write(path, tok, N, 256));
-    free(tok);
-    return path;
-}
-
 /* AdamW with weight decay, cosine with warm-up: 4 steps of 8 windows per epoch. */
 static struct dp_train_params pipe_params(int workers, int pp, int micro, int kind, int64_t epochs) {
     struct dp_train_params p = dp_train_default_params();
-    p.data.data_dir = tokens();
+    p.data.data_dir = words_token_file(777u);
     p.run.model = GPT2;
     p.dp.workers = workers;
     p.dp.pp = pp;
