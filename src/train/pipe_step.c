@@ -23,21 +23,34 @@
  *   g = (1/N) sum over replicas r, micro-batches k, samples i of g_rki
  *
  * the same sum as one worker's, to float rounding (the order of the sums).
+ * With --deterministic the micro-batches are the fixed chunks, each chunk's
+ * gradient converted to fixed point as backward reports it (dp_sync), and the
+ * stage's replicas add the integers once per step: one worker's bits for any
+ * layout (a chunk's gradient is the same bits on whichever stage runs its
+ * layers: dp_model_forward_range and dp_model_backward_range are dp_model_run
+ * in halves).
+ *
+ * Processes.  On threads the stages' messages go through the job's world and
+ * each stage's replicas have a world of their own; under mpirun (one worker per
+ * process) the messages go through the processes' communicator and each stage's
+ * replicas through a group split from it (dp_comm_split_group).
  *
  * Tied parameters.  A layer may read an earlier layer's parameters (the gpt's
  * head reads the embedding's tok.weight).  When the two are on different
  * stages, the owner's stage holds and updates them; the reader holds a copy:
- * after its last backward it sends the gradient it added into the copy to the
- * owner, which adds it in before its own last backward (so the owner's bucket
- * reduces the whole gradient), and after the update the owner sends the new
- * values back (Megatron-LM's embedding group, with one owner).
+ * after its last backward (deterministic: each chunk's) it sends the gradient it
+ * added into the copy to the owner, which adds it in before its own backward of
+ * that micro-batch (so the owner's bucket reduces the whole gradient, and with
+ * one micro-batch in one worker's order), and after the update the owner sends
+ * the new values back (Megatron-LM's embedding group, with one owner).
  *
  * Every worker holds the whole model's slabs, as a replica does; only its
  * span's gradient and optimizer state are used.  Evaluation and checkpoints
  * read the whole parameters: dp_sync_settle and dp_sync_gather assemble them
  * (pipe_whole: each stage's span broadcast from its replica 0), and a
  * checkpoint writes each stage's optimizer state in the whole slab's layout
- * (dp__state_part_each), so a pipelined run resumes unpipelined and the
+ * (dp__state_part_each; across processes each stage's replica 0 sends it to
+ * rank 0: dp__pipe_serve), so a pipelined run resumes unpipelined and the
  * reverse. */
 #include "dp/par.h"
 #include "trainer.h"
@@ -66,7 +79,7 @@ struct worker_pipe {
     float **xin;                 /* ... its input, received from the stage before */
     struct dp_comm_msg **sent;   /* ... its last message sent (activations, then the input's gradient) */
     float *dy;                   /* the output's gradient, received from the stage after */
-    struct dp_pipe_op *ops;      /* this stage's schedule (2M) */
+    struct dp_pipe_op *ops;      /* this stage's schedule (2M; room for 2 M_max) */
     int tie;                     /* TIE_* */
     int tie_peer;                /* the job rank at the other end of the tie */
     int64_t tie_off, tie_count;  /* the tied range of the slab */
@@ -102,9 +115,12 @@ int dp__pipe_plan(struct dp_trainer *t) {
     double total = 0;
     for (int i = 0; i < m->nlayers; i++) total += cost[i];
     /* the layout, for the caller to show: each stage's layers, parameters and share of the FLOPs */
-    int n = snprintf(t->pp_note, sizeof t->pp_note, "%d stage%s x %d replica%s, %d micro-batch%s, %s:", t->pp,
-                     t->pp > 1 ? "s" : "", t->pp_R, t->pp_R > 1 ? "s" : "", t->pp_M, t->pp_M > 1 ? "es" : "",
-                     dp_pipe_schedule_name(p->dp.pp_schedule));
+    char micro[64];
+    if (p->dp.deterministic) /* (the micro-batches are the fixed chunks) */
+        snprintf(micro, sizeof micro, "micro-batches of %lld (--det-chunk)", (long long)p->dp.det_chunk);
+    else snprintf(micro, sizeof micro, "%d micro-batch%s", t->pp_M, t->pp_M > 1 ? "es" : "");
+    int n = snprintf(t->pp_note, sizeof t->pp_note, "%d stage%s x %d replica%s, %s, %s:", t->pp, t->pp > 1 ? "s" : "",
+                     t->pp_R, t->pp_R > 1 ? "s" : "", micro, dp_pipe_schedule_name(p->dp.pp_schedule));
     for (int s = 0; !rc && s < t->pp && n > 0 && (size_t)n < sizeof t->pp_note; s++) {
         int a = t->pp_first[s], b = t->pp_first[s + 1];
         double c = 0;
