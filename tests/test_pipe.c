@@ -301,7 +301,7 @@ TEST(pipe_refusals) {
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--pp does not work with --zero 2: each stage would");
     p = pipe_params(2, 2, 0, DP_PIPE_1F1B, 1);
     p.dp.accum = 2;
-    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "a pipeline accumulates its --micro-batches");
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--pp takes --micro-batches, not --accum");
     p = pipe_params(2, 2, 0, 5, 1);
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "unknown pipeline schedule 5");
 }

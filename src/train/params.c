@@ -105,8 +105,10 @@ static int check_pipeline(const struct dp_train_params *p) {
     if (d->pp == 1) return d->micro_batches > 1 ? dp_seterr(DP_EINVAL, "--micro-batches is --pp's option (a pipeline's "
                                                              "micro-batches; without one, --accum)")
                                                 : DP_OK;
-    const char *no = d->accum > 1 ? "--accum: a pipeline accumulates its --micro-batches"
-                     : d->zero && d->inter ? "--zero 1 across processes"
+    if (d->accum > 1)
+        return dp_seterr(DP_EINVAL, "--pp takes --micro-batches, not --accum: a pipeline accumulates the gradients "
+                         "of its micro-batches (for a larger step, raise --batch)");
+    const char *no = d->zero && d->inter ? "--zero 1 across processes"
                      : d->balance ? "--balance"
                      : d->compress.kind != DP_COMPRESS_NONE ? "--compress"
                      : d->backup ? "--backup-workers"
