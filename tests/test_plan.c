@@ -645,7 +645,7 @@ static char *render(const struct dp_svg_plot *p, const struct dp_svg_series *s, 
  * the diff by eye). */
 TEST(svg_golden_small_plot) {
     double x[5] = {0, 1, 2, 3, 4}, a[5] = {2.5, 1.8, 1.2, 0.9, 0.7}, b[5] = {2.4, 2.0, NAN, 1.1, 0.8};
-    struct dp_svg_series s[2] = {{"run a", x, a, 5}, {"run <b>", x, b, 5}};
+    struct dp_svg_series s[2] = {{"run a", x, a, 5, NULL}, {"run <b>", x, b, 5, NULL}};
     struct dp_svg_plot p = {DP_SVG_LINES, "Loss & friends", "step (steps)", "loss (nats)", 320, 200, 1};
     int rc = -99;
     char *got = render(&p, s, 2, &rc);
@@ -677,7 +677,7 @@ TEST(svg_golden_small_plot) {
 
 TEST(svg_rejects_bad_plots) {
     double x[3] = {0, 1, 2}, y[3] = {1, 2, 3}, z[2] = {1, 2}, nan3[3] = {NAN, NAN, NAN};
-    struct dp_svg_series s[2] = {{"a", x, y, 3}, {"b", x, z, 2}};
+    struct dp_svg_series s[2] = {{"a", x, y, 3, NULL}, {"b", x, z, 2, NULL}};
     struct dp_svg_plot p = {DP_SVG_LINES, "t", "step", "loss (nats)", 0, 0, 0};
     int rc = 0;
     char *o = render(&p, s, 1, &rc); /* x label without a unit */
@@ -707,7 +707,7 @@ TEST(svg_rejects_bad_plots) {
  * whole value and none between (2 ranks once had ticks at -0.5, 0.5, 1.5). */
 TEST(svg_bars_whole_ticks) {
     double x[2] = {0, 1}, y[2] = {3, 5};
-    struct dp_svg_series s = {"wait", x, y, 2};
+    struct dp_svg_series s = {"wait", x, y, 2, NULL};
     struct dp_svg_plot p = {DP_SVG_BARS, "Straggler profile", "rank (index)", "wait (ms)", 0, 0, 0};
     int rc = 0;
     char *o = render(&p, &s, 1, &rc);
@@ -782,6 +782,48 @@ TEST(plan_pipeline_formula) {
     ASSERT_ERR(dp_plan_pipeline(&p, 3, 4, DP_PIPE_1F1B, 0, &r), DP_EINVAL, "3 stages for 4 workers");
     ASSERT_ERR(dp_plan_pipeline(&p, 2, 4, DP_PIPE_1F1B, 2, &r), DP_EINVAL, "ZeRO 2");
     ASSERT_ERR(dp_plan_pipeline(&p, 2, 64, DP_PIPE_1F1B, 0, &r), DP_EINVAL, "smaller than 2 replicas x 64");
+}
+
+/* The planned schedule op by op (dp_plan_pipe_spans): every stage's 2M operations, none
+ * overlapping on its stage, each micro-batch's backward after its forward and after the next
+ * stage's backward, the first forward at 0; for equal stages without messages the last end is
+ * the formula's makespan, (M + S - 1)(f + b), for gpipe and 1f1b; a slow boundary delays it. */
+TEST(plan_pipeline_spans) {
+    int64_t layers[6];
+    double flops[6], out[6];
+    for (int i = 0; i < 6; i++) layers[i] = 500, flops[i] = 1e6, out[i] = 64;
+    struct dp_plan_params p = dp_plan_default_params();
+    p.layers = layers, p.layer_flops = flops, p.nlayers = 6, p.layer_out = out;
+    p.fwd_sample_s = 1e-3, p.bwd_sample_s = 2e-3, p.batch = 48, p.net.workers = 3;
+    dp_plan_net_link(&p.net, 0, 1e30);
+    for (int kind = 0; kind < DP_PIPE_SCHEDULE_COUNT; kind++) {
+        struct dp_plan_pipe r;
+        ASSERT_OK(dp_plan_pipeline(&p, 3, 4, kind, 0, &r));
+        struct dp_plan_span *sp;
+        int n = dp_plan_pipe_spans(&r, kind, &sp);
+        ASSERT_EQ(n, 2 * 3 * 4);
+        double end = 0;
+        for (int i = 0; i < n; i++) {
+            if (sp[i].t1 > end) end = sp[i].t1;
+            if (i % 8) ASSERT_TRUE(sp[i].t0 >= sp[i - 1].t1 - 1e-15); /* (one stage's ops in order) */
+            for (int j = 0; j < n; j++)
+                if (sp[j].micro == sp[i].micro && sp[i].backward && sp[j].backward && sp[j].stage == sp[i].stage + 1)
+                    ASSERT_TRUE(sp[i].t0 >= sp[j].t1 - 1e-15);
+        }
+        ASSERT_FEQ(sp[0].t0, 0.0);
+        ASSERT_NEAR(end, r.pipe_s, 1e-12);
+        ASSERT_NEAR(end, (4 + 3 - 1) * (r.f_s[0] + r.b_s[0]), 1e-12);
+        dp_free(sp);
+        dp_plan_pipe_free(&r);
+    }
+    dp_plan_net_link(&p.net, 1e-3, 1e9);
+    struct dp_plan_pipe r;
+    ASSERT_OK(dp_plan_pipeline(&p, 3, 4, DP_PIPE_1F1B, 0, &r));
+    struct dp_plan_span *sp;
+    ASSERT_EQ(dp_plan_pipe_spans(&r, DP_PIPE_1F1B, &sp), 24);
+    ASSERT_TRUE(sp[8].t0 >= sp[0].t1 + 1e-3); /* stage 1's first forward waits for the message */
+    dp_free(sp);
+    dp_plan_pipe_free(&r);
 }
 
 /* The layers' bytes are the arena's: the gpt's blocks keep more than their outputs, and a

@@ -342,6 +342,16 @@ struct dp_plan_pipe {
 int dp_plan_pipeline(const struct dp_plan_params *p, int stages, int micro, int schedule, int zero,
                      struct dp_plan_pipe *r);
 void dp_plan_pipe_free(struct dp_plan_pipe *r);
+/* The planned schedule, operation by operation: each stage runs its ops in the schedule's order
+ * (dp_pipe_schedule), an op starting when its stage is free and its input has come (F(s, k): F(s-1,
+ * k) ended + p2p_s; B(s, k): B(s+1, k) ended + p2p_s), for f_s and b_s.  (*out)[i] for i < 2 S M
+ * (dp_free it), by stage then the stage's order; returns the count or < 0.  Its makespan is the
+ * formula's pipe for equal stages (tests/test_plan.c). */
+struct dp_plan_span {
+    int stage, micro, backward;
+    double t0, t1;
+};
+int dp_plan_pipe_spans(const struct dp_plan_pipe *r, int schedule, struct dp_plan_span **out);
 
 /* e_p = E[max of p independent standard normals] (e_1 = 0, e_2 = 1/sqrt(pi),
  * e_3 = 3 / (2 sqrt(pi))), by quadrature; p >= 1. */
@@ -397,13 +407,15 @@ int dp_json_str_is(const struct dp_json_obj *o, const char *key, const char *val
  *   LINES    one polyline per series (non-finite points break the line)
  *   STACKED  areas stacked in series order over series 0's x (all series the same n)
  *   BARS     one bar per point of series 0 (x = position, y = height); more series: side by side
- *   SPANS    one row per point: a bar from x[i] to y[i] (a timeline), every series on the same rows
+ *   SPANS    one row per point: a bar from x[i] to y[i] (a timeline), every series on the same rows;
+ *            with a series' row[], point i's bar on row[i] (several bars a row: a Gantt chart)
  * The output is a pure function of the input (fixed number formats). */
 enum dp_svg_kind { DP_SVG_LINES = 0, DP_SVG_STACKED, DP_SVG_BARS, DP_SVG_SPANS, DP_SVG_KIND_COUNT };
 struct dp_svg_series {
     const char *name;
     const double *x, *y;      /* (n) */
     int64_t n;
+    const double *row;        /* SPANS: (n) the row of each bar (NULL: point i on row i) */
 };
 struct dp_svg_plot {
     enum dp_svg_kind kind;

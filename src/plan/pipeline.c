@@ -104,3 +104,42 @@ int dp_plan_pipeline(const struct dp_plan_params *p, int S, int M, int schedule,
     dp_plan_result_free(&whole);
     return DP_OK;
 }
+
+int dp_plan_pipe_spans(const struct dp_plan_pipe *r, int schedule, struct dp_plan_span **out) {
+    const int S = r->stages, M = r->micro, n = 2 * S * M;
+    *out = NULL;
+    struct dp_plan_span *sp = dp_calloc((size_t)n, sizeof *sp);
+    struct dp_pipe_op *ops = dp_malloc(sizeof *ops * (size_t)n);
+    double *fend = dp_malloc(sizeof(double) * (size_t)(S * M)), *bend = dp_malloc(sizeof(double) * (size_t)(S * M));
+    int *pc = dp_calloc((size_t)S, sizeof(int));
+    double *free_at = dp_calloc((size_t)S, sizeof(double));
+    int rc = !sp || !ops || !fend || !bend || !pc || !free_at ? dp_seterr(DP_ENOMEM, "plan: out of memory") : DP_OK;
+    for (int s = 0; !rc && s < S; s++) rc = dp_pipe_schedule(schedule, S, M, s, ops + (size_t)s * 2 * M);
+    for (int i = 0; !rc && i < S * M; i++) fend[i] = bend[i] = -1; /* (not yet run) */
+    /* each round runs every stage's next op whose input is there; the schedules never deadlock
+     * (tests/test_par.c), so every round runs at least one */
+    for (int left = n, ran = 1; !rc && left > 0 && ran;) {
+        ran = 0;
+        for (int s = 0; s < S; s++) {
+            if (pc[s] == 2 * M) continue;
+            const struct dp_pipe_op op = ops[(size_t)s * 2 * M + (size_t)pc[s]];
+            const int k = op.micro, B = op.kind == 'B';
+            double ready = 0; /* when its input has come */
+            if (!B && s > 0) ready = fend[(s - 1) * M + k] < 0 ? -1 : fend[(s - 1) * M + k] + r->p2p_s;
+            if (B && s + 1 < S) ready = bend[(s + 1) * M + k] < 0 ? -1 : bend[(s + 1) * M + k] + r->p2p_s;
+            if (ready < 0) continue;
+            double t0 = ready > free_at[s] ? ready : free_at[s], t1 = t0 + (B ? r->b_s[s] : r->f_s[s]);
+            (B ? bend : fend)[s * M + k] = free_at[s] = t1;
+            sp[(size_t)s * 2 * M + (size_t)pc[s]] = (struct dp_plan_span){s, k, B, t0, t1};
+            pc[s]++, left--, ran = 1;
+        }
+        if (!ran && left) rc = dp_seterr(DP_EINTERNAL, "plan: the pipeline schedule stalled");
+    }
+    dp_free(ops), dp_free(fend), dp_free(bend), dp_free(pc), dp_free(free_at);
+    if (rc) {
+        dp_free(sp);
+        return rc;
+    }
+    *out = sp;
+    return n;
+}

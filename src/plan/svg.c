@@ -117,7 +117,9 @@ int dp_svg_write(FILE *o, const struct dp_svg_plot *p, const struct dp_svg_serie
         if (p->kind == DP_SVG_STACKED && s[i].n != s[0].n)
             return dp_seterr(DP_EINVAL, "svg: stacked series '%s' has %lld points, the first %lld", s[i].name,
                              (long long)s[i].n, (long long)s[0].n);
-        if (s[i].n > rows) rows = s[i].n;
+        if (!s[i].row && s[i].n > rows) rows = s[i].n;
+        for (int64_t k = 0; s[i].row && k < s[i].n; k++)
+            if (isfinite(s[i].row[k]) && s[i].row[k] >= 0 && s[i].row[k] + 1 > (double)rows) rows = (int64_t)s[i].row[k] + 1;
         for (int64_t k = 0; k < s[i].n; k++) {
             double x = p->kind == DP_SVG_STACKED ? s[0].x[k] : s[i].x[k], y = s[i].y[k];
             if (!isfinite(x) || (!isfinite(y) && p->kind != DP_SVG_STACKED)) continue; /* not drawn */
@@ -201,9 +203,9 @@ int dp_svg_write(FILE *o, const struct dp_svg_plot *p, const struct dp_svg_serie
         double h = f.ph / (double)rows * 0.8 / ns;
         for (int i = 0; i < ns; i++)
             for (int64_t k = 0; k < s[i].n; k++) {
-                double a = s[i].x[k], b = s[i].y[k];
-                if (!isfinite(a) || !isfinite(b)) continue;
-                double y = py(&f, (double)k + 1) + 0.1 * f.ph / (double)rows + i * h;
+                double a = s[i].x[k], b = s[i].y[k], r = s[i].row ? s[i].row[k] : (double)k;
+                if (!isfinite(a) || !isfinite(b) || !(r >= 0)) continue;
+                double y = py(&f, r + 1) + 0.1 * f.ph / (double)rows + i * h;
                 fprintf(o, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"/>\n", px(&f, a), y,
                         fmax(px(&f, b) - px(&f, a), 0.5), h, palette[i % 10]);
             }

@@ -98,3 +98,11 @@ else bad plan_pipeline_and_layouts "$pl" "$(head -3 <<<"$lf")"; fi
 expect_error plan_pipeline_needs_model "--pp, --micro-batches and --layout need --model" "$BIN" plan --params 1e6 --pp 2
 expect_error plan_pipeline_stages_divide "3 stages for 2 workers" "$BIN" plan "${GPL[@]}" --pp 3
 expect_error plan_layout_nothing_fits "no layout of 2 workers fits" "$BIN" plan "${GPL[@]}" --layout auto --memory-per-worker 1K
+# the planned schedule drawn: plot reads plan --pp --json and writes pipeline.svg, one bar per
+# micro-batch's forward and backward on each stage (2 x 2 x 4 = 16) besides the frame, the
+# background and the legend's two
+"$BIN" plan "${GPL[@]}" --pp 2 --micro-batches 4 --json >"$T/ppl.jsonl" 2>&1
+if "$BIN" plot --out "$T/ppl" "$T/ppl.jsonl" >"$T/ppl.log" 2>&1 && grep -q "wrote .*pipeline.svg" "$T/ppl.log" &&
+   [[ $(grep -c '<rect x=' "$T/ppl/pipeline.svg") -eq $((16 + 3)) ]]; then
+  ok plot_pipeline_schedule
+else bad plot_pipeline_schedule "$(cat "$T/ppl.log")"; fi

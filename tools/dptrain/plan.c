@@ -545,7 +545,18 @@ static void print_pipe(const struct dp_plan_params *p, const struct dp_plan_pipe
         for (int s = 0; s < r->stages; s++) printf("%s%.6g", s ? ", " : "", r->mem_bytes[s]);
         printf("], \"stage_act_bytes\": [");
         for (int s = 0; s < r->stages; s++) printf("%s%.6g", s ? ", " : "", r->act_bytes[s]);
+        /* the planned schedule, op by op (dptrain plot draws it: pipeline.svg) */
+        struct dp_plan_span *sp;
+        int n = dp_plan_pipe_spans(r, schedule, &sp);
+        if (n < 0) die("%s", dp_errmsg());
+        static const char *const keys[4] = {"span_stage", "span_backward", "span_t0_s", "span_t1_s"};
+        for (int k = 0; k < 4; k++) {
+            printf("], \"%s\": [", keys[k]);
+            for (int i = 0; i < n; i++)
+                printf("%s%.9g", i ? ", " : "", k == 0 ? sp[i].stage : k == 1 ? sp[i].backward : k == 2 ? sp[i].t0 : sp[i].t1);
+        }
         printf("]}\n");
+        dp_free(sp);
         return;
     }
     printf("pipeline %d stage%s x %d replica%s, %d micro-batch%s of %.4g samples, %s, ZeRO %d\n", r->stages,

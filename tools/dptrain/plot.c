@@ -49,8 +49,9 @@ struct input {
     double et, workers, rate;
     /* simulate */
     struct vec idle, stale;
-    /* plan: buckets; plan_sweep: the curve */
+    /* plan: buckets; plan_sweep: the curve; plan_pipeline: the schedule's operations */
     struct vec b_ready, b_start, b_done, sw_workers, sw_rate;
+    struct vec pp_stage, pp_bwd, pp_t0, pp_t1;
     /* launch.jsonl: the job's size from each event on (0 while it is down) */
     struct vec l_time, l_size;
 };
@@ -93,6 +94,11 @@ static void take_record(const struct dp_json_obj *o, void *arg) {
                  : dp_json_str_is(o, "kind", "failure") ? 0 : last;
         if (in->l_time.n) push(&in->l_time, t), push(&in->l_size, last); /* (a step, not a ramp) */
         push(&in->l_time, t), push(&in->l_size, y);
+    } else if (dp_json_str_is(o, "kind", "plan_pipeline")) {
+        copy_arr(&in->pp_stage, dp_json_get(o, "span_stage"));
+        copy_arr(&in->pp_bwd, dp_json_get(o, "span_backward"));
+        copy_arr(&in->pp_t0, dp_json_get(o, "span_t0_s"));
+        copy_arr(&in->pp_t1, dp_json_get(o, "span_t1_s"));
     } else if (dp_json_str_is(o, "kind", "plan_sweep")) {
         push(&in->sw_workers, num(o, "workers")), push(&in->sw_rate, num(o, "samples_per_s"));
     }
@@ -101,7 +107,8 @@ static void take_record(const struct dp_json_obj *o, void *arg) {
 static void free_input(struct input *in) {
     struct vec *v[] = {&in->step, &in->loss, &in->time, &in->data, &in->fwd, &in->bwd, &in->exposed, &in->opt,
                        &in->e_step, &in->e_time, &in->acc, &in->arrival, &in->idle, &in->stale, &in->b_ready,
-                       &in->b_start, &in->b_done, &in->sw_workers, &in->sw_rate, &in->l_time, &in->l_size};
+                       &in->b_start, &in->b_done, &in->sw_workers, &in->sw_rate, &in->l_time, &in->l_size,
+                       &in->pp_stage, &in->pp_bwd, &in->pp_t0, &in->pp_t1};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]->v);
 }
 
@@ -128,7 +135,7 @@ static int gather(struct dp_svg_series *s, const struct input *in, int nin, size
     for (int i = 0; i < nin && ns < 10; i++) {
         const struct vec *x = (const struct vec *)((const char *)&in[i] + xoff);
         const struct vec *y = (const struct vec *)((const char *)&in[i] + yoff);
-        if (y->n && x->n == y->n) s[ns++] = (struct dp_svg_series){in[i].name, x->v, y->v, y->n};
+        if (y->n && x->n == y->n) s[ns++] = (struct dp_svg_series){in[i].name, x->v, y->v, y->n, NULL};
     }
     return ns;
 }
@@ -150,6 +157,8 @@ static const char *help_plot =
     "  scaling.svg       predicted samples/s against workers (plan --sweep --json), and each\n"
     "                    run's measured rate at its worker count\n"
     "  timeline.svg      the buckets of one planned step (plan --json)\n"
+    "  pipeline.svg      a pipeline's planned schedule: stages x time, each micro-batch's forward\n"
+    "                    and backward (plan --pp --json; a run's own: train --timeline, in Perfetto)\n"
     "  world_size.svg    the hosts the job ran on over time, 0 while it was down (a run folder\n"
     "                    of dptrain launch, or its launch.jsonl)\n"
     "A plot whose data no input holds is skipped with a note.\n";
@@ -214,7 +223,7 @@ int dptrain_cmd_plot(int argc, char **argv) {
     if (r0) {
         const struct vec *parts[] = {&r0->data, &r0->fwd, &r0->bwd, &r0->exposed, &r0->opt};
         const char *names[] = {"data wait", "forward", "backward", "exposed comm", "optimizer"};
-        for (int k = 0; k < 5; k++) s[k] = (struct dp_svg_series){names[k], r0->step.v, parts[k]->v, r0->step.n};
+        for (int k = 0; k < 5; k++) s[k] = (struct dp_svg_series){names[k], r0->step.v, parts[k]->v, r0->step.n, NULL};
         char title[128];
         snprintf(title, sizeof title, "Step breakdown: %s", r0->name);
         emit("breakdown.svg", &(struct dp_svg_plot){DP_SVG_STACKED, title, "step (steps)", "time per step (ms)", 0, 0, 0}, s, 5);
@@ -228,7 +237,7 @@ int dptrain_cmd_plot(int argc, char **argv) {
         double mx = -INFINITY;
         for (int64_t r = 0; r < in[i].arrival.n; r++) mx = fmax(mx, in[i].arrival.v[r]);
         for (int64_t r = 0; r < in[i].arrival.n; r++) push(&wx[ns], (double)r), push(&wy[ns], 1e3 * (mx - in[i].arrival.v[r]));
-        s[ns] = (struct dp_svg_series){in[i].name, wx[ns].v, wy[ns].v, wx[ns].n};
+        s[ns] = (struct dp_svg_series){in[i].name, wx[ns].v, wy[ns].v, wx[ns].n, NULL};
         ns++;
     }
     if (ns) emit("wait.svg", &(struct dp_svg_plot){DP_SVG_BARS, "Straggler profile (last epoch)", "rank (index)", "wait for the slowest per step (ms)", 0, 0, 0}, s, ns);
@@ -243,12 +252,12 @@ int dptrain_cmd_plot(int argc, char **argv) {
     }
     if (si) {
         for (int64_t w = 0; w < si->idle.n; w++) push(&ix, (double)w), push(&iy, 100 * si->idle.v[w]);
-        s[0] = (struct dp_svg_series){si->name, ix.v, iy.v, ix.n};
+        s[0] = (struct dp_svg_series){si->name, ix.v, iy.v, ix.n, NULL};
         emit("idle.svg", &(struct dp_svg_plot){DP_SVG_BARS, "Idle time per worker (simulated)", "worker (index)", "idle (% of time)", 0, 0, 0}, s, 1);
     } else skip("idle.svg", "no simulate --json --per-worker output");
     if (sh) {
         for (int64_t k = 0; k < sh->stale.n; k++) push(&hx, (double)k);
-        s[0] = (struct dp_svg_series){sh->name, hx.v, sh->stale.v, hx.n};
+        s[0] = (struct dp_svg_series){sh->name, hx.v, sh->stale.v, hx.n, NULL};
         emit("staleness.svg", &(struct dp_svg_plot){DP_SVG_BARS, "Staleness histogram", "staleness (updates)", "updates (count)", 0, 0, 0}, s, 1);
     } else skip("staleness.svg", "no staleness in the inputs (simulate --json of ssp or async, or an async run)");
     free(ix.v), free(iy.v), free(hx.v);
@@ -263,7 +272,7 @@ int dptrain_cmd_plot(int argc, char **argv) {
             double t = mx.v[b]; mx.v[b] = mx.v[b - 1], mx.v[b - 1] = t;
             t = my.v[b]; my.v[b] = my.v[b - 1], my.v[b - 1] = t;
         }
-    if (mx.n && ns < 10) s[ns++] = (struct dp_svg_series){"measured", mx.v, my.v, mx.n};
+    if (mx.n && ns < 10) s[ns++] = (struct dp_svg_series){"measured", mx.v, my.v, mx.n, NULL};
     if (npred)
         emit("scaling.svg", &(struct dp_svg_plot){DP_SVG_LINES, "Scaling: predicted and measured", "workers (count)", "throughput (samples/s)", 0, 0, 1}, s, ns);
     else skip("scaling.svg", "no plan --sweep --json output");
@@ -275,11 +284,28 @@ int dptrain_cmd_plot(int argc, char **argv) {
         struct vec a = {0}, b = {0}, c = {0};
         for (int64_t k = 0; k < pl->b_done.n; k++)
             push(&a, 1e3 * pl->b_ready.v[k]), push(&b, 1e3 * pl->b_start.v[k]), push(&c, 1e3 * pl->b_done.v[k]);
-        s[0] = (struct dp_svg_series){"queued (ready to start)", a.v, b.v, a.n};
-        s[1] = (struct dp_svg_series){"all-reduce", b.v, c.v, b.n};
+        s[0] = (struct dp_svg_series){"queued (ready to start)", a.v, b.v, a.n, NULL};
+        s[1] = (struct dp_svg_series){"all-reduce", b.v, c.v, b.n, NULL};
         emit("timeline.svg", &(struct dp_svg_plot){DP_SVG_SPANS, "Buckets of one step (planned)", "time from the step's start (ms)", "bucket (index)", 0, 0, 0}, s, 2);
         free(a.v), free(b.v), free(c.v);
     } else skip("timeline.svg", "no plan --json output");
+    /* the pipeline's planned schedule: stages x time, each micro-batch's forward and backward */
+    const struct input *pq = NULL;
+    for (int i = 0; i < nin && !pq; i++)
+        if (in[i].pp_t0.n && in[i].pp_t1.n == in[i].pp_t0.n && in[i].pp_stage.n == in[i].pp_t0.n &&
+            in[i].pp_bwd.n == in[i].pp_t0.n)
+            pq = &in[i];
+    if (pq) {
+        struct vec x[2] = {{0}}, y[2] = {{0}}, r[2] = {{0}};
+        for (int64_t k = 0; k < pq->pp_t0.n; k++) {
+            int b = pq->pp_bwd.v[k] != 0;
+            push(&x[b], 1e3 * pq->pp_t0.v[k]), push(&y[b], 1e3 * pq->pp_t1.v[k]), push(&r[b], pq->pp_stage.v[k]);
+        }
+        s[0] = (struct dp_svg_series){"forward", x[0].v, y[0].v, x[0].n, r[0].v};
+        s[1] = (struct dp_svg_series){"backward", x[1].v, y[1].v, x[1].n, r[1].v};
+        emit("pipeline.svg", &(struct dp_svg_plot){DP_SVG_SPANS, "Pipeline schedule of one step (planned)", "time from the step's start (ms)", "stage (index)", 0, 0, 0}, s, 2);
+        for (int b = 0; b < 2; b++) free(x[b].v), free(y[b].v), free(r[b].v);
+    } else skip("pipeline.svg", "no plan --pp --json output");
     ns = gather(s, in, nin, OFF(l_time), OFF(l_size));
     if (ns) emit("world_size.svg", &(struct dp_svg_plot){DP_SVG_LINES, "World size under dptrain launch", "time (s)", "hosts running (count)", 0, 0, 0}, s, ns);
     else skip("world_size.svg", "no launch.jsonl records");
