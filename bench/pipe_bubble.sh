@@ -23,10 +23,12 @@
 # (--workers 2, 32 windows each) on the same batch: samples/s.
 # The plan against them (PLAN=0: not run): `dptrain calibrate --model MODEL --workers 2 --batch 64
 # --optim adamw` once, before the runs (the profile: forward and backward seconds per sample with
-# both workers computing at once, the optimizer's per parameter, the links), then for each layout
-# `dptrain plan --profile` (--pp 2 --micro-batches M --pp-schedule K; --workers 1 and 2 for the
-# references): its predicted step against the measured one (64 / samples/s), and `plan --layout
-# auto`'s first layout against the fastest measured.
+# both workers computing at once, the optimizer's per parameter, the links), and the same at
+# --batch 16 and 4 (8 and 2 samples per worker: the compute of a pipeline's small micro-batches,
+# given with --profile-at); then for each layout `dptrain plan --profile ... --profile-at ...`
+# (--pp 2 --micro-batches M --pp-schedule K; --workers 1 and 2 for the references): its predicted
+# step against the measured one (64 / samples/s), and `plan --layout auto`'s first layout against
+# the fastest measured.
 # Output: bench/results/pipe_bubble-<stamp>.md and .tsv (one row per run).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -50,13 +52,17 @@ PLAN=${PLAN:-1}
 PROFILE=$WORK/profile.json
 if [ "$PLAN" != 0 ]; then
     note "calibrating (dptrain calibrate --model $MODEL --workers 2 --batch 64 --optim adamw)"
-    "$DPTRAIN" calibrate --model "$MODEL" --workers 2 --batch 64 --optim adamw --out "$PROFILE" >"$WORK/calibrate.log" 2>&1 ||
-        { tail -3 "$WORK/calibrate.log" >&2; die "dptrain calibrate failed"; }
+    for cb in 64 16 4; do
+        "$DPTRAIN" calibrate --model "$MODEL" --workers 2 --batch "$cb" --optim adamw --out "$WORK/profile-$cb.json" \
+            >"$WORK/calibrate.log" 2>&1 || { tail -3 "$WORK/calibrate.log" >&2; die "dptrain calibrate failed"; }
+    done
+    cp "$WORK/profile-64.json" "$PROFILE"
 fi
+PLAN_AT=(--profile-at "$WORK/profile-16.json" --profile-at "$WORK/profile-4.json")
 # predicted SCHEDULE M: the plan's step seconds for that layout (one/dp2 with M 0); NA without PLAN
 predicted() {
     [ "$PLAN" != 0 ] || { echo NA; return; }
-    local args=(--profile "$PROFILE" --model "$MODEL" --batch 64 --optim adamw --json)
+    local args=(--profile "$PROFILE" "${PLAN_AT[@]}" --model "$MODEL" --batch 64 --optim adamw --json)
     case $1 in
         one) "$DPTRAIN" plan "${args[@]}" --workers 1 ;;
         dp2) "$DPTRAIN" plan "${args[@]}" --workers 2 ;;
@@ -123,7 +129,7 @@ done
 
 FIRST=NA
 if [ "$PLAN" != 0 ]; then # the layout plan ranks first: "dp pp micro"
-    FIRST=$("$DPTRAIN" plan --profile "$PROFILE" --model "$MODEL" --batch 64 --optim adamw --workers 2 --layout auto --json \
+    FIRST=$("$DPTRAIN" plan --profile "$PROFILE" "${PLAN_AT[@]}" --model "$MODEL" --batch 64 --optim adamw --workers 2 --layout auto --json \
         2>/dev/null | sed -n 's/.*"rank": 1, "dp": \([0-9]*\), "pp": \([0-9]*\), "micro_batches": \([0-9]*\), "zero": \([0-9]*\).*/\1 \2 \3 \4/p')
 fi
 "$PY" - "$TSV" "$OUTMD" "$CPU_MODEL" "$NCPU" "$LOAD1" "$GIT_REV" "$STEPS" "$split" "${FIRST:-NA}" <<'PYEOF'

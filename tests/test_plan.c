@@ -826,6 +826,39 @@ TEST(plan_pipeline_spans) {
     dp_plan_pipe_free(&r);
 }
 
+/* Compute calibrated at several sizes: the per-sample times interpolated in log b between the
+ * nearest two, held beyond; a pipeline's micro-batch and a data-parallel worker's share each take
+ * the times at their own size. */
+TEST(plan_sample_times_by_size) {
+    struct dp_plan_params p = dp_plan_default_params();
+    const double cb[2] = {2, 32}, cf[2] = {1e-3, 2e-3}, cw[2] = {2e-3, 4e-3};
+    p.fwd_sample_s = 5e-3, p.bwd_sample_s = 5e-3; /* (the profile's own point; cal_n 0: these) */
+    double f, b;
+    dp_plan_sample_times(&p, 8, &f, &b);
+    ASSERT_FEQ(f, 5e-3);
+    p.cal_n = 2, p.cal_batch = cb, p.cal_fwd = cf, p.cal_bwd = cw;
+    dp_plan_sample_times(&p, 8, &f, &b); /* log2: 8 is half way from 2 to 32 */
+    ASSERT_NEAR(f, 1.5e-3, 1e-15);
+    ASSERT_NEAR(b, 3e-3, 1e-15);
+    dp_plan_sample_times(&p, 1, &f, &b);
+    ASSERT_FEQ(f, 1e-3);
+    dp_plan_sample_times(&p, 64, &f, &b);
+    ASSERT_FEQ(b, 4e-3);
+    int64_t layers[4] = {100, 100, 100, 100};
+    double flops[4] = {1e6, 1e6, 1e6, 1e6};
+    p.layers = layers, p.layer_flops = flops, p.nlayers = 4, p.batch = 64, p.net.workers = 2;
+    dp_plan_net_link(&p.net, 0, 1e30);
+    struct dp_plan_pipe r;
+    ASSERT_OK(dp_plan_pipeline(&p, 2, 8, DP_PIPE_1F1B, 0, &r)); /* micro-batches of 8 */
+    ASSERT_NEAR(r.f_s[0], 1.5e-3 * 8 / 2, 1e-15);
+    ASSERT_NEAR(r.b_s[1], 3e-3 * 8 / 2, 1e-15);
+    dp_plan_pipe_free(&r);
+    struct dp_plan_result d;
+    ASSERT_OK(dp_plan_run(&p, &d)); /* 32 samples a worker */
+    ASSERT_NEAR(d.fwd_s, 2e-3 * 32, 1e-12);
+    dp_plan_result_free(&d);
+}
+
 /* The layers' bytes are the arena's: the gpt's blocks keep more than their outputs, and a
  * layer without state keeps just its output. */
 TEST(model_layer_bytes_measured) {

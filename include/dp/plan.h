@@ -258,8 +258,18 @@ struct dp_plan_params {
      * (scratch, gradient buffers); NULL: none (no messages, no activations counted) */
     const double *layer_out, *layer_act, *layer_scratch;
     double tie_bytes;         /* a parameter tied across the first and last stage (the gpt's embedding) */
+    /* Calibrated compute at several sizes (dptrain plan --profile-at): forward and backward seconds
+     * per sample measured with cal_batch[i] samples per worker (ascending).  A small batch can cost
+     * less per sample than a large one (its activations stay in cache), and a pipeline's
+     * micro-batches are small: the times at b samples are interpolated in log b between the two
+     * nearest sizes, held beyond them (dp_plan_sample_times).  cal_n 0: fwd_sample_s and
+     * bwd_sample_s at every size. */
+    int cal_n;
+    const double *cal_batch, *cal_fwd, *cal_bwd;
 };
 struct dp_plan_params dp_plan_default_params(void);
+/* The calibrated forward and backward seconds per sample at b samples per worker (see cal_n). */
+void dp_plan_sample_times(const struct dp_plan_params *p, double b, double *fwd, double *bwd);
 
 /* Where a plan's forward and backward times come from, the first that
  * applies: a calibrated model (fwd_sample_s, bwd_sample_s), a measured

@@ -212,6 +212,25 @@ struct dp_plan_params dp_plan_default_params(void) {
     return p;
 }
 
+void dp_plan_sample_times(const struct dp_plan_params *p, double b, double *fwd, double *bwd) {
+    *fwd = p->fwd_sample_s, *bwd = p->bwd_sample_s;
+    int n = p->cal_n;
+    if (n < 1 || !(b > 0)) return;
+    if (b <= p->cal_batch[0] || n == 1) {
+        *fwd = p->cal_fwd[0], *bwd = p->cal_bwd[0];
+        return;
+    }
+    if (b >= p->cal_batch[n - 1]) {
+        *fwd = p->cal_fwd[n - 1], *bwd = p->cal_bwd[n - 1];
+        return;
+    }
+    int i = 0;
+    while (i + 2 < n && b > p->cal_batch[i + 1]) i++;
+    double u = log(b / p->cal_batch[i]) / log(p->cal_batch[i + 1] / p->cal_batch[i]); /* (in log b) */
+    *fwd = p->cal_fwd[i] + u * (p->cal_fwd[i + 1] - p->cal_fwd[i]);
+    *bwd = p->cal_bwd[i] + u * (p->cal_bwd[i + 1] - p->cal_bwd[i]);
+}
+
 void dp_plan_result_free(struct dp_plan_result *r) {
     if (!r) return;
     dp_free(r->b);
@@ -287,13 +306,14 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
         psi += (double)layers[i];
         fwd_flops += p->layer_flops ? p->layer_flops[i] : 2.0 * (double)layers[i] * p->tokens;
     }
-    double b_local = (double)p->batch / P;
+    double b_local = (double)p->batch / P, fps, bps;
+    dp_plan_sample_times(p, b_local, &fps, &bps);
     /* seconds per forward FLOP of this worker's share, and backward's
      * seconds per (forward) FLOP of its layers: twice, unless measured */
-    double sec_per_flop = p->fwd_sample_s > 0 ? p->fwd_sample_s * b_local / fwd_flops
+    double sec_per_flop = p->fwd_sample_s > 0 ? fps * b_local / fwd_flops
                           : p->sample_s > 0   ? p->sample_s * b_local / (3 * fwd_flops)
                                               : b_local / p->flops;
-    double bwd_per_flop = p->fwd_sample_s > 0 ? p->bwd_sample_s * b_local / fwd_flops : 2 * sec_per_flop;
+    double bwd_per_flop = p->fwd_sample_s > 0 ? bps * b_local / fwd_flops : 2 * sec_per_flop;
     r->compute = p->fwd_sample_s > 0 ? DP_PLAN_COMPUTE_CALIBRATED
                  : p->sample_s > 0   ? DP_PLAN_COMPUTE_SAMPLE
                                      : DP_PLAN_COMPUTE_FLOPS;

@@ -61,6 +61,14 @@ int dp_plan_pipeline(const struct dp_plan_params *p, int S, int M, int schedule,
     }
     rc = dp_pipe_split(cost, L, S, r->first);
     double b = (double)p->batch / ((double)R * M); /* samples per micro-batch */
+    /* the whole model's forward and backward of one micro-batch: calibrated at its size, or the
+     * replica's share's over M (FLOPs or a time per sample: no size effect) */
+    double fwd_m = whole.fwd_s / M, bwd_m = whole.bwd_s / M;
+    if (p->fwd_sample_s > 0) {
+        double fps, bps;
+        dp_plan_sample_times(p, b, &fps, &bps);
+        fwd_m = fps * b, bwd_m = bps * b;
+    }
     double fmax = 0, sum = 0, cmax = 0, tail = 0;
     for (int s = 0; !rc && s < S; s++) {
         double fl = 0, ps = 0, act = 0, most = 0;
@@ -70,8 +78,8 @@ int dp_plan_pipeline(const struct dp_plan_params *p, int S, int M, int schedule,
         }
         act += most;
         double share = flops > 0 ? fl / flops : 1.0 / S;
-        r->f_s[s] = whole.fwd_s / M * share;
-        r->b_s[s] = whole.bwd_s / M * share;
+        r->f_s[s] = fwd_m * share;
+        r->b_s[s] = bwd_m * share;
         if (r->f_s[s] + r->b_s[s] > fmax) fmax = r->f_s[s] + r->b_s[s];
         sum += r->f_s[s] + r->b_s[s];
         /* the boundary after stage s: one micro-batch's output */

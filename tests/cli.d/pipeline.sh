@@ -106,3 +106,5 @@ if "$BIN" plot --out "$T/ppl" "$T/ppl.jsonl" >"$T/ppl.log" 2>&1 && grep -q "wrot
    [[ $(grep -c '<rect x=' "$T/ppl/pipeline.svg") -eq $((16 + 3)) ]]; then
   ok plot_pipeline_schedule
 else bad plot_pipeline_schedule "$(cat "$T/ppl.log")"; fi
+expect_error plan_profile_at_needs_profile "--profile-at needs --profile of calibrate --model" \
+  "$BIN" plan "${GPL[@]}" --layout auto --profile-at "$T/none.json"

@@ -310,6 +310,10 @@ static const char *help_plan =
     "                        stages, micro-batches S..16S, ZeRO 0-3 without stages, 0-1 with),\n"
     "                        those that fit --memory-per-worker, ranked by predicted step time\n"
     "  --memory-per-worker B bytes a worker may hold (suffix K, M, G: powers of 1000) [no limit]\n"
+    "  --profile-at FILE     (up to 8) profiles of calibrate --model at other --batch / --workers:\n"
+    "                        the compute per sample at each size, interpolated for each layout's\n"
+    "                        samples per worker or micro-batch (small batches can cost less a\n"
+    "                        sample: their activations stay in cache)\n"
     "output:\n"
     "  --buckets             the bucket table (times from the step's start)\n"
     "  --sweep MAX           the same global batch on P = 1, 2, 4 .. MAX workers, and the\n"
@@ -329,6 +333,8 @@ static void print_bytes(const char *label, double b) {
  * it was calibrated for (checked against --model once all options are read). */
 struct profile_info {
     char path[1024], model[128];
+    long long batch; /* calibrate --model's --batch and --workers (0: none) */
+    int workers;
     int compute; /* 1: the profile prices compute (calibrated fwd/bwd, sample_s or flops) */
     double sgd_param_s, adamw_param_s;
     double sizes[64], measured[DP_PLAN_ALGO_COUNT][64]; /* the all-reduce table (dp_plan_net tab_*) */
@@ -384,6 +390,7 @@ static void load_profile(const char *path, struct dp_plan_params *p, struct prof
     const struct dp_json_field *mf = dp_json_get(&o, "model");
     snprintf(pi->model, sizeof pi->model, "%s", mf && mf->type == DP_JSON_STR ? mf->str : "");
     pi->sgd_param_s = dp_json_num(&o, "sgd_param_s", NAN), pi->adamw_param_s = dp_json_num(&o, "adamw_param_s", NAN);
+    pi->batch = (long long)dp_json_num(&o, "batch", 0), pi->workers = (int)dp_json_num(&o, "workers", 0);
     /* the calibrated step terms (0 where the profile has none) */
     double fw = dp_json_num(&o, "fwd_sample_s", NAN), bw = dp_json_num(&o, "bwd_sample_s", NAN);
     if (fw == fw && bw == bw) p->fwd_sample_s = fw, p->bwd_sample_s = bw;
@@ -649,7 +656,9 @@ int dptrain_cmd_plan(int argc, char **argv) {
     int compute_given = 0, profile_given = 0; /* --flops or --sample-ms; --profile */
     struct profile_info pi = {.sgd_param_s = NAN, .adamw_param_s = NAN};
     long long sweep = 0;
-    int pp = 0, micro = 0, schedule = DP_PIPE_1F1B, zero = 0, layout = 0;
+    int pp = 0, micro = 0, schedule = DP_PIPE_1F1B, zero = 0, layout = 0, nat = 0;
+    const char *at[8];
+    double cal_b[9], cal_f[9], cal_bw[9];
     double mem_limit = 0;
     const char *model = NULL, *input = "1,28,28", *v;
     struct dptrain_fail_opts fo;
@@ -709,7 +718,10 @@ int dptrain_cmd_plan(int argc, char **argv) {
             profile_given = 1;
             gbps_given = lat_given = 0; /* the profile's link, unless given again after it */
         } else if (!strcmp(a, "--buckets")) buckets = 1;
-        else if (dptrain_take(argc, argv, &i, "--pp", &v)) pp = (int)dptrain_int_arg(a, v, 1, 65536);
+        else if (dptrain_take(argc, argv, &i, "--profile-at", &v)) {
+            if (nat == 8) die("--profile-at: at most 8 profiles");
+            at[nat++] = v;
+        } else if (dptrain_take(argc, argv, &i, "--pp", &v)) pp = (int)dptrain_int_arg(a, v, 1, 65536);
         else if (dptrain_take(argc, argv, &i, "--micro-batches", &v)) micro = (int)dptrain_int_arg(a, v, 1, 65536);
         else if (dptrain_take(argc, argv, &i, "--pp-schedule", &v)) {
             if ((schedule = dp_pipe_schedule_parse(v)) < 0) die("--pp-schedule: '%s' (expected gpipe or 1f1b)", v);
@@ -762,6 +774,28 @@ int dptrain_cmd_plan(int argc, char **argv) {
             "FLOPs at %g FLOP/s, an estimate; run 'dptrain calibrate --model %s --out %s' (at the run's --workers and "
             "--batch), or give --sample-ms MS or --flops F",
             pi.path, model, p.flops, model, pi.path);
+    if (nat) { /* the compute at other sizes: this profile's point and theirs, by samples per worker */
+        if (!profile_given || p.fwd_sample_s <= 0)
+            die("--profile-at needs --profile of calibrate --model (the compute at the run's own size)");
+        cal_b[0] = (double)pi.batch / pi.workers, cal_f[0] = p.fwd_sample_s, cal_bw[0] = p.bwd_sample_s;
+        for (int k = 0; k < nat; k++) {
+            struct dp_plan_params q = dp_plan_default_params();
+            struct profile_info qi = {.sgd_param_s = NAN, .adamw_param_s = NAN};
+            load_profile(at[k], &q, &qi);
+            if (strcmp(qi.model, pi.model) || q.fwd_sample_s <= 0 || qi.batch < 1 || qi.workers < 1)
+                die("%s: --profile-at needs a profile of calibrate --model %s (it has %s)", at[k], pi.model,
+                    qi.model[0] ? qi.model : "no model");
+            cal_b[k + 1] = (double)qi.batch / qi.workers, cal_f[k + 1] = q.fwd_sample_s, cal_bw[k + 1] = q.bwd_sample_s;
+        }
+        for (int a = 1; a <= nat; a++) /* (insertion sort by size; equal sizes: the later one) */
+            for (int b = a; b > 0 && cal_b[b - 1] >= cal_b[b]; b--) {
+                double t;
+                t = cal_b[b], cal_b[b] = cal_b[b - 1], cal_b[b - 1] = t;
+                t = cal_f[b], cal_f[b] = cal_f[b - 1], cal_f[b - 1] = t;
+                t = cal_bw[b], cal_bw[b] = cal_bw[b - 1], cal_bw[b - 1] = t;
+            }
+        p.cal_n = nat + 1, p.cal_batch = cal_b, p.cal_fwd = cal_f, p.cal_bwd = cal_bw;
+    }
     if ((pp || layout || micro) && !model) die("--pp, --micro-batches and --layout need --model (the layers to split)");
     if ((pp || layout) && (sweep || fo.given)) die("--pp and --layout plan one worker count: not with --sweep or the failure options");
     if (pp && layout) die("--pp and --layout auto exclude each other (the layout chooses the stages)");
