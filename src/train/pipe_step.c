@@ -55,8 +55,10 @@
 #include "dp/par.h"
 #include "trainer.h"
 
-/* message tags of the pipeline's protocol (the world's messages are apart from its collectives) */
-enum { TAG_ACT = 30001, TAG_GRAD = 30002, TAG_TIE_GRAD = 30003, TAG_TIE_PARAM = 30004 };
+/* Message tags of the pipeline's protocol (the world's messages are apart from its collectives):
+ * micro-batch k's activations and gradient carry a tag of their own (k mod TAG_RING), so that
+ * the receives posted ahead for several micro-batches match the same on either backend. */
+enum { TAG_RING = 4096, TAG_ACT = 20000, TAG_GRAD = TAG_ACT + TAG_RING, TAG_TIE_GRAD = 30003, TAG_TIE_PARAM = 30004 };
 enum { TIE_NONE = 0, TIE_OWNER = 1, TIE_READER = 2 };
 
 struct worker_pipe {
@@ -77,8 +79,10 @@ struct worker_pipe {
     struct dp_pass *pass;        /* ... its pass */
     int *reducing;               /* ... whether its backward reduces (the last micro-batch's) */
     float **xin;                 /* ... its input, received from the stage before */
+    float **dyb;                 /* ... its output's gradient, received from the stage after */
+    struct dp_comm_msg **xreq;   /* ... the receive of its input, posted ahead (NULL: none) */
+    struct dp_comm_msg **dyreq;  /* ... the receive of its output's gradient, posted ahead */
     struct dp_comm_msg **sent;   /* ... its last message sent (activations, then the input's gradient) */
-    float *dy;                   /* the output's gradient, received from the stage after */
     struct dp_pipe_op *ops;      /* this stage's schedule (2M; room for 2 M_max) */
     int tie;                     /* TIE_* */
     int tie_peer;                /* the job rank at the other end of the tie */
@@ -230,14 +234,18 @@ int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp) {
     pp->pass = dp_calloc((size_t)pp->nviews, sizeof *pp->pass);
     pp->reducing = dp_calloc((size_t)pp->nviews, sizeof *pp->reducing);
     pp->xin = dp_calloc((size_t)pp->nviews, sizeof *pp->xin);
+    pp->dyb = dp_calloc((size_t)pp->nviews, sizeof *pp->dyb);
+    pp->xreq = dp_calloc((size_t)pp->nviews, sizeof *pp->xreq);
+    pp->dyreq = dp_calloc((size_t)pp->nviews, sizeof *pp->dyreq);
     pp->sent = dp_calloc((size_t)pp->nviews, sizeof *pp->sent);
     pp->ops = dp_malloc(sizeof *pp->ops * (size_t)(2 * pp->M_max));
-    pp->dy = pp->next >= 0 ? dp_malloc_big(sizeof(float) * (size_t)(pp->micro_max * pp->out_n)) : NULL;
-    if (!pp->views || !pp->pass || !pp->reducing || !pp->xin || !pp->sent || !pp->ops || (pp->next >= 0 && !pp->dy))
+    if (!pp->views || !pp->pass || !pp->reducing || !pp->xin || !pp->dyb || !pp->xreq || !pp->dyreq || !pp->sent ||
+        !pp->ops)
         return dp_seterr(DP_ENOMEM, "--pp: out of memory");
     for (int v = 0; v < pp->nviews; v++) {
         if ((rc = dp_replica_init_view(&pp->views[v], &w->rep, l0, l1, pp->micro_max))) return rc;
-        if (pp->prev >= 0 && !(pp->xin[v] = dp_malloc_big(sizeof(float) * (size_t)(pp->micro_max * pp->in_n))))
+        if ((pp->prev >= 0 && !(pp->xin[v] = dp_malloc_big(sizeof(float) * (size_t)(pp->micro_max * pp->in_n)))) ||
+            (pp->next >= 0 && !(pp->dyb[v] = dp_malloc_big(sizeof(float) * (size_t)(pp->micro_max * pp->out_n)))))
             return dp_seterr(DP_ENOMEM, "--pp: out of memory");
     }
     int reader, owner;
@@ -263,13 +271,16 @@ struct dp_comm *dp__pipe_sync_params(struct worker *w, struct dp_sync_params *sp
 void dp__pipe_worker_free(struct worker *w) {
     struct worker_pipe *pp = w->pipe;
     if (!pp) return;
-    for (int v = 0; v < pp->nviews; v++) {
+    for (int v = 0; v < pp->nviews; v++) { /* (a failed step's messages: the sends done, the receives withdrawn) */
+        if (pp->sent && pp->sent[v]) (void)dp_comm_msg_wait(pp->pcomm, pp->sent[v], NULL, NULL);
+        if (pp->xreq && pp->xreq[v]) (void)dp_comm_msg_cancel(pp->pcomm, pp->xreq[v]);
+        if (pp->dyreq && pp->dyreq[v]) (void)dp_comm_msg_cancel(pp->pcomm, pp->dyreq[v]);
         if (pp->views) dp_replica_free(&pp->views[v]);
         if (pp->xin) dp_free(pp->xin[v]);
-        if (pp->sent && pp->sent[v]) (void)dp_comm_msg_wait(pp->pcomm, pp->sent[v], NULL, NULL);
+        if (pp->dyb) dp_free(pp->dyb[v]);
     }
-    dp_free(pp->views), dp_free(pp->pass), dp_free(pp->reducing), dp_free(pp->xin), dp_free(pp->sent);
-    dp_free(pp->ops), dp_free(pp->dy), dp_free(pp->tie_buf);
+    dp_free(pp->views), dp_free(pp->pass), dp_free(pp->reducing), dp_free(pp->xin), dp_free(pp->dyb);
+    dp_free(pp->xreq), dp_free(pp->dyreq), dp_free(pp->sent), dp_free(pp->ops), dp_free(pp->tie_buf);
     dp_comm_free(pp->scomm);
     dp_free(pp);
     w->pipe = NULL;
@@ -306,8 +317,40 @@ static int recv_floats(struct worker *w, float *buf, int64_t n, int src, int tag
     return rc;
 }
 
+/* A receive posted ahead, waited for: n floats expected. */
+static int recv_wait(struct worker *w, struct dp_comm_msg **req, int64_t n, int src) {
+    int64_t got = 0;
+    int rc = dp_comm_msg_wait(w->pipe->pcomm, *req, NULL, &got);
+    *req = NULL;
+    if (!rc && got != n * (int64_t)sizeof(float))
+        rc = dp_seterr(DP_EINTERNAL, "pipeline: %lld bytes from rank %d, expected %lld", (long long)got, src,
+                       (long long)(n * (int64_t)sizeof(float)));
+    return rc;
+}
+
+/* Micro-batch k's rows [*c0, *c0 + *B) of the loader's batch: M equal cuts, or the fixed chunks. */
+static void micro_rows(const struct dp_trainer *t, const struct worker_pipe *pp, const struct dp_loader_batch *lb,
+                       int k, int64_t *c0, int64_t *B) {
+    const int64_t C = t->p.dp.det_chunk;
+    if (pp->det) *c0 = (int64_t)k * C, *B = lb->B - *c0 < C ? lb->B - *c0 : C;
+    else dp_comm_split(lb->B, pp->M, k, c0, B);
+}
+
+/* Micro-batch k's input, received ahead into its view's buffer: posted when the view is free
+ * (the step's start for the first ones, or after the backward of the micro-batch before it on the
+ * view), so its transfer overlaps the compute of the micro-batches before it. */
+static int post_input(struct worker *w, const struct dp_loader_batch *lb, int k) {
+    struct worker_pipe *pp = w->pipe;
+    if (pp->prev < 0 || k >= pp->M) return DP_OK;
+    int64_t c0, B;
+    micro_rows(w->t, pp, lb, k, &c0, &B);
+    int v = k % pp->nviews;
+    return dp_comm_irecv(pp->pcomm, pp->xin[v], B * pp->in_n * (int64_t)sizeof(float), pp->prev, TAG_ACT + k % TAG_RING,
+                         &pp->xreq[v]);
+}
+
 /* F(k): the input (received, or the batch's), the stage's layers, the output sent on (or,
- * on the last stage, the loss counted). */
+ * on the last stage, the loss counted); the receive of its output's gradient posted. */
 static int pipe_forward(struct worker *w, const struct dp_loader_batch *lb, const struct dp_batch *b, int k) {
     struct dp_trainer *t = w->t;
     struct worker_pipe *pp = w->pipe;
@@ -319,7 +362,7 @@ static int pipe_forward(struct worker *w, const struct dp_loader_batch *lb, cons
     if (pp->R > 1) pass->stat_sync = stage_stat_sync, pass->stat_sync_arg = w;
     const float *x = NULL;
     double t0 = dp_time();
-    if (pp->prev >= 0 && (rc = recv_floats(w, pp->xin[v], b->B * pp->in_n, pp->prev, TAG_ACT))) return rc;
+    if (pp->prev >= 0 && (rc = recv_wait(w, &pp->xreq[v], b->B * pp->in_n, pp->prev))) return rc;
     if (pp->prev >= 0) x = pp->xin[v];
     double ta = dp_time();
     struct dp_replica *r = &pp->views[v];
@@ -331,9 +374,12 @@ static int pipe_forward(struct worker *w, const struct dp_loader_batch *lb, cons
     if (e) e->micro = k;
     if (ta > t0) dp_timeline_add(&w->tl, "pipe-wait", 0, w->step, t0, ta);
     w->t_fwd += pass->t_forward;
-    if (pp->next >= 0)
-        return dp_comm_isend(pp->pcomm, r->acts[pp->span.layer1], b->B * pp->out_n * (int64_t)sizeof(float), pp->next,
-                             TAG_ACT, &pp->sent[v]);
+    if (pp->next >= 0) {
+        const int64_t bytes = b->B * pp->out_n * (int64_t)sizeof(float);
+        rc = dp_comm_irecv(pp->pcomm, pp->dyb[v], bytes, pp->next, TAG_GRAD + k % TAG_RING, &pp->dyreq[v]);
+        return rc ? rc : dp_comm_isend(pp->pcomm, r->acts[pp->span.layer1], bytes, pp->next, TAG_ACT + k % TAG_RING,
+                                       &pp->sent[v]);
+    }
     w->loss_sum += pass->loss_sum; /* (the last stage's: the epoch's loss and accuracy) */
     w->correct += pass->correct;
     w->seen += b->B;
@@ -342,7 +388,7 @@ static int pipe_forward(struct worker *w, const struct dp_loader_batch *lb, cons
 
 /* B(k): the output's gradient (received, or the loss's), the stage's backward (the tied
  * gradient added in first on the owner's last), the input's gradient sent back. */
-static int pipe_backward(struct worker *w, const struct dp_batch *b, int k) {
+static int pipe_backward(struct worker *w, const struct dp_loader_batch *lb, const struct dp_batch *b, int k) {
     struct dp_trainer *t = w->t;
     struct worker_pipe *pp = w->pipe;
     int v = k % pp->nviews, last = k == pp->M - 1, rc = sent_wait(w, v);
@@ -352,7 +398,7 @@ static int pipe_backward(struct worker *w, const struct dp_batch *b, int k) {
     if (rc) return rc;
     struct dp_pass *pass = &pp->pass[v];
     double t0 = dp_time();
-    if (pp->next >= 0 && (rc = recv_floats(w, pp->dy, b->B * pp->out_n, pp->next, TAG_GRAD))) return rc;
+    if (pp->next >= 0 && (rc = recv_wait(w, &pp->dyreq[v], b->B * pp->out_n, pp->next))) return rc;
     if (pp->det) { /* (the chunk's conversion counts from here: gpipe runs the forwards first) */
         (void)dp_sync_micro_begin(&w->sync, pass, k, pp->M, 0, 0);
         if (pp->tie == TIE_READER) memset(w->rep.grads + pp->tie_off, 0, sizeof(float) * (size_t)pp->tie_count);
@@ -366,14 +412,15 @@ static int pipe_backward(struct worker *w, const struct dp_batch *b, int k) {
     if (ta > t0) dp_timeline_add(&w->tl, "pipe-wait", 0, w->step, t0, ta);
     struct dp_replica *r = &pp->views[v];
     const float *dx = NULL;
-    rc = dp_model_backward_range(t->model, r, b, pp->span.layer0, pp->span.layer1, pp->next >= 0 ? pp->dy : NULL,
+    rc = dp_model_backward_range(t->model, r, b, pp->span.layer0, pp->span.layer1, pp->next >= 0 ? pp->dyb[v] : NULL,
                                  &dx, pass);
     if ((rc = dp_sync_micro_end(&w->sync, pass, pp->reducing[v], rc))) return rc;
     struct dp_tl_event *e = dp_timeline_push(&w->tl, "backward", 0, w->step, ta, ta + pass->t_backward);
     if (e) e->micro = k;
     w->t_bwd += pass->t_backward;
-    if (pp->prev >= 0 &&
-        (rc = dp_comm_isend(pp->pcomm, dx, b->B * pp->in_n * (int64_t)sizeof(float), pp->prev, TAG_GRAD, &pp->sent[v])))
+    if (pp->prev >= 0 && ((rc = dp_comm_isend(pp->pcomm, dx, b->B * pp->in_n * (int64_t)sizeof(float), pp->prev,
+                                              TAG_GRAD + k % TAG_RING, &pp->sent[v])) ||
+                          (rc = post_input(w, lb, k + pp->nviews)))) /* (the view is free for the next) */
         return rc;
     if (tie_now && pp->tie == TIE_READER)
         rc = dp_comm_send(pp->pcomm, w->rep.grads + pp->tie_off, pp->tie_count * (int64_t)sizeof(float), pp->tie_peer,
@@ -424,13 +471,13 @@ static int pipe_step(struct worker *w, int64_t nmicro, int64_t *skipped, double 
      * reads the same share, so all agree on M) */
     if (pp->det) pp->M = lb->B > 0 ? (int)((lb->B + C - 1) / C) : 1;
     if ((rc = dp_pipe_schedule(pp->kind, pp->S, pp->M, pp->stage, pp->ops))) return rc;
+    for (int k = 0; k < pp->nviews && !rc; k++) rc = post_input(w, lb, k); /* (every view is free) */
     for (int i = 0; i < 2 * pp->M && !rc; i++) {
         const struct dp_pipe_op op = pp->ops[i];
         int64_t c0, B;
-        if (pp->det) c0 = op.micro * C, B = lb->B - c0 < C ? lb->B - c0 : C;
-        else dp_comm_split(lb->B, pp->M, op.micro, &c0, &B);
+        micro_rows(t, pp, lb, op.micro, &c0, &B);
         struct dp_batch b = dp__batch_of(lb, c0, B, per, t->pos, dp_model_num_classes(m));
-        rc = op.kind == 'F' ? pipe_forward(w, lb, &b, op.micro) : pipe_backward(w, &b, op.micro);
+        rc = op.kind == 'F' ? pipe_forward(w, lb, &b, op.micro) : pipe_backward(w, lb, &b, op.micro);
     }
     for (int v = 0; v < pp->nviews && !rc; v++) rc = sent_wait(w, v);
     if (!rc && pp->det) rc = dp_sync_finish(&w->sync, 1); /* the chunks' fixed-point sums over the stage's replicas */
