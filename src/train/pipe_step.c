@@ -58,7 +58,8 @@
 /* Message tags of the pipeline's protocol (the world's messages are apart from its collectives):
  * micro-batch k's activations and gradient carry a tag of their own (k mod TAG_RING), so that
  * the receives posted ahead for several micro-batches match the same on either backend. */
-enum { TAG_RING = 4096, TAG_ACT = 20000, TAG_GRAD = TAG_ACT + TAG_RING, TAG_TIE_GRAD = 30003, TAG_TIE_PARAM = 30004 };
+enum { TAG_RING = 4096, TAG_ACT = 20000, TAG_GRAD = TAG_ACT + TAG_RING, TAG_TIE_GRAD = 30003, TAG_TIE_PARAM = 30004,
+       TAG_STATE = 30005 /* (a checkpoint's optimizer state, to rank 0) */ };
 enum { TIE_NONE = 0, TIE_OWNER = 1, TIE_READER = 2 };
 
 struct worker_pipe {
@@ -308,15 +309,6 @@ static int stage_stat_sync(void *arg, double *buf, int64_t n) {
     return dp_comm_allreduce(w->pipe->scomm, buf, n, DP_DTYPE_F64, DP_ALGO_AUTO);
 }
 
-static int recv_floats(struct worker *w, float *buf, int64_t n, int src, int tag) {
-    int64_t got = 0;
-    int rc = dp_comm_recv(w->pipe->pcomm, buf, n * (int64_t)sizeof(float), src, tag, NULL, &got);
-    if (!rc && got != n * (int64_t)sizeof(float))
-        rc = dp_seterr(DP_EINTERNAL, "pipeline: %lld bytes from rank %d, expected %lld", (long long)got, src,
-                       (long long)(n * (int64_t)sizeof(float)));
-    return rc;
-}
-
 /* A receive posted ahead, waited for: n floats expected. */
 static int recv_wait(struct worker *w, struct dp_comm_msg **req, int64_t n, int src) {
     int64_t got = 0;
@@ -326,6 +318,13 @@ static int recv_wait(struct worker *w, struct dp_comm_msg **req, int64_t n, int 
         rc = dp_seterr(DP_EINTERNAL, "pipeline: %lld bytes from rank %d, expected %lld", (long long)got, src,
                        (long long)(n * (int64_t)sizeof(float)));
     return rc;
+}
+
+/* n floats from src with tag, now. */
+static int recv_floats(struct worker *w, float *buf, int64_t n, int src, int tag) {
+    struct dp_comm_msg *req;
+    int rc = dp_comm_irecv(w->pipe->pcomm, buf, n * (int64_t)sizeof(float), src, tag, &req);
+    return rc ? rc : recv_wait(w, &req, n, src);
 }
 
 /* Micro-batch k's rows [*c0, *c0 + *B) of the loader's batch: M equal cuts, or the fixed chunks. */
@@ -542,8 +541,6 @@ int64_t dp__pipe_activation_bytes(const struct worker *w) {
 }
 
 /* ---- checkpoints --------------------------------------------------------------------------- */
-
-enum { TAG_STATE = 30005 };
 
 int dp__state_part_each(const struct dp_trainer *t, int k, void (*put)(void *arg, const float *p, int64_t n),
                         void *arg) {
