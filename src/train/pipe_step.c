@@ -102,9 +102,6 @@ int dp__pipe_plan(struct dp_trainer *t) {
     if (m->nlayers < t->pp)
         return dp_seterr(DP_EINVAL, "--pp %d: model '%s' has %d layers, fewer than the stages", t->pp, m->spec,
                          m->nlayers);
-    if (p->dp.deterministic && m->num_buffers > 0) /* (each chunk's statistics are applied model-wide) */
-        return dp_seterr(DP_ENOTSUP, "--pp with --deterministic does not support models with BatchNorm ('%s') yet",
-                         m->spec);
     /* Each stage's cost: its layers' counted forward FLOPs (backward is about twice forward
      * for each, so the proportions hold), plus one unit per layer so that layers without
      * FLOPs (norms, activations) still spread. */
