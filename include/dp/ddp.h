@@ -418,7 +418,7 @@ struct dp_sync_params {
     int deterministic;         /* fixed-point sums per chunk, one all-reduce of doubles per step */
     double positions;          /* loss terms per sample (1; T for a language model): N = samples x positions */
     struct dp_span span;       /* a pipeline stage: its layers' parameters only are reduced, checked and
-                                  updated (params, grads and n below are that range; ZeRO 0, no
+                                  updated (params, grads and n below are that range; ZeRO 0 and 1, no
                                   compression); zeroed: the whole model */
     /* A pipeline stage: called by dp_sync_settle and dp_sync_gather, on every worker, to make
      * the parameters outside the span current (the stages' assembly); NULL: none */

@@ -299,7 +299,7 @@ void dp_sync_eval_hooks(struct dp_sync *s, struct dp_pass *pass) {
 }
 int dp_sync_gather(struct dp_sync *s, int keep, uint64_t *hash) {
     if (!s->p.whole) return dp_zero_gather_params(&s->zero, keep, hash);
-    /* a pipeline stage (ZeRO 0): the whole slab assembled, then hashed */
+    /* a pipeline stage (ZeRO 0, or 1 with its gather in the step): the whole slab assembled, then hashed */
     int rc = s->p.whole(s->p.whole_arg);
     if (!rc && hash) *hash = dp_fnv1a64(s->params - s->base, sizeof(float) * (size_t)s->m->num_params, *hash);
     return rc;
