@@ -440,10 +440,8 @@ static int agree(struct worker *w, int bad, double out[4]) {
     out[1] = last ? pp->loss : 0;
     out[2] = last ? pp->seen : 0;
     out[3] = 0;
-    if (w->t->p.run.clip_norm > 0 && pp->replica == 0) {
-        double g = w->t->p.dp.zero ? 0 : dp_grad_norm(w->sync.grads, w->sync.n);
-        out[3] = w->t->p.dp.zero ? w->sync.sumsq : g * g; /* (ZeRO: the stage's, from dp_sync_check) */
-    }
+    if (w->t->p.run.clip_norm > 0 && pp->replica == 0) /* (ZeRO: the stage's, from dp_sync_check) */
+        out[3] = w->t->p.dp.zero ? w->sync.sumsq : pow(dp_grad_norm(w->sync.grads, w->sync.n), 2);
     return dp_comm_allreduce(w->comm, out, 4, DP_DTYPE_F64, DP_ALGO_AUTO);
 }
 
