@@ -123,6 +123,35 @@ if FAKE_HOSTS=$T/hosts-abcd "$BIN" launch --hosts "$T/hosts-abcd" --mpirun "$T/f
   ok launch_failure_records_vote
 else bad launch_failure_records_vote "$(cat "$T/l5/launch.jsonl" "$T/l5/fake-hosts" 2>&1)" "$(tail -5 "$T/l5.log")"; fi
 
+# --- a rank that died of SIGPIPE (it wrote to the lost rank's closed socket) is not a lost host:
+# the first attempt's output names rank 2 killed by signal 13 and rank 0 by signal 9; only a is
+# excluded, and the relaunch runs on b, c ---
+cat >"$T/fake-mpirun3" <<'FAKE'
+#!/bin/bash
+hosts= out=
+while (( $# )); do
+  case $1 in --host) hosts=$2; shift ;; --out) out=$2; shift ;; esac
+  shift
+done
+echo "$hosts" >>"$out/fake-hosts"
+if [[ $hosts == a,b,c ]]; then
+  printf '{"kind": "step", "step": 1, "loss": 1}\n' >>"$out/metrics.jsonl"
+  echo "mpirun noticed that process rank 2 with PID 7 on node c exited on signal 13 (Broken pipe)." >&2
+  echo "mpirun noticed that process rank 0 with PID 5 on node a exited on signal 9 (Killed)." >&2
+  exit 141
+fi
+[[ $hosts == b,c ]]
+FAKE
+chmod +x "$T/fake-mpirun3"
+printf 'a\nb\nc\n' >"$T/hosts-abc"
+mkdir -p "$T/l7"
+if "$BIN" launch --hosts "$T/hosts-abc" --mpirun "$T/fake-mpirun3" --min-nodes 2 --poll-s 0.1 -- \
+     train --model mlp --out "$T/l7" >"$T/l7.log" 2>&1 &&
+   [[ $(tr '\n' ' ' <"$T/l7/fake-hosts") == "a,b,c b,c " ]] &&
+   grep -q '"kind": "failure", .*"failed_hosts": \["a"\], "records": 0,' "$T/l7/launch.jsonl"; then
+  ok launch_sigpipe_not_lost
+else bad launch_sigpipe_not_lost "$(cat "$T/l7/launch.jsonl" "$T/l7/fake-hosts" 2>&1)" "$(tail -5 "$T/l7.log")"; fi
+
 # --- a relaunch that fails before its first step, naming no host, is not relaunched again (the
 # steps the failed attempt left in metrics.jsonl are not this attempt's progress) ---
 cat >"$T/fake-mpirun2" <<'FAKE'
@@ -136,7 +165,6 @@ printf '{"kind": "failure", "process": 0, "host": "a", "steps_done": 1, "lost_pr
 exit 1
 FAKE
 chmod +x "$T/fake-mpirun2"
-printf 'a\nb\nc\n' >"$T/hosts-abc"
 mkdir -p "$T/l6"
 "$BIN" launch --hosts "$T/hosts-abc" --mpirun "$T/fake-mpirun2" --min-nodes 2 --max-restarts 5 -- \
   train --model mlp --out "$T/l6" >"$T/l6.log" 2>&1

@@ -233,11 +233,15 @@ struct attempt {
  * signal" (killed: the OOM killer, a lost machine), the trainer's "rank R did
  * not respond" (--comm-timeout: stalled, or its link cut).  A rank that exited
  * with an error of its own (mpirun's "Process name: [[J,1],R] ... Exit code")
- * names no lost host: the job is relaunched on the same ones. */
+ * names no lost host: the job is relaunched on the same ones.  Nor does a rank that
+ * died of SIGPIPE (signal 13): it wrote to a peer that had died, the peer is the loss
+ * (a rank of dptrain train defers that death by 2 s, so mpirun names the peer first). */
 static void scan_line(struct attempt *a, const char *line) {
-    const char *p;
+    const char *p, *sig;
     int r = -1, *mark = a->failed;
-    if ((p = strstr(line, "process rank ")) && strstr(p, "exited on signal")) r = atoi(p + strlen("process rank "));
+    if ((p = strstr(line, "process rank ")) && (sig = strstr(p, "exited on signal")) &&
+        atoi(sig + strlen("exited on signal")) != SIGPIPE)
+        r = atoi(p + strlen("process rank "));
     else if ((p = strstr(line, " did not respond")) && p - line >= 6) {
         const char *q = p;
         while (q > line && q[-1] >= '0' && q[-1] <= '9') q--;

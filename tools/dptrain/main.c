@@ -173,6 +173,32 @@ static void arm_stop_signals(void) {
     atomic_store(&stop_armed, 1);
 }
 
+/* SIGPIPE in a rank of an MPI job: a write to a peer whose process died, its kernel having
+ * closed the socket.  The default kills this rank at once, often before mpirun hears of the
+ * peer's own death; mpirun names only the first rank to die, so `dptrain launch` blamed this
+ * rank's host for the peer's loss (1 kill of rank 0 in 3 on the emulated cluster).  So the
+ * rank lets the peer's death be reported first: it waits 2 s (mpirun, having seen that death,
+ * ends the job meanwhile), then dies of SIGPIPE as the default would.  The writer is MPI's
+ * (a communication thread), never a GEMM thread (see above).  Async-signal-safe. */
+static void on_sigpipe(int sig) {
+    struct timespec ts = {2, 0};
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+    }
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    signal(sig, SIG_DFL);
+    pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+    raise(sig);
+    _exit(128 + sig);
+}
+static void defer_sigpipe(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigpipe;
+    sigaction(SIGPIPE, &sa, NULL);
+}
+
 /* 1 when the run's model reads token ids: its model file's, its spec's, or the resumed
  * checkpoint's (the library reports a file or checkpoint it cannot read). */
 static int train_reads_tokens(const struct dp_train_params *tp) {
@@ -289,6 +315,7 @@ static int cmd_train(int argc, char **argv) {
     int nprocs = 1, me = 0;
     struct dp_comm *job = NULL;
     if (!strcmp(backend, "mpi")) {
+        defer_sigpipe();
         struct dp_comm_params cp = dp_comm_default_params();
         cp.timeout_s = tp.dp.comm_timeout;
         job = dptrain_job_start(&cp);
