@@ -63,6 +63,18 @@ typedef void (*dp_grad_ready_fn)(void *arg, int64_t offset, int64_t count);
  * data-parallel mode): sums buf[0..n) over all workers, in place. */
 typedef int (*dp_stat_sync_fn)(void *arg, double *buf, int64_t n);
 
+/* Tensor parallelism (Megatron-LM's, within a group of `size` workers that see the same
+ * batch): a layer that splits (the transformer block: attention by heads, its MLP column then
+ * row) computes its `rank`'s slice of each matrix product, and its partial sums meet in
+ * allreduce (sums buf[0..n) over the group, in place).  Every worker holds every parameter;
+ * a split parameter's gradient is written only in the worker's slice (dp_param_info.tp_split),
+ * a replicated one's in full on every worker of the group. */
+struct dp_tp {
+    int rank, size;
+    int (*allreduce)(void *arg, float *buf, int64_t n);
+    void *arg;
+};
+
 /* Everything a layer's forward/backward needs besides its inputs. */
 struct dp_ctx {
     float *params;            /* the replica's parameter slab */
@@ -85,6 +97,7 @@ struct dp_ctx {
      * range, and 1 to the count in its num_batches_tracked slot.  Integer sums, so the sum over
      * any split of the batches is the same bits; dp_model_apply_stats then applies their mean. */
     double *stat_acc;
+    const struct dp_tp *tp; /* tensor parallelism (NULL, or size 1: none) */
 };
 
 struct dp_layer;
@@ -145,7 +158,12 @@ struct dp_param_info {
     float init_a;
     int is_buffer;               /* 1: lives in the buffer slab (running stats) */
     int no_decay;                /* reserved for optimizer parameter groups */
+    int tp_split;                /* tensor parallelism: DP_TP_* (how a layer that splits cuts it) */
 };
+/* A parameter under tensor parallelism (struct dp_tp): replicated, or cut into `size` equal
+ * slices along its first dimension (a column-parallel weight's output features, its bias) or
+ * its second (a row-parallel weight's input features); rank r holds slice r of each. */
+enum { DP_TP_REPLICATED = 0, DP_TP_ROWS = 1, DP_TP_COLS = 2 };
 
 /* Adds a parameter (or, with is_buffer, a buffer) to the model for layer l,
  * named "<l->name>.<name>", and returns its offset in floats (>= 0) or a
@@ -314,6 +332,11 @@ int64_t dp_model_num_classes(const struct dp_model *m);
 /* A parameter or buffer by full name, or NULL. */
 const struct dp_param_info *dp_model_find_param(const struct dp_model *m, const char *name);
 
+/* Whether tensor parallelism over `size` workers (struct dp_tp) can split model m: DP_OK when
+ * it has a layer that splits (attention, transformer block) and each has a multiple of `size`
+ * heads; else an error that says why. */
+int dp_model_tp_check(const struct dp_model *m, int size);
+
 /* Layers [layer0, layer1) of a model's sequence and the parameters they own,
  * [param_off, param_off + param_count) of the slab (contiguous: parameters are
  * registered in layer order): a pipeline stage's part of the model.  A zeroed
@@ -374,6 +397,7 @@ struct dp_pass {
     dp_stat_sync_fn stat_sync;
     void *stat_sync_arg;
     double *stat_acc;           /* dp_ctx.stat_acc: deterministic mode's statistics (NULL: off) */
+    const struct dp_tp *tp;     /* dp_ctx.tp: tensor parallelism (NULL: none) */
     /* Called before each top-level layer's forward (phase DP_PHASE_FORWARD,
      * layers in increasing order) and before its backward (DP_PHASE_BACKWARD,
      * decreasing), with the layer's index and the layer: the parameters it

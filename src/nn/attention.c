@@ -85,25 +85,18 @@ static void softmax_row_backward(float *dr, const float *pr, int64_t n, int64_t 
         dr[j] = 0.0f;
 }
 
-static int attn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x,
-                        int64_t B) {
-    const struct attention *p = l->priv;
-    const int64_t T = p->T, D = p->D, H = p->H, dh = p->dh, D3 = 3 * D;
+/* The heads' products: Hn heads of width dh on qkv (B, T, 3 Ds), Ds = Hn dh, its q, k and v
+ * each Ds wide; into P (B, Hn, T, T) and att (B, T, Ds).  (All the heads: Ds = D; under
+ * tensor parallelism a rank's Hn = H / size heads.) */
+static void heads_forward(const float *qkv, float *Pall, float *att, int64_t B, int64_t T, int64_t Hn, int64_t dh) {
+    const int64_t Ds = Hn * dh, D3 = 3 * Ds;
     const float scale = 1.0f / sqrtf((float)dh);
-    struct attention_saved *sv = dp_arena_alloc(ctx->arena, sizeof *sv);
-    if (!sv) return DP_ENOMEM;
-    sv->qkv = dp__arena_floats(ctx, B * T * D3);
-    sv->P = dp__arena_floats(ctx, B * H * T * T);
-    sv->att = dp__arena_floats(ctx, B * T * D);
-    if (!sv->qkv || !sv->P || !sv->att) return DP_ENOMEM;
-    int rc = p->qkv->ops->forward(p->qkv, ctx, sv->qkv, x, B);
-    if (rc) return rc;
     for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < H; h++) {
-            const float *q = sv->qkv + b * T * D3 + h * dh; /* (T, dh), row stride 3D */
-            const float *k = q + D, *v = q + 2 * D;
-            float *P = sv->P + (b * H + h) * T * T; /* (T, T) */
-            float *o = sv->att + b * T * D + h * dh;
+        for (int64_t h = 0; h < Hn; h++) {
+            const float *q = qkv + b * T * D3 + h * dh; /* (T, dh), row stride 3 Ds */
+            const float *k = q + Ds, *v = q + 2 * Ds;
+            float *P = Pall + (b * Hn + h) * T * T; /* (T, T) */
+            float *o = att + b * T * Ds + h * dh;
             /* causal blocks: rows [i0, i1) need columns [0, i1) only */
             for (int64_t i0 = 0; i0 < T; i0 += CAUSAL_BLOCK) {
                 const int64_t i1 = i0 + CAUSAL_BLOCK < T ? i0 + CAUSAL_BLOCK : T;
@@ -113,43 +106,31 @@ static int attn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const 
                 softmax_row(P + i * T, i + 1, T);
             for (int64_t i0 = 0; i0 < T; i0 += CAUSAL_BLOCK) {
                 const int64_t i1 = i0 + CAUSAL_BLOCK < T ? i0 + CAUSAL_BLOCK : T;
-                dp_gemm(0, 0, i1 - i0, dh, i1, 1.0f, P + i0 * T, T, v, D3, 0.0f, o + i0 * D, D);
+                dp_gemm(0, 0, i1 - i0, dh, i1, 1.0f, P + i0 * T, T, v, D3, 0.0f, o + i0 * Ds, Ds);
             }
         }
-    if ((rc = p->proj->ops->forward(p->proj, ctx, y, sv->att, B))) return rc;
-    ctx->saved[l->id] = sv;
-    return DP_OK;
 }
 
-static int attn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *dy,
-                         const float *x, const float *y, int64_t B) {
-    (void)y;
-    const struct attention *p = l->priv;
-    const struct attention_saved *sv = ctx->saved[l->id];
-    if (!sv) return dp_seterr(DP_EINTERNAL, "attention %s: backward without forward", l->name);
-    const int64_t T = p->T, D = p->D, H = p->H, dh = p->dh, D3 = 3 * D;
+/* Their backward: from datt (B, T, Ds), dqkv (B, T, 3 Ds); dS a (T, T) scratch. */
+static void heads_backward(const float *qkv, const float *Pall, const float *datt, float *dqkv, float *dS, int64_t B,
+                           int64_t T, int64_t Hn, int64_t dh) {
+    const int64_t Ds = Hn * dh, D3 = 3 * Ds;
     const float scale = 1.0f / sqrtf((float)dh);
-    float *datt = dp__arena_floats(ctx, B * T * D);
-    float *dqkv = dp__arena_floats(ctx, B * T * D3);
-    float *dS = dp__arena_floats(ctx, T * T);
-    if (!datt || !dqkv || !dS) return DP_ENOMEM;
-    int rc = p->proj->ops->backward(p->proj, ctx, datt, dy, sv->att, NULL, B);
-    if (rc) return rc;
     for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < H; h++) {
-            const float *q = sv->qkv + b * T * D3 + h * dh, *k = q + D, *v = q + 2 * D;
-            float *dq = dqkv + b * T * D3 + h * dh, *dk = dq + D, *dv = dq + 2 * D;
-            const float *P = sv->P + (b * H + h) * T * T;
-            const float *dO = datt + b * T * D + h * dh; /* (T, dh), row stride D */
+        for (int64_t h = 0; h < Hn; h++) {
+            const float *q = qkv + b * T * D3 + h * dh, *k = q + Ds, *v = q + 2 * Ds;
+            float *dq = dqkv + b * T * D3 + h * dh, *dk = dq + Ds, *dv = dq + 2 * Ds;
+            const float *P = Pall + (b * Hn + h) * T * T;
+            const float *dO = datt + b * T * Ds + h * dh; /* (T, dh), row stride Ds */
             /* Blocks of CAUSAL_BLOCK: a product whose rows are query positions
              * i in [i0, i1) needs key columns [0, i1); one whose rows are key
              * positions j in [j0, j1) needs query rows [j0, T).  The skipped
              * entries of P and dS are the zeros above the diagonal. */
             for (int64_t i0 = 0; i0 < T; i0 += CAUSAL_BLOCK) {
                 const int64_t i1 = i0 + CAUSAL_BLOCK < T ? i0 + CAUSAL_BLOCK : T;
-                dp_gemm(1, 0, i1 - i0, dh, T - i0, 1.0f, P + i0 * T + i0, T, dO + i0 * D, D, 0.0f,
+                dp_gemm(1, 0, i1 - i0, dh, T - i0, 1.0f, P + i0 * T + i0, T, dO + i0 * Ds, Ds, 0.0f,
                         dv + i0 * D3, D3); /* dV = P^T dO */
-                dp_gemm(0, 1, i1 - i0, i1, dh, 1.0f, dO + i0 * D, D, v, D3, 0.0f, dS + i0 * T,
+                dp_gemm(0, 1, i1 - i0, i1, dh, 1.0f, dO + i0 * Ds, Ds, v, D3, 0.0f, dS + i0 * T,
                         T); /* dP = dO V^T */
             }
             for (int64_t i = 0; i < T; i++)
@@ -162,7 +143,65 @@ static int attn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, cons
                         0.0f, dk + i0 * D3, D3); /* dK = dS^T Q s */
             }
         }
-    return p->qkv->ops->backward(p->qkv, ctx, dx, dqkv, x, NULL, B);
+}
+
+/* Tensor parallelism (ctx->tp, Megatron-LM's): rank r of the group computes heads
+ * [r Hn, (r+1) Hn), Hn = H / size: the qkv Linear is column-parallel (rows r Ds.. of each of
+ * its q, k and v thirds), proj row-parallel (its columns r Ds..), so
+ *     y = sum over ranks of att_r Wproj[:, r]^T  + bproj     one all-reduce in forward,
+ *     dx = sum over ranks of dqkv_r Wqkv[r]                 one in backward. */
+static int attn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x,
+                        int64_t B) {
+    const struct attention *p = l->priv;
+    const struct dp_tp *tp = ctx->tp;
+    const int64_t T = p->T, D = p->D, dh = p->dh, Hn = tp ? p->H / tp->size : p->H, Ds = Hn * dh, R = B * T;
+    struct attention_saved *sv = dp_arena_alloc(ctx->arena, sizeof *sv);
+    if (!sv) return DP_ENOMEM;
+    sv->qkv = dp__arena_floats(ctx, B * T * 3 * Ds);
+    sv->P = dp__arena_floats(ctx, B * Hn * T * T);
+    sv->att = dp__arena_floats(ctx, B * T * Ds);
+    if (!sv->qkv || !sv->P || !sv->att) return DP_ENOMEM;
+    int rc = DP_OK;
+    if (!tp) rc = p->qkv->ops->forward(p->qkv, ctx, sv->qkv, x, B);
+    else
+        for (int64_t g = 0; g < 3; g++) /* q, k, v: this rank's heads of each */
+            dp__linear_rows_forward(p->qkv, ctx, sv->qkv + g * Ds, 3 * Ds, x, R, g * D + tp->rank * Ds, Ds);
+    if (rc) return rc;
+    heads_forward(sv->qkv, sv->P, sv->att, B, T, Hn, dh);
+    if (!tp) rc = p->proj->ops->forward(p->proj, ctx, y, sv->att, B);
+    else {
+        dp__linear_cols_forward(p->proj, ctx, y, sv->att, R, tp->rank * Ds, Ds);
+        if (!(rc = tp->allreduce(tp->arg, y, R * D))) dp__linear_bias_forward(p->proj, ctx, y, R);
+    }
+    if (rc) return rc;
+    ctx->saved[l->id] = sv;
+    return DP_OK;
+}
+
+static int attn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *dy,
+                         const float *x, const float *y, int64_t B) {
+    (void)y;
+    const struct attention *p = l->priv;
+    const struct attention_saved *sv = ctx->saved[l->id];
+    if (!sv) return dp_seterr(DP_EINTERNAL, "attention %s: backward without forward", l->name);
+    const struct dp_tp *tp = ctx->tp;
+    const int64_t T = p->T, D = p->D, dh = p->dh, Hn = tp ? p->H / tp->size : p->H, Ds = Hn * dh, R = B * T;
+    float *datt = dp__arena_floats(ctx, B * T * Ds);
+    float *dqkv = dp__arena_floats(ctx, B * T * 3 * Ds);
+    float *dS = dp__arena_floats(ctx, T * T);
+    if (!datt || !dqkv || !dS) return DP_ENOMEM;
+    if (!tp) {
+        int rc = p->proj->ops->backward(p->proj, ctx, datt, dy, sv->att, NULL, B);
+        if (rc) return rc;
+    } else {
+        dp__linear_cols_backward(p->proj, ctx, datt, dy, sv->att, R, tp->rank * Ds, Ds);
+        dp__linear_bias_backward(p->proj, ctx, dy, R);
+    }
+    heads_backward(sv->qkv, sv->P, datt, dqkv, dS, B, T, Hn, dh);
+    if (!tp) return p->qkv->ops->backward(p->qkv, ctx, dx, dqkv, x, NULL, B);
+    for (int64_t g = 0; g < 3; g++)
+        dp__linear_rows_backward(p->qkv, ctx, dx, g > 0, dqkv + g * Ds, 3 * Ds, x, R, g * D + tp->rank * Ds, Ds);
+    return dx ? tp->allreduce(tp->arg, dx, R * D) : DP_OK;
 }
 
 static void attn_free(struct dp_layer *l) {
@@ -204,6 +243,8 @@ int dp__attention_make(struct dp_model *m, struct dp_layer **out, const char *na
     if ((rc = dp__linear_make(m, &p->proj, nm, in, D, 1))) return dp__layer_fail(m, l, &mk, rc);
     dp__linear_init_gpt(m, p->qkv);
     dp__linear_init_gpt(m, p->proj);
+    dp__linear_set_tp(m, p->qkv, DP_TP_ROWS);  /* (each of qkv's q, k and v thirds cut by head) */
+    dp__linear_set_tp(m, p->proj, DP_TP_COLS);
     l->param_count = m->num_params - l->param_off;
     l->flops_fwd = p->qkv->flops_fwd + p->proj->flops_fwd + heads * (4 * T * T * p->dh + 5 * T * T);
     *out = l;
@@ -217,3 +258,5 @@ int dp_attention(struct dp_model *m, const char *name, int heads) {
     int rc = dp__attention_make(m, &l, name, name, &in, heads);
     return dp__layer_record(m, l, rc, &mk, "attention %s heads=%d", name, heads);
 }
+
+int dp__attention_heads(const struct dp_layer *l) { return (int)((const struct attention *)l->priv)->H; }

@@ -189,6 +189,22 @@ int dp__linear_make(struct dp_model *m, struct dp_layer **out, const char *name,
 /* Re-initialises a Linear layer made by dp__linear_make as GPT-2 does:
  * weight N(0, 0.02^2), bias 0 (instead of PyTorch's U(+-1/sqrt(IN))). */
 void dp__linear_init_gpt(struct dp_model *m, const struct dp_layer *l);
+/* A Linear's slices under tensor parallelism (linear.c; struct dp_tp): column-parallel rows
+ * [r0, r0 + nr) of its output features, row-parallel columns [c0, c0 + nc) of its input
+ * features; the row-parallel bias once, after the all-reduce; the parameters marked. */
+void dp__linear_rows_forward(const struct dp_layer *l, const struct dp_ctx *ctx, float *y, int64_t ldy, const float *x,
+                             int64_t R, int64_t r0, int64_t nr);
+void dp__linear_rows_backward(const struct dp_layer *l, const struct dp_ctx *ctx, float *dx, int accumulate,
+                              const float *dy, int64_t ldy, const float *x, int64_t R, int64_t r0, int64_t nr);
+void dp__linear_cols_forward(const struct dp_layer *l, const struct dp_ctx *ctx, float *y, const float *x, int64_t R,
+                             int64_t c0, int64_t nc);
+void dp__linear_cols_backward(const struct dp_layer *l, const struct dp_ctx *ctx, float *dx, const float *dy,
+                              const float *x, int64_t R, int64_t c0, int64_t nc);
+void dp__linear_bias_forward(const struct dp_layer *l, const struct dp_ctx *ctx, float *y, int64_t R);
+void dp__linear_bias_backward(const struct dp_layer *l, const struct dp_ctx *ctx, const float *dy, int64_t R);
+void dp__linear_set_tp(struct dp_model *m, const struct dp_layer *l, int kind);
+/* An attention layer's heads (attention.c). */
+int dp__attention_heads(const struct dp_layer *l);
 int dp__conv2d_make(struct dp_model *m, struct dp_layer **out, const char *name,
                     const struct dp_shape *in, int64_t out_channels, int kernel, int stride,
                     int pad, int bias);

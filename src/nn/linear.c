@@ -24,14 +24,14 @@ struct linear {
 /* db (OUT) += sum over rows of dy (R, OUT).  Each thread owns a block of
  * columns and sums its rows in order, so the result does not depend on the
  * number of threads. */
-static void colsum_add(float *db, const float *dy, int64_t R, int64_t N) {
+static void colsum_add_ld(float *db, const float *dy, int64_t ld, int64_t R, int64_t N) {
     int64_t nblk = (N + 63) / 64;
 #pragma omp parallel for schedule(static) if (R * N >= DP__OMP_MIN && nblk > 1)
     for (int64_t blk = 0; blk < nblk; blk++) {
         int64_t j0 = blk * 64, j1 = j0 + 64 < N ? j0 + 64 : N;
         float acc[64] = {0};
         for (int64_t r = 0; r < R; r++) {
-            const float *row = dy + r * N;
+            const float *row = dy + r * ld;
 #pragma omp simd
             for (int64_t j = j0; j < j1; j++)
                 acc[j - j0] += row[j];
@@ -40,6 +40,8 @@ static void colsum_add(float *db, const float *dy, int64_t R, int64_t N) {
             db[j] += acc[j - j0];
     }
 }
+
+static void colsum_add(float *db, const float *dy, int64_t R, int64_t N) { colsum_add_ld(db, dy, N, R, N); }
 
 /* ---- forward / backward ------------------------------------------------------ */
 
@@ -130,6 +132,78 @@ int dp__linear_make(struct dp_model *m, struct dp_layer **out, const char *name,
     l->fuse_relu = linear_fuse_relu;
     *out = l;
     return DP_OK;
+}
+
+/* ---- slices, for tensor parallelism (Megatron-LM's parallel Linear) --------------------
+ * Column-parallel: this rank's output features [r0, r0 + nr), rows r0.. of W and b:
+ *     y[:, 0:nr] = x W[r0:r0+nr]^T + b[r0:r0+nr]        y (R, nr) with row stride ldy
+ *     dW[r0:r0+nr] += dy^T x,  db[r0:r0+nr] += sum_r dy,  dx (+)= dy W[r0:r0+nr]
+ * dx is this rank's share of the input's gradient (the group's sum is the whole; the caller
+ * all-reduces), added to dx when accumulate (several slices of one input).
+ * Row-parallel: this rank's input features [c0, c0 + nc), columns c0.. of W (row stride IN):
+ *     y = x W[:, c0:c0+nc]^T                            x (R, nc), y (R, OUT): a partial sum
+ *     dW[:, c0:c0+nc] += dy^T x,  dx = dy W[:, c0:c0+nc]
+ * whose bias is added once, by the caller, after the all-reduce (and its gradient is the
+ * full layer's: dp__linear_bias_backward). */
+void dp__linear_rows_forward(const struct dp_layer *l, const struct dp_ctx *ctx, float *y, int64_t ldy, const float *x,
+                             int64_t R, int64_t r0, int64_t nr) {
+    const struct linear *p = l->priv;
+    const float *w = ctx->params + l->param_off + r0 * p->in, *b = ctx->params + l->param_off + p->out * p->in + r0;
+    float beta = 0.0f;
+    if (p->bias) {
+        for (int64_t r = 0; r < R; r++)
+            memcpy(y + r * ldy, b, sizeof(float) * (size_t)nr);
+        beta = 1.0f;
+    }
+    dp_gemm(0, 1, R, nr, p->in, 1.0f, x, p->in, w, p->in, beta, y, ldy);
+}
+
+void dp__linear_rows_backward(const struct dp_layer *l, const struct dp_ctx *ctx, float *dx, int accumulate,
+                              const float *dy, int64_t ldy, const float *x, int64_t R, int64_t r0, int64_t nr) {
+    const struct linear *p = l->priv;
+    const float *w = ctx->params + l->param_off + r0 * p->in;
+    float *dw = ctx->grads + l->param_off + r0 * p->in, *db = ctx->grads + l->param_off + p->out * p->in + r0;
+    dp_gemm(1, 0, nr, p->in, R, 1.0f, dy, ldy, x, p->in, 1.0f, dw, p->in);
+    if (p->bias) colsum_add_ld(db, dy, ldy, R, nr);
+    if (dx) dp_gemm(0, 0, R, p->in, nr, 1.0f, dy, ldy, w, p->in, accumulate ? 1.0f : 0.0f, dx, p->in);
+}
+
+void dp__linear_cols_forward(const struct dp_layer *l, const struct dp_ctx *ctx, float *y, const float *x, int64_t R,
+                             int64_t c0, int64_t nc) {
+    const struct linear *p = l->priv;
+    dp_gemm(0, 1, R, p->out, nc, 1.0f, x, nc, ctx->params + l->param_off + c0, p->in, 0.0f, y, p->out);
+}
+
+void dp__linear_cols_backward(const struct dp_layer *l, const struct dp_ctx *ctx, float *dx, const float *dy,
+                              const float *x, int64_t R, int64_t c0, int64_t nc) {
+    const struct linear *p = l->priv;
+    dp_gemm(1, 0, p->out, nc, R, 1.0f, dy, p->out, x, nc, 1.0f, ctx->grads + l->param_off + c0, p->in);
+    if (dx) dp_gemm(0, 0, R, nc, p->out, 1.0f, dy, p->out, ctx->params + l->param_off + c0, p->in, 0.0f, dx, nc);
+}
+
+/* The bias: y (R, OUT) += b; db += sum_r dy (a row-parallel layer's, after the all-reduce). */
+void dp__linear_bias_forward(const struct dp_layer *l, const struct dp_ctx *ctx, float *y, int64_t R) {
+    const struct linear *p = l->priv;
+    if (!p->bias) return;
+    const float *b = ctx->params + l->param_off + p->out * p->in;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t j = 0; j < p->out; j++)
+            y[r * p->out + j] += b[j];
+}
+
+void dp__linear_bias_backward(const struct dp_layer *l, const struct dp_ctx *ctx, const float *dy, int64_t R) {
+    const struct linear *p = l->priv;
+    if (p->bias) colsum_add(ctx->grads + l->param_off + p->out * p->in, dy, R, p->out);
+}
+
+/* Marks l's weight (and bias) as tensor-parallel: column-parallel (DP_TP_ROWS: both cut by
+ * output feature) or row-parallel (DP_TP_COLS: the weight by input feature, the bias replicated). */
+void dp__linear_set_tp(struct dp_model *m, const struct dp_layer *l, int kind) {
+    for (int i = 0; i < m->nparams; i++) {
+        struct dp_param_info *p = &m->params[i];
+        if (p->is_buffer || p->offset < l->param_off || p->offset >= l->param_off + l->param_count) continue;
+        p->tp_split = p->shape.ndim == 2 ? kind : kind == DP_TP_ROWS ? DP_TP_ROWS : DP_TP_REPLICATED;
+    }
 }
 
 void dp__linear_init_gpt(struct dp_model *m, const struct dp_layer *l) {

@@ -413,6 +413,7 @@ static struct dp_ctx pass_ctx(struct dp_replica *r, const struct dp_batch *b, co
         .saved = r->saved, .batch = b, .training = p->training, .seed = p->seed,
         .grad_ready = p->grad_ready, .grad_ready_arg = p->grad_ready_arg,
         .stat_sync = p->stat_sync, .stat_sync_arg = p->stat_sync_arg, .stat_acc = p->stat_acc,
+        .tp = p->tp && p->tp->size > 1 ? p->tp : NULL,
     };
 }
 

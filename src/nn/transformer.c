@@ -36,19 +36,27 @@ struct block_saved {
  *           dr = ln2^T(dh2) + dy                         (residual: dy flows straight to r)
  *           dh1 = attn^T(dr),  dx = ln1^T(dh1) + dr      (residual: dr flows straight to x)
  * Each child's backward overwrites its dx, so the residual terms are added
- * here; parameter gradients accumulate in the children. */
+ * here; parameter gradients accumulate in the children.
+ *
+ * Tensor parallelism (ctx->tp, Megatron-LM's MLP): rank r of the group holds the hidden
+ * features [r F, (r+1) F), F = 4D / size: fc column-parallel, fc_out row-parallel, so
+ *     fc_out(gelu(fc(h2))) = sum over ranks of gelu(h2 Wfc[r]^T + bfc[r]) Wout[:, r]^T + bout
+ * is one all-reduce in forward, and dh2 = sum over ranks of df_r Wfc[r] one in backward; the
+ * attention child does the same by heads.  The norms and residuals run whole on every rank. */
 static int block_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x,
                          int64_t B) {
     const struct block *p = l->priv;
-    const int64_t n = B * dp_shape_numel(&l->in_shape);
+    const struct dp_tp *tp = ctx->tp;
+    const int64_t n = B * dp_shape_numel(&l->in_shape), R = B * l->in_shape.d[0], D = l->in_shape.d[1];
+    const int64_t F = tp ? 4 * D / tp->size : 4 * D, nf = R * F;
     struct block_saved *sv = dp_arena_alloc(ctx->arena, sizeof *sv);
     if (!sv) return DP_ENOMEM;
     sv->h1 = dp__arena_floats(ctx, n);
     sv->a = dp__arena_floats(ctx, n);
     sv->r = dp__arena_floats(ctx, n);
     sv->h2 = dp__arena_floats(ctx, n);
-    sv->f = dp__arena_floats(ctx, 4 * n);
-    sv->g = dp__arena_floats(ctx, 4 * n);
+    sv->f = dp__arena_floats(ctx, nf);
+    sv->g = dp__arena_floats(ctx, nf);
     if (!sv->h1 || !sv->a || !sv->r || !sv->h2 || !sv->f || !sv->g) return DP_ENOMEM;
     int rc;
     if ((rc = p->ln1->ops->forward(p->ln1, ctx, sv->h1, x, B)) ||
@@ -59,12 +67,17 @@ static int block_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const
 #pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
     for (int64_t i = 0; i < n; i++)
         r[i] = x[i] + a[i];
-    if ((rc = p->ln2->ops->forward(p->ln2, ctx, sv->h2, sv->r, B)) ||
-        (rc = p->fc->ops->forward(p->fc, ctx, sv->f, sv->h2, B)))
-        return rc;
+    if ((rc = p->ln2->ops->forward(p->ln2, ctx, sv->h2, sv->r, B))) return rc;
+    if (!tp && (rc = p->fc->ops->forward(p->fc, ctx, sv->f, sv->h2, B))) return rc;
+    if (tp) dp__linear_rows_forward(p->fc, ctx, sv->f, F, sv->h2, R, tp->rank * F, F);
     /* the act child's GELU, keeping its derivative in f's place: backward needs no Phi again */
-    dp__gelu_erf_forward_keep(sv->g, sv->f, 4 * n);
-    if ((rc = p->fc_out->ops->forward(p->fc_out, ctx, y, sv->g, B))) return rc;
+    dp__gelu_erf_forward_keep(sv->g, sv->f, nf);
+    if (!tp) rc = p->fc_out->ops->forward(p->fc_out, ctx, y, sv->g, B);
+    else {
+        dp__linear_cols_forward(p->fc_out, ctx, y, sv->g, R, tp->rank * F, F);
+        if (!(rc = tp->allreduce(tp->arg, y, n))) dp__linear_bias_forward(p->fc_out, ctx, y, R);
+    }
+    if (rc) return rc;
 #pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
     for (int64_t i = 0; i < n; i++)
         y[i] += r[i];
@@ -78,16 +91,25 @@ static int block_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, con
     const struct block *p = l->priv;
     const struct block_saved *sv = ctx->saved[l->id];
     if (!sv) return dp_seterr(DP_EINTERNAL, "block %s: backward without forward", l->name);
-    const int64_t n = B * dp_shape_numel(&l->in_shape);
-    float *g4a = dp__arena_floats(ctx, 4 * n), *g4b = dp__arena_floats(ctx, 4 * n);
+    const struct dp_tp *tp = ctx->tp;
+    const int64_t n = B * dp_shape_numel(&l->in_shape), R = B * l->in_shape.d[0], D = l->in_shape.d[1];
+    const int64_t F = tp ? 4 * D / tp->size : 4 * D, nf = R * F;
+    float *g4a = dp__arena_floats(ctx, nf), *g4b = dp__arena_floats(ctx, nf);
     float *gn = dp__arena_floats(ctx, n), *dr = dp__arena_floats(ctx, n);
     if (!g4a || !g4b || !gn || !dr) return DP_ENOMEM;
-    int rc;
-    if ((rc = p->fc_out->ops->backward(p->fc_out, ctx, g4a, dy, sv->g, NULL, B))) return rc;
-    dp__gelu_erf_backward_kept(g4b, g4a, sv->f, 4 * n);
-    if ((rc = p->fc->ops->backward(p->fc, ctx, gn, g4b, sv->h2, NULL, B)) ||
-        (rc = p->ln2->ops->backward(p->ln2, ctx, dr, gn, sv->r, NULL, B)))
-        return rc;
+    int rc = DP_OK;
+    if (!tp && (rc = p->fc_out->ops->backward(p->fc_out, ctx, g4a, dy, sv->g, NULL, B))) return rc;
+    if (tp) {
+        dp__linear_cols_backward(p->fc_out, ctx, g4a, dy, sv->g, R, tp->rank * F, F);
+        dp__linear_bias_backward(p->fc_out, ctx, dy, R);
+    }
+    dp__gelu_erf_backward_kept(g4b, g4a, sv->f, nf);
+    if (!tp) rc = p->fc->ops->backward(p->fc, ctx, gn, g4b, sv->h2, NULL, B);
+    else {
+        dp__linear_rows_backward(p->fc, ctx, gn, 0, g4b, F, sv->h2, R, tp->rank * F, F);
+        rc = tp->allreduce(tp->arg, gn, n);
+    }
+    if (rc || (rc = p->ln2->ops->backward(p->ln2, ctx, dr, gn, sv->r, NULL, B))) return rc;
 #pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
     for (int64_t i = 0; i < n; i++)
         dr[i] += dy[i];
@@ -157,6 +179,8 @@ int dp__transformer_block_make(struct dp_model *m, struct dp_layer **out, const 
         return dp__layer_fail(m, l, &mk, rc);
     dp__linear_init_gpt(m, p->fc);
     dp__linear_init_gpt(m, p->fc_out);
+    dp__linear_set_tp(m, p->fc, DP_TP_ROWS);
+    dp__linear_set_tp(m, p->fc_out, DP_TP_COLS);
     l->param_count = m->num_params - l->param_off;
     const int64_t n = dp_shape_numel(in);
     l->flops_fwd = p->ln1->flops_fwd + p->attn->flops_fwd + p->ln2->flops_fwd + p->fc->flops_fwd +
@@ -171,4 +195,22 @@ int dp_transformer_block(struct dp_model *m, const char *name, int heads) {
     struct dp_layer *l;
     int rc = dp__transformer_block_make(m, &l, name, &in, heads);
     return dp__layer_record(m, l, rc, &mk, "transformer_block %s heads=%d", name, heads);
+}
+
+int dp_model_tp_check(const struct dp_model *m, int size) {
+    int split = 0;
+    for (int i = 0; i < m->nlayers; i++) {
+        const struct dp_layer *l = m->layers[i];
+        const int block = !strcmp(l->ops->type, "transformer_block");
+        if (!block && strcmp(l->ops->type, "attention")) continue;
+        const int heads = dp__attention_heads(block ? ((const struct block *)l->priv)->attn : l);
+        if (heads % size)
+            return dp_seterr(DP_EINVAL, "--tp %d: layer %s has %d heads, not a multiple of %d (attention splits by "
+                             "head)", size, l->name, heads, size);
+        split++;
+    }
+    if (!split)
+        return dp_seterr(DP_ENOTSUP, "--tp %d: model '%s' has no layer that splits (tensor parallelism splits the "
+                         "transformer's attention and MLP: a gpt)", size, m->spec);
+    return DP_OK;
 }

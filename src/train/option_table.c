@@ -436,6 +436,11 @@ const struct dp__opt dp__opts[] = {
          "activations held) | 1f1b (one forward, one backward in turn: at\n"
          "most S held) [1f1b]"),
      CUSTOM(set_pp_schedule, get_pp_schedule)},
+    {OPT("tp", "T", G_SPLIT,
+         "tensor parallelism: T workers split each transformer block (attention\n"
+         "by heads, the MLP column then row; a gpt); --workers / T replicas\n"
+         "train data-parallel [1: off]"),
+     NUM(DP__OPT_INT, dp.tp, 1, 256)},
 
     {OPT("timeline", "FILE", G_TUNE,
          "write a Chrome trace (Perfetto, chrome://tracing): one compute and one\n"

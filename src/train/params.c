@@ -11,6 +11,7 @@ struct dp_train_params dp_train_default_params(void) {
     p.dp.workers = 1;
     p.dp.accum = 1;
     p.dp.pp = 1;
+    p.dp.tp = 1;
     p.dp.pp_schedule = DP_PIPE_1F1B;
     p.dp.bucket_cap_bytes = 0; /* auto (dp/ddp.h) */
     p.dp.first_bucket_bytes = 1u << 20;
@@ -122,6 +123,31 @@ static int check_pipeline(const struct dp_train_params *p) {
     return DP_OK;
 }
 
+/* Tensor parallelism's settings, and what it does not combine with (yet). */
+static int check_tensor(const struct dp_train_params *p) {
+    const struct dp_train_dp *d = &p->dp;
+    if (d->tp < 1 || d->tp > d->workers || d->workers % d->tp)
+        return dp_seterr(DP_EINVAL, "--tp must divide --workers into tensor groups (got --tp %d with %d worker%s)", d->tp,
+                         d->workers, d->workers > 1 ? "s" : "");
+    if (d->tp == 1) return DP_OK;
+    if (d->deterministic)
+        return dp_seterr(DP_ENOTSUP, "--tp does not work with --deterministic: a split layer's output sums %d partial "
+                         "products (one per tensor rank) where one worker sums one, so no layout gives one worker's "
+                         "bits (without --deterministic the runs agree within float rounding)", d->tp);
+    if (d->zero >= 2)
+        return dp_seterr(DP_ENOTSUP, "--tp does not work with --zero %d yet: every worker holds the whole model; "
+                         "--zero 1 shards the optimizer state", d->zero);
+    const char *no = d->inter ? "mpirun (its tensor groups are threads of one process: run it on threads)"
+                     : d->pp > 1 ? "--pp"
+                     : d->balance ? "--balance"
+                     : d->compress.kind != DP_COMPRESS_NONE ? "--compress"
+                     : d->backup ? "--backup-workers"
+                     : d->async || d->staleness >= 0 ? "the parameter server"
+                     : NULL;
+    if (no) return dp_seterr(DP_ENOTSUP, "--tp does not work with %s yet", no);
+    return DP_OK;
+}
+
 int dp__check_params(const struct dp_train_params *p) {
     int rc;
     if (p->run.epochs < 0) return dp_seterr(DP_EINVAL, "--epochs must be >= 0 (got %lld)", (long long)p->run.epochs);
@@ -159,7 +185,7 @@ int dp__check_params(const struct dp_train_params *p) {
         return dp_seterr(DP_EINVAL, "--backup-workers %d does not work with --deterministic: which ranks are "
                          "dropped depends on timing (only --backup-workers 0 does)", p->dp.backup_workers);
     if ((rc = dp__check_ps(p))) return rc;
-    if ((rc = check_pipeline(p))) return rc;
+    if ((rc = check_pipeline(p)) || (rc = check_tensor(p))) return rc;
     if (p->dp.zero < 0 || p->dp.zero > 3) return dp_seterr(DP_EINVAL, "--zero must be in 0..3 (got %d)", p->dp.zero);
     /* stages 2 and 3 reduce-scatter each bucket: the compressed forms are all-reduces or all-gathers */
     if (p->dp.zero >= 2 && p->dp.compress.kind != DP_COMPRESS_NONE)

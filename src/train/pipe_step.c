@@ -121,15 +121,15 @@ int dp__pipe_plan(struct dp_trainer *t) {
     if (p->dp.deterministic) /* (the micro-batches are the fixed chunks) */
         snprintf(micro, sizeof micro, "micro-batches of %lld (--det-chunk)", (long long)p->dp.det_chunk);
     else snprintf(micro, sizeof micro, "%d micro-batch%s", t->pp_M, t->pp_M > 1 ? "es" : "");
-    int n = snprintf(t->pp_note, sizeof t->pp_note, "%d stage%s x %d replica%s, %s, %s:", t->pp, t->pp > 1 ? "s" : "",
+    int n = snprintf(t->layout, sizeof t->layout, "pipeline: %d stage%s x %d replica%s, %s, %s:", t->pp, t->pp > 1 ? "s" : "",
                      t->pp_R, t->pp_R > 1 ? "s" : "", micro, dp_pipe_schedule_name(p->dp.pp_schedule));
-    for (int s = 0; !rc && s < t->pp && n > 0 && (size_t)n < sizeof t->pp_note; s++) {
+    for (int s = 0; !rc && s < t->pp && n > 0 && (size_t)n < sizeof t->layout; s++) {
         int a = t->pp_first[s], b = t->pp_first[s + 1];
         double c = 0;
         for (int i = a; i < b; i++) c += cost[i];
         struct dp_span sp;
         (void)dp_model_span(m, a, b, &sp);
-        n += snprintf(t->pp_note + n, sizeof t->pp_note - (size_t)n, " stage %d %s%s%s (%lld parameters, %.0f%%)%s",
+        n += snprintf(t->layout + n, sizeof t->layout - (size_t)n, " stage %d %s%s%s (%lld parameters, %.0f%%)%s",
                       s, m->layers[a]->name, b - a > 1 ? ".." : "", b - a > 1 ? m->layers[b - 1]->name : "",
                       (long long)sp.param_count, 100.0 * c / total, s + 1 < t->pp ? ";" : "");
     }

@@ -37,6 +37,7 @@ static int epoch_totals(struct worker *w, double *out) {
     memset(out, 0, sizeof(double) * (size_t)(4 + 2 * t->G));
     out[4 + t->G + w->grank] = (double)w->seen;
     out[0] = w->loss_sum, out[1] = (double)w->correct, out[2] = (double)w->seen, out[3] = (double)w->skipped;
+    if (w->tp.rank) out[0] = out[1] = out[2] = out[3] = 0; /* (--tp: a tensor group's samples, counted by its rank 0) */
     int nb = t->p.dp.deterministic || t->bk_on ? 1 : w->sync.red.nb;
     double a = 0;
     for (int i = 0; i < nb; i++) a += w->arrival[i];

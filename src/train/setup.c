@@ -25,6 +25,7 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     lp.align = p->dp.deterministic && !p->dp.async ? p->dp.det_chunk : 1;
     lp.uneven = t->balance;
     if (t->pp > 1 && (rc = dp__pipe_worker_init(w, &lp))) return rc; /* (its stage's replica's share) */
+    if ((rc = dp__tp_worker_init(w, &lp))) return rc;                  /* (its tensor group's share) */
     if (t->ps_dynamic) {
         /* plain async: this worker reads whichever batch k of ceil(batch / P)
          * samples it claims (dp_loader_seek, then next); no prefetch, as the
@@ -303,6 +304,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
      * eval_chunk samples. */
     int64_t share = (p->run.batch + t->ps_W - 1) / t->ps_W;
     if (p->dp.pp > 1) share = (p->run.batch + t->G / p->dp.pp - 1) / (t->G / p->dp.pp); /* (a replica's) */
+    if (p->dp.tp > 1) share = (p->run.batch + t->G / p->dp.tp - 1) / (t->G / p->dp.tp); /* (a tensor group's) */
     t->balance = p->dp.balance > 0 && t->G > 1;
     t->bal_align = p->dp.deterministic ? p->dp.det_chunk : 1;
     if (t->balance) share = p->run.batch; /* a balanced share may be the whole batch */
@@ -319,6 +321,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
                   : dp_comm_thread_world_init(&t->world, t->P, &cp);
     if (rc) goto fail;
     if (p->dp.pp > 1 && (rc = dp__pipe_plan(t))) goto fail; /* (pipe_step.c) */
+    if ((rc = dp__tp_plan(t))) goto fail;                   /* (tp.c) */
     if (p->sim.simulate_slow) {
         t->slow_factor = dp_malloc(sizeof(double) * (size_t)t->G);
         if (!t->slow_factor) {

@@ -176,10 +176,12 @@ static int sync_begin(struct worker *w, struct dp_pass *pass, int64_t k, int64_t
         w->pace_ready = pass->grad_ready, w->pace_ready_arg = pass->grad_ready_arg;
         pass->grad_ready = dp__paced_grad_ready, pass->grad_ready_arg = w;
     }
+    dp__tp_begin(w, pass); /* --tp: the group's sums, the replicated gradient counted once (tp.c) */
     return reducing;
 }
 
 static int sync_after_run(struct worker *w, const struct dp_pass *pass, int reducing, int rc) {
+    if (rc) dp__tp_failed(w, rc); /* --tp: the group's other ranks, waiting in its sums, stop too */
     return dp_sync_micro_end(&w->sync, pass, reducing, rc);
 }
 

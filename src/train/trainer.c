@@ -39,7 +39,7 @@ const struct dp_model *dp_trainer_model(const struct dp_trainer *t) { return t->
 const struct dp_dataset *dp_trainer_test_set(const struct dp_trainer *t) { return &t->test; }
 
 const char *dp_trainer_data_note(const struct dp_trainer *t) { return t->data_note; }
-const char *dp_trainer_layout(const struct dp_trainer *t) { return t->pp_note; }
+const char *dp_trainer_layout(const struct dp_trainer *t) { return t->layout; }
 int64_t dp_trainer_activation_bytes(const struct dp_trainer *t, int worker) {
     if (worker < 0 || worker >= t->P) return -1;
     const struct worker *w = &t->w[worker];
@@ -83,6 +83,7 @@ void dp_trainer_free(struct dp_trainer *t) {
         dp_free(w->etgt);
         dp_free(w->ex);
         dp__pipe_worker_free(w); /* (its messages in flight released on the comm first) */
+        dp__tp_worker_free(w);
         dp_comm_free(w->comm);
         dp_loader_free(w->loader);
         dp_sync_free(&w->sync); /* (after the comm: nothing left in flight writes into its buffers) */
@@ -101,6 +102,7 @@ void dp_trainer_free(struct dp_trainer *t) {
     dp_backup_slot_free(t->slot);
     dp_comm_thread_world_free(t->world);
     dp__pipe_free(t);
+    dp__tp_free(t);
     dp_model_free(t->model);
     dp_dataset_free(&t->train);
     dp_dataset_free(&t->test);
@@ -273,6 +275,7 @@ void *dp__worker_main(void *arg) {
         if (w->rc != DP_ECANCELED) dp_comm_abort(w->comm, w->err);
         dp__backup_abort(w->t, w->err); /* and the backup workers' step slot */
         if (w->rc != DP_ECANCELED) dp__pipe_abort(w->t, w->err); /* and the pipeline stages' reductions */
+        if (w->rc != DP_ECANCELED) dp__tp_abort(w->t, w->err);   /* and the tensor groups' sums */
         if (w->t->ps && w->rc != DP_ECANCELED) dp_ps_abort(w->t->ps, w->err); /* and the server's waits */
     }
     return NULL;

@@ -76,6 +76,10 @@ struct worker {
     int ndropped;
     int64_t ps_stale;              /* parameter server: the staleness of this worker's last push */
     struct worker_pipe *pipe;      /* --pp: this worker's stage (pipe_step.c), NULL otherwise */
+    struct dp_tp tp;               /* --tp: this worker's tensor rank and its group's sum (tp.c) */
+    struct dp_comm *tp_comm;       /* ... the group (NULL: no --tp) */
+    dp_grad_ready_fn tp_ready;     /* ... the reduction's hook, behind tp.c's */
+    void *tp_ready_arg;
 };
 
 /* A mode of training: how a worker runs and what one optimizer step is.
@@ -202,7 +206,13 @@ struct dp_trainer {
     int pp, pp_R, pp_M;
     int *pp_first;
     struct dp_comm_world **pp_worlds;
-    char pp_note[1024];        /* the layout, for the caller (dp_trainer_layout) */
+    char layout[1024];         /* the layout, for the caller (dp_trainer_layout): --pp's or --tp's */
+    /* --tp (tp.c): tensor groups of tp workers, each its own world; the parameter ranges that
+     * are replicated within a group (tp_nrep pairs offset, count) */
+    int tp;
+    struct dp_comm_world **tp_worlds;
+    int64_t *tp_rep;
+    int tp_nrep;
 };
 
 /* params.c */
@@ -240,6 +250,17 @@ void dp__pipe_free(struct dp_trainer *t);
 int64_t dp__pipe_activation_bytes(const struct worker *w);
 /* A failed worker's message to the stages' worlds (their pending all-reduces fail at once). */
 void dp__pipe_abort(struct dp_trainer *t, const char *msg);
+
+/* tp.c (--tp): the groups' worlds and the replicated ranges (before the workers), a worker's
+ * tensor rank (worker_init: its loader's rank and world), the pass's hooks (the group's sum,
+ * the replicated gradient zeroed on ranks other than 0), and their ends */
+int dp__tp_plan(struct dp_trainer *t);
+int dp__tp_worker_init(struct worker *w, struct dp_loader_params *lp);
+void dp__tp_begin(struct worker *w, struct dp_pass *pass);
+void dp__tp_failed(struct worker *w, int rc);
+void dp__tp_worker_free(struct worker *w);
+void dp__tp_free(struct dp_trainer *t);
+void dp__tp_abort(struct dp_trainer *t, const char *msg);
 /* The optimizer state's part k in the whole slab's layout, handed to put in slab order: worker 0's,
  * or a pipeline's stages' (each stage's replica 0 holds its span's: a worker of this process, or,
  * across processes, received from it: it sends them in dp__pipe_serve).  Rank 0. */

@@ -365,7 +365,7 @@ static int cmd_train(int argc, char **argv) {
                tp.dp.workers > 1 ? "s" : "", tp.run.threads, tp.run.threads > 1 ? "s" : "",
                dp_gemm_backend_name(dp_gemm_get_backend()), det);
     if (me == 0 && dp_trainer_data_note(t)[0]) printf("data: %s\n", dp_trainer_data_note(t));
-    if (me == 0 && dp_trainer_layout(t)[0]) printf("pipeline: %s\n", dp_trainer_layout(t));
+    if (me == 0 && dp_trainer_layout(t)[0]) printf("%s\n", dp_trainer_layout(t));
     if (me == 0 && tp.dp.workers > 1 && dp_trainer_comm_progress(t) == DP_PROGRESS_CALLER && !tp.dp.async)
         printf("reduction: by the workers between layers (--comm-progress caller%s)\n",
                tp.dp.comm_progress == DP_PROGRESS_AUTO ? ", auto: no core left for a communication thread" : "");
