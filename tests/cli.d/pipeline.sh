@@ -109,3 +109,28 @@ if "$BIN" plot --out "$T/ppl" "$T/ppl.jsonl" >"$T/ppl.log" 2>&1 && grep -q "wrot
 else bad plot_pipeline_schedule "$(cat "$T/ppl.log")"; fi
 expect_error plan_profile_at_needs_profile "--profile-at needs --profile of calibrate --model" \
   "$BIN" plan "${GPL[@]}" --layout auto --profile-at "$T/none.json"
+
+# Tensor parallelism (issue 31, Q2): --tp 2 prints its layout and trains one worker's model to
+# float rounding (the same validation loss to 3 decimals after 2 epochs, not the same bits: a split
+# layer sums 2 partial products); its checkpoint is the plain one and resumes on one worker; the
+# mistakes each give one line
+GTP=(--model gpt:layers=2,heads=4,dim=16,ctx=8 "${GPTRUN[@]:2}" --epochs 2)
+val_of() { sed -n 's/^done: .*val loss \([0-9.]*\).*/\1/p' "$1"; }
+if "$BIN" train "${GTP[@]}" --workers 1 --out "$T/gtp1" >"$T/gtp1.log" 2>&1 &&
+   "$BIN" train "${GTP[@]}" --workers 4 --tp 2 --out "$T/gtp2" >"$T/gtp2.log" 2>&1 &&
+   grep -q '^tensor: 2-way x 2 replicas: each transformer block.s attention heads and MLP features split 2 ways' "$T/gtp2.log" &&
+   [[ -n $(val_of "$T/gtp1.log") ]] &&
+   awk -v a="$(val_of "$T/gtp1.log")" -v b="$(val_of "$T/gtp2.log")" 'BEGIN {exit !(a - b < 0.001 && b - a < 0.001)}' &&
+   "$BIN" train "${GTP[@]}" --workers 1 --resume "$T/gtp2/checkpoint.bin" --epochs 3 >"$T/gtpr.log" 2>&1 &&
+   grep -q '^done: ' "$T/gtpr.log"; then
+  ok gpt_tensor_parallel_matches_one_worker
+else bad gpt_tensor_parallel_matches_one_worker "$(tail -2 "$T/gtp1.log")" "$(tail -3 "$T/gtp2.log")" "$(tail -2 "$T/gtpr.log")"; fi
+expect_error tensor_divides_workers "--tp must divide --workers into tensor groups (got --tp 2 with 3 workers)" \
+  "$BIN" train "${GTP[@]}" --workers 3 --tp 2
+expect_error tensor_heads_divide "--tp 3: layer blocks.0 has 4 heads, not a multiple of 3" \
+  "$BIN" train "${GTP[@]}" --workers 3 --tp 3
+expect_error tensor_needs_a_transformer "--tp 2: model 'mlp' has no layer that splits" \
+  "$BIN" train --model mlp --data "$DATA" --workers 2 --tp 2 --max-steps 1
+expect_error tensor_not_deterministic "--tp does not work with --deterministic: a split layer's output sums 2" \
+  "$BIN" train "${GTP[@]}" --workers 2 --tp 2 --deterministic
+expect_error tensor_not_with_pp "--tp does not work with --pp yet" "$BIN" train "${GTP[@]}" --workers 4 --tp 2 --pp 2

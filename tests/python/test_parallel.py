@@ -52,6 +52,26 @@ class TestParallel(unittest.TestCase):
         with self.assertRaisesRegex(dptrain.InvalidArgumentError, "--pp must divide --workers"):
             dptrain.Model("mlp:hidden=64").fit(self.X, self.y, workers=3, pp=2, **plain)
 
+    def test_tensor_parallel_matches_one_worker(self):
+        # tensor parallelism from Python (tp=: the CLI's --tp): a gpt whose blocks are split 2 ways
+        # within a group of 2 threads trains one worker's model, to float rounding (a split layer
+        # sums 2 partial products where one worker sums one)
+        tok = os.path.join(self.dir, "tokens.bin")
+        subprocess.run([CLI, "prepare-text", "--out", tok], check=True, capture_output=True)
+        gpt = "gpt:layers=2,heads=4,dim=16,ctx=8"
+        opts = dict(data=tok, epochs=1, batch_size=8, lr=3e-3, optim="adamw", max_steps=20, verbose=0)
+        a, b = dptrain.Model(gpt), dptrain.Model(gpt)
+        a.fit(workers=1, **opts)
+        b.fit(workers=2, tp=2, **opts)
+        pa, pb = a.parameters(), b.parameters()
+        self.assertEqual(sorted(pa), sorted(pb))
+        top = max(float(np.abs(v).max()) for v in pa.values())
+        diff = max(float(np.abs(pa[k] - pb[k]).max()) for k in pa)
+        self.assertLess(diff / top, 1e-5)
+        self.assertNotEqual(a.param_hash(), b.param_hash())  # (the sums really are split)
+        with self.assertRaisesRegex(dptrain.InvalidArgumentError, "--tp must divide --workers"):
+            dptrain.Model(gpt).fit(workers=3, tp=2, **opts)
+
     def test_cli_same_bits(self):
         h = cli_hash("--data", "X.npy", "--labels", "y.npy", "--workers", "2", *CLI_OPTS, cwd=self.dir)
         self.assertEqual(h, self.hashes[1])
