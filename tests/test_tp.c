@@ -36,8 +36,10 @@ static struct dp_train_params tp_params(int workers, int tp, int64_t epochs) {
     return p;
 }
 
-/* dp x tp in {1 x 2, 2 x 2, 1 x 4} within 1e-5 of one worker after 13 epochs (52 AdamW
- * steps), with and without --clip; 2 x 2 with --zero 1 too.  Plain data parallelism (2 x 1,
+/* dp x pp x tp in {1 x 1 x 2, 2 x 1 x 2, 1 x 1 x 4, 1 x 2 x 2, 2 x 2 x 2} within 1e-5 of one
+ * worker after 13 epochs (52 AdamW steps), with and without --clip; 2 x 1 x 2 with --zero 1 too
+ * (the pipeline's with 2 micro-batches: the tied head's gradient crossing from the last stage's
+ * tensor ranks to the first's, each to its own).  Plain data parallelism (2 x 1,
  * 4 x 1) alongside, for the scale: its sums round differently from one worker's as well, and
  * AdamW carries the difference on (on a gpt of width 32 both reach 2e-5 after 52 steps). */
 TEST_T(tp_layouts_match_one_worker, 300) {
@@ -47,18 +49,21 @@ TEST_T(tp_layouts_match_one_worker, 300) {
         if (clip) p.run.clip_norm = 0.05;
         float *one = train(&p, &n1);
         static const struct {
-            int workers, tp, zero;
-        } lay[] = {{2, 1, 0}, {4, 1, 0}, {2, 2, 0}, {4, 2, 0}, {4, 4, 0}, {4, 2, 1}};
+            int workers, pp, tp, zero;
+        } lay[] = {{2, 1, 1, 0}, {4, 1, 1, 0}, {2, 1, 2, 0}, {4, 1, 2, 0}, {4, 1, 4, 0},
+                   {4, 1, 2, 1}, {4, 2, 2, 0}, {8, 2, 2, 0}};
         for (size_t i = 0; i < sizeof lay / sizeof lay[0]; i++) {
             struct dp_train_params q = tp_params(lay[i].workers, lay[i].tp, 13);
             q.run.clip_norm = p.run.clip_norm;
             q.dp.zero = lay[i].zero;
+            q.dp.pp = lay[i].pp;
+            if (lay[i].pp > 1) q.dp.micro_batches = 2;
             q.dp.check_replicas = 4;
             float *got = train(&q, &n);
             ASSERT_EQ(n, n1);
             double d = rel_diff(one, got, n);
-            fprintf(stderr, "    %sdp %d x tp %d%s: %.2e to one worker\n", clip ? "--clip, " : "",
-                    lay[i].workers / lay[i].tp, lay[i].tp, lay[i].zero ? ", --zero 1" : "", d);
+            fprintf(stderr, "    %sdp %d x pp %d x tp %d%s: %.2e to one worker\n", clip ? "--clip, " : "",
+                    lay[i].workers / lay[i].tp / lay[i].pp, lay[i].pp, lay[i].tp, lay[i].zero ? ", --zero 1" : "", d);
             ASSERT_TRUE(d <= 1e-5);
             free(got);
         }
@@ -67,7 +72,7 @@ TEST_T(tp_layouts_match_one_worker, 300) {
 }
 
 /* One SGD step of lr 1 from the same start: params - gradient.  Each parameter tensor of the
- * 2-way and 4-way split against one worker's: the split ones (qkv, proj, fc, fc_out), the
+ * 2-way and 4-way split, and of 2 stages x 2-way (2 micro-batches), against one worker's: the split ones (qkv, proj, fc, fc_out), the
  * replicated ones (norms, a row-parallel layer's bias: counted once per group) and the tied
  * embedding, each within 1e-5, and each gradient not zero. */
 TEST_T(tp_gradients_layer_by_layer, 300) {
@@ -85,9 +90,10 @@ TEST_T(tp_gradients_layer_by_layer, 300) {
     z.run.max_steps = 0, z.run.epochs = 0;
     float *start = train(&z, &n);
     ASSERT_EQ(n, n1);
-    for (int tp = 2; tp <= 4; tp *= 2) {
+    for (int tp = 2; tp <= 8; tp *= 2) {
         struct dp_train_params q = p;
         q.dp.workers = tp, q.dp.tp = tp;
+        if (tp == 8) q.dp.workers = 4, q.dp.tp = 2, q.dp.pp = 2, q.dp.micro_batches = 2; /* (1 x 2 x 2) */
         float *got = train(&q, &n);
         ASSERT_EQ(n, n1);
         int split = 0;
@@ -140,16 +146,19 @@ TEST_T(tp_checkpoint_resumes_across_layouts, 300) {
 }
 
 /* A worker that fails inside its step ends the run with its name and step, and its group's
- * other rank, waiting in the group's sum inside forward, does not hang. */
+ * other rank, waiting in the group's sum inside forward, does not hang: 2 x 1 x 2, and
+ * 1 x 2 x 2 (its pipeline's stage named too). */
 TEST_T(tp_failing_worker_named, 120) {
-    struct dp_train_params p = tp_params(4, 2, 1);
-    for (int who = 0; who < 4; who += 3) {
+    for (int k = 0; k < 4; k++) {
+        const int who = k % 2 ? 3 : 0, pp = k < 2 ? 1 : 2;
+        struct dp_train_params p = tp_params(4, 2, 1);
+        p.dp.pp = pp;
         struct dp_trainer *t;
         ASSERT_OK(init_faulty(&t, &p, &(struct dp_fault){DP_FAULT_ALLOC, who, 2}));
         int rc = dp_trainer_run(t);
         ASSERT_EQ(rc, DP_ENOMEM);
         char want[128];
-        snprintf(want, sizeof want, "worker %d, step 2: injected allocation failure", who);
+        snprintf(want, sizeof want, "worker %d, step 2: %s", who, pp > 1 ? "pipeline stage" : "injected allocation failure");
         fprintf(stderr, "    %s\n", dp_errmsg());
         ASSERT_TRUE(strstr(dp_errmsg(), want) != NULL);
         dp_trainer_free(t);
@@ -177,6 +186,6 @@ TEST(tp_refusals) {
     p.dp.zero = 3;
     ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--tp does not work with --zero 3 yet");
     p = tp_params(4, 2, 1);
-    p.dp.pp = 2;
-    ASSERT_ERR(dp_trainer_init(&t, &p), DP_ENOTSUP, "--tp does not work with --pp yet");
+    p.dp.pp = 4;
+    ASSERT_ERR(dp_trainer_init(&t, &p), DP_EINVAL, "--pp 4 x --tp 2 must divide --workers (got 4)");
 }

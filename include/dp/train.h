@@ -207,9 +207,10 @@ struct dp_train_dp {
     /* Tensor parallelism (docs/parallel.md): tp workers that see the same samples split each
      * transformer block (attention by heads, its MLP column then row: struct dp_tp, dp/nn.h),
      * 2 all-reduces in forward and 2 in backward per block; the workers form workers / tp
-     * data-parallel replicas (job rank g is tensor rank g mod tp of replica g / tp).  Threads of
-     * one process; every worker holds the whole model; ZeRO 0 or 1; not with --pp,
-     * --deterministic, --balance, compression, backup workers or the parameter server. */
+     * data-parallel replicas (job rank g is tensor rank g mod tp of replica g / tp; with pp, each
+     * stage of each replica is a group).  Threads of one process; every worker holds the whole
+     * model; ZeRO 0 or 1; not with --deterministic, --balance, compression, backup workers or
+     * the parameter server. */
     int tp;
     size_t bucket_cap_bytes;   /* reducer bucket cap (default 0 = auto, see dp/ddp.h) */
     size_t first_bucket_bytes; /* reducer first bucket (default 1 MiB) */
@@ -475,9 +476,10 @@ double dp_trainer_bits_per_byte(const struct dp_trainer *t, double loss, int64_t
  * for a CSV, an .npz or an image folder what was found and whether its arrays were made now
  * or reused from the cache folder (one line, no newline). */
 const char *dp_trainer_data_note(const struct dp_trainer *t);
-/* How the model is split, for the user (one line, "" when it is not): --pp's "pipeline: " the
+/* How the model is split, for the user ("" when it is not): --pp's line "pipeline: " the
  * stages, replicas, micro-batches and schedule, and each stage's layers, parameters and share
- * of the FLOPs; --tp's "tensor: " the groups, replicas and the parameters split. */
+ * of the FLOPs; --tp's line "tensor: " the groups, replicas and the parameters split (both:
+ * two lines, a newline between them, none at the end). */
 const char *dp_trainer_layout(const struct dp_trainer *t);
 /* The most bytes of activations (forward's saved outputs and backward's scratch) worker `worker`
  * of this process held at once so far: its replica's arena's high-water mark, or, on a pipeline

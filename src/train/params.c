@@ -130,6 +130,9 @@ static int check_tensor(const struct dp_train_params *p) {
         return dp_seterr(DP_EINVAL, "--tp must divide --workers into tensor groups (got --tp %d with %d worker%s)", d->tp,
                          d->workers, d->workers > 1 ? "s" : "");
     if (d->tp == 1) return DP_OK;
+    if (d->pp > 1 && d->workers % (d->pp * d->tp))
+        return dp_seterr(DP_EINVAL, "--pp %d x --tp %d must divide --workers (got %d): each stage of each replica is "
+                         "a tensor group", d->pp, d->tp, d->workers);
     if (d->deterministic)
         return dp_seterr(DP_ENOTSUP, "--tp does not work with --deterministic: a split layer's output sums %d partial "
                          "products (one per tensor rank) where one worker sums one, so no layout gives one worker's "
@@ -138,7 +141,6 @@ static int check_tensor(const struct dp_train_params *p) {
         return dp_seterr(DP_ENOTSUP, "--tp does not work with --zero %d yet: every worker holds the whole model; "
                          "--zero 1 shards the optimizer state", d->zero);
     const char *no = d->inter ? "mpirun (its tensor groups are threads of one process: run it on threads)"
-                     : d->pp > 1 ? "--pp"
                      : d->balance ? "--balance"
                      : d->compress.kind != DP_COMPRESS_NONE ? "--compress"
                      : d->backup ? "--backup-workers"

@@ -30,6 +30,14 @@
  * layers: dp_model_forward_range and dp_model_backward_range are dp_model_run
  * in halves).
  *
+ * Tensor parallelism (--tp T, tp.c) within the stages: each stage of each replica is a tensor
+ * group of T neighbouring workers (job rank g: stage g / (R T), member g mod (R T) of the stage,
+ * replica member / T, tensor rank member mod T).  A group's ranks send and receive their
+ * activations each to and from the same tensor rank of the neighbouring stage (after the group's
+ * sums they hold the same ones), reduce over all the stage's R T members (the replicated gradient
+ * counted once per group, tp.c), and count the loss once (tensor rank 0).  Below, "replica" is a
+ * member of a stage: its index in the stage's world.
+ *
  * Processes.  On threads the stages' messages go through the job's world and
  * each stage's replicas have a world of their own; under mpirun (one worker per
  * process) the messages go through the processes' communicator and each stage's
@@ -63,7 +71,8 @@ enum { TAG_RING = 4096, TAG_ACT = 20000, TAG_GRAD = TAG_ACT + TAG_RING, TAG_TIE_
 enum { TIE_NONE = 0, TIE_OWNER = 1, TIE_READER = 2 };
 
 struct worker_pipe {
-    int stage, replica, S, R, kind;
+    int stage, replica, S, R, kind; /* (R: the stage's members, replicas x tensor ranks) */
+    int data_rank;               /* the replica whose share this member reads (replica / --tp) */
     int M;                       /* this step's micro-batches (--deterministic: its chunks) */
     int M_max;                   /* the most micro-batches a step has (the schedule's and views' room) */
     int det;                     /* --deterministic: the micro-batches are the fixed chunks */
@@ -85,6 +94,7 @@ struct worker_pipe {
     struct dp_comm_msg **dyreq;  /* ... the receive of its output's gradient, posted ahead */
     struct dp_comm_msg **sent;   /* ... its last message sent (activations, then the input's gradient) */
     struct dp_pipe_op *ops;      /* this stage's schedule (2M; room for 2 M_max) */
+    struct dp__tp_hook *tp_hooks; /* --tp: each view's pass's gradient hook (tp.c) */
     int tie;                     /* TIE_* */
     int tie_peer;                /* the job rank at the other end of the tie */
     int64_t tie_off, tie_count;  /* the tied range of the slab */
@@ -117,12 +127,14 @@ int dp__pipe_plan(struct dp_trainer *t) {
     double total = 0;
     for (int i = 0; i < m->nlayers; i++) total += cost[i];
     /* the layout, for the caller to show: each stage's layers, parameters and share of the FLOPs */
-    char micro[64];
+    char micro[64], groups[64] = "";
     if (p->dp.deterministic) /* (the micro-batches are the fixed chunks) */
         snprintf(micro, sizeof micro, "micro-batches of %lld (--det-chunk)", (long long)p->dp.det_chunk);
     else snprintf(micro, sizeof micro, "%d micro-batch%s", t->pp_M, t->pp_M > 1 ? "es" : "");
-    int n = snprintf(t->layout, sizeof t->layout, "pipeline: %d stage%s x %d replica%s, %s, %s:", t->pp, t->pp > 1 ? "s" : "",
-                     t->pp_R, t->pp_R > 1 ? "s" : "", micro, dp_pipe_schedule_name(p->dp.pp_schedule));
+    const int reps = t->pp_R / p->dp.tp;
+    if (p->dp.tp > 1) snprintf(groups, sizeof groups, " of %d-way tensor groups", p->dp.tp);
+    int n = snprintf(t->layout, sizeof t->layout, "pipeline: %d stage%s x %d replica%s%s, %s, %s:", t->pp,
+                     t->pp > 1 ? "s" : "", reps, reps > 1 ? "s" : "", groups, micro, dp_pipe_schedule_name(p->dp.pp_schedule));
     for (int s = 0; !rc && s < t->pp && n > 0 && (size_t)n < sizeof t->layout; s++) {
         int a = t->pp_first[s], b = t->pp_first[s + 1];
         double c = 0;
@@ -221,8 +233,10 @@ int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp) {
     pp->out_n = dp_shape_numel(&m->layers[l1 - 1]->out_shape);
     /* the loader: replica r of R reads the share R data-parallel workers' rank r would (in whole
      * chunks when deterministic: lp->align) */
-    lp->rank = pp->replica, lp->world = pp->R;
-    int64_t share = (t->p.run.batch + pp->R - 1) / pp->R, C = t->p.dp.det_chunk;
+    const int T = t->p.dp.tp, reps = pp->R / T;
+    pp->data_rank = pp->replica / T;
+    lp->rank = pp->data_rank, lp->world = reps;
+    int64_t share = (t->p.run.batch + reps - 1) / reps, C = t->p.dp.det_chunk;
     pp->det = t->p.dp.deterministic;
     if (pp->det) share = (share + C - 1) / C * C; /* (whole chunks) */
     pp->M_max = pp->det ? (int)((share + C - 1) / C) : pp->M;
@@ -236,9 +250,10 @@ int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp) {
     pp->xreq = dp_calloc((size_t)pp->nviews, sizeof *pp->xreq);
     pp->dyreq = dp_calloc((size_t)pp->nviews, sizeof *pp->dyreq);
     pp->sent = dp_calloc((size_t)pp->nviews, sizeof *pp->sent);
+    pp->tp_hooks = dp_calloc((size_t)pp->nviews, sizeof *pp->tp_hooks);
     pp->ops = dp_malloc(sizeof *pp->ops * (size_t)(2 * pp->M_max));
     if (!pp->views || !pp->pass || !pp->reducing || !pp->xin || !pp->dyb || !pp->xreq || !pp->dyreq || !pp->sent ||
-        !pp->ops)
+        !pp->ops || !pp->tp_hooks)
         return dp_seterr(DP_ENOMEM, "--pp: out of memory");
     for (int v = 0; v < pp->nviews; v++) {
         if ((rc = dp_replica_init_view(&pp->views[v], &w->rep, l0, l1, pp->micro_max))) return rc;
@@ -279,6 +294,7 @@ void dp__pipe_worker_free(struct worker *w) {
     }
     dp_free(pp->views), dp_free(pp->pass), dp_free(pp->reducing), dp_free(pp->xin), dp_free(pp->dyb);
     dp_free(pp->xreq), dp_free(pp->dyreq), dp_free(pp->sent), dp_free(pp->ops), dp_free(pp->tie_buf);
+    dp_free(pp->tp_hooks);
     dp_comm_free(pp->scomm);
     dp_free(pp);
     w->pipe = NULL;
@@ -356,6 +372,7 @@ static int pipe_forward(struct worker *w, const struct dp_loader_batch *lb, cons
     *pass = (struct dp_pass){.training = 1, .backward = 1, .seed = t->p.run.seed, .loss_scale = 1.0f};
     pp->reducing[v] = dp_sync_micro_begin(&w->sync, pass, k, pp->M, 0, (double)lb->global_B);
     if (pp->R > 1) pass->stat_sync = stage_stat_sync, pass->stat_sync_arg = w;
+    dp__tp_begin(w, pass, &pp->tp_hooks[v]); /* --tp: the group's sums, the replicated gradient counted once */
     const float *x = NULL;
     double t0 = dp_time();
     if (pp->prev >= 0 && (rc = recv_wait(w, &pp->xreq[v], b->B * pp->in_n, pp->prev))) return rc;
@@ -376,6 +393,7 @@ static int pipe_forward(struct worker *w, const struct dp_loader_batch *lb, cons
         return rc ? rc : dp_comm_isend(pp->pcomm, r->acts[pp->span.layer1], bytes, pp->next, TAG_ACT + k % TAG_RING,
                                        &pp->sent[v]);
     }
+    if (w->tp.rank) return DP_OK; /* (a tensor group's loss: its rank 0's) */
     w->loss_sum += pass->loss_sum; /* (the last stage's: the epoch's loss and accuracy) */
     w->correct += pass->correct;
     w->seen += b->B;

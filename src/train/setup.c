@@ -303,8 +303,8 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     /* A worker's share is at most ceil(batch / P); evaluation uses up to
      * eval_chunk samples. */
     int64_t share = (p->run.batch + t->ps_W - 1) / t->ps_W;
-    if (p->dp.pp > 1) share = (p->run.batch + t->G / p->dp.pp - 1) / (t->G / p->dp.pp); /* (a replica's) */
-    if (p->dp.tp > 1) share = (p->run.batch + t->G / p->dp.tp - 1) / (t->G / p->dp.tp); /* (a tensor group's) */
+    const int reps = t->G / (p->dp.pp * p->dp.tp); /* (--pp, --tp: a replica of the split model reads one share) */
+    if (reps < t->G) share = (p->run.batch + reps - 1) / reps;
     t->balance = p->dp.balance > 0 && t->G > 1;
     t->bal_align = p->dp.deterministic ? p->dp.det_chunk : 1;
     if (t->balance) share = p->run.batch; /* a balanced share may be the whole batch */

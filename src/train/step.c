@@ -176,7 +176,7 @@ static int sync_begin(struct worker *w, struct dp_pass *pass, int64_t k, int64_t
         w->pace_ready = pass->grad_ready, w->pace_ready_arg = pass->grad_ready_arg;
         pass->grad_ready = dp__paced_grad_ready, pass->grad_ready_arg = w;
     }
-    dp__tp_begin(w, pass); /* --tp: the group's sums, the replicated gradient counted once (tp.c) */
+    dp__tp_begin(w, pass, &w->tp_hook); /* --tp: the group's sums, the replicated gradient counted once (tp.c) */
     return reducing;
 }
 

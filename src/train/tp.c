@@ -44,10 +44,18 @@ int dp__tp_plan(struct dp_trainer *t) {
         if (last && last[0] + last[1] == pi->offset) last[1] += pi->count;
         else t->tp_rep[2 * t->tp_nrep] = pi->offset, t->tp_rep[2 * t->tp_nrep + 1] = pi->count, t->tp_nrep++;
     }
-    snprintf(t->layout, sizeof t->layout,
-             "tensor: %d-way x %d replica%s: each transformer block's attention heads and MLP features split %d ways "
-             "(%lld of %lld parameters; the norms and embeddings whole on every worker)",
-             t->tp, t->G / t->tp, t->G / t->tp > 1 ? "s" : "", t->tp, (long long)split, (long long)m->num_params);
+    const size_t at = strlen(t->layout); /* (after the pipeline's line, with --pp) */
+    const int reps = t->G / (t->tp * (t->pp > 1 ? t->pp : 1));
+    char order[96];
+    if (t->pp > 1)
+        snprintf(order, sizeof order, "stage g / %d, replica (g mod %d) / %d, tensor rank g mod %d", t->G / t->pp,
+                 t->G / t->pp, t->tp, t->tp);
+    else snprintf(order, sizeof order, "replica g / %d, tensor rank g mod %d", t->tp, t->tp);
+    snprintf(t->layout + at, sizeof t->layout - at,
+             "%stensor: %d-way groups x %d replica%s%s (job rank g: %s): each transformer block's attention heads "
+             "and MLP features split %d ways (%lld of %lld parameters; the norms and embeddings whole on every worker)",
+             at ? "\n" : "", t->tp, reps, reps > 1 ? "s" : "", t->pp > 1 ? " in each stage" : "", order, t->tp,
+             (long long)split, (long long)m->num_params);
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = t->p.dp.comm_timeout;
     cp.progress = DP_PROGRESS_CALLER; /* (a group's all-reduces are waited for at once, inside the pass) */
@@ -73,7 +81,7 @@ int dp__tp_worker_init(struct worker *w, struct dp_loader_params *lp) {
     struct dp_trainer *t = w->t;
     if (t->tp <= 1) return DP_OK;
     const int q = w->grank / t->tp, r = w->grank % t->tp;
-    lp->rank = q, lp->world = t->G / t->tp; /* (the group's shared share) */
+    if (t->pp <= 1) lp->rank = q, lp->world = t->G / t->tp; /* (the group's shared share; a pipeline's: its replica's) */
     w->tp = (struct dp_tp){.rank = r, .size = t->tp, .allreduce = tp_allreduce, .arg = w};
     return dp_comm_thread_init(&w->tp_comm, t->tp_worlds[q], r);
 }
@@ -102,19 +110,20 @@ void dp__tp_failed(struct worker *w, int rc) {
 /* A range of the gradient finished by backward: on ranks other than 0 its replicated parts
  * are zeroed (rank 0's stand for the group), then it goes on to the reduction. */
 static void tp_grad_ready(void *arg, int64_t off, int64_t count) {
-    struct worker *w = arg;
+    const struct dp__tp_hook *h = arg;
+    struct worker *w = h->w;
     const struct dp_trainer *t = w->t;
     for (int i = 0; w->tp.rank && i < t->tp_nrep; i++) {
         int64_t a = t->tp_rep[2 * i], b = a + t->tp_rep[2 * i + 1];
         a = a > off ? a : off, b = b < off + count ? b : off + count;
         if (a < b) memset(w->rep.grads + a, 0, sizeof(float) * (size_t)(b - a));
     }
-    if (w->tp_ready) w->tp_ready(w->tp_ready_arg, off, count);
+    if (h->ready) h->ready(h->arg, off, count);
 }
 
-void dp__tp_begin(struct worker *w, struct dp_pass *pass) {
+void dp__tp_begin(struct worker *w, struct dp_pass *pass, struct dp__tp_hook *h) {
     if (!w->tp_comm) return;
     pass->tp = &w->tp;
-    w->tp_ready = pass->grad_ready, w->tp_ready_arg = pass->grad_ready_arg;
-    pass->grad_ready = tp_grad_ready, pass->grad_ready_arg = w;
+    *h = (struct dp__tp_hook){w, pass->grad_ready, pass->grad_ready_arg};
+    pass->grad_ready = tp_grad_ready, pass->grad_ready_arg = h;
 }

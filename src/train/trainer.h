@@ -25,6 +25,13 @@
  * run at most BACKUP_DEPTH steps ahead of the latest (dp/ddp.h). */
 #define BACKUP_DEPTH DP_BACKUP_DEPTH
 
+/* --tp: a pass's gradient hook (tp.c): the replicated ranges zeroed, then the reduction's hook */
+struct dp__tp_hook {
+    struct worker *w;
+    dp_grad_ready_fn ready;
+    void *arg;
+};
+
 struct worker {
     struct dp_trainer *t;
     int rank;                  /* index in this process: w[rank] */
@@ -78,8 +85,7 @@ struct worker {
     struct worker_pipe *pipe;      /* --pp: this worker's stage (pipe_step.c), NULL otherwise */
     struct dp_tp tp;               /* --tp: this worker's tensor rank and its group's sum (tp.c) */
     struct dp_comm *tp_comm;       /* ... the group (NULL: no --tp) */
-    dp_grad_ready_fn tp_ready;     /* ... the reduction's hook, behind tp.c's */
-    void *tp_ready_arg;
+    struct dp__tp_hook tp_hook;    /* ... the pass's gradient hook (a pipeline's: one per micro-batch) */
 };
 
 /* A mode of training: how a worker runs and what one optimizer step is.
@@ -256,7 +262,7 @@ void dp__pipe_abort(struct dp_trainer *t, const char *msg);
  * the replicated gradient zeroed on ranks other than 0), and their ends */
 int dp__tp_plan(struct dp_trainer *t);
 int dp__tp_worker_init(struct worker *w, struct dp_loader_params *lp);
-void dp__tp_begin(struct worker *w, struct dp_pass *pass);
+void dp__tp_begin(struct worker *w, struct dp_pass *pass, struct dp__tp_hook *h);
 void dp__tp_failed(struct worker *w, int rc);
 void dp__tp_worker_free(struct worker *w);
 void dp__tp_free(struct dp_trainer *t);

@@ -118,7 +118,7 @@ GTP=(--model gpt:layers=2,heads=4,dim=16,ctx=8 "${GPTRUN[@]:2}" --epochs 2)
 val_of() { sed -n 's/^done: .*val loss \([0-9.]*\).*/\1/p' "$1"; }
 if "$BIN" train "${GTP[@]}" --workers 1 --out "$T/gtp1" >"$T/gtp1.log" 2>&1 &&
    "$BIN" train "${GTP[@]}" --workers 4 --tp 2 --out "$T/gtp2" >"$T/gtp2.log" 2>&1 &&
-   grep -q '^tensor: 2-way x 2 replicas: each transformer block.s attention heads and MLP features split 2 ways' "$T/gtp2.log" &&
+   grep -q '^tensor: 2-way groups x 2 replicas (job rank g: replica g / 2, tensor rank g mod 2): each transformer block.s attention heads and MLP features split 2 ways' "$T/gtp2.log" &&
    [[ -n $(val_of "$T/gtp1.log") ]] &&
    awk -v a="$(val_of "$T/gtp1.log")" -v b="$(val_of "$T/gtp2.log")" 'BEGIN {exit !(a - b < 0.001 && b - a < 0.001)}' &&
    "$BIN" train "${GTP[@]}" --workers 1 --resume "$T/gtp2/checkpoint.bin" --epochs 3 >"$T/gtpr.log" 2>&1 &&
@@ -133,4 +133,12 @@ expect_error tensor_needs_a_transformer "--tp 2: model 'mlp' has no layer that s
   "$BIN" train --model mlp --data "$DATA" --workers 2 --tp 2 --max-steps 1
 expect_error tensor_not_deterministic "--tp does not work with --deterministic: a split layer's output sums 2" \
   "$BIN" train "${GTP[@]}" --workers 2 --tp 2 --deterministic
-expect_error tensor_not_with_pp "--tp does not work with --pp yet" "$BIN" train "${GTP[@]}" --workers 4 --tp 2 --pp 2
+# dp x pp x tp = 1 x 2 x 2: both lines of the layout, the rank order, one worker's model too
+if "$BIN" train "${GTP[@]}" --workers 4 --tp 2 --pp 2 --out "$T/gtp22" >"$T/gtp22.log" 2>&1 &&
+   grep -q '^pipeline: 2 stages x 1 replica of 2-way tensor groups, 2 micro-batches, 1f1b: stage 0 ' "$T/gtp22.log" &&
+   grep -q '^tensor: 2-way groups x 1 replica in each stage (job rank g: stage g / 2, replica (g mod 2) / 2, tensor rank g mod 2): ' "$T/gtp22.log" &&
+   awk -v a="$(val_of "$T/gtp1.log")" -v b="$(val_of "$T/gtp22.log")" 'BEGIN {exit !(a - b < 0.001 && b - a < 0.001)}'; then
+  ok gpt_pipeline_and_tensor_parallel
+else bad gpt_pipeline_and_tensor_parallel "$(grep -E '^(pipeline|tensor|done)' "$T/gtp22.log")"; fi
+expect_error tensor_pipeline_divide "--pp 2 x --tp 2 must divide --workers (got 2)" \
+  "$BIN" train "${GTP[@]}" --workers 2 --tp 2 --pp 2
