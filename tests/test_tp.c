@@ -4,6 +4,7 @@
  * layouts, a failing worker is named without a hang, and what --tp does not combine with is
  * refused. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 
 #include "dp/optim.h"
@@ -107,7 +108,9 @@ TEST_T(tp_gradients_layer_by_layer, 300) {
             ASSERT_TRUE(d <= 1e-5);
             ASSERT_TRUE(g > 0);
         }
-        ASSERT_EQ(split, 2 * 6); /* per block: qkv's weight and bias, proj's weight, fc's weight and bias, fc_out's weight */
+        /* per block: qkv's weight and bias, proj's weight, fc's weight and bias, fc_out's weight; and
+         * the token table (by token, as the tied head) */
+        ASSERT_EQ(split, 2 * 6 + 1);
         free(got);
     }
     dp_trainer_free(t);
@@ -143,6 +146,86 @@ TEST_T(tp_checkpoint_resumes_across_layouts, 300) {
         free(got);
     }
     free(straight);
+}
+
+/* ---- the vocabulary-split cross-entropy against the whole one ----------------------------- */
+
+/* A group of T threads whose sum is a barrier, each rank adding its buffer into a shared one in
+ * rank order, a barrier, and a copy back. */
+struct fake_group {
+    int T;
+    pthread_barrier_t bar;
+    float sum[4096];
+};
+struct fake_rank {
+    struct fake_group *g;
+    struct dp_tp tp;
+    const float *logits;
+    const int32_t *targets;
+    int64_t R, V;
+    float dz[1024];
+    double loss;
+    int64_t correct;
+    int rc;
+};
+static int fake_allreduce(void *arg, float *buf, int64_t n) {
+    struct fake_rank *k = arg;
+    struct fake_group *g = k->g;
+    if (k->tp.rank == 0) memset(g->sum, 0, sizeof(float) * (size_t)n);
+    pthread_barrier_wait(&g->bar);
+    for (int r = 0; r < g->T; r++) {
+        if (r == k->tp.rank)
+            for (int64_t i = 0; i < n; i++) g->sum[i] += buf[i];
+        pthread_barrier_wait(&g->bar);
+    }
+    memcpy(buf, g->sum, sizeof(float) * (size_t)n);
+    pthread_barrier_wait(&g->bar);
+    return DP_OK;
+}
+static void *fake_run(void *arg) {
+    struct fake_rank *k = arg;
+    int64_t v0, Vl;
+    dp_tp_slice(k->V, k->tp.size, k->tp.rank, &v0, &Vl);
+    float z[1024];
+    for (int64_t r = 0; r < k->R; r++) memcpy(z + r * Vl, k->logits + r * k->V + v0, sizeof(float) * (size_t)Vl);
+    k->rc = dp_softmax_xent_split(k->dz, &k->loss, &k->correct, z, k->targets, k->R, k->V, v0, Vl, 0.25f, &k->tp);
+    return NULL;
+}
+
+/* 6 rows of 10 classes split 3 ways (slices of 4, 3, 3): the loss, the correct count and every
+ * rank's slice of the gradient are the whole loss's, to float rounding; rows whose maximum is
+ * tied across ranks count the first argmax, as the whole one (torch.argmax) does. */
+TEST(tp_split_cross_entropy_is_the_whole) {
+    enum { R = 6, V = 10, T = 3 };
+    float logits[R * V], dz[R * V];
+    int32_t targets[R] = {0, 9, 4, 5, 3, 5};
+    for (int i = 0; i < R * V; i++) logits[i] = (float)sin(0.37 * i) * 3.0f;
+    logits[2 * V + 1] = logits[2 * V + 4] = logits[2 * V + 8] = 9.0f; /* row 2: its maximum on ranks 0, 1, 2 (1 first), target 4 */
+    logits[3 * V + 7] = logits[3 * V + 5] = 9.0f;                      /* row 3: on ranks 1 and 2, 5 first: its target */
+    double loss;
+    int64_t correct;
+    ASSERT_OK(dp_softmax_xent(dz, &loss, &correct, logits, targets, R, V, 0.25f));
+    struct fake_group g = {.T = T};
+    pthread_barrier_init(&g.bar, NULL, T);
+    struct fake_rank k[T];
+    pthread_t th[T];
+    for (int r = 0; r < T; r++) {
+        k[r] = (struct fake_rank){.g = &g, .logits = logits, .targets = targets, .R = R, .V = V};
+        k[r].tp = (struct dp_tp){.rank = r, .size = T, .allreduce = fake_allreduce, .arg = &k[r]};
+        pthread_create(&th[r], NULL, fake_run, &k[r]);
+    }
+    for (int r = 0; r < T; r++) pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&g.bar);
+    for (int r = 0; r < T; r++) {
+        ASSERT_OK(k[r].rc);
+        ASSERT_NEAR(k[r].loss, loss, 1e-5 * fabs(loss));
+        ASSERT_EQ(k[r].correct, correct);
+        int64_t v0, Vl;
+        dp_tp_slice(V, T, r, &v0, &Vl);
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < Vl; j++) ASSERT_NEAR(k[r].dz[i * Vl + j], dz[i * V + v0 + j], 1e-6);
+    }
+    fprintf(stderr, "    loss %.6f (whole %.6f), %lld correct of %d\n", k[0].loss, loss, (long long)correct, R);
 }
 
 /* A worker that fails inside its step ends the run with its name and step, and its group's

@@ -65,7 +65,8 @@ typedef int (*dp_stat_sync_fn)(void *arg, double *buf, int64_t n);
 
 /* Tensor parallelism (Megatron-LM's, within a group of `size` workers that see the same
  * batch): a layer that splits (the transformer block: attention by heads, its MLP column then
- * row) computes its `rank`'s slice of each matrix product, and its partial sums meet in
+ * row; a token table and the tied head that reads it: by token, their loss over the split
+ * logits) computes its `rank`'s slice of each matrix product, and its partial sums meet in
  * allreduce (sums buf[0..n) over the group, in place).  Every worker holds every parameter;
  * a split parameter's gradient is written only in the worker's slice (dp_param_info.tp_split),
  * a replicated one's in full on every worker of the group. */
@@ -138,6 +139,10 @@ struct dp_layer {
      * after it: dp_model_run skips it, its output being its input and its dx its dy. */
     int (*fuse_relu)(struct dp_layer *l);
     int fused;
+    /* Tensor parallelism (struct dp_tp): 1 when, under a group, the layer's output is only the
+     * rank's slice of its last dimension (the tied head: its vocabulary slice, dp_tp_slice),
+     * which the loss then reads split (dp_softmax_xent_split). */
+    int tp_out_split;
 };
 
 /* ---- parameter registration (used by layer constructors) ----------------- */
@@ -234,6 +239,18 @@ struct dp_shape dp_model_cur_shape(const struct dp_model *m);
  * A target outside [0, V) returns DP_EINVAL. */
 int dp_softmax_xent(float *dlogits, double *loss_sum, int64_t *correct, const float *logits,
                     const int32_t *targets, int64_t R, int64_t V, float scale);
+/* The slice [*v0, *v0 + *n) of N that tensor rank r of `size` holds (N size-th parts, the
+ * first N mod size one larger). */
+void dp_tp_slice(int64_t N, int size, int rank, int64_t *v0, int64_t *n);
+/* The same loss over logits split by class across a tensor group (Megatron-LM's vocabulary-
+ * parallel cross-entropy), without gathering them: this rank holds classes [v0, v0 + Vl) of V,
+ * logits (R, Vl) and dlogits (R, Vl).  The group agrees on each row's max (the ranks' maxima
+ * gathered by one sum), then on the sum of exp(z - max), the target's logit and the first argmax
+ * (one sum of 3 R), so that every rank returns the whole loss and the same correct count, and its
+ * slice of the gradient. */
+int dp_softmax_xent_split(float *dlogits, double *loss_sum, int64_t *correct, const float *logits,
+                          const int32_t *targets, int64_t R, int64_t V, int64_t v0, int64_t Vl, float scale,
+                          const struct dp_tp *tp);
 /* Mean squared error over rows of outputs (R, K) with float targets (R, K), per row
  *   loss_r = (1/K) sum_k (o_rk - t_rk)^2        (so the mean over rows is PyTorch's MSELoss)
  *   do_rk  = scale * (2/K) (o_rk - t_rk)

@@ -34,6 +34,13 @@
  * tied_count): ZeRO-3 gathers a layer's parameters just before it runs
  * (dp_pass.layer_begin), and the head's are another layer's.
  *
+ * Tensor parallelism (ctx->tp, Megatron-LM's vocabulary-parallel embedding): the token table
+ * and the tied head are split by row, rank r of the group holding the tokens [v0, v0 + Vl) of
+ * dp_tp_slice.  The embedding gives a token's row on the rank that holds it and zero on the
+ * others, the group sums them (one all-reduce: one term is not zero, so the sum is that row's
+ * bits), and the positions are added after; the head computes the rank's logits (R, Vl), which
+ * the loss reads split (dp_softmax_xent_split), and its input's gradient is the group's sum.
+ *
  * Letters: B batch, T positions, N table rows, D width, V vocabulary,
  * R = B * T rows. */
 #include <stdio.h>
@@ -47,6 +54,14 @@ struct embedding {
     int64_t N, D;  /* table (N, D) */
     int positions; /* 1: ids are positions 0..T-1; 0: ids are ctx->batch->tokens */
 };
+
+/* The rows [*a, *b) this rank holds: all of them, or under a tensor group a token table's slice. */
+static void emb_rows(const struct embedding *p, const struct dp_ctx *ctx, int64_t *a, int64_t *b) {
+    int64_t n = p->N;
+    *a = 0;
+    if (ctx->tp && !p->positions) dp_tp_slice(p->N, ctx->tp->size, ctx->tp->rank, a, &n);
+    *b = *a + n;
+}
 
 /* The id at (b, t), or a negative DP_E* code when it is outside [0, N). */
 static int64_t emb_id(const struct dp_layer *l, const struct dp_ctx *ctx, int64_t b, int64_t t,
@@ -72,13 +87,17 @@ static int emb_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const f
     if (!p->positions && B > 0 && (!ctx->batch || !ctx->batch->tokens))
         return dp_seterr(DP_EINVAL, "embedding %s: the batch has no token ids", l->name);
     const float *w = ctx->params + l->param_off;
+    int64_t ra, rb;
+    emb_rows(p, ctx, &ra, &rb);
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++) {
             int64_t id = emb_id(l, ctx, b, t, T);
             if (id < 0) return (int)id;
-            memcpy(y + (b * T + t) * D, w + id * D, sizeof(float) * (size_t)D);
+            if (id >= ra && id < rb) memcpy(y + (b * T + t) * D, w + id * D, sizeof(float) * (size_t)D);
+            else memset(y + (b * T + t) * D, 0, sizeof(float) * (size_t)D);
         }
-    return DP_OK;
+    /* (a split table: each row from the rank that holds it, the others' zeros added) */
+    return rb - ra < p->N ? ctx->tp->allreduce(ctx->tp->arg, y, B * T * D) : DP_OK;
 }
 
 static int emb_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *dy,
@@ -90,10 +109,13 @@ static int emb_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const
     if (!p->positions && B > 0 && (!ctx->batch || !ctx->batch->tokens))
         return dp_seterr(DP_EINVAL, "embedding %s: the batch has no token ids", l->name);
     float *dw = ctx->grads + l->param_off;
+    int64_t ra, rb;
+    emb_rows(p, ctx, &ra, &rb);
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++) {
             int64_t id = emb_id(l, ctx, b, t, T);
             if (id < 0) return (int)id;
+            if (id < ra || id >= rb) continue; /* (another tensor rank's row) */
             float *dr = dw + id * D;
             const float *g = dy + (b * T + t) * D;
 #pragma omp simd
@@ -132,6 +154,7 @@ static int emb_make(struct dp_model *m, struct dp_layer **out, const char *name,
     l->out_shape = dp__shape2(in->d[0], D);
     if ((rc = dp__add_param(m, l, "weight", dp__shape2(N, D), DP_INIT_NORMAL, std, 0)))
         return dp__layer_fail(m, l, &mk, rc);
+    if (!positions) m->params[m->nparams - 1].tp_split = DP_TP_ROWS; /* (a token table: by token, under a tensor group) */
     l->flops_fwd = 0; /* a copy */
     *out = l;
     return DP_OK;
@@ -237,8 +260,10 @@ static int head_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const 
                         int64_t B) {
     const struct tied_head *p = l->priv;
     const int64_t R = B * (dp_shape_numel(&l->in_shape) / p->D);
-    const float *w = ctx->params + p->w_off;
-    dp_gemm(0, 1, R, p->V, p->D, 1.0f, x, p->D, w, p->D, 0.0f, y, p->V);
+    int64_t v0 = 0, V = p->V; /* (under a tensor group: its vocabulary slice, logits (R, Vl)) */
+    if (ctx->tp) dp_tp_slice(p->V, ctx->tp->size, ctx->tp->rank, &v0, &V);
+    const float *w = ctx->params + p->w_off + v0 * p->D;
+    dp_gemm(0, 1, R, V, p->D, 1.0f, x, p->D, w, p->D, 0.0f, y, V);
     return DP_OK;
 }
 
@@ -247,11 +272,13 @@ static int head_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, cons
     (void)y;
     const struct tied_head *p = l->priv;
     const int64_t R = B * (dp_shape_numel(&l->in_shape) / p->D);
-    const float *w = ctx->params + p->w_off;
-    float *dw = ctx->grads + p->w_off;
-    dp_gemm(1, 0, p->V, p->D, R, 1.0f, dy, p->V, x, p->D, 1.0f, dw, p->D);
-    if (dx) dp_gemm(0, 0, R, p->D, p->V, 1.0f, dy, p->V, w, p->D, 0.0f, dx, p->D);
-    return DP_OK;
+    int64_t v0 = 0, V = p->V;
+    if (ctx->tp) dp_tp_slice(p->V, ctx->tp->size, ctx->tp->rank, &v0, &V);
+    const float *w = ctx->params + p->w_off + v0 * p->D;
+    float *dw = ctx->grads + p->w_off + v0 * p->D;
+    dp_gemm(1, 0, V, p->D, R, 1.0f, dy, V, x, p->D, 1.0f, dw, p->D);
+    if (dx) dp_gemm(0, 0, R, p->D, V, 1.0f, dy, V, w, p->D, 0.0f, dx, p->D);
+    return dx && ctx->tp ? ctx->tp->allreduce(ctx->tp->arg, dx, R * p->D) : DP_OK;
 }
 
 static void head_free(struct dp_layer *l) { dp_free(l->priv); }
@@ -283,6 +310,7 @@ int dp__tied_lm_head_make(struct dp_model *m, struct dp_layer **out, const char 
     l->priv = p;
     p->V = w->shape.d[0], p->D = D, p->w_off = w->offset;
     l->tied_off = w->offset, l->tied_count = w->count; /* for ZeRO-3's gather (dp_pass.layer_begin) */
+    l->tp_out_split = w->tp_split == DP_TP_ROWS; /* (its vocabulary slice, as the table's) */
     l->out_shape.d[in->ndim - 1] = p->V;
     l->flops_fwd = 2 * (dp_shape_numel(in) / D) * D * p->V;
     *out = l;

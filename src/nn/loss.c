@@ -99,6 +99,78 @@ int dp_softmax_xent(float *dlogits, double *loss_sum, int64_t *correct, const fl
     return DP_OK;
 }
 
+void dp_tp_slice(int64_t N, int size, int rank, int64_t *v0, int64_t *n) {
+    const int64_t q = N / size, extra = N % size;
+    *v0 = rank * q + (rank < extra ? rank : extra);
+    *n = q + (rank < extra);
+}
+
+/* Split over a tensor group: z is this rank's classes [v0, v0 + Vl) of each row.
+ *   m_r = max over ranks of max_j z_rj         (the ranks' maxima: slot r T + rank of one sum)
+ *   S_r = sum over ranks of sum_j exp(z_rj - m_r),  z_r[t_r] from the rank that holds t_r,
+ *   the first argmax from the first rank whose maximum is m_r   (one sum of 3 R)
+ *   loss_r = log S_r + m_r - z_r[t_r],   dz_rj = scale (exp(z_rj - m_r) / S_r - [v0 + j == t_r]) */
+int dp_softmax_xent_split(float *dlogits, double *loss_sum, int64_t *correct, const float *logits,
+                          const int32_t *targets, int64_t R, int64_t V, int64_t v0, int64_t Vl, float scale,
+                          const struct dp_tp *tp) {
+    const int T = tp->size;
+    for (int64_t r = 0; r < R; r++)
+        if (targets[r] < 0 || targets[r] >= V)
+            return dp_seterr(DP_EINVAL, "softmax_xent: row %lld: target %d outside [0, %lld)", (long long)r,
+                             (int)targets[r], (long long)V);
+    float *mx = dp_calloc((size_t)(R * T + 3 * R + 1), sizeof(float)), *agg = mx + R * T;
+    int64_t *arg = dp_malloc(sizeof(int64_t) * (size_t)(R + 1));
+    if (!mx || !arg) {
+        dp_free(mx), dp_free(arg);
+        return dp_seterr(DP_ENOMEM, "softmax_xent: out of memory");
+    }
+    for (int64_t r = 0; r < R; r++) { /* this rank's maximum and its first argmax */
+        const float *z = logits + r * Vl;
+        int64_t a = 0;
+        for (int64_t j = 1; j < Vl; j++)
+            if (z[j] > z[a]) a = j;
+        arg[r] = v0 + a;
+        mx[r * T + tp->rank] = Vl > 0 ? z[a] : -INFINITY;
+    }
+    int rc = tp->allreduce(tp->arg, mx, R * T);
+    for (int64_t r = 0; !rc && r < R; r++) {
+        float m = mx[r * T];
+        int owner = 0;
+        for (int k = 1; k < T; k++)
+            if (mx[r * T + k] > m) m = mx[r * T + k], owner = k;
+        const float *z = logits + r * Vl;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < Vl; j++)
+            s += dp__expf(z[j] - m);
+        mx[r * T] = m; /* (kept for below) */
+        agg[r] = (float)s;
+        agg[R + r] = targets[r] >= v0 && targets[r] < v0 + Vl ? z[targets[r] - v0] : 0.0f;
+        agg[2 * R + r] = owner == tp->rank ? (float)arg[r] : 0.0f;
+    }
+    if (!rc) rc = tp->allreduce(tp->arg, agg, 3 * R);
+    double total = 0.0;
+    int64_t hits = 0;
+    for (int64_t r = 0; !rc && r < R; r++) {
+        const float m = mx[r * T], S = agg[r];
+        total += log((double)S) + (double)m - (double)agg[R + r];
+        hits += (int64_t)agg[2 * R + r] == targets[r];
+        if (!dlogits) continue;
+        const float *z = logits + r * Vl;
+        float *dz = dlogits + r * Vl;
+        const float k = scale / S;
+#pragma omp simd
+        for (int64_t j = 0; j < Vl; j++)
+            dz[j] = dp__expf(z[j] - m) * k;
+        if (targets[r] >= v0 && targets[r] < v0 + Vl) dz[targets[r] - v0] -= scale;
+    }
+    dp_free(mx), dp_free(arg);
+    if (rc) return rc;
+    if (loss_sum) *loss_sum = total;
+    if (correct) *correct = hits;
+    return DP_OK;
+}
+
 /* One pass per row, in row order: the sums are the same bits for any thread count. */
 int dp_mse(float *dout, double *loss_sum, double *abs_sum, const float *out, const float *target, int64_t R,
            int64_t K, float scale) {

@@ -464,10 +464,15 @@ int dp_model_forward_range(const struct dp_model *m, struct dp_replica *r, const
         const float *logits = r->acts[m->nlayers];
         if (p->backward && !(r->dlogits = dp_arena_alloc(&r->arena, sizeof(float) * (size_t)(R * V))))
             return dp_adderr(DP_ENOMEM, "loss");
+        int64_t v0, Vl; /* (under a tensor group, the head's vocabulary slice) */
+        const int split = ctx.tp && m->layers[m->nlayers - 1]->tp_out_split && m->loss != DP_LOSS_MSE;
+        if (split) dp_tp_slice(V, ctx.tp->size, ctx.tp->rank, &v0, &Vl);
         int rc = m->loss == DP_LOSS_MSE
                      ? dp_mse(r->dlogits, &p->loss_sum, &p->abs_sum, logits, b->target, R, V, ctx.loss_scale)
-                     : dp_softmax_xent(r->dlogits, &p->loss_sum, &p->correct, logits, b->targets, R, V,
-                                       ctx.loss_scale);
+                 : split ? dp_softmax_xent_split(r->dlogits, &p->loss_sum, &p->correct, logits, b->targets, R, V, v0,
+                                                 Vl, ctx.loss_scale, ctx.tp)
+                         : dp_softmax_xent(r->dlogits, &p->loss_sum, &p->correct, logits, b->targets, R, V,
+                                           ctx.loss_scale);
         if (rc) return dp_adderr(rc, "loss");
     }
     p->t_forward = dp_time() - t0;

@@ -209,6 +209,10 @@ int dp_model_tp_check(const struct dp_model *m, int size) {
                              "head)", size, l->name, heads, size);
         split++;
     }
+    for (int i = 0; split && i < m->nparams; i++)
+        if (m->params[i].tp_split == DP_TP_ROWS && m->params[i].shape.d[0] < size)
+            return dp_seterr(DP_EINVAL, "--tp %d: %s has %lld rows, fewer than the tensor ranks", size, m->params[i].name,
+                             (long long)m->params[i].shape.d[0]);
     if (!split)
         return dp_seterr(DP_ENOTSUP, "--tp %d: model '%s' has no layer that splits (tensor parallelism splits the "
                          "transformer's attention and MLP: a gpt)", size, m->spec);

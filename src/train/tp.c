@@ -2,7 +2,9 @@
  * block between them (Megatron-LM's layout, dp/nn.h struct dp_tp): rank r of a tensor group
  * computes attention heads [r H/T, (r+1) H/T) and the MLP's hidden features [r 4D/T, ...),
  * and the group sums its partial outputs (2 all-reduces in forward, 2 in backward per block,
- * through the group's own world of threads).  With P workers there are P / T data-parallel
+ * through the group's own world of threads); the token table and the tied head are split by
+ * vocabulary, and the loss reads the split logits (dp_softmax_xent_split).  With P workers there
+ * are P / T data-parallel
  * replicas: job rank g is tensor rank g mod T of replica g / T, whose loader reads the share a
  * data-parallel worker of rank g / T among P / T would.
  *
@@ -52,8 +54,8 @@ int dp__tp_plan(struct dp_trainer *t) {
                  t->G / t->pp, t->tp, t->tp);
     else snprintf(order, sizeof order, "replica g / %d, tensor rank g mod %d", t->tp, t->tp);
     snprintf(t->layout + at, sizeof t->layout - at,
-             "%stensor: %d-way groups x %d replica%s%s (job rank g: %s): each transformer block's attention heads "
-             "and MLP features split %d ways (%lld of %lld parameters; the norms and embeddings whole on every worker)",
+             "%stensor: %d-way groups x %d replica%s%s (job rank g: %s): attention heads, MLP features and the "
+             "vocabulary split %d ways (%lld of %lld parameters; the rest whole on every worker)",
              at ? "\n" : "", t->tp, reps, reps > 1 ? "s" : "", t->pp > 1 ? " in each stage" : "", order, t->tp,
              (long long)split, (long long)m->num_params);
     struct dp_comm_params cp = dp_comm_default_params();

@@ -118,7 +118,7 @@ GTP=(--model gpt:layers=2,heads=4,dim=16,ctx=8 "${GPTRUN[@]:2}" --epochs 2)
 val_of() { sed -n 's/^done: .*val loss \([0-9.]*\).*/\1/p' "$1"; }
 if "$BIN" train "${GTP[@]}" --workers 1 --out "$T/gtp1" >"$T/gtp1.log" 2>&1 &&
    "$BIN" train "${GTP[@]}" --workers 4 --tp 2 --out "$T/gtp2" >"$T/gtp2.log" 2>&1 &&
-   grep -q '^tensor: 2-way groups x 2 replicas (job rank g: replica g / 2, tensor rank g mod 2): each transformer block.s attention heads and MLP features split 2 ways' "$T/gtp2.log" &&
+   grep -q '^tensor: 2-way groups x 2 replicas (job rank g: replica g / 2, tensor rank g mod 2): attention heads, MLP features and the vocabulary split 2 ways' "$T/gtp2.log" &&
    [[ -n $(val_of "$T/gtp1.log") ]] &&
    awk -v a="$(val_of "$T/gtp1.log")" -v b="$(val_of "$T/gtp2.log")" 'BEGIN {exit !(a - b < 0.001 && b - a < 0.001)}' &&
    "$BIN" train "${GTP[@]}" --workers 1 --resume "$T/gtp2/checkpoint.bin" --epochs 3 >"$T/gtpr.log" 2>&1 &&
