@@ -19,14 +19,15 @@
 # arenas' high-water marks); the formula: gpipe holds M micro-batches' activations, 1f1b at
 # most min(S - s, M) on stage s, so 1f1b / gpipe = min(S - s, M) / M.
 #
-# Also, as the references, one worker (--workers 1) and plain data parallelism on the two cores
-# (--workers 2, 32 windows each) on the same batch: samples/s.
+# Also, as the references, one worker (--workers 1), plain data parallelism on the two cores
+# (--workers 2, 32 windows each) and tensor parallelism (--workers 2 --tp 2: both workers on the
+# whole batch, each block split 2 ways) on the same batch: samples/s.
 # The plan against them (PLAN=0: not run): `dptrain calibrate --model MODEL --workers 2 --batch 64
 # --optim adamw` once, before the runs (the profile: forward and backward seconds per sample with
 # both workers computing at once, the optimizer's per parameter, the links), and the same at
 # --batch 16 and 4 (8 and 2 samples per worker: the compute of a pipeline's small micro-batches,
 # given with --profile-at); then for each layout `dptrain plan --profile ... --profile-at ...`
-# (--pp 2 --micro-batches M --pp-schedule K; --workers 1 and 2 for the references): its predicted
+# (--pp 2 --micro-batches M --pp-schedule K; --workers 1, 2 and --tp 2 for the references): its predicted
 # step against the measured one (64 / samples/s), and `plan --layout auto`'s first layout against
 # the fastest measured.
 # Output: bench/results/pipe_bubble-<stamp>.md and .tsv (one row per run).
@@ -66,6 +67,7 @@ predicted() {
     case $1 in
         one) "$DPTRAIN" plan "${args[@]}" --workers 1 ;;
         dp2) "$DPTRAIN" plan "${args[@]}" --workers 2 ;;
+        tp2) "$DPTRAIN" plan "${args[@]}" --workers 2 --tp 2 ;;
         *) "$DPTRAIN" plan "${args[@]}" --workers 2 --pp 2 --micro-batches "$2" --pp-schedule "$1" ;;
     esac 2>/dev/null | sed -n 's/.*"step_s": \([0-9.eE+-]*\),.*/\1/p' | head -n 1
 }
@@ -103,15 +105,15 @@ note "pipe_bubble: $CPU_MODEL, $NCPU CPUs, REPS=$REPS STEPS=$STEPS MICRO='$MICRO
 for rep in $(seq 1 "$REPS"); do
     runs=()
     for k in gpipe 1f1b; do for m in $MICRO; do runs+=("$k:$m"); done; done
-    runs+=("one:0" "dp2:0")
+    runs+=("one:0" "dp2:0" "tp2:0")
     n=${#runs[@]}
     for i in $(seq 0 $((n - 1))); do
         r=${runs[$(((i + rep) % n))]} # (the order rotates per repetition)
         k=${r%%:*} m=${r##*:}
         log=$WORK/run-$rep-$k-$m.log tl=$WORK/tl-$rep-$k-$m.json
-        if [ "$k" = one ] || [ "$k" = dp2 ]; then
-            "$DPTRAIN" train "${COMMON[@]}" --workers "$([ "$k" = one ] && echo 1 || echo 2)" >"$log" 2>&1 ||
-                { tail -3 "$log" >&2; die "$k failed"; }
+        if [ "$k" = one ] || [ "$k" = dp2 ] || [ "$k" = tp2 ]; then
+            case $k in one) ref=(--workers 1) ;; dp2) ref=(--workers 2) ;; *) ref=(--workers 2 --tp 2) ;; esac
+            "$DPTRAIN" train "${COMMON[@]}" "${ref[@]}" >"$log" 2>&1 || { tail -3 "$log" >&2; die "$k failed"; }
             printf '%s\t%s\t0\t%s\tNA\tNA\tNA\tNA\tNA\tNA\t%s\n' "$rep" "$k" "$(dptrain_sps "$log")" \
                 "$(predicted "$k" 0)" >>"$TSV"
             continue
@@ -130,7 +132,7 @@ done
 FIRST=NA
 if [ "$PLAN" != 0 ]; then # the layout plan ranks first: "dp pp micro"
     FIRST=$("$DPTRAIN" plan --profile "$PROFILE" "${PLAN_AT[@]}" --model "$MODEL" --batch 64 --optim adamw --workers 2 --layout auto --json \
-        2>/dev/null | sed -n 's/.*"rank": 1, "dp": \([0-9]*\), "pp": \([0-9]*\), "micro_batches": \([0-9]*\), "zero": \([0-9]*\).*/\1 \2 \3 \4/p')
+        2>/dev/null | sed -n 's/.*"rank": 1, "dp": \([0-9]*\), "pp": \([0-9]*\), "tp": \([0-9]*\), "micro_batches": \([0-9]*\), "zero": \([0-9]*\).*/\1 \2 \3 \4 \5/p')
 fi
 "$PY" - "$TSV" "$OUTMD" "$CPU_MODEL" "$NCPU" "$LOAD1" "$GIT_REV" "$STEPS" "$split" "${FIRST:-NA}" <<'PYEOF'
 import csv, statistics, sys
@@ -142,13 +144,15 @@ def f(v):
     except ValueError: return float("nan")
 one = med([f(r["samples_s"]) for r in rows if r["schedule"] == "one"])
 dp2 = med([f(r["samples_s"]) for r in rows if r["schedule"] == "dp2"])
+tp2 = med([f(r["samples_s"]) for r in rows if r["schedule"] == "tp2"])
 S = 2
 lines = ["# Pipeline bubble and activations: 2 stages, gpipe and 1f1b", "",
          f"CPU: {cpu}, {ncpu} CPUs (load at start {load}); dptrain {rev}; gpt:layers=4,heads=4,dim=128,ctx=64,"
          f" batch 64, steps 4..{int(steps) - 1} of each run, medians of the repetitions.", "",
          f"Split: {split}", "",
          f"On the same batch: one worker {one:.1f} samples/s; plain data parallelism on the two cores"
-         f" (--workers 2) {dp2:.1f} samples/s ({dp2 / one:.2f}×).", "",
+         f" (--workers 2) {dp2:.1f} samples/s ({dp2 / one:.2f}×); tensor parallelism on them (--workers 2 --tp 2)"
+         f" {tp2:.1f} samples/s ({tp2 / one:.2f}×).", "",
          "| schedule | M | formula (S-1)/(M+S-1) | idle stage 0 | idle stage 1 | busy ms/step 0 / 1 | samples/s | vs one worker |"
          " act. MB stage 0 / 1 | formula 1f1b/gpipe stage 0 / 1 | step ms measured / planned |",
          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -174,26 +178,27 @@ for k in ("gpipe", "1f1b"):
         lines.append(f"| {k} | {m} | {(S - 1) / (m + S - 1):.3f} | {g('idle0'):.3f} | {g('idle1'):.3f} |"
                      f" {g('busy0_ms'):.0f} / {g('busy1_ms'):.0f} | {sps:.1f} | {sps / one:.2f}× |"
                      f" {a0:.1f} / {a1:.1f} | {ratio} | {ptxt} |")
-for ref in ("one", "dp2"):
+names = {"one": "one worker", "dp2": "data parallel, 2 workers", "tp2": "tensor parallel, 2 workers"}
+for ref in ("one", "dp2", "tp2"):
     rs = [r for r in rows if r["schedule"] == ref]
     mstep, pstep, ptxt = planned(rs)
     if pstep == pstep:
         errs.append(abs(pstep / mstep - 1))
-        lines.append(f"| ({'one worker' if ref == 'one' else 'data parallel, 2 workers'}) | | | | | | {64 / mstep:.1f} | |"
+        lines.append(f"| ({names[ref]}) | | | | | | {64 / mstep:.1f} | |"
                      f" | | {ptxt} |")
 if errs:
     lines += ["", f"The plan's step against the measured: largest error {max(errs) * 100:.0f}%, median"
               f" {statistics.median(errs) * 100:.0f}% over {len(errs)} layouts (target: within 20%)."]
 if first != "NA":
-    dpn, ppn, mn, zn = (int(x) for x in first.split())
-    meas = {("one", 0): one, ("dp2", 0): dp2}
+    dpn, ppn, tpn, mn, zn = (int(x) for x in first.split())
+    meas = {("one", 0): one, ("dp2", 0): dp2, ("tp2", 0): tp2}
     for k in ("gpipe", "1f1b"):
         for m in micros:
             meas[(k, m)] = med([f(r["samples_s"]) for r in rows if r["schedule"] == k and int(r["micro"]) == m])
     best = max(meas, key=lambda key: meas[key])
-    pick = ("dp2", 0) if ppn == 1 else ("1f1b", mn)
+    pick = ("tp2", 0) if tpn == 2 else ("dp2", 0) if ppn == 1 else ("1f1b", mn)
     got = meas.get(pick, float("nan"))
-    lines += ["", f"`plan --layout auto` ranks first: dp {dpn} x pp {ppn}, {mn} micro-batch(es), ZeRO {zn}; measured"
+    lines += ["", f"`plan --layout auto` ranks first: dp {dpn} x pp {ppn} x tp {tpn}, {mn} micro-batch(es), ZeRO {zn}; measured"
               f" {got:.1f} samples/s against the fastest measured layout, {best[0]} M={best[1]}, {meas[best]:.1f}"
               f" ({(got / meas[best] - 1) * 100:+.0f}%; target: within 10%)."]
 lines += ["", f"Raw rows: {tsv.split('/')[-1]}."]

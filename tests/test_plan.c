@@ -871,3 +871,61 @@ TEST(model_layer_bytes_measured) {
     ASSERT_TRUE(scratch[1] > 0);
     dp_model_free(m);
 }
+
+/* Tensor parallelism in the plan (dp_plan_layout): T = 1 is the pipeline's plan; a group of 2
+ * computes half of each stage plus its all-reduces, ring over the intra-host link (4 of 100
+ * floats a sample per layer here, half in forward, half in backward); its stage is reduced over
+ * the stage's R T workers; the layout must divide the workers and the layers must split. */
+TEST(plan_layout_tensor_groups) {
+    int64_t layers[8];
+    double flops[8], out[8], act[8], scratch[8], calls[8], floats[8];
+    for (int i = 0; i < 8; i++)
+        layers[i] = 1000, flops[i] = 1e6, out[i] = 100, act[i] = 400, scratch[i] = i, calls[i] = 4, floats[i] = 100;
+    struct dp_plan_params p = dp_plan_default_params();
+    p.layers = layers, p.layer_flops = flops, p.nlayers = 8;
+    p.layer_out = out, p.layer_act = act, p.layer_scratch = scratch;
+    p.fwd_sample_s = 1e-3, p.bwd_sample_s = 2e-3, p.batch = 64, p.net.workers = 4;
+    dp_plan_net_link(&p.net, 0, 1e30);
+    p.net.intra_alpha_s = 1e-5, p.net.intra_beta_s = 1e-9, p.net.gamma_s = 0;
+    struct dp_plan_pipe a, b;
+    ASSERT_ERR(dp_plan_layout(&p, 2, 2, 4, DP_PIPE_1F1B, 0, &a), DP_EINVAL, "the model's layers do not split");
+    ASSERT_OK(dp_plan_pipeline(&p, 2, 4, DP_PIPE_1F1B, 0, &a));
+    p.layer_tp_calls = calls, p.layer_tp_floats = floats;
+    ASSERT_OK(dp_plan_layout(&p, 2, 1, 4, DP_PIPE_1F1B, 0, &b));
+    ASSERT_NEAR(b.step_s, a.step_s, 1e-15);
+    dp_plan_pipe_free(&a), dp_plan_pipe_free(&b);
+    ASSERT_OK(dp_plan_layout(&p, 2, 2, 4, DP_PIPE_1F1B, 1, &b));
+    ASSERT_EQ(b.replicas, 1);
+    ASSERT_EQ(b.tensor, 2);
+    const double mb = 64.0 / 4, fb = mb * 3e-3 / 2 / 2; /* a stage's half of a micro-batch */
+    const double ar = 2 * (1e-5 + mb * 100 * 4 / 2 * 1e-9); /* one all-reduce over 2 */
+    ASSERT_NEAR(b.tp_s, 4 * 4 * ar, 1e-12);                  /* 4 layers of the stage, 4 each */
+    ASSERT_NEAR(b.f_s[0] + b.b_s[0], fb + b.tp_s, 1e-12);
+    ASSERT_NEAR(b.mem_bytes[0], 8 * 8000 + 8 * 4000 / 2 + b.act_bytes[0], 1e-6); /* ZeRO 1: over the stage's 2 */
+    dp_plan_pipe_free(&b);
+    ASSERT_OK(dp_plan_layout(&p, 1, 4, 1, DP_PIPE_1F1B, 0, &b)); /* tensor parallelism alone */
+    ASSERT_NEAR(b.pipe_s, 64 * 3e-3 / 4 + b.tp_s, 1e-12);
+    dp_plan_pipe_free(&b);
+    ASSERT_ERR(dp_plan_layout(&p, 2, 4, 4, DP_PIPE_1F1B, 0, &b), DP_EINVAL, "2 stages x 4 tensor ranks for 4 workers");
+}
+
+/* What a gpt's layers all-reduce under a tensor group (dp_model_tp_traffic), and a tensor
+ * rank's activations, measured (dp_model_layer_bytes_tp): a block's are less than whole. */
+TEST(model_tp_traffic_and_bytes) {
+    struct dp_model *m;
+    ASSERT_OK(dp_model_from_spec(&m, "gpt:layers=2,heads=2,dim=16,ctx=8", 1, 1, 1));
+    double calls[5], floats[5], out[5], saved[5], scratch[5], tsaved[5], tscratch[5];
+    dp_model_tp_traffic(m, 2, calls, floats);
+    ASSERT_FEQ(calls[0], 1.0); /* tok+pos: the token rows' sum */
+    ASSERT_FEQ(floats[0], 8.0 * 16);
+    ASSERT_FEQ(calls[1], 4.0); /* a block: 2 forward, 2 backward */
+    ASSERT_FEQ(floats[1], 8.0 * 16);
+    ASSERT_FEQ(calls[3], 0.0); /* ln_f */
+    ASSERT_FEQ(calls[4], 3.0); /* the head: its input's gradient, the split loss's two */
+    ASSERT_OK(dp_model_layer_bytes(m, out, saved, scratch));
+    ASSERT_OK(dp_model_layer_bytes_tp(m, 2, out, tsaved, tscratch));
+    ASSERT_TRUE(tsaved[1] < saved[1]);
+    ASSERT_TRUE(tsaved[1] > saved[1] / 2); /* (its norms' and residuals' outputs stay whole) */
+    fprintf(stderr, "    a block's saved bytes per sample: %.0f whole, %.0f at tp 2\n", saved[1], tsaved[1]);
+    dp_model_free(m);
+}

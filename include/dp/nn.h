@@ -353,6 +353,12 @@ const struct dp_param_info *dp_model_find_param(const struct dp_model *m, const 
  * it has a layer that splits (attention, transformer block) and each has a multiple of `size`
  * heads; else an error that says why. */
 int dp_model_tp_check(const struct dp_model *m, int size);
+/* What each top-level layer i of m all-reduces within a tensor group of `size` for one pass
+ * (forward and backward) of one sample: calls[i] all-reduces of floats[i] floats each (on
+ * average); 0 for a layer that does not split.  A transformer block: 4 of its (T, D) input; an
+ * attention layer: 2; a token table: 1 of its output; the tied head: its input's gradient and the
+ * split cross-entropy's two (T positions x (size + 3) floats in all). */
+void dp_model_tp_traffic(const struct dp_model *m, int size, double *calls, double *floats);
 
 /* Layers [layer0, layer1) of a model's sequence and the parameters they own,
  * [param_off, param_off + param_count) of the slab (contiguous: parameters are
@@ -454,6 +460,10 @@ int dp_model_backward_range(const struct dp_model *m, struct dp_replica *r, cons
  * gradient buffers it writes).  Measured, not estimated: each layer run alone on one zero sample,
  * on a view of its own, from the activations a whole forward gave it.  Arrays of nlayers. */
 int dp_model_layer_bytes(const struct dp_model *m, double *out, double *saved, double *scratch);
+/* The same for rank 0 of a tensor group of `size` (struct dp_tp; the group's sums skipped: the
+ * values are not the model's, the memory is): what each layer keeps and adds when it computes its
+ * slice.  size 1: dp_model_layer_bytes. */
+int dp_model_layer_bytes_tp(const struct dp_model *m, int size, double *out, double *saved, double *scratch);
 /* Deterministic mode's statistics (dp_ctx.stat_acc, num_buffers doubles: the sums over the
  * step's batches, on every worker): each BatchNorm's running statistics move once towards
  * their mean over those batches, running = (1 - momentum) running + momentum mean, and its

@@ -258,6 +258,10 @@ struct dp_plan_params {
      * (scratch, gradient buffers); NULL: none (no messages, no activations counted) */
     const double *layer_out, *layer_act, *layer_scratch;
     double tie_bytes;         /* a parameter tied across the first and last stage (the gpt's embedding) */
+    /* tensor parallelism (dp_plan_layout): per layer, the all-reduces a tensor group makes for
+     * one micro-batch's forward and backward, and the floats per sample of each (dp_model_tp_traffic);
+     * NULL: the layers do not split */
+    const double *layer_tp_calls, *layer_tp_floats;
     /* Calibrated compute at several sizes (dptrain plan --profile-at): forward and backward seconds
      * per sample measured with cal_batch[i] samples per worker (ascending).  A small batch can cost
      * less per sample than a large one (its activations stay in cache), and a pipeline's
@@ -334,6 +338,8 @@ void dp_plan_result_free(struct dp_plan_result *r);
  * largest of its layers' layer_scratch: one layer's backward runs at a time). */
 struct dp_plan_pipe {
     int stages, replicas, micro;  /* S, R, M */
+    int tensor;                   /* T (dp_plan_layout; 1: no tensor parallelism) */
+    double tp_s;                  /* of the bottleneck stage's f + b, its tensor group's all-reduces */
     int *first;                   /* (S + 1) stage s is layers [first[s], first[s + 1]) */
     double *f_s, *b_s;            /* (S) forward, backward of one micro-batch */
     double *mem_bytes;            /* (S) per worker of the stage: weights, gradient, state, activations */
@@ -351,6 +357,17 @@ struct dp_plan_pipe {
  * layers, M < 1, ZeRO above 1) or DP_ENOMEM; dp_plan_pipe_free frees the arrays. */
 int dp_plan_pipeline(const struct dp_plan_params *p, int stages, int micro, int schedule, int zero,
                      struct dp_plan_pipe *r);
+/* The same with tensor parallelism (src/train/tp.c): each stage of each of the R = P / (S T)
+ * replicas is a group of T threads of one process that splits its layers.  Per stage and
+ * micro-batch, f_s and b_s are the stage's share over T, plus its group's all-reduces: for
+ * each layer, p->layer_tp_calls[i] of b p->layer_tp_floats[i] floats over T on the intra-host link
+ * (a ring: 2 (T - 1) (α' + n/T β')), half in forward, half in backward.  Every worker holds the
+ * whole model and its stage's span is reduced over the stage's R T workers (the replicated part
+ * counted once per group), updated by each (ZeRO 1: / R T).  The activations are counted whole:
+ * an upper bound (a split block keeps its norms' and residuals' outputs whole, the rest / T).
+ * S = 1 is tensor parallelism alone (M = 1: one pass).  T = 1 is dp_plan_pipeline. */
+int dp_plan_layout(const struct dp_plan_params *p, int stages, int tensor, int micro, int schedule, int zero,
+                   struct dp_plan_pipe *r);
 void dp_plan_pipe_free(struct dp_plan_pipe *r);
 /* The planned schedule, operation by operation: each stage runs its ops in the schedule's order
  * (dp_pipe_schedule), an op starting when its stage is free and its input has come (F(s, k): F(s-1,

@@ -538,7 +538,17 @@ int dp_model_run(const struct dp_model *m, struct dp_replica *r, const struct dp
     return rc;
 }
 
+static int no_sum(void *arg, float *buf, int64_t n) {
+    (void)arg, (void)buf, (void)n;
+    return DP_OK;
+}
+
 int dp_model_layer_bytes(const struct dp_model *m, double *out, double *saved, double *scratch) {
+    return dp_model_layer_bytes_tp(m, 1, out, saved, scratch);
+}
+
+int dp_model_layer_bytes_tp(const struct dp_model *m, int size, double *out, double *saved, double *scratch) {
+    const struct dp_tp tp = {.rank = 0, .size = size, .allreduce = no_sum};
     struct dp_replica r, v;
     memset(&v, 0, sizeof v);
     int rc = dp_replica_init(&r, m, 1);
@@ -556,10 +566,10 @@ int dp_model_layer_bytes(const struct dp_model *m, double *out, double *saved, d
     const struct dp_batch b = {.B = 1, .x = T ? NULL : x, .tokens = T ? tok : NULL,
                                .targets = m->loss == DP_LOSS_MSE ? NULL : tgt,
                                .target = m->loss == DP_LOSS_MSE ? target : NULL, .sample_idx = &idx};
-    struct dp_pass pass = {.training = 1, .backward = 1};
+    struct dp_pass pass = {.training = 1, .backward = 1, .tp = &tp};
     if (!rc) rc = dp_model_forward_range(m, &r, &b, 0, m->nlayers, NULL, &pass);
     for (int i = 0; i < m->nlayers && !rc; i++) { /* layer i alone, on a view, from its input */
-        struct dp_pass q = {.training = 1, .backward = 1};
+        struct dp_pass q = {.training = 1, .backward = 1, .tp = &tp};
         if ((rc = dp_replica_init_view(&v, &r, i, i + 1, 1)) ||
             (rc = dp_model_forward_range(m, &v, &b, i, i + 1, r.acts[i], &q)))
             break;

@@ -218,3 +218,21 @@ int dp_model_tp_check(const struct dp_model *m, int size) {
                          "transformer's attention and MLP: a gpt)", size, m->spec);
     return DP_OK;
 }
+
+void dp_model_tp_traffic(const struct dp_model *m, int size, double *calls, double *floats) {
+    for (int i = 0; i < m->nlayers; i++) {
+        const struct dp_layer *l = m->layers[i];
+        const char *k = l->ops->type;
+        const double in = (double)dp_shape_numel(&l->in_shape), out = (double)dp_shape_numel(&l->out_shape);
+        const double pos = l->in_shape.ndim > 1 ? (double)l->in_shape.d[0] : 1.0;
+        calls[i] = floats[i] = 0;
+        if (!strcmp(k, "transformer_block")) calls[i] = 4, floats[i] = in;
+        else if (!strcmp(k, "attention")) calls[i] = 2, floats[i] = in;
+        else if (!strcmp(k, "tokpos_embedding") || !strcmp(k, "embedding")) {
+            for (int j = 0; j < m->nparams; j++) /* (a token table splits; a position table does not) */
+                if (m->params[j].tp_split == DP_TP_ROWS && m->params[j].offset >= l->param_off &&
+                    m->params[j].offset < l->param_off + l->param_count)
+                    calls[i] = 1, floats[i] = out;
+        } else if (l->tp_out_split) calls[i] = 3, floats[i] = (in + pos * (size + 3)) / 3;
+    }
+}

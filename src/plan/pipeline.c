@@ -25,15 +25,28 @@ static double allreduce_s(const struct dp_plan_params *p, double bytes, int w) {
     return best;
 }
 
+/* A tensor group's all-reduce of n bytes over T threads: a ring on the intra-host link. */
+static double group_allreduce_s(const struct dp_plan_params *p, double n, int T) {
+    if (T < 2 || n <= 0) return 0;
+    return 2.0 * (T - 1) * (p->net.intra_alpha_s + n / T * p->net.intra_beta_s) + (T - 1.0) / T * n * p->net.gamma_s;
+}
+
 int dp_plan_pipeline(const struct dp_plan_params *p, int S, int M, int schedule, int zero, struct dp_plan_pipe *r) {
+    return dp_plan_layout(p, S, 1, M, schedule, zero, r);
+}
+
+int dp_plan_layout(const struct dp_plan_params *p, int S, int T, int M, int schedule, int zero, struct dp_plan_pipe *r) {
     memset(r, 0, sizeof *r);
     const int P = p->net.workers, L = p->nlayers;
     if (S < 1 || P % S || S > L)
         return dp_seterr(DP_EINVAL, "plan: %d stages for %d workers and %d layers (S must divide the workers, "
                          "each stage needs a layer)", S, P, L);
+    if (T < 1 || P % (S * T) || (T > 1 && !p->layer_tp_calls))
+        return dp_seterr(DP_EINVAL, "plan: %d stages x %d tensor ranks for %d workers%s", S, T, P,
+                         T > 1 && !p->layer_tp_calls ? " (the model's layers do not split)" : "");
     if (M < 1 || M > 65536 || schedule < 0 || schedule >= DP_PIPE_SCHEDULE_COUNT || zero < 0 || zero > 1)
         return dp_seterr(DP_EINVAL, "plan: %d micro-batches, schedule %d, ZeRO %d", M, schedule, zero);
-    const int R = P / S;
+    const int R = P / (S * T), W = P / S; /* (W: a stage's workers, its replicas' tensor ranks) */
     if (p->batch < (int64_t)R * M)
         return dp_seterr(DP_EINVAL, "plan: global batch %lld is smaller than %d replicas x %d micro-batches",
                          (long long)p->batch, R, M);
@@ -43,7 +56,7 @@ int dp_plan_pipeline(const struct dp_plan_params *p, int S, int M, int schedule,
     struct dp_plan_result whole;
     int rc = dp_plan_run(&q, &whole);
     if (rc) return rc;
-    r->stages = S, r->replicas = R, r->micro = M;
+    r->stages = S, r->replicas = R, r->micro = M, r->tensor = T;
     r->first = dp_malloc(sizeof(int) * (size_t)(S + 1));
     r->f_s = dp_calloc((size_t)S, sizeof(double)), r->b_s = dp_calloc((size_t)S, sizeof(double));
     r->mem_bytes = dp_calloc((size_t)S, sizeof(double)), r->act_bytes = dp_calloc((size_t)S, sizeof(double));
@@ -71,30 +84,31 @@ int dp_plan_pipeline(const struct dp_plan_params *p, int S, int M, int schedule,
     }
     double fmax = 0, sum = 0, cmax = 0, tail = 0;
     for (int s = 0; !rc && s < S; s++) {
-        double fl = 0, ps = 0, act = 0, most = 0;
+        double fl = 0, ps = 0, act = 0, most = 0, tp = 0;
         for (int i = r->first[s]; i < r->first[s + 1]; i++) {
             fl += cost[i] - 1.0, ps += lp[i], act += p->layer_act ? p->layer_act[i] : 0;
             if (p->layer_scratch && p->layer_scratch[i] > most) most = p->layer_scratch[i];
+            if (T > 1) tp += p->layer_tp_calls[i] * group_allreduce_s(p, b * p->layer_tp_floats[i] * 4.0, T);
         }
         act += most;
         double share = flops > 0 ? fl / flops : 1.0 / S;
-        r->f_s[s] = fwd_m * share;
-        r->b_s[s] = bwd_m * share;
-        if (r->f_s[s] + r->b_s[s] > fmax) fmax = r->f_s[s] + r->b_s[s];
+        r->f_s[s] = fwd_m * share / T + tp / 2;
+        r->b_s[s] = bwd_m * share / T + tp / 2;
+        if (r->f_s[s] + r->b_s[s] > fmax) fmax = r->f_s[s] + r->b_s[s], r->tp_s = tp;
         sum += r->f_s[s] + r->b_s[s];
         /* the boundary after stage s: one micro-batch's output */
         if (s + 1 < S && p->layer_out) {
             double c = p->net.alpha_s[DP_PLAN_RING] + b * p->layer_out[r->first[s + 1] - 1] * 4.0 * p->net.beta_s[DP_PLAN_RING];
             if (c > cmax) cmax = c;
         }
-        /* the stage's reduction over its R replicas, from its last backward; and its update */
-        double ar = allreduce_s(p, ps * p->bytes_per_elem / p->compress, R);
+        /* the stage's reduction over its W workers, from its last backward; and its update */
+        double ar = allreduce_s(p, ps * p->bytes_per_elem / p->compress, W);
         double exposed = ar > r->b_s[s] ? ar - r->b_s[s] : 0;
-        double opt = p->opt_s + ps * p->opt_param_s / (zero ? R : 1);
+        double opt = p->opt_s + ps * p->opt_param_s / (zero ? W : 1);
         if (ar > r->comm_s) r->comm_s = ar;
         if (exposed + opt > tail) tail = exposed + opt, r->exposed_s = exposed, r->opt_s = opt;
         r->act_bytes[s] = dp_pipe_max_inflight(schedule, S, M, s) * b * act;
-        r->mem_bytes[s] = 8.0 * psi + p->opt_state_bytes * ps / (zero ? R : 1) + r->act_bytes[s];
+        r->mem_bytes[s] = 8.0 * psi + p->opt_state_bytes * ps / (zero ? W : 1) + r->act_bytes[s];
     }
     dp_free(cost), dp_free(lp);
     if (rc) {

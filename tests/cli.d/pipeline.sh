@@ -96,7 +96,17 @@ if grep -q '^  stage 0 tok+pos\.\.blocks\.1: per micro-batch forward .* (activat
    grep -q '"rank": 1, ' <<<"$lf" && ! grep -q '"pp": 1, ' <<<"$lf"; then
   ok plan_pipeline_and_layouts
 else bad plan_pipeline_and_layouts "$pl" "$(head -3 <<<"$lf")"; fi
-expect_error plan_pipeline_needs_model "--pp, --micro-batches and --layout need --model" "$BIN" plan --params 1e6 --pp 2
+expect_error plan_pipeline_needs_model "--pp, --tp, --micro-batches and --layout need --model" "$BIN" plan --params 1e6 --pp 2
+# tensor groups in the plan: --tp alone and with --pp, and --layout auto lists tp layouts
+pt=$("$BIN" plan "${GPL[@]}" --tp 2 2>&1)
+if grep -q '^pipeline 1 stage x 1 replica of 2-way tensor groups, 1 micro-batch of 64 samples' <<<"$pt" &&
+   grep -q "the bottleneck stage's tensor all-reduces [0-9.]* ms a micro-batch" <<<"$pt" &&
+   grep -q '"kind": "plan_layout", "rank": [0-9]*, "dp": 1, "pp": 1, "tp": 2, ' <<<"$la"; then
+  ok plan_tensor_layouts
+else bad plan_tensor_layouts "$pt" "$(grep '"tp": 2' <<<"$la" | head -2)"; fi
+expect_error plan_tensor_divides "plan: --tp 4 does not divide --workers 2" "$BIN" plan "${GPL[@]}" --tp 4
+expect_error plan_tensor_heads "plan: --tp 2: layer blocks.0 has 3 heads, not a multiple of 2" \
+  "$BIN" plan --model gpt:layers=2,heads=3,dim=24,ctx=8 --workers 2 --tp 2
 expect_error plan_pipeline_stages_divide "3 stages for 2 workers" "$BIN" plan "${GPL[@]}" --pp 3
 expect_error plan_layout_nothing_fits "no layout of 2 workers fits" "$BIN" plan "${GPL[@]}" --layout auto --memory-per-worker 1K
 # the planned schedule drawn: plot reads plan --pp --json and writes pipeline.svg, one bar per

@@ -306,8 +306,11 @@ static const char *help_plan =
     "                        micro-batch's forward and backward per stage, the boundary message,\n"
     "                        the makespan and its bubble, the stages' reductions, memory per stage\n"
     "  --micro-batches M     [S]   --pp-schedule gpipe|1f1b [1f1b]   --zero 0|1 [0]\n"
+    "  --tp T                tensor groups of T (each stage's, with --pp): each layer's share\n"
+    "                        over T and its group's all-reduces on the intra-host link\n"
     "  --layout auto         every layout of the P workers (data-parallel replicas x pipeline\n"
-    "                        stages, micro-batches S..16S, ZeRO 0-3 without stages, 0-1 with),\n"
+    "                        stages x tensor ranks, micro-batches S..16S, ZeRO 0-3 without\n"
+    "                        stages or tensor groups, 0-1 with),\n"
     "                        those that fit --memory-per-worker, ranked by predicted step time\n"
     "  --memory-per-worker B bytes a worker may hold (suffix K, M, G: powers of 1000) [no limit]\n"
     "  --profile-at FILE     (up to 8) profiles of calibrate --model at other --batch / --workers:\n"
@@ -527,8 +530,8 @@ static void print_plan_json(const struct dp_plan_params *p, const struct dp_plan
 
 /* One candidate layout's predicted step and its terms, for --layout auto's table. */
 struct layout {
-    int dp, pp, micro, zero;
-    double step_s, compute_s, bubble, p2p_s, comm_s, mem;
+    int dp, pp, tp, micro, zero;
+    double step_s, compute_s, bubble, p2p_s, tp_s, comm_s, mem;
 };
 
 static int layout_cmp(const void *a, const void *b) {
@@ -541,12 +544,13 @@ static void print_pipe(const struct dp_plan_params *p, const struct dp_plan_pipe
     double comp = 0;
     for (int s = 0; s < r->stages; s++) comp += r->f_s[s] + r->b_s[s];
     if (json) {
-        printf("{\"kind\": \"plan_pipeline\", \"workers\": %d, \"stages\": %d, \"replicas\": %d, \"micro_batches\": %d, "
-               "\"schedule\": \"%s\", \"zero\": %d, \"step_s\": %.9g, \"samples_per_s\": %.9g, \"pipe_s\": %.9g, "
-               "\"bubble\": %.6f, \"p2p_s\": %.9g, \"comm_s\": %.9g, \"exposed_s\": %.9g, \"opt_s\": %.9g, "
-               "\"tie_s\": %.9g, \"stage_first\": [",
-               p->net.workers, r->stages, r->replicas, r->micro, dp_pipe_schedule_name(schedule), zero, r->step_s,
-               r->samples_per_s, r->pipe_s, r->bubble, r->p2p_s, r->comm_s, r->exposed_s, r->opt_s, r->tie_s);
+        printf("{\"kind\": \"plan_pipeline\", \"workers\": %d, \"stages\": %d, \"replicas\": %d, \"tensor\": %d, "
+               "\"micro_batches\": %d, \"schedule\": \"%s\", \"zero\": %d, \"step_s\": %.9g, \"samples_per_s\": %.9g, "
+               "\"pipe_s\": %.9g, \"bubble\": %.6f, \"p2p_s\": %.9g, \"tp_s\": %.9g, \"comm_s\": %.9g, \"exposed_s\": %.9g, "
+               "\"opt_s\": %.9g, \"tie_s\": %.9g, \"stage_first\": [",
+               p->net.workers, r->stages, r->replicas, r->tensor, r->micro, dp_pipe_schedule_name(schedule), zero,
+               r->step_s, r->samples_per_s, r->pipe_s, r->bubble, r->p2p_s, r->tp_s, r->comm_s, r->exposed_s, r->opt_s,
+               r->tie_s);
         for (int s = 0; s <= r->stages; s++) printf("%s%d", s ? ", " : "", r->first[s]);
         printf("], \"stage_mem_bytes\": [");
         for (int s = 0; s < r->stages; s++) printf("%s%.6g", s ? ", " : "", r->mem_bytes[s]);
@@ -566,8 +570,10 @@ static void print_pipe(const struct dp_plan_params *p, const struct dp_plan_pipe
         dp_free(sp);
         return;
     }
-    printf("pipeline %d stage%s x %d replica%s, %d micro-batch%s of %.4g samples, %s, ZeRO %d\n", r->stages,
-           r->stages > 1 ? "s" : "", r->replicas, r->replicas > 1 ? "s" : "", r->micro, r->micro > 1 ? "es" : "",
+    char groups[64] = "";
+    if (r->tensor > 1) snprintf(groups, sizeof groups, " of %d-way tensor groups", r->tensor);
+    printf("pipeline %d stage%s x %d replica%s%s, %d micro-batch%s of %.4g samples, %s, ZeRO %d\n", r->stages,
+           r->stages > 1 ? "s" : "", r->replicas, r->replicas > 1 ? "s" : "", groups, r->micro, r->micro > 1 ? "es" : "",
            (double)p->batch / ((double)r->replicas * r->micro), dp_pipe_schedule_name(schedule), zero);
     for (int s = 0; s < r->stages; s++) {
         int a = r->first[s], b = r->first[s + 1];
@@ -577,28 +583,32 @@ static void print_pipe(const struct dp_plan_params *p, const struct dp_plan_pipe
         print_bytes(" (activations ", r->act_bytes[s]);
         printf(")\n");
     }
-    printf("step %.6g ms = micro-batches %.6g (bubble %.1f%%, boundary message %.4g ms) + reduction left %.4g + "
-           "optimizer %.4g + tie %.4g ms\n", r->step_s * 1e3, r->pipe_s * 1e3, 100 * r->bubble, r->p2p_s * 1e3,
-           r->exposed_s * 1e3, r->opt_s * 1e3, r->tie_s * 1e3);
+    printf("step %.6g ms = micro-batches %.6g (bubble %.1f%%, boundary message %.4g ms", r->step_s * 1e3,
+           r->pipe_s * 1e3, 100 * r->bubble, r->p2p_s * 1e3);
+    if (r->tensor > 1) printf(", the bottleneck stage's tensor all-reduces %.4g ms a micro-batch", r->tp_s * 1e3);
+    printf(") + reduction left %.4g + optimizer %.4g + tie %.4g ms\n", r->exposed_s * 1e3, r->opt_s * 1e3,
+           r->tie_s * 1e3);
     printf("throughput %.6g samples/s; compute %.6g ms over the stages", r->samples_per_s, comp * r->micro * 1e3);
     if (estimate) printf(" (compute: a FLOP estimate at the default %g FLOP/s, not measured)", p->flops);
     printf("\n");
 }
 
-/* --layout auto: every (dp, pp, micro, zero) of the P workers, those that fit, by step time. */
-static void plan_layouts(struct dp_plan_params *p, double act_total, double mem_limit, int schedule, int estimate,
-                         int json) {
+/* --layout auto: every (dp, pp, tp, micro, zero) of the P workers, those that fit, by step time
+ * (tp_ok[T]: the model splits T ways). */
+static void plan_layouts(struct dp_plan_params *p, const char *tp_ok, double *const *tla, double *const *tls,
+                         double act_total, double mem_limit, int schedule, int estimate, int json) {
     int P = p->net.workers, n = 0, cap = 256;
     struct layout *ls = malloc(sizeof *ls * (size_t)cap);
     if (!ls) die("out of memory");
-    for (int S = 1; S <= P && S <= p->nlayers; S++) {
-        if (P % S) continue;
-        int R = P / S;
+    for (int S = 1; S <= P && S <= p->nlayers; S++)
+        for (int T = 1; T <= P / S; T++) {
+        if (P % (S * T) || (T > 1 && !tp_ok[T])) continue;
+        int R = P / (S * T), W = P / S;
         for (int M = S == 1 ? 1 : S; M <= (S == 1 ? 1 : 16 * S); M *= 2)
-            for (int z = 0; z <= (S == 1 ? 3 : 1); z++) {
-                if ((z > 0 && R < 2) || p->batch < (int64_t)R * M) continue;
-                struct layout l = {.dp = R, .pp = S, .micro = M, .zero = z};
-                if (S == 1) {
+            for (int z = 0; z <= (S == 1 && T == 1 ? 3 : 1); z++) {
+                if ((z > 0 && W < 2) || p->batch < (int64_t)R * M) continue;
+                struct layout l = {.dp = R, .pp = S, .tp = T, .micro = M, .zero = z};
+                if (S == 1 && T == 1) {
                     struct dp_plan_params q = *p;
                     q.net.workers = R;
                     struct dp_plan_result r;
@@ -608,8 +618,10 @@ static void plan_layouts(struct dp_plan_params *p, double act_total, double mem_
                     dp_plan_result_free(&r);
                 } else {
                     struct dp_plan_pipe r;
-                    if (dp_plan_pipeline(p, S, M, schedule, z, &r)) die("%s", dp_errmsg());
+                    p->layer_act = tla[T], p->layer_scratch = tls[T]; /* (a tensor rank's, measured) */
+                    if (dp_plan_layout(p, S, T, M, schedule, z, &r)) die("%s", dp_errmsg());
                     l.step_s = r.step_s, l.bubble = r.bubble, l.p2p_s = r.p2p_s, l.comm_s = r.exposed_s;
+                    l.tp_s = r.tp_s * M;
                     for (int s = 0; s < S; s++) {
                         l.compute_s += (r.f_s[s] + r.b_s[s]) * M;
                         if (r.mem_bytes[s] > l.mem) l.mem = r.mem_bytes[s];
@@ -620,26 +632,27 @@ static void plan_layouts(struct dp_plan_params *p, double act_total, double mem_
                 if (n == cap && !(ls = realloc(ls, sizeof *ls * (size_t)(cap *= 2)))) die("out of memory");
                 ls[n++] = l;
             }
-    }
+        }
     if (!n) die("no layout of %d workers fits %.4g bytes per worker (--memory-per-worker)", P, mem_limit);
     qsort(ls, (size_t)n, sizeof *ls, layout_cmp);
     if (!json && estimate)
         printf("(compute: a FLOP estimate at the default %g FLOP/s, not measured: --profile from calibrate --model)\n",
                p->flops);
     if (!json)
-        printf("%4s %4s %6s %4s %11s %12s %11s %8s %10s %10s %12s\n", "dp", "pp", "micro", "zero", "step_ms",
-               "samples_s", "compute_ms", "bubble", "p2p_ms", "comm_ms", "memory");
+        printf("%4s %4s %4s %6s %4s %11s %12s %11s %8s %10s %10s %10s %12s\n", "dp", "pp", "tp", "micro", "zero",
+               "step_ms", "samples_s", "compute_ms", "bubble", "p2p_ms", "tp_ms", "comm_ms", "memory");
     for (int i = 0; i < n; i++) {
         const struct layout *l = &ls[i];
-        if (json) printf("{\"kind\": \"plan_layout\", \"rank\": %d, \"dp\": %d, \"pp\": %d, \"micro_batches\": %d, "
-                         "\"zero\": %d, \"step_s\": %.9g, \"samples_per_s\": %.9g, \"compute_s\": %.9g, \"bubble\": %.6f, "
-                         "\"p2p_s\": %.9g, \"comm_s\": %.9g, \"mem_bytes\": %.6g}\n",
-                         i + 1, l->dp, l->pp, l->micro, l->zero, l->step_s, (double)p->batch / l->step_s, l->compute_s,
-                         l->bubble, l->p2p_s, l->comm_s, l->mem);
+        if (json) printf("{\"kind\": \"plan_layout\", \"rank\": %d, \"dp\": %d, \"pp\": %d, \"tp\": %d, "
+                         "\"micro_batches\": %d, \"zero\": %d, \"step_s\": %.9g, \"samples_per_s\": %.9g, "
+                         "\"compute_s\": %.9g, \"bubble\": %.6f, \"p2p_s\": %.9g, \"tp_s\": %.9g, \"comm_s\": %.9g, "
+                         "\"mem_bytes\": %.6g}\n",
+                         i + 1, l->dp, l->pp, l->tp, l->micro, l->zero, l->step_s, (double)p->batch / l->step_s,
+                         l->compute_s, l->bubble, l->p2p_s, l->tp_s, l->comm_s, l->mem);
         else {
-            printf("%4d %4d %6d %4d %11.5g %12.6g %11.5g %7.1f%% %10.4g %10.4g ", l->dp, l->pp, l->micro, l->zero,
-                   l->step_s * 1e3, (double)p->batch / l->step_s, l->compute_s * 1e3, 100 * l->bubble, l->p2p_s * 1e3,
-                   l->comm_s * 1e3);
+            printf("%4d %4d %4d %6d %4d %11.5g %12.6g %11.5g %7.1f%% %10.4g %10.4g %10.4g ", l->dp, l->pp, l->tp, l->micro,
+                   l->zero, l->step_s * 1e3, (double)p->batch / l->step_s, l->compute_s * 1e3, 100 * l->bubble,
+                   l->p2p_s * 1e3, l->tp_s * 1e3, l->comm_s * 1e3);
             print_bytes("", l->mem);
             printf("\n");
         }
@@ -656,7 +669,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
     int compute_given = 0, profile_given = 0; /* --flops or --sample-ms; --profile */
     struct profile_info pi = {.sgd_param_s = NAN, .adamw_param_s = NAN};
     long long sweep = 0;
-    int pp = 0, micro = 0, schedule = DP_PIPE_1F1B, zero = 0, layout = 0, nat = 0;
+    int pp = 0, tp = 0, micro = 0, schedule = DP_PIPE_1F1B, zero = 0, layout = 0, nat = 0;
     const char *at[8];
     double cal_b[9], cal_f[9], cal_bw[9];
     double mem_limit = 0;
@@ -722,6 +735,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
             if (nat == 8) die("--profile-at: at most 8 profiles");
             at[nat++] = v;
         } else if (dptrain_take(argc, argv, &i, "--pp", &v)) pp = (int)dptrain_int_arg(a, v, 1, 65536);
+        else if (dptrain_take(argc, argv, &i, "--tp", &v)) tp = (int)dptrain_int_arg(a, v, 1, 65536);
         else if (dptrain_take(argc, argv, &i, "--micro-batches", &v)) micro = (int)dptrain_int_arg(a, v, 1, 65536);
         else if (dptrain_take(argc, argv, &i, "--pp-schedule", &v)) {
             if ((schedule = dp_pipe_schedule_parse(v)) < 0) die("--pp-schedule: '%s' (expected gpipe or 1f1b)", v);
@@ -796,14 +810,20 @@ int dptrain_cmd_plan(int argc, char **argv) {
             }
         p.cal_n = nat + 1, p.cal_batch = cal_b, p.cal_fwd = cal_f, p.cal_bwd = cal_bw;
     }
-    if ((pp || layout || micro) && !model) die("--pp, --micro-batches and --layout need --model (the layers to split)");
-    if ((pp || layout) && (sweep || fo.given)) die("--pp and --layout plan one worker count: not with --sweep or the failure options");
-    if (pp && layout) die("--pp and --layout auto exclude each other (the layout chooses the stages)");
+    if ((pp || tp || layout || micro) && !model)
+        die("--pp, --tp, --micro-batches and --layout need --model (the layers to split)");
+    if ((pp || tp || layout) && (sweep || fo.given))
+        die("--pp, --tp and --layout plan one worker count: not with --sweep or the failure options");
+    if ((pp || tp) && layout) die("--pp and --tp exclude --layout auto (the layout chooses the stages and groups)");
+    if (tp && zero > 1) die("--zero %d with --tp: tensor groups take ZeRO 0 or 1 (docs/parallel.md)", zero);
+    if (tp > 1 && (tp > p.net.workers || p.net.workers % (tp * (pp ? pp : 1))))
+        die("plan: --tp %d%s does not divide --workers %d", tp, pp ? " x --pp" : "", p.net.workers);
     if (micro && !pp) die("--micro-batches is --pp's option");
     if (pp && zero > 1) die("--zero %d with --pp: a pipeline's stages take ZeRO 0 or 1 (docs/parallel.md)", zero);
     int64_t *lp = NULL;
-    double *lf = NULL, *lo = NULL, *la = NULL, *lsc = NULL;
-    char **names = NULL;
+    double *lf = NULL, *lo = NULL, *la = NULL, *lsc = NULL, *ltc = NULL, *ltf = NULL;
+    char **names = NULL, *tp_ok = NULL;
+    double **tla = NULL, **tls = NULL; /* (per T: a tensor rank's activations and scratch per layer) */
     if (model) {
 
         long long c = 1, h = 28, w = 28;
@@ -816,12 +836,28 @@ int dptrain_cmd_plan(int argc, char **argv) {
         if (!lp || !lf) die("out of memory");
         for (int i = 0; i < m->nlayers; i++) lp[i] = m->layers[i]->param_count, lf[i] = (double)m->layers[i]->flops_fwd;
         p.layers = lp, p.layer_flops = lf, p.nlayers = m->nlayers;
-        if (pp || layout) { /* the boundary messages, the activations, the tied embedding */
+        if (pp || tp || layout) { /* the boundary messages, the activations, the tied embedding, the groups */
             lo = malloc(sizeof *lo * (size_t)m->nlayers), la = malloc(sizeof *la * (size_t)m->nlayers);
             lsc = malloc(sizeof *lsc * (size_t)m->nlayers);
+            ltc = malloc(sizeof *ltc * (size_t)m->nlayers), ltf = malloc(sizeof *ltf * (size_t)m->nlayers);
             names = calloc((size_t)m->nlayers, sizeof *names);
-            if (!lo || !la || !lsc || !names) die("out of memory");
+            tp_ok = calloc((size_t)p.net.workers + 1, 1);
+            tla = calloc((size_t)p.net.workers + 1, sizeof *tla), tls = calloc((size_t)p.net.workers + 1, sizeof *tls);
+            if (!lo || !la || !lsc || !ltc || !ltf || !names || !tp_ok || !tla || !tls) die("out of memory");
+            for (int T = 2; T <= p.net.workers; T++) {
+                if (p.net.workers % T || dp_model_tp_check(m, T) || (tp && T != tp)) continue;
+                tp_ok[T] = 1;
+                double *o = malloc(sizeof *o * (size_t)m->nlayers);
+                tla[T] = malloc(sizeof(double) * (size_t)m->nlayers), tls[T] = malloc(sizeof(double) * (size_t)m->nlayers);
+                if (!o || !tla[T] || !tls[T]) die("out of memory");
+                if (dp_model_layer_bytes_tp(m, T, o, tla[T], tls[T])) die("plan: --model %s: %s", model, dp_errmsg());
+                free(o);
+            }
+            if (tp > 1 && dp_model_tp_check(m, tp)) die("plan: %s", dp_errmsg());
+            dp_model_tp_traffic(m, tp > 1 ? tp : 2, ltc, ltf);
+            p.layer_tp_calls = ltc, p.layer_tp_floats = ltf;
             if (dp_model_layer_bytes(m, lo, la, lsc)) die("plan: --model %s: %s", model, dp_errmsg());
+            tla[1] = la, tls[1] = lsc;
             for (int i = 0; i < m->nlayers; i++)
                 if (!(names[i] = strdup(m->layers[i]->name))) die("out of memory");
             for (int i = 0; i < m->nlayers; i++)
@@ -830,22 +866,25 @@ int dptrain_cmd_plan(int argc, char **argv) {
         }
         dp_model_free(m);
     }
-    if (pp || layout) {
+    if (pp || tp || layout) {
         if (layout) {
             double act = 0, most = 0; /* (a replica's: every layer's saved, one layer's scratch at a time) */
             for (int i = 0; i < p.nlayers; i++) act += la[i], most = lsc[i] > most ? lsc[i] : most;
             act += most;
-            plan_layouts(&p, act, mem_limit, schedule,
+            plan_layouts(&p, tp_ok, tla, tls, act, mem_limit, schedule,
                          !compute_given && !pi.compute && p.fwd_sample_s <= 0 && p.sample_s <= 0, json);
         } else {
             struct dp_plan_pipe r;
-            if (dp_plan_pipeline(&p, pp, micro ? micro : pp, schedule, zero, &r)) die("%s", dp_errmsg());
+            const int S = pp ? pp : 1, T = tp ? tp : 1;
+            p.layer_act = tla[T], p.layer_scratch = tls[T];
+            if (dp_plan_layout(&p, S, T, micro ? micro : S, schedule, zero, &r)) die("%s", dp_errmsg());
             print_pipe(&p, &r, schedule, zero, names, !compute_given && !pi.compute && p.fwd_sample_s <= 0 && p.sample_s <= 0,
                        json);
             dp_plan_pipe_free(&r);
         }
         for (int i = 0; i < p.nlayers; i++) free(names[i]);
-        free(names), free(lo), free(la), free(lsc), free(lp), free(lf);
+        for (int T = 2; tla && T <= p.net.workers; T++) free(tla[T]), free(tls[T]);
+        free(names), free(lo), free(la), free(lsc), free(ltc), free(ltf), free(tp_ok), free(tla), free(tls), free(lp), free(lf);
         return 0;
     }
 
