@@ -208,7 +208,8 @@ struct dp_train_dp {
      * transformer block (attention by heads, its MLP column then row: struct dp_tp, dp/nn.h),
      * 2 all-reduces in forward and 2 in backward per block; the workers form workers / tp
      * data-parallel replicas (job rank g is tensor rank g mod tp of replica g / tp; with pp, each
-     * stage of each replica is a group).  Threads of one process; every worker holds the whole
+     * stage of each replica is a group).  A group is threads of one process (under mpirun, --workers
+     * a multiple of tp in each process, the replicas across them); every worker holds the whole
      * model; ZeRO 0 or 1; not with --deterministic, --balance, compression, backup workers or
      * the parameter server. */
     int tp;

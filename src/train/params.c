@@ -127,7 +127,8 @@ static int check_pipeline(const struct dp_train_params *p) {
 static int check_tensor(const struct dp_train_params *p) {
     const struct dp_train_dp *d = &p->dp;
     if (d->tp < 1 || d->tp > d->workers || d->workers % d->tp)
-        return dp_seterr(DP_EINVAL, "--tp must divide --workers into tensor groups (got --tp %d with %d worker%s)", d->tp,
+        return dp_seterr(DP_EINVAL, "--tp must divide %s into tensor groups (got --tp %d with %d worker%s)",
+                         d->inter ? "each process's --workers (a group is threads of one process)" : "--workers", d->tp,
                          d->workers, d->workers > 1 ? "s" : "");
     if (d->tp == 1) return DP_OK;
     if (d->pp > 1 && d->workers % (d->pp * d->tp))
@@ -140,7 +141,7 @@ static int check_tensor(const struct dp_train_params *p) {
     if (d->zero >= 2)
         return dp_seterr(DP_ENOTSUP, "--tp does not work with --zero %d yet: every worker holds the whole model; "
                          "--zero 1 shards the optimizer state", d->zero);
-    const char *no = d->inter ? "mpirun (its tensor groups are threads of one process: run it on threads)"
+    const char *no = d->inter && d->pp > 1 ? "--pp under mpirun (a stage per process; tensor groups are threads)"
                      : d->balance ? "--balance"
                      : d->compress.kind != DP_COMPRESS_NONE ? "--compress"
                      : d->backup ? "--backup-workers"

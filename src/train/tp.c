@@ -6,7 +6,8 @@
  * vocabulary, and the loss reads the split logits (dp_softmax_xent_split).  With P workers there
  * are P / T data-parallel
  * replicas: job rank g is tensor rank g mod T of replica g / T, whose loader reads the share a
- * data-parallel worker of rank g / T among P / T would.
+ * data-parallel worker of rank g / T among P / T would.  Under mpirun the groups are threads of
+ * each process (--workers a multiple of T), and the replicas span the processes.
  *
  * The gradient.  Every worker holds the whole model.  After a group's backward, a split
  * parameter's gradient is in its slices, each on the rank that computed it (zero on the
@@ -31,7 +32,7 @@ int dp__tp_plan(struct dp_trainer *t) {
     if (rc) return rc;
     /* the replicated parameters' ranges, merged where they touch (parameters lie in offset order) */
     t->tp_rep = dp_malloc(sizeof(int64_t) * 2 * (size_t)(m->nparams + 1));
-    t->tp_worlds = dp_calloc((size_t)(t->G / t->tp), sizeof *t->tp_worlds);
+    t->tp_worlds = dp_calloc((size_t)(t->P / t->tp), sizeof *t->tp_worlds); /* (this process's groups) */
     if (!t->tp_rep || !t->tp_worlds) return dp_seterr(DP_ENOMEM, "--tp: out of memory");
     int64_t split = 0;
     t->tp_nrep = 0;
@@ -62,13 +63,13 @@ int dp__tp_plan(struct dp_trainer *t) {
     cp.timeout_s = t->p.dp.comm_timeout;
     cp.progress = DP_PROGRESS_CALLER; /* (a group's all-reduces are waited for at once, inside the pass) */
     cp.spin_us = t->p.dp.comm_spin_us;
-    for (int q = 0; q < t->G / t->tp; q++)
+    for (int q = 0; q < t->P / t->tp; q++)
         if ((rc = dp_comm_thread_world_init(&t->tp_worlds[q], t->tp, &cp))) return rc;
     return DP_OK;
 }
 
 void dp__tp_free(struct dp_trainer *t) {
-    for (int q = 0; t->tp_worlds && q < t->G / t->tp; q++) dp_comm_thread_world_free(t->tp_worlds[q]);
+    for (int q = 0; t->tp_worlds && q < t->P / t->tp; q++) dp_comm_thread_world_free(t->tp_worlds[q]);
     dp_free(t->tp_worlds), dp_free(t->tp_rep);
     t->tp_worlds = NULL, t->tp_rep = NULL;
 }
@@ -82,10 +83,11 @@ static int tp_allreduce(void *arg, float *buf, int64_t n) {
 int dp__tp_worker_init(struct worker *w, struct dp_loader_params *lp) {
     struct dp_trainer *t = w->t;
     if (t->tp <= 1) return DP_OK;
+    /* (a group's ranks are threads of one process: T divides each process's workers) */
     const int q = w->grank / t->tp, r = w->grank % t->tp;
     if (t->pp <= 1) lp->rank = q, lp->world = t->G / t->tp; /* (the group's shared share; a pipeline's: its replica's) */
     w->tp = (struct dp_tp){.rank = r, .size = t->tp, .allreduce = tp_allreduce, .arg = w};
-    return dp_comm_thread_init(&w->tp_comm, t->tp_worlds[q], r);
+    return dp_comm_thread_init(&w->tp_comm, t->tp_worlds[w->rank / t->tp], r);
 }
 
 void dp__tp_worker_free(struct worker *w) {

@@ -152,3 +152,23 @@ if "$BIN" train "${GTP[@]}" --workers 4 --tp 2 --pp 2 --out "$T/gtp22" >"$T/gtp2
 else bad gpt_pipeline_and_tensor_parallel "$(grep -E '^(pipeline|tensor|done)' "$T/gtp22.log")"; fi
 expect_error tensor_pipeline_divide "--pp 2 x --tp 2 must divide --workers (got 2)" \
   "$BIN" train "${GTP[@]}" --workers 2 --tp 2 --pp 2
+# ... and under mpirun: each process's 2 workers a tensor group, the 2 replicas across the
+# processes, train the threads' --workers 4 --tp 2 model to the bit (each gradient element has one
+# non-zero term per replica, and a + b is exact in either order); a process with fewer workers
+# than --tp is told so
+if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [[ $BIN != *-asan* && $BIN != *-tsan* ]]; then
+  if timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train "${GTP[@]}" --workers 2 --tp 2 --out "$T/gtpm" >"$T/gtpm.log" 2>&1 &&
+     grep -q '^tensor: 2-way groups x 2 replicas' "$T/gtpm.log" &&
+     same_hash "$(hash_of "$T/gtp2/checkpoint.bin")" "$(hash_of "$T/gtpm/checkpoint.bin")"; then
+    ok mpi_gpt_tensor_parallel_equals_threads
+  else bad mpi_gpt_tensor_parallel_equals_threads "$(tail -3 "$T/gtpm.log")"; fi
+  timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" train "${GTP[@]}" --workers 1 --tp 2 >"$T/gtpm1.log" 2>&1
+  if grep -q "error: process [01]: --tp must divide each process's --workers (a group is threads of one process) into tensor groups (got --tp 2 with 1 worker)" "$T/gtpm1.log"; then
+    ok mpi_tensor_group_within_a_process
+  else bad mpi_tensor_group_within_a_process "$(tail -3 "$T/gtpm1.log")"; fi
+elif [[ $BIN == *-asan* || $BIN == *-tsan* ]]; then
+  echo "note: mpi_gpt_tensor_* not run on a sanitizer build (the plain build's cli run has them)"
+else
+  skip mpi_gpt_tensor_parallel_equals_threads "MPI not built into $BIN"
+  skip mpi_tensor_group_within_a_process "MPI not built into $BIN"
+fi
