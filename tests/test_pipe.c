@@ -242,6 +242,53 @@ TEST_T(pipe_zero1_within_stages_same_bits, 300) {
     for (int z = 0; z < 2; z++) free(trained[z]), free(resumed[z]);
 }
 
+/* Evaluation runs through the stages (each its own layers on each chunk, pipe_step.c): with one
+ * micro-batch, where the layouts train one worker's bits (1 x 2, 1 x 4) or two plain workers'
+ * (2 x 2), every epoch's test loss and accuracy are those runs' bits too; 40 windows are 3
+ * chunks of 16, 16 and 8, so the stages' members take unequal numbers of them.  With --tp 2
+ * inside the stages (each member a chain of its own, whole layers) the loss is one worker's to
+ * float rounding. */
+struct evals {
+    int n;
+    double loss[8], acc[8];
+};
+static void on_epoch_eval(void *arg, const struct dp_event *e) {
+    struct evals *v = arg;
+    if (e->kind == DP_EVENT_EPOCH && v->n < 8) v->loss[v->n] = e->test_loss, v->acc[v->n] = e->test_acc, v->n++;
+}
+static struct evals run_evals(int workers, int pp, int tp) {
+    struct dp_train_params p = pipe_params(workers, pp, 1, DP_PIPE_1F1B, 3);
+    p.dp.tp = tp;
+    struct evals v = {0};
+    p.io.on_event = on_epoch_eval, p.io.event_arg = &v;
+    int64_t n;
+    free(train(&p, &n));
+    return v;
+}
+TEST_T(pipe_evaluation_through_the_stages, 300) {
+    const struct evals one = run_evals(1, 1, 1), two = run_evals(2, 1, 1);
+    ASSERT_EQ(one.n, 3);
+    static const struct {
+        int workers, pp, tp;
+    } lay[] = {{2, 2, 1}, {4, 4, 1}, {4, 2, 1}, {4, 2, 2}};
+    for (size_t i = 0; i < sizeof lay / sizeof lay[0]; i++) {
+        const struct evals got = run_evals(lay[i].workers, lay[i].pp, lay[i].tp);
+        const struct evals *want = lay[i].workers / (lay[i].pp * lay[i].tp) == 1 ? &one : &two;
+        ASSERT_EQ(got.n, want->n);
+        for (int e = 0; e < got.n; e++) {
+            fprintf(stderr, "    dp %d x pp %d x tp %d, epoch %d: test loss %.9f (%.9f), accuracy %.6f (%.6f)\n",
+                    lay[i].workers / (lay[i].pp * lay[i].tp), lay[i].pp, lay[i].tp, e + 1, got.loss[e], want->loss[e],
+                    got.acc[e], want->acc[e]);
+            if (lay[i].tp > 1) {
+                ASSERT_TRUE(fabs(got.loss[e] - want->loss[e]) <= 1e-5 * fabs(want->loss[e]));
+            } else {
+                ASSERT_TRUE(got.loss[e] == want->loss[e]);
+                ASSERT_TRUE(got.acc[e] == want->acc[e]);
+            }
+        }
+    }
+}
+
 /* The activations each stage holds, as the run measures them (dp_trainer_activation_bytes: its
  * micro-batches' arenas at their most) and as the plan predicts them from the layers' measured
  * bytes (dp_model_layer_bytes, dp_plan_pipeline): within 5%, gpipe and 1f1b, M = 1, 4, 8. */

@@ -108,7 +108,9 @@ int dp_plan_layout(const struct dp_plan_params *p, int S, int T, int M, int sche
         if (ar > r->comm_s) r->comm_s = ar;
         if (exposed + opt > tail) tail = exposed + opt, r->exposed_s = exposed, r->opt_s = opt;
         r->act_bytes[s] = dp_pipe_max_inflight(schedule, S, M, s) * b * act;
-        r->mem_bytes[s] = 8.0 * psi + p->opt_state_bytes * ps / (zero ? W : 1) + r->act_bytes[s];
+        /* the whole parameters (4Ψ), the span's gradient (the rest of the slab is mapped, never
+         * touched), its optimizer state (over the stage's W with ZeRO 1), the activations held */
+        r->mem_bytes[s] = 4.0 * psi + 4.0 * ps + p->opt_state_bytes * ps / (zero ? W : 1) + r->act_bytes[s];
     }
     dp_free(cost), dp_free(lp);
     if (rc) {

@@ -17,6 +17,40 @@ static int64_t eval_count(const struct dp_trainer *t, const struct dp_dataset *d
     return limit > 0 && limit < n ? limit : n;
 }
 
+/* Chunk c's samples of the first n of ds (NULL: the text validation windows, filled into w's
+ * scratch) as a batch; a chunk past the end is an empty one that reads from valid pointers. */
+int dp__eval_batch(const struct dp_trainer *t, struct worker *w, const struct dp_dataset *ds, int64_t n, int64_t c,
+                   struct dp_batch *b) {
+    const int64_t E = t->eval_chunk;
+    int64_t i = c * E, B = n - i < E ? n - i : E;
+    *b = (struct dp_batch){.B = B > 0 ? B : 0};
+    if (B <= 0) i = 0;
+    if (ds) {
+        const int64_t per = ds->C * ds->H * ds->W;
+        if (ds->src) { /* a mapped source: its samples converted into the worker's chunk */
+            for (int64_t k = 0; k < B; k++) dp_dataset_read(ds, i + k, w->ex + k * per);
+            b->x = w->ex;
+        } else {
+            b->x = ds->x + i * per;
+        }
+        if (ds->y) b->targets = ds->y + i;
+        if (ds->target) b->target = ds->target + i * ds->num_classes;
+        return DP_OK;
+    }
+    int rc = B > 0 ? dp_text_fill_val(&t->tokens, &t->split, t->ctx, i, B, w->etok, w->etgt) : DP_OK;
+    if (rc) return dp_adderr(rc, "evaluate");
+    b->tokens = w->etok, b->targets = w->etgt;
+    return DP_OK;
+}
+
+/* Chunk c's result, from its pass: the correct count (a regression's: its absolute errors, the
+ * MAE's numerator) and the loss sum. */
+void dp__eval_record(const struct dp_trainer *t, const struct dp_pass *pass, int64_t B, int64_t c, double *slot) {
+    if (B <= 0) return;
+    slot[2 * c] = t->model->loss == DP_LOSS_MSE ? pass->abs_sum : (double)pass->correct;
+    slot[2 * c + 1] = pass->loss_sum;
+}
+
 /* Evaluates chunks [c0, c1) of the first n samples of ds on replica w->rep
  * (ds NULL: the text validation windows, filled into w's scratch). */
 /* gather: ZeRO 3 (sharded), the layers' ranges gathered as in training
@@ -24,33 +58,15 @@ static int64_t eval_count(const struct dp_trainer *t, const struct dp_dataset *d
  * that takes part in the gathers. */
 static int eval_chunks(struct dp_trainer *t, struct worker *w, const struct dp_dataset *ds, int64_t n,
                        int64_t c0, int64_t c1, double *slot, int gather) {
-    const int64_t E = t->eval_chunk;
     for (int64_t c = c0; c < c1; c++) {
-        int64_t i = c * E, B = n - i < E ? n - i : E;
-        struct dp_batch b = {.B = B > 0 ? B : 0};
-        if (B <= 0) i = 0; /* an empty pass still reads from valid pointers */
-        if (ds) {
-            const int64_t per = ds->C * ds->H * ds->W;
-            if (ds->src) { /* a mapped source: its samples converted into the worker's chunk */
-                for (int64_t k = 0; k < B; k++) dp_dataset_read(ds, i + k, w->ex + k * per);
-                b.x = w->ex;
-            } else {
-                b.x = ds->x + i * per;
-            }
-            if (ds->y) b.targets = ds->y + i;
-            if (ds->target) b.target = ds->target + i * ds->num_classes;
-        } else {
-            int rc = B > 0 ? dp_text_fill_val(&t->tokens, &t->split, t->ctx, i, B, w->etok, w->etgt) : DP_OK;
-            if (rc) return dp_adderr(rc, "evaluate");
-            b.tokens = w->etok, b.targets = w->etgt;
-        }
+        struct dp_batch b;
+        int rc = dp__eval_batch(t, w, ds, n, c, &b);
+        if (rc) return rc;
         struct dp_pass pass = {.training = 0, .seed = t->p.run.seed};
         if (gather) dp_sync_eval_hooks(&w->sync, &pass);
-        int rc = dp_model_run(t->model, &w->rep, &b, &pass);
+        rc = dp_model_run(t->model, &w->rep, &b, &pass);
         if (rc) return dp_adderr(rc, "evaluate");
-        /* (a regression's "correct" slot sums absolute errors: the MAE's numerator) */
-        if (B > 0) slot[2 * c] = t->model->loss == DP_LOSS_MSE ? pass.abs_sum : (double)pass.correct;
-        if (B > 0) slot[2 * c + 1] = pass.loss_sum;
+        dp__eval_record(t, &pass, b.B, c, slot);
     }
     return DP_OK;
 }
@@ -133,8 +149,10 @@ int dp__evaluate_shared(struct worker *w, double *acc, double *loss) {
     dp_comm_split(nchunks, t->G / t->P, t->base / t->P, &c0, &len);
     double *slot = dp_calloc((size_t)(2 * nchunks + 1), sizeof(double));
     if (!slot) return dp_seterr(DP_ENOMEM, "evaluate: out of memory");
-    int rc = dp_sync_settle(&w->sync); /* ZeRO 1: the last step's all-gather, left in flight */
-    if (dp_sync_sharded_params(&w->sync)) {
+    int rc = w->pipe ? DP_OK : dp_sync_settle(&w->sync); /* ZeRO 1: the last step's all-gather, left in flight */
+    if (w->pipe) /* each stage its own layers (pipe_step.c): no whole replica anywhere */
+        rc = dp__pipe_evaluate(w, ds, n, nchunks, slot);
+    else if (dp_sync_sharded_params(&w->sync)) {
         /* ZeRO 3: each pass gathers the layers' ranges in turn (collectives),
          * so every rank runs as many passes: chunk c is rank c mod G's, and a
          * rank short of a chunk in the last round runs an empty one.  No

@@ -52,9 +52,11 @@
  * one micro-batch in one worker's order), and after the update the owner sends
  * the new values back (Megatron-LM's embedding group, with one owner).
  *
- * Every worker holds the whole model's slabs, as a replica does; only its
- * span's gradient and optimizer state are used.  Evaluation and checkpoints
- * read the whole parameters: dp_sync_settle and dp_sync_gather assemble them
+ * Every worker holds the whole model's parameters, as a replica does; only its
+ * span's gradient (the rest of the slab mapped, never touched: setup.c) and
+ * optimizer state are used.  Evaluation runs through the stages
+ * (dp__pipe_evaluate, below).  Checkpoints read the whole parameters:
+ * dp_sync_gather assembles them
  * (pipe_whole: each stage's span broadcast from its replica 0), and a
  * checkpoint writes each stage's optimizer state in the whole slab's layout
  * (dp__state_part_each; across processes each stage's replica 0 sends it to
@@ -67,7 +69,7 @@
  * micro-batch k's activations and gradient carry a tag of their own (k mod TAG_RING), so that
  * the receives posted ahead for several micro-batches match the same on either backend. */
 enum { TAG_RING = 4096, TAG_ACT = 20000, TAG_GRAD = TAG_ACT + TAG_RING, TAG_TIE_GRAD = 30003, TAG_TIE_PARAM = 30004,
-       TAG_STATE = 30005 /* (a checkpoint's optimizer state, to rank 0) */ };
+       TAG_STATE = 30005 /* (a checkpoint's optimizer state, to rank 0) */, TAG_EVAL = 30006 };
 enum { TIE_NONE = 0, TIE_OWNER = 1, TIE_READER = 2 };
 
 struct worker_pipe {
@@ -551,6 +553,42 @@ int64_t dp__pipe_activation_bytes(const struct worker *w) {
     int64_t n = 0;
     for (int v = 0; v < pp->nviews; v++) n += (int64_t)pp->views[v].arena.high_water;
     return n;
+}
+
+/* ---- evaluation ----------------------------------------------------------------------------- */
+
+/* Evaluation through the stages: member m of every stage takes chunks m, m + R, m + 2R, ...
+ * (R: the stage's members), stage 0 runs its layers on the chunk's samples and sends the output
+ * on, each stage after it receives, runs its own and sends on, and the last one records the
+ * chunk's loss and correct count.  Each stage holds its own layers' activations only, for one
+ * chunk at a time (a view of eval_chunk samples, made for the evaluation and given back after
+ * it), and reads no parameter outside its span (the reader's tied copy is kept current by the
+ * step).  The chunks' slots are then all-reduced as in plain evaluation: each has one non-zero
+ * contributor, and the range passes are the whole pass's bits (model_range_halves_same_bits),
+ * so the totals are one worker's.  A tensor group's members evaluate whole layers (no tp in the
+ * pass), as separate chains: every member holds its span's whole parameters. */
+int dp__pipe_evaluate(struct worker *w, const struct dp_dataset *ds, int64_t n, int64_t nchunks, double *slot) {
+    const struct dp_trainer *t = w->t;
+    struct worker_pipe *pp = w->pipe;
+    const int64_t E = t->eval_chunk;
+    struct dp_replica view;
+    int rc = dp_replica_init_view(&view, &w->rep, pp->span.layer0, pp->span.layer1, E);
+    float *x = rc || pp->prev < 0 ? NULL : dp_malloc_big(sizeof(float) * (size_t)(E * pp->in_n));
+    if (!rc && pp->prev >= 0 && !x) rc = dp_seterr(DP_ENOMEM, "evaluate: out of memory for stage %d's input", pp->stage);
+    for (int64_t c = pp->replica; !rc && c < nchunks; c += pp->R) {
+        struct dp_batch b;
+        if ((rc = dp__eval_batch(t, w, ds, n, c, &b))) break; /* (stage 0 reads the samples, the last the targets) */
+        struct dp_pass pass = {.training = 0, .seed = t->p.run.seed};
+        if (pp->prev >= 0 && (rc = recv_floats(w, x, b.B * pp->in_n, pp->prev, TAG_EVAL))) break;
+        if ((rc = dp_model_forward_range(t->model, &view, &b, pp->span.layer0, pp->span.layer1, x, &pass))) break;
+        if (pp->next >= 0)
+            rc = dp_comm_send(pp->pcomm, view.acts[pp->span.layer1], b.B * pp->out_n * (int64_t)sizeof(float), pp->next,
+                              TAG_EVAL);
+        else dp__eval_record(t, &pass, b.B, c, slot);
+    }
+    dp_free(x);
+    dp_replica_free(&view);
+    return rc ? dp_adderr(rc, "evaluate, pipeline stage %d", pp->stage) : DP_OK;
 }
 
 /* ---- checkpoints --------------------------------------------------------------------------- */

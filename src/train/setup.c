@@ -10,7 +10,8 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     /* ZeRO 2 and 3 (sharded): the slabs a worker holds only parts of are
      * mapped, never touched as a whole (the gradient; stage 3, the parameters) */
     int lazy = p->dp.zero >= 2 && t->G > 1 ? DP_REPLICA_LAZY_GRADS | (p->dp.zero == 3 ? DP_REPLICA_LAZY_PARAMS : 0) : 0;
-    int rc = dp_replica_init_lazy(&w->rep, t->model, t->max_batch, lazy);
+    /* --pp: a stage's gradient is its span's (and a tied copy's): the rest is mapped, never touched */
+    int rc = dp_replica_init_lazy(&w->rep, t->model, t->max_batch, lazy | (t->pp > 1 ? DP_REPLICA_LAZY_GRADS : 0));
     if (rc) return rc;
     if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
     struct dp_loader_params lp = dp_loader_default_params();
@@ -310,6 +311,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (t->balance) share = p->run.batch; /* a balanced share may be the whole batch */
     if (p->dp.deterministic && !p->dp.async) share = p->dp.det_chunk; /* one chunk at a time */
     t->max_batch = share > t->eval_chunk ? share : t->eval_chunk;
+    if (p->dp.pp > 1) t->max_batch = t->eval_chunk; /* (a stage trains in its views, pipe_step.c; the replica evaluates) */
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = p->dp.comm_timeout;
     /* (a hierarchical world, with processes, reduces on its threads whatever is asked) */

@@ -317,6 +317,13 @@ void dp__snapshot_free(struct dp_trainer *t);
 
 /* eval.c */
 int dp__evaluate_shared(struct worker *w, double *acc, double *loss);
+/* Evaluation's pieces (eval.c): chunk c of the first n samples of ds as a batch, and its pass's
+ * result in slot[2c], slot[2c + 1]; and evaluation through a pipeline's stages (pipe_step.c):
+ * every chunk's result in slot on the rank of the last stage that evaluated it, zeros elsewhere. */
+int dp__eval_batch(const struct dp_trainer *t, struct worker *w, const struct dp_dataset *ds, int64_t n, int64_t c,
+                   struct dp_batch *b);
+void dp__eval_record(const struct dp_trainer *t, const struct dp_pass *pass, int64_t B, int64_t c, double *slot);
+int dp__pipe_evaluate(struct worker *w, const struct dp_dataset *ds, int64_t n, int64_t nchunks, double *slot);
 
 /* report.c */
 void dp__emit_event(struct dp_trainer *t, struct dp_event *ev);
