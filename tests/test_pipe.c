@@ -256,13 +256,20 @@ static void on_epoch_eval(void *arg, const struct dp_event *e) {
     struct evals *v = arg;
     if (e->kind == DP_EVENT_EPOCH && v->n < 8) v->loss[v->n] = e->test_loss, v->acc[v->n] = e->test_acc, v->n++;
 }
+/* ... and after the run, dp_trainer_evaluate on worker 0's replica (the whole parameters, kept
+ * there at the end) gives the last epoch's figures */
 static struct evals run_evals(int workers, int pp, int tp) {
     struct dp_train_params p = pipe_params(workers, pp, 1, DP_PIPE_1F1B, 3);
     p.dp.tp = tp;
     struct evals v = {0};
     p.io.on_event = on_epoch_eval, p.io.event_arg = &v;
-    int64_t n;
-    free(train(&p, &n));
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    ASSERT_OK(dp_trainer_run(t));
+    double acc, loss;
+    ASSERT_OK(dp_trainer_evaluate(t, NULL, p.data.test_limit, &acc, &loss));
+    ASSERT_TRUE(v.n > 0 && loss == v.loss[v.n - 1] && acc == v.acc[v.n - 1]);
+    dp_trainer_free(t);
     return v;
 }
 TEST_T(pipe_evaluation_through_the_stages, 300) {
@@ -287,6 +294,42 @@ TEST_T(pipe_evaluation_through_the_stages, 300) {
             }
         }
     }
+}
+
+/* Memory per worker: a stage holds its span's parameters and gradient (and the last stage the
+ * tied embedding's copy), the rest of the slabs mapped and never touched.  A 12.7M-parameter gpt
+ * in 2 stages: after 2 steps worker 1's resident slabs are its span's 8 bytes a parameter (within
+ * 2 MiB a range boundary: the slabs may be huge pages), where a replica holds 8 bytes for the
+ * whole model; at the end worker 0 holds the whole parameters (the run's result), no gradient. */
+TEST_T(pipe_stage_holds_its_share, 120) {
+    struct dp_train_params p = pipe_params(2, 2, 2, DP_PIPE_1F1B, 1);
+    p.run.model = "gpt:layers=4,heads=2,dim=512,ctx=8";
+    p.run.max_steps = 2;
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    const struct dp_model *m = dp_trainer_model(t);
+    int first[3];
+    int64_t held[2];
+    double *cost = malloc(sizeof(double) * (size_t)m->nlayers);
+    for (int i = 0; i < m->nlayers; i++) cost[i] = (double)m->layers[i]->flops_fwd + 1.0; /* (the trainer's split) */
+    ASSERT_OK(dp_pipe_split(cost, m->nlayers, 2, first));
+    free(cost);
+    for (int s = 0; s < 2; s++) {
+        struct dp_span sp;
+        ASSERT_OK(dp_model_span(m, first[s], first[s + 1], &sp));
+        held[s] = 8 * sp.param_count;
+    }
+    held[1] += 8 * m->layers[m->nlayers - 1]->tied_count; /* (the tied copy, tok.weight: its value and gradient) */
+    ASSERT_OK(dp_trainer_run(t));
+    const double whole = 8.0 * (double)m->num_params, unit = 2.0 * 1048576;
+    for (int s = 0; s < 2; s++) {
+        int64_t got = dp_trainer_slab_bytes(t, s);
+        fprintf(stderr, "    stage %d: %.2f MB resident of its slabs, %.2f MB its share, %.2f MB the whole model's\n",
+                s, got / 1e6, held[s] / 1e6, whole / 1e6);
+        if (s == 0) ASSERT_TRUE(fabs((double)got - whole / 2) <= 4 * unit); /* (the end: whole parameters, no gradient) */
+        else ASSERT_TRUE(fabs((double)(got - held[s])) <= 4 * unit);
+    }
+    dp_trainer_free(t);
 }
 
 /* The activations each stage holds, as the run measures them (dp_trainer_activation_bytes: its
@@ -340,6 +383,23 @@ TEST_T(pipe_failing_stage_named, 120) {
         ASSERT_TRUE(strstr(dp_errmsg(), "injected allocation failure") != NULL);
         dp_trainer_free(t);
     }
+}
+
+/* --check-replicas within the stages: each worker's span hashed against its stage's first
+ * worker's (the workers hold their spans only); a stage-1 replica that drifts at step 1 is
+ * named at the check after step 2. */
+TEST_T(pipe_check_replicas_names_diverged_worker, 120) {
+    struct dp_train_params p = pipe_params(4, 2, 2, DP_PIPE_1F1B, 2);
+    p.dp.check_replicas = 2;
+    struct dp_trainer *t;
+    ASSERT_OK(init_faulty(&t, &p, &(struct dp_fault){DP_FAULT_DIVERGE, 3, 1}));
+    int rc = dp_trainer_run(t);
+    dp_trainer_free(t);
+    fprintf(stderr, "    %s\n", dp_errmsg());
+    ASSERT_EQ(rc, DP_EMISMATCH);
+    ASSERT_TRUE(strstr(dp_errmsg(), "step 2: the replica of worker 3 diverged from worker 2") != NULL);
+    p.dp.check_replicas = 1; /* and without the drift, every check agrees */
+    free(train(&p, &(int64_t){0}));
 }
 
 /* What --pp refuses, each with one clear line. */

@@ -768,7 +768,7 @@ TEST(plan_pipeline_formula) {
     ASSERT_NEAR(r.bubble, 1.0 / 5, 1e-12);
     ASSERT_NEAR(r.act_bytes[0], 2 * b * (4 * 400 + 3), 1e-9); /* 1f1b: 2 held on stage 0 */
     ASSERT_NEAR(r.act_bytes[1], 1 * b * (4 * 400 + 7), 1e-9);
-    ASSERT_NEAR(r.mem_bytes[1], 4 * 8000 + 4 * 4000 + 8 * 4000 / 2 + r.act_bytes[1], 1e-6); /* ZeRO 1: the state over R */
+    ASSERT_NEAR(r.mem_bytes[1], 8 * 4000 + 8 * 4000 / 2 + r.act_bytes[1], 1e-6); /* ZeRO 1: the state over R */
     dp_plan_pipe_free(&r);
     ASSERT_OK(dp_plan_pipeline(&p, 2, 4, DP_PIPE_GPIPE, 0, &r));
     ASSERT_NEAR(r.act_bytes[1], 4 * b * (4 * 400 + 7), 1e-9);
@@ -901,7 +901,7 @@ TEST(plan_layout_tensor_groups) {
     const double ar = 2 * (1e-5 + mb * 100 * 4 / 2 * 1e-9); /* one all-reduce over 2 */
     ASSERT_NEAR(b.tp_s, 4 * 4 * ar, 1e-12);                  /* 4 layers of the stage, 4 each */
     ASSERT_NEAR(b.f_s[0] + b.b_s[0], fb + b.tp_s, 1e-12);
-    ASSERT_NEAR(b.mem_bytes[0], 4 * 8000 + 4 * 4000 + 8 * 4000 / 2 + b.act_bytes[0], 1e-6); /* ZeRO 1: over the stage's 2 */
+    ASSERT_NEAR(b.mem_bytes[0], 8 * 4000 + 8 * 4000 / 2 + b.act_bytes[0], 1e-6); /* ZeRO 1: over the stage's 2 */
     dp_plan_pipe_free(&b);
     ASSERT_OK(dp_plan_layout(&p, 1, 4, 1, DP_PIPE_1F1B, 0, &b)); /* tensor parallelism alone */
     ASSERT_NEAR(b.pipe_s, 64 * 3e-3 / 4 + b.tp_s, 1e-12);

@@ -96,6 +96,9 @@ void *dp_malloc_big(size_t size);
 #define DP_SLAB_UNIT ((size_t)2 << 20)
 void *dp_slab_map(size_t size);
 void dp_slab_unmap(void *p, size_t size);
+/* Gives back the whole pages inside [p, p + bytes) of a dp_slab_map slab: they read as zeros
+ * afterwards (the bytes around them keep their values). */
+void dp_slab_release(void *p, size_t bytes);
 char *dp_strdup(const char *s);
 
 /* ---- asserts: programmer errors only ------------------------------------ */

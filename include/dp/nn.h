@@ -388,8 +388,10 @@ struct dp_replica {
 int dp_replica_init(struct dp_replica *r, const struct dp_model *m, int64_t max_batch);
 /* The same, with the slabs named in `lazy` mapped (dp_slab_map) instead of
  * allocated and touched: zero, and not resident until written (ZeRO 2 and 3,
- * whose workers hold only parts of them). */
-enum { DP_REPLICA_LAZY_GRADS = 1, DP_REPLICA_LAZY_PARAMS = 2 };
+ * whose workers hold only parts of them); DP_REPLICA_LAZY_ARENA: the arena
+ * starts small and grows on the first pass (a pipeline's replica, whose
+ * stages run in views). */
+enum { DP_REPLICA_LAZY_GRADS = 1, DP_REPLICA_LAZY_PARAMS = 2, DP_REPLICA_LAZY_ARENA = 4 };
 int dp_replica_init_lazy(struct dp_replica *r, const struct dp_model *m, int64_t max_batch, int lazy);
 void dp_replica_free(struct dp_replica *r);
 /* A second set of activations over r's slabs: v borrows r's parameters, gradients and buffers

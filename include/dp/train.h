@@ -485,8 +485,12 @@ const char *dp_trainer_layout(const struct dp_trainer *t);
 /* The most bytes of activations (forward's saved outputs and backward's scratch) worker `worker`
  * of this process held at once so far: its replica's arena's high-water mark, or, on a pipeline
  * stage, the sum over the micro-batches it holds in flight (dp_pipe_max_inflight) of theirs;
- * -1 for no such worker.  (Evaluation runs on the replica's arena, not counted for a stage.) */
+ * -1 for no such worker.  (A stage evaluates in a view of its own, given back after it.) */
 int64_t dp_trainer_activation_bytes(const struct dp_trainer *t, int worker);
+/* The bytes of worker `worker`'s parameter and gradient slabs resident in memory now (mincore,
+ * whole pages): the whole model's twice on a plain replica; a pipeline stage's share (its span's,
+ * and a tied copy); -1 for no such worker. */
+int64_t dp_trainer_slab_bytes(const struct dp_trainer *t, int worker);
 /* The test set as the run evaluates it (normalised; n = 0 when there is none). */
 const struct dp_dataset *dp_trainer_test_set(const struct dp_trainer *t);
 /* Who runs this process's bucket all-reduces: DP_PROGRESS_THREAD or

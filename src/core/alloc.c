@@ -83,6 +83,13 @@ void dp_slab_unmap(void *p, size_t size) {
     munmap(p, len ? len : DP_SLAB_UNIT);
 }
 
+void dp_slab_release(void *p, size_t bytes) {
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t unit = pg > 0 ? (uintptr_t)pg : 4096, a = (uintptr_t)p;
+    uintptr_t lo = (a + unit - 1) & ~(unit - 1), hi = (a + bytes) & ~(unit - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 char *dp_strdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = dp_malloc(n);

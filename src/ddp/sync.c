@@ -291,18 +291,19 @@ int dp_sync_update(struct dp_sync *s, float lr, double clip_norm) {
 
 int dp_sync_settle(struct dp_sync *s) {
     int rc = dp_zero_settle(&s->zero);
-    return rc || !s->p.whole ? rc : s->p.whole(s->p.whole_arg);
+    return rc || !s->p.whole ? rc : s->p.whole(s->p.whole_arg, -1, NULL);
 }
 int dp_sync_sharded_params(const struct dp_sync *s) { return s->zero.stage == 3 && s->zero.sharded; }
+int dp_sync_params_partial(const struct dp_sync *s) {
+    return dp_sync_sharded_params(s) || (s->p.whole && s->p.whole_partial);
+}
 void dp_sync_eval_hooks(struct dp_sync *s, struct dp_pass *pass) {
     if (dp_sync_sharded_params(s)) pass->layer_begin = dp_zero_layer_begin, pass->layer_begin_arg = &s->zero;
 }
 int dp_sync_gather(struct dp_sync *s, int keep, uint64_t *hash) {
     if (!s->p.whole) return dp_zero_gather_params(&s->zero, keep, hash);
-    /* a pipeline stage (ZeRO 0, or 1 with its gather in the step): the whole slab assembled, then hashed */
-    int rc = s->p.whole(s->p.whole_arg);
-    if (!rc && hash) *hash = dp_fnv1a64(s->params - s->base, sizeof(float) * (size_t)s->m->num_params, *hash);
-    return rc;
+    /* a pipeline stage (ZeRO 0, or 1 with its gather in the step): the stages' assembly */
+    return s->p.whole(s->p.whole_arg, keep, hash);
 }
 int dp_sync_release(struct dp_sync *s) { return dp_zero_release_params(&s->zero); }
 void dp_sync_drop_grads(struct dp_sync *s) { dp_zero_drop_grad_shard(&s->zero); }

@@ -319,7 +319,7 @@ int dp_replica_init_lazy(struct dp_replica *r, const struct dp_model *m, int64_t
     size_t est = 0;
     for (int i = 0; i < m->nlayers; i++)
         est += (size_t)dp_shape_numel(&m->layers[i]->out_shape) * sizeof(float) * 3;
-    est = est * (size_t)(max_batch > 0 ? max_batch : 1);
+    est = lazy & DP_REPLICA_LAZY_ARENA ? 0 : est * (size_t)(max_batch > 0 ? max_batch : 1);
     if (!r->params || !r->grads || !r->buffers || !r->saved || !r->acts ||
         dp_arena_init(&r->arena, est) != DP_OK) {
         dp_replica_free(r);
@@ -455,8 +455,12 @@ int dp_model_forward_range(const struct dp_model *m, struct dp_replica *r, const
         }
         float *y = dp_arena_alloc(&r->arena, sizeof(float) * (size_t)(B * dp_shape_numel(&l->out_shape)));
         if (!y) return dp_adderr(DP_ENOMEM, "forward %s", l->name);
+        /* a pass without backward (evaluation) keeps the layers' outputs only: what a layer keeps
+         * for its backward is given back as soon as it is done */
+        const struct dp_arena_mark mk = dp_arena_mark(&r->arena);
         rc = l->ops->forward(l, &ctx, y, r->acts[i], B);
         if (rc) return dp_adderr(rc, "forward %s", l->name);
+        if (!p->training) dp_arena_release(&r->arena, mk);
         r->acts[i + 1] = y;
     }
     p->abs_sum = 0, p->correct = 0, p->loss_sum = 0;

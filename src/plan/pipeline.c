@@ -65,11 +65,11 @@ int dp_plan_layout(const struct dp_plan_params *p, int S, int T, int M, int sche
         dp_free(cost), dp_free(lp), dp_plan_result_free(&whole), dp_plan_pipe_free(r);
         return dp_seterr(DP_ENOMEM, "plan: out of memory");
     }
-    double flops = 0, psi = 0;
+    double flops = 0;
     for (int i = 0; i < L; i++) {
         lp[i] = p->layers ? (double)p->layers[i] : (double)(p->params / L + (i < p->params % L));
         cost[i] = p->layer_flops ? p->layer_flops[i] : 2.0 * lp[i] * p->tokens;
-        flops += cost[i], psi += lp[i];
+        flops += cost[i];
         cost[i] += 1.0; /* (the trainer's split: FLOPs + 1 per layer) */
     }
     rc = dp_pipe_split(cost, L, S, r->first);
@@ -108,9 +108,10 @@ int dp_plan_layout(const struct dp_plan_params *p, int S, int T, int M, int sche
         if (ar > r->comm_s) r->comm_s = ar;
         if (exposed + opt > tail) tail = exposed + opt, r->exposed_s = exposed, r->opt_s = opt;
         r->act_bytes[s] = dp_pipe_max_inflight(schedule, S, M, s) * b * act;
-        /* the whole parameters (4Ψ), the span's gradient (the rest of the slab is mapped, never
-         * touched), its optimizer state (over the stage's W with ZeRO 1), the activations held */
-        r->mem_bytes[s] = 4.0 * psi + 4.0 * ps + p->opt_state_bytes * ps / (zero ? W : 1) + r->act_bytes[s];
+        /* the span's parameters and gradient (the rest of the slabs is mapped, never touched;
+         * a tied copy, the gpt's embedding on the last stage, is not counted), its optimizer
+         * state (over the stage's W with ZeRO 1), the activations held */
+        r->mem_bytes[s] = 8.0 * ps + p->opt_state_bytes * ps / (zero ? W : 1) + r->act_bytes[s];
     }
     dp_free(cost), dp_free(lp);
     if (rc) {

@@ -23,19 +23,27 @@ static int gather_hashes(struct worker *w, const uint64_t *mine, int k, uint64_t
     return rc;
 }
 
-/* Compares every replica's parameter hash with rank 0's. */
+/* Compares every replica's parameter hash with rank 0's (a pipeline: each worker's span with its
+ * stage's first worker's; every worker of a stage, replica or tensor rank, holds the same). */
 int dp__check_replicas(struct worker *w) {
     /* dp_replica_hash's bytes; ZeRO 3 hashes its ranges as they are gathered, one at a time */
     uint64_t mine = DP_FNV1A64_INIT, *h;
-    int rc = dp_sync_gather(&w->sync, 0, &mine);
-    if (rc) return rc;
-    mine = dp_fnv1a64(w->rep.buffers, sizeof(float) * (size_t)w->t->model->num_buffers, mine);
+    const int R = w->pipe ? w->t->pp_R : w->t->G; /* (the workers that hold the same: a stage's, or all) */
+    int rc = DP_OK;
+    if (w->pipe) {
+        int64_t off[2], len[2];
+        (void)dp__pipe_held(w, off, len);
+        mine = dp_fnv1a64(w->rep.params + off[0], sizeof(float) * (size_t)len[0], mine);
+    } else {
+        if ((rc = dp_sync_gather(&w->sync, 0, &mine))) return rc;
+        mine = dp_fnv1a64(w->rep.buffers, sizeof(float) * (size_t)w->t->model->num_buffers, mine);
+    }
     rc = gather_hashes(w, &mine, 1, &h);
     for (int r = 1; !rc && r < w->t->G; r++)
-        if (h[r] != h[0])
-            rc = dp_seterr(DP_EMISMATCH, "step %lld: the replica of worker %d diverged from worker 0 "
-                           "(parameter hash %016llx, expected %016llx)", (long long)w->step + 1, r,
-                           (unsigned long long)h[r], (unsigned long long)h[0]);
+        if (h[r] != h[r / R * R])
+            rc = dp_seterr(DP_EMISMATCH, "step %lld: the replica of worker %d diverged from worker %d "
+                           "(parameter hash %016llx, expected %016llx)", (long long)w->step + 1, r, r / R * R,
+                           (unsigned long long)h[r], (unsigned long long)h[r / R * R]);
     dp_free(h);
     return rc;
 }

@@ -149,10 +149,14 @@ int dp__load_checkpoint(struct dp_trainer *t, const char *path) {
         return crc ? crc : dp_seterr(rc, "%s", why);
     }
     const int p3 = dp_sync_sharded_params(&t->w[0].sync); /* ZeRO 3: no whole parameters */
-    if (!rc) rc = dp_ckpt_reader_open(&rd, path, &h, p3 ? NULL : t->w[0].rep.params, t->w[0].rep.buffers);
+    const int held = dp__pipe_partial(t);                  /* a pipeline: each worker its stage's */
+    if (!rc) rc = dp_ckpt_reader_open(&rd, path, &h, p3 || held ? NULL : t->w[0].rep.params, t->w[0].rep.buffers);
     for (int r = 0; !rc && r < t->P; r++) {
         struct worker *w = &t->w[r];
-        if (r > 0 && !p3) memcpy(w->rep.params, t->w[0].rep.params, sizeof(float) * (size_t)h.num_params);
+        int64_t off[2], len[2];
+        for (int i = 0, n = held ? dp__pipe_held(w, off, len) : 0; i < n && !rc; i++)
+            rc = dp_ckpt_reader_read(rd, off[i], len[i], w->rep.params + off[i]);
+        if (r > 0 && !p3 && !held) memcpy(w->rep.params, t->w[0].rep.params, sizeof(float) * (size_t)h.num_params);
         if (r > 0) memcpy(w->rep.buffers, t->w[0].rep.buffers, sizeof(float) * (size_t)h.num_buffers);
         /* piece i's part k (k = -1: stage 3's parameters) lies at k n + off in
          * the state (after the params and buffers), at off in the params */
@@ -385,10 +389,11 @@ int dp_trainer_save(struct dp_trainer *t, const char *path) {
     if (!rc) rc = dp_ckpt_writer_open(&out, path, &h);
     int src = DP_OK;
     if (!t->p.dp.zero) {
-        if (out) {
+        if (dp__pipe_partial(t)) /* (the stages' spans; across processes received even where the file failed) */
+            src = dp__state_part_each(t, -1, put_floats, out);
+        else if (out)
             dp_ckpt_writer_put(out, w->rep.params, sizeof(float) * (size_t)h.num_params);
-            dp_ckpt_writer_put(out, w->rep.buffers, sizeof(float) * (size_t)h.num_buffers);
-        }
+        if (out) dp_ckpt_writer_put(out, w->rep.buffers, sizeof(float) * (size_t)h.num_buffers);
         /* (a pipeline across processes: the stages' parts received even where the file failed) */
         for (int k = 0; k < dp_sync_state_parts(&w->sync) && !src; k++)
             src = dp__state_part_each(t, k, put_floats, out);

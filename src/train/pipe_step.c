@@ -102,6 +102,8 @@ struct worker_pipe {
     int64_t tie_off, tie_count;  /* the tied range of the slab */
     float *tie_buf;              /* the owner: the reader's gradient, received */
     int stale;                   /* the parameters outside the span changed since the last assembly */
+    int partial;                 /* the parameters outside the span (and a tied copy) are not held:
+                                    processes (dp__pipe_partial) */
     double loss, seen;           /* this step's loss sum and samples (the last stage's) */
 };
 
@@ -167,25 +169,49 @@ void dp__pipe_free(struct dp_trainer *t) {
 
 /* ---- a worker's stage ------------------------------------------------------------------ */
 
-/* The whole parameters on every worker (dp_sync's `whole` hook, at dp_sync_settle and
- * dp_sync_gather): each stage's span and buffers broadcast from its replica 0.  Every worker
- * updates at the same steps, so all agree on whether anything is stale. */
-static int pipe_whole(void *arg) {
+/* Broadcast blocks: at most this many floats in flight (a worker holds one beyond its slabs). */
+#define PBLOCK ((int64_t)1 << 20)
+
+/* The stages' assembly (dp_sync's `whole` hook, at dp_sync_settle and dp_sync_gather): each
+ * stage's span and buffers broadcast from its replica 0.  A worker holds its span (and a tied
+ * copy) only (pp->partial): the spans pass in blocks, folded into *hash as they pass, and are
+ * kept only where keep (the run's end, after the gradient's pages are given back: its result,
+ * dp_trainer_replica); the buffers, small, are kept whole.  (Without partial every worker would
+ * keep the whole parameters, assembled where they changed since the last time: every worker
+ * updates at the same steps, so all agree.) */
+static int pipe_whole(void *arg, int keep, uint64_t *hash) {
     struct worker *w = arg;
     struct worker_pipe *pp = w->pipe;
     const struct dp_trainer *t = w->t;
-    if (!pp->stale) return DP_OK;
+    /* (keep is the worker's own; whether the spans pass is the call's, the same on every worker:
+     * dp_sync_gather's, not dp_sync_settle's keep -1) */
+    const int stream = pp->partial && keep >= 0, params = !pp->partial && pp->stale;
+    keep = keep > 0;
+    float *blk = stream && !keep ? dp_malloc(sizeof(float) * (size_t)PBLOCK) : NULL;
+    if (stream && !keep && !blk) return dp_seterr(DP_ENOMEM, "pipeline: out of memory for a block of the parameters");
+    if (keep && pp->partial) dp_slab_release(w->sync.grads, sizeof(float) * (size_t)w->sync.n); /* (no step after) */
     int rc = DP_OK;
     for (int s = 0; s < pp->S && !rc; s++) {
         struct dp_span sp;
         (void)dp_model_span(t->model, t->pp_first[s], t->pp_first[s + 1], &sp);
         const struct dp_layer *a = t->model->layers[sp.layer0], *z = t->model->layers[sp.layer1 - 1];
         int64_t boff = a->buffer_off, bn = z->buffer_off + z->buffer_count - boff;
-        rc = dp_comm_broadcast(w->comm, w->rep.params + sp.param_off, sp.param_count, DP_DTYPE_F32, s * pp->R,
-                               DP_ALGO_AUTO);
-        if (!rc && bn > 0)
-            rc = dp_comm_broadcast(w->comm, w->rep.buffers + boff, bn, DP_DTYPE_F32, s * pp->R, DP_ALGO_AUTO);
+        const int root = s * pp->R;
+        if (params)
+            rc = dp_comm_broadcast(w->comm, w->rep.params + sp.param_off, sp.param_count, DP_DTYPE_F32, root,
+                                   DP_ALGO_AUTO);
+        for (int64_t o = 0; stream && o < sp.param_count && !rc; o += PBLOCK) {
+            const int64_t c = sp.param_count - o < PBLOCK ? sp.param_count - o : PBLOCK;
+            float *x = keep || w->grank == root ? w->rep.params + sp.param_off + o : blk;
+            rc = dp_comm_broadcast(w->comm, x, c, DP_DTYPE_F32, root, DP_ALGO_AUTO);
+            if (!rc && hash) *hash = dp_fnv1a64(x, sizeof(float) * (size_t)c, *hash);
+        }
+        if (!rc && bn > 0 && (pp->stale || pp->partial))
+            rc = dp_comm_broadcast(w->comm, w->rep.buffers + boff, bn, DP_DTYPE_F32, root, DP_ALGO_AUTO);
     }
+    dp_free(blk);
+    if (!rc && !pp->partial && hash)
+        *hash = dp_fnv1a64(w->rep.params, sizeof(float) * (size_t)t->model->num_params, *hash);
     if (!rc) pp->stale = 0;
     return rc;
 }
@@ -223,6 +249,7 @@ int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp) {
     struct worker_pipe *pp = w->pipe = dp_calloc(1, sizeof *pp);
     if (!pp) return dp_seterr(DP_ENOMEM, "--pp: out of memory");
     pp->S = t->pp, pp->R = t->pp_R, pp->M = t->pp_M, pp->kind = t->p.dp.pp_schedule;
+    pp->partial = dp__pipe_partial(t);
     pp->stage = w->grank / pp->R, pp->replica = w->grank % pp->R;
     pp->prev = pp->stage > 0 ? w->grank - pp->R : -1;
     pp->next = pp->stage + 1 < pp->S ? w->grank + pp->R : -1;
@@ -279,7 +306,7 @@ int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp) {
 struct dp_comm *dp__pipe_sync_params(struct worker *w, struct dp_sync_params *sp) {
     sp->span = w->pipe->span;
     sp->zero_ahead = 0; /* (ZeRO 1: the stage's gather within the step, before the tied values are sent) */
-    sp->whole = pipe_whole, sp->whole_arg = w;
+    sp->whole = pipe_whole, sp->whole_arg = w, sp->whole_partial = w->pipe->partial;
     return w->pipe->scomm;
 }
 
@@ -523,6 +550,8 @@ static int pipe_step(struct worker *w, int64_t nmicro, int64_t *skipped, double 
     }
     rc = dp_sync_update(&w->sync, dp_sched_lr(&t->p.sched, w->step), 0);
     pp->stale = 1;
+    if (!rc && t->fault.kind == DP_FAULT_DIVERGE && w->grank == t->fault.worker && w->step == t->fault.step)
+        w->sync.params[w->sync.n / 2] += 1e-3f; /* (a test's replica that drifts: --check-replicas finds it) */
     /* the tied parameters' new values, from the owner to the reader */
     if (!rc && pp->tie == TIE_OWNER)
         rc = dp_comm_send(pp->pcomm, w->rep.params + pp->tie_off, pp->tie_count * (int64_t)sizeof(float), pp->tie_peer,
@@ -593,28 +622,40 @@ int dp__pipe_evaluate(struct worker *w, const struct dp_dataset *ds, int64_t n, 
 
 /* ---- checkpoints --------------------------------------------------------------------------- */
 
+int dp__pipe_partial(const struct dp_trainer *t) { return t->pp > 1; }
+
+int dp__pipe_held(const struct worker *w, int64_t off[2], int64_t len[2]) {
+    const struct worker_pipe *pp = w->pipe;
+    off[0] = pp->span.param_off, len[0] = pp->span.param_count;
+    off[1] = pp->tie == TIE_READER ? pp->tie_off : 0, len[1] = pp->tie == TIE_READER ? pp->tie_count : 0;
+    return len[1] ? 2 : 1;
+}
+
 int dp__state_part_each(const struct dp_trainer *t, int k, void (*put)(void *arg, const float *p, int64_t n),
                         void *arg) {
     const struct dp_sync *s0 = &t->w[0].sync;
     if (t->pp <= 1) {
-        put(arg, s0->opt.state + (size_t)k * (size_t)s0->n, s0->n);
+        put(arg, k < 0 ? s0->params : s0->opt.state + (size_t)k * (size_t)s0->n, s0->n);
         return DP_OK;
     }
     int rc = DP_OK;
+    float *buf = NULL;
     for (int s = 0; s < t->pp && !rc; s++) {
-        if (t->G == t->P) { /* (stage s's replica 0 is worker s R of this one process) */
-            const struct dp_sync *sy = &t->w[s * t->pp_R].sync;
-            put(arg, sy->opt.state + (size_t)k * (size_t)sy->n, sy->n);
+        if (t->G == t->P || s == 0) { /* (stage s's replica 0 is worker s R of this process; stage 0's, rank 0) */
+            const struct dp_sync *sy = &t->w[t->G == t->P ? s * t->pp_R : 0].sync;
+            put(arg, k < 0 ? sy->params : sy->opt.state + (size_t)k * (size_t)sy->n, sy->n);
             continue;
         }
         struct dp_span sp;
         (void)dp_model_span(t->model, t->pp_first[s], t->pp_first[s + 1], &sp);
-        float *buf = s ? dp_malloc_big(sizeof(float) * (size_t)(sp.param_count ? sp.param_count : 1)) : NULL;
-        if (s && !buf) return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for stage %d's optimizer state", s);
-        if (s) rc = recv_floats(&t->w[0], buf, sp.param_count, s * t->pp_R, TAG_STATE);
-        if (!rc) put(arg, s ? buf : s0->opt.state + (size_t)k * (size_t)s0->n, sp.param_count);
-        dp_free(buf);
+        if (!buf && !(buf = dp_malloc(sizeof(float) * (size_t)PBLOCK)))
+            return dp_seterr(DP_ENOMEM, "checkpoint: out of memory for a block of stage %d's state", s);
+        for (int64_t o = 0; o < sp.param_count && !rc; o += PBLOCK) { /* (dp__pipe_serve's blocks) */
+            const int64_t c = sp.param_count - o < PBLOCK ? sp.param_count - o : PBLOCK;
+            if (!(rc = recv_floats(&t->w[0], buf, c, s * t->pp_R, TAG_STATE))) put(arg, buf, c);
+        }
     }
+    dp_free(buf);
     return rc;
 }
 
@@ -622,8 +663,14 @@ int dp__pipe_serve(struct worker *w) {
     const struct worker_pipe *pp = w->pipe;
     int rc = DP_OK;
     if (pp->replica || !pp->stage) return DP_OK; /* (stage 0's is rank 0's own) */
-    for (int k = 0; k < dp_sync_state_parts(&w->sync) && !rc; k++)
-        rc = dp_comm_send(pp->pcomm, w->sync.opt.state + (size_t)k * (size_t)w->sync.n,
-                          w->sync.n * (int64_t)sizeof(float), 0, TAG_STATE);
+    /* the span's parameters where rank 0 does not hold them, then each part of its state, in
+     * blocks of PBLOCK floats (dp__state_part_each receives them in this order) */
+    for (int k = pp->partial ? -1 : 0; k < dp_sync_state_parts(&w->sync) && !rc; k++) {
+        const float *x = k < 0 ? w->sync.params : w->sync.opt.state + (size_t)k * (size_t)w->sync.n;
+        for (int64_t o = 0; o < w->sync.n && !rc; o += PBLOCK) {
+            const int64_t c = w->sync.n - o < PBLOCK ? w->sync.n - o : PBLOCK;
+            rc = dp_comm_send(pp->pcomm, x + o, c * (int64_t)sizeof(float), 0, TAG_STATE);
+        }
+    }
     return rc;
 }

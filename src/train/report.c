@@ -173,7 +173,7 @@ static int report_epoch(struct worker *w, double dt, const double *tot, double t
                 (long long)ev.epoch, (long long)ev.step, t->G, (double)ev.lr, ev.loss, ev.train_acc,
                 test_fields(tf, sizeof tf, ev.test_loss, ev.test_acc, t->regression, ev.val_bpb), ev.samples_per_s, dt, ev.t_data, ev.t_fwd, ev.t_bwd, ev.t_comm,
                 ev.t_comm_exposed, ev.t_opt, (long long)ev.skipped, ev.slow_rank, ev.slow_lag,
-                (unsigned long long)(dp_sync_sharded_params(&w->sync) ? w->zhash : dp_replica_hash(&w->rep))) < 0)
+                (unsigned long long)(dp_sync_params_partial(&w->sync) ? w->zhash : dp_replica_hash(&w->rep))) < 0)
             return dp__metrics_error(t);
         for (int r = 0; r < t->G; r++)
             if (fprintf(t->metrics, "%s%.6f", r ? ", " : "", tot[4 + r]) < 0) return dp__metrics_error(t);
@@ -262,7 +262,7 @@ int dp__end_epoch(struct worker *w, double t_start) {
     if (!rc && last) dp_sync_drop_grads(&w->sync);
     if (!rc && (last || t->p.io.out_dir)) {
         uint64_t h = DP_FNV1A64_INIT;
-        rc = dp_sync_gather(&w->sync, w->rank == 0 && last, dp_sync_sharded_params(&w->sync) ? &h : NULL);
+        rc = dp_sync_gather(&w->sync, w->rank == 0 && last, dp_sync_params_partial(&w->sync) ? &h : NULL);
         w->zhash = dp_fnv1a64(w->rep.buffers, sizeof(float) * (size_t)t->model->num_buffers, h);
     }
     if (!rc && ckpt) rc = dp__ef_gather_state(w);

@@ -2,6 +2,36 @@
  * (backup workers, the parameter server), and a resume's starting state. */
 #include "trainer.h"
 
+/* A pipeline's worker holds its stage's span and a tied copy only (dp__pipe_partial): drawn
+ * from the seed (counter-based: the values one worker draws), or, where --init-from filled
+ * worker 0's whole slab, copied from there, and the rest of worker 0's given back. */
+static int held_params(struct dp_trainer *t, int filled) {
+    const struct dp_model *m = t->model;
+    const float *w0 = t->w[0].rep.params;
+    for (int r = t->P - 1; r >= 0; r--) { /* (worker 0's last: the others copy from its slab) */
+        struct worker *w = &t->w[r];
+        int64_t off[2], len[2];
+        const int n = dp__pipe_held(w, off, len);
+        if (!filled) {
+            for (int i = 0; i < n; i++) dp_model_init_slice(m, 0, w->rep.params + off[i], off[i], len[i], t->p.run.seed);
+            continue;
+        }
+        if (r > 0) {
+            for (int i = 0; i < n; i++) memcpy(w->rep.params + off[i], w0 + off[i], sizeof(float) * (size_t)len[i]);
+            continue;
+        }
+        float *tie = n > 1 ? dp_malloc(sizeof(float) * (size_t)len[1]) : NULL;
+        if (n > 1 && !tie) return dp_seterr(DP_ENOMEM, "--init-from: out of memory");
+        if (tie) memcpy(tie, w->rep.params + off[1], sizeof(float) * (size_t)len[1]);
+        const int64_t end = off[0] + len[0];
+        dp_slab_release(w->rep.params, sizeof(float) * (size_t)off[0]);
+        dp_slab_release(w->rep.params + end, sizeof(float) * (size_t)(m->num_params - end));
+        if (tie) memcpy(w->rep.params + off[1], tie, sizeof(float) * (size_t)len[1]);
+        dp_free(tie);
+    }
+    return DP_OK;
+}
+
 static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     const struct dp_train_params *p = &t->p;
     w->t = t;
@@ -10,8 +40,11 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     /* ZeRO 2 and 3 (sharded): the slabs a worker holds only parts of are
      * mapped, never touched as a whole (the gradient; stage 3, the parameters) */
     int lazy = p->dp.zero >= 2 && t->G > 1 ? DP_REPLICA_LAZY_GRADS | (p->dp.zero == 3 ? DP_REPLICA_LAZY_PARAMS : 0) : 0;
-    /* --pp: a stage's gradient is its span's (and a tied copy's): the rest is mapped, never touched */
-    int rc = dp_replica_init_lazy(&w->rep, t->model, t->max_batch, lazy | (t->pp > 1 ? DP_REPLICA_LAZY_GRADS : 0));
+    /* --pp: a worker holds its stage's parameters and gradient (and a tied copy), the rest mapped
+     * and never touched (dp__pipe_partial); its passes run in views, so the replica's arena grows
+     * only if it is used (dp_trainer_evaluate after the run) */
+    const int pipe_lazy = dp__pipe_partial(t) ? DP_REPLICA_LAZY_GRADS | DP_REPLICA_LAZY_PARAMS | DP_REPLICA_LAZY_ARENA : 0;
+    int rc = dp_replica_init_lazy(&w->rep, t->model, t->max_batch, lazy | pipe_lazy);
     if (rc) return rc;
     if ((rc = dp_comm_thread_init(&w->comm, t->world, rank))) return rc;
     struct dp_loader_params lp = dp_loader_default_params();
@@ -311,7 +344,6 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     if (t->balance) share = p->run.batch; /* a balanced share may be the whole batch */
     if (p->dp.deterministic && !p->dp.async) share = p->dp.det_chunk; /* one chunk at a time */
     t->max_batch = share > t->eval_chunk ? share : t->eval_chunk;
-    if (p->dp.pp > 1) t->max_batch = t->eval_chunk; /* (a stage trains in its views, pipe_step.c; the replica evaluates) */
     struct dp_comm_params cp = dp_comm_default_params();
     cp.timeout_s = p->dp.comm_timeout;
     /* (a hierarchical world, with processes, reduces on its threads whatever is asked) */
@@ -359,10 +391,11 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
      * (sharded) builds no replica: each worker draws its own pieces from the
      * seed, below, and rank 0 only its buffers. */
     int zero3 = p->dp.zero == 3 && t->G > 1;
-    if (zero3 && !p->io.init_from)
+    if ((zero3 || dp__pipe_partial(t)) && !p->io.init_from)
         dp_model_init_slice(t->model, 1, t->w[0].rep.buffers, 0, t->model->num_buffers, p->run.seed);
     else dp_model_init_params(t->model, &t->w[0].rep, p->run.seed);
     if (p->io.init_from && (rc = dp_safetensors_load(p->io.init_from, t->model, &t->w[0].rep))) goto fail;
+    if (dp__pipe_partial(t) && (rc = held_params(t, p->io.init_from != NULL))) goto fail;
     t->batches_per_epoch = dp_loader_steps_per_epoch(t->w[0].loader);
     if (t->ps_dynamic) { /* the loader's batches are batch / P: the schedule counts global batches */
         int64_t n = t->text ? t->windows : t->train.n;

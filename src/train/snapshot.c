@@ -290,7 +290,10 @@ static int copy_rank0(struct dp_trainer *t, size_t np, size_t ns, double t0) {
     s->payload_len = np + nb + ns;
     int rc = reserve(&s->payload, &s->payload_cap, s->payload_len, "the snapshot");
     if (rc) return rc;
-    if (np) memcpy(s->payload, w->rep.params, sizeof(float) * np);
+    struct copy_at at0 = {s->payload};
+    if (np && dp__pipe_partial(t)) rc = dp__state_part_each(t, -1, copy_floats, &at0); /* (the stages' spans) */
+    else if (np) memcpy(s->payload, w->rep.params, sizeof(float) * np);
+    if (rc) return rc;
     if (nb) memcpy(s->payload + np, w->rep.buffers, sizeof(float) * nb);
     struct copy_at at = {s->payload + np + nb};
     for (int k = 0; ns && k < dp_sync_state_parts(&w->sync) && !rc; k++) rc = dp__state_part_each(t, k, copy_floats, &at);

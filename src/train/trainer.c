@@ -46,6 +46,14 @@ int64_t dp_trainer_activation_bytes(const struct dp_trainer *t, int worker) {
     return w->pipe ? dp__pipe_activation_bytes(w) : (int64_t)w->rep.arena.high_water;
 }
 
+int64_t dp_trainer_slab_bytes(const struct dp_trainer *t, int worker) {
+    if (worker < 0 || worker >= t->P) return -1;
+    const struct worker *w = &t->w[worker];
+    const size_t n = sizeof(float) * (size_t)t->model->num_params;
+    const int64_t a = dp_resident_bytes(w->rep.params, n), b = dp_resident_bytes(w->rep.grads, n);
+    return a < 0 || b < 0 ? -1 : a + b;
+}
+
 int dp_trainer_comm_progress(const struct dp_trainer *t) { return t->comm_progress; }
 int dp_trainer_prefetch(const struct dp_trainer *t) { return t->p.data.prefetch; }
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t) { return &t->w[0].rep; }
@@ -150,7 +158,7 @@ int dp__step_loop(struct worker *w) {
     /* All replicas start from rank 0's parameters and buffers (ZeRO 3: each
      * worker holds its pieces already, dp_trainer_init; the slab is gathered
      * bucket by bucket from here on). */
-    int zero3 = dp_sync_sharded_params(&w->sync);
+    int zero3 = dp_sync_params_partial(&w->sync); /* (a pipeline's stages across processes: each its span) */
     if ((!zero3 && (rc = dp_comm_broadcast(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, 0, DP_ALGO_AUTO))) ||
         (m->num_buffers &&
          (rc = dp_comm_broadcast(w->comm, w->rep.buffers, m->num_buffers, DP_DTYPE_F32, 0, DP_ALGO_AUTO))))

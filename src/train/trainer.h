@@ -267,12 +267,20 @@ void dp__tp_failed(struct worker *w, int rc);
 void dp__tp_worker_free(struct worker *w);
 void dp__tp_free(struct dp_trainer *t);
 void dp__tp_abort(struct dp_trainer *t, const char *msg);
-/* The optimizer state's part k in the whole slab's layout, handed to put in slab order: worker 0's,
- * or a pipeline's stages' (each stage's replica 0 holds its span's: a worker of this process, or,
- * across processes, received from it: it sends them in dp__pipe_serve).  Rank 0. */
+/* The optimizer state's part k in the whole slab's layout (k = -1: the parameters, where a
+ * pipeline's stages do not hold them whole: dp__pipe_partial), handed to put in slab order:
+ * worker 0's, or a pipeline's stages' (each stage's replica 0 holds its span's: a worker of this
+ * process, or, across processes, received from it in blocks: it sends them in dp__pipe_serve).
+ * Rank 0. */
 int dp__state_part_each(const struct dp_trainer *t, int k, void (*put)(void *arg, const float *p, int64_t n),
                         void *arg);
 int dp__pipe_serve(struct worker *w);
+/* 1 when a pipeline's workers hold their stage's parameters only (processes: one stage each;
+ * the rest of the slab mapped, never touched), so that a stage's memory is its share. */
+int dp__pipe_partial(const struct dp_trainer *t);
+/* The ranges of the parameter slab a pipeline worker holds: its span, and a tied copy (the
+ * reader's); the count of them (1 or 2). */
+int dp__pipe_held(const struct worker *w, int64_t off[2], int64_t len[2]);
 
 /* checkpointing.c */
 int dp__load_checkpoint(struct dp_trainer *t, const char *path);
