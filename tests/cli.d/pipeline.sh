@@ -41,6 +41,21 @@ if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [
      same_hash "$(hash_of "$T/gppd2/checkpoint.bin")" "$(hash_of "$T/gppm22/checkpoint.bin")"; then
     ok mpi_gpt_pipeline_equals_threads
   else bad mpi_gpt_pipeline_equals_threads "$(tail -2 "$T/gppm4.log")" "$(tail -2 "$T/gppm22.log" 2>/dev/null)"; fi
+  # each stage holds its span only (docs/parallel.md): the background checkpoint after step 2 and
+  # the last one stream the spans to rank 0, and a resume reads each stage's span from the file:
+  # the threads' bits at every point
+  if "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --max-steps 3 --ckpt-every-steps 2 --out "$T/gpps" >"$T/gpps.log" 2>&1 &&
+     timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train "${GPP[@]}" --workers 1 --pp 2 --max-steps 3 --ckpt-every-steps 2 \
+       --out "$T/gppsm" >"$T/gppsm.log" 2>&1 &&
+     same_hash "$(hash_of "$T/gpps/checkpoint.prev.bin")" "$(hash_of "$T/gppsm/checkpoint.prev.bin")" &&
+     "$BIN" ckpt diff "$T/gpps/checkpoint.bin" "$T/gppsm/checkpoint.bin" 2>&1 | grep -q 'bit-identical' &&
+     "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --epochs 2 --resume "$T/gpps/checkpoint.bin" --out "$T/gpps" \
+       >"$T/gppsr.log" 2>&1 &&
+     timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train "${GPP[@]}" --workers 1 --pp 2 --epochs 2 \
+       --resume "$T/gppsm/checkpoint.bin" --out "$T/gppsm" >"$T/gppsmr.log" 2>&1 &&
+     same_hash "$(hash_of "$T/gpps/checkpoint.bin")" "$(hash_of "$T/gppsm/checkpoint.bin")"; then
+    ok mpi_pipeline_snapshots_and_resume_equal_threads
+  else bad mpi_pipeline_snapshots_and_resume_equal_threads "$(tail -2 "$T/gppsm.log")" "$(tail -2 "$T/gppsmr.log" 2>/dev/null)"; fi
   # (each process that gets to say it before the job ends says it in one line: one or both)
   timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" train "${GPP[@]}" --workers 2 --pp 2 >"$T/gppw.log" 2>&1
   rc=$?
@@ -53,6 +68,7 @@ elif [[ $BIN == *-asan* || $BIN == *-tsan* ]]; then
   echo "note: mpi_gpt_pipeline_* not run on a sanitizer build (the plain build's cli run has them)"
 else
   skip mpi_gpt_pipeline_equals_threads "MPI not built into $BIN"
+  skip mpi_pipeline_snapshots_and_resume_equal_threads "MPI not built into $BIN"
   skip mpi_pipeline_one_worker_per_process "MPI not built into $BIN"
 fi
 # --deterministic: the chunks are the micro-batches; 2 stages x 2 replicas train one worker's bits,
