@@ -82,6 +82,29 @@ static inline const char *words_token_file(uint32_t seed) {
     return path;
 }
 
+/* The split-model tests' recipe (test_pipe.c, test_tp.c): gpt `model` on words_token_file(777),
+ * 4 steps of 8 windows per epoch, 40 validation windows, AdamW with weight decay, cosine with
+ * warm-up, `workers` workers. */
+static inline struct dp_train_params gpt_split_params(const char *model, int workers, int64_t epochs) {
+    struct dp_train_params p = dp_train_default_params();
+    p.data.data_dir = words_token_file(777u);
+    p.run.model = model;
+    p.dp.workers = workers;
+    p.run.batch = 8;
+    p.data.train_limit = 32;
+    p.data.test_limit = 40;
+    p.run.epochs = epochs;
+    p.optim = dp_optim_default_params();
+    p.optim.kind = DP_OPTIM_ADAMW;
+    p.optim.weight_decay = 0.01f;
+    p.sched.kind = DP_SCHED_COSINE;
+    p.sched.base_lr = 3e-3f;
+    p.sched.warmup_steps = 2;
+    p.data.prefetch = 0;
+    p.run.seed = 11;
+    return p;
+}
+
 /* The library's comparison (dp_rel_diff: NaN or Inf counts as a difference),
  * the same one `dptrain ckpt diff` uses. */
 static inline double rel_diff(const float *a, const float *b, int64_t n) { return dp_rel_diff(a, b, n); }

@@ -16,27 +16,12 @@
 
 #define GPT2 "gpt:layers=2,heads=2,dim=16,ctx=8" /* 5 layers: tok+pos, blocks.0, blocks.1, ln_f, lm_head */
 
-/* AdamW with weight decay, cosine with warm-up: 4 steps of 8 windows per epoch. */
+/* ddp_util.h's recipe for the split-model tests, --pp pp with `micro` micro-batches of schedule kind. */
 static struct dp_train_params pipe_params(int workers, int pp, int micro, int kind, int64_t epochs) {
-    struct dp_train_params p = dp_train_default_params();
-    p.data.data_dir = words_token_file(777u);
-    p.run.model = GPT2;
-    p.dp.workers = workers;
+    struct dp_train_params p = gpt_split_params(GPT2, workers, epochs);
     p.dp.pp = pp;
     p.dp.micro_batches = micro;
     p.dp.pp_schedule = kind;
-    p.run.batch = 8;
-    p.data.train_limit = 32;
-    p.data.test_limit = 40;
-    p.run.epochs = epochs;
-    p.optim = dp_optim_default_params();
-    p.optim.kind = DP_OPTIM_ADAMW;
-    p.optim.weight_decay = 0.01f;
-    p.sched.kind = DP_SCHED_COSINE;
-    p.sched.base_lr = 3e-3f;
-    p.sched.warmup_steps = 2;
-    p.data.prefetch = 0;
-    p.run.seed = 11;
     return p;
 }
 

@@ -15,25 +15,10 @@
 
 #define GPT4 "gpt:layers=2,heads=4,dim=16,ctx=8" /* 4 heads: splits 2 and 4 ways */
 
-/* AdamW with weight decay, cosine with warm-up: 4 steps of 8 windows per epoch. */
+/* ddp_util.h's recipe for the split-model tests, --tp tp. */
 static struct dp_train_params tp_params(int workers, int tp, int64_t epochs) {
-    struct dp_train_params p = dp_train_default_params();
-    p.data.data_dir = words_token_file(777u);
-    p.run.model = GPT4;
-    p.dp.workers = workers;
+    struct dp_train_params p = gpt_split_params(GPT4, workers, epochs);
     p.dp.tp = tp;
-    p.run.batch = 8;
-    p.data.train_limit = 32;
-    p.data.test_limit = 40;
-    p.run.epochs = epochs;
-    p.optim = dp_optim_default_params();
-    p.optim.kind = DP_OPTIM_ADAMW;
-    p.optim.weight_decay = 0.01f;
-    p.sched.kind = DP_SCHED_COSINE;
-    p.sched.base_lr = 3e-3f;
-    p.sched.warmup_steps = 2;
-    p.data.prefetch = 0;
-    p.run.seed = 11;
     return p;
 }
 

@@ -91,15 +91,21 @@ wait
 # first attempt, on a, b, c, d, sees host a leave the hosts file (launch re-reads it meanwhile:
 # rank 2 must still be c), then leaves the records of a link cut on c (the others name process
 # 2, c names 0, 1 and 3: the vote names c alone) and fails; the relaunch on b, d ends well ---
-cat >"$T/fake-mpirun" <<'FAKE'
-#!/bin/bash
-# args: -np N --host h1,h2,... [--mca k v] ... dptrain train ... --out DIR ...
+# (the fakes' shared start, sourced: the hosts and the run folder from mpirun's arguments,
+# -np N --host h1,h2,... [--mca k v] ... dptrain train ... --out DIR ..., the hosts recorded)
+cat >"$T/fake-args.sh" <<'FAKE'
 hosts= out=
 while (( $# )); do
   case $1 in --host) hosts=$2; shift ;; --out) out=$2; shift ;; esac
   shift
 done
 echo "$hosts" >>"$out/fake-hosts"
+FAKE
+cat >"$T/fake-mpirun" <<FAKE
+#!/bin/bash
+. "$T/fake-args.sh"
+FAKE
+cat >>"$T/fake-mpirun" <<'FAKE'
 if [[ $hosts == a,b,c,d ]]; then
   printf 'b\nc\nd\n' >"$FAKE_HOSTS"
   sleep 0.6
@@ -126,14 +132,11 @@ else bad launch_failure_records_vote "$(cat "$T/l5/launch.jsonl" "$T/l5/fake-hos
 # --- a rank that died of SIGPIPE (it wrote to the lost rank's closed socket) is not a lost host:
 # the first attempt's output names rank 2 killed by signal 13 and rank 0 by signal 9; only a is
 # excluded, and the relaunch runs on b, c ---
-cat >"$T/fake-mpirun3" <<'FAKE'
+cat >"$T/fake-mpirun3" <<FAKE
 #!/bin/bash
-hosts= out=
-while (( $# )); do
-  case $1 in --host) hosts=$2; shift ;; --out) out=$2; shift ;; esac
-  shift
-done
-echo "$hosts" >>"$out/fake-hosts"
+. "$T/fake-args.sh"
+FAKE
+cat >>"$T/fake-mpirun3" <<'FAKE'
 if [[ $hosts == a,b,c ]]; then
   printf '{"kind": "step", "step": 1, "loss": 1}\n' >>"$out/metrics.jsonl"
   echo "mpirun noticed that process rank 2 with PID 7 on node c exited on signal 13 (Broken pipe)." >&2

@@ -124,19 +124,22 @@ static int launched_by_mpi(void) {
 static _Atomic int stop_signal, stop_armed;
 static const char *stop_msg = "\ndptrain: stopping after this step, with a checkpoint (again to abort now)\n";
 static sigset_t stop_set;
+/* The default action of sig: this thread alone unblocks it, and raises it on itself.
+ * Async-signal-safe. */
+static void die_of_signal(int sig) {
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    signal(sig, SIG_DFL);
+    pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+    raise(sig);
+    _exit(128 + sig);
+}
+
 /* async-signal-safe: from the handler or the sigwait thread */
 static void on_stop_signal(int sig) {
     int first = 0;
-    if (!atomic_load(&stop_armed) || !atomic_compare_exchange_strong(&stop_signal, &first, sig)) {
-        /* the default action: this thread alone unblocks the signal, and raises it on itself */
-        sigset_t one;
-        sigemptyset(&one);
-        sigaddset(&one, sig);
-        signal(sig, SIG_DFL);
-        pthread_sigmask(SIG_UNBLOCK, &one, NULL);
-        raise(sig);
-        _exit(128 + sig);
-    }
+    if (!atomic_load(&stop_armed) || !atomic_compare_exchange_strong(&stop_signal, &first, sig)) die_of_signal(sig);
     ssize_t n = write(2, stop_msg, strlen(stop_msg));
     (void)n;
 }
@@ -184,13 +187,7 @@ static void on_sigpipe(int sig) {
     struct timespec ts = {2, 0};
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
     }
-    sigset_t one;
-    sigemptyset(&one);
-    sigaddset(&one, sig);
-    signal(sig, SIG_DFL);
-    pthread_sigmask(SIG_UNBLOCK, &one, NULL);
-    raise(sig);
-    _exit(128 + sig);
+    die_of_signal(sig);
 }
 static void defer_sigpipe(void) {
     struct sigaction sa;
