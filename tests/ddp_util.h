@@ -105,6 +105,14 @@ static inline struct dp_train_params gpt_split_params(const char *model, int wor
     return p;
 }
 
+/* p made one plain SGD step of lr 1 (its parameters after it: the start less the gradient), for
+ * the tests that compare gradients layer by layer. */
+static inline void one_sgd_step(struct dp_train_params *p) {
+    p->optim = dp_optim_default_params();
+    p->sched = (struct dp_sched){.kind = DP_SCHED_CONSTANT, .base_lr = 1.0f};
+    p->run.max_steps = 1;
+}
+
 /* The library's comparison (dp_rel_diff: NaN or Inf counts as a difference),
  * the same one `dptrain ckpt diff` uses. */
 static inline double rel_diff(const float *a, const float *b, int64_t n) { return dp_rel_diff(a, b, n); }

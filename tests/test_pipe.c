@@ -93,9 +93,7 @@ TEST_T(pipe_microbatches_match_one_worker, 300) {
  * one worker's: the same bits with one micro-batch, within 1e-5 with four. */
 TEST_T(pipe_gradients_layer_by_layer, 300) {
     struct dp_train_params p = pipe_params(1, 1, 0, DP_PIPE_1F1B, 1);
-    p.optim = dp_optim_default_params(); /* plain SGD */
-    p.sched = (struct dp_sched){.kind = DP_SCHED_CONSTANT, .base_lr = 1.0f};
-    p.run.max_steps = 1;
+    one_sgd_step(&p);
     int64_t n1, n;
     float *one = train(&p, &n1);
     struct dp_trainer *t;

@@ -63,9 +63,7 @@ TEST_T(tp_layouts_match_one_worker, 300) {
  * embedding, each within 1e-5, and each gradient not zero. */
 TEST_T(tp_gradients_layer_by_layer, 300) {
     struct dp_train_params p = tp_params(1, 1, 1);
-    p.optim = dp_optim_default_params(); /* plain SGD */
-    p.sched = (struct dp_sched){.kind = DP_SCHED_CONSTANT, .base_lr = 1.0f};
-    p.run.max_steps = 1;
+    one_sgd_step(&p);
     int64_t n1, n;
     float *one = train(&p, &n1);
     struct dp_trainer *t;
