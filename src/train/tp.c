@@ -9,7 +9,8 @@
  * data-parallel worker of rank g / T among P / T would.  Under mpirun the groups are threads of
  * each process (--workers a multiple of T), and the replicas span the processes.
  *
- * The gradient.  Every worker holds the whole model.  After a group's backward, a split
+ * The gradient.  Every worker holds the whole model (with --pp, its stage's: pipe_step.c).
+ * After a group's backward, a split
  * parameter's gradient is in its slices, each on the rank that computed it (zero on the
  * others); a replicated parameter's (the norms, the embeddings, a row-parallel layer's bias) is
  * the same on every rank of the group.  So the ranks other than 0 zero the replicated ranges as
