@@ -49,6 +49,9 @@ class TestParallel(unittest.TestCase):
         a.fit(self.X, self.y, workers=1, **plain)
         b.fit(self.X, self.y, workers=2, pp=2, micro_batches=1, **plain)
         self.assertEqual(a.param_hash(), b.param_hash())
+        # each stage held its own layers; after fit the model is whole again on the first worker
+        np.testing.assert_array_equal(a.predict(self.X[:50]), b.predict(self.X[:50]))
+        self.assertEqual(a.evaluate(self.X, self.y), b.evaluate(self.X, self.y))
         with self.assertRaisesRegex(dptrain.InvalidArgumentError, "--pp must divide --workers"):
             dptrain.Model("mlp:hidden=64").fit(self.X, self.y, workers=3, pp=2, **plain)
 
