@@ -24,6 +24,15 @@ if "$BIN" train "${GPP[@]}" --workers 1 --resume "$T/gpp2/checkpoint.bin" --epoc
    [[ -n $(grep '^done:' "$T/gppr.log") && $(grep '^done:' "$T/gppr.log" | sed 's/^done: [0-9.]*s//') == $(grep '^done:' "$T/gppr1.log" | sed 's/^done: [0-9.]*s//') ]]; then
   ok gpt_pipeline_checkpoint_resumes_unpipelined
 else bad gpt_pipeline_checkpoint_resumes_unpipelined "$(tail -2 "$T/gppr.log")" "$(tail -2 "$T/gppr1.log")"; fi
+# --init-from with stages: each worker copies its span (and the tied copy) from the file's
+# parameters, the rest given back: one worker's bits from the same file, with one micro-batch
+if "$BIN" ckpt export "$T/gpp1/checkpoint.bin" --safetensors "$T/gpp1.safetensors" >/dev/null 2>&1 &&
+   "$BIN" train "${GPP[@]}" --workers 1 --max-steps 2 --init-from "$T/gpp1.safetensors" --out "$T/gppi1" >"$T/gppi1.log" 2>&1 &&
+   "$BIN" train "${GPP[@]}" --workers 4 --pp 4 --micro-batches 1 --max-steps 2 --init-from "$T/gpp1.safetensors" \
+     --out "$T/gppi4" >"$T/gppi4.log" 2>&1 &&
+   same_hash "$(hash_of "$T/gppi1/checkpoint.bin")" "$(hash_of "$T/gppi4/checkpoint.bin")"; then
+  ok gpt_pipeline_init_from_equals_one_worker
+else bad gpt_pipeline_init_from_equals_one_worker "$(tail -2 "$T/gppi1.log")" "$(tail -2 "$T/gppi4.log")"; fi
 # ... and across processes (one stage per process): mpirun -np 2 --pp 2 trains the threads' bits
 # (1f1b, 4 micro-batches), -np 4 --pp 2 with one micro-batch two data-parallel workers' bits; the
 # checkpoint (rank 0 writes, the last stage sends its optimizer state) is the threads' one
