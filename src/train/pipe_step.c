@@ -52,16 +52,15 @@
  * one micro-batch in one worker's order), and after the update the owner sends
  * the new values back (Megatron-LM's embedding group, with one owner).
  *
- * Every worker holds the whole model's parameters, as a replica does; only its
- * span's gradient (the rest of the slab mapped, never touched: setup.c) and
- * optimizer state are used.  Evaluation runs through the stages
- * (dp__pipe_evaluate, below).  Checkpoints read the whole parameters:
- * dp_sync_gather assembles them
- * (pipe_whole: each stage's span broadcast from its replica 0), and a
- * checkpoint writes each stage's optimizer state in the whole slab's layout
- * (dp__state_part_each; across processes each stage's replica 0 sends it to
- * rank 0: dp__pipe_serve), so a pipelined run resumes unpipelined and the
- * reverse. */
+ * Each stage holds its share.  A worker holds its span's parameters, gradient
+ * and optimizer state (and the tied copy below); the rest of the model's slabs
+ * is mapped and never touched (setup.c: drawn, loaded or copied range by
+ * range).  Evaluation runs through the stages (dp__pipe_evaluate, below).  A
+ * checkpoint is written in the whole slab's layout, each stage's parameters and
+ * optimizer state at their offsets (dp__state_part_each; across processes each
+ * stage's replica 0 sends its span to rank 0 in blocks: dp__pipe_serve), so a
+ * pipelined run resumes unpipelined and the reverse; the epoch's hash and the
+ * run's result stream the spans by broadcast (pipe_whole). */
 #include "dp/par.h"
 #include "trainer.h"
 
@@ -101,9 +100,6 @@ struct worker_pipe {
     int tie_peer;                /* the job rank at the other end of the tie */
     int64_t tie_off, tie_count;  /* the tied range of the slab */
     float *tie_buf;              /* the owner: the reader's gradient, received */
-    int stale;                   /* the parameters outside the span changed since the last assembly */
-    int partial;                 /* the parameters outside the span (and a tied copy) are not held:
-                                    processes (dp__pipe_partial) */
     double loss, seen;           /* this step's loss sum and samples (the last stage's) */
 };
 
@@ -173,23 +169,20 @@ void dp__pipe_free(struct dp_trainer *t) {
 #define PBLOCK ((int64_t)1 << 20)
 
 /* The stages' assembly (dp_sync's `whole` hook, at dp_sync_settle and dp_sync_gather): each
- * stage's span and buffers broadcast from its replica 0.  A worker holds its span (and a tied
- * copy) only (pp->partial): the spans pass in blocks, folded into *hash as they pass, and are
- * kept only where keep (the run's end, after the gradient's pages are given back: its result,
- * dp_trainer_replica); the buffers, small, are kept whole.  (Without partial every worker would
- * keep the whole parameters, assembled where they changed since the last time: every worker
- * updates at the same steps, so all agree.) */
+ * stage's buffers (small: every worker keeps them whole) broadcast from its replica 0, and, for
+ * dp_sync_gather, its span in blocks, folded into *hash as they pass, kept only where keep (the
+ * run's end, after the gradient's pages are given back: its result, dp_trainer_replica).
+ * (keep is the worker's own; whether the spans pass is the call's, the same on every worker:
+ * dp_sync_gather's keep 0 or 1, not dp_sync_settle's -1.) */
 static int pipe_whole(void *arg, int keep, uint64_t *hash) {
     struct worker *w = arg;
     struct worker_pipe *pp = w->pipe;
     const struct dp_trainer *t = w->t;
-    /* (keep is the worker's own; whether the spans pass is the call's, the same on every worker:
-     * dp_sync_gather's, not dp_sync_settle's keep -1) */
-    const int stream = pp->partial && keep >= 0, params = !pp->partial && pp->stale;
+    const int stream = keep >= 0;
     keep = keep > 0;
     float *blk = stream && !keep ? dp_malloc(sizeof(float) * (size_t)PBLOCK) : NULL;
     if (stream && !keep && !blk) return dp_seterr(DP_ENOMEM, "pipeline: out of memory for a block of the parameters");
-    if (keep && pp->partial) dp_slab_release(w->sync.grads, sizeof(float) * (size_t)w->sync.n); /* (no step after) */
+    if (keep) dp_slab_release(w->sync.grads, sizeof(float) * (size_t)w->sync.n); /* (no step after) */
     int rc = DP_OK;
     for (int s = 0; s < pp->S && !rc; s++) {
         struct dp_span sp;
@@ -197,22 +190,16 @@ static int pipe_whole(void *arg, int keep, uint64_t *hash) {
         const struct dp_layer *a = t->model->layers[sp.layer0], *z = t->model->layers[sp.layer1 - 1];
         int64_t boff = a->buffer_off, bn = z->buffer_off + z->buffer_count - boff;
         const int root = s * pp->R;
-        if (params)
-            rc = dp_comm_broadcast(w->comm, w->rep.params + sp.param_off, sp.param_count, DP_DTYPE_F32, root,
-                                   DP_ALGO_AUTO);
         for (int64_t o = 0; stream && o < sp.param_count && !rc; o += PBLOCK) {
             const int64_t c = sp.param_count - o < PBLOCK ? sp.param_count - o : PBLOCK;
             float *x = keep || w->grank == root ? w->rep.params + sp.param_off + o : blk;
             rc = dp_comm_broadcast(w->comm, x, c, DP_DTYPE_F32, root, DP_ALGO_AUTO);
             if (!rc && hash) *hash = dp_fnv1a64(x, sizeof(float) * (size_t)c, *hash);
         }
-        if (!rc && bn > 0 && (pp->stale || pp->partial))
+        if (!rc && bn > 0)
             rc = dp_comm_broadcast(w->comm, w->rep.buffers + boff, bn, DP_DTYPE_F32, root, DP_ALGO_AUTO);
     }
     dp_free(blk);
-    if (!rc && !pp->partial && hash)
-        *hash = dp_fnv1a64(w->rep.params, sizeof(float) * (size_t)t->model->num_params, *hash);
-    if (!rc) pp->stale = 0;
     return rc;
 }
 
@@ -249,7 +236,6 @@ int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp) {
     struct worker_pipe *pp = w->pipe = dp_calloc(1, sizeof *pp);
     if (!pp) return dp_seterr(DP_ENOMEM, "--pp: out of memory");
     pp->S = t->pp, pp->R = t->pp_R, pp->M = t->pp_M, pp->kind = t->p.dp.pp_schedule;
-    pp->partial = dp__pipe_partial(t);
     pp->stage = w->grank / pp->R, pp->replica = w->grank % pp->R;
     pp->prev = pp->stage > 0 ? w->grank - pp->R : -1;
     pp->next = pp->stage + 1 < pp->S ? w->grank + pp->R : -1;
@@ -306,7 +292,7 @@ int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp) {
 struct dp_comm *dp__pipe_sync_params(struct worker *w, struct dp_sync_params *sp) {
     sp->span = w->pipe->span;
     sp->zero_ahead = 0; /* (ZeRO 1: the stage's gather within the step, before the tied values are sent) */
-    sp->whole = pipe_whole, sp->whole_arg = w, sp->whole_partial = w->pipe->partial;
+    sp->whole = pipe_whole, sp->whole_arg = w, sp->whole_partial = 1;
     return w->pipe->scomm;
 }
 
@@ -549,7 +535,6 @@ static int pipe_step(struct worker *w, int64_t nmicro, int64_t *skipped, double 
         for (int64_t i = 0; i < w->sync.n; i++) w->sync.grads[i] *= cf;
     }
     rc = dp_sync_update(&w->sync, dp_sched_lr(&t->p.sched, w->step), 0);
-    pp->stale = 1;
     if (!rc && t->fault.kind == DP_FAULT_DIVERGE && w->grank == t->fault.worker && w->step == t->fault.step)
         w->sync.params[w->sync.n / 2] += 1e-3f; /* (a test's replica that drifts: --check-replicas finds it) */
     /* the tied parameters' new values, from the owner to the reader */
@@ -663,9 +648,9 @@ int dp__pipe_serve(struct worker *w) {
     const struct worker_pipe *pp = w->pipe;
     int rc = DP_OK;
     if (pp->replica || !pp->stage) return DP_OK; /* (stage 0's is rank 0's own) */
-    /* the span's parameters where rank 0 does not hold them, then each part of its state, in
-     * blocks of PBLOCK floats (dp__state_part_each receives them in this order) */
-    for (int k = pp->partial ? -1 : 0; k < dp_sync_state_parts(&w->sync) && !rc; k++) {
+    /* the span's parameters, then each part of its state, in blocks of PBLOCK floats
+     * (dp__state_part_each receives them in this order) */
+    for (int k = -1; k < dp_sync_state_parts(&w->sync) && !rc; k++) {
         const float *x = k < 0 ? w->sync.params : w->sync.opt.state + (size_t)k * (size_t)w->sync.n;
         for (int64_t o = 0; o < w->sync.n && !rc; o += PBLOCK) {
             const int64_t c = w->sync.n - o < PBLOCK ? w->sync.n - o : PBLOCK;

@@ -156,10 +156,10 @@ int dp__step_loop(struct worker *w) {
     if (rc) return rc;
     if (t->G > 1 && (rc = dp__agree_config(w))) return rc;
     /* All replicas start from rank 0's parameters and buffers (ZeRO 3: each
-     * worker holds its pieces already, dp_trainer_init; the slab is gathered
-     * bucket by bucket from here on). */
-    int zero3 = dp_sync_params_partial(&w->sync); /* (a pipeline's stages across processes: each its span) */
-    if ((!zero3 && (rc = dp_comm_broadcast(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, 0, DP_ALGO_AUTO))) ||
+     * worker holds its pieces already, dp_trainer_init, and the slab is
+     * gathered bucket by bucket from here on; a pipeline: each its span). */
+    int partial = dp_sync_params_partial(&w->sync);
+    if ((!partial && (rc = dp_comm_broadcast(w->comm, w->rep.params, m->num_params, DP_DTYPE_F32, 0, DP_ALGO_AUTO))) ||
         (m->num_buffers &&
          (rc = dp_comm_broadcast(w->comm, w->rep.buffers, m->num_buffers, DP_DTYPE_F32, 0, DP_ALGO_AUTO))))
         return rc;

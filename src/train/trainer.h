@@ -275,8 +275,8 @@ void dp__tp_abort(struct dp_trainer *t, const char *msg);
 int dp__state_part_each(const struct dp_trainer *t, int k, void (*put)(void *arg, const float *p, int64_t n),
                         void *arg);
 int dp__pipe_serve(struct worker *w);
-/* 1 when a pipeline's workers hold their stage's parameters only (processes: one stage each;
- * the rest of the slab mapped, never touched), so that a stage's memory is its share. */
+/* 1 when the workers hold their stage's parameters only (a pipeline: the rest of the slabs
+ * mapped, never touched), so that a stage's memory is its share. */
 int dp__pipe_partial(const struct dp_trainer *t);
 /* The ranges of the parameter slab a pipeline worker holds: its span, and a tied copy (the
  * reader's); the count of them (1 or 2). */
