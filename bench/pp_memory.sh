@@ -3,15 +3,18 @@
 # worker's memory budget fits it in 2 pipeline stages, one process each.
 #
 #   bench/pp_memory.sh                   # as root (the budget is a cgroup)
-#   MODEL=gpt:layers=8,heads=8,dim=512,ctx=32 TOKENS=file.bin bench/pp_memory.sh
+#   MODEL=gpt:layers=8,heads=8,dim=512,ctx=32 TOKENS=file.bin REPS=3 bench/pp_memory.sh
 #
+# Tokens: Debian's /usr/share/common-licenses through prepare-text (TOKENS= another token file).
 # Runs, each under mpirun (Open MPI, shared memory), AdamW, global batch 8, 3 steps, no --out
 # (a background checkpoint would copy the whole state on rank 0; --ckpt-sync streams it):
 #   one      mpirun -np 1 dptrain train --workers 1           (the whole model in one process)
 #   pp2      mpirun -np 2 dptrain train --workers 1 --pp 2 --micro-batches 2   (a stage each)
 #   base     the same process on a 1-block, 8-wide gpt: what a rank holds besides the model
 #            (the binary, its libraries, Open MPI's segments)
-# Each rank's peak RSS from /usr/bin/time (%M), against `dptrain plan`'s memory figure for the
+# REPS times each, interleaved; medians (the peaks move by tens of MB from run to run: where the
+# allocator places the evaluation's and the micro-batches' blocks).
+# Each rank's peak RSS from /usr/bin/time (%M, KiB; reported in MB of 10^6 bytes, the plan's unit), against `dptrain plan`'s memory figure for the
 # layout (one worker: weights, gradient, AdamW's two moments; a stage: its span's, and its
 # micro-batches' activations as the layers measure them) plus the base.
 #
@@ -26,16 +29,16 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 RESULTS=${RESULTS:-$ROOT/bench/results}
 DPTRAIN=${DPTRAIN:-$ROOT/build/dptrain}
 MODEL=${MODEL:-gpt:layers=8,heads=8,dim=512,ctx=32}
+REPS=${REPS:-3}
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
 bench_start pp_memory
 TSV=${OUTMD%.md}.tsv
 command -v mpirun >/dev/null || die "needs mpirun (scripts/install-deps.sh installs Open MPI)"
 [ -x "$DPTRAIN" ] || die "no $DPTRAIN: run make first"
-if [ -z "${TOKENS:-}" ]; then
-    mkdir -p "$WORK/txt" && cp "$ROOT"/docs/*.md "$WORK/txt/"
+if [ -z "${TOKENS:-}" ]; then # (Debian's license texts: the same bytes on every machine and commit)
     TOKENS=$WORK/tokens.bin
-    "$DPTRAIN" prepare-text "$WORK/txt" --out "$TOKENS" >/dev/null
+    "$DPTRAIN" prepare-text /usr/share/common-licenses --out "$TOKENS" >/dev/null || die "prepare-text failed"
 fi
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader,tcp)
 ARGS=(--data "$TOKENS" --batch 8 --max-steps 3 --optim adamw --lr 1e-3 --seed 1 --progress none --backend mpi --workers 1)
@@ -63,14 +66,23 @@ run() { # TAG NP LIMIT ARGS...: the job's exit status; its log in $WORK/TAG.log
     rmdir "$CG"/dptrain-pp-memory-* 2>/dev/null || true
     return $rc
 }
-peak_mb() { awk '{printf "%.1f", $1 / 1024}' "$WORK/peak-$1-$2"; }
+peak_mb() { awk '{printf "%.1f", $1 * 1024 / 1e6}' "$WORK/peak-$1-$2"; } # (time's KiB, in MB as the plan's)
 val_of() { sed -n 's/^done: .*val loss \([0-9.]*\).*/\1/p' "$WORK/$1.log"; }
 
-note "base, one worker, 2 stages ($MODEL)"
-run base 1 "" --model gpt:layers=1,heads=1,dim=8,ctx=8 "${ARGS[@]}" || die "the base run failed: $(tail -2 "$WORK/base.log")"
-run one 1 "" --model "$MODEL" "${ARGS[@]}" || die "one worker failed: $(tail -2 "$WORK/one.log")"
-run pp2 2 "" --model "$MODEL" "${ARGS[@]}" --pp 2 --micro-batches 2 || die "2 stages failed: $(tail -2 "$WORK/pp2.log")"
-BASE=$(peak_mb base 0) ONE=$(peak_mb one 0) S0=$(peak_mb pp2 0) S1=$(peak_mb pp2 1)
+# the median of REPS peaks, and their range: "median min-max"
+med() { tr ' ' '\n' <<<"$*" | sort -n | awk '{v[NR] = $1} END {printf "%.1f %.1f-%.1f", v[int((NR + 1) / 2)], v[1], v[NR]}'; }
+BASES= ONES= S0S= S1S=
+for r in $(seq "$REPS"); do
+    note "repetition $r of $REPS: base, one worker, 2 stages ($MODEL)"
+    run base 1 "" --model gpt:layers=1,heads=1,dim=8,ctx=8 "${ARGS[@]}" || die "the base run failed: $(tail -2 "$WORK/base.log")"
+    run one 1 "" --model "$MODEL" "${ARGS[@]}" || die "one worker failed: $(tail -2 "$WORK/one.log")"
+    run pp2 2 "" --model "$MODEL" "${ARGS[@]}" --pp 2 --micro-batches 2 || die "2 stages failed: $(tail -2 "$WORK/pp2.log")"
+    BASES+=" $(peak_mb base 0)" ONES+=" $(peak_mb one 0)" S0S+=" $(peak_mb pp2 0)" S1S+=" $(peak_mb pp2 1)"
+done
+read -r BASE _ <<<"$(med $BASES)"
+read -r ONE ONE_R <<<"$(med $ONES)"
+read -r S0 S0_R <<<"$(med $S0S)"
+read -r S1 S1_R <<<"$(med $S1S)"
 # the plan's memory per worker (its weights, gradient, optimizer state and activations held):
 # one worker as a 1-stage layout, each stage of the 2-stage one
 stages() { "$DPTRAIN" plan --model "$MODEL" --optim adamw --batch 8 "$@" |
@@ -83,8 +95,8 @@ A0=$(awk '$1 == 0 {print $3}' <<<"$PLANS") A1=$(awk '$1 == 1 {print $3}' <<<"$PL
 
 BUDGET=NA ONE_RC=NA PP_RC=NA PPB0=NA PPB1=NA VALB=NA
 if [ "$(id -u)" = 0 ] && [ -w "$CG" ]; then
-    BUDGET=$(awk -v a="$ONE" -v b="$S0" -v c="$S1" 'BEGIN {m = b > c ? b : c; printf "%d", (a + m) / 2 * 1048576}')
-    note "under a budget of $((BUDGET / 1048576)) MiB a rank"
+    BUDGET=$(awk -v a="$ONE" -v b="$S0" -v c="$S1" 'BEGIN {m = b > c ? b : c; printf "%d", (a + m) / 2 * 1e6}')
+    note "under a budget of $((BUDGET / 1000000)) MB a rank"
     run oneb 1 "$BUDGET" --model "$MODEL" "${ARGS[@]}" && ONE_RC=0 || ONE_RC=$?
     run ppb 2 "$BUDGET" --model "$MODEL" "${ARGS[@]}" --pp 2 --micro-batches 2 && PP_RC=0 || PP_RC=$?
     PPB0=$(peak_mb ppb 0) PPB1=$(peak_mb ppb 1) VALB=$(val_of ppb)
@@ -92,9 +104,9 @@ else
     note "not root, or no cgroup v1 memory controller at $CG: the budget runs are left out"
 fi
 printf 'run\trank\tpeak_mb\tplan_mb\tbase_mb\n' >"$TSV"
-printf 'one\t0\t%s\t%s\t%s\n' "$ONE" "$PV" "$BASE" >>"$TSV"
-printf 'pp2\t0\t%s\t%s\t%s\n' "$S0" "$P0" "$BASE" >>"$TSV"
-printf 'pp2\t1\t%s\t%s\t%s\n' "$S1" "$P1" "$BASE" >>"$TSV"
+printf 'one\t0\t%s\t%s\t%s\n' "${ONES# }" "$PV" "${BASES# }" >>"$TSV"
+printf 'pp2\t0\t%s\t%s\t%s\n' "${S0S# }" "$P0" "${BASES# }" >>"$TSV"
+printf 'pp2\t1\t%s\t%s\t%s\n' "${S1S# }" "$P1" "${BASES# }" >>"$TSV"
 printf 'budget_one\t0\tNA\t%s\texit %s\n' "$BUDGET" "$ONE_RC" >>"$TSV"
 printf 'budget_pp2\t0\t%s\t%s\texit %s\n' "$PPB0" "$BUDGET" "$PP_RC" >>"$TSV"
 printf 'budget_pp2\t1\t%s\t%s\texit %s\n' "$PPB1" "$BUDGET" "$PP_RC" >>"$TSV"
@@ -108,11 +120,13 @@ ratio() { awk -v m="$1" -v b="$BASE" -v p="$2" 'BEGIN {printf "%.2f", (m - b) / 
     echo
     echo "$(grep '^pipeline:' "$WORK/pp2.log" | head -1)"
     echo
+    echo "Peaks: medians of $REPS repetitions (their range beside them)."
+    echo
     echo "| run | rank | peak RSS (MB) | less the base $BASE MB | plan (MB) | (peak − base) / plan |"
     echo "|---|---:|---:|---:|---:|---:|"
-    echo "| one worker | 0 | $ONE | $(awk -v a="$ONE" -v b="$BASE" 'BEGIN {printf "%.1f", a - b}') | $PV (activations $ONE_ACT) | $(ratio "$ONE" "$PV") |"
-    echo "| 2 stages | 0 | $S0 | $(awk -v a="$S0" -v b="$BASE" 'BEGIN {printf "%.1f", a - b}') | $P0 (activations $A0) | $(ratio "$S0" "$P0") |"
-    echo "| 2 stages | 1 | $S1 | $(awk -v a="$S1" -v b="$BASE" 'BEGIN {printf "%.1f", a - b}') | $P1 (activations $A1) | $(ratio "$S1" "$P1") |"
+    echo "| one worker | 0 | $ONE ($ONE_R) | $(awk -v a="$ONE" -v b="$BASE" 'BEGIN {printf "%.1f", a - b}') | $PV (activations $ONE_ACT) | $(ratio "$ONE" "$PV") |"
+    echo "| 2 stages | 0 | $S0 ($S0_R) | $(awk -v a="$S0" -v b="$BASE" 'BEGIN {printf "%.1f", a - b}') | $P0 (activations $A0) | $(ratio "$S0" "$P0") |"
+    echo "| 2 stages | 1 | $S1 ($S1_R) | $(awk -v a="$S1" -v b="$BASE" 'BEGIN {printf "%.1f", a - b}') | $P1 (activations $A1) | $(ratio "$S1" "$P1") |"
     echo
     echo "The base: the same process on a 1-block, 8-wide gpt (the binary, its libraries, Open MPI): $BASE MB."
     echo "The larger stage against one worker: $(awk -v a="$S0" -v b="$S1" -v o="$ONE" 'BEGIN {m = a > b ? a : b; printf "%.2f", m / o}')x."
@@ -120,7 +134,7 @@ ratio() { awk -v m="$1" -v b="$BASE" -v p="$2" 'BEGIN {printf "%.2f", (m - b) / 
     if [ "$BUDGET" = NA ]; then
         echo "The budget runs were left out (not root, or no cgroup v1 memory controller)."
     else
-        echo "Under a cgroup memory limit of $((BUDGET / 1048576)) MiB a rank (memory.limit_in_bytes, no swap):"
+        echo "Under a cgroup memory limit of $((BUDGET / 1000000)) MB a rank (memory.limit_in_bytes, no swap):"
         echo "one worker exits $ONE_RC ($( [ "$ONE_RC" = 137 ] && echo "killed by the OOM killer" || echo "not killed")); 2 stages exit $PP_RC,"
         echo "peaks $PPB0 and $PPB1 MB, validation loss $VALB (without the budget: $(val_of pp2); one worker: $(val_of one))."
     fi
