@@ -420,14 +420,12 @@ struct dp_sync_params {
     struct dp_span span;       /* a pipeline stage: its layers' parameters only are reduced, checked and
                                   updated (params, grads and n below are that range; ZeRO 0 and 1, no
                                   compression); zeroed: the whole model */
-    /* A pipeline stage: called by dp_sync_settle (keep -1, hash NULL: what is held made current)
-     * and dp_sync_gather (keep 0 or 1), on every worker, to make the parameters outside the span
-     * current (the stages' assembly), fold the whole slab into *hash (hash not NULL) and, where
-     * they are not held (whole_partial), keep them only with keep 1; NULL: none */
+    /* A pipeline stage, which holds its span's parameters only: called by dp_sync_settle (keep
+     * -1, hash NULL: what is held made current) and dp_sync_gather (keep 0 or 1), on every
+     * worker, to pass the stages' spans (the stages' assembly), fold the whole slab into *hash
+     * (hash not NULL) and keep it only with keep 1; NULL: none */
     int (*whole)(void *arg, int keep, uint64_t *hash);
     void *whole_arg;
-    int whole_partial;         /* the parameters outside the span are not held between passes
-                                  (dp_sync_params_partial) */
 };
 struct dp_sync_params dp_sync_default_params(void);
 
@@ -515,7 +513,7 @@ int dp_sync_settle(struct dp_sync *s);
  * reads the slab goes through dp_sync_gather. */
 int dp_sync_sharded_params(const struct dp_sync *s);
 /* 1 when this worker does not hold the whole parameters between dp_sync_gather(keep) calls
- * (sharded, or a pipeline stage with p.whole_partial): whatever reads the whole slab goes
+ * (sharded, or a pipeline stage: p.whole): whatever reads the whole slab goes
  * through dp_sync_gather, with a hash where it needs one. */
 int dp_sync_params_partial(const struct dp_sync *s);
 /* A forward-only pass's hooks (evaluation): ZeRO 3's layer gathers. */

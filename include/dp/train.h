@@ -491,6 +491,9 @@ int64_t dp_trainer_activation_bytes(const struct dp_trainer *t, int worker);
  * whole pages): the whole model's twice on a plain replica; a pipeline stage's share (its span's,
  * and a tied copy); -1 for no such worker. */
 int64_t dp_trainer_slab_bytes(const struct dp_trainer *t, int worker);
+/* A pipeline's stages: their count S, and in *first (S + 1 entries, owned by t) stage s's first
+ * layer first[s], first[S] the layer count; 0 (and *first NULL) without --pp. */
+int dp_trainer_stages(const struct dp_trainer *t, const int **first);
 /* The test set as the run evaluates it (normalised; n = 0 when there is none). */
 const struct dp_dataset *dp_trainer_test_set(const struct dp_trainer *t);
 /* Who runs this process's bucket all-reduces: DP_PROGRESS_THREAD or

@@ -295,7 +295,7 @@ int dp_sync_settle(struct dp_sync *s) {
 }
 int dp_sync_sharded_params(const struct dp_sync *s) { return s->zero.stage == 3 && s->zero.sharded; }
 int dp_sync_params_partial(const struct dp_sync *s) {
-    return dp_sync_sharded_params(s) || (s->p.whole && s->p.whole_partial);
+    return dp_sync_sharded_params(s) || s->p.whole;
 }
 void dp_sync_eval_hooks(struct dp_sync *s, struct dp_pass *pass) {
     if (dp_sync_sharded_params(s)) pass->layer_begin = dp_zero_layer_begin, pass->layer_begin_arg = &s->zero;

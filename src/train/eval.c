@@ -121,6 +121,27 @@ int dp_trainer_evaluate(struct dp_trainer *t, const struct dp_dataset *ds, int64
     return rc;
 }
 
+/* A replica's share of evaluate_shared's chunks: this process's block [c0, c0 + len), claimed
+ * one at a time by its workers, or with ZeRO 3 every G-th chunk (below). */
+static int eval_replicas(struct worker *w, const struct dp_dataset *ds, int64_t n, int64_t nchunks, int64_t c0,
+                         int64_t len, double *slot) {
+    struct dp_trainer *t = w->t;
+    int rc = dp_sync_settle(&w->sync); /* ZeRO 1: the last step's all-gather, left in flight */
+    if (dp_sync_sharded_params(&w->sync)) {
+        /* ZeRO 3: each pass gathers the layers' ranges in turn (collectives),
+         * so every rank runs as many passes: chunk c is rank c mod G's, and a
+         * rank short of a chunk in the last round runs an empty one.  No
+         * whole replica is built; the totals are the same bits. */
+        for (int64_t c = w->grank; !rc && c - w->grank < nchunks; c += t->G)
+            rc = eval_chunks(t, w, ds, n, c, c + 1, slot, 1);
+        int rr = dp_sync_release(&w->sync);
+        if (!rc) rc = rr;
+    } else
+        for (int64_t k; !rc && (k = atomic_fetch_add(&t->eval_next, 1)) < len;)
+            rc = eval_chunks(t, w, ds, n, c0 + k, c0 + k + 1, slot, 0);
+    return rc;
+}
+
 /* The end-of-epoch evaluation, on every rank of the job at once (all
  * replicas are equal).  Each process takes its block of the chunks
  * (dp_comm_split over the processes), and its worker threads claim the
@@ -149,21 +170,8 @@ int dp__evaluate_shared(struct worker *w, double *acc, double *loss) {
     dp_comm_split(nchunks, t->G / t->P, t->base / t->P, &c0, &len);
     double *slot = dp_calloc((size_t)(2 * nchunks + 1), sizeof(double));
     if (!slot) return dp_seterr(DP_ENOMEM, "evaluate: out of memory");
-    int rc = w->pipe ? DP_OK : dp_sync_settle(&w->sync); /* ZeRO 1: the last step's all-gather, left in flight */
-    if (w->pipe) /* each stage its own layers (pipe_step.c): no whole replica anywhere */
-        rc = dp__pipe_evaluate(w, ds, n, nchunks, slot);
-    else if (dp_sync_sharded_params(&w->sync)) {
-        /* ZeRO 3: each pass gathers the layers' ranges in turn (collectives),
-         * so every rank runs as many passes: chunk c is rank c mod G's, and a
-         * rank short of a chunk in the last round runs an empty one.  No
-         * whole replica is built; the totals are the same bits. */
-        for (int64_t c = w->grank; !rc && c - w->grank < nchunks; c += t->G)
-            rc = eval_chunks(t, w, ds, n, c, c + 1, slot, 1);
-        int rr = dp_sync_release(&w->sync);
-        if (!rc) rc = rr;
-    } else
-        for (int64_t k; !rc && (k = atomic_fetch_add(&t->eval_next, 1)) < len;)
-            rc = eval_chunks(t, w, ds, n, c0 + k, c0 + k + 1, slot, 0);
+    /* (a pipeline: each stage its own layers, pipe_step.c; no whole replica anywhere) */
+    int rc = w->pipe ? dp__pipe_evaluate(w, ds, n, nchunks, slot) : eval_replicas(w, ds, n, nchunks, c0, len, slot);
     if (!rc && t->G > 1 && nchunks > 0) rc = dp_comm_allreduce(w->comm, slot, 2 * nchunks, DP_DTYPE_F64, DP_ALGO_AUTO);
     if (w->rank == 0) atomic_store(&t->eval_next, 0);
     if (!rc) eval_totals(t, slot, nchunks, n, acc, loss);

@@ -292,7 +292,7 @@ int dp__pipe_worker_init(struct worker *w, struct dp_loader_params *lp) {
 struct dp_comm *dp__pipe_sync_params(struct worker *w, struct dp_sync_params *sp) {
     sp->span = w->pipe->span;
     sp->zero_ahead = 0; /* (ZeRO 1: the stage's gather within the step, before the tied values are sent) */
-    sp->whole = pipe_whole, sp->whole_arg = w, sp->whole_partial = 1;
+    sp->whole = pipe_whole, sp->whole_arg = w;
     return w->pipe->scomm;
 }
 

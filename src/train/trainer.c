@@ -54,6 +54,11 @@ int64_t dp_trainer_slab_bytes(const struct dp_trainer *t, int worker) {
     return a < 0 || b < 0 ? -1 : a + b;
 }
 
+int dp_trainer_stages(const struct dp_trainer *t, const int **first) {
+    *first = t->pp > 1 ? t->pp_first : NULL;
+    return t->pp > 1 ? t->pp : 0;
+}
+
 int dp_trainer_comm_progress(const struct dp_trainer *t) { return t->comm_progress; }
 int dp_trainer_prefetch(const struct dp_trainer *t) { return t->p.data.prefetch; }
 struct dp_replica *dp_trainer_replica(struct dp_trainer *t) { return &t->w[0].rep; }
