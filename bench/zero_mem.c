@@ -1,13 +1,13 @@
 /* ZeRO's memory per worker, counted by the library's allocator hook and by
  * the pages really resident (docs/ddp.md "ZeRO").
  *
- *   ./build/bench/zero_mem MODEL WORKERS ZERO [DATA_DIR]
+ *   ./build/bench/zero_mem MODEL WORKERS ZERO [DATA_DIR [UNIT_MB]]
  *
  * Installs a counting allocator (dp_set_allocator), builds the trainer with
  * AdamW for WORKERS thread workers and --zero ZERO, trains 3 steps, and
  * prints one tab-separated line:
  *     model  P  zero  params  live_init  peak  data  per_worker  per_param  state_step  state_per_param  rss_peak
- *     formula  act  inflight  rss_base  rss_per_worker  rss/bound  lib  grad_hw
+ *     formula  act  inflight  rss_base  rss_per_worker  rss/bound  lib  grad_hw  unit_mb
  * live_init: the library's live bytes after dp_trainer_init; peak: the most
  * live at any time during init and the steps; data: the bytes the data set
  * itself holds (loaded alone, the same way); per_worker = (peak - data) / P,
@@ -34,7 +34,7 @@
  * the peak RSS per worker, set beside bound = formula + act + inflight
  * (rss/bound); grad_hw: the most gradient bytes a worker's backward had
  * written and not yet seen reduced at a layer's end, over the workers
- * (dp_trainer_zero_counts; 0 unless sharded). */
+ * (dp_trainer_zero_counts; 0 unless sharded); unit_mb: --zero-unit-mb (0: none). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,11 +102,13 @@ static void on_event(void *arg, const struct dp_event *ev) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s MODEL WORKERS ZERO [DATA_DIR]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL WORKERS ZERO [DATA_DIR [UNIT_MB]]\n", argv[0]);
         return 2;
     }
     struct dp_train_params p = dp_train_default_params();
     if (argc > 4) p.data.data_dir = argv[4];
+    double unit_mb = argc > 5 ? atof(argv[5]) : 0;
+    p.dp.zero_unit_bytes = (size_t)(unit_mb * 1048576.0);
     p.run.model = argv[1];
     p.dp.workers = atoi(argv[2]);
     p.dp.zero = atoi(argv[3]);
@@ -155,9 +157,9 @@ int main(int argc, char **argv) {
     double f = z == 0 ? 16 * psi : z == 1 ? 8 * psi + 8 * psi / P : z == 2 ? 4 * psi + 12 * psi / P : 16 * psi / P;
     double act = ((double)init - (double)data) / P - (double)state_init;
     double rss_w = ((double)ru.ru_maxrss * 1024 - (double)rss_base - (double)data) / P;
-    printf("%s\t%d\t%d\t%lld\t%zu\t%zu\t%zu\t%.0f\t%.2f\t%lld\t%.2f\t%lld\t%.0f\t%.0f\t%lld\t%lld\t%.0f\t%.3f\t%lld\t%lld\n",
+    printf("%s\t%d\t%d\t%lld\t%zu\t%zu\t%zu\t%.0f\t%.2f\t%lld\t%.2f\t%lld\t%.0f\t%.0f\t%lld\t%lld\t%.0f\t%.3f\t%lld\t%lld\t%g\n",
            p.run.model, p.dp.workers, p.dp.zero, (long long)n, init, peak, data, per, per / (double)n, (long long)state_step,
            (double)state_step / (double)n, (long long)ru.ru_maxrss * 1024, f, act, (long long)inflight, rss_base,
-           rss_w, rss_w / (f + act + (double)inflight), rss_base - rss0, (long long)grad_hw);
+           rss_w, rss_w / (f + act + (double)inflight), rss_base - rss0, (long long)grad_hw, unit_mb);
     return 0;
 }

@@ -233,6 +233,12 @@ else bad backup_workers_dropped_in_metrics "$(tail -3 "$T/bk.log")"; fi
 # --mode async / --staleness (the parameter server): the options' ranges and refusals, the
 # staleness on the epoch line and in metrics.jsonl, the replay's hash twice, its resume
 expect_error ps_mode_unknown "--mode: expected sync or async, got 'fast'" "$BIN" train "${SMALL[@]}" --mode fast
+expect_error zero_unit_mb_zero "--zero-unit-mb: '0' is not a number in 1e-05..100000" "$BIN" train "${SMALL[@]}" \
+  --zero 3 --zero-unit-mb 0
+expect_error zero_unit_mb_word "--zero-unit-mb: 'big' is not a number" "$BIN" train "${SMALL[@]}" --zero-unit-mb big
+out=$("$BIN" plan --model mlp:784,8192,8192,8192,10 --workers 2 --zero-unit-mb 16 2>&1)
+if grep -q "units in flight per worker, on top: zero2 33.55 MB  zero3 71.3 MB" <<<"$out"; then ok plan_zero_unit_in_flight
+else bad plan_zero_unit_in_flight "$out"; fi
 expect_error ps_servers_zero "--servers: '0' is not an integer in 1.." "$BIN" train "${SMALL[@]}" --mode async --servers 0
 expect_error ps_servers_above_params "--servers must be in 1..669706 (the parameters of 'mlp'" \
   "$BIN" train "${SMALL[@]}" --mode async --servers 1000000
@@ -419,6 +425,16 @@ if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [
       ok "mpi_zero${z}_hybrid_equals_flat"
     else bad "mpi_zero${z}_hybrid_equals_flat" "$(cat "$T/hybz$z.diff")" "$(tail -3 "$T/hybz$z.log")"; fi
   done
+  # --zero-unit-mb across processes: stage 3 gathers, computes and reduce-scatters mlp's layers
+  # in slices of 0.1 MiB (fc1 in 34 rows at a time) over the job; deterministic: the bits of one
+  # thread worker with the same unit
+  "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 1 --deterministic --zero-unit-mb 0.1 \
+    --out "$T/unit1" >/dev/null 2>&1
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 1 --deterministic \
+    --zero 3 --zero-unit-mb 0.1 --out "$T/mpiunit" >"$T/mpiunit.log" 2>&1
+  h=$(hash_of "$T/mpiunit/checkpoint.bin") u1=$(hash_of "$T/unit1/checkpoint.bin")
+  if same_hash "$h" "$u1"; then ok mpi_zero3_unit_equals_one_worker
+  else bad mpi_zero3_unit_equals_one_worker "'$h' vs '$u1'" "$(tail -3 "$T/mpiunit.log")"; fi
   # --balance across processes: the throughput all-gather and the re-split span the job.
   # Deterministic: 2 processes, rank 1 three times slower, re-planned every 2 steps, give the
   # bits of one worker (det1); normal mode: the slow process's share shrinks (cnn, rank 1 eight

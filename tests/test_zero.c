@@ -836,3 +836,136 @@ TEST(zero1_ahead_gather_waits_per_layer) {
     dp_optim_free(&o);
     for (int r = 0; r < 2; r++) ASSERT_TRUE(memcmp(ahead_out[r], params, sizeof params) == 0);
 }
+
+/* ---- --zero-unit-mb: layers larger than the unit in slices of output features ---------- */
+
+/* The model's slices and the reducer's ranges: with a 1 MiB unit, mlp:784,2048,2048,10's fc1
+ * (2048 x 784 weights, 6.4 MB) runs in slices of 334 rows and fc2 (16.8 MB) of 128; fc3
+ * (82 kB) stays whole.  Every range is at most the unit, the ranges tile the slab from its top
+ * down, and a sliced layer's ranges are its bias, then its slices from the last. */
+TEST(zero_unit_cuts_layers_into_slices) {
+    struct dp_model *m;
+    ASSERT_OK(dp_model_from_spec(&m, "mlp:784,2048,2048,10", 1, 28, 28));
+    ASSERT_EQ(dp_model_set_unit(m, 1u << 20), 2);
+    const struct dp_layer *fc1 = NULL, *fc2 = NULL;
+    for (int i = 0; i < m->nlayers; i++)
+        if (m->layers[i]->param_count) {
+            if (!fc1) fc1 = m->layers[i];
+            else if (!fc2) fc2 = m->layers[i];
+            else ASSERT_EQ(m->layers[i]->slice_rows, 0);
+        }
+    ASSERT_EQ(fc1->slice_rows, 334);
+    ASSERT_EQ(fc2->slice_rows, 128);
+    struct dp_reducer_params rp = dp_reducer_default_params();
+    rp.unit_bytes = 1u << 20;
+    struct dp_reducer r;
+    ASSERT_OK(dp_reducer_init(&r, m, NULL, NULL, &rp));
+    /* fc3 (1 bucket), fc2's bias and 16 slices, fc1's bias and 7 slices (6 x 334 + 44) */
+    ASSERT_EQ(r.nb, 1 + 17 + 8);
+    int64_t top = m->num_params;
+    for (int k = 0; k < r.nb; k++) {
+        ASSERT_TRUE((size_t)r.b[k].count * sizeof(float) <= (1u << 20));
+        ASSERT_EQ(r.b[k].off + r.b[k].count, top);
+        top = r.b[k].off;
+    }
+    ASSERT_EQ(top, 0);
+    ASSERT_EQ(r.b[1].count, 2048);                         /* fc2's bias */
+    ASSERT_EQ(r.b[2].off, fc2->param_off + 1920 * 2048);   /* its last slice first */
+    ASSERT_EQ(r.b[19].count, 44 * 784);                    /* fc1's last slice: the remainder */
+    ASSERT_EQ(r.b[25].off, fc1->param_off);
+    dp_reducer_free(&r);
+    /* and the plan counts the same ranges in flight */
+    int64_t layers[8], rows[8], len[8];
+    for (int i = 0; i < m->nlayers; i++)
+        layers[i] = m->layers[i]->param_count, rows[i] = m->layers[i]->rows, len[i] = m->layers[i]->row_len;
+    struct dp_plan_params pp = dp_plan_default_params();
+    pp.layers = layers, pp.nlayers = m->nlayers, pp.params = m->num_params, pp.batch = 2;
+    pp.unit_bytes = 1u << 20, pp.layer_rows = rows, pp.layer_row_len = len;
+    pp.net.workers = 2;
+    struct dp_plan_result pr;
+    ASSERT_OK(dp_plan_run(&pp, &pr));
+    ASSERT_NEAR(pr.mem_inflight[2], 4.0 * (128 + 128) * 2048, 1e-9); /* two of fc2's slices */
+    dp_plan_result_free(&pr);
+    dp_model_free(m);
+}
+
+/* The same model at every stage and worker count with the same unit: --deterministic gives
+ * one set of bits for P = 1..3 and --zero 0..3 (stage 3 gathers, computes and reduce-scatters
+ * slice by slice); in ordinary mode the stages agree to 1e-6.  Without the unit the bits
+ * differ only by rounding (the order of the input gradient's sum over output features): 1e-5. */
+TEST_T(zero_unit_same_model_any_stage, 300) {
+    require_data();
+    struct dp_train_params p = base("mlp:784,2048,2048,10", 1);
+    p.optim.kind = DP_OPTIM_ADAMW;
+    p.sched.base_lr = 1e-3f;
+    p.run.clip_norm = 0.5;
+    p.run.max_steps = 3;
+    p.dp.zero_unit_bytes = 1u << 20;
+    p.dp.deterministic = 1;
+    int64_t n0, n;
+    float *ref = train(&p, &n0);
+    for (int P = 1; P <= 3; P++)
+        for (int z = P > 1 ? 0 : 3; z <= 3; z++) {
+            p.dp.workers = P, p.dp.zero = z;
+            float *got = train(&p, &n);
+            ASSERT_EQ(n, n0);
+            int same = memcmp(ref, got, sizeof(float) * (size_t)n) == 0;
+            fprintf(stderr, "    unit 1 MiB, deterministic P=%d --zero %d: %s\n", P, z, same ? "same bits" : "differs");
+            ASSERT_TRUE(same);
+            free(got);
+        }
+    p.dp.deterministic = 0, p.dp.workers = 2, p.dp.zero = 0;
+    float *plain = train(&p, &n);
+    for (int z = 1; z <= 3; z++) {
+        p.dp.zero = z;
+        float *got = train(&p, &n);
+        double d = rel_diff(plain, got, n);
+        fprintf(stderr, "    unit 1 MiB, P=2 --zero %d vs --zero 0: %.2e\n", z, d);
+        ASSERT_TRUE(d <= 1e-6);
+        free(got);
+    }
+    /* (with momentum SGD: AdamW's m / (sqrt(v) + eps) turns a rounding of a near-zero gradient
+     * into a few percent of a step, 6e-4 here, as much as between 1 and 2 workers without the
+     * unit) */
+    p.dp.zero = 0, p.run.clip_norm = 0, p.optim.kind = DP_OPTIM_SGD, p.sched.base_lr = 0.05f;
+    float *sliced = train(&p, &n);
+    p.dp.zero_unit_bytes = 0;
+    float *whole = train(&p, &n);
+    double d = rel_diff(sliced, whole, n);
+    fprintf(stderr, "    P=2, unit 1 MiB vs none: %.2e\n", d);
+    ASSERT_TRUE(d > 0 && d <= 1e-5);
+    free(whole), free(sliced), free(plain), free(ref);
+}
+
+/* What a stage-3 worker holds at once within a step: with a 1 MiB unit, at most a few ranges
+ * of parameters (the range computing, the one prefetched, a bias: under 4 MiB) and two of
+ * gradients, where the whole layers are 16.8 MB each; the same model as without it. */
+TEST_T(zero3_unit_holds_slices_not_layers, 120) {
+    require_data();
+    int64_t held[2], grad[2];
+    for (int u = 0; u < 2; u++) {
+        struct dp_train_params p = base("mlp:784,2048,2048,10", 2);
+        p.optim.kind = DP_OPTIM_ADAMW;
+        p.sched.base_lr = 1e-3f;
+        p.dp.zero = 3;
+        p.dp.zero_unit_bytes = u ? 1u << 20 : 0;
+        p.run.max_steps = 2;
+        struct dp_trainer *t;
+        ASSERT_OK(dp_trainer_init(&t, &p));
+        ASSERT_OK(dp_trainer_run(t));
+        held[u] = grad[u] = 0;
+        for (int r = 0; r < 2; r++) {
+            struct dp_zero_counts c;
+            ASSERT_EQ(dp_trainer_zero_counts(t, r, &c), 0);
+            if (c.param_hw_bytes > held[u]) held[u] = c.param_hw_bytes;
+            if (c.grad_hw_bytes > grad[u]) grad[u] = c.grad_hw_bytes;
+        }
+        fprintf(stderr, "    --zero 3, unit %s: parameters held at most %lld bytes, gradients in flight %lld\n",
+                u ? "1 MiB" : "none", (long long)held[u], (long long)grad[u]);
+        if (u) ASSERT_TRUE(dp_trainer_inflight_bytes(t) <= 4 * (1 << 20) + 2 * (int64_t)DP_SLAB_UNIT);
+        dp_trainer_free(t);
+    }
+    ASSERT_TRUE(held[0] >= 4 * (2048 * 2049 + 2048 * 785)); /* whole layers: fc2 with fc1 */
+    ASSERT_TRUE(held[1] > 0 && held[1] <= 3 * (1 << 20));
+    ASSERT_TRUE(grad[1] > 0 && grad[1] <= 2 * (1 << 20));
+}

@@ -81,6 +81,9 @@ struct dp_reducer_params {
                                   1 MiB and at most 25 MiB (PyTorch DDP's fixed cap), so that a
                                   small model still gets several buckets to overlap on slow links */
     size_t first_bucket_bytes; /* default 1 MiB */
+    size_t unit_bytes;         /* --zero-unit-mb: no bucket larger (both caps lowered to it), but a
+                                  layer's slices (dp_layer.slice_rows, dp_model_set_unit), each a
+                                  bucket of its own, its tail another; 0: none */
     int overlap;               /* 1: start buckets during backward; 0: all after it */
     enum dp_comm_algo algo;        /* all-reduce algorithm (AUTO) */
     struct dp_compress_params compress; /* gradient compression (kind NONE: off) */
@@ -288,6 +291,8 @@ struct dp_zero {
     int64_t gathers;           /* stage 3: bucket all-gathers started, since dp_zero_plan */
     int64_t refaults;          /* stage 3: units given back and gathered into again in the same pass
                                   (each a fault of a zeroed huge page), since dp_zero_plan */
+    int64_t held_hw;           /* stage 3: the most parameter floats held at once within a pass
+                                  (ranges gathered or being gathered, after each layer_begin) */
     uintptr_t grel;            /* the lowest address of the gradient slab given back in this step */
     int padded;                /* DP_REPLICA_LAZY_* of the slabs: whole 2 MiB units (dp_slab_map), so
                                   releasing a whole slab gives back its last unit too */
@@ -299,6 +304,7 @@ struct dp_zero {
 struct dp_zero_counts {
     int64_t gathers, refaults; /* dp_zero.gathers, .refaults */
     int64_t grad_hw_bytes;     /* 4 x dp_reducer.shard_hw */
+    int64_t param_hw_bytes;    /* 4 x dp_zero.held_hw */
 };
 int dp_zero_init(struct dp_zero *z, struct dp_comm *comm, int64_t n, int stage, const struct dp_optim_params *op);
 /* Stages 2 and 3 with G > 1: the pieces from the reducer's buckets (every

@@ -77,6 +77,8 @@ struct dp_tp {
 };
 
 /* Everything a layer's forward/backward needs besides its inputs. */
+struct dp_layer;
+
 struct dp_ctx {
     float *params;            /* the replica's parameter slab */
     float *grads;             /* gradient slab, same layout; backward accumulates (+=) */
@@ -99,6 +101,11 @@ struct dp_ctx {
      * any split of the batches is the same bits; dp_model_apply_stats then applies their mean. */
     double *stat_acc;
     const struct dp_tp *tp; /* tensor parallelism (NULL, or size 1: none) */
+    /* The pass's layer_begin hook (dp_pass.layer_begin), for a layer that runs in slices
+     * (dp_layer.slice_rows): it calls it before each slice with a view of itself whose
+     * parameters are that slice's (dp__layer_slice_begin).  NULL: none. */
+    int (*layer_begin)(void *arg, int phase, int layer, const struct dp_layer *l);
+    void *layer_begin_arg;
 };
 
 struct dp_layer;
@@ -143,6 +150,12 @@ struct dp_layer {
      * rank's slice of its last dimension (the tied head: its vocabulary slice, dp_tp_slice),
      * which the loss then reads split (dp_softmax_xent_split). */
     int tp_out_split;
+    /* Slices (dp_model_set_unit).  A layer whose parameters are `rows` rows of `row_len` floats,
+     * then perhaps a tail (a linear layer: weight (OUT, IN), then its bias) can run its
+     * forward and backward in slices of output features; rows 0: it cannot.  slice_rows > 0:
+     * it does, slice_rows rows at a time (the last slice the remainder), each slice's
+     * parameters a range of its own for ZeRO (the tail another). */
+    int64_t rows, row_len, slice_rows;
 };
 
 /* ---- parameter registration (used by layer constructors) ----------------- */
@@ -307,6 +320,14 @@ int dp_model_init(struct dp_model **m, const char *spec, const struct dp_shape *
  * ReLU into the layer before it where that layer can apply it itself (struct dp_layer's
  * fuse_relu): the same bits, one pass over the activations fewer. */
 int dp_model_finalize(struct dp_model *m);
+/* The unit of ZeRO's ranges (--zero-unit-mb): every top-level layer that can run in slices
+ * of output features (dp_layer.rows) and whose weight exceeds `bytes` runs in slices of at
+ * most `bytes` of weight (at least one row); 0: none.  The slices fix the order of the sum
+ * over output features in backward (the input's gradient, one slice at a time), so a model
+ * computes the same bits wherever it has the same unit.  Returns the number of layers sliced. */
+int dp_model_set_unit(struct dp_model *m, size_t bytes);
+/* The rows per slice that unit gives a layer of `rows` rows of `row_len` floats (0: whole). */
+int64_t dp_unit_slice_rows(int64_t rows, int64_t row_len, size_t bytes);
 /* on = 0: finalize fuses nothing (every layer runs as written; the tests compare the two).
  * Before dp_model_finalize; DP_EINVAL after it. */
 int dp_model_set_fusion(struct dp_model *m, int on);

@@ -227,6 +227,9 @@ struct dp_plan_params {
     double compress;          /* >= 1: the wire carries bytes / compress */
     size_t bucket_cap_bytes;  /* 0: auto (dp_plan_auto_cap) */
     size_t first_bucket_bytes;/* 1 MiB */
+    size_t unit_bytes;        /* --zero-unit-mb (0: none): no range above it, and a layer that can run in
+                                 slices (layer_rows > 0) and exceeds it cut as the reducer cuts it */
+    const int64_t *layer_rows, *layer_row_len; /* (nlayers) dp_layer.rows, row_len, or NULL */
     int overlap;              /* 1: a bucket starts when its last layer's backward ends */
     int algo;                 /* -1: the fastest per bucket; else forced */
     double opt_s;             /* optimizer time per step (fixed part) */
@@ -307,7 +310,8 @@ struct dp_plan_result {
     double mem_inflight[4];       /* on top of mem_bytes, what a sharded step holds at once per worker
                                      (src/ddp/zero.c dp_zero_inflight_bytes): ZeRO 2 the gradients of
                                      the largest two adjacent buckets, ZeRO 3 also their gathered
-                                     parameters and two 2 MiB units; 0 for plain, ZeRO 1 and P = 1 */
+                                     parameters and two 2 MiB units; 0 for plain, ZeRO 1 and P = 1.
+                                     With unit_bytes the ranges are the unit's (slices) */
     int nb;
     struct dp_plan_bucket *b;     /* (nb), output side first */
 };

@@ -251,6 +251,13 @@ struct dp_train_dp {
      * crosses a network and overlaps forward), within the step on threads (every core computes,
      * so the overlap only moves the copy to the communication thread; docs/ddp.md "ZeRO"). */
     int zero_gather;
+    /* --zero-unit-mb: the largest range ZeRO gathers or reduce-scatters at once, in bytes (0:
+     * none; the buckets as planned).  Buckets are capped at it, and a top-level layer larger
+     * than it (linear) runs in slices of output features, each slice a range of its own
+     * (dp_model_set_unit), so ZeRO 2 and 3 hold a few units in flight instead of whole
+     * layers.  Applied whatever the stage and worker count, so that the bits are those of
+     * every run with the same unit. */
+    size_t zero_unit_bytes;
     /* Heterogeneity-aware batches (docs/ddp.md "Balanced shares"): every
      * `balance` optimizer steps the ranks all-gather their measured
      * throughput and re-split the global batch in proportion to it (0 = off:

@@ -14,10 +14,22 @@ struct dp_reducer_params dp_reducer_default_params(void) {
 
 /* Plans buckets from the last top-level layer backwards: a bucket closes when
  * adding the next layer would push it past its cap (a layer larger than the
- * cap gets a bucket of its own).  Returns the bucket count, or < 0. */
+ * cap gets a bucket of its own).  A layer that runs in slices (slice_rows)
+ * gets a bucket per slice and one for its tail (bias), highest first, the
+ * order its backward reports them in (src/nn/linear.c): nothing merges with
+ * them, so that ZeRO-3 gathers one slice at a time.  Returns the bucket
+ * count, or < 0. */
+static int64_t nslices(const struct dp_layer *l) { return l->slice_rows > 0 ? (l->rows + l->slice_rows - 1) / l->slice_rows : 0; }
+
+static struct dp_bucket *add(struct dp_reducer *r, int64_t off, int64_t count) {
+    struct dp_bucket *b = &r->b[r->nb++];
+    b->off = off - r->base, b->count = count, b->nlayers = 1, b->owner = r;
+    return b;
+}
+
 static int plan(struct dp_reducer *r, const struct dp_model *m) {
     int cap = 0, l0 = r->p.span.layer0, l1 = r->p.span.layer1;
-    for (int i = l0; i < l1; i++) cap += m->layers[i]->param_count > 0;
+    for (int i = l0; i < l1; i++) cap += m->layers[i]->param_count > 0 ? 2 + (int)nslices(m->layers[i]) : 0;
     r->b = dp_calloc((size_t)(cap ? cap : 1), sizeof *r->b);
     if (!r->b) return dp_seterr(DP_ENOMEM, "reducer: out of memory");
     r->nb = 0;
@@ -25,18 +37,23 @@ static int plan(struct dp_reducer *r, const struct dp_model *m) {
     for (int i = l1 - 1; i >= l0; i--) {
         const struct dp_layer *l = m->layers[i];
         if (l->param_count == 0) continue;
+        if (l->slice_rows > 0) {
+            const int64_t body = l->rows * l->row_len, ns = nslices(l);
+            if (l->param_count > body) add(r, l->param_off + body, l->param_count - body);
+            for (int64_t j = ns - 1; j >= 0; j--) {
+                int64_t r0 = j * l->slice_rows, nr = l->rows - r0 < l->slice_rows ? l->rows - r0 : l->slice_rows;
+                add(r, l->param_off + r0 * l->row_len, nr * l->row_len);
+            }
+            cur = NULL;
+            continue;
+        }
         size_t limit = cur == r->b ? r->p.first_bucket_bytes : r->p.bucket_cap_bytes;
         if (cur && (size_t)(cur->count + l->param_count) * sizeof(float) > limit) cur = NULL;
-        if (!cur) {
-            cur = &r->b[r->nb++];
-            cur->off = l->param_off + l->param_count - r->base;
-            cur->count = 0;
-        }
+        if (!cur) cur = add(r, l->param_off + l->param_count, 0), cur->nlayers = 0;
         /* layers are contiguous and visited in decreasing offset order */
         cur->off = l->param_off - r->base;
         cur->count += l->param_count;
         cur->nlayers++;
-        cur->owner = r;
     }
     return r->nb;
 }
@@ -56,6 +73,10 @@ int dp_reducer_init(struct dp_reducer *r, const struct dp_model *m, struct dp_co
     if (r->p.bucket_cap_bytes == 0) { /* auto: total / 4, clamped to [1 MiB, 25 MiB] */
         size_t q = (size_t)r->p.span.param_count * sizeof(float) / 4;
         r->p.bucket_cap_bytes = q < (1u << 20) ? 1u << 20 : q > (25u << 20) ? 25u << 20 : q;
+    }
+    if (r->p.unit_bytes) { /* no bucket above the unit */
+        if (r->p.bucket_cap_bytes > r->p.unit_bytes) r->p.bucket_cap_bytes = r->p.unit_bytes;
+        if (r->p.first_bucket_bytes > r->p.unit_bytes) r->p.first_bucket_bytes = r->p.unit_bytes;
     }
     if (r->p.bucket_cap_bytes < sizeof(float) || r->p.first_bucket_bytes < sizeof(float))
         return dp_seterr(DP_EINVAL, "reducer: bucket sizes must be at least 4 bytes");

@@ -342,5 +342,6 @@ void dp_sync_set_post(struct dp_sync *s, dp_comm_post_fn post, void *arg) { s->r
 int64_t dp_sync_live_bytes(const struct dp_sync *s) { return dp_zero_live_bytes(&s->zero, &s->opt); }
 int64_t dp_sync_inflight_bytes(const struct dp_sync *s) { return dp_zero_inflight_bytes(&s->zero); }
 struct dp_zero_counts dp_sync_zero_counts(const struct dp_sync *s) {
-    return (struct dp_zero_counts){s->zero.gathers, s->zero.refaults, (int64_t)sizeof(float) * s->red.shard_hw};
+    return (struct dp_zero_counts){s->zero.gathers, s->zero.refaults, (int64_t)sizeof(float) * s->red.shard_hw,
+                                   (int64_t)sizeof(float) * s->zero.held_hw};
 }

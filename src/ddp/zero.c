@@ -471,6 +471,10 @@ int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *
     (void)layer;
     if (z->ahead) return ahead_wait(z, phase, l);
     if (z->stage != 3 || !z->sharded) return DP_OK;
+    /* a layer in slices: each slice comes here itself, as a layer whose parameters are its rows
+     * and whose tied range is the layer's bias (forward; dp__layer_slice_begin), so only one
+     * slice's range (and the next, prefetched) is gathered at a time */
+    if (l->slice_rows > 0) return DP_OK;
     int k = l->param_count > 0 ? range_of(z, l->param_off) : z->cur;
     int x = l->tied_count > 0 ? range_of(z, l->tied_off) : -1;
     if (x >= 0 && range_of(z, l->tied_off + l->tied_count - 1) != x)
@@ -495,6 +499,9 @@ int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *
     if (!rc && x >= 0) rc = gather_wait(z, x);
     if (!rc && k >= 0 && next >= 0 && next < z->npieces && !z->have[next] && !z->greq[next])
         rc = gather_start(z, next);
+    int64_t held = 0; /* (the counter of dp_zero_counts.param_hw_bytes) */
+    for (int j = 0; j < z->npieces; j++) held += z->have[j] || z->greq[j] ? z->piece[j].rcount : 0;
+    if (held > z->held_hw) z->held_hw = held;
     return rc;
 }
 

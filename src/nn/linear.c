@@ -49,13 +49,17 @@ static void colsum_add(float *db, const float *dy, int64_t R, int64_t N) { colsu
  * Backward: dx = dy W                        (overwrite; skipped when dx is NULL)
  *           dW += dy^T x                     (OUT, IN)
  *           db += sum_r dy[r]                (OUT)
- * Each pass is one GEMM over all R rows of the batch. */
+ * Each pass is one GEMM over all R rows of the batch (or one per slice of output features:
+ * dp_model_set_unit). */
 static int linear_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x,
                           int64_t B) {
     const struct linear *p = l->priv;
     int64_t R = B * (dp_shape_numel(&l->in_shape) / p->in);
     const float *w = ctx->params + l->param_off; /* (OUT, IN) */
-    const float *b = w + p->out * p->in;         /* (OUT) */
+    /* (a sliced layer's bias is read once its first slice has begun: ZeRO-3 gathers it then) */
+    int rc = l->slice_rows > 0 ? dp__layer_slice_begin(ctx, l, DP_PHASE_FORWARD, 0, l->slice_rows, p->bias) : DP_OK;
+    if (rc) return rc;
+    const float *b = w + p->out * p->in; /* (OUT) */
     float beta = 0.0f;
     if (p->bias) {
         /* Start from the bias rows; the GEMM adds x W^T onto them. */
@@ -64,8 +68,45 @@ static int linear_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, cons
             memcpy(y + r * p->out, b, sizeof(float) * (size_t)p->out);
         beta = 1.0f;
     }
-    dp_gemm(0, 1, R, p->out, p->in, 1.0f, x, p->in, w, p->in, beta, y, p->out);
+    if (l->slice_rows > 0) { /* in slices of output features: y[:, r0:r0+nr] (+)= x W[r0:r0+nr]^T */
+        for (int64_t r0 = 0; r0 < p->out; r0 += l->slice_rows) {
+            int64_t nr = p->out - r0 < l->slice_rows ? p->out - r0 : l->slice_rows;
+            if (r0 && (rc = dp__layer_slice_begin(ctx, l, DP_PHASE_FORWARD, r0, nr, p->bias))) return rc;
+            dp_gemm(0, 1, R, nr, p->in, 1.0f, x, p->in, w + r0 * p->in, p->in, beta, y + r0, p->out);
+        }
+    } else
+        dp_gemm(0, 1, R, p->out, p->in, 1.0f, x, p->in, w, p->in, beta, y, p->out);
     if (p->relu) dp__relu(y, y, R * p->out); /* the fused ReLU, right after the GEMM wrote y */
+    return DP_OK;
+}
+
+/* Backward in slices, from the last rows down (the order the reducer's buckets are ready in):
+ * db first (its bucket is the highest), then per slice dW[r0:r0+nr] += dy[:, r0:r0+nr]^T x and
+ * dx (+)= dy[:, r0:r0+nr] W[r0:r0+nr], each slice's gradient reported ready as soon as it is
+ * written.  dx is so summed over output features one slice at a time, the last first. */
+static int linear_backward_sliced(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *dy, const float *x,
+                                  int64_t R) {
+    const struct linear *p = l->priv;
+    const float *w = ctx->params + l->param_off;
+    float *dw = ctx->grads + l->param_off;
+    if (p->bias) { /* (its range visited too, first, as backward visits every range in turn: ZeRO-3 then
+                    * prefetches the last slice while db is summed) */
+        int rc = dp__layer_slice_begin(ctx, l, DP_PHASE_BACKWARD, p->out, 0, 0);
+        if (rc) return rc;
+        colsum_add(dw + p->out * p->in, dy, R, p->out);
+        if (ctx->grad_ready) ctx->grad_ready(ctx->grad_ready_arg, l->param_off + p->out * p->in, p->out);
+    }
+    const int64_t ns = (p->out + l->slice_rows - 1) / l->slice_rows;
+    for (int64_t j = ns - 1; j >= 0; j--) {
+        int64_t r0 = j * l->slice_rows, nr = p->out - r0 < l->slice_rows ? p->out - r0 : l->slice_rows;
+        int rc = dp__layer_slice_begin(ctx, l, DP_PHASE_BACKWARD, r0, nr, 0);
+        if (rc) return rc;
+        dp_gemm(1, 0, nr, p->in, R, 1.0f, dy + r0, p->out, x, p->in, 1.0f, dw + r0 * p->in, p->in);
+        if (dx)
+            dp_gemm(0, 0, R, p->in, nr, 1.0f, dy + r0, p->out, w + r0 * p->in, p->in, j == ns - 1 ? 0.0f : 1.0f, dx,
+                    p->in);
+        if (ctx->grad_ready) ctx->grad_ready(ctx->grad_ready_arg, l->param_off + r0 * p->in, nr * p->in);
+    }
     return DP_OK;
 }
 
@@ -82,6 +123,7 @@ static int linear_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, co
         dp__relu_mask(g, dy, y, R * p->out);
         dy = g;
     }
+    if (l->slice_rows > 0) return linear_backward_sliced(l, ctx, dx, dy, x, R);
     dp_gemm(1, 0, p->out, p->in, R, 1.0f, dy, p->out, x, p->in, 1.0f, dw, p->in);
     if (p->bias) colsum_add(db, dy, R, p->out);
     if (dx) dp_gemm(0, 0, R, p->in, p->out, 1.0f, dy, p->out, w, p->in, 0.0f, dx, p->in);
@@ -130,6 +172,7 @@ int dp__linear_make(struct dp_model *m, struct dp_layer **out, const char *name,
     int64_t rows = dp_shape_numel(in) / p->in;
     l->flops_fwd = 2 * rows * p->in * p->out + (p->bias ? rows * p->out : 0);
     l->fuse_relu = linear_fuse_relu;
+    l->rows = p->out, l->row_len = p->in; /* can run in slices (dp_model_set_unit) */
     *out = l;
     return DP_OK;
 }

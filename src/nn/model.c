@@ -404,6 +404,37 @@ uint64_t dp_replica_hash(const struct dp_replica *r) {
     return dp_fnv1a64(r->buffers, (size_t)r->model->num_buffers * sizeof(float), h);
 }
 
+/* ---- slices (dp_model_set_unit) ---------------------------------------------------- */
+
+int64_t dp_unit_slice_rows(int64_t rows, int64_t row_len, size_t bytes) {
+    if (!bytes || rows <= 1 || row_len <= 0 || (size_t)(rows * row_len) * sizeof(float) <= bytes) return 0;
+    int64_t s = (int64_t)(bytes / (sizeof(float) * (size_t)row_len));
+    return s < 1 ? 1 : s;
+}
+
+int dp_model_set_unit(struct dp_model *m, size_t bytes) {
+    int n = 0;
+    for (int i = 0; i < m->nlayers; i++) {
+        struct dp_layer *l = m->layers[i];
+        l->slice_rows = l->rows > 0 ? dp_unit_slice_rows(l->rows, l->row_len, bytes) : 0;
+        n += l->slice_rows > 0;
+    }
+    return n;
+}
+
+int dp__layer_slice_begin(const struct dp_ctx *ctx, const struct dp_layer *l, int phase, int64_t r0, int64_t nr,
+                          int bias) {
+    if (!ctx->layer_begin) return DP_OK;
+    struct dp_layer v = *l; /* the slice's view: its rows, the parameters after them (bias) as its tied range */
+    const int64_t tail = l->param_count - l->rows * l->row_len;
+    v.param_off = l->param_off + r0 * l->row_len, v.param_count = r0 == l->rows ? tail : nr * l->row_len;
+    v.tied_off = bias && tail ? l->param_off + l->rows * l->row_len : 0, v.tied_count = bias ? tail : 0;
+    v.slice_rows = 0;
+    int rc = ctx->layer_begin(ctx->layer_begin_arg, phase, -1, &v);
+    if (!rc) return DP_OK;
+    return r0 == l->rows ? dp_adderr(rc, "its bias") : dp_adderr(rc, "rows %lld..%lld", (long long)r0, (long long)(r0 + nr - 1));
+}
+
 /* ---- one pass ------------------------------------------------------------------ */
 
 /* The pass's context on replica r (its slabs, arena and saved state). */
@@ -414,6 +445,7 @@ static struct dp_ctx pass_ctx(struct dp_replica *r, const struct dp_batch *b, co
         .grad_ready = p->grad_ready, .grad_ready_arg = p->grad_ready_arg,
         .stat_sync = p->stat_sync, .stat_sync_arg = p->stat_sync_arg, .stat_acc = p->stat_acc,
         .tp = p->tp && p->tp->size > 1 ? p->tp : NULL,
+        .layer_begin = p->layer_begin, .layer_begin_arg = p->layer_begin_arg,
     };
 }
 

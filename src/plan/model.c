@@ -200,6 +200,35 @@ int dp_plan_buckets(const int64_t *layers, int nlayers, size_t cap_bytes, size_t
     return nb;
 }
 
+/* The floats of the largest two adjacent ranges under a unit: the reducer's buckets with both
+ * caps lowered to the unit, and a layer that runs in slices (dp_unit_slice_rows) cut into its
+ * tail and its slices, each a range that nothing merges with (src/ddp/reducer.c plan). */
+static int64_t unit_pair(const struct dp_plan_params *p, const int64_t *layers, size_t cap) {
+    const size_t u = p->unit_bytes, first = p->first_bucket_bytes ? p->first_bucket_bytes : 1u << 20;
+    if (cap > u) cap = u;
+    int64_t pair = 0, prev = 0, cur = -1; /* cur: the open bucket's floats (-1: none) */
+    int nb = 0;
+#define EMIT(x) (pair = (x) + prev > pair ? (x) + prev : pair, prev = (x), nb++)
+    for (int i = p->nlayers - 1; i >= 0; i--) {
+        int64_t c = layers[i];
+        if (c == 0) continue;
+        int64_t rows = p->layer_rows ? p->layer_rows[i] : 0, len = rows ? p->layer_row_len[i] : 0;
+        int64_t s = rows ? dp_unit_slice_rows(rows, len, u) : 0;
+        if (s > 0) {
+            if (cur >= 0) EMIT(cur), cur = -1;
+            if (c > rows * len) EMIT(c - rows * len);
+            for (int64_t r0 = (rows - 1) / s * s; r0 >= 0; r0 -= s) EMIT((rows - r0 < s ? rows - r0 : s) * len);
+            continue;
+        }
+        size_t limit = nb == 0 ? (first < u ? first : u) : cap;
+        if (cur >= 0 && (size_t)(cur + c) * sizeof(float) > limit) EMIT(cur), cur = -1;
+        cur = cur < 0 ? c : cur + c;
+    }
+    if (cur >= 0) EMIT(cur);
+#undef EMIT
+    return pair;
+}
+
 /* ---- one step ------------------------------------------------------------------------ */
 
 struct dp_plan_params dp_plan_default_params(void) {
@@ -380,6 +409,7 @@ int dp_plan_run(const struct dp_plan_params *p, struct dp_plan_result *r) {
     int64_t pair = r->nb ? r->b[0].count : 0;
     for (int j = 0; j + 1 < r->nb; j++)
         if (r->b[j].count + r->b[j + 1].count > pair) pair = r->b[j].count + r->b[j + 1].count;
+    if (p->unit_bytes) pair = unit_pair(p, layers, cap);
     memset(r->mem_inflight, 0, sizeof r->mem_inflight);
     if (P > 1) {
         r->mem_inflight[2] = (double)dp_zero_inflight_of_pair(2, pair);

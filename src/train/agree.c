@@ -124,7 +124,7 @@ static void agree_hashes(const struct worker *w, uint64_t out[AGREE_PARTS]) {
     H(p->dp.deterministic), H(p->dp.det_chunk), H(p->dp.algo), H(p->dp.overlap), H(p->dp.skip_nonfinite);
     H(p->dp.check_replicas), H(p->dp.accum), H(t->gather_waits), H(p->dp.balance), H(p->dp.backup), H(p->dp.backup_workers);
     H(p->dp.compress.kind), H(p->dp.compress.rank), H(p->dp.compress.fraction), H(p->dp.compress.powersgd_start);
-    H(p->dp.async), H(p->dp.staleness), H(p->dp.staleness_lr), H(p->dp.servers), H(p->dp.zero), H(p->dp.zero_scatter), H(p->dp.zero_gather);
+    H(p->dp.async), H(p->dp.staleness), H(p->dp.staleness_lr), H(p->dp.servers), H(p->dp.zero), H(p->dp.zero_scatter), H(p->dp.zero_gather), H(p->dp.zero_unit_bytes);
     H(p->dp.share_lr), H(p->dp.implicit_momentum); /* (not pin_threads: where a process's workers run is its own) */
     H(p->dp.pp), H(p->dp.micro_batches), H(p->dp.pp_schedule), H(p->dp.tp);
     out[AGREE_CONFIG] = h;

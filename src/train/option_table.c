@@ -91,6 +91,12 @@ static int set_first_bucket(struct dp_train_params *p, const char *v) {
 static int get_first_bucket(const struct dp_train_params *p, char *out, size_t n) {
     return p->dp.first_bucket_bytes && snprintf(out, n, "%.17g", (double)p->dp.first_bucket_bytes / 1048576.0) > 0;
 }
+static int set_zero_unit(struct dp_train_params *p, const char *v) {
+    return set_mib(&p->dp.zero_unit_bytes, "zero-unit-mb", v);
+}
+static int get_zero_unit(const struct dp_train_params *p, char *out, size_t n) {
+    return p->dp.zero_unit_bytes && snprintf(out, n, "%.17g", (double)p->dp.zero_unit_bytes / 1048576.0) > 0;
+}
 static int set_simulate_slow(struct dp_train_params *p, const char *v) {
     int rc = dp_parse_simulate_slow(v, 0, NULL); /* the syntax now; the ranks against the job's size in the trainer */
     if (!rc) p->sim.simulate_slow = v;
@@ -423,6 +429,13 @@ const struct dp__opt dp__opts[] = {
      .kind = DP__OPT_CHOICE, .off = F(dp.zero_gather), .choices = "auto|step|ahead",
      .vals = {DP_ZERO_GATHER_AUTO, DP_ZERO_GATHER_STEP, DP_ZERO_GATHER_AHEAD}, .store = DP__STORE_ALWAYS,
      .need = DP__NEED_ZERO1},
+    {OPT("zero-unit-mb", "MB", G_ZERO,
+         "the most a ZeRO range holds, in MiB: buckets no larger, and a linear\n"
+         "layer larger than it runs in slices of output features, each gathered,\n"
+         "computed and reduce-scattered alone, so --zero 2 and 3 hold a few\n"
+         "units in flight, not whole layers (the slices fix the order of the\n"
+         "input gradient's sum: the same bits with the same unit) [none]"),
+     CUSTOM(set_zero_unit, get_zero_unit), .store = DP__STORE_SET},
 
     {OPT("pp", "S", G_SPLIT,
          "pipeline parallelism: the model's layers cut into S stages (balanced\n"

@@ -92,6 +92,7 @@ static int worker_init(struct dp_trainer *t, struct worker *w, int rank) {
     struct dp_sync_params sp = dp_sync_default_params();
     sp.reducer.bucket_cap_bytes = p->dp.bucket_cap_bytes;
     sp.reducer.first_bucket_bytes = p->dp.first_bucket_bytes;
+    sp.reducer.unit_bytes = p->dp.zero_unit_bytes;
     sp.reducer.overlap = p->dp.overlap;
     sp.reducer.algo = (enum dp_comm_algo)p->dp.algo;
     sp.reducer.compress = p->dp.compress;
@@ -303,6 +304,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     }
     dp_free(src.text);
     src.text = NULL;
+    dp_model_set_unit(t->model, p->dp.zero_unit_bytes); /* (the bits are the unit's, whatever the stage) */
     {
         struct dp_shape os = dp_model_cur_shape(t->model);
         t->pos = dp_shape_numel(&os) / os.d[os.ndim - 1];

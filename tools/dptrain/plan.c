@@ -285,6 +285,7 @@ static const char *help_plan =
     "  --algo A              ring | rhd | tree | hier | ps | best (per bucket) [best]\n"
     "  --bucket-mb M         bucket cap (0 = the reducer's auto rule) [0]\n"
     "  --first-bucket-mb M   [1]\n"
+    "  --zero-unit-mb M      train's --zero-unit-mb: the units in flight are its ranges [none]\n"
     "  --no-overlap          all buckets after backward\n"
     "  --metrics             the run records metrics (train --out): one all-gather of P doubles\n"
     "                        per step (every rank's wait) joins the step, with the profile's\n"
@@ -482,7 +483,7 @@ static void print_plan_text(const struct dp_plan_params *p, const struct dp_plan
         printf("units in flight per worker, on top:");
         print_bytes(" zero2 ", r->mem_inflight[2]);
         print_bytes("  zero3 ", r->mem_inflight[3]);
-        printf("  (the largest two adjacent buckets)\n");
+        printf("  (the largest two adjacent %s)\n", p->unit_bytes ? "ranges of --zero-unit-mb" : "buckets");
     }
     if (!buckets) return;
     printf("bucket  layers    elements      bytes   ready_ms   start_ms    done_ms  algo");
@@ -722,6 +723,8 @@ int dptrain_cmd_plan(int argc, char **argv) {
         else if (dptrain_take(argc, argv, &i, "--algo", &v)) {
             if (dp_plan_algo_parse(v, &p.algo)) die("--algo: %s", dp_errmsg());
         } else if (dptrain_take(argc, argv, &i, "--bucket-mb", &v)) p.bucket_cap_bytes = (size_t)(dptrain_num_arg(a, v, 0, 1e6) * (1 << 20));
+        else if (dptrain_take(argc, argv, &i, "--zero-unit-mb", &v))
+            p.unit_bytes = (size_t)(dptrain_num_arg(a, v, 1e-5, 1e5) * (1 << 20));
         else if (dptrain_take(argc, argv, &i, "--first-bucket-mb", &v))
             p.first_bucket_bytes = (size_t)(dptrain_num_arg(a, v, 1e-5, 1e6) * (1 << 20));
         else if (!strcmp(a, "--no-overlap")) p.overlap = 0;
@@ -820,7 +823,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
         die("plan: --tp %d%s does not divide --workers %d", tp, pp ? " x --pp" : "", p.net.workers);
     if (micro && !pp) die("--micro-batches is --pp's option");
     if (pp && zero > 1) die("--zero %d with --pp: a pipeline's stages take ZeRO 0 or 1 (docs/parallel.md)", zero);
-    int64_t *lp = NULL;
+    int64_t *lp = NULL, *lrows = NULL, *llen = NULL;
     double *lf = NULL, *lo = NULL, *la = NULL, *lsc = NULL, *ltc = NULL, *ltf = NULL;
     char **names = NULL, *tp_ok = NULL;
     double **tla = NULL, **tls = NULL; /* (per T: a tensor rank's activations and scratch per layer) */
@@ -836,6 +839,10 @@ int dptrain_cmd_plan(int argc, char **argv) {
         if (!lp || !lf) die("out of memory");
         for (int i = 0; i < m->nlayers; i++) lp[i] = m->layers[i]->param_count, lf[i] = (double)m->layers[i]->flops_fwd;
         p.layers = lp, p.layer_flops = lf, p.nlayers = m->nlayers;
+        if (!(lrows = malloc(sizeof *lrows * (size_t)m->nlayers)) || !(llen = malloc(sizeof *llen * (size_t)m->nlayers)))
+            die("out of memory");
+        for (int i = 0; i < m->nlayers; i++) lrows[i] = m->layers[i]->rows, llen[i] = m->layers[i]->row_len;
+        p.layer_rows = lrows, p.layer_row_len = llen; /* (--zero-unit-mb's slices) */
         if (pp || tp || layout) { /* the boundary messages, the activations, the tied embedding, the groups */
             lo = malloc(sizeof *lo * (size_t)m->nlayers), la = malloc(sizeof *la * (size_t)m->nlayers);
             lsc = malloc(sizeof *lsc * (size_t)m->nlayers);
@@ -884,14 +891,14 @@ int dptrain_cmd_plan(int argc, char **argv) {
         }
         for (int i = 0; i < p.nlayers; i++) free(names[i]);
         for (int T = 2; tla && T <= p.net.workers; T++) free(tla[T]), free(tls[T]);
-        free(names), free(lo), free(la), free(lsc), free(ltc), free(ltf), free(tp_ok), free(tla), free(tls), free(lp), free(lf);
+        free(names), free(lo), free(la), free(lsc), free(ltc), free(ltf), free(tp_ok), free(tla), free(tls), free(lp), free(lf), free(lrows), free(llen);
         return 0;
     }
 
     struct dp_plan_result r;
     if (!sweep) {
         if (dp_plan_run(&p, &r)) {
-            free(lp), free(lf);
+            free(lp), free(lf), free(lrows), free(llen);
             die("%s", dp_errmsg());
         }
         if (json) print_plan_json(&p, &r);
@@ -908,7 +915,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
             if (p.net.per_host > 1 && P % p.net.per_host) continue;
             if (p.batch < P) break;
             if (dp_plan_run(&p, &r)) {
-                free(lp), free(lf);
+                free(lp), free(lf), free(lrows), free(llen);
                 die("%s", dp_errmsg());
             }
             double comp = r.fwd_s + r.bwd_s;
@@ -925,7 +932,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
             else printf("communication stays under compute up to %lld workers\n", sweep);
         }
     }
-    free(lp);
+    free(lp), free(lrows), free(llen);
     free(lf);
     return 0;
 }
