@@ -6,10 +6,11 @@
 #   MODEL=gpt:layers=8,heads=8,dim=512,ctx=32 TOKENS=file.bin REPS=3 bench/pp_memory.sh
 #
 # Tokens: Debian's /usr/share/common-licenses through prepare-text (TOKENS= another token file).
-# Runs, each under mpirun (Open MPI, shared memory), AdamW, global batch 8, 3 steps, no --out
-# (a background checkpoint would copy the whole state on rank 0; --ckpt-sync streams it):
+# Runs, each under mpirun (Open MPI, shared memory), AdamW, global batch 8, 3 steps:
 #   one      mpirun -np 1 dptrain train --workers 1           (the whole model in one process)
 #   pp2      mpirun -np 2 dptrain train --workers 1 --pp 2 --micro-batches 2   (a stage each)
+#   pp2out   pp2 with --out and --ckpt-every-steps 1: a checkpoint after every step, each stage
+#            streaming its span to rank 0 (a pipeline across processes writes in the step)
 #   base     the same process on a 1-block, 8-wide gpt: what a rank holds besides the model
 #            (the binary, its libraries, Open MPI's segments)
 # REPS times each, interleaved; medians (the peaks move by tens of MB from run to run: where the
@@ -71,18 +72,23 @@ val_of() { sed -n 's/^done: .*val loss \([0-9.]*\).*/\1/p' "$WORK/$1.log"; }
 
 # the median of REPS peaks, and their range: "median min-max"
 med() { tr ' ' '\n' <<<"$*" | sort -n | awk '{v[NR] = $1} END {printf "%.1f %.1f-%.1f", v[int((NR + 1) / 2)], v[1], v[NR]}'; }
-BASES= ONES= S0S= S1S=
+BASES= ONES= S0S= S1S= O0S= O1S=
 for r in $(seq "$REPS"); do
     note "repetition $r of $REPS: base, one worker, 2 stages ($MODEL)"
     run base 1 "" --model gpt:layers=1,heads=1,dim=8,ctx=8 "${ARGS[@]}" || die "the base run failed: $(tail -2 "$WORK/base.log")"
     run one 1 "" --model "$MODEL" "${ARGS[@]}" || die "one worker failed: $(tail -2 "$WORK/one.log")"
     run pp2 2 "" --model "$MODEL" "${ARGS[@]}" --pp 2 --micro-batches 2 || die "2 stages failed: $(tail -2 "$WORK/pp2.log")"
+    run pp2out 2 "" --model "$MODEL" "${ARGS[@]}" --pp 2 --micro-batches 2 --out "$WORK/out$r" --ckpt-every-steps 1 ||
+        die "2 stages with --out failed: $(tail -2 "$WORK/pp2out.log")"
     BASES+=" $(peak_mb base 0)" ONES+=" $(peak_mb one 0)" S0S+=" $(peak_mb pp2 0)" S1S+=" $(peak_mb pp2 1)"
+    O0S+=" $(peak_mb pp2out 0)" O1S+=" $(peak_mb pp2out 1)"
 done
 read -r BASE _ <<<"$(med $BASES)"
 read -r ONE ONE_R <<<"$(med $ONES)"
 read -r S0 S0_R <<<"$(med $S0S)"
 read -r S1 S1_R <<<"$(med $S1S)"
+read -r O0 O0_R <<<"$(med $O0S)"
+read -r O1 O1_R <<<"$(med $O1S)"
 # the plan's memory per worker (its weights, gradient, optimizer state and activations held):
 # one worker as a 1-stage layout, each stage of the 2-stage one
 stages() { "$DPTRAIN" plan --model "$MODEL" --optim adamw --batch 8 "$@" |
@@ -93,13 +99,15 @@ PV=$(awk '{print $2}' <<<"$PLAN1") ONE_ACT=$(awk '{print $3}' <<<"$PLAN1")
 P0=$(awk '$1 == 0 {print $2}' <<<"$PLANS") P1=$(awk '$1 == 1 {print $2}' <<<"$PLANS")
 A0=$(awk '$1 == 0 {print $3}' <<<"$PLANS") A1=$(awk '$1 == 1 {print $3}' <<<"$PLANS")
 
-BUDGET=NA ONE_RC=NA PP_RC=NA PPB0=NA PPB1=NA VALB=NA
+BUDGET=NA ONE_RC=NA PP_RC=NA PPB0=NA PPB1=NA VALB=NA PPO_RC=NA
 if [ "$(id -u)" = 0 ] && [ -w "$CG" ]; then
     BUDGET=$(awk -v a="$ONE" -v b="$S0" -v c="$S1" 'BEGIN {m = b > c ? b : c; printf "%d", (a + m) / 2 * 1e6}')
     note "under a budget of $((BUDGET / 1000000)) MB a rank"
     run oneb 1 "$BUDGET" --model "$MODEL" "${ARGS[@]}" && ONE_RC=0 || ONE_RC=$?
     run ppb 2 "$BUDGET" --model "$MODEL" "${ARGS[@]}" --pp 2 --micro-batches 2 && PP_RC=0 || PP_RC=$?
     PPB0=$(peak_mb ppb 0) PPB1=$(peak_mb ppb 1) VALB=$(val_of ppb)
+    run ppbout 2 "$BUDGET" --model "$MODEL" "${ARGS[@]}" --pp 2 --micro-batches 2 --out "$WORK/outb" \
+        --ckpt-every-steps 1 && PPO_RC=0 || PPO_RC=$?
 else
     note "not root, or no cgroup v1 memory controller at $CG: the budget runs are left out"
 fi
@@ -107,9 +115,12 @@ printf 'run\trank\tpeak_mb\tplan_mb\tbase_mb\n' >"$TSV"
 printf 'one\t0\t%s\t%s\t%s\n' "${ONES# }" "$PV" "${BASES# }" >>"$TSV"
 printf 'pp2\t0\t%s\t%s\t%s\n' "${S0S# }" "$P0" "${BASES# }" >>"$TSV"
 printf 'pp2\t1\t%s\t%s\t%s\n' "${S1S# }" "$P1" "${BASES# }" >>"$TSV"
+printf 'pp2out\t0\t%s\t%s\t%s\n' "${O0S# }" "$P0" "${BASES# }" >>"$TSV"
+printf 'pp2out\t1\t%s\t%s\t%s\n' "${O1S# }" "$P1" "${BASES# }" >>"$TSV"
 printf 'budget_one\t0\tNA\t%s\texit %s\n' "$BUDGET" "$ONE_RC" >>"$TSV"
 printf 'budget_pp2\t0\t%s\t%s\texit %s\n' "$PPB0" "$BUDGET" "$PP_RC" >>"$TSV"
 printf 'budget_pp2\t1\t%s\t%s\texit %s\n' "$PPB1" "$BUDGET" "$PP_RC" >>"$TSV"
+printf 'budget_pp2out\t0\tNA\t%s\texit %s\n' "$BUDGET" "$PPO_RC" >>"$TSV"
 ratio() { awk -v m="$1" -v b="$BASE" -v p="$2" 'BEGIN {printf "%.2f", (m - b) / p}'; }
 {
     echo "# Memory per rank: one worker against 2 pipeline stages"
@@ -127,6 +138,8 @@ ratio() { awk -v m="$1" -v b="$BASE" -v p="$2" 'BEGIN {printf "%.2f", (m - b) / 
     echo "| one worker | 0 | $ONE ($ONE_R) | $(awk -v a="$ONE" -v b="$BASE" 'BEGIN {printf "%.1f", a - b}') | $PV (activations $ONE_ACT) | $(ratio "$ONE" "$PV") |"
     echo "| 2 stages | 0 | $S0 ($S0_R) | $(awk -v a="$S0" -v b="$BASE" 'BEGIN {printf "%.1f", a - b}') | $P0 (activations $A0) | $(ratio "$S0" "$P0") |"
     echo "| 2 stages | 1 | $S1 ($S1_R) | $(awk -v a="$S1" -v b="$BASE" 'BEGIN {printf "%.1f", a - b}') | $P1 (activations $A1) | $(ratio "$S1" "$P1") |"
+    echo "| 2 stages, a checkpoint every step | 0 | $O0 ($O0_R) | $(awk -v a="$O0" -v b="$BASE" 'BEGIN {printf "%.1f", a - b}') | $P0 | $(ratio "$O0" "$P0") |"
+    echo "| 2 stages, a checkpoint every step | 1 | $O1 ($O1_R) | $(awk -v a="$O1" -v b="$BASE" 'BEGIN {printf "%.1f", a - b}') | $P1 | $(ratio "$O1" "$P1") |"
     echo
     echo "The base: the same process on a 1-block, 8-wide gpt (the binary, its libraries, Open MPI): $BASE MB."
     echo "The larger stage against one worker: $(awk -v a="$S0" -v b="$S1" -v o="$ONE" 'BEGIN {m = a > b ? a : b; printf "%.2f", m / o}')x."
@@ -137,6 +150,7 @@ ratio() { awk -v m="$1" -v b="$BASE" -v p="$2" 'BEGIN {printf "%.2f", (m - b) / 
         echo "Under a cgroup memory limit of $((BUDGET / 1000000)) MB a rank (memory.limit_in_bytes, no swap):"
         echo "one worker exits $ONE_RC ($( [ "$ONE_RC" = 137 ] && echo "killed by the OOM killer" || echo "not killed")); 2 stages exit $PP_RC,"
         echo "peaks $PPB0 and $PPB1 MB, validation loss $VALB (without the budget: $(val_of pp2); one worker: $(val_of one))."
+        echo "2 stages with --out and a checkpoint every step exit $PPO_RC under the same limit."
     fi
     echo
     echo "Raw rows: $(basename "$TSV")."

@@ -325,7 +325,9 @@ const struct dp__opt dp__opts[] = {
          "checkpoint every N optimizer steps, written in the background\n"
          "while training goes on (with ZeRO: in the step) [off]"),
      NUM(DP__OPT_I64, io.ckpt_every_steps, 0, INT64_MAX / 2), .store = DP__STORE_SET},
-    {OPT("ckpt-sync", NULL, G_CKPT, "write the --ckpt-every-steps checkpoints in the step instead"), FLAG(io.ckpt_sync)},
+    {OPT("ckpt-sync", NULL, G_CKPT, "write the --ckpt-every-steps checkpoints in the step instead (a\n"
+                                     "pipeline across processes always does: each stage streams its span)"),
+     FLAG(io.ckpt_sync)},
     {OPT("overwrite", NULL, G_CKPT,
          "replace the run an --out folder already holds (checkpoint.bin,\n"
          "metrics.jsonl); without it train refuses such a folder unless resuming it"),

@@ -217,7 +217,12 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
-int dp__snapshot_on(const struct dp_trainer *t) { return t->p.io.out_dir && !t->p.io.ckpt_sync; }
+/* A pipeline across processes writes in the step, as with --ckpt-sync (each stage streams its span
+ * to rank 0 in blocks, checkpointing.c): no process holds the whole state, and a snapshot would
+ * copy all of it into rank 0's memory, the memory the stages were split to save. */
+int dp__snapshot_on(const struct dp_trainer *t) {
+    return t->p.io.out_dir && !t->p.io.ckpt_sync && !(t->pp > 1 && t->G > t->P);
+}
 
 int dp__snapshot_wait(struct dp_trainer *t) {
     struct dp_snapshot *s = t->snap;

@@ -50,12 +50,14 @@ if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [
      same_hash "$(hash_of "$T/gppd2/checkpoint.bin")" "$(hash_of "$T/gppm22/checkpoint.bin")"; then
     ok mpi_gpt_pipeline_equals_threads
   else bad mpi_gpt_pipeline_equals_threads "$(tail -2 "$T/gppm4.log")" "$(tail -2 "$T/gppm22.log" 2>/dev/null)"; fi
-  # each stage holds its span only (docs/parallel.md): the background checkpoint after step 2 and
-  # the last one stream the spans to rank 0, and a resume reads each stage's span from the file:
-  # the threads' bits at every point
+  # each stage holds its span only (docs/parallel.md): the checkpoint after step 2 (in the
+  # background on threads; in the step across processes, where a background copy would hold the
+  # whole state on rank 0) and the last one stream the spans to rank 0, and a resume reads each
+  # stage's span from the file: the threads' bits at every point
   if "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --max-steps 3 --ckpt-every-steps 2 --out "$T/gpps" >"$T/gpps.log" 2>&1 &&
      timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train "${GPP[@]}" --workers 1 --pp 2 --max-steps 3 --ckpt-every-steps 2 \
        --out "$T/gppsm" >"$T/gppsm.log" 2>&1 &&
+     grep -q '^checkpoints in the background: 1,' "$T/gpps.log" && ! grep -q '^checkpoints in the background' "$T/gppsm.log" &&
      same_hash "$(hash_of "$T/gpps/checkpoint.prev.bin")" "$(hash_of "$T/gppsm/checkpoint.prev.bin")" &&
      "$BIN" ckpt diff "$T/gpps/checkpoint.bin" "$T/gppsm/checkpoint.bin" 2>&1 | grep -q 'bit-identical' &&
      "$BIN" train "${GPP[@]}" --workers 2 --pp 2 --epochs 2 --resume "$T/gpps/checkpoint.bin" --out "$T/gpps" \
