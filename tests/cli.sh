@@ -236,6 +236,9 @@ expect_error ps_mode_unknown "--mode: expected sync or async, got 'fast'" "$BIN"
 expect_error zero_unit_mb_zero "--zero-unit-mb: '0' is not a number in 1e-05..100000" "$BIN" train "${SMALL[@]}" \
   --zero 3 --zero-unit-mb 0
 expect_error zero_unit_mb_word "--zero-unit-mb: 'big' is not a number" "$BIN" train "${SMALL[@]}" --zero-unit-mb big
+if "$BIN" train --model mlp:784,1024,10 "${SMALL[@]}" --workers 2 --zero 3 --zero-unit-mb 1 --max-steps 2 >"$T/unit.log" 2>&1 &&
+   grep -q '^zero unit: 1 MiB ranges; fc1 in 4 slices of 334 rows$' "$T/unit.log"; then ok zero_unit_layout_line
+else bad zero_unit_layout_line "$(head -3 "$T/unit.log")"; fi
 out=$("$BIN" plan --model mlp:784,8192,8192,8192,10 --workers 2 --zero-unit-mb 16 2>&1)
 if grep -q "units in flight per worker, on top: zero2 33.55 MB  zero3 71.3 MB" <<<"$out"; then ok plan_zero_unit_in_flight
 else bad plan_zero_unit_in_flight "$out"; fi

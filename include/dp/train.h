@@ -486,8 +486,9 @@ double dp_trainer_bits_per_byte(const struct dp_trainer *t, double loss, int64_t
 const char *dp_trainer_data_note(const struct dp_trainer *t);
 /* How the model is split, for the user ("" when it is not): --pp's line "pipeline: " the
  * stages, replicas, micro-batches and schedule, and each stage's layers, parameters and share
- * of the FLOPs; --tp's line "tensor: " the groups, replicas and the parameters split (both:
- * two lines, a newline between them, none at the end). */
+ * of the FLOPs; --tp's line "tensor: " the groups, replicas and the parameters split;
+ * --zero-unit-mb's line "zero unit: " the layers run in slices (several: a newline between
+ * them, none at the end). */
 const char *dp_trainer_layout(const struct dp_trainer *t);
 /* The most bytes of activations (forward's saved outputs and backward's scratch) worker `worker`
  * of this process held at once so far: its replica's arena's high-water mark, or, on a pipeline

@@ -218,13 +218,13 @@ int dp__relu_make(struct dp_model *m, struct dp_layer **out, const char *name,
  * block), so that their bits are the layer's: y = max(x, 0) (a NaN stays, -0 stays), and
  * dx = dy [y > 0] (y the ReLU's output); either may work in place. */
 void dp__relu(float *y, const float *x, int64_t n);
+void dp__relu_mask(float *dx, const float *dy, const float *y, int64_t n);
 /* Before slice [r0, r0 + nr) of a sliced layer (dp_layer.slice_rows) runs in `phase`: the
  * pass's layer_begin hook, if any, on a view of l whose parameters are those rows (r0 = rows:
  * its tail, the bias) and, with bias, whose tied range is the tail (forward reads it for
  * every slice). */
 int dp__layer_slice_begin(const struct dp_ctx *ctx, const struct dp_layer *l, int phase, int64_t r0, int64_t nr,
                           int bias);
-void dp__relu_mask(float *dx, const float *dy, const float *y, int64_t n);
 int dp__gelu_make(struct dp_model *m, struct dp_layer **out, const char *name,
                   const struct dp_shape *in);
 int dp__dropout_make(struct dp_model *m, struct dp_layer **out, const char *name,

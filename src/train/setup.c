@@ -232,6 +232,24 @@ static int load_text(struct dp_trainer *t, const struct model_src *src) {
     return DP_OK;
 }
 
+/* --zero-unit-mb's line in the layout (after --pp's and --tp's): the layers it cuts. */
+static void unit_layout(struct dp_trainer *t) {
+    if (!t->p.dp.zero_unit_bytes) return;
+    size_t at = strlen(t->layout);
+    int n = snprintf(t->layout + at, sizeof t->layout - at, "%szero unit: %.4g MiB ranges", at ? "\n" : "",
+                     (double)t->p.dp.zero_unit_bytes / 1048576.0);
+    int cut = 0;
+    for (int i = 0; i < t->model->nlayers && n > 0 && at + (size_t)n < sizeof t->layout; i++) {
+        const struct dp_layer *l = t->model->layers[i];
+        if (l->slice_rows <= 0) continue;
+        n += snprintf(t->layout + at + n, sizeof t->layout - at - (size_t)n, "%s %s in %lld slices of %lld rows",
+                      cut++ ? "," : ";", l->name, (long long)((l->rows + l->slice_rows - 1) / l->slice_rows),
+                      (long long)l->slice_rows);
+    }
+    if (!cut && n > 0 && at + (size_t)n < sizeof t->layout)
+        snprintf(t->layout + at + n, sizeof t->layout - at - (size_t)n, "; no layer larger than it that runs in slices");
+}
+
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
     *out = NULL;
     char spec[128] = "";
@@ -428,6 +446,7 @@ int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
                                   sizeof t->metrics_path, t->note, sizeof t->note)))
         goto fail;
     if (p->io.out_dir && t->base == 0) dp__zsnap_clean(p->io.out_dir); /* (a failed run's ZeRO snapshot files) */
+    unit_layout(t);
     *out = t;
     return DP_OK;
 fail:

@@ -212,7 +212,7 @@ struct dp_trainer {
     int pp, pp_R, pp_M;
     int *pp_first;
     struct dp_comm_world **pp_worlds;
-    char layout[1024];         /* the layout, for the caller (dp_trainer_layout): --pp's or --tp's */
+    char layout[1024];         /* the layout, for the caller (dp_trainer_layout): --pp's, --tp's, --zero-unit-mb's */
     /* --tp (tp.c): tensor groups of tp workers, each its own world; the parameter ranges that
      * are replicated within a group (tp_nrep pairs offset, count) */
     int tp;
