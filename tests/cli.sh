@@ -240,8 +240,8 @@ if "$BIN" train --model mlp:784,1024,10 "${SMALL[@]}" --workers 2 --zero 3 --zer
    grep -q '^zero unit: 1 MiB ranges; fc1 in 4 slices of 334 rows$' "$T/unit.log"; then ok zero_unit_layout_line
 else bad zero_unit_layout_line "$(head -3 "$T/unit.log")"; fi
 out=$("$BIN" plan --model mlp:784,8192,8192,8192,10 --workers 2 --zero-unit-mb 16 2>&1)
-if grep -q "units in flight per worker, on top: zero2 33.55 MB  zero3 71.3 MB" <<<"$out"; then ok plan_zero_unit_in_flight
-else bad plan_zero_unit_in_flight "$out"; fi
+if grep -q "units in flight per worker, on top: zero2 33.55 MB  zero3 71.3 MB" <<<"$out"; then ok plan_zero_unit_mb_in_flight
+else bad plan_zero_unit_mb_in_flight "$out"; fi
 expect_error ps_servers_zero "--servers: '0' is not an integer in 1.." "$BIN" train "${SMALL[@]}" --mode async --servers 0
 expect_error ps_servers_above_params "--servers must be in 1..669706 (the parameters of 'mlp'" \
   "$BIN" train "${SMALL[@]}" --mode async --servers 1000000

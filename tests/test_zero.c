@@ -889,6 +889,75 @@ TEST(zero_unit_cuts_layers_into_slices) {
     dp_model_free(m);
 }
 
+/* One pass of a model in slices, seen through its hooks: backward reports every parameter once,
+ * range by range from the slab's top down (the bias, then each slice from the last; never the
+ * whole layer again), and the views it passes to layer_begin are its slices in the pass's order,
+ * forward with the bias as the tied range; the gradients are the unsliced pass's to rounding. */
+struct slice_log {
+    int64_t next_top;  /* where the next reported range must end */
+    int64_t reported;  /* floats reported */
+    int bad_order;     /* a range reported out of order, or twice */
+    int views[2];      /* layer_begin calls with a slice's view (no slice_rows), forward and backward */
+    int64_t last_off[2];
+    int bad_view;
+};
+static void slice_ready(void *arg, int64_t off, int64_t count) {
+    struct slice_log *g = arg;
+    if (off + count != g->next_top) g->bad_order = 1;
+    g->next_top = off, g->reported += count;
+}
+static int slice_begin(void *arg, int phase, int layer, const struct dp_layer *l) {
+    struct slice_log *g = arg;
+    if (layer >= 0) return DP_OK; /* (a top-level layer) */
+    if (l->slice_rows != 0) g->bad_view = 1;
+    /* forward: slices upwards, the bias tied; backward: the bias, then slices downwards */
+    if (phase == DP_PHASE_FORWARD && (l->tied_count == 0 || (g->views[0] && l->param_off < g->last_off[0])))
+        g->bad_view = 1;
+    if (phase == DP_PHASE_BACKWARD && (l->tied_count != 0 || (g->views[1] && l->param_off > g->last_off[1])))
+        g->bad_view = 1;
+    g->views[phase]++, g->last_off[phase] = l->param_off;
+    return DP_OK;
+}
+TEST(zero_unit_pass_reports_each_range_once) {
+    float *grads[2];
+    int64_t n = 0;
+    for (int u = 0; u < 2; u++) {
+        struct dp_model *m;
+        ASSERT_OK(dp_model_from_spec(&m, "mlp:784,2048,2048,10", 1, 28, 28));
+        ASSERT_EQ(dp_model_set_unit(m, u ? 1u << 20 : 0), u ? 2 : 0);
+        n = m->num_params;
+        struct dp_replica r;
+        ASSERT_OK(dp_replica_init(&r, m, 4));
+        dp_model_init_params(m, &r, 7);
+        float x[4 * 784];
+        int32_t y[4] = {1, 3, 5, 7};
+        int64_t idx[4] = {0, 1, 2, 3};
+        for (int i = 0; i < 4 * 784; i++) x[i] = (float)((i * 37) % 101) / 101.0f;
+        struct dp_batch b = {.B = 4, .x = x, .targets = y, .sample_idx = idx};
+        struct slice_log g = {.next_top = n};
+        struct dp_pass pass = {.training = 1, .backward = 1, .seed = 1, .grad_ready = slice_ready, .grad_ready_arg = &g,
+                               .layer_begin = slice_begin, .layer_begin_arg = &g};
+        memset(r.grads, 0, sizeof(float) * (size_t)n);
+        ASSERT_OK(dp_model_run(m, &r, &b, &pass));
+        fprintf(stderr, "    unit %s: %lld floats reported (of %lld), %d forward and %d backward slice views\n",
+                u ? "1 MiB" : "none", (long long)g.reported, (long long)n, g.views[0], g.views[1]);
+        ASSERT_EQ(g.reported, n);
+        ASSERT_EQ(g.next_top, 0);
+        ASSERT_EQ(g.bad_order, 0);
+        ASSERT_EQ(g.bad_view, 0);
+        ASSERT_EQ(g.views[0], u ? 7 + 16 : 0);     /* fc1's 7 slices and fc2's 16 */
+        ASSERT_EQ(g.views[1], u ? 8 + 17 : 0);     /* and each one's bias first */
+        grads[u] = malloc(sizeof(float) * (size_t)n);
+        memcpy(grads[u], r.grads, sizeof(float) * (size_t)n);
+        dp_replica_free(&r);
+        dp_model_free(m);
+    }
+    double d = rel_diff(grads[0], grads[1], n);
+    fprintf(stderr, "    gradient, sliced against whole: %.2e\n", d);
+    ASSERT_TRUE(d <= 1e-6);
+    free(grads[0]), free(grads[1]);
+}
+
 /* The same model at every stage and worker count with the same unit: --deterministic gives
  * one set of bits for P = 1..3 and --zero 0..3 (stage 3 gathers, computes and reduce-scatters
  * slice by slice); in ordinary mode the stages agree to 1e-6.  Without the unit the bits

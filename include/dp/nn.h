@@ -11,8 +11,10 @@
  * Parameters are registered in construction order, so each layer's parameters
  * form one contiguous range [param_off, param_off + param_count) of the slab.
  * Backward runs the layers in reverse and, after each layer, calls
- * ctx->grad_ready(offset, count) for that layer's range: the data-parallel
- * reducer uses it to start a bucket's all-reduce while backward goes on.
+ * ctx->grad_ready(offset, count) for that layer's range (a layer in slices,
+ * dp_model_set_unit, reports each slice's range and its bias's as it writes
+ * them, instead): the data-parallel reducer uses it to start a bucket's
+ * all-reduce while backward goes on.
  *
  * Shapes.  Layers see per-sample shapes (batch dimension B excluded), fixed
  * when the model is built; B varies per call (last batch, data-parallel shard).

@@ -556,7 +556,9 @@ int dp_model_backward_range(const struct dp_model *m, struct dp_replica *r, cons
         rc = l->ops->backward(l, &ctx, dx, dy, r->acts[i], r->acts[i + 1], B);
         dp_arena_release(&r->arena, mk);
         if (rc) return dp_adderr(rc, "backward %s", l->name);
-        if (l->param_count > 0 && p->grad_ready) p->grad_ready(p->grad_ready_arg, l->param_off, l->param_count);
+        /* (a layer in slices reported each slice's range itself, as it was written) */
+        if (l->param_count > 0 && p->grad_ready && l->slice_rows <= 0)
+            p->grad_ready(p->grad_ready_arg, l->param_off, l->param_count);
         dy = dx;
     }
     if (dx_out) *dx_out = dy;
