@@ -156,3 +156,56 @@ TEST(host_train_predict) {
     dp_train_params_free(p);
     free(x), free(y), free(out);
 }
+
+/* ZeRO 3 on 2 workers: before the run each worker holds shards, so predict and the parameters
+ * are refused; the run's end gathers them whole into worker 0, and then predict, evaluate and
+ * the parameter views give the plain run's bits (deterministic mode: the same model). */
+TEST(host_zero3_predict_after_run) {
+    enum { M = 128, D = 4 };
+    float *x = malloc(sizeof(float) * M * D), *out[2] = {malloc(sizeof(float) * M * 2), malloc(sizeof(float) * M * 2)};
+    int32_t *y = malloc(sizeof(int32_t) * M);
+    ASSERT_TRUE(x && y && out[0] && out[1]);
+    for (int i = 0; i < M; i++) {
+        for (int j = 0; j < D; j++) x[i * D + j] = (float)((i * 7 + j * 13) % 17) - 8;
+        y[i] = x[i * D] + x[i * D + 1] > 0;
+    }
+    struct dp_array ax = arr(x, DP_NPY_F32, 2, M, D, 0), ay = arr(y, DP_NPY_I32, 1, M, 0, 0);
+    double acc[2], loss[2];
+    float *w0[2] = {NULL, NULL};
+    for (int z = 0; z < 2; z++) {
+        struct dp_train_params *p = dp_train_params_new();
+        ASSERT_TRUE(p != NULL);
+        ASSERT_OK(dp_train_option_set(p, "model", "mlp:hidden=8"));
+        ASSERT_OK(dp_train_option_set(p, "epochs", "2"));
+        ASSERT_OK(dp_train_option_set(p, "batch", "16"));
+        ASSERT_OK(dp_train_option_set(p, "workers", "2"));
+        ASSERT_OK(dp_train_option_set(p, "zero", z ? "3" : "0"));
+        ASSERT_OK(dp_train_option_set(p, "deterministic", NULL));
+        ASSERT_OK(dp_train_params_set_array(p, "x", &ax));
+        ASSERT_OK(dp_train_params_set_array(p, "y", &ay));
+        struct dp_trainer *t;
+        ASSERT_OK(dp_trainer_init(&t, p));
+        const char *name;
+        int ndim, is_buffer;
+        int64_t shape[4];
+        float *data;
+        if (z) {
+            ASSERT_ERR(dp_trainer_predict(t, &ax, out[z], M * 2), DP_ENOTSUP, "until the run ends");
+            ASSERT_OK(dp_trainer_param_info(t, 0, &name, &ndim, shape, &data, &is_buffer));
+            ASSERT_TRUE(data == NULL);
+        }
+        ASSERT_OK(dp_trainer_run(t));
+        ASSERT_OK(dp_trainer_predict(t, &ax, out[z], M * 2));
+        ASSERT_OK(dp_trainer_evaluate_arrays(t, &ax, &ay, &acc[z], &loss[z]));
+        ASSERT_OK(dp_trainer_param_info(t, 0, &name, &ndim, shape, &data, &is_buffer));
+        ASSERT_TRUE(data != NULL);
+        w0[z] = malloc(sizeof(float) * 8 * D);
+        memcpy(w0[z], data, sizeof(float) * 8 * D);
+        dp_trainer_free(t);
+        dp_train_params_free(p);
+    }
+    ASSERT_TRUE(memcmp(out[0], out[1], sizeof(float) * M * 2) == 0);
+    ASSERT_TRUE(memcmp(w0[0], w0[1], sizeof(float) * 8 * D) == 0);
+    ASSERT_TRUE(acc[0] == acc[1] && loss[0] == loss[1]);
+    free(x), free(y), free(out[0]), free(out[1]), free(w0[0]), free(w0[1]);
+}

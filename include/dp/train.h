@@ -551,7 +551,8 @@ int dp_train_params_from_ckpt(struct dp_train_params *p, const char *path, int64
 int dp_event_json(const struct dp_event *ev, char *buf, size_t cap);
 /* The outputs of the trained model (rank 0's replica, eval mode) for the n samples of x,
  * normalised as the run's data was: logits (n, classes), or a regression's (n, K) values, into
- * out (cap floats).  x as train_x takes it.  Not for a language model, nor ZeRO 3's shards. */
+ * out (cap floats).  x as train_x takes it.  Not for a language model, nor under ZeRO 3 before
+ * dp_trainer_run has ended (the workers hold shards until its end gathers them whole). */
 int dp_trainer_predict(struct dp_trainer *t, const struct dp_array *x, float *out, int64_t cap);
 /* The floats per sample that dp_trainer_predict writes. */
 int64_t dp_trainer_outputs(const struct dp_trainer *t);
@@ -566,7 +567,8 @@ int dp_trainer_evaluate_arrays(struct dp_trainer *t, const struct dp_array *x, c
 int dp_trainer_export(struct dp_trainer *t, const char *path);
 /* The model's i-th parameter or buffer (0 <= i < dp_trainer_param_count): its PyTorch name, its
  * shape (*ndim dimensions into shape[4]), and a pointer to its floats in rank 0's replica (valid
- * while t lives; NULL under ZeRO 3, whose replica holds shards).  DP_EINVAL past the end. */
+ * while t lives; NULL under ZeRO 3 before dp_trainer_run has ended: the replica holds shards).
+ * DP_EINVAL past the end. */
 int dp_trainer_param_count(const struct dp_trainer *t);
 int dp_trainer_param_info(struct dp_trainer *t, int i, const char **name, int *ndim, int64_t *shape, float **data,
                           int *is_buffer);

@@ -528,7 +528,7 @@ class Model:
                 continue
             dims = tuple(shape[d] for d in range(ndim.value))
             if not data:
-                raise Error("parameters(): ZeRO 3 keeps shards of the weights; save() and Model.load() them")
+                raise Error("parameters(): ZeRO 3 keeps shards of the weights until fit() ends")
             n = int(np.prod(dims)) if dims else 1
             carr = (ctypes.c_float * n).from_address(ctypes.addressof(data.contents))
             carr._owner = t  # the view keeps the trainer alive

@@ -176,13 +176,14 @@ static int open_like_run(struct dp_trainer *t, struct dp_dataset *ds, const stru
     return rc;
 }
 
-/* ZeRO 3 on several workers: each replica holds its shard of the parameters only. */
-static int sharded(const struct dp_trainer *t) { return t->p.dp.zero == 3 && t->G > 1; }
+/* ZeRO 3 on several workers: each replica holds its shard of the parameters only, until the
+ * run's end gathers them whole into worker 0's (t->whole0). */
+static int sharded(const struct dp_trainer *t) { return t->p.dp.zero == 3 && t->G > 1 && !t->whole0; }
 
 static int whole_replica(const struct dp_trainer *t) {
     if (sharded(t))
-        return dp_seterr(DP_ENOTSUP, "ZeRO 3: the replica holds shards of the parameters (save a checkpoint and "
-                         "load it)");
+        return dp_seterr(DP_ENOTSUP, "ZeRO 3: the workers hold shards of the parameters until the run ends (train "
+                         "first, or load a checkpoint)");
     return DP_OK;
 }
 

@@ -55,6 +55,22 @@ class TestParallel(unittest.TestCase):
         with self.assertRaisesRegex(dptrain.InvalidArgumentError, "--pp must divide --workers"):
             dptrain.Model("mlp:hidden=64").fit(self.X, self.y, workers=3, pp=2, **plain)
 
+    def test_zero_unit_same_bits(self):
+        # ZeRO 3 with a unit from Python (zero=, zero_unit_mb=: the CLI's --zero, --zero-unit-mb):
+        # the first layer (64 x 784 weights, 200 kB) gathered, computed and reduce-scattered in
+        # slices of 16 rows; deterministic: one worker's bits with the same unit.  After fit the
+        # shards are whole again in the first worker: predict, evaluate and parameters() read them
+        a, b = dptrain.Model("mlp:hidden=64"), dptrain.Model("mlp:hidden=64")
+        a.fit(self.X, self.y, workers=1, zero_unit_mb=0.05, **OPTS)
+        b.fit(self.X, self.y, workers=2, zero=3, zero_unit_mb=0.05, **OPTS)
+        self.assertEqual(a.param_hash(), b.param_hash())
+        np.testing.assert_array_equal(a.predict(self.X[:50]), b.predict(self.X[:50]))
+        self.assertEqual(a.evaluate(self.X, self.y), b.evaluate(self.X, self.y))
+        pa, pb = a.parameters(), b.parameters()
+        self.assertEqual(sorted(pa), sorted(pb))
+        for k in pa:
+            np.testing.assert_array_equal(pa[k], pb[k])
+
     def test_tensor_parallel_matches_one_worker(self):
         # tensor parallelism from Python (tp=: the CLI's --tp): a gpt whose blocks are split 2 ways
         # within a group of 2 threads trains one worker's model, to float rounding (a split layer
