@@ -237,7 +237,7 @@ expect_error zero_unit_mb_zero "--zero-unit-mb: '0' is not a number in 1e-05..10
   --zero 3 --zero-unit-mb 0
 expect_error zero_unit_mb_word "--zero-unit-mb: 'big' is not a number" "$BIN" train "${SMALL[@]}" --zero-unit-mb big
 if "$BIN" train --model mlp:784,1024,10 "${SMALL[@]}" --workers 2 --zero 3 --zero-unit-mb 1 --max-steps 2 >"$T/unit.log" 2>&1 &&
-   grep -q '^zero unit: 1 MiB ranges; fc1 in 4 slices of 334 rows$' "$T/unit.log"; then ok zero_unit_layout_line
+   grep -q '^zero unit: 1 MiB ranges; fc1 in 4 slices of 256 rows$' "$T/unit.log"; then ok zero_unit_layout_line
 else bad zero_unit_layout_line "$(head -3 "$T/unit.log")"; fi
 out=$("$BIN" plan --model mlp:784,8192,8192,8192,10 --workers 2 --zero-unit-mb 16 2>&1)
 if grep -q "units in flight per worker, on top: zero2 33.55 MB  zero3 71.3 MB" <<<"$out"; then ok plan_zero_unit_mb_in_flight
@@ -429,7 +429,7 @@ if command -v mpirun >/dev/null && "$BIN" --help | grep -q "mpi (built in)" && [
     else bad "mpi_zero${z}_hybrid_equals_flat" "$(cat "$T/hybz$z.diff")" "$(tail -3 "$T/hybz$z.log")"; fi
   done
   # --zero-unit-mb across processes: stage 3 gathers, computes and reduce-scatters mlp's layers
-  # in slices of 0.1 MiB (fc1 in 34 rows at a time) over the job; deterministic: the bits of one
+  # in slices of 0.1 MiB (fc1 in 16 slices of 32 rows) over the job; deterministic: the bits of one
   # thread worker with the same unit
   "$BIN" train --model mlp --epochs 1 "${SMALL[@]}" --workers 1 --deterministic --zero-unit-mb 0.1 \
     --out "$T/unit1" >/dev/null 2>&1

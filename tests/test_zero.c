@@ -840,7 +840,8 @@ TEST(zero1_ahead_gather_waits_per_layer) {
 /* ---- --zero-unit-mb: layers larger than the unit in slices of output features ---------- */
 
 /* The model's slices and the reducer's ranges: with a 1 MiB unit, mlp:784,2048,2048,10's fc1
- * (2048 x 784 weights, 6.4 MB) runs in slices of 334 rows and fc2 (16.8 MB) of 128; fc3
+ * (2048 x 784 weights, 6.4 MB; 334 rows fit the unit) runs in 7 equal slices of 293 rows (the
+ * last 290) and fc2 (16.8 MB) in 16 of 128; fc3
  * (82 kB) stays whole.  Every range is at most the unit, the ranges tile the slab from its top
  * down, and a sliced layer's ranges are its bias, then its slices from the last. */
 TEST(zero_unit_cuts_layers_into_slices) {
@@ -854,13 +855,13 @@ TEST(zero_unit_cuts_layers_into_slices) {
             else if (!fc2) fc2 = m->layers[i];
             else ASSERT_EQ(m->layers[i]->slice_rows, 0);
         }
-    ASSERT_EQ(fc1->slice_rows, 334);
+    ASSERT_EQ(fc1->slice_rows, 293);
     ASSERT_EQ(fc2->slice_rows, 128);
     struct dp_reducer_params rp = dp_reducer_default_params();
     rp.unit_bytes = 1u << 20;
     struct dp_reducer r;
     ASSERT_OK(dp_reducer_init(&r, m, NULL, NULL, &rp));
-    /* fc3 (1 bucket), fc2's bias and 16 slices, fc1's bias and 7 slices (6 x 334 + 44) */
+    /* fc3 (1 bucket), fc2's bias and 16 slices, fc1's bias and 7 slices (6 x 293 + 290) */
     ASSERT_EQ(r.nb, 1 + 17 + 8);
     int64_t top = m->num_params;
     for (int k = 0; k < r.nb; k++) {
@@ -871,7 +872,7 @@ TEST(zero_unit_cuts_layers_into_slices) {
     ASSERT_EQ(top, 0);
     ASSERT_EQ(r.b[1].count, 2048);                         /* fc2's bias */
     ASSERT_EQ(r.b[2].off, fc2->param_off + 1920 * 2048);   /* its last slice first */
-    ASSERT_EQ(r.b[19].count, 44 * 784);                    /* fc1's last slice: the remainder */
+    ASSERT_EQ(r.b[19].count, 290 * 784);                   /* fc1's last slice: the remainder */
     ASSERT_EQ(r.b[25].off, fc1->param_off);
     dp_reducer_free(&r);
     /* and the plan counts the same ranges in flight */

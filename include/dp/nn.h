@@ -324,11 +324,12 @@ int dp_model_init(struct dp_model **m, const char *spec, const struct dp_shape *
 int dp_model_finalize(struct dp_model *m);
 /* The unit of ZeRO's ranges (--zero-unit-mb): every top-level layer that can run in slices
  * of output features (dp_layer.rows) and whose weight exceeds `bytes` runs in slices of at
- * most `bytes` of weight (at least one row); 0: none.  The slices fix the order of the sum
+ * most `bytes` of weight (at least one row), as few as fit and of equal rows; 0: none.  The slices fix the order of the sum
  * over output features in backward (the input's gradient, one slice at a time), so a model
  * computes the same bits wherever it has the same unit.  Returns the number of layers sliced. */
 int dp_model_set_unit(struct dp_model *m, size_t bytes);
-/* The rows per slice that unit gives a layer of `rows` rows of `row_len` floats (0: whole). */
+/* The rows per slice that unit gives a layer of `rows` rows of `row_len` floats (0: whole): as
+ * few slices as fit the unit, of equal rows (the last the remainder). */
 int64_t dp_unit_slice_rows(int64_t rows, int64_t row_len, size_t bytes);
 /* on = 0: finalize fuses nothing (every layer runs as written; the tests compare the two).
  * Before dp_model_finalize; DP_EINVAL after it. */

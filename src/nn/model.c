@@ -406,10 +406,14 @@ uint64_t dp_replica_hash(const struct dp_replica *r) {
 
 /* ---- slices (dp_model_set_unit) ---------------------------------------------------- */
 
+/* As few slices as the unit allows, of equal rows (the last the remainder): n = ceil(rows / s)
+ * slices of ceil(rows / n) rows, s the rows that fit the unit. */
 int64_t dp_unit_slice_rows(int64_t rows, int64_t row_len, size_t bytes) {
     if (!bytes || rows <= 1 || row_len <= 0 || (size_t)(rows * row_len) * sizeof(float) <= bytes) return 0;
     int64_t s = (int64_t)(bytes / (sizeof(float) * (size_t)row_len));
-    return s < 1 ? 1 : s;
+    if (s < 1) s = 1;
+    const int64_t n = (rows + s - 1) / s;
+    return (rows + n - 1) / n;
 }
 
 int dp_model_set_unit(struct dp_model *m, size_t bytes) {
