@@ -247,7 +247,10 @@ static void unit_layout(struct dp_trainer *t) {
                       (long long)l->slice_rows);
     }
     if (!cut && n > 0 && at + (size_t)n < sizeof t->layout)
-        snprintf(t->layout + at + n, sizeof t->layout - at - (size_t)n, "; no layer larger than it that runs in slices");
+        n += snprintf(t->layout + at + n, sizeof t->layout - at - (size_t)n, "; no layer larger than it that runs in slices");
+    if ((t->p.dp.zero < 2 || t->G == 1) && n > 0 && at + (size_t)n < sizeof t->layout)
+        snprintf(t->layout + at + n, sizeof t->layout - at - (size_t)n,
+                 " (it saves memory with --zero 2 or 3 on several workers; here it only keeps their bits)");
 }
 
 int dp_trainer_init(struct dp_trainer **out, const struct dp_train_params *p) {
