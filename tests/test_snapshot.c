@@ -110,14 +110,15 @@ TEST_T(snapshot_write_error_ends_the_run, 300) {
 
 /* ZeRO: each worker copies its own pieces and the writer puts them at their places in the
  * shared file (snapshot.c).  For stages 1, 2, 3 (and stage 1 with the all-gather ahead, whose
- * pieces are cut per bucket), AdamW (two state parts), 3 workers (shards of unequal sizes): the
+ * pieces are cut per bucket; and stage 3 with a unit, whose ranges are the layers' slices), AdamW
+ * (two state parts), 3 workers (shards of unequal sizes): the
  * background file of step 10 and the run's last are the ones --ckpt-sync writes, byte for
  * byte, and no temporary file is left. */
-static void zero_snapshot_case(int stage, int ahead) {
+static void zero_snapshot_case(int stage, int ahead, size_t unit) {
     char bg[512], sync[512], a[600], b[600], name[64];
-    snprintf(name, sizeof name, "zsnap_bg_%d_%d", stage, ahead);
+    snprintf(name, sizeof name, "zsnap_bg_%d_%d_%zu", stage, ahead, unit);
     dp_test_path(bg, name);
-    snprintf(name, sizeof name, "zsnap_sync_%d_%d", stage, ahead);
+    snprintf(name, sizeof name, "zsnap_sync_%d_%d_%zu", stage, ahead, unit);
     dp_test_path(sync, name);
     for (int k = 0; k < 2; k++) {
         struct dp_train_params p = base("mlp", 3);
@@ -125,6 +126,7 @@ static void zero_snapshot_case(int stage, int ahead) {
         p.sched.base_lr = 1e-3f;
         p.dp.zero = stage;
         p.dp.zero_gather = ahead ? DP_ZERO_GATHER_AHEAD : DP_ZERO_GATHER_AUTO;
+        p.dp.zero_unit_bytes = unit;
         p.io.out_dir = k ? sync : bg;
         p.io.ckpt_sync = k;
         p.io.ckpt_every_steps = 5;
@@ -147,8 +149,8 @@ static void zero_snapshot_case(int stage, int ahead) {
         ASSERT_EQ(h.step, prev ? 10 : 12);
         ASSERT_TRUE(h.optim_state_len == 2 * h.num_params);
         if (!(na == nb && memcmp(da, db, na) == 0))
-            dp_test_fail(__FILE__, __LINE__, "--zero %d%s: %s differs from the --ckpt-sync run's", stage,
-                         ahead ? " (gather ahead)" : "", f);
+            dp_test_fail(__FILE__, __LINE__, "--zero %d%s%s: %s differs from the --ckpt-sync run's", stage,
+                         ahead ? " (gather ahead)" : "", unit ? " (a unit: the layers' slices)" : "", f);
         free(da), free(db);
     }
     ASSERT_EQ(dp_test_files_in(bg), 3);
@@ -156,8 +158,9 @@ static void zero_snapshot_case(int stage, int ahead) {
 
 TEST_T(snapshot_zero_shards_written_in_place, 300) {
     require_data();
-    zero_snapshot_case(1, 0);
-    zero_snapshot_case(1, 1);
-    zero_snapshot_case(2, 0);
-    zero_snapshot_case(3, 0);
+    zero_snapshot_case(1, 0, 0);
+    zero_snapshot_case(1, 1, 0);
+    zero_snapshot_case(2, 0, 0);
+    zero_snapshot_case(3, 0, 0);
+    zero_snapshot_case(3, 0, 100 << 10); /* --zero-unit-mb 0.1: fc1 and fc2 in slices, each a range */
 }

@@ -119,8 +119,9 @@ TEST_T(zero_deterministic_bit_identical, 300) {
  * (today's format): resumed at P = 3 --zero 0, at P = 1, and at P = 3
  * --zero 1, the run ends with the very bits of an uninterrupted plain run
  * (deterministic mode, AdamW: both moments must come back in place). */
-static void checkpoint_any_stage(int save_zero) {
+static void checkpoint_any_stage(int save_zero, size_t unit) {
     struct dp_train_params p = base("mlp", 1);
+    p.dp.zero_unit_bytes = unit; /* (every run alike: the unit fixes the bits) */
     p.optim.kind = DP_OPTIM_ADAMW;
     p.sched.base_lr = 1e-3f;
     p.dp.deterministic = 1;
@@ -149,8 +150,8 @@ static void checkpoint_any_stage(int save_zero) {
         b.dp.workers = workers[k], b.dp.zero = zero[k], b.io.resume = ck;
         float *got = train(&b, &n);
         ASSERT_EQ(n, n0);
-        fprintf(stderr, "    saved P=2 --zero %d, resumed P=%d --zero %d: %s\n", save_zero, workers[k], zero[k],
-                memcmp(ref, got, sizeof(float) * (size_t)n) ? "differs" : "same bits as uninterrupted");
+        fprintf(stderr, "    saved P=2 --zero %d%s, resumed P=%d --zero %d: %s\n", save_zero, unit ? " (a unit)" : "",
+                workers[k], zero[k], memcmp(ref, got, sizeof(float) * (size_t)n) ? "differs" : "same bits as uninterrupted");
         ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
         free(got);
     }
@@ -158,14 +159,15 @@ static void checkpoint_any_stage(int save_zero) {
 }
 TEST_T(zero_checkpoint_any_stage_any_workers, 300) {
     require_data();
-    checkpoint_any_stage(1);
+    checkpoint_any_stage(1, 0);
 }
 /* Stages 2 and 3: the state is gathered piece by piece into the same
  * whole-slab format (and, stage 3, the parameters materialised first). */
 TEST_T(zero23_checkpoint_any_stage_any_workers, 300) {
     require_data();
-    checkpoint_any_stage(2);
-    checkpoint_any_stage(3);
+    checkpoint_any_stage(2, 0);
+    checkpoint_any_stage(3, 0);
+    checkpoint_any_stage(3, 100 << 10); /* --zero-unit-mb 0.1: the pieces are the layers' slices' */
 }
 
 /* Compression composes with the all-reduce form (the reducer still hands
