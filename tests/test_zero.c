@@ -841,6 +841,42 @@ TEST(zero1_ahead_gather_waits_per_layer) {
 
 /* ---- --zero-unit-mb: layers larger than the unit in slices of output features ---------- */
 
+/* The plan's ZeRO-2 figure in flight for model m under unit (dptrain plan's way: the cut
+ * layers' ranges from dp_layer_ranges), P = 2. */
+static double plan_inflight2(struct dp_model *m, size_t unit) {
+    dp_model_set_unit(m, unit);
+    int64_t layers[64], ranges[256];
+    int nr[64], at = 0;
+    for (int i = 0; i < m->nlayers; i++) {
+        const struct dp_layer *l = m->layers[i];
+        layers[i] = l->param_count;
+        nr[i] = l->slice_rows > 0 || l->parts ? dp_layer_ranges(l, NULL, ranges + at, 256 - at) : 0;
+        at += nr[i];
+    }
+    struct dp_plan_params pp = dp_plan_default_params();
+    pp.layers = layers, pp.nlayers = m->nlayers, pp.params = m->num_params, pp.batch = 2;
+    pp.unit_bytes = unit, pp.unit_nranges = nr, pp.unit_ranges = ranges;
+    pp.net.workers = 2;
+    struct dp_plan_result pr;
+    ASSERT_OK(dp_plan_run(&pp, &pr));
+    double v = pr.mem_inflight[2];
+    dp_plan_result_free(&pr);
+    return v;
+}
+/* The reducer's largest two adjacent buckets under unit, in bytes (ZeRO 2's units in flight). */
+static int64_t reducer_pair_bytes(struct dp_model *m, size_t unit) {
+    dp_model_set_unit(m, unit);
+    struct dp_reducer_params rp = dp_reducer_default_params();
+    rp.unit_bytes = unit;
+    struct dp_reducer r;
+    ASSERT_OK(dp_reducer_init(&r, m, NULL, NULL, &rp));
+    int64_t pair = r.nb ? r.b[0].count : 0;
+    for (int k = 0; k + 1 < r.nb; k++)
+        if (r.b[k].count + r.b[k + 1].count > pair) pair = r.b[k].count + r.b[k + 1].count;
+    dp_reducer_free(&r);
+    return 4 * pair;
+}
+
 /* The model's slices and the reducer's ranges: with a 1 MiB unit, mlp:784,2048,2048,10's fc1
  * (2048 x 784 weights, 6.4 MB; 334 rows fit the unit) runs in 7 equal slices of 293 rows (the
  * last 290) and fc2 (16.8 MB) in 16 of 128; fc3
@@ -878,17 +914,39 @@ TEST(zero_unit_cuts_layers_into_slices) {
     ASSERT_EQ(r.b[25].off, fc1->param_off);
     dp_reducer_free(&r);
     /* and the plan counts the same ranges in flight */
-    int64_t layers[8], rows[8], len[8];
-    for (int i = 0; i < m->nlayers; i++)
-        layers[i] = m->layers[i]->param_count, rows[i] = m->layers[i]->rows, len[i] = m->layers[i]->row_len;
-    struct dp_plan_params pp = dp_plan_default_params();
-    pp.layers = layers, pp.nlayers = m->nlayers, pp.params = m->num_params, pp.batch = 2;
-    pp.unit_bytes = 1u << 20, pp.layer_rows = rows, pp.layer_row_len = len;
-    pp.net.workers = 2;
-    struct dp_plan_result pr;
-    ASSERT_OK(dp_plan_run(&pp, &pr));
-    ASSERT_NEAR(pr.mem_inflight[2], 4.0 * (128 + 128) * 2048, 1e-9); /* two of fc2's slices */
-    dp_plan_result_free(&pr);
+    ASSERT_NEAR(plan_inflight2(m, 1u << 20), 4.0 * (128 + 128) * 2048, 1e-9); /* two of fc2's slices */
+    ASSERT_NEAR(plan_inflight2(m, 1u << 20), (double)reducer_pair_bytes(m, 1u << 20), 1e-9);
+    dp_model_free(m);
+}
+
+/* A gpt's blocks cut into their children's ranges (parts), the children larger than the unit
+ * in slices: gpt:layers=2,heads=4,dim=256,ctx=32 at 0.5 MiB, each block (3.2 MB) ln1, qkv (its
+ * bias and 2 slices of 384 rows), proj, ln2, fc (bias, 2 of 512), fc_out (bias, 2 of 128): 12
+ * ranges; the ranges tile the slab from the top down, none above the unit; the plan's figure is
+ * the reducer's. */
+TEST(zero_unit_cuts_blocks_into_parts) {
+    struct dp_model *m;
+    ASSERT_OK(dp_model_from_spec(&m, "gpt:layers=2,heads=4,dim=256,ctx=32", 1, 1, 1));
+    ASSERT_EQ(dp_model_set_unit(m, 512 << 10), 2);
+    int64_t off[16], cnt[16];
+    const struct dp_layer *b0 = m->layers[1];
+    ASSERT_TRUE(b0->parts && b0->nkids == 6);
+    ASSERT_EQ(dp_layer_ranges(b0, off, cnt, 16), 12);
+    int64_t top = b0->param_off + b0->param_count;
+    for (int k = 0; k < 12; k++) {
+        ASSERT_EQ(off[k] + cnt[k], top);
+        ASSERT_TRUE((size_t)cnt[k] * sizeof(float) <= (512 << 10));
+        top = off[k];
+    }
+    ASSERT_EQ(top, b0->param_off);
+    ASSERT_EQ(b0->kids[3]->slice_rows, 512); /* fc: 1024 rows of 256 */
+    ASSERT_EQ(b0->kids[1]->parts, 1);        /* attention, cut into qkv and proj */
+    ASSERT_EQ(dp_layer_ranges(m->layers[0], NULL, NULL, 0), 1); /* tok+pos: whole */
+    ASSERT_NEAR(plan_inflight2(m, 512 << 10), (double)reducer_pair_bytes(m, 512 << 10), 1e-9);
+    ASSERT_TRUE(plan_inflight2(m, 512 << 10) <= 2.0 * (512 << 10));
+    dp_model_set_unit(m, 0); /* and back: whole layers */
+    ASSERT_EQ(dp_layer_ranges(b0, NULL, NULL, 0), 1);
+    ASSERT_TRUE(!b0->parts && !b0->kids[3]->slice_rows && !b0->kids[1]->parts);
     dp_model_free(m);
 }
 
@@ -1040,4 +1098,109 @@ TEST_T(zero3_unit_holds_slices_not_layers, 120) {
     ASSERT_TRUE(held[0] >= 4 * (2048 * 2049 + 2048 * 785)); /* whole layers: fc2 with fc1 */
     ASSERT_TRUE(held[1] > 0 && held[1] <= 3 * (1 << 20));
     ASSERT_TRUE(grad[1] > 0 && grad[1] <= 2 * (1 << 20));
+}
+
+/* A gpt whose blocks the unit cuts into their children (gpt:layers=2,heads=4,dim=256,ctx=32,
+ * 0.5 MiB: 12 ranges a block, qkv, fc and fc_out in slices): --deterministic gives one set of
+ * bits for P = 1, 2, 3 and --zero 0 and 3; ordinary stage 3 is stage 0's model with the same
+ * unit (1e-6), and that one worker's without the unit to rounding (one SGD step: 1e-5); a
+ * stage-3 worker holds at most a few of those ranges of parameters at once, never a block. */
+TEST_T(zero_unit_gpt_in_parts, 300) {
+    const char *gpt = "gpt:layers=2,heads=4,dim=256,ctx=32";
+    struct dp_train_params p = gpt_split_params(gpt, 1, 1);
+    p.dp.zero_unit_bytes = 512 << 10;
+    p.dp.deterministic = 1;
+    int64_t n0, n;
+    float *ref = train(&p, &n0);
+    for (int P = 2; P <= 3; P++)
+        for (int z = 0; z <= 3; z += 3) {
+            p.dp.workers = P, p.dp.zero = z;
+            float *got = train(&p, &n);
+            int same = n == n0 && memcmp(ref, got, sizeof(float) * (size_t)n) == 0;
+            fprintf(stderr, "    gpt, unit 0.5 MiB, deterministic P=%d --zero %d: %s\n", P, z, same ? "same bits" : "differs");
+            ASSERT_TRUE(same);
+            free(got);
+        }
+    free(ref);
+    p.dp.deterministic = 0, p.dp.workers = 2, p.dp.zero = 0;
+    float *plain = train(&p, &n0);
+    p.dp.zero = 3;
+    struct dp_trainer *t;
+    ASSERT_OK(dp_trainer_init(&t, &p));
+    ASSERT_OK(dp_trainer_run(t));
+    double d = rel_diff(plain, dp_trainer_replica(t)->params, n0);
+    int64_t held = 0;
+    for (int r = 0; r < 2; r++) {
+        struct dp_zero_counts c;
+        ASSERT_EQ(dp_trainer_zero_counts(t, r, &c), 0);
+        if (c.param_hw_bytes > held) held = c.param_hw_bytes;
+    }
+    const int64_t block = 4 * dp_trainer_model(t)->layers[1]->param_count;
+    dp_trainer_free(t);
+    fprintf(stderr, "    gpt, unit 0.5 MiB, P=2 --zero 3 vs --zero 0: %.2e; parameters held at most %lld bytes (a block: "
+            "%lld)\n", d, (long long)held, (long long)block);
+    ASSERT_TRUE(d <= 1e-6);
+    ASSERT_TRUE(held > 0 && held <= 4 * (512 << 10) && held < block);
+    free(plain);
+    one_sgd_step(&p);
+    p.dp.zero = 0;
+    float *a = train(&p, &n0);
+    p.dp.zero_unit_bytes = 0;
+    float *b = train(&p, &n);
+    d = rel_diff(a, b, n0);
+    fprintf(stderr, "    gpt, one SGD step, unit 0.5 MiB vs none: %.2e\n", d);
+    ASSERT_TRUE(d > 0 && d <= 1e-5);
+    free(a), free(b);
+}
+
+/* The gpt's pass in parts, seen through its hooks: backward reports every parameter once, range
+ * by range from the slab's top down (each child, or its bias and slices), forward begins the
+ * children upwards and backward downwards; without the unit, each block once, whole. */
+struct part_log {
+    int64_t next_top, reported, begins[2], last[2];
+    int bad;
+};
+static void part_ready(void *arg, int64_t off, int64_t count) {
+    struct part_log *g = arg;
+    if (off + count != g->next_top) g->bad = 1;
+    g->next_top = off, g->reported += count;
+}
+static int part_begin(void *arg, int phase, int layer, const struct dp_layer *l) {
+    struct part_log *g = arg;
+    if (layer >= 0 || l->param_count == 0 || l->slice_rows > 0 || l->parts) return DP_OK; /* (what ZeRO passes over) */
+    if (g->begins[phase] && (phase == DP_PHASE_FORWARD ? l->param_off < g->last[phase] : l->param_off > g->last[phase]))
+        g->bad = 1;
+    g->begins[phase]++, g->last[phase] = l->param_off;
+    return DP_OK;
+}
+TEST(zero_unit_gpt_pass_reports_each_range_once) {
+    for (int u = 0; u < 2; u++) {
+        struct dp_model *m;
+        ASSERT_OK(dp_model_from_spec(&m, "gpt:layers=2,heads=4,dim=256,ctx=32", 1, 1, 1));
+        dp_model_set_unit(m, u ? 512 << 10 : 0);
+        const int64_t n = m->num_params;
+        struct dp_replica r;
+        ASSERT_OK(dp_replica_init(&r, m, 2));
+        dp_model_init_params(m, &r, 5);
+        int32_t tok[2 * 32], tgt[2 * 32];
+        int64_t idx[2] = {0, 1};
+        for (int i = 0; i < 64; i++) tok[i] = (i * 7) % 256, tgt[i] = (i * 11) % 256;
+        struct dp_batch b = {.B = 2, .tokens = tok, .targets = tgt, .sample_idx = idx};
+        struct part_log g = {.next_top = n};
+        struct dp_pass pass = {.training = 1, .backward = 1, .seed = 1, .grad_ready = part_ready, .grad_ready_arg = &g,
+                               .layer_begin = part_begin, .layer_begin_arg = &g};
+        memset(r.grads, 0, sizeof(float) * (size_t)n);
+        ASSERT_OK(dp_model_run(m, &r, &b, &pass));
+        fprintf(stderr, "    gpt, unit %s: %lld floats reported (of %lld), %lld forward and %lld backward part begins\n",
+                u ? "0.5 MiB" : "none", (long long)g.reported, (long long)n, (long long)g.begins[0],
+                (long long)g.begins[1]);
+        ASSERT_EQ(g.reported, n);
+        ASSERT_EQ(g.next_top, 0);
+        ASSERT_EQ(g.bad, 0);
+        /* each block: ln1, qkv's 2 slices, proj, ln2, fc's 2, fc_out's 2 forward; and each bias first backward */
+        ASSERT_EQ(g.begins[0], u ? 2 * 9 : 0);
+        ASSERT_EQ(g.begins[1], u ? 2 * 12 : 0);
+        dp_replica_free(&r);
+        dp_model_free(m);
+    }
 }

@@ -158,6 +158,13 @@ struct dp_layer {
      * it does, slice_rows rows at a time (the last slice the remainder), each slice's
      * parameters a range of its own for ZeRO (the tail another). */
     int64_t rows, row_len, slice_rows;
+    /* Parts (dp_model_set_unit).  A composite whose children's parameters lie in the order its
+     * forward runs them, and whose backward runs them in exactly the reverse order (the
+     * transformer block, attention), lists them in kids; parts = 1: the unit cut it, so each
+     * child begins (layer_begin) and reports its gradient (grad_ready) on its own, a range of
+     * its own for ZeRO (dp__kid_forward, dp__kid_backward), or cut in turn. */
+    struct dp_layer *kids[6];
+    int nkids, parts;
 };
 
 /* ---- parameter registration (used by layer constructors) ----------------- */
@@ -322,15 +329,23 @@ int dp_model_init(struct dp_model **m, const char *spec, const struct dp_shape *
  * ReLU into the layer before it where that layer can apply it itself (struct dp_layer's
  * fuse_relu): the same bits, one pass over the activations fewer. */
 int dp_model_finalize(struct dp_model *m);
-/* The unit of ZeRO's ranges (--zero-unit-mb): every top-level layer that can run in slices
- * of output features (dp_layer.rows) and whose weight exceeds `bytes` runs in slices of at
- * most `bytes` of weight (at least one row), as few as fit and of equal rows; 0: none.  The slices fix the order of the sum
- * over output features in backward (the input's gradient, one slice at a time), so a model
- * computes the same bits wherever it has the same unit.  Returns the number of layers sliced. */
+/* The unit of ZeRO's ranges (--zero-unit-mb); 0: none.  Every top-level layer larger than
+ * `bytes` that can be cut is: a layer that runs in slices of output features (dp_layer.rows,
+ * a linear layer) runs in slices of at most `bytes` of weight (at least one row), as few as fit
+ * and of equal rows; a composite with kids (the transformer block, attention) is cut into its
+ * children (parts), each cut the same way in turn if larger.  The slices fix the order of the
+ * sum over output features in backward (the input's gradient, one slice at a time), so a model
+ * computes the same bits wherever it has the same unit.  Returns the number of top-level
+ * layers cut. */
 int dp_model_set_unit(struct dp_model *m, size_t bytes);
 /* The rows per slice that unit gives a layer of `rows` rows of `row_len` floats (0: whole): as
  * few slices as fit the unit, of equal rows (the last the remainder). */
 int64_t dp_unit_slice_rows(int64_t rows, int64_t row_len, size_t bytes);
+/* Layer l's ranges for ZeRO and the reducer, highest offset first: one, the whole layer,
+ * unless dp_model_set_unit cut it: then its tail (bias) and its slices from the last, or its
+ * children's ranges from the last child.  Writes up to max of them (off may be NULL) and
+ * returns how many there are. */
+int dp_layer_ranges(const struct dp_layer *l, int64_t *off, int64_t *count, int max);
 /* on = 0: finalize fuses nothing (every layer runs as written; the tests compare the two).
  * Before dp_model_finalize; DP_EINVAL after it. */
 int dp_model_set_fusion(struct dp_model *m, int on);

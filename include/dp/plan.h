@@ -227,9 +227,11 @@ struct dp_plan_params {
     double compress;          /* >= 1: the wire carries bytes / compress */
     size_t bucket_cap_bytes;  /* 0: auto (dp_plan_auto_cap) */
     size_t first_bucket_bytes;/* 1 MiB */
-    size_t unit_bytes;        /* --zero-unit-mb (0: none): no range above it, and a layer that can run in
-                                 slices (layer_rows > 0) and exceeds it cut as the reducer cuts it */
-    const int64_t *layer_rows, *layer_row_len; /* (nlayers) dp_layer.rows, row_len, or NULL */
+    size_t unit_bytes;        /* --zero-unit-mb (0: none): no range above it, and the layers it cuts
+                                 (unit_nranges) each range its own, as the reducer cuts them */
+    const int *unit_nranges;  /* (nlayers) how many ranges the unit cut layer i into (0: not cut), or NULL */
+    const int64_t *unit_ranges; /* their floats, layer after layer, each layer's highest first
+                                   (dp_layer_ranges after dp_model_set_unit) */
     int overlap;              /* 1: a bucket starts when its last layer's backward ends */
     int algo;                 /* -1: the fastest per bucket; else forced */
     double opt_s;             /* optimizer time per step (fixed part) */

@@ -14,13 +14,11 @@ struct dp_reducer_params dp_reducer_default_params(void) {
 
 /* Plans buckets from the last top-level layer backwards: a bucket closes when
  * adding the next layer would push it past its cap (a layer larger than the
- * cap gets a bucket of its own).  A layer that runs in slices (slice_rows)
- * gets a bucket per slice and one for its tail (bias), highest first, the
- * order its backward reports them in (src/nn/linear.c): nothing merges with
- * them, so that ZeRO-3 gathers one slice at a time.  Returns the bucket
- * count, or < 0. */
-static int64_t nslices(const struct dp_layer *l) { return l->slice_rows > 0 ? (l->rows + l->slice_rows - 1) / l->slice_rows : 0; }
-
+ * cap gets a bucket of its own).  A layer the unit cut (dp_model_set_unit:
+ * slices, or a composite's parts) gets a bucket per range of its own
+ * (dp_layer_ranges, highest first: the order its backward reports them in),
+ * which nothing merges with, so that ZeRO-3 gathers one range at a time.
+ * Returns the bucket count, or < 0. */
 static struct dp_bucket *add(struct dp_reducer *r, int64_t off, int64_t count) {
     struct dp_bucket *b = &r->b[r->nb++];
     b->off = off - r->base, b->count = count, b->nlayers = 1, b->owner = r;
@@ -29,21 +27,22 @@ static struct dp_bucket *add(struct dp_reducer *r, int64_t off, int64_t count) {
 
 static int plan(struct dp_reducer *r, const struct dp_model *m) {
     int cap = 0, l0 = r->p.span.layer0, l1 = r->p.span.layer1;
-    for (int i = l0; i < l1; i++) cap += m->layers[i]->param_count > 0 ? 2 + (int)nslices(m->layers[i]) : 0;
+    for (int i = l0; i < l1; i++) cap += dp_layer_ranges(m->layers[i], NULL, NULL, 0) + 1;
     r->b = dp_calloc((size_t)(cap ? cap : 1), sizeof *r->b);
-    if (!r->b) return dp_seterr(DP_ENOMEM, "reducer: out of memory");
+    int64_t *ro = dp_malloc(sizeof(int64_t) * (size_t)(2 * cap + 2));
+    if (!r->b || !ro) {
+        dp_free(ro);
+        return dp_seterr(DP_ENOMEM, "reducer: out of memory");
+    }
+    int64_t *rc = ro + cap + 1;
     r->nb = 0;
     struct dp_bucket *cur = NULL;
     for (int i = l1 - 1; i >= l0; i--) {
         const struct dp_layer *l = m->layers[i];
         if (l->param_count == 0) continue;
-        if (l->slice_rows > 0) {
-            const int64_t body = l->rows * l->row_len, ns = nslices(l);
-            if (l->param_count > body) add(r, l->param_off + body, l->param_count - body);
-            for (int64_t j = ns - 1; j >= 0; j--) {
-                int64_t r0 = j * l->slice_rows, nr = l->rows - r0 < l->slice_rows ? l->rows - r0 : l->slice_rows;
-                add(r, l->param_off + r0 * l->row_len, nr * l->row_len);
-            }
+        if (l->slice_rows > 0 || l->parts) {
+            int n = dp_layer_ranges(l, ro, rc, cap + 1);
+            for (int k = 0; k < n; k++) add(r, ro[k], rc[k]);
             cur = NULL;
             continue;
         }
@@ -55,6 +54,7 @@ static int plan(struct dp_reducer *r, const struct dp_model *m) {
         cur->count += l->param_count;
         cur->nlayers++;
     }
+    dp_free(ro);
     return r->nb;
 }
 

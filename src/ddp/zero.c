@@ -471,10 +471,11 @@ int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *
     (void)layer;
     if (z->ahead) return ahead_wait(z, phase, l);
     if (z->stage != 3 || !z->sharded) return DP_OK;
-    /* a layer in slices: each slice comes here itself, as a layer whose parameters are its rows
-     * and whose tied range is the layer's bias (forward; dp__layer_slice_begin), so only one
-     * slice's range (and the next, prefetched) is gathered at a time */
-    if (l->slice_rows > 0) return DP_OK;
+    /* a layer in slices or parts: each slice or child comes here itself (a slice as a layer
+     * whose parameters are its rows and whose tied range is the layer's bias in forward:
+     * dp__layer_slice_begin, dp__kid_forward), so only one range (and the next, prefetched) is
+     * gathered at a time */
+    if (l->slice_rows > 0 || l->parts) return DP_OK;
     int k = l->param_count > 0 ? range_of(z, l->param_off) : z->cur;
     int x = l->tied_count > 0 ? range_of(z, l->tied_off) : -1;
     if (x >= 0 && range_of(z, l->tied_off + l->tied_count - 1) != x)

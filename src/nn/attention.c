@@ -162,13 +162,13 @@ static int attn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const 
     sv->att = dp__arena_floats(ctx, B * T * Ds);
     if (!sv->qkv || !sv->P || !sv->att) return DP_ENOMEM;
     int rc = DP_OK;
-    if (!tp) rc = p->qkv->ops->forward(p->qkv, ctx, sv->qkv, x, B);
+    if (!tp) rc = dp__kid_forward(ctx, l, p->qkv, sv->qkv, x, B);
     else
         for (int64_t g = 0; g < 3; g++) /* q, k, v: this rank's heads of each */
             dp__linear_rows_forward(p->qkv, ctx, sv->qkv + g * Ds, 3 * Ds, x, R, g * D + tp->rank * Ds, Ds);
     if (rc) return rc;
     heads_forward(sv->qkv, sv->P, sv->att, B, T, Hn, dh);
-    if (!tp) rc = p->proj->ops->forward(p->proj, ctx, y, sv->att, B);
+    if (!tp) rc = dp__kid_forward(ctx, l, p->proj, y, sv->att, B);
     else {
         dp__linear_cols_forward(p->proj, ctx, y, sv->att, R, tp->rank * Ds, Ds);
         if (!(rc = tp->allreduce(tp->arg, y, R * D))) dp__linear_bias_forward(p->proj, ctx, y, R);
@@ -191,14 +191,14 @@ static int attn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, cons
     float *dS = dp__arena_floats(ctx, T * T);
     if (!datt || !dqkv || !dS) return DP_ENOMEM;
     if (!tp) {
-        int rc = p->proj->ops->backward(p->proj, ctx, datt, dy, sv->att, NULL, B);
+        int rc = dp__kid_backward(ctx, l, p->proj, datt, dy, sv->att, NULL, B);
         if (rc) return rc;
     } else {
         dp__linear_cols_backward(p->proj, ctx, datt, dy, sv->att, R, tp->rank * Ds, Ds);
         dp__linear_bias_backward(p->proj, ctx, dy, R);
     }
     heads_backward(sv->qkv, sv->P, datt, dqkv, dS, B, T, Hn, dh);
-    if (!tp) return p->qkv->ops->backward(p->qkv, ctx, dx, dqkv, x, NULL, B);
+    if (!tp) return dp__kid_backward(ctx, l, p->qkv, dx, dqkv, x, NULL, B);
     for (int64_t g = 0; g < 3; g++)
         dp__linear_rows_backward(p->qkv, ctx, dx, g > 0, dqkv + g * Ds, 3 * Ds, x, R, g * D + tp->rank * Ds, Ds);
     return dx ? tp->allreduce(tp->arg, dx, R * D) : DP_OK;
@@ -246,6 +246,7 @@ int dp__attention_make(struct dp_model *m, struct dp_layer **out, const char *na
     dp__linear_set_tp(m, p->qkv, DP_TP_ROWS);  /* (each of qkv's q, k and v thirds cut by head) */
     dp__linear_set_tp(m, p->proj, DP_TP_COLS);
     l->param_count = m->num_params - l->param_off;
+    l->kids[0] = p->qkv, l->kids[1] = p->proj, l->nkids = 2; /* (--zero-unit-mb's parts) */
     l->flops_fwd = p->qkv->flops_fwd + p->proj->flops_fwd + heads * (4 * T * T * p->dh + 5 * T * T);
     *out = l;
     return DP_OK;

@@ -225,6 +225,13 @@ void dp__relu_mask(float *dx, const float *dy, const float *y, int64_t n);
  * every slice). */
 int dp__layer_slice_begin(const struct dp_ctx *ctx, const struct dp_layer *l, int phase, int64_t r0, int64_t nr,
                           int bias);
+/* A composite's child, forward and backward: where the unit cut the composite (parent->parts),
+ * the pass's layer_begin hook on the child first, and after its backward its range reported
+ * to grad_ready (unless the child, cut in turn, reported its own); else just the child's op. */
+int dp__kid_forward(struct dp_ctx *ctx, const struct dp_layer *parent, struct dp_layer *kid, float *y, const float *x,
+                    int64_t B);
+int dp__kid_backward(struct dp_ctx *ctx, const struct dp_layer *parent, struct dp_layer *kid, float *dx,
+                     const float *dy, const float *x, const float *y, int64_t B);
 int dp__gelu_make(struct dp_model *m, struct dp_layer **out, const char *name,
                   const struct dp_shape *in);
 int dp__dropout_make(struct dp_model *m, struct dp_layer **out, const char *name,

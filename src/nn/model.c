@@ -416,14 +416,69 @@ int64_t dp_unit_slice_rows(int64_t rows, int64_t row_len, size_t bytes) {
     return (rows + n - 1) / n;
 }
 
+/* l and what is under it cut for the unit (or not: bytes 0, or no larger than it); 1 if cut. */
+static int cut(struct dp_layer *l, size_t bytes) {
+    l->slice_rows = 0, l->parts = 0;
+    const int over = bytes && (size_t)l->param_count * sizeof(float) > bytes;
+    if (l->rows > 0) l->slice_rows = dp_unit_slice_rows(l->rows, l->row_len, bytes);
+    else if (l->nkids) l->parts = over;
+    for (int k = 0; k < l->nkids; k++) cut(l->kids[k], l->parts ? bytes : 0);
+    return l->slice_rows > 0 || l->parts;
+}
+
 int dp_model_set_unit(struct dp_model *m, size_t bytes) {
     int n = 0;
-    for (int i = 0; i < m->nlayers; i++) {
-        struct dp_layer *l = m->layers[i];
-        l->slice_rows = l->rows > 0 ? dp_unit_slice_rows(l->rows, l->row_len, bytes) : 0;
-        n += l->slice_rows > 0;
-    }
+    for (int i = 0; i < m->nlayers; i++) n += cut(m->layers[i], bytes);
     return n;
+}
+
+static int add_range(int64_t *off, int64_t *count, int max, int n, int64_t o, int64_t c) {
+    if (n < max && count) {
+        if (off) off[n] = o;
+        count[n] = c;
+    }
+    return n + 1;
+}
+
+int dp_layer_ranges(const struct dp_layer *l, int64_t *off, int64_t *count, int max) {
+    int n = 0;
+    if (l->slice_rows > 0) {
+        const int64_t body = l->rows * l->row_len, ns = (l->rows + l->slice_rows - 1) / l->slice_rows;
+        if (l->param_count > body) n = add_range(off, count, max, n, l->param_off + body, l->param_count - body);
+        for (int64_t j = ns - 1; j >= 0; j--) {
+            int64_t r0 = j * l->slice_rows, nr = l->rows - r0 < l->slice_rows ? l->rows - r0 : l->slice_rows;
+            n = add_range(off, count, max, n, l->param_off + r0 * l->row_len, nr * l->row_len);
+        }
+    } else if (l->parts) {
+        for (int k = l->nkids - 1; k >= 0; k--)
+            if (l->kids[k]->param_count > 0)
+                n += dp_layer_ranges(l->kids[k], off ? off + n : NULL, count ? count + n : NULL, max > n ? max - n : 0);
+    } else if (l->param_count > 0)
+        n = add_range(off, count, max, n, l->param_off, l->param_count);
+    return n;
+}
+
+int dp__kid_forward(struct dp_ctx *ctx, const struct dp_layer *parent, struct dp_layer *kid, float *y, const float *x,
+                    int64_t B) {
+    if (parent->parts && ctx->layer_begin && kid->param_count > 0) {
+        int rc = ctx->layer_begin(ctx->layer_begin_arg, DP_PHASE_FORWARD, -1, kid);
+        if (rc) return dp_adderr(rc, "%s", kid->name);
+    }
+    return kid->ops->forward(kid, ctx, y, x, B);
+}
+
+int dp__kid_backward(struct dp_ctx *ctx, const struct dp_layer *parent, struct dp_layer *kid, float *dx,
+                     const float *dy, const float *x, const float *y, int64_t B) {
+    const int own = parent->parts && kid->param_count > 0;
+    if (own && ctx->layer_begin) {
+        int rc = ctx->layer_begin(ctx->layer_begin_arg, DP_PHASE_BACKWARD, -1, kid);
+        if (rc) return dp_adderr(rc, "%s", kid->name);
+    }
+    int rc = kid->ops->backward(kid, ctx, dx, dy, x, y, B);
+    /* (a kid cut in turn reported its own ranges as it wrote them) */
+    if (!rc && own && ctx->grad_ready && !kid->slice_rows && !kid->parts)
+        ctx->grad_ready(ctx->grad_ready_arg, kid->param_off, kid->param_count);
+    return rc;
 }
 
 int dp__layer_slice_begin(const struct dp_ctx *ctx, const struct dp_layer *l, int phase, int64_t r0, int64_t nr,
@@ -560,8 +615,8 @@ int dp_model_backward_range(const struct dp_model *m, struct dp_replica *r, cons
         rc = l->ops->backward(l, &ctx, dx, dy, r->acts[i], r->acts[i + 1], B);
         dp_arena_release(&r->arena, mk);
         if (rc) return dp_adderr(rc, "backward %s", l->name);
-        /* (a layer in slices reported each slice's range itself, as it was written) */
-        if (l->param_count > 0 && p->grad_ready && l->slice_rows <= 0)
+        /* (a layer in slices or parts reported each range itself, as it was written) */
+        if (l->param_count > 0 && p->grad_ready && l->slice_rows <= 0 && !l->parts)
             p->grad_ready(p->grad_ready_arg, l->param_off, l->param_count);
         dy = dx;
     }

@@ -9,7 +9,7 @@
  * PyTorch reference module's): LayerNorms eps 1e-5 with weight 1, bias 0;
  * Linear weights N(0, 0.02^2), biases 0.  The block's parameter range is the
  * union of its children's and is reported as one range, as the residual
- * block's.
+ * block's, unless --zero-unit-mb cuts it into its children's (dp_layer.parts).
  *
  * Letters: B batch, T positions, D width, n = B T D. */
 #include <stdio.h>
@@ -59,20 +59,19 @@ static int block_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const
     sv->g = dp__arena_floats(ctx, nf);
     if (!sv->h1 || !sv->a || !sv->r || !sv->h2 || !sv->f || !sv->g) return DP_ENOMEM;
     int rc;
-    if ((rc = p->ln1->ops->forward(p->ln1, ctx, sv->h1, x, B)) ||
-        (rc = p->attn->ops->forward(p->attn, ctx, sv->a, sv->h1, B)))
+    if ((rc = dp__kid_forward(ctx, l, p->ln1, sv->h1, x, B)) || (rc = dp__kid_forward(ctx, l, p->attn, sv->a, sv->h1, B)))
         return rc;
     float *r = sv->r;
     const float *a = sv->a;
 #pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
     for (int64_t i = 0; i < n; i++)
         r[i] = x[i] + a[i];
-    if ((rc = p->ln2->ops->forward(p->ln2, ctx, sv->h2, sv->r, B))) return rc;
-    if (!tp && (rc = p->fc->ops->forward(p->fc, ctx, sv->f, sv->h2, B))) return rc;
+    if ((rc = dp__kid_forward(ctx, l, p->ln2, sv->h2, sv->r, B))) return rc;
+    if (!tp && (rc = dp__kid_forward(ctx, l, p->fc, sv->f, sv->h2, B))) return rc;
     if (tp) dp__linear_rows_forward(p->fc, ctx, sv->f, F, sv->h2, R, tp->rank * F, F);
     /* the act child's GELU, keeping its derivative in f's place: backward needs no Phi again */
     dp__gelu_erf_forward_keep(sv->g, sv->f, nf);
-    if (!tp) rc = p->fc_out->ops->forward(p->fc_out, ctx, y, sv->g, B);
+    if (!tp) rc = dp__kid_forward(ctx, l, p->fc_out, y, sv->g, B);
     else {
         dp__linear_cols_forward(p->fc_out, ctx, y, sv->g, R, tp->rank * F, F);
         if (!(rc = tp->allreduce(tp->arg, y, n))) dp__linear_bias_forward(p->fc_out, ctx, y, R);
@@ -98,23 +97,23 @@ static int block_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, con
     float *gn = dp__arena_floats(ctx, n), *dr = dp__arena_floats(ctx, n);
     if (!g4a || !g4b || !gn || !dr) return DP_ENOMEM;
     int rc = DP_OK;
-    if (!tp && (rc = p->fc_out->ops->backward(p->fc_out, ctx, g4a, dy, sv->g, NULL, B))) return rc;
+    if (!tp && (rc = dp__kid_backward(ctx, l, p->fc_out, g4a, dy, sv->g, NULL, B))) return rc;
     if (tp) {
         dp__linear_cols_backward(p->fc_out, ctx, g4a, dy, sv->g, R, tp->rank * F, F);
         dp__linear_bias_backward(p->fc_out, ctx, dy, R);
     }
     dp__gelu_erf_backward_kept(g4b, g4a, sv->f, nf);
-    if (!tp) rc = p->fc->ops->backward(p->fc, ctx, gn, g4b, sv->h2, NULL, B);
+    if (!tp) rc = dp__kid_backward(ctx, l, p->fc, gn, g4b, sv->h2, NULL, B);
     else {
         dp__linear_rows_backward(p->fc, ctx, gn, 0, g4b, F, sv->h2, R, tp->rank * F, F);
         rc = tp->allreduce(tp->arg, gn, n);
     }
-    if (rc || (rc = p->ln2->ops->backward(p->ln2, ctx, dr, gn, sv->r, NULL, B))) return rc;
+    if (rc || (rc = dp__kid_backward(ctx, l, p->ln2, dr, gn, sv->r, NULL, B))) return rc;
 #pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
     for (int64_t i = 0; i < n; i++)
         dr[i] += dy[i];
-    if ((rc = p->attn->ops->backward(p->attn, ctx, gn, dr, sv->h1, sv->a, B)) ||
-        (rc = p->ln1->ops->backward(p->ln1, ctx, dx, gn, x, NULL, B)))
+    if ((rc = dp__kid_backward(ctx, l, p->attn, gn, dr, sv->h1, sv->a, B)) ||
+        (rc = dp__kid_backward(ctx, l, p->ln1, dx, gn, x, NULL, B)))
         return rc;
     if (dx) {
 #pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
@@ -182,6 +181,9 @@ int dp__transformer_block_make(struct dp_model *m, struct dp_layer **out, const 
     dp__linear_set_tp(m, p->fc, DP_TP_ROWS);
     dp__linear_set_tp(m, p->fc_out, DP_TP_COLS);
     l->param_count = m->num_params - l->param_off;
+    /* the children in their parameters' order (backward runs them in the reverse: --zero-unit-mb's parts) */
+    l->kids[0] = p->ln1, l->kids[1] = p->attn, l->kids[2] = p->ln2, l->kids[3] = p->fc, l->kids[4] = p->act;
+    l->kids[5] = p->fc_out, l->nkids = 6;
     const int64_t n = dp_shape_numel(in);
     l->flops_fwd = p->ln1->flops_fwd + p->attn->flops_fwd + p->ln2->flops_fwd + p->fc->flops_fwd +
                    p->act->flops_fwd + p->fc_out->flops_fwd + 2 * n;

@@ -201,23 +201,23 @@ int dp_plan_buckets(const int64_t *layers, int nlayers, size_t cap_bytes, size_t
 }
 
 /* The floats of the largest two adjacent ranges under a unit: the reducer's buckets with both
- * caps lowered to the unit, and a layer that runs in slices (dp_unit_slice_rows) cut into its
- * tail and its slices, each a range that nothing merges with (src/ddp/reducer.c plan). */
+ * caps lowered to the unit, and each layer the unit cut its ranges, which nothing merges with
+ * (src/ddp/reducer.c plan). */
 static int64_t unit_pair(const struct dp_plan_params *p, const int64_t *layers, size_t cap) {
     const size_t u = p->unit_bytes, first = p->first_bucket_bytes ? p->first_bucket_bytes : 1u << 20;
     if (cap > u) cap = u;
     int64_t pair = 0, prev = 0, cur = -1; /* cur: the open bucket's floats (-1: none) */
-    int nb = 0;
+    int nb = 0, at = 0;
+    for (int i = 0; p->unit_nranges && i < p->nlayers; i++) at += p->unit_nranges[i];
 #define EMIT(x) (pair = (x) + prev > pair ? (x) + prev : pair, prev = (x), nb++)
     for (int i = p->nlayers - 1; i >= 0; i--) {
         int64_t c = layers[i];
+        int nr = p->unit_nranges ? p->unit_nranges[i] : 0;
+        at -= nr;
         if (c == 0) continue;
-        int64_t rows = p->layer_rows ? p->layer_rows[i] : 0, len = rows ? p->layer_row_len[i] : 0;
-        int64_t s = rows ? dp_unit_slice_rows(rows, len, u) : 0;
-        if (s > 0) {
+        if (nr > 0) {
             if (cur >= 0) EMIT(cur), cur = -1;
-            if (c > rows * len) EMIT(c - rows * len);
-            for (int64_t r0 = (rows - 1) / s * s; r0 >= 0; r0 -= s) EMIT((rows - r0 < s ? rows - r0 : s) * len);
+            for (int k = 0; k < nr; k++) EMIT(p->unit_ranges[at + k]);
             continue;
         }
         size_t limit = nb == 0 ? (first < u ? first : u) : cap;

@@ -432,11 +432,12 @@ const struct dp__opt dp__opts[] = {
      .vals = {DP_ZERO_GATHER_AUTO, DP_ZERO_GATHER_STEP, DP_ZERO_GATHER_AHEAD}, .store = DP__STORE_ALWAYS,
      .need = DP__NEED_ZERO1},
     {OPT("zero-unit-mb", "MB", G_ZERO,
-         "the most a ZeRO range holds, in MiB: buckets no larger, and a linear\n"
-         "layer larger than it runs in slices of output features, each gathered,\n"
-         "computed and reduce-scattered alone, so --zero 2 and 3 hold a few\n"
-         "units in flight, not whole layers (the slices fix the order of the\n"
-         "input gradient's sum: the same bits with the same unit) [none]"),
+         "the most a ZeRO range holds, in MiB: buckets no larger, a linear\n"
+         "layer larger than it runs in slices of output features, and a\n"
+         "transformer block child by child, each gathered, computed and\n"
+         "reduce-scattered alone, so --zero 2 and 3 hold a few units in flight,\n"
+         "not whole layers (the slices fix the order of the input gradient's\n"
+         "sum: the same bits with the same unit) [none]"),
      CUSTOM(set_zero_unit, get_zero_unit), .store = DP__STORE_SET},
 
     {OPT("pp", "S", G_SPLIT,

@@ -111,6 +111,7 @@ static int check_pipeline(const struct dp_train_params *p) {
                          "of its micro-batches (for a larger step, raise --batch)");
     const char *no = d->zero && d->inter ? "--zero 1 across processes"
                      : d->balance ? "--balance"
+                     : d->zero_unit_bytes ? "--zero-unit-mb"
                      : d->compress.kind != DP_COMPRESS_NONE ? "--compress"
                      : d->backup ? "--backup-workers"
                      : d->async || d->staleness >= 0 ? "the parameter server"
@@ -143,6 +144,7 @@ static int check_tensor(const struct dp_train_params *p) {
                          "--zero 1 shards the optimizer state", d->zero);
     const char *no = d->inter && d->pp > 1 ? "--pp under mpirun (a stage per process; tensor groups are threads)"
                      : d->balance ? "--balance"
+                     : d->zero_unit_bytes ? "--zero-unit-mb"
                      : d->compress.kind != DP_COMPRESS_NONE ? "--compress"
                      : d->backup ? "--backup-workers"
                      : d->async || d->staleness >= 0 ? "the parameter server"

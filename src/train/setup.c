@@ -241,13 +241,16 @@ static void unit_layout(struct dp_trainer *t) {
     int cut = 0;
     for (int i = 0; i < t->model->nlayers && n > 0 && at + (size_t)n < sizeof t->layout; i++) {
         const struct dp_layer *l = t->model->layers[i];
-        if (l->slice_rows <= 0) continue;
-        n += snprintf(t->layout + at + n, sizeof t->layout - at - (size_t)n, "%s %s in %lld slices of %lld rows",
-                      cut++ ? "," : ";", l->name, (long long)((l->rows + l->slice_rows - 1) / l->slice_rows),
-                      (long long)l->slice_rows);
+        if (l->slice_rows > 0)
+            n += snprintf(t->layout + at + n, sizeof t->layout - at - (size_t)n, "%s %s in %lld slices of %lld rows",
+                          cut++ ? "," : ";", l->name, (long long)((l->rows + l->slice_rows - 1) / l->slice_rows),
+                          (long long)l->slice_rows);
+        else if (l->parts)
+            n += snprintf(t->layout + at + n, sizeof t->layout - at - (size_t)n, "%s %s in %d ranges", cut++ ? "," : ";",
+                          l->name, dp_layer_ranges(l, NULL, NULL, 0));
     }
     if (!cut && n > 0 && at + (size_t)n < sizeof t->layout)
-        n += snprintf(t->layout + at + n, sizeof t->layout - at - (size_t)n, "; no layer larger than it that runs in slices");
+        n += snprintf(t->layout + at + n, sizeof t->layout - at - (size_t)n, "; no layer larger than it that it can cut");
     if ((t->p.dp.zero < 2 || t->G == 1) && n > 0 && at + (size_t)n < sizeof t->layout)
         snprintf(t->layout + at + n, sizeof t->layout - at - (size_t)n,
                  " (it saves memory with --zero 2 or 3 on several workers; here it only keeps their bits)");

@@ -179,6 +179,17 @@ if "$BIN" train "${GTP[@]}" --workers 4 --tp 2 --pp 2 --out "$T/gtp22" >"$T/gtp2
 else bad gpt_pipeline_and_tensor_parallel "$(grep -E '^(pipeline|tensor|done)' "$T/gtp22.log")"; fi
 expect_error tensor_pipeline_divide "--pp 2 x --tp 2 must divide --workers (got 2)" \
   "$BIN" train "${GTP[@]}" --workers 2 --tp 2 --pp 2
+# --zero-unit-mb on the gpt: each block cut into its children's ranges (named on the layout
+# line); --tp and --pp, which take no ZeRO 2 or 3, refuse it
+if "$BIN" train --model gpt:layers=2,heads=4,dim=256,ctx=32 "${GPTRUN[@]:2}" --workers 2 --zero 3 --zero-unit-mb 0.5 \
+     --max-steps 2 >"$T/gunit.log" 2>&1 &&
+   grep -q '^zero unit: 0.5 MiB ranges; blocks.0 in 12 ranges, blocks.1 in 12 ranges$' "$T/gunit.log"; then
+  ok gpt_zero_unit_blocks_in_parts
+else bad gpt_zero_unit_blocks_in_parts "$(head -3 "$T/gunit.log")"; fi
+expect_error tensor_zero_unit "--tp does not work with --zero-unit-mb yet" "$BIN" train "${GTP[@]}" --workers 2 --tp 2 \
+  --zero-unit-mb 1
+expect_error pipeline_zero_unit "--pp does not work with --zero-unit-mb yet" "$BIN" train "${GTP[@]}" --workers 2 --pp 2 \
+  --zero-unit-mb 1
 # ... and under mpirun: each process's 2 workers a tensor group, the 2 replicas across the
 # processes, train the threads' --workers 4 --tp 2 model to the bit (each gradient element has one
 # non-zero term per replica, and a + b is exact in either order); a process with fewer workers

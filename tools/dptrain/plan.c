@@ -823,7 +823,8 @@ int dptrain_cmd_plan(int argc, char **argv) {
         die("plan: --tp %d%s does not divide --workers %d", tp, pp ? " x --pp" : "", p.net.workers);
     if (micro && !pp) die("--micro-batches is --pp's option");
     if (pp && zero > 1) die("--zero %d with --pp: a pipeline's stages take ZeRO 0 or 1 (docs/parallel.md)", zero);
-    int64_t *lp = NULL, *lrows = NULL, *llen = NULL;
+    int64_t *lp = NULL, *lranges = NULL;
+    int *lnr = NULL;
     double *lf = NULL, *lo = NULL, *la = NULL, *lsc = NULL, *ltc = NULL, *ltf = NULL;
     char **names = NULL, *tp_ok = NULL;
     double **tla = NULL, **tls = NULL; /* (per T: a tensor rank's activations and scratch per layer) */
@@ -839,10 +840,18 @@ int dptrain_cmd_plan(int argc, char **argv) {
         if (!lp || !lf) die("out of memory");
         for (int i = 0; i < m->nlayers; i++) lp[i] = m->layers[i]->param_count, lf[i] = (double)m->layers[i]->flops_fwd;
         p.layers = lp, p.layer_flops = lf, p.nlayers = m->nlayers;
-        if (!(lrows = malloc(sizeof *lrows * (size_t)m->nlayers)) || !(llen = malloc(sizeof *llen * (size_t)m->nlayers)))
-            die("out of memory");
-        for (int i = 0; i < m->nlayers; i++) lrows[i] = m->layers[i]->rows, llen[i] = m->layers[i]->row_len;
-        p.layer_rows = lrows, p.layer_row_len = llen; /* (--zero-unit-mb's slices) */
+        if (p.unit_bytes) { /* --zero-unit-mb's ranges, as the reducer cuts them */
+            dp_model_set_unit(m, p.unit_bytes);
+            int total = 0;
+            for (int i = 0; i < m->nlayers; i++) total += dp_layer_ranges(m->layers[i], NULL, NULL, 0);
+            if (!(lnr = calloc((size_t)m->nlayers, sizeof *lnr)) || !(lranges = malloc(sizeof *lranges * (size_t)(total + 1))))
+                die("out of memory");
+            for (int i = 0, k = 0; i < m->nlayers; i++) {
+                const struct dp_layer *l = m->layers[i];
+                if (l->slice_rows > 0 || l->parts) k += lnr[i] = dp_layer_ranges(l, NULL, lranges + k, total - k);
+            }
+            p.unit_nranges = lnr, p.unit_ranges = lranges;
+        }
         if (pp || tp || layout) { /* the boundary messages, the activations, the tied embedding, the groups */
             lo = malloc(sizeof *lo * (size_t)m->nlayers), la = malloc(sizeof *la * (size_t)m->nlayers);
             lsc = malloc(sizeof *lsc * (size_t)m->nlayers);
@@ -891,14 +900,14 @@ int dptrain_cmd_plan(int argc, char **argv) {
         }
         for (int i = 0; i < p.nlayers; i++) free(names[i]);
         for (int T = 2; tla && T <= p.net.workers; T++) free(tla[T]), free(tls[T]);
-        free(names), free(lo), free(la), free(lsc), free(ltc), free(ltf), free(tp_ok), free(tla), free(tls), free(lp), free(lf), free(lrows), free(llen);
+        free(names), free(lo), free(la), free(lsc), free(ltc), free(ltf), free(tp_ok), free(tla), free(tls), free(lp), free(lf), free(lranges), free(lnr);
         return 0;
     }
 
     struct dp_plan_result r;
     if (!sweep) {
         if (dp_plan_run(&p, &r)) {
-            free(lp), free(lf), free(lrows), free(llen);
+            free(lp), free(lf), free(lranges), free(lnr);
             die("%s", dp_errmsg());
         }
         if (json) print_plan_json(&p, &r);
@@ -915,7 +924,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
             if (p.net.per_host > 1 && P % p.net.per_host) continue;
             if (p.batch < P) break;
             if (dp_plan_run(&p, &r)) {
-                free(lp), free(lf), free(lrows), free(llen);
+                free(lp), free(lf), free(lranges), free(lnr);
                 die("%s", dp_errmsg());
             }
             double comp = r.fwd_s + r.bwd_s;
@@ -932,7 +941,7 @@ int dptrain_cmd_plan(int argc, char **argv) {
             else printf("communication stays under compute up to %lld workers\n", sweep);
         }
     }
-    free(lp), free(lrows), free(llen);
+    free(lp), free(lranges), free(lnr);
     free(lf);
     return 0;
 }
