@@ -10,7 +10,12 @@
 #  2. speed: `dptrain train --workers 2 --optim adamw --batch BATCH --max-steps STEPS` samples/s
 #     (its "throughput:" line) for --zero 0 and --zero 3, each without a unit and with the first
 #     of UNITS, REPS interleaved repetitions (median reported): what the slices cost.
-#   bash bench/zero_unit.sh                    # about 10 minutes on 2 cores
+#  3. gpt (PARTS has "gpt"): `dptrain train --model GPT --workers 2 --optim adamw --batch 8
+#     --max-steps 3` on Debian's license texts (prepare-text), --zero 0, --zero 3, and --zero 3
+#     with the first of GPT_UNITS: the process's peak RSS (/usr/bin/time %M), REPS repetitions
+#     (median), beside the plan's units in flight per worker (`dptrain plan --model GPT --workers 2
+#     [--zero-unit-mb U]`): the blocks cut into their children's ranges.
+#   bash bench/zero_unit.sh                    # about 12 minutes on 2 cores
 #   UNITS="8 16 64" REPS=1 PARTS=mem bash bench/zero_unit.sh
 # Writes bench/results/zero_unit-<date>.md (the tables) and .tsv (every run), needs `make`.
 set -uo pipefail
@@ -22,7 +27,9 @@ UNITS=${UNITS:-16}
 REPS=${REPS:-3}
 BATCH=${BATCH:-128}
 STEPS=${STEPS:-12}
-PARTS=${PARTS:-mem speed}
+PARTS=${PARTS:-mem speed gpt}
+GPT=${GPT:-gpt:layers=4,heads=8,dim=1024,ctx=32}
+GPT_UNITS=${GPT_UNITS:-8}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
 RESULTS=${RESULTS:-bench/results}
 MEM=build/bench/zero_mem
@@ -70,6 +77,25 @@ if has speed; then
     done
   done
 fi
+declare -A grss=()
+if has gpt; then
+  TOKENS=$WORK/tokens.bin
+  "$BIN" prepare-text /usr/share/common-licenses --out "$TOKENS" >/dev/null || die "prepare-text failed"
+  for rep in $(seq "$REPS"); do
+    for cfg in "0 0" "3 0" "3 ${GPT_UNITS%% *}"; do
+      read -r z u <<<"$cfg"
+      args=(--zero "$z")
+      [[ $u != 0 ]] && args+=(--zero-unit-mb "$u")
+      /usr/bin/time -f '%M' -o "$WORK/gpt.time" "$BIN" train --model "$GPT" --data "$TOKENS" --workers 2 --optim adamw \
+        --lr 1e-3 --batch 8 --max-steps 3 --progress none "${args[@]}" >"$WORK/gpt.log" 2>&1 ||
+        die "gpt --zero $z unit $u failed: $(tail -n 1 "$WORK/gpt.log")"
+      kb=$(tail -n 1 "$WORK/gpt.time")
+      printf 'gpt\t%s\t%s\t%s\t%s\t\t\t\t\t\n' "$rep" "$z" "$u" "$((kb * 1024))" >>"$TSV"
+      grss[$z $u]="${grss[$z $u]:-} $((kb * 1024))"
+      note "gpt rep $rep zero $z unit $u: peak RSS $((kb * 1024))"
+    done
+  done
+fi
 gb() { awk -v b="$1" 'BEGIN { if (b == "NA") print "NA"; else printf "%.2f GB", b / 1e9 }'; }
 {
   echo "# ZeRO with --zero-unit-mb: $MODEL, AdamW, 2 workers"
@@ -104,6 +130,28 @@ gb() { awk -v b="$1" 'BEGIN { if (b == "NA") print "NA"; else printf "%.2f GB", 
       a=$(median <<<"${sps[$z 0]:-}") b=$(median <<<"${sps[$z $UNIT1]:-}")
       printf '| %s | %s | %s | %s |\n' "$z" "$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN { if (a > 0) printf "%.3f", b / a; else print "NA" }')"
     done
+  fi
+  if has gpt; then
+    GU=${GPT_UNITS%% *}
+    echo
+    echo "$GPT, AdamW, 2 workers, batch 8, 3 steps: the process's peak RSS (medians of $REPS), and the plan's"
+    echo "units in flight per worker at stage 3 (\`dptrain plan --model $GPT --workers 2 [--zero-unit-mb $GU]\`):"
+    echo
+    echo "| stage | unit | peak RSS | against plain | plan: units in flight per worker |"
+    echo "|---|---|---:|---:|---:|"
+    gp=$(median <<<"${grss[0 0]:-}")
+    inf0=$("$BIN" plan --model "$GPT" --workers 2 | sed -n 's/^units in flight.*zero3 \([0-9.]* [kMG]B\).*/\1/p')
+    inf1=$("$BIN" plan --model "$GPT" --workers 2 --zero-unit-mb "$GU" | sed -n 's/^units in flight.*zero3 \([0-9.]* [kMG]B\).*/\1/p')
+    for cfg in "0 0" "3 0" "3 $GU"; do
+      read -r z u <<<"$cfg"
+      m=$(median <<<"${grss[$z $u]:-}")
+      printf '| %s | %s | %s | %s | %s |\n' "$z" "$([[ $u == 0 ]] && echo none || echo "$u MiB")" "$(gb "$m")" \
+        "$(awk -v a="$m" -v b="$gp" 'BEGIN { printf "%.2f", a / b }')" \
+        "$([[ $z == 0 ]] && echo - || { [[ $u == 0 ]] && echo "$inf0" || echo "$inf1"; })"
+    done
+    echo
+    echo "$("$BIN" train --model "$GPT" --data "$WORK/tokens.bin" --workers 2 --zero 3 --zero-unit-mb "$GU" --max-steps 1 \
+      --progress none 2>&1 | grep '^zero unit:')"
   fi
 } >"$OUTMD"
 cat "$OUTMD"
