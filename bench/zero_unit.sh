@@ -98,13 +98,14 @@ if has gpt; then
 fi
 gb() { awk -v b="$1" 'BEGIN { if (b == "NA") print "NA"; else printf "%.2f GB", b / 1e9 }'; }
 {
-  echo "# ZeRO with --zero-unit-mb: $MODEL, AdamW, 2 workers"
+  echo "# ZeRO with --zero-unit-mb, AdamW, 2 workers (parts: $PARTS)"
   echo
-  echo "\`bash bench/zero_unit.sh\` (MODEL=$MODEL UNITS=\"$UNITS\" REPS=$REPS BATCH=$BATCH STEPS=$STEPS), git $GIT_REV;"
+  echo "\`bash bench/zero_unit.sh\` (PARTS=\"$PARTS\" MODEL=$MODEL UNITS=\"$UNITS\" GPT=$GPT GPT_UNITS=\"$GPT_UNITS\"" \
+       "REPS=$REPS BATCH=$BATCH STEPS=$STEPS), git $GIT_REV;"
   echo "CPU: $CPU_MODEL, $NCPU cores; load average at the start: $LOAD1. Raw: \`$(basename "$TSV")\`."
   if has mem; then
     echo
-    echo "Peak RSS of the process (medians of $REPS; GB of 10^9 bytes). Per worker: its model-state part"
+    echo "$MODEL: the peak RSS of the process (medians of $REPS; GB of 10^9 bytes). Per worker: its model-state part"
     echo "(peak less the RSS before init and the data set, over 2); bound: formula + act + units in flight."
     echo
     echo "| stage | unit | peak RSS | against plain | per worker | formula | in flight | per worker / bound |"
