@@ -113,6 +113,17 @@ static inline void one_sgd_step(struct dp_train_params *p) {
     p->run.max_steps = 1;
 }
 
+/* Trains p (train) and asserts the parameters are ref's n0 floats, bit for bit; `what` names the
+ * run in the line printed. */
+static inline void expect_same_bits(const struct dp_train_params *p, const float *ref, int64_t n0, const char *what) {
+    int64_t n;
+    float *got = train(p, &n);
+    int same = n == n0 && memcmp(ref, got, sizeof(float) * (size_t)n) == 0;
+    fprintf(stderr, "    %s, P=%d --zero %d: %s\n", what, p->dp.workers, p->dp.zero, same ? "same bits" : "differs");
+    free(got);
+    ASSERT_TRUE(same);
+}
+
 /* The library's comparison (dp_rel_diff: NaN or Inf counts as a difference),
  * the same one `dptrain ckpt diff` uses. */
 static inline double rel_diff(const float *a, const float *b, int64_t n) { return dp_rel_diff(a, b, n); }

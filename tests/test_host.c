@@ -87,15 +87,20 @@ TEST(host_event_json) {
 
 /* A run on arrays: 2 workers, the predictions' argmax scores what evaluate scores, the
  * parameters are the replica's, a checkpoint of it loads with the same hash. */
-TEST(host_train_predict) {
-    enum { M = 128, D = 4 };
-    float *x = malloc(sizeof(float) * M * D), *out = malloc(sizeof(float) * M * 2);
-    int32_t *y = malloc(sizeof(int32_t) * M);
-    ASSERT_TRUE(x && y && out);
+/* The host tests' table: M samples of D features, class 1 where the first two sum above 0. */
+enum { M = 128, D = 4 };
+static void host_table(float *x, int32_t *y) {
     for (int i = 0; i < M; i++) {
         for (int j = 0; j < D; j++) x[i * D + j] = (float)((i * 7 + j * 13) % 17) - 8;
         y[i] = x[i * D] + x[i * D + 1] > 0;
     }
+}
+
+TEST(host_train_predict) {
+    float *x = malloc(sizeof(float) * M * D), *out = malloc(sizeof(float) * M * 2);
+    int32_t *y = malloc(sizeof(int32_t) * M);
+    ASSERT_TRUE(x && y && out);
+    host_table(x, y);
     struct dp_array ax = arr(x, DP_NPY_F32, 2, M, D, 0), ay = arr(y, DP_NPY_I32, 1, M, 0, 0);
     struct dp_train_params *p = dp_train_params_new();
     ASSERT_TRUE(p != NULL);
@@ -161,14 +166,10 @@ TEST(host_train_predict) {
  * are refused; the run's end gathers them whole into worker 0, and then predict, evaluate and
  * the parameter views give the plain run's bits (deterministic mode: the same model). */
 TEST(host_zero3_predict_after_run) {
-    enum { M = 128, D = 4 };
     float *x = malloc(sizeof(float) * M * D), *out[2] = {malloc(sizeof(float) * M * 2), malloc(sizeof(float) * M * 2)};
     int32_t *y = malloc(sizeof(int32_t) * M);
     ASSERT_TRUE(x && y && out[0] && out[1]);
-    for (int i = 0; i < M; i++) {
-        for (int j = 0; j < D; j++) x[i * D + j] = (float)((i * 7 + j * 13) % 17) - 8;
-        y[i] = x[i * D] + x[i * D + 1] > 0;
-    }
+    host_table(x, y);
     struct dp_array ax = arr(x, DP_NPY_F32, 2, M, D, 0), ay = arr(y, DP_NPY_I32, 1, M, 0, 0);
     double acc[2], loss[2];
     float *w0[2] = {NULL, NULL};

@@ -979,6 +979,32 @@ static int slice_begin(void *arg, int phase, int layer, const struct dp_layer *l
     g->views[phase]++, g->last_off[phase] = l->param_off;
     return DP_OK;
 }
+/* One training pass of m on batch b (parameters drawn from seed 7) through the recorder g with
+ * `begin` as its layer_begin: every parameter reported once, top-down, the begins in order; the
+ * gradient copied into *grads if grads is set. */
+static void logged_pass(const struct dp_model *m, const struct dp_batch *b, int (*begin)(void *, int, int, const struct dp_layer *),
+                        struct slice_log *g, float **grads) {
+    const int64_t n = m->num_params;
+    struct dp_replica r;
+    ASSERT_OK(dp_replica_init(&r, m, b->B));
+    dp_model_init_params(m, &r, 7);
+    *g = (struct slice_log){.next_top = n};
+    struct dp_pass pass = {.training = 1, .backward = 1, .seed = 1, .grad_ready = slice_ready, .grad_ready_arg = g,
+                           .layer_begin = begin, .layer_begin_arg = g};
+    memset(r.grads, 0, sizeof(float) * (size_t)n);
+    ASSERT_OK(dp_model_run(m, &r, b, &pass));
+    fprintf(stderr, "    %lld floats reported (of %lld), %d forward and %d backward begins\n", (long long)g->reported,
+            (long long)n, g->views[0], g->views[1]);
+    ASSERT_EQ(g->reported, n);
+    ASSERT_EQ(g->next_top, 0);
+    ASSERT_EQ(g->bad_order, 0);
+    ASSERT_EQ(g->bad_view, 0);
+    if (grads) {
+        *grads = malloc(sizeof(float) * (size_t)n);
+        memcpy(*grads, r.grads, sizeof(float) * (size_t)n);
+    }
+    dp_replica_free(&r);
+}
 TEST(zero_unit_pass_reports_each_range_once) {
     float *grads[2];
     int64_t n = 0;
@@ -987,30 +1013,16 @@ TEST(zero_unit_pass_reports_each_range_once) {
         ASSERT_OK(dp_model_from_spec(&m, "mlp:784,2048,2048,10", 1, 28, 28));
         ASSERT_EQ(dp_model_set_unit(m, u ? 1u << 20 : 0), u ? 2 : 0);
         n = m->num_params;
-        struct dp_replica r;
-        ASSERT_OK(dp_replica_init(&r, m, 4));
-        dp_model_init_params(m, &r, 7);
         float x[4 * 784];
         int32_t y[4] = {1, 3, 5, 7};
         int64_t idx[4] = {0, 1, 2, 3};
         for (int i = 0; i < 4 * 784; i++) x[i] = (float)((i * 37) % 101) / 101.0f;
         struct dp_batch b = {.B = 4, .x = x, .targets = y, .sample_idx = idx};
-        struct slice_log g = {.next_top = n};
-        struct dp_pass pass = {.training = 1, .backward = 1, .seed = 1, .grad_ready = slice_ready, .grad_ready_arg = &g,
-                               .layer_begin = slice_begin, .layer_begin_arg = &g};
-        memset(r.grads, 0, sizeof(float) * (size_t)n);
-        ASSERT_OK(dp_model_run(m, &r, &b, &pass));
-        fprintf(stderr, "    unit %s: %lld floats reported (of %lld), %d forward and %d backward slice views\n",
-                u ? "1 MiB" : "none", (long long)g.reported, (long long)n, g.views[0], g.views[1]);
-        ASSERT_EQ(g.reported, n);
-        ASSERT_EQ(g.next_top, 0);
-        ASSERT_EQ(g.bad_order, 0);
-        ASSERT_EQ(g.bad_view, 0);
+        struct slice_log g;
+        fprintf(stderr, "    unit %s:\n", u ? "1 MiB" : "none");
+        logged_pass(m, &b, slice_begin, &g, &grads[u]);
         ASSERT_EQ(g.views[0], u ? 7 + 16 : 0);     /* fc1's 7 slices and fc2's 16 */
         ASSERT_EQ(g.views[1], u ? 8 + 17 : 0);     /* and each one's bias first */
-        grads[u] = malloc(sizeof(float) * (size_t)n);
-        memcpy(grads[u], r.grads, sizeof(float) * (size_t)n);
-        dp_replica_free(&r);
         dp_model_free(m);
     }
     double d = rel_diff(grads[0], grads[1], n);
@@ -1037,12 +1049,7 @@ TEST_T(zero_unit_same_model_any_stage, 300) {
     for (int P = 1; P <= 3; P++)
         for (int z = P > 1 ? 0 : 3; z <= 3; z++) {
             p.dp.workers = P, p.dp.zero = z;
-            float *got = train(&p, &n);
-            ASSERT_EQ(n, n0);
-            int same = memcmp(ref, got, sizeof(float) * (size_t)n) == 0;
-            fprintf(stderr, "    unit 1 MiB, deterministic P=%d --zero %d: %s\n", P, z, same ? "same bits" : "differs");
-            ASSERT_TRUE(same);
-            free(got);
+            expect_same_bits(&p, ref, n0, "unit 1 MiB, deterministic");
         }
     p.dp.deterministic = 0, p.dp.workers = 2, p.dp.zero = 0;
     float *plain = train(&p, &n);
@@ -1115,11 +1122,7 @@ TEST_T(zero_unit_gpt_in_parts, 300) {
     for (int P = 2; P <= 3; P++)
         for (int z = 0; z <= 3; z += 3) {
             p.dp.workers = P, p.dp.zero = z;
-            float *got = train(&p, &n);
-            int same = n == n0 && memcmp(ref, got, sizeof(float) * (size_t)n) == 0;
-            fprintf(stderr, "    gpt, unit 0.5 MiB, deterministic P=%d --zero %d: %s\n", P, z, same ? "same bits" : "differs");
-            ASSERT_TRUE(same);
-            free(got);
+            expect_same_bits(&p, ref, n0, "gpt, unit 0.5 MiB, deterministic");
         }
     free(ref);
     p.dp.deterministic = 0, p.dp.workers = 2, p.dp.zero = 0;
@@ -1156,21 +1159,13 @@ TEST_T(zero_unit_gpt_in_parts, 300) {
 /* The gpt's pass in parts, seen through its hooks: backward reports every parameter once, range
  * by range from the slab's top down (each child, or its bias and slices), forward begins the
  * children upwards and backward downwards; without the unit, each block once, whole. */
-struct part_log {
-    int64_t next_top, reported, begins[2], last[2];
-    int bad;
-};
-static void part_ready(void *arg, int64_t off, int64_t count) {
-    struct part_log *g = arg;
-    if (off + count != g->next_top) g->bad = 1;
-    g->next_top = off, g->reported += count;
-}
+/* (the same recorder as the slices' test: slice_log, slice_ready) */
 static int part_begin(void *arg, int phase, int layer, const struct dp_layer *l) {
-    struct part_log *g = arg;
+    struct slice_log *g = arg;
     if (layer >= 0 || l->param_count == 0 || l->slice_rows > 0 || l->parts) return DP_OK; /* (what ZeRO passes over) */
-    if (g->begins[phase] && (phase == DP_PHASE_FORWARD ? l->param_off < g->last[phase] : l->param_off > g->last[phase]))
-        g->bad = 1;
-    g->begins[phase]++, g->last[phase] = l->param_off;
+    if (g->views[phase] && (phase == DP_PHASE_FORWARD ? l->param_off < g->last_off[phase] : l->param_off > g->last_off[phase]))
+        g->bad_view = 1;
+    g->views[phase]++, g->last_off[phase] = l->param_off;
     return DP_OK;
 }
 TEST(zero_unit_gpt_pass_reports_each_range_once) {
@@ -1178,29 +1173,16 @@ TEST(zero_unit_gpt_pass_reports_each_range_once) {
         struct dp_model *m;
         ASSERT_OK(dp_model_from_spec(&m, "gpt:layers=2,heads=4,dim=256,ctx=32", 1, 1, 1));
         dp_model_set_unit(m, u ? 512 << 10 : 0);
-        const int64_t n = m->num_params;
-        struct dp_replica r;
-        ASSERT_OK(dp_replica_init(&r, m, 2));
-        dp_model_init_params(m, &r, 5);
         int32_t tok[2 * 32], tgt[2 * 32];
         int64_t idx[2] = {0, 1};
         for (int i = 0; i < 64; i++) tok[i] = (i * 7) % 256, tgt[i] = (i * 11) % 256;
         struct dp_batch b = {.B = 2, .tokens = tok, .targets = tgt, .sample_idx = idx};
-        struct part_log g = {.next_top = n};
-        struct dp_pass pass = {.training = 1, .backward = 1, .seed = 1, .grad_ready = part_ready, .grad_ready_arg = &g,
-                               .layer_begin = part_begin, .layer_begin_arg = &g};
-        memset(r.grads, 0, sizeof(float) * (size_t)n);
-        ASSERT_OK(dp_model_run(m, &r, &b, &pass));
-        fprintf(stderr, "    gpt, unit %s: %lld floats reported (of %lld), %lld forward and %lld backward part begins\n",
-                u ? "0.5 MiB" : "none", (long long)g.reported, (long long)n, (long long)g.begins[0],
-                (long long)g.begins[1]);
-        ASSERT_EQ(g.reported, n);
-        ASSERT_EQ(g.next_top, 0);
-        ASSERT_EQ(g.bad, 0);
+        struct slice_log g;
+        fprintf(stderr, "    gpt, unit %s:\n", u ? "0.5 MiB" : "none");
+        logged_pass(m, &b, part_begin, &g, NULL);
         /* each block: ln1, qkv's 2 slices, proj, ln2, fc's 2, fc_out's 2 forward; and each bias first backward */
-        ASSERT_EQ(g.begins[0], u ? 2 * 9 : 0);
-        ASSERT_EQ(g.begins[1], u ? 2 * 12 : 0);
-        dp_replica_free(&r);
+        ASSERT_EQ(g.views[0], u ? 2 * 9 : 0);
+        ASSERT_EQ(g.views[1], u ? 2 * 12 : 0);
         dp_model_free(m);
     }
 }
