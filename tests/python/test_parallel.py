@@ -59,7 +59,8 @@ class TestParallel(unittest.TestCase):
         # ZeRO 3 with a unit from Python (zero=, zero_unit_mb=: the CLI's --zero, --zero-unit-mb):
         # the first layer (64 x 784 weights, 200 kB) gathered, computed and reduce-scattered in
         # slices of 16 rows; deterministic: one worker's bits with the same unit.  After fit the
-        # shards are whole again in the first worker: predict, evaluate and parameters() read them
+        # shards are whole again in the first worker: predict, evaluate, parameters() and the export
+        # read them
         a, b = dptrain.Model("mlp:hidden=64"), dptrain.Model("mlp:hidden=64")
         a.fit(self.X, self.y, workers=1, zero_unit_mb=0.05, **OPTS)
         b.fit(self.X, self.y, workers=2, zero=3, zero_unit_mb=0.05, **OPTS)
@@ -70,6 +71,11 @@ class TestParallel(unittest.TestCase):
         self.assertEqual(sorted(pa), sorted(pb))
         for k in pa:
             np.testing.assert_array_equal(pa[k], pb[k])
+        fa, fb = os.path.join(self.dir, "unit_a.safetensors"), os.path.join(self.dir, "unit_b.safetensors")
+        a.export_safetensors(fa)
+        b.export_safetensors(fb)
+        with open(fa, "rb") as x, open(fb, "rb") as z:
+            self.assertEqual(x.read(), z.read())
 
     def test_tensor_parallel_matches_one_worker(self):
         # tensor parallelism from Python (tp=: the CLI's --tp): a gpt whose blocks are split 2 ways
