@@ -363,6 +363,8 @@ int dp_zero_settle(struct dp_zero *z);
 int dp_zero_shard_init(struct dp_zero *z, const struct dp_model *m, uint64_t seed, const float *whole);
 int dp_zero_materialize(struct dp_zero *z);
 int dp_zero_gather_params(struct dp_zero *z, int keep, uint64_t *hash);
+/* Stage 3: 1 when every range is in the slab (gathered and kept, none in flight). */
+int dp_zero_params_whole(const struct dp_zero *z);
 int dp_zero_release_params(struct dp_zero *z);
 int dp_zero_layer_begin(void *arg, int phase, int layer, const struct dp_layer *l);
 /* Checkpoints keep today's whole-slab layout (parts slabs of n floats),
@@ -518,6 +520,9 @@ int dp_sync_settle(struct dp_sync *s);
  * G > 1): passes gather layer by layer (dp_sync_eval_hooks), and whatever
  * reads the slab goes through dp_sync_gather. */
 int dp_sync_sharded_params(const struct dp_sync *s);
+/* 1 when the slab holds the whole parameters now: not sharded, or every range gathered and
+ * kept (dp_sync_gather with keep, as at the run's end on worker 0). */
+int dp_sync_params_whole(const struct dp_sync *s);
 /* 1 when this worker does not hold the whole parameters between dp_sync_gather(keep) calls
  * (sharded, or a pipeline stage: p.whole): whatever reads the whole slab goes
  * through dp_sync_gather, with a hash where it needs one. */

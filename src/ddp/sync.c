@@ -294,6 +294,7 @@ int dp_sync_settle(struct dp_sync *s) {
     return rc || !s->p.whole ? rc : s->p.whole(s->p.whole_arg, -1, NULL);
 }
 int dp_sync_sharded_params(const struct dp_sync *s) { return s->zero.stage == 3 && s->zero.sharded; }
+int dp_sync_params_whole(const struct dp_sync *s) { return !dp_sync_sharded_params(s) || dp_zero_params_whole(&s->zero); }
 int dp_sync_params_partial(const struct dp_sync *s) {
     return dp_sync_sharded_params(s) || s->p.whole;
 }

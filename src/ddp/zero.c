@@ -398,6 +398,12 @@ int dp_zero_gather_params(struct dp_zero *z, int keep, uint64_t *hash) {
     return rc;
 }
 
+int dp_zero_params_whole(const struct dp_zero *z) {
+    for (int k = 0; k < z->npieces; k++)
+        if (!z->have[k] || z->greq[k]) return 0;
+    return 1;
+}
+
 /* Whole 4 KiB pages: once, at the end, so no fault cost recurs per step. */
 void dp_zero_drop_grad_shard(struct dp_zero *z) {
     if (z->gshard) release_in(z->gshard, z->len, 1, 0, (uintptr_t)page_size());

@@ -177,8 +177,8 @@ static int open_like_run(struct dp_trainer *t, struct dp_dataset *ds, const stru
 }
 
 /* ZeRO 3 on several workers: each replica holds its shard of the parameters only, until the
- * run's end gathers them whole into worker 0's (t->whole0). */
-static int sharded(const struct dp_trainer *t) { return t->p.dp.zero == 3 && t->G > 1 && !t->whole0; }
+ * run's end gathers them whole into worker 0's (and keeps them there). */
+static int sharded(const struct dp_trainer *t) { return !dp_sync_params_whole(&t->w[0].sync); }
 
 static int whole_replica(const struct dp_trainer *t) {
     if (sharded(t))

@@ -263,7 +263,6 @@ int dp__end_epoch(struct worker *w, double t_start) {
     if (!rc && (last || t->p.io.out_dir)) {
         uint64_t h = DP_FNV1A64_INIT;
         rc = dp_sync_gather(&w->sync, w->rank == 0 && last, dp_sync_params_partial(&w->sync) ? &h : NULL);
-        if (!rc && w->rank == 0 && last) t->whole0 = 1;
         w->zhash = dp_fnv1a64(w->rep.buffers, sizeof(float) * (size_t)t->model->num_buffers, h);
     }
     if (!rc && ckpt) rc = dp__ef_gather_state(w);

@@ -187,7 +187,6 @@ int dp__step_loop(struct worker *w) {
                 dp_sync_drop_grads(&w->sync);
                 if ((rc = dp_sync_gather(&w->sync, w->rank == 0, NULL)) || (rc = dp__ef_gather_state(w)))
                     return rc;
-                if (w->rank == 0) t->whole0 = 1;
                 if (w->grank == 0) {
                     if (stop) t->stopped = step;
                     if (!isnan(acc)) rc = dp__report_eval(w, step, epoch, acc, loss);
@@ -358,7 +357,6 @@ static int run_workers(struct dp_trainer *t) {
  * best effort: a folder it cannot reach (not shared with this host) keeps
  * the run's own error in front. */
 int dp_trainer_run(struct dp_trainer *t) {
-    t->whole0 = 0; /* (the passes give worker 0's ranges back; the run's end gathers them again) */
     int rc = run_workers(t);
     if (!rc || !t->p.io.out_dir) return rc;
     char err[2048];

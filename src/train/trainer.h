@@ -207,8 +207,6 @@ struct dp_trainer {
                                   stops (INT64_MAX: none; stop_agreed); the parameter server's
                                   threads: the epoch at whose end they stop (ps_stop_note) */
     int64_t stopped;           /* the step a requested stop ended the run at (-1: none) */
-    int whole0;                /* ZeRO 3: the run ended, and worker 0's slab holds the whole parameters
-                                  (dp_sync_gather's keep), so the host calls may read them */
     /* --pp (pipe_step.c): S stages of R = G / S replicas; stage s is layers [pp_first[s],
      * pp_first[s + 1]); each stage's replicas reduce in their own world */
     int pp, pp_R, pp_M;
