@@ -82,18 +82,24 @@ static inline const char *words_token_file(uint32_t seed) {
     return path;
 }
 
-/* The split-model tests' recipe (test_pipe.c, test_tp.c): gpt `model` on words_token_file(777),
- * 4 steps of 8 windows per epoch, 40 validation windows, AdamW with weight decay, cosine with
- * warm-up, `workers` workers. */
-static inline struct dp_train_params gpt_split_params(const char *model, int workers, int64_t epochs) {
+/* The text tests' data and shape: gpt `model` on words_token_file(seed), 4 steps of 8 windows per
+ * epoch, 40 validation windows, `workers` workers, `epochs` epochs (the recipe is the caller's). */
+static inline struct dp_train_params gpt_words_params(const char *model, uint32_t seed, int workers, int64_t epochs) {
     struct dp_train_params p = dp_train_default_params();
-    p.data.data_dir = words_token_file(777u);
+    p.data.data_dir = words_token_file(seed);
     p.run.model = model;
     p.dp.workers = workers;
     p.run.batch = 8;
     p.data.train_limit = 32;
     p.data.test_limit = 40;
     p.run.epochs = epochs;
+    return p;
+}
+
+/* The split-model tests' recipe (test_pipe.c, test_tp.c): gpt_words_params on words_token_file(777),
+ * AdamW with weight decay, cosine with warm-up. */
+static inline struct dp_train_params gpt_split_params(const char *model, int workers, int64_t epochs) {
+    struct dp_train_params p = gpt_words_params(model, 777u, workers, epochs);
     p.optim = dp_optim_default_params();
     p.optim.kind = DP_OPTIM_ADAMW;
     p.optim.weight_decay = 0.01f;

@@ -17,14 +17,7 @@
 
 /* Batches of 8 windows of ctx 8, 32 windows per epoch (4 steps). */
 static struct dp_train_params gpt_params(int workers) {
-    struct dp_train_params p = dp_train_default_params();
-    p.data.data_dir = words_token_file(12345u);
-    p.run.model = GPT;
-    p.dp.workers = workers;
-    p.run.batch = 8;
-    p.data.train_limit = 32;
-    p.data.test_limit = 40;
-    p.run.epochs = 2;
+    struct dp_train_params p = gpt_words_params(GPT, 12345u, workers, 2);
     p.sched.base_lr = 0.1f;
     p.optim.momentum = 0.9f;
     p.data.prefetch = 1;

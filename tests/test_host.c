@@ -96,21 +96,30 @@ static void host_table(float *x, int32_t *y) {
     }
 }
 
+/* mlp:hidden=8 on the table (ax, ay), batches of 16, 2 workers, deterministic, `epochs` epochs,
+ * --zero `zero`. */
+static struct dp_train_params *host_params(const char *epochs, const char *zero, const struct dp_array *ax,
+                                           const struct dp_array *ay) {
+    struct dp_train_params *p = dp_train_params_new();
+    ASSERT_TRUE(p != NULL);
+    ASSERT_OK(dp_train_option_set(p, "model", "mlp:hidden=8"));
+    ASSERT_OK(dp_train_option_set(p, "epochs", epochs));
+    ASSERT_OK(dp_train_option_set(p, "batch", "16"));
+    ASSERT_OK(dp_train_option_set(p, "workers", "2"));
+    ASSERT_OK(dp_train_option_set(p, "zero", zero));
+    ASSERT_OK(dp_train_option_set(p, "deterministic", NULL));
+    ASSERT_OK(dp_train_params_set_array(p, "x", ax));
+    ASSERT_OK(dp_train_params_set_array(p, "y", ay));
+    return p;
+}
+
 TEST(host_train_predict) {
     float *x = malloc(sizeof(float) * M * D), *out = malloc(sizeof(float) * M * 2);
     int32_t *y = malloc(sizeof(int32_t) * M);
     ASSERT_TRUE(x && y && out);
     host_table(x, y);
     struct dp_array ax = arr(x, DP_NPY_F32, 2, M, D, 0), ay = arr(y, DP_NPY_I32, 1, M, 0, 0);
-    struct dp_train_params *p = dp_train_params_new();
-    ASSERT_TRUE(p != NULL);
-    ASSERT_OK(dp_train_option_set(p, "model", "mlp:hidden=8"));
-    ASSERT_OK(dp_train_option_set(p, "epochs", "3"));
-    ASSERT_OK(dp_train_option_set(p, "batch", "16"));
-    ASSERT_OK(dp_train_option_set(p, "workers", "2"));
-    ASSERT_OK(dp_train_option_set(p, "deterministic", NULL));
-    ASSERT_OK(dp_train_params_set_array(p, "x", &ax));
-    ASSERT_OK(dp_train_params_set_array(p, "y", &ay));
+    struct dp_train_params *p = host_params("3", "0", &ax, &ay);
     ASSERT_ERR(dp_train_params_set_array(p, "z", &ay), DP_EINVAL, "'z'");
     struct dp_trainer *t;
     ASSERT_OK(dp_trainer_init(&t, p));
@@ -174,16 +183,7 @@ TEST(host_zero3_predict_after_run) {
     double acc[2], loss[2];
     float *w0[2] = {NULL, NULL};
     for (int z = 0; z < 2; z++) {
-        struct dp_train_params *p = dp_train_params_new();
-        ASSERT_TRUE(p != NULL);
-        ASSERT_OK(dp_train_option_set(p, "model", "mlp:hidden=8"));
-        ASSERT_OK(dp_train_option_set(p, "epochs", "2"));
-        ASSERT_OK(dp_train_option_set(p, "batch", "16"));
-        ASSERT_OK(dp_train_option_set(p, "workers", "2"));
-        ASSERT_OK(dp_train_option_set(p, "zero", z ? "3" : "0"));
-        ASSERT_OK(dp_train_option_set(p, "deterministic", NULL));
-        ASSERT_OK(dp_train_params_set_array(p, "x", &ax));
-        ASSERT_OK(dp_train_params_set_array(p, "y", &ay));
+        struct dp_train_params *p = host_params("2", z ? "3" : "0", &ax, &ay);
         struct dp_trainer *t;
         ASSERT_OK(dp_trainer_init(&t, p));
         const char *name;

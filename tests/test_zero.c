@@ -98,19 +98,14 @@ TEST_T(zero_deterministic_bit_identical, 300) {
     p.run.clip_norm = 0.5;
     p.dp.deterministic = 1;
     p.run.max_steps = 3;
-    int64_t n0, n;
+    int64_t n0;
     float *ref = train(&p, &n0);
     for (int P = 1; P <= 4; P++)
         for (int z = 1; z <= (P > 1 ? 4 : 1); z++) { /* 4: --zero 1 --zero-gather ahead */
             p.dp.workers = P;
             p.dp.zero = z == 4 ? 1 : z;
             p.dp.zero_gather = z == 4 ? DP_ZERO_GATHER_AHEAD : DP_ZERO_GATHER_AUTO;
-            float *got = train(&p, &n);
-            ASSERT_EQ(n, n0);
-            fprintf(stderr, "    deterministic P=%d --zero %d%s: %s\n", P, p.dp.zero, z == 4 ? " ahead" : "",
-                    memcmp(ref, got, sizeof(float) * (size_t)n) ? "differs" : "same bits");
-            ASSERT_TRUE(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
-            free(got);
+            expect_same_bits(&p, ref, n0, z == 4 ? "deterministic, gather ahead" : "deterministic");
         }
     free(ref);
 }
