@@ -99,6 +99,11 @@ void dp_slab_unmap(void *p, size_t size);
 /* Gives back the whole pages inside [p, p + bytes) of a dp_slab_map slab: they read as zeros
  * afterwards (the bytes around them keep their values). */
 void dp_slab_release(void *p, size_t bytes);
+/* The same in units of `unit` bytes (a power of two: a page, or DP_SLAB_UNIT): the whole units
+ * inside [p, p + bytes) given back; zero: the bytes of the partial units at the edges set to 0
+ * too, so the whole range reads as zeros; tail: p + bytes ends a slab of whole units, so its
+ * last unit goes whole. */
+void dp_slab_give_back(void *p, size_t bytes, size_t unit, int zero, int tail);
 char *dp_strdup(const char *s);
 
 /* ---- asserts: programmer errors only ------------------------------------ */

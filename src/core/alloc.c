@@ -83,11 +83,22 @@ void dp_slab_unmap(void *p, size_t size) {
     munmap(p, len ? len : DP_SLAB_UNIT);
 }
 
+void dp_slab_give_back(void *p, size_t bytes, size_t unit, int zero, int tail) {
+    if (!bytes) return;
+    uintptr_t a = (uintptr_t)p, e = a + bytes, u = unit;
+    uintptr_t lo = (a + u - 1) & ~(u - 1), hi = tail ? (e + u - 1) & ~(u - 1) : e & ~(u - 1);
+    if (hi <= lo) {
+        if (zero) memset(p, 0, bytes);
+        return;
+    }
+    if (zero) memset(p, 0, lo - a), memset((void *)hi, 0, e > hi ? e - hi : 0);
+    /* a failure only leaves the memory in place: the data is zeroed by hand */
+    if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0 && zero) memset((void *)lo, 0, hi - lo);
+}
+
 void dp_slab_release(void *p, size_t bytes) {
     long pg = sysconf(_SC_PAGESIZE);
-    uintptr_t unit = pg > 0 ? (uintptr_t)pg : 4096, a = (uintptr_t)p;
-    uintptr_t lo = (a + unit - 1) & ~(unit - 1), hi = (a + bytes) & ~(unit - 1);
-    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    dp_slab_give_back(p, bytes, pg > 0 ? (size_t)pg : 4096, 0, 0);
 }
 
 char *dp_strdup(const char *s) {

@@ -85,21 +85,10 @@ static size_t page_size(void) {
     return pg > 0 ? (size_t)pg : 4096;
 }
 
-/* Gives back the whole units (of `unit` bytes) inside x[0, n); zero: the floats on the partial
- * edge units are set to 0 too, so all of x[0, n) reads as zeros after.
- * tail: x + n is the end of a slab of whole units (dp_slab_map), so its last
- * unit is given back whole (the slab's start is a unit boundary already). */
+/* Gives back the whole units (of `unit` bytes) inside x[0, n) (dp_slab_give_back: zero, the
+ * partial edges zeroed too; tail, the slab's last unit whole). */
 static void release_in(float *x, int64_t n, int zero, int tail, uintptr_t unit) {
-    if (n <= 0) return;
-    uintptr_t a = (uintptr_t)x, e = (uintptr_t)(x + n);
-    uintptr_t lo = (a + unit - 1) & ~(unit - 1), hi = tail ? (e + unit - 1) & ~(unit - 1) : e & ~(unit - 1);
-    if (hi <= lo) {
-        if (zero) memset(x, 0, sizeof(float) * (size_t)n);
-        return;
-    }
-    if (zero) memset(x, 0, lo - a), memset((void *)hi, 0, e > hi ? e - hi : 0);
-    /* a failure only leaves the memory in place: the data is zeroed by hand */
-    if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0 && zero) memset((void *)lo, 0, hi - lo);
+    if (n > 0) dp_slab_give_back(x, sizeof(float) * (size_t)n, (size_t)unit, zero, tail);
 }
 
 static void release_to(float *x, int64_t n, int zero, int tail) { release_in(x, n, zero, tail, UNIT); }
