@@ -8,7 +8,9 @@
  * oneDNN runs in two layouts:
  *   nchw  the tensors in dptrain's own layout (NCHW, OIHW): what a drop-in replacement gets;
  *   any   the library's choice (blocked, e.g. nChw16c), the reorders left out: the best case
- *         for a chain of convolutions kept in the blocked layout.
+ *         for a chain of convolutions kept in the blocked layout;
+ *   any + reorders   the same with the reorders to and from NCHW/OIHW added: what one layer
+ *         in dptrain's layout would get from the blocked kernels.
  * Each figure is the median of reps timed runs after one untimed run, in milliseconds per batch;
  * "bwd" is backward data plus backward weights (with the bias gradient). */
 #include <stdio.h>
@@ -116,8 +118,34 @@ static double run_prim(dnnl_primitive_t p, dnnl_stream_t st, int nargs, const dn
     return median(v, reps);
 }
 
+/* The time of a reorder from `from` to `to` (0 when they are the same layout), ms. */
+static double time_reorder(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to, dnnl_engine_t eng,
+                           dnnl_stream_t st, int reps) {
+    if (dnnl_memory_desc_equal(from, to)) return 0.0;
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t p;
+    dnnl_memory_t a, b;
+    if (dnnl_reorder_primitive_desc_create(&pd, from, eng, to, eng, NULL) != dnnl_success) return -1.0;
+    if (dnnl_primitive_create(&p, pd) != dnnl_success) return -1.0;
+    if (dnnl_memory_create(&a, from, eng, DNNL_MEMORY_ALLOCATE) != dnnl_success ||
+        dnnl_memory_create(&b, to, eng, DNNL_MEMORY_ALLOCATE) != dnnl_success)
+        return -1.0;
+    void *h;
+    dnnl_memory_get_data_handle(a, &h);
+    fill(h, (int64_t)(dnnl_memory_desc_get_size(from) / sizeof(float)), 7);
+    dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}};
+    double v = run_prim(p, st, 2, ra, reps);
+    dnnl_memory_destroy(a), dnnl_memory_destroy(b);
+    dnnl_primitive_destroy(p), dnnl_primitive_desc_destroy(pd);
+    return v;
+}
+
 /* oneDNN's forward, backward-data and backward-weights primitives: ms into t[0] (forward),
- * t[1] (both backward), in the layout `tag` (dnnl_nchw, or dnnl_format_tag_any). */
+ * t[1] (both backward), in the layout `tag` (any = 0: dnnl_nchw; 1: dnnl_format_tag_any;
+ * 2: dnnl_format_tag_any with the reorders from and to NCHW/OIHW that a layer in dptrain's
+ * layout would pay added: forward src, weights, dst; backward diff_dst (once per layout the
+ * two backward primitives chose), diff_src, diff_weights.  The src in the blocked layout is
+ * kept from forward for backward-weights. */
 static int time_dnnl(const struct shape *s, int reps, int any, double t[2]) {
     dnnl_engine_t eng;
     dnnl_stream_t st;
@@ -162,6 +190,26 @@ static int time_dnnl(const struct shape *s, int reps, int any, double t[2]) {
     t[0] = run_prim(fp, st, s->bias ? 4 : 3, fa, reps);
     double tdd = run_prim(dp, st, 3, da, reps), tdw = run_prim(wp, st, s->bias ? 4 : 3, wa, reps);
     t[1] = tdd < 0 || tdw < 0 ? -1.0 : tdd + tdw;
+    if (any == 2 && t[0] >= 0 && t[1] >= 0) {
+        dnnl_memory_desc_t psmd, pwmd, pdmd; /* dptrain's layouts */
+        CK(dnnl_memory_desc_init_by_tag(&psmd, 4, sd, dnnl_f32, dnnl_nchw));
+        CK(dnnl_memory_desc_init_by_tag(&pwmd, 4, wd, dnnl_f32, dnnl_oihw));
+        CK(dnnl_memory_desc_init_by_tag(&pdmd, 4, dd, dnnl_f32, dnnl_nchw));
+#define MD(pd, q) dnnl_primitive_desc_query_md(pd, q, 0)
+        const dnnl_memory_desc_t *dd_d = MD(dpd, dnnl_query_diff_dst_md), *dd_w = MD(wpd, dnnl_query_diff_dst_md);
+        double r[7] = {time_reorder(&psmd, MD(fpd, dnnl_query_src_md), eng, st, reps),
+                       time_reorder(&pwmd, MD(fpd, dnnl_query_weights_md), eng, st, reps),
+                       time_reorder(MD(fpd, dnnl_query_dst_md), &pdmd, eng, st, reps),
+                       time_reorder(&pdmd, dd_d, eng, st, reps),
+                       dnnl_memory_desc_equal(dd_d, dd_w) ? 0.0 : time_reorder(&pdmd, dd_w, eng, st, reps),
+                       time_reorder(MD(dpd, dnnl_query_diff_src_md), &psmd, eng, st, reps),
+                       time_reorder(MD(wpd, dnnl_query_diff_weights_md), &pwmd, eng, st, reps)};
+#undef MD
+        for (int i = 0; i < 7; i++)
+            if (r[i] < 0) t[0] = -1.0;
+        t[0] += r[0] + r[1] + r[2];
+        t[1] += r[3] + r[4] + r[5] + r[6];
+    }
     dnnl_memory_t ms[8] = {src, wts, bia, dst, dsrc, ddst, dwts, dbia};
     for (int i = 0; i < 8; i++)
         if (ms[i]) dnnl_memory_destroy(ms[i]);
@@ -199,14 +247,14 @@ int main(int argc, char **argv) {
     double peak = dp_cpu_peak_flops() / 1e9;
     printf("batch %d, 1 thread, median of %d; ms per batch (GFLOP/s, %% of the measured %.0f GFLOP/s %s peak)\n", B,
            reps, peak, dp_cpu_peak_isa());
-    printf("%-34s %9s %9s | %-25s | %-25s | %-25s\n", "layer", "fwd GFLOP", "", "dptrain fwd / bwd",
-           "oneDNN nchw fwd / bwd", "oneDNN any fwd / bwd");
+    printf("%-34s %9s %9s | %-25s | %-25s | %-25s | %-25s\n", "layer", "fwd GFLOP", "", "dptrain fwd / bwd",
+           "oneDNN nchw fwd / bwd", "oneDNN any fwd / bwd", "any + reorders fwd / bwd");
     int bad = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const struct shape *s = &shapes[i];
         const int64_t OH = (s->H + 2 * s->P - s->K) / s->S + 1, OW = (s->W + 2 * s->P - s->K) / s->S + 1;
         const double gf = 2.0 * B * s->OC * s->C * s->K * s->K * OH * OW / 1e9; /* forward; backward is 2x */
-        double o[2], n[2] = {-1, -1}, a[2] = {-1, -1};
+        double o[2], n[2] = {-1, -1}, a[2] = {-1, -1}, ar[2] = {-1, -1};
         if (time_ours(s, reps, o)) {
             fprintf(stderr, "conv_layers: %s: %s\n", s->what, dp_errmsg());
             return 1;
@@ -214,14 +262,17 @@ int main(int argc, char **argv) {
 #ifdef DP_WITH_DNNL
         bad |= time_dnnl(s, reps, 0, n);
         bad |= time_dnnl(s, reps, 1, a);
+        bad |= time_dnnl(s, reps, 2, ar);
 #endif
-        char c0[64], c1[64], c2[64];
+        char c0[64], c1[64], c2[64], c3[64];
         snprintf(c0, sizeof c0, "%6.2f / %6.2f (%3.0f%%)", o[0], o[1], 100 * 3 * gf / ((o[0] + o[1]) / 1e3) / peak);
         snprintf(c1, sizeof c1, n[0] > 0 ? "%6.2f / %6.2f (%3.0f%%)" : "n/a", n[0], n[1],
                  100 * 3 * gf / ((n[0] + n[1]) / 1e3) / peak);
         snprintf(c2, sizeof c2, a[0] > 0 ? "%6.2f / %6.2f (%3.0f%%)" : "n/a", a[0], a[1],
                  100 * 3 * gf / ((a[0] + a[1]) / 1e3) / peak);
-        printf("%-34s %9.3f %9s | %-25s | %-25s | %-25s\n", s->what, gf, "", c0, c1, c2);
+        snprintf(c3, sizeof c3, ar[0] > 0 ? "%6.2f / %6.2f (%3.0f%%)" : "n/a", ar[0], ar[1],
+                 100 * 3 * gf / ((ar[0] + ar[1]) / 1e3) / peak);
+        printf("%-34s %9.3f %9s | %-25s | %-25s | %-25s | %-25s\n", s->what, gf, "", c0, c1, c2, c3);
     }
     printf("(%%: the training FLOPs, 3 x forward, over forward + backward time, against the peak)\n");
     return bad;

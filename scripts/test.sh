@@ -78,11 +78,13 @@ if [[ -z "${QUICK:-}" ]]; then
     # forward reads the ranges already gathered (2 s); an image folder decoded on 1, 3 and 7 threads;
     # the background checkpoint writer beside the workers' steps; the pipeline's stages (messages between
     # neighbours, the stages' own all-reduces, a failing stage); the tensor groups' sums inside the pass;
-    # ZeRO-3 gathering and reduce-scattering a layer's slices (--zero-unit-mb) while it computes
+    # ZeRO-3 gathering and reduce-scattering a layer's slices (--zero-unit-mb) while it computes;
+    # oneDNN's convolution primitives made and run by the workers at once (worker threads; the
+    # groups' OpenMP threads are not TSan's to see: libgomp is not instrumented)
     run tsan env TSAN_OPTIONS=halt_on_error=1 ./build-tsan/dptest data_loader '^comm_' ddp_equivalence_mlp ddp_failure ddp_skip ddp_check gpt_ddp_ \
       '^ps_concurrent_' '^ps_ssp_sum' '^ps_async_staleness_lr' '^ps_failure_' '^balance_loader' '^slow_deterministic' \
       '^backup_tiny' '^zero1_ahead' ddp_procs_zero1 '^images_threads' '^images_skip_bad' \
-      '^snapshot_' '^pipe_' '^tp_' '^zero3_unit'; tally /tmp/dptrain-test-tsan.log
+      '^snapshot_' '^pipe_' '^tp_' '^zero3_unit' '^ddp_deterministic_cnn16'; tally /tmp/dptrain-test-tsan.log
   fi
   # The fuzzers are single-threaded and time-boxed: they run side by side
   # (each for FUZZ_SECONDS of wall time), then their results are read in order.

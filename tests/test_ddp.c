@@ -294,6 +294,9 @@ static void deterministic(const char *model, int64_t steps) {
 
 TEST_T(ddp_deterministic_mlp_bit_identical, 300) { deterministic("mlp", 17); }
 TEST_T(ddp_deterministic_cnn_bit_identical, 300) { deterministic("cnn", 4); }
+/* small enough for TSan: conv2's 16 input channels take oneDNN's blocked kernels
+ * (src/nn/conv_dnnl.c), whose primitives the workers make and run concurrently */
+TEST_T(ddp_deterministic_cnn16_bit_identical, 300) { deterministic("cnn:16,16,16", 3); }
 /* dropout draws per global sample index: the same masks for any worker count */
 TEST_T(ddp_deterministic_mlp_dropout_bit_identical, 300) { deterministic("mlp:784,64,10,dropout=0.3", 9); }
 

@@ -622,6 +622,73 @@ TEST(layer_conv2d_fast_matches_reference) {
     dp__conv2d_set_chunk_cols(512);
 }
 
+/* oneDNN's blocked kernels (src/nn/conv_dnnl.c), taken where C >= 16 and K >= 2: within
+ * 1e-4 * (|ref| + rms(ref)) of the direct loops, forward and backward, with and without dx;
+ * batches of one group, of several with a shorter last one (17, 35), and of one short group;
+ * and the same bits on 1 and 2 threads (the groups depend on B alone).  With the path turned
+ * off (im2col + GEMM) the bits differ: the test saw the blocked kernels run. */
+TEST(layer_conv2d_dnnl_matches_reference) {
+    /* C, H, W, OC, K, S, P, bias, B */
+    static const int shapes[][9] = {
+        {16, 6, 6, 8, 3, 1, 1, 1, 17}, {24, 7, 5, 20, 3, 2, 1, 0, 35}, {16, 9, 9, 16, 5, 1, 2, 1, 5},
+        {32, 4, 4, 12, 3, 1, 0, 1, 16}, {16, 8, 8, 5, 2, 2, 0, 0, 1},
+    };
+    if (!dp_gemm_backend_available(DP_GEMM_DNNL)) return; /* (built without oneDNN: im2col only) */
+    ASSERT_OK(dp_gemm_set_backend(DP_GEMM_DNNL));
+    for (size_t i = 0; i < DP_ARRAY_LEN(shapes); i++) {
+        const int *f = shapes[i];
+        const int64_t C = f[0], OC = f[3], B = f[8];
+        const int K = f[4], bias = f[7];
+        struct lt t;
+        lt_begin(&t, dp__shape3(C, f[1], f[2]), B);
+        ASSERT_OK(dp_conv2d(t.m, "conv", OC, K, f[5], f[6], bias));
+        lt_end(&t, 300 + i);
+        struct dp__conv_dims d = dp__conv2d_dims(t.l);
+        ASSERT_TRUE(dp__conv_dnnl_usable(&d));
+        const float *w = t.r.params + t.l->param_off;
+        const int64_t nw = OC * C * K * K, ng = nw + (bias ? OC : 0);
+        float *yr = malloc(sizeof(float) * (size_t)t.nout), *dxr = malloc(sizeof(float) * (size_t)t.nin);
+        float *gr = calloc((size_t)(nw + OC), sizeof(float));
+        float *y1 = malloc(sizeof(float) * (size_t)t.nout), *dx1 = malloc(sizeof(float) * (size_t)t.nin);
+        float *g1 = malloc(sizeof(float) * (size_t)ng);
+        dp__conv2d_forward_ref(yr, t.x, w, bias ? w + nw : NULL, B, &d);
+        dp__conv2d_backward_ref(dxr, gr, bias ? gr + nw : NULL, t.dy, t.x, w, B, &d);
+        for (int nth = 1; nth <= 2; nth++) {
+            dp_set_num_threads(nth);
+            memset(t.r.grads, 0, sizeof(float) * (size_t)t.m->num_params);
+            lt_forward(&t);
+            lt_backward(&t, t.dx);
+            assert_close_rel("dnnl conv y", t.y, yr, t.nout, 1e-4);
+            assert_close_rel("dnnl conv dx", t.dx, dxr, t.nin, 1e-4);
+            assert_close_rel("dnnl conv dw", t.r.grads + t.l->param_off, gr, nw, 1e-4);
+            if (bias) assert_close_rel("dnnl conv db", t.r.grads + t.l->param_off + nw, gr + nw, OC, 1e-4);
+            if (nth == 1) {
+                memcpy(y1, t.y, sizeof(float) * (size_t)t.nout), memcpy(dx1, t.dx, sizeof(float) * (size_t)t.nin);
+                memcpy(g1, t.r.grads + t.l->param_off, sizeof(float) * (size_t)ng);
+            } else { /* the bits of one thread */
+                ASSERT_TRUE(!memcmp(y1, t.y, sizeof(float) * (size_t)t.nout));
+                ASSERT_TRUE(!memcmp(dx1, t.dx, sizeof(float) * (size_t)t.nin));
+                ASSERT_TRUE(!memcmp(g1, t.r.grads + t.l->param_off, sizeof(float) * (size_t)ng));
+            }
+        }
+        dp_set_num_threads(1);
+        /* no dx: the parameter gradients alone, the same bits */
+        memset(t.r.grads, 0, sizeof(float) * (size_t)t.m->num_params);
+        lt_forward(&t);
+        lt_backward(&t, NULL);
+        ASSERT_TRUE(!memcmp(g1, t.r.grads + t.l->param_off, sizeof(float) * (size_t)ng));
+        /* im2col + GEMM: close, and other bits */
+        dp__conv2d_set_dnnl(0);
+        ASSERT_TRUE(!dp__conv_dnnl_usable(&d));
+        lt_forward(&t);
+        assert_close_rel("im2col conv y", t.y, yr, t.nout, 1e-4);
+        ASSERT_TRUE(memcmp(y1, t.y, sizeof(float) * (size_t)t.nout) != 0);
+        dp__conv2d_set_dnnl(1);
+        free(yr), free(dxr), free(gr), free(y1), free(dx1), free(g1);
+        lt_free(&t);
+    }
+}
+
 /* ---- BatchNorm statistics ---------------------------------------------------------- */
 
 TEST(layer_batchnorm_running_stats_and_eval) {
@@ -1141,16 +1208,17 @@ TEST(layer_small_cnn_through_model_run) {
 /* Fusion (dp_model_finalize): a ReLU after conv2d or linear is applied in that layer's
  * epilogue and its dy masked there; the pass skips the ReLU layer.  The fused model gives the
  * unfused one's bits: logits, loss and every gradient, on 1 and 2 threads, with the convolution
- * cut into chunks of one sample (the n == 1 paths), of ~512 columns, and whole. */
+ * cut into chunks of one sample (the n == 1 paths), of ~512 columns, and whole, and with conv2
+ * on oneDNN's blocked kernels (16 input channels) where they are built in. */
 static struct dp_model *fusion_model(int fuse) {
     struct dp_model *m;
     struct dp_shape in = dp__shape3(2, 12, 12);
     if (dp_model_init(&m, "fusion", &in)) return NULL;
     int rc = dp_model_set_fusion(m, fuse);
-    if (!rc) rc = dp_conv2d(m, "conv1", 6, 3, 1, 1, 1); /* "same": the masked im2col */
+    if (!rc) rc = dp_conv2d(m, "conv1", 16, 3, 1, 1, 1); /* "same": the masked im2col */
     if (!rc) rc = dp_relu(m, "relu1");
     if (!rc) rc = dp_maxpool2d(m, "pool", 2, 2);
-    if (!rc) rc = dp_conv2d(m, "conv2", 5, 3, 2, 1, 1); /* strided, 3x3 planes */
+    if (!rc) rc = dp_conv2d(m, "conv2", 5, 3, 2, 1, 1); /* strided, 3x3 planes; 16 channels: oneDNN's */
     if (!rc) rc = dp_relu(m, "relu2");
     if (!rc) rc = dp_conv2d(m, "conv3", 4, 1, 1, 0, 0); /* no bias */
     if (!rc) rc = dp_relu(m, "relu3");

@@ -34,6 +34,7 @@ struct conv {
      * NULL: colmask[kw][o] = 1 when output pixel o's input column for kernel
      * column kw lies inside the image. */
     uint8_t *colmask;
+    struct dp__conv_dnnl *dn; /* oneDNN's kernels (conv_dnnl.c), when C >= 16 and built in */
 };
 
 struct dp__conv_dims dp__conv2d_dims(const struct dp_layer *l) {
@@ -348,6 +349,8 @@ static int conv_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const 
     const int T = dp_get_num_threads(), outer = use_outer(nchunks, T), nbuf = outer ? T : 1;
     const float *w = ctx->params + l->param_off;               /* (OC, CKK) */
     const float *bias = w + OC * CKK;                          /* (OC) */
+    if (p->dn && dp__conv_dnnl_usable(d))
+        return dp__conv_dnnl_forward(p->dn, ctx, d, p->relu, w, p->bias ? bias : NULL, y, x, B);
     float *col = dp__arena_floats(ctx, nbuf * CKK * nb * OHW); /* (nbuf, CKK, nb*OHW) */
     float *yt =
         nb > 1 ? dp__arena_floats(ctx, nbuf * OC * nb * OHW) : NULL; /* (nbuf, OC, nb*OHW) */
@@ -377,6 +380,8 @@ static int conv_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, cons
     float *dw = ctx->grads + l->param_off;       /* (OC, CKK) */
     float *db = dw + NW;                         /* (OC) */
     if (B == 0) return DP_OK; /* an empty share: no gradient to add */
+    if (p->dn && dp__conv_dnnl_usable(d))
+        return dp__conv_dnnl_backward(p->dn, ctx, d, p->relu, w, dw, p->bias ? db : NULL, dx, dy, x, y, B);
 
     const int need_dyt = nb > 1 || p->relu;
     float *col = dp__arena_floats(ctx, nbuf * CKK * nb * OHW); /* (nbuf, CKK, nb*OHW) */
@@ -421,7 +426,7 @@ static int conv_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, cons
 
 static void conv_free(struct dp_layer *l) {
     struct conv *p = l->priv;
-    if (p) dp_free(p->colmask);
+    if (p) dp_free(p->colmask), dp__conv_dnnl_free(p->dn);
     dp_free(p);
 }
 
@@ -541,6 +546,10 @@ int dp__conv2d_make(struct dp_model *m, struct dp_layer **out, const char *name,
     d->OH = (H + 2 * pad - kernel) / stride + 1;
     d->OW = (W + 2 * pad - kernel) / stride + 1;
     p->bias = bias != 0;
+#ifdef DP_WITH_DNNL
+    if (d->C >= 16 && !(p->dn = dp__conv_dnnl_new()))
+        return dp__layer_fail(m, l, &mk, dp_seterr(DP_ENOMEM, "conv2d %s: out of memory", name));
+#endif
     l->out_shape = dp__shape3(d->OC, d->OH, d->OW);
     if (stride == 1 && d->OH == H && d->OW == W) {
         p->colmask = dp_malloc((size_t)(kernel * H * W));

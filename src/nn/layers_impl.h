@@ -287,6 +287,18 @@ void dp__conv2d_backward_ref(float *dx, float *dw, float *db, const float *dy, c
 /* Columns per GEMM in the conv2d fast path (default 512; 0 = the whole batch
  * in one GEMM).  Process-wide; set it before workers start (tests, benches). */
 void dp__conv2d_set_chunk_cols(int64_t cols);
+/* oneDNN's blocked convolution kernels for the layers with C >= 16 (src/nn/conv_dnnl.c):
+ * on (the default) or off (im2col + GEMM everywhere).  Process-wide, as the chunk above. */
+void dp__conv2d_set_dnnl(int on);
+struct dp__conv_dnnl; /* a layer's primitives, per group size */
+int dp__conv_dnnl_usable(const struct dp__conv_dims *d);
+struct dp__conv_dnnl *dp__conv_dnnl_new(void);
+void dp__conv_dnnl_free(struct dp__conv_dnnl *c);
+int dp__conv_dnnl_forward(struct dp__conv_dnnl *c, struct dp_ctx *ctx, const struct dp__conv_dims *d, int relu,
+                          const float *w, const float *bias, float *y, const float *x, int64_t B);
+int dp__conv_dnnl_backward(struct dp__conv_dnnl *c, struct dp_ctx *ctx, const struct dp__conv_dims *d, int relu,
+                           const float *w, float *dw, float *db, float *dx, const float *dy, const float *x,
+                           const float *y, int64_t B);
 /* The dims of a conv2d layer made by dp__conv2d_make. */
 struct dp__conv_dims dp__conv2d_dims(const struct dp_layer *l);
 
