@@ -1236,32 +1236,26 @@ static struct dp_model *fusion_model(int fuse) {
     return m;
 }
 
-TEST(layer_fused_relu_same_bits) {
-    struct dp_model *mf = fusion_model(1), *mu = fusion_model(0);
-    ASSERT_TRUE(mf && mu);
-    const int want[13] = {0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 1};
-    ASSERT_EQ(mf->nlayers, 13);
-    for (int i = 0; i < mf->nlayers; i++) {
-        ASSERT_EQ(mf->layers[i]->fused, want[i]);
-        ASSERT_EQ(mu->layers[i]->fused, 0);
-    }
+/* Trains one step of B = 7 samples (in floats each) through the fused model mf and the unfused
+ * mu, on 1 and 2 threads with the convolutions cut into chunks of one sample, of ~512 columns
+ * and whole: the same logits (7 classes), loss, gradients and buffers. */
+static void expect_fused_same_bits(struct dp_model *mf, struct dp_model *mu, int64_t in) {
     ASSERT_TRUE(mf->desc && mu->desc && !strcmp(mf->desc, mu->desc)); /* the same text */
     ASSERT_ERR(dp_model_set_fusion(mf, 0), DP_EINVAL, "before finalize");
-
-    const int64_t B = 7, per = 2 * 12 * 12;
+    const int64_t B = 7;
     struct dp_replica rf, ru;
     ASSERT_OK(dp_replica_init(&rf, mf, B));
     ASSERT_OK(dp_replica_init(&ru, mu, B));
     dp_model_init_params(mf, &rf, 11);
     dp_model_init_params(mu, &ru, 11);
-    float x[7 * 288];
+    float *x = malloc(sizeof(float) * (size_t)(B * in));
     int32_t tg[7];
     int64_t sidx[7];
-    fill(x, B * per, 5, -1.0f, 1.0f);
-    for (int64_t i = 0; i < B * per; i += 13) x[i] = 0.0f; /* exact zeros before the ReLUs too */
+    fill(x, B * in, 5, -1.0f, 1.0f);
+    for (int64_t i = 0; i < B * in; i += 13) x[i] = 0.0f; /* exact zeros before the ReLUs too */
     for (int64_t b = 0; b < B; b++) tg[b] = (int32_t)(b % 7), sidx[b] = b;
     struct dp_batch batch = {.B = B, .x = x, .targets = tg, .sample_idx = sidx};
-    const size_t np = sizeof(float) * (size_t)mf->num_params;
+    const size_t np = sizeof(float) * (size_t)mf->num_params, nb = sizeof(float) * (size_t)mf->num_buffers;
     const int64_t chunks[3] = {1, 512, 0};
     for (int nth = 1; nth <= 2; nth++)
         for (int c = 0; c < 3; c++) {
@@ -1274,16 +1268,69 @@ TEST(layer_fused_relu_same_bits) {
             ASSERT_TRUE(pf.loss_sum == pu.loss_sum && isfinite(pf.loss_sum));
             ASSERT_TRUE(!memcmp(rf.acts[mf->nlayers], ru.acts[mu->nlayers], sizeof(float) * 7 * 7));
             ASSERT_TRUE(!memcmp(rf.grads, ru.grads, np));
+            ASSERT_TRUE(!nb || !memcmp(rf.buffers, ru.buffers, nb));
             int64_t nz = 0;
             for (int64_t i = 0; i < mf->num_params; i++) nz += rf.grads[i] != 0.0f;
             ASSERT_TRUE(nz > mf->num_params / 2); /* the gradients are not all masked away */
+            struct dp_pass ef = {.training = 0}, eu = ef; /* evaluation: the running statistics */
+            ASSERT_OK(dp_model_run(mf, &rf, &batch, &ef));
+            ASSERT_OK(dp_model_run(mu, &ru, &batch, &eu));
+            ASSERT_TRUE(ef.loss_sum == eu.loss_sum && isfinite(ef.loss_sum));
         }
     dp_set_num_threads(1);
     dp__conv2d_set_chunk_cols(512);
+    free(x);
     dp_replica_free(&rf);
     dp_replica_free(&ru);
     dp_model_free(mf);
     dp_model_free(mu);
+}
+
+TEST(layer_fused_relu_same_bits) {
+    struct dp_model *mf = fusion_model(1), *mu = fusion_model(0);
+    ASSERT_TRUE(mf && mu);
+    const int want[13] = {0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 1};
+    ASSERT_EQ(mf->nlayers, 13);
+    for (int i = 0; i < mf->nlayers; i++) {
+        ASSERT_EQ(mf->layers[i]->fused, want[i]);
+        ASSERT_EQ(mu->layers[i]->fused, 0);
+    }
+    expect_fused_same_bits(mf, mu, 2 * 12 * 12);
+}
+
+/* BatchNorm with the ReLU after it: at the top level (bn, relu) and inside the residual
+ * blocks (bn1 and its ReLU, fused by the block's fuse_inner), one with the identity shortcut
+ * and one with the downsampling one.  The mask is recomputed from x in backward. */
+static struct dp_model *fusion_bn_model(int fuse) {
+    struct dp_model *m;
+    struct dp_shape in = dp__shape3(3, 8, 8);
+    if (dp_model_init(&m, "fusion_bn", &in)) return NULL;
+    int rc = dp_model_set_fusion(m, fuse);
+    if (!rc) rc = dp_conv2d(m, "conv", 16, 3, 1, 1, 0);
+    if (!rc) rc = dp_batchnorm2d(m, "bn", 1e-5f, 0.1f);
+    if (!rc) rc = dp_relu(m, "relu");
+    if (!rc) rc = dp_resblock(m, "layer1", 16, 1);
+    if (!rc) rc = dp_resblock(m, "layer2", 32, 2);
+    if (!rc) rc = dp_flatten(m, "flatten");
+    if (!rc) rc = dp_linear(m, "fc", 7, 1);
+    if (!rc) rc = dp_model_finalize(m);
+    if (rc) {
+        dp_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+TEST(layer_fused_bn_relu_same_bits) {
+    struct dp_model *mf = fusion_bn_model(1), *mu = fusion_bn_model(0);
+    ASSERT_TRUE(mf && mu);
+    const int want[7] = {0, 0, 1, 0, 0, 0, 0};
+    ASSERT_EQ(mf->nlayers, 7);
+    for (int i = 0; i < mf->nlayers; i++) {
+        ASSERT_EQ(mf->layers[i]->fused, want[i]);
+        ASSERT_EQ(mu->layers[i]->fused, 0);
+    }
+    expect_fused_same_bits(mf, mu, 3 * 8 * 8);
 }
 
 /* ---- constructor errors ------------------------------------------------------------- */

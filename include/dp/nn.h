@@ -142,12 +142,15 @@ struct dp_layer {
     int64_t flops_fwd;       /* multiply-adds × 2 per sample, forward */
     void *priv;              /* the layer type's own state */
     /* Fusion (dp_model_finalize).  fuse_relu, set by a constructor whose layer can apply
-     * ReLU to its own output (conv2d, linear; NULL otherwise): asks it to do so from then
+     * ReLU to its own output (conv2d, linear, batchnorm2d; NULL otherwise): asks it to do so from then
      * on, in its epilogue while the output is in cache (forward y = max(f(x), 0); backward
      * masks dy by [y > 0] as it reads it); 1 when it does.  fused = 1 marks the ReLU layer
      * after it: dp_model_run skips it, its output being its input and its dx its dy. */
     int (*fuse_relu)(struct dp_layer *l);
     int fused;
+    /* A composite's fusions within itself (the residual block: bn1 with the ReLU after it), or
+     * NULL; dp_model_finalize calls it unless fusion is off. */
+    void (*fuse_inner)(struct dp_layer *l);
     /* Tensor parallelism (struct dp_tp): 1 when, under a group, the layer's output is only the
      * rank's slice of its last dimension (the tied head: its vocabulary slice, dp_tp_slice),
      * which the loss then reads split (dp_softmax_xent_split). */

@@ -44,13 +44,30 @@
 struct bn {
     int64_t C, HW;
     float eps, momentum;
+    int relu; /* 1: ReLU fused (bn_fuse_relu, or the residual block's bn1) */
 };
+
+/* One output element before the fused ReLU: forward writes it, and backward recomputes it
+ * from x for the ReLU's mask, [a x + s > 0] = [y > 0], instead of reading y or a masked
+ * copy of dy (the one expression in both places, so the same bits). */
+static inline float bn_affine(float a, float x, float s) { return a * x + s; }
+
+/* Evaluation's affine map from the running statistics (forward, and a fused backward). */
+static void eval_affine(const struct bn *p, const float *w, const float *bias, const float *rmean,
+                        const float *rvar, float *scale, float *shift) {
+    for (int64_t c = 0; c < p->C; c++) {
+        double rstd = 1.0 / sqrt((double)rvar[c] + (double)p->eps);
+        scale[c] = (float)(rstd * w[c]);
+        shift[c] = (float)(bias[c] - rmean[c] * rstd * w[c]);
+    }
+}
 
 /* What training forward keeps for backward. */
 struct bn_saved {
     double N;    /* global count per channel */
     float *mean; /* (C) */
     float *rstd; /* (C) 1 / sqrt(var + eps) */
+    float *scale; /* (2, C) forward's y = scale x + shift (a fused ReLU's mask) */
 };
 
 /* Forward (training): xhat = (x - mean_c) * rstd_c,  y = w_c xhat + b_c
@@ -58,7 +75,9 @@ struct bn_saved {
  * Backward: db_c += sum dy,  dW_c += sum dy xhat                 (local sums)
  *           dx = (w_c rstd_c / N) (N dy - sum dy - xhat sum dy xhat)   (global sums and N)
  * Eval uses mean_c = running_mean, var_c = running_var, so dx = w_c rstd_c dy.
- * Backward does not read y (the residual block reuses that buffer). */
+ * Backward does not read y (the residual block reuses that buffer): a fused ReLU's mask is
+ * recomputed from x, [scale x + shift > 0].
+ * Fused ReLU (bn_fuse_relu): y = max(w_c xhat + b_c, 0), and backward uses dy [y > 0]. */
 static int bn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x, int64_t B) {
     const struct bn *p = l->priv;
     const int64_t C = p->C, HW = p->HW;
@@ -104,6 +123,7 @@ static int bn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const fl
         sv->N = N;
         sv->mean = ms;
         sv->rstd = ms + C;
+        sv->scale = scale;
         const double mom = p->momentum;
         for (int64_t c = 0; c < C; c++) {
             double mean = buf[c] / N;
@@ -131,21 +151,26 @@ static int bn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const fl
         else nbt[0] += 1.0f;
         ctx->saved[l->id] = sv;
     } else {
-        for (int64_t c = 0; c < C; c++) {
-            double rstd = 1.0 / sqrt((double)rvar[c] + (double)p->eps);
-            scale[c] = (float)(rstd * w[c]);
-            shift[c] = (float)(bias[c] - rmean[c] * rstd * w[c]);
-        }
+        eval_affine(p, w, bias, rmean, rvar, scale, shift);
     }
+    const int relu = p->relu;
 #pragma omp parallel for collapse(2) schedule(static) if (B * C * HW >= DP__OMP_MIN)
     for (int64_t b = 0; b < B; b++) {
         for (int64_t c = 0; c < C; c++) {
             const float *xp = x + (b * C + c) * HW;
             float *yp = y + (b * C + c) * HW;
             const float a = scale[c], s = shift[c];
+            if (relu) { /* (dp__relu's expression) */
 #pragma omp simd
-            for (int64_t j = 0; j < HW; j++)
-                yp[j] = a * xp[j] + s;
+                for (int64_t j = 0; j < HW; j++) {
+                    const float v = bn_affine(a, xp[j], s);
+                    yp[j] = v < 0.0f ? 0.0f : v;
+                }
+            } else {
+#pragma omp simd
+                for (int64_t j = 0; j < HW; j++)
+                    yp[j] = bn_affine(a, xp[j], s);
+            }
         }
     }
     return DP_OK;
@@ -179,6 +204,16 @@ static int bn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const 
         }
     }
     const float *mean = ms, *rstd = sv ? sv->rstd : ms + C;
+    /* a fused ReLU: dy is masked by [scale x + shift > 0], forward's own y > 0 */
+    const int relu = p->relu;
+    const float *scale = sv ? sv->scale : NULL, *shift;
+    if (relu && !scale) {
+        float *sc = dp__arena_floats(ctx, 2 * C);
+        if (!sc) return DP_ENOMEM;
+        eval_affine(p, w, w + C, rmean, rvar, sc, sc + C);
+        scale = sc;
+    }
+    shift = scale ? scale + C : NULL;
 
     double *buf = dp_arena_alloc(ctx->arena, sizeof(double) * (size_t)(2 * C)); /* (2, C) */
     if (!buf) return DP_ENOMEM;
@@ -188,6 +223,16 @@ static int bn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const 
         const float m = mean[c], r = rstd[c];
         for (int64_t b = 0; b < B; b++) {
             const float *xp = x + (b * C + c) * HW, *g = dy + (b * C + c) * HW;
+            if (relu) {
+                const float a = scale[c], s = shift[c];
+#pragma omp simd reduction(+ : sdy, sdyx)
+                for (int64_t j = 0; j < HW; j++) {
+                    const float gj = bn_affine(a, xp[j], s) > 0.0f ? g[j] : 0.0f;
+                    sdy += gj;
+                    sdyx += (double)gj * ((xp[j] - m) * r);
+                }
+                continue;
+            }
 #pragma omp simd reduction(+ : sdy, sdyx)
             for (int64_t j = 0; j < HW; j++) {
                 sdy += g[j];
@@ -228,6 +273,15 @@ static int bn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const 
             const float *xp = x + (b * C + c) * HW, *g = dy + (b * C + c) * HW;
             float *d = dx + (b * C + c) * HW;
             const float m = mean[c], r = rstd[c], kc = k[c], ac = a[c], ec = e[c];
+            if (relu) {
+                const float sa = scale[c], sb = shift[c];
+#pragma omp simd
+                for (int64_t j = 0; j < HW; j++) {
+                    const float gj = bn_affine(sa, xp[j], sb) > 0.0f ? g[j] : 0.0f;
+                    d[j] = kc * (gj - ac - (xp[j] - m) * r * ec);
+                }
+                continue;
+            }
 #pragma omp simd
             for (int64_t j = 0; j < HW; j++)
                 d[j] = kc * (g[j] - ac - (xp[j] - m) * r * ec);
@@ -237,6 +291,11 @@ static int bn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const 
 }
 
 static void bn_free(struct dp_layer *l) { dp_free(l->priv); }
+
+static int bn_fuse_relu(struct dp_layer *l) {
+    ((struct bn *)l->priv)->relu = 1;
+    return 1;
+}
 
 /* Deterministic mode, once per optimizer step: the running statistics move towards the mean
  * of the step's chunk statistics (acc: their fixed-point sums over every worker; count k) */
@@ -294,6 +353,7 @@ int dp__batchnorm2d_make(struct dp_model *m, struct dp_layer **out, const char *
         (rc = dp__add_param(m, l, "num_batches_tracked", scalar, DP_INIT_ZERO, 0.0f, 1)))
         return dp__layer_fail(m, l, &mk, rc);
     l->flops_fwd = 2 * dp_shape_numel(in);
+    l->fuse_relu = bn_fuse_relu;
     *out = l;
     return DP_OK;
 }

@@ -239,9 +239,10 @@ int dp_model_finalize(struct dp_model *m) {
     /* Fusion: a ReLU after a layer that applies it in its own epilogue is skipped by the pass
      * (the ReLU layer stays in the sequence: names, text and checkpoints are unchanged).  The
      * same bits: max(v, 0) of the same v, dy [y > 0] of the same dy and y. */
-    for (int i = 1; i < m->nlayers && !m->no_fusion; i++) {
-        struct dp_layer *l = m->layers[i], *prev = m->layers[i - 1];
-        if (!strcmp(l->ops->type, "relu") && !prev->fused && prev->fuse_relu && prev->fuse_relu(prev))
+    for (int i = 0; i < m->nlayers && !m->no_fusion; i++) {
+        struct dp_layer *l = m->layers[i], *prev = i > 0 ? m->layers[i - 1] : NULL;
+        if (l->fuse_inner) l->fuse_inner(l);
+        if (prev && !strcmp(l->ops->type, "relu") && !prev->fused && prev->fuse_relu && prev->fuse_relu(prev))
             l->fused = 1;
     }
     m->finalized = 1;

@@ -24,6 +24,7 @@
 struct resblock {
     struct dp_layer *conv1, *bn1, *conv2, *bn2;
     struct dp_layer *dconv, *dbn; /* NULL for the identity shortcut */
+    int bn1_relu;                 /* 1: bn1 applies the ReLU after it (resblock_fuse) */
 };
 
 /* Intermediates kept by forward for backward (all (M) floats). */
@@ -57,7 +58,7 @@ static int resblock_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, co
     if ((rc = p->conv1->ops->forward(p->conv1, ctx, sv->t1, x, B)) ||
         (rc = p->bn1->ops->forward(p->bn1, ctx, sv->t2, sv->t1, B)))
         return rc;
-    dp__relu(sv->t2, sv->t2, M);
+    if (!p->bn1_relu) dp__relu(sv->t2, sv->t2, M);
     /* bn2 writes straight into y; the shortcut is added in place. */
     if ((rc = p->conv2->ops->forward(p->conv2, ctx, sv->t4, sv->t2, B)) ||
         (rc = p->bn2->ops->forward(p->bn2, ctx, y, sv->t4, B)))
@@ -98,7 +99,7 @@ static int resblock_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, 
     if ((rc = p->bn2->ops->backward(p->bn2, ctx, g1, g, sv->t4, NULL, B)) ||
         (rc = p->conv2->ops->backward(p->conv2, ctx, g2, g1, sv->t2, NULL, B)))
         return rc;
-    dp__relu_mask(g2, g2, sv->t2, M);
+    if (!p->bn1_relu) dp__relu_mask(g2, g2, sv->t2, M); /* (fused: bn1 masks as it reads) */
     if ((rc = p->bn1->ops->backward(p->bn1, ctx, g1, g2, sv->t1, NULL, B)) ||
         (rc = p->conv1->ops->backward(p->conv1, ctx, dx, g1, x, NULL, B)))
         return rc;
@@ -130,6 +131,13 @@ static void resblock_free(struct dp_layer *l) {
     dp_layer_free(p->dconv);
     dp_layer_free(p->dbn);
     dp_free(p);
+}
+
+/* Fusion (dp_model_finalize): bn1 applies the ReLU after it in its own passes, so forward
+ * and backward make one pass over t2 fewer each; the same bits (batchnorm.c, bn_affine). */
+static void resblock_fuse(struct dp_layer *l) {
+    struct resblock *p = l->priv;
+    p->bn1_relu = p->bn1->fuse_relu && p->bn1->fuse_relu(p->bn1);
 }
 
 static const struct dp_layer_ops resblock_ops = {"resblock", resblock_forward, resblock_backward,
@@ -169,6 +177,7 @@ int dp__resblock_make(struct dp_model *m, struct dp_layer **out, const char *nam
     if (!p)
         return dp__layer_fail(m, l, &mk, dp_seterr(DP_ENOMEM, "resblock %s: out of memory", name));
     l->priv = p;
+    l->fuse_inner = resblock_fuse;
 
     /* Children in torchvision's registration order. */
     char nm[64];
