@@ -52,6 +52,17 @@ struct bn {
  * copy of dy (the one expression in both places, so the same bits). */
 static inline float bn_affine(float a, float x, float s) { return a * x + s; }
 
+/* g where v > 0, else +0: the ReLU mask's select (dp__relu_mask's y > 0 ? dy : 0) as bit
+ * operations, which gcc vectorises inside a reduction where it will not if-convert the select. */
+static inline float relu_gate(float v, float g) {
+    uint32_t u;
+    memcpy(&u, &g, sizeof u);
+    u &= -(uint32_t)(v > 0.0f);
+    float r;
+    memcpy(&r, &u, sizeof r);
+    return r;
+}
+
 /* Evaluation's affine map from the running statistics (forward, and a fused backward). */
 static void eval_affine(const struct bn *p, const float *w, const float *bias, const float *rmean,
                         const float *rvar, float *scale, float *shift) {
@@ -227,7 +238,7 @@ static int bn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const 
                 const float a = scale[c], s = shift[c];
 #pragma omp simd reduction(+ : sdy, sdyx)
                 for (int64_t j = 0; j < HW; j++) {
-                    const float gj = bn_affine(a, xp[j], s) > 0.0f ? g[j] : 0.0f;
+                    const float gj = relu_gate(bn_affine(a, xp[j], s), g[j]);
                     sdy += gj;
                     sdyx += (double)gj * ((xp[j] - m) * r);
                 }
@@ -277,7 +288,7 @@ static int bn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const 
                 const float sa = scale[c], sb = shift[c];
 #pragma omp simd
                 for (int64_t j = 0; j < HW; j++) {
-                    const float gj = bn_affine(sa, xp[j], sb) > 0.0f ? g[j] : 0.0f;
+                    const float gj = relu_gate(bn_affine(sa, xp[j], sb), g[j]);
                     d[j] = kc * (gj - ac - (xp[j] - m) * r * ec);
                 }
                 continue;
