@@ -1,7 +1,9 @@
-/* Each convolution of cnn and resnet, one thread, batch 128: dptrain's conv2d layer (im2col +
- * GEMM per chunk, with its epilogue) against oneDNN's convolution primitives on the same shape,
- * forward and backward (data and weights), so that the step's convolution time can be read
- * against what the library's direct kernels reach.  Issue 32, S2: "measure each layer".
+/* Each convolution of cnn and resnet, one thread, batch 128: dptrain's conv2d layer, on the path
+ * it takes (im2col + GEMM per chunk with its epilogue, or, where C >= 16 and K >= 2, oneDNN's
+ * blocked kernels in groups of 16 samples: src/nn/conv_dnnl.c), against oneDNN's convolution
+ * primitives on the same shape, forward and backward (data and weights), so that the step's
+ * convolution time can be read against what the library's direct kernels reach.  Issue 32, S2:
+ * "measure each layer".
  *
  *   ./build/bench/conv_layers [reps]          (bench/conv_layers.sh keeps the output)
  *

@@ -162,25 +162,6 @@ static int csize_make(struct csize *s, const struct dp__conv_dims *d, int bias, 
     return rc;
 }
 
-/* The primitives of group size n, made on first use. */
-static int csize_get(struct dp__conv_dnnl *c, const struct dp__conv_dims *d, int bias, int64_t n,
-                     const struct csize **out) {
-    int rc = DP_OK;
-    pthread_mutex_lock(&c->mu);
-    int i = 0;
-    while (i < c->nsizes && c->sz[i].n != n) i++;
-    if (i == c->nsizes) {
-        if (i == NSIZES) { /* full: drop the last made (the run's main sizes came first) */
-            csize_free(&c->sz[--i]);
-            c->nsizes--;
-        }
-        if (!(rc = csize_make(&c->sz[i], d, bias, n))) c->nsizes++;
-    }
-    *out = rc ? NULL : &c->sz[i];
-    pthread_mutex_unlock(&c->mu);
-    return rc;
-}
-
 static int dp__omp_max_threads(void) {
 #ifdef _OPENMP
     return omp_get_max_threads();
@@ -201,6 +182,27 @@ static int dp__omp_thread(void) {
 #else
     return 0;
 #endif
+}
+
+/* The primitives of group size n, made on first use (by a caller whose team is one thread:
+ * a primitive fixes its thread decomposition when it is made, and backward-weights waits at
+ * barriers of its own for the threads it planned on, so it must be made for the one it runs on). */
+static int csize_get(struct dp__conv_dnnl *c, const struct dp__conv_dims *d, int bias, int64_t n,
+                     const struct csize **out) {
+    int rc = DP_OK;
+    pthread_mutex_lock(&c->mu);
+    int i = 0;
+    while (i < c->nsizes && c->sz[i].n != n) i++;
+    if (i == c->nsizes) {
+        if (i == NSIZES) { /* full: drop the last made (the run's main sizes came first) */
+            csize_free(&c->sz[--i]);
+            c->nsizes--;
+        }
+        if (!(rc = csize_make(&c->sz[i], d, bias, n))) c->nsizes++;
+    }
+    *out = rc ? NULL : &c->sz[i];
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }
 
 /* ---- one group ---------------------------------------------------------------------- */
@@ -420,16 +422,15 @@ static int weights_for(struct wts *out, const struct call *cl, struct dp_ctx *ct
     return rc;
 }
 
-/* Runs fn(group k) over the groups: shared out over the call's threads, each library call on
- * one thread (an OpenMP region makes oneDNN run sequentially; outside one, the team is set to
- * 1 for the calls). */
+/* Runs body (group k) over the groups, shared out over the call's threads; the caller has set
+ * its team to one thread (one_thread), so each library call runs on the thread that makes it. */
 #define FOR_GROUPS(cl, body)                                                                       \
     do {                                                                                           \
-        const int was_ = dp__omp_max_threads(), T_ = (cl)->T, outer_ = (cl)->outer;               \
-        if (!outer_ && was_ > 1) dp__omp_set_threads(1);                                           \
+        const int T_ = (cl)->T, outer_ = (cl)->outer;                                              \
         _Pragma("omp parallel num_threads(T_) if (outer_)")                                        \
         {                                                                                          \
             const int t_ = dp__omp_thread();                                                       \
+            if (outer_) dp__omp_set_threads(1); /* (this thread's own setting, as in dp_gemm) */  \
             dnnl_stream_t st_;                                                                     \
             int rc_t = dnnl_stream_create(&st_, engine, dnnl_stream_default_flags) == dnnl_success \
                            ? DP_OK                                                                 \
@@ -446,12 +447,20 @@ static int weights_for(struct wts *out, const struct call *cl, struct dp_ctx *ct
                 _Pragma("omp critical(dp_conv_dnnl)") rc = rc ? rc : rc_t;                         \
             }                                                                                      \
         }                                                                                          \
-        if (!outer_ && was_ > 1) dp__omp_set_threads(was_);                                        \
     } while (0)
 
-int dp__conv_dnnl_forward(struct dp__conv_dnnl *c, struct dp_ctx *ctx, const struct dp__conv_dims *d, int relu,
-                          const float *w, const float *bias, float *y, const float *x, int64_t B) {
-    if (B == 0) return DP_OK;
+/* The calling thread's team to one thread for a layer call (returns the size to restore). */
+static int one_thread(void) {
+    const int was = dp__omp_max_threads();
+    if (was > 1) dp__omp_set_threads(1);
+    return was;
+}
+static void threads_back(int was) {
+    if (was > 1) dp__omp_set_threads(was);
+}
+
+static int conv_forward(struct dp__conv_dnnl *c, struct dp_ctx *ctx, const struct dp__conv_dims *d, int relu,
+                        const float *w, const float *bias, float *y, const float *x, int64_t B) {
     struct dp_arena_mark mk = dp_arena_mark(ctx->arena);
     struct call cl;
     struct wts wf;
@@ -468,10 +477,9 @@ int dp__conv_dnnl_forward(struct dp__conv_dnnl *c, struct dp_ctx *ctx, const str
     return rc;
 }
 
-int dp__conv_dnnl_backward(struct dp__conv_dnnl *c, struct dp_ctx *ctx, const struct dp__conv_dims *d, int relu,
-                           const float *w, float *dw, float *db, float *dx, const float *dy, const float *x,
-                           const float *y, int64_t B) {
-    if (B == 0) return DP_OK;
+static int conv_backward(struct dp__conv_dnnl *c, struct dp_ctx *ctx, const struct dp__conv_dims *d, int relu,
+                         const float *w, float *dw, float *db, float *dx, const float *dy, const float *x,
+                         const float *y, int64_t B) {
     struct dp_arena_mark mk = dp_arena_mark(ctx->arena);
     struct call cl;
     struct wts wd = {{w, w}};
@@ -508,6 +516,24 @@ int dp__conv_dnnl_backward(struct dp__conv_dnnl *c, struct dp_ctx *ctx, const st
         }
     }
     dp_arena_release(ctx->arena, mk);
+    return rc;
+}
+int dp__conv_dnnl_forward(struct dp__conv_dnnl *c, struct dp_ctx *ctx, const struct dp__conv_dims *d, int relu,
+                          const float *w, const float *bias, float *y, const float *x, int64_t B) {
+    if (B == 0) return DP_OK;
+    const int was = one_thread();
+    int rc = conv_forward(c, ctx, d, relu, w, bias, y, x, B);
+    threads_back(was);
+    return rc;
+}
+
+int dp__conv_dnnl_backward(struct dp__conv_dnnl *c, struct dp_ctx *ctx, const struct dp__conv_dims *d, int relu,
+                           const float *w, float *dw, float *db, float *dx, const float *dy, const float *x,
+                           const float *y, int64_t B) {
+    if (B == 0) return DP_OK;
+    const int was = one_thread();
+    int rc = conv_backward(c, ctx, d, relu, w, dw, db, dx, dy, x, y, B);
+    threads_back(was);
     return rc;
 }
 #else /* built without oneDNN: every layer takes im2col + GEMM */
