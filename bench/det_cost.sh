@@ -21,6 +21,8 @@ DPTRAIN=$NEW   # (bench_tokens runs it)
 export DPTRAIN
 TOKENS=''
 GPT=gpt:layers=4,heads=4,dim=128,ctx=64
+# shellcheck disable=SC2034 # (lib.sh reads $ROOT)
+ROOT=$PWD
 # shellcheck source=lib.sh
 source bench/lib.sh
 bench_start det_cost

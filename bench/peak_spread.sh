@@ -10,6 +10,8 @@ RESULTS=${RESULTS:-bench/results}
 DPTRAIN=${DPTRAIN:-./build/dptrain}
 N=${N:-15}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
+# shellcheck disable=SC2034 # (lib.sh reads $ROOT)
+ROOT=$PWD
 # shellcheck source=lib.sh
 source bench/lib.sh
 bench_start peak_spread
