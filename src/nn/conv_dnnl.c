@@ -47,7 +47,7 @@ struct csize {
 
 struct dp__conv_dnnl {
     pthread_mutex_t mu;
-    int nsizes, failed;
+    int nsizes;
     struct csize sz[NSIZES];
 };
 
@@ -58,7 +58,10 @@ static void engine_make(void) {
 }
 
 static int dnnl_fail(dnnl_status_t st, const char *what) {
-    return dp_seterr(DP_EINTERNAL, "conv2d: oneDNN %s failed (status %d)", what, (int)st);
+    return dp_seterr(DP_EINTERNAL,
+                     "conv2d: oneDNN %s failed (status %d); --gemm blas or --gemm ref runs the convolutions "
+                     "as im2col + GEMM instead",
+                     what, (int)st);
 }
 #define CK(call, what)                                                                             \
     do {                                                                                           \
