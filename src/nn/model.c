@@ -237,8 +237,9 @@ int dp_model_finalize(struct dp_model *m) {
         m->desc = NULL;
     }
     /* Fusion: a ReLU after a layer that applies it in its own epilogue is skipped by the pass
-     * (the ReLU layer stays in the sequence: names, text and checkpoints are unchanged).  The
-     * same bits: max(v, 0) of the same v, dy [y > 0] of the same dy and y. */
+     * (the ReLU layer stays in the sequence: names, text and checkpoints are unchanged), and a
+     * composite makes its own inner fusions (fuse_inner).  The same bits: max(v, 0) of the
+     * same v, dy [y > 0] of the same dy and y. */
     for (int i = 0; i < m->nlayers && !m->no_fusion; i++) {
         struct dp_layer *l = m->layers[i], *prev = i > 0 ? m->layers[i - 1] : NULL;
         if (l->fuse_inner) l->fuse_inner(l);
