@@ -20,9 +20,6 @@
  * K kernel, S stride, P padding, CKK = C*K*K, Nc = n*OH*OW, OHW = OH*OW. */
 #include <math.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "nn/layers_impl.h"
 
@@ -34,7 +31,7 @@ struct conv {
      * NULL: colmask[kw][o] = 1 when output pixel o's input column for kernel
      * column kw lies inside the image. */
     uint8_t *colmask;
-    struct dp__conv_dnnl *dn; /* oneDNN's kernels (conv_dnnl.c), when C >= 16 and built in */
+    struct dp__conv_dnnl *dn; /* oneDNN's kernels (conv_dnnl.c), where dp__conv_dnnl_fits */
 };
 
 struct dp__conv_dims dp__conv2d_dims(const struct dp_layer *l) {
@@ -236,14 +233,6 @@ static int64_t chunk_samples(const struct dp__conv_dims *d, int64_t B) {
  * collapses when a core is shared with another process. */
 static int use_outer(int64_t nchunks, int T) { return T > 1 && nchunks >= 4 * (int64_t)T; }
 
-static int thread_id(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-
 /* Groups of chunks for dW: group g sums its chunks into its own partial, and
  * the partials are added in order, so dW does not depend on the threads. */
 #define CONV_GROUPS 8
@@ -357,7 +346,7 @@ static int conv_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const 
     if (!col || (nb > 1 && !yt)) return DP_ENOMEM;
 #pragma omp parallel num_threads(T) if (outer)
     {
-        const int t = thread_id();
+        const int t = dp__thread_id();
         float *ct = col + t * CKK * nb * OHW, *yt_t = yt ? yt + t * OC * nb * OHW : NULL;
 #pragma omp for schedule(static)
         for (int64_t k = 0; k < nchunks; k++) {
@@ -393,7 +382,7 @@ static int conv_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, cons
     if (dbp) memset(dbp, 0, sizeof(double) * (size_t)(G * OC));
 #pragma omp parallel num_threads(T) if (outer)
     {
-        const int t = thread_id();
+        const int t = dp__thread_id();
         float *ct = col + t * CKK * nb * OHW, *dt = dyt ? dyt + t * OC * nb * OHW : NULL;
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < G; g++) {
@@ -546,10 +535,8 @@ int dp__conv2d_make(struct dp_model *m, struct dp_layer **out, const char *name,
     d->OH = (H + 2 * pad - kernel) / stride + 1;
     d->OW = (W + 2 * pad - kernel) / stride + 1;
     p->bias = bias != 0;
-#ifdef DP_WITH_DNNL
-    if (d->C >= 16 && !(p->dn = dp__conv_dnnl_new()))
+    if (dp__conv_dnnl_fits(d) && !(p->dn = dp__conv_dnnl_new()))
         return dp__layer_fail(m, l, &mk, dp_seterr(DP_ENOMEM, "conv2d %s: out of memory", name));
-#endif
     l->out_shape = dp__shape3(d->OC, d->OH, d->OW);
     if (stride == 1 && d->OH == H && d->OW == W) {
         p->colmask = dp_malloc((size_t)(kernel * H * W));

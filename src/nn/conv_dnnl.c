@@ -19,9 +19,6 @@
  * is what lets two workers execute one primitive at once. */
 #include <pthread.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "nn/layers_impl.h"
 
@@ -43,6 +40,7 @@ struct csize {
     size_t bytes[NR];          /* its size (0 where there is no reorder) */
     size_t scratch;            /* the largest scratchpad of the primitives */
     int same_ddst;             /* both backward primitives take dY' in one layout */
+    dnnl_memory_desc_t bias;   /* forward's bias argument (its second weights) */
 };
 
 struct dp__conv_dnnl {
@@ -157,6 +155,7 @@ static int csize_make(struct csize *s, const struct dp__conv_dims *d, int bias, 
         s->bytes[i] = s->r[i] ? dnnl_memory_desc_get_size(&s->md[i]) : 0;
     }
     s->same_ddst = !rc && dnnl_memory_desc_equal(&s->md[R_DDST_D], &s->md[R_DDST_W]);
+    if (!rc && bias) s->bias = *dnnl_primitive_desc_query_md(fpd, dnnl_query_weights_md, 1);
     if (fpd) dnnl_primitive_desc_destroy(fpd);
     if (dpd) dnnl_primitive_desc_destroy(dpd);
     if (wpd) dnnl_primitive_desc_destroy(wpd);
@@ -177,13 +176,6 @@ static void dp__omp_set_threads(int n) {
     omp_set_num_threads(n);
 #else
     (void)n;
-#endif
-}
-static int dp__omp_thread(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
 #endif
 }
 
@@ -281,13 +273,7 @@ static int fwd_group(const struct csize *s, const struct dp__conv_dims *d, int r
     float *dst = s->r[R_DST_F] ? gb->dst : y;
     const int keys[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
     void *ptrs[4] = {(void *)src, (void *)wts, dst, (void *)bias};
-    const dnnl_memory_desc_t *mds[4] = {&s->md[R_SRC_F], &s->md[R_WTS_F], &s->md[R_DST_F],
-                                        NULL};
-    if (bias) { /* the bias: the forward's second weights argument */
-        const_dnnl_primitive_desc_t pd;
-        if (dnnl_primitive_get_primitive_desc(s->fwd, &pd) != dnnl_success) return dnnl_fail(dnnl_runtime_error, "query");
-        mds[3] = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 1);
-    }
+    const dnnl_memory_desc_t *mds[4] = {&s->md[R_SRC_F], &s->md[R_WTS_F], &s->md[R_DST_F], &s->bias};
     if ((rc = run(s->fwd, st, bias ? 4 : 3, keys, ptrs, mds, gb->scratch, scratch_md(s->fwd)))) return rc;
     if (s->r[R_DST_F] && (rc = reorder(s->r[R_DST_F], st, dst, y, gb->scratch))) return rc;
     if (relu) dp__relu(y, y, s->n * d->OC * d->OH * d->OW); /* (the ReLU layer's own expression) */
@@ -343,8 +329,10 @@ static int bwd_group(const struct csize *s, const struct dp__conv_dims *d, int r
 static int enabled = 1;
 void dp__conv2d_set_dnnl(int on) { enabled = on != 0; }
 
+int dp__conv_dnnl_fits(const struct dp__conv_dims *d) { return d->C >= 16 && d->K >= 2; }
+
 int dp__conv_dnnl_usable(const struct dp__conv_dims *d) {
-    if (!enabled || d->C < 16 || d->K < 2 || dp_gemm_get_backend() != DP_GEMM_DNNL) return 0;
+    if (!enabled || !dp__conv_dnnl_fits(d) || dp_gemm_get_backend() != DP_GEMM_DNNL) return 0;
     pthread_once(&engine_once, engine_make);
     return engine != NULL;
 }
@@ -432,7 +420,7 @@ static int weights_for(struct wts *out, const struct call *cl, struct dp_ctx *ct
         const int T_ = (cl)->T, outer_ = (cl)->outer;                                              \
         _Pragma("omp parallel num_threads(T_) if (outer_)")                                        \
         {                                                                                          \
-            const int t_ = dp__omp_thread();                                                       \
+            const int t_ = dp__thread_id();                                                       \
             if (outer_) dp__omp_set_threads(1); /* (this thread's own setting, as in dp_gemm) */  \
             dnnl_stream_t st_;                                                                     \
             int rc_t = dnnl_stream_create(&st_, engine, dnnl_stream_default_flags) == dnnl_success \
@@ -541,6 +529,10 @@ int dp__conv_dnnl_backward(struct dp__conv_dnnl *c, struct dp_ctx *ctx, const st
 }
 #else /* built without oneDNN: every layer takes im2col + GEMM */
 void dp__conv2d_set_dnnl(int on) { (void)on; }
+int dp__conv_dnnl_fits(const struct dp__conv_dims *d) {
+    (void)d;
+    return 0;
+}
 int dp__conv_dnnl_usable(const struct dp__conv_dims *d) {
     (void)d;
     return 0;

@@ -21,6 +21,9 @@
 
 #include <math.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "dp/nn.h"
 
@@ -291,6 +294,9 @@ void dp__conv2d_set_chunk_cols(int64_t cols);
  * on (the default) or off (im2col + GEMM everywhere).  Process-wide, as the chunk above. */
 void dp__conv2d_set_dnnl(int on);
 struct dp__conv_dnnl; /* a layer's primitives, per group size */
+/* Whether the shape is one the blocked kernels take (C >= 16, K >= 2; 0 when built without
+ * oneDNN), and whether they run now (that, and on, and oneDNN the GEMM backend). */
+int dp__conv_dnnl_fits(const struct dp__conv_dims *d);
 int dp__conv_dnnl_usable(const struct dp__conv_dims *d);
 struct dp__conv_dnnl *dp__conv_dnnl_new(void);
 void dp__conv_dnnl_free(struct dp__conv_dnnl *c);
@@ -304,5 +310,14 @@ struct dp__conv_dims dp__conv2d_dims(const struct dp_layer *l);
 
 /* Minimum element count for which elementwise loops start an OpenMP team. */
 #define DP__OMP_MIN 32768
+
+/* The calling thread's number in its OpenMP team (0 outside one, or built without OpenMP). */
+static inline int dp__thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 
 #endif
