@@ -327,12 +327,12 @@ TEST(layer_maxpool_ties_and_nan) {
 }
 
 /* The 2x2/stride-2 path (maxpool_plane_2x2) against PyTorch's scan written out here: y and
- * dx bit for bit, on planes of odd and even sizes, with values drawn from {0, -0, 1, -1, NaN}
- * so that ties and NaNs are everywhere. */
+ * dx bit for bit, on planes of odd and even sizes and rows of 1 to 33 outputs, with values
+ * drawn from {0, -0, 1, -1, NaN} so that ties and NaNs are everywhere. */
 TEST(layer_maxpool_2x2_matches_scan) {
-    const int64_t sizes[3][2] = {{5, 7}, {6, 8}, {4, 3}};
+    const int64_t sizes[7][2] = {{5, 7}, {6, 8}, {4, 3}, {7, 67}, {8, 64}, {3, 34}, {28, 28}};
     const float vals[5] = {0.0f, -0.0f, 1.0f, -1.0f, NAN};
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 7; v++) {
         const int64_t H = sizes[v][0], W = sizes[v][1], OH = H / 2, OW = W / 2, C = 3;
         struct lt t;
         lt_begin(&t, dp__shape3(C, H, W), 4);

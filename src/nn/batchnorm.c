@@ -63,6 +63,17 @@ static inline float relu_gate(float v, float g) {
     return r;
 }
 
+/* This thread's share [c0, c1) of C channels, in a parallel region (all of them outside one).
+ * The per-channel sums below walk their channels sample by sample, in memory order: a channel's
+ * values are B runs of HW floats, C HW apart, too short (a 7x7 plane is 196 bytes) for the
+ * hardware prefetchers when walked one channel at a time, which left these sums waiting on
+ * memory.  Each channel's sum still runs over samples then pixels, whatever the thread count. */
+static void chan_range(int64_t C, int64_t *c0, int64_t *c1) {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    *c0 = C * t / nt;
+    *c1 = C * (t + 1) / nt;
+}
+
 /* Evaluation's affine map from the running statistics (forward, and a fused backward). */
 static void eval_affine(const struct bn *p, const float *w, const float *bias, const float *rmean,
                         const float *rvar, float *scale, float *shift) {
@@ -106,20 +117,25 @@ static int bn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const fl
         struct bn_saved *sv = dp_arena_alloc(ctx->arena, sizeof *sv);
         float *ms = dp__arena_floats(ctx, 2 * C);
         if (!buf || !sv || !ms) return DP_ENOMEM;
-#pragma omp parallel for schedule(static) if (B * C * HW >= DP__OMP_MIN)
-        for (int64_t c = 0; c < C; c++) {
-            double s = 0.0, ss = 0.0;
+#pragma omp parallel if (B * C * HW >= DP__OMP_MIN)
+        {
+            int64_t c0, c1;
+            chan_range(C, &c0, &c1);
+            for (int64_t c = c0; c < c1; c++) buf[c] = buf[C + c] = 0.0;
             for (int64_t b = 0; b < B; b++) {
-                const float *xp = x + (b * C + c) * HW;
+                for (int64_t c = c0; c < c1; c++) {
+                    const float *xp = x + (b * C + c) * HW;
+                    double s = buf[c], ss = buf[C + c];
 #pragma omp simd reduction(+ : s, ss)
-                for (int64_t j = 0; j < HW; j++) {
-                    double v = xp[j];
-                    s += v;
-                    ss += v * v;
+                    for (int64_t j = 0; j < HW; j++) {
+                        double v = xp[j];
+                        s += v;
+                        ss += v * v;
+                    }
+                    buf[c] = s;
+                    buf[C + c] = ss;
                 }
             }
-            buf[c] = s;
-            buf[C + c] = ss;
         }
         buf[2 * C] = (double)(B * HW);
         if (ctx->stat_sync && !ctx->stat_acc) {
@@ -228,32 +244,39 @@ static int bn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const 
 
     double *buf = dp_arena_alloc(ctx->arena, sizeof(double) * (size_t)(2 * C)); /* (2, C) */
     if (!buf) return DP_ENOMEM;
-#pragma omp parallel for schedule(static) if (B * C * HW >= DP__OMP_MIN)
-    for (int64_t c = 0; c < C; c++) {
-        double sdy = 0.0, sdyx = 0.0;
-        const float m = mean[c], r = rstd[c];
+#pragma omp parallel if (B * C * HW >= DP__OMP_MIN)
+    {
+        int64_t c0, c1;
+        chan_range(C, &c0, &c1);
+        for (int64_t c = c0; c < c1; c++) buf[c] = buf[C + c] = 0.0;
         for (int64_t b = 0; b < B; b++) {
-            const float *xp = x + (b * C + c) * HW, *g = dy + (b * C + c) * HW;
-            if (relu) {
-                const float a = scale[c], s = shift[c];
+            for (int64_t c = c0; c < c1; c++) {
+                const float *xp = x + (b * C + c) * HW, *g = dy + (b * C + c) * HW;
+                const float m = mean[c], r = rstd[c];
+                double sdy = buf[c], sdyx = buf[C + c];
+                if (relu) {
+                    const float a = scale[c], s = shift[c];
 #pragma omp simd reduction(+ : sdy, sdyx)
-                for (int64_t j = 0; j < HW; j++) {
-                    const float gj = relu_gate(bn_affine(a, xp[j], s), g[j]);
-                    sdy += gj;
-                    sdyx += (double)gj * ((xp[j] - m) * r);
+                    for (int64_t j = 0; j < HW; j++) {
+                        const float gj = relu_gate(bn_affine(a, xp[j], s), g[j]);
+                        sdy += gj;
+                        sdyx += (double)gj * ((xp[j] - m) * r);
+                    }
+                } else {
+#pragma omp simd reduction(+ : sdy, sdyx)
+                    for (int64_t j = 0; j < HW; j++) {
+                        sdy += g[j];
+                        sdyx += (double)g[j] * ((xp[j] - m) * r);
+                    }
                 }
-                continue;
-            }
-#pragma omp simd reduction(+ : sdy, sdyx)
-            for (int64_t j = 0; j < HW; j++) {
-                sdy += g[j];
-                sdyx += (double)g[j] * ((xp[j] - m) * r);
+                buf[c] = sdy;
+                buf[C + c] = sdyx;
             }
         }
-        buf[c] = sdy;
-        buf[C + c] = sdyx;
-        db[c] += (float)sdy;
-        dw[c] += (float)sdyx;
+        for (int64_t c = c0; c < c1; c++) {
+            db[c] += (float)buf[c];
+            dw[c] += (float)buf[C + c];
+        }
     }
     if (!dx) return DP_OK;
 
