@@ -63,17 +63,6 @@ static inline float relu_gate(float v, float g) {
     return r;
 }
 
-/* This thread's share [c0, c1) of C channels, in a parallel region (all of them outside one).
- * The per-channel sums below walk their channels sample by sample, in memory order: a channel's
- * values are B runs of HW floats, C HW apart, too short (a 7x7 plane is 196 bytes) for the
- * hardware prefetchers when walked one channel at a time, which left these sums waiting on
- * memory.  Each channel's sum still runs over samples then pixels, whatever the thread count. */
-static void chan_range(int64_t C, int64_t *c0, int64_t *c1) {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    *c0 = C * t / nt;
-    *c1 = C * (t + 1) / nt;
-}
-
 /* Evaluation's affine map from the running statistics (forward, and a fused backward). */
 static void eval_affine(const struct bn *p, const float *w, const float *bias, const float *rmean,
                         const float *rvar, float *scale, float *shift) {
@@ -117,10 +106,14 @@ static int bn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const fl
         struct bn_saved *sv = dp_arena_alloc(ctx->arena, sizeof *sv);
         float *ms = dp__arena_floats(ctx, 2 * C);
         if (!buf || !sv || !ms) return DP_ENOMEM;
+        /* Each thread sums its channels sample by sample, in memory order.  A channel's values
+         * are B runs of HW floats, C HW apart: walked one channel at a time the runs were too
+         * short (a 7x7 plane is 196 bytes) for the hardware prefetchers, and the sums waited on
+         * memory. */
 #pragma omp parallel if (B * C * HW >= DP__OMP_MIN)
         {
             int64_t c0, c1;
-            chan_range(C, &c0, &c1);
+            dp__thread_share(C, &c0, &c1);
             for (int64_t c = c0; c < c1; c++) buf[c] = buf[C + c] = 0.0;
             for (int64_t b = 0; b < B; b++) {
                 for (int64_t c = c0; c < c1; c++) {
@@ -247,7 +240,7 @@ static int bn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const 
 #pragma omp parallel if (B * C * HW >= DP__OMP_MIN)
     {
         int64_t c0, c1;
-        chan_range(C, &c0, &c1);
+        dp__thread_share(C, &c0, &c1);
         for (int64_t c = c0; c < c1; c++) buf[c] = buf[C + c] = 0.0;
         for (int64_t b = 0; b < B; b++) {
             for (int64_t c = c0; c < c1; c++) {

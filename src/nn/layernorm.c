@@ -98,25 +98,30 @@ static int ln_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const 
         }
     }
 
-    /* Parameter gradients: each thread owns a block of columns and sums its
-     * rows in order (deterministic for any thread count). */
-    int64_t nblk = (D + 63) / 64;
-#pragma omp parallel for schedule(static) if (R * D >= DP__OMP_MIN && nblk > 1)
-    for (int64_t blk = 0; blk < nblk; blk++) {
-        int64_t j0 = blk * 64, j1 = j0 + 64 < D ? j0 + 64 : D;
-        float aw[64] = {0}, ab[64] = {0};
-        for (int64_t r = 0; r < R; r++) {
-            const float *xr = x + r * D, *g = dy + r * D;
-            const float m = mean[r], s = rstd[r];
+    /* Parameter gradients: each thread owns a range of columns and walks the rows in order, in
+     * runs of up to RUN columns (one pass over memory where D fits): deterministic for any
+     * thread count. */
+    enum { RUN = 256 };
+#pragma omp parallel if (R * D >= DP__OMP_MIN && D > 1)
+    {
+        int64_t a, b;
+        dp__thread_share(D, &a, &b);
+        for (int64_t j0 = a; j0 < b; j0 += RUN) {
+            const int64_t j1 = j0 + RUN < b ? j0 + RUN : b;
+            float aw[RUN] = {0}, ab[RUN] = {0};
+            for (int64_t r = 0; r < R; r++) {
+                const float *xr = x + r * D, *g = dy + r * D;
+                const float m = mean[r], s = rstd[r];
 #pragma omp simd
-            for (int64_t j = j0; j < j1; j++) {
-                aw[j - j0] += g[j] * ((xr[j] - m) * s);
-                ab[j - j0] += g[j];
+                for (int64_t j = j0; j < j1; j++) {
+                    aw[j - j0] += g[j] * ((xr[j] - m) * s);
+                    ab[j - j0] += g[j];
+                }
             }
-        }
-        for (int64_t j = j0; j < j1; j++) {
-            dw[j] += aw[j - j0];
-            db[j] += ab[j - j0];
+            for (int64_t j = j0; j < j1; j++) {
+                dw[j] += aw[j - j0];
+                db[j] += ab[j - j0];
+            }
         }
     }
     return DP_OK;

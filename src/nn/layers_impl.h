@@ -320,4 +320,18 @@ static inline int dp__thread_id(void) {
 #endif
 }
 
+/* The calling thread's share [*a, *b) of n items, split evenly over its OpenMP team (all of them
+ * outside a parallel region).  Loops that sum over rows and split their columns this way walk
+ * the rows in memory order, one run of b - a columns per row, and each column's sum keeps its
+ * order whatever the thread count. */
+static inline void dp__thread_share(int64_t n, int64_t *a, int64_t *b) {
+#ifdef _OPENMP
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const int64_t t = 0, nt = 1;
+#endif
+    *a = n * t / nt;
+    *b = n * (t + 1) / nt;
+}
+
 #endif

@@ -21,23 +21,27 @@ struct linear {
     int relu; /* 1: ReLU fused (linear_fuse_relu) */
 };
 
-/* db (OUT) += sum over rows of dy (R, OUT).  Each thread owns a block of
- * columns and sums its rows in order, so the result does not depend on the
- * number of threads. */
+/* db (OUT) += sum over rows of dy (R, OUT).  Each thread owns a range of columns and walks the
+ * rows in order, in runs of up to COLSUM_RUN columns (one pass over memory where N fits), so
+ * the result does not depend on the number of threads. */
+#define COLSUM_RUN 512
 static void colsum_add_ld(float *db, const float *dy, int64_t ld, int64_t R, int64_t N) {
-    int64_t nblk = (N + 63) / 64;
-#pragma omp parallel for schedule(static) if (R * N >= DP__OMP_MIN && nblk > 1)
-    for (int64_t blk = 0; blk < nblk; blk++) {
-        int64_t j0 = blk * 64, j1 = j0 + 64 < N ? j0 + 64 : N;
-        float acc[64] = {0};
-        for (int64_t r = 0; r < R; r++) {
-            const float *row = dy + r * ld;
+#pragma omp parallel if (R * N >= DP__OMP_MIN && N > 1)
+    {
+        int64_t a, b;
+        dp__thread_share(N, &a, &b);
+        for (int64_t j0 = a; j0 < b; j0 += COLSUM_RUN) {
+            const int64_t j1 = j0 + COLSUM_RUN < b ? j0 + COLSUM_RUN : b;
+            float acc[COLSUM_RUN] = {0};
+            for (int64_t r = 0; r < R; r++) {
+                const float *row = dy + r * ld;
 #pragma omp simd
+                for (int64_t j = j0; j < j1; j++)
+                    acc[j - j0] += row[j];
+            }
             for (int64_t j = j0; j < j1; j++)
-                acc[j - j0] += row[j];
+                db[j] += acc[j - j0];
         }
-        for (int64_t j = j0; j < j1; j++)
-            db[j] += acc[j - j0];
     }
 }
 
