@@ -237,6 +237,7 @@ static int bn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const 
 
     double *buf = dp_arena_alloc(ctx->arena, sizeof(double) * (size_t)(2 * C)); /* (2, C) */
     if (!buf) return DP_ENOMEM;
+    /* (each thread its channels, sample by sample, as forward's sums) */
 #pragma omp parallel if (B * C * HW >= DP__OMP_MIN)
     {
         int64_t c0, c1;
