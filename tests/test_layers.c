@@ -1498,26 +1498,55 @@ TEST(layer_gelu_erf_grad) {
     lt_free(&t);
 }
 
-/* The transformer block's GELU, which keeps gelu'(x) in x's place for backward
- * (dp__gelu_erf_forward_keep / _backward_kept), gives the gelu_erf layer's bits: y and dx, over
- * [-12, 12] (both tails), zeros, infinities and a NaN, and past the vector width. */
-TEST(layer_gelu_erf_kept_derivative_same_bits) {
+/* The transformer block's fc and GELU fused into the GEMM's tiles (dp__linear_forward_gelu:
+ * g = GELU(x W^T + b), GELU' kept in y's place; dp__linear_backward_mul: dx times the kept GELU'
+ * as its tiles are written) give the unfused layers' bits: the Linear's y and backward, then
+ * the gelu_erf layer's expressions over y.  300 rows x 300 features x 64 are two GEMM tiles (one
+ * short); inputs spread over [-12, 12] reach both tails.  Whole and in slices of output
+ * features (ZeRO-3's dp_model_set_unit), on 1 and 2 threads. */
+TEST(layer_linear_gelu_fused_same_bits) {
+    const int64_t T = 60, IN = 64, OUT = 300, B = 5;
     struct lt t;
-    lt_begin(&t, dp__shape2(5, 37), 3);
-    ASSERT_OK(dp_gelu_erf(t.m, "gelu"));
+    lt_begin(&t, dp__shape2(T, IN), B);
+    ASSERT_OK(dp_linear(t.m, "fc", OUT, 1));
     lt_end(&t, 23);
     for (int64_t i = 0; i < t.nin; i++) t.x[i] *= 12.0f;
-    t.x[0] = 0.0f, t.x[1] = -0.0f, t.x[2] = INFINITY, t.x[3] = -INFINITY, t.x[4] = NAN, t.x[5] = -5.7f;
-    lt_forward(&t);
-    lt_backward(&t, t.dx);
-    const size_t sz = sizeof(float) * (size_t)t.nin;
-    float *y = malloc(sz), *xd = malloc(sz), *dx = malloc(sz);
-    memcpy(xd, t.x, sz);
-    dp__gelu_erf_forward_keep(y, xd, t.nin);
-    dp__gelu_erf_backward_kept(dx, t.dy, xd, t.nin);
-    ASSERT_TRUE(!memcmp(y, t.y, sz));
-    ASSERT_TRUE(!memcmp(dx, t.dx, sz));
-    free(y), free(xd), free(dx);
+    const int64_t ny = t.nout, nx = t.nin, np = t.m->num_params;
+    float *y = malloc(sizeof(float) * (size_t)ny), *g = malloc(sizeof(float) * (size_t)ny);
+    float *d = malloc(sizeof(float) * (size_t)ny), *dx = malloc(sizeof(float) * (size_t)nx);
+    float *mul = malloc(sizeof(float) * (size_t)nx), *gw = malloc(sizeof(float) * (size_t)np);
+    float *yf = malloc(sizeof(float) * (size_t)ny), *gf = malloc(sizeof(float) * (size_t)ny);
+    float *dxf = malloc(sizeof(float) * (size_t)nx);
+    fill(mul, nx, 77, -2.0f, 2.0f);
+    for (int sliced = 0; sliced < 2; sliced++) {
+        /* the unfused layers (dx is summed over the slices: their bits are the sliced layer's) */
+        dp_set_num_threads(1);
+        t.l->slice_rows = sliced ? 128 : 0;
+        memset(t.r.grads, 0, sizeof(float) * (size_t)np);
+        lt_forward(&t);
+        lt_backward(&t, dx);
+        memcpy(gw, t.r.grads, sizeof(float) * (size_t)np);
+        for (int64_t i = 0; i < ny; i++) y[i] = t.y[i], g[i] = dp__gelu_erf1(y[i], &d[i]);
+        for (int64_t i = 0; i < nx; i++) dx[i] *= mul[i];
+        int spread = 0;
+        for (int64_t i = 0; i < ny; i++) spread |= (y[i] < -6.0f) | (y[i] > 6.0f) << 1;
+        ASSERT_EQ(spread, 3);
+        for (int th = 1; th <= 2; th++) {
+            dp_set_num_threads(th);
+            struct dp_ctx c = lt_ctx(&t);
+            memset(t.r.grads, 0, sizeof(float) * (size_t)np);
+            memset(yf, 0xff, sizeof(float) * (size_t)ny); /* NaNs: the GEMM must not read them */
+            ASSERT_OK(dp__linear_forward_gelu(t.l, &c, yf, gf, t.x, B));
+            ASSERT_OK(dp__linear_backward_mul(t.l, &c, dxf, mul, t.dy, t.x, B));
+            ASSERT_TRUE(!memcmp(yf, d, sizeof(float) * (size_t)ny));
+            ASSERT_TRUE(!memcmp(gf, g, sizeof(float) * (size_t)ny));
+            ASSERT_TRUE(!memcmp(dxf, dx, sizeof(float) * (size_t)nx));
+            ASSERT_TRUE(!memcmp(t.r.grads, gw, sizeof(float) * (size_t)np));
+        }
+    }
+    t.l->slice_rows = 0;
+    dp_set_num_threads(1);
+    free(y), free(g), free(d), free(dx), free(mul), free(gw), free(yf), free(gf), free(dxf);
     lt_free(&t);
 }
 

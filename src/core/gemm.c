@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/core_impl.h"
 #include "dp/core.h"
 
 #ifdef DP_WITH_DNNL
@@ -147,7 +148,7 @@ static void blas_one_thread(void) { openblas_set_num_threads(1); }
  * untouched by the failed call).  Returns the library's status. */
 static int gemm_tile(enum dp_gemm_backend be, int ta, int tb, int64_t M, int64_t N, int64_t K, int64_t bm, int64_t bn,
                      int64_t tn, int64_t t, float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
-                     float beta, float *C, int64_t ldc) {
+                     float beta, float *C, int64_t ldc, const struct dp__gemm_post *post) {
     const int64_t i0 = (t / tn) * bm, j0 = (t % tn) * bn;
     const int64_t m = M - i0 < bm ? M - i0 : bm, n = N - j0 < bn ? N - j0 : bn;
     const float *a = ta ? A + i0 : A + i0 * lda, *b = tb ? B + j0 * ldb : B + j0;
@@ -163,10 +164,12 @@ static int gemm_tile(enum dp_gemm_backend be, int ta, int tb, int64_t M, int64_t
                     (int)K, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 #endif
     if (s) dp_gemm_ref(ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (post) post->fn(post->arg, c, ldc, i0, j0, m, n); /* the tile is still in this core's cache */
     return s;
 }
 static int gemm_tiled(enum dp_gemm_backend be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                      const struct dp__gemm_post *post) {
     int64_t bm = M, bn = N; /* the tile */
     if (M * N * K > TILE_WORK) {
         if (M >= 128) bm = (TILE_WORK / (N * K) + 63) / 64 * 64;
@@ -188,7 +191,7 @@ static int gemm_tiled(enum dp_gemm_backend be, int ta, int tb, int64_t M, int64_
         if (was > 1) omp_set_num_threads(1);
 #endif
         for (int64_t t = 0; t < nt; t++) {
-            int s = gemm_tile(be, ta, tb, M, N, K, bm, bn, tn, t, alpha, A, lda, B, ldb, beta, C, ldc);
+            int s = gemm_tile(be, ta, tb, M, N, K, bm, bn, tn, t, alpha, A, lda, B, ldb, beta, C, ldc, post);
             if (s) st = s;
         }
 #ifdef _OPENMP
@@ -201,7 +204,7 @@ static int gemm_tiled(enum dp_gemm_backend be, int ta, int tb, int64_t M, int64_
 #ifdef _OPENMP
         omp_set_num_threads(1); /* (this task's own setting: the library runs the tile on this thread) */
 #endif
-        int s = gemm_tile(be, ta, tb, M, N, K, bm, bn, tn, t, alpha, A, lda, B, ldb, beta, C, ldc);
+        int s = gemm_tile(be, ta, tb, M, N, K, bm, bn, tn, t, alpha, A, lda, B, ldb, beta, C, ldc, post);
         if (s) {
 #pragma omp critical(dp_gemm_status)
             st = s;
@@ -211,32 +214,39 @@ static int gemm_tiled(enum dp_gemm_backend be, int ta, int tb, int64_t M, int64_
 }
 #endif
 
-void dp_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-             int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+void dp__gemm_post(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc, const struct dp__gemm_post *post) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { /* C = beta C */
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
-        return;
-    }
-    switch (backend) {
+    } else {
+        switch (backend) {
 #ifdef DP_WITH_DNNL
-    case DP_GEMM_DNNL: {
-        dnnl_status_t st = (dnnl_status_t)gemm_tiled(DP_GEMM_DNNL, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        /* a library error: the reference computed the tiles it failed (gemm_tiled), and that
-         * is recorded for the caller (dp_gemm_fallback_note) */
-        if (st != dnnl_success) record_fallback(st, ta, tb, M, N, K, lda, ldb, ldc);
-        return;
-    }
+        case DP_GEMM_DNNL: {
+            dnnl_status_t st =
+                (dnnl_status_t)gemm_tiled(DP_GEMM_DNNL, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, post);
+            /* a library error: the reference computed the tiles it failed (gemm_tiled), and that
+             * is recorded for the caller (dp_gemm_fallback_note) */
+            if (st != dnnl_success) record_fallback(st, ta, tb, M, N, K, lda, ldb, ldc);
+            return;
+        }
 #endif
 #ifdef DP_WITH_BLAS
-    case DP_GEMM_BLAS:
-        gemm_tiled(DP_GEMM_BLAS, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
+        case DP_GEMM_BLAS:
+            gemm_tiled(DP_GEMM_BLAS, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, post);
+            return;
 #endif
-    default: break;
+        default: break;
+        }
+        dp_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
-    dp_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (post) post->fn(post->arg, C, ldc, 0, 0, M, N); /* (the reference's and K = 0's one tile) */
+}
+
+void dp_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    dp__gemm_post(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
 }
 
 void dp_set_num_threads(int n) {

@@ -117,22 +117,21 @@ int dp_gelu(struct dp_model *m, const char *name) {
 
 /* ---- GELU (exact, erf) ------------------------------------------------------------ */
 
-#define GELU_RSQRT2PI 0.39894228040143268f /* 1/sqrt(2 pi) */
-
 /* Forward:  y = x Phi(x),  Phi(x) = 0.5 (1 + erf(x / sqrt(2)))   (torch.nn.GELU())
  * Backward: dx = dy (Phi(x) + x phi(x)),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
  * Phi and exp(-x^2/2) come from dp__normcdf (vectorisable, one rational and
  * one exp; a few ulp): with libm's scalar erff and expf these two loops took a
  * quarter of a small transformer's training step.  Phi is computed directly,
  * not as 1 + erf, so the far negative tail does not cancel (there 1 + erff in
- * float loses every digit: GELU(-4.8) would be off by percents). */
+ * float loses every digit: GELU(-4.8) would be off by percents).  Both through
+ * dp__gelu_erf1 (layers_impl.h), which the Linear's fused GELU uses too. */
 static int gelu_erf_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x,
                             int64_t B) {
     const int64_t n = B * dp_shape_numel(&l->in_shape);
 #pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN / 4)
     for (int64_t i = 0; i < n; i++) {
-        float v = x[i], g;
-        y[i] = v * dp__normcdf(v, &g);
+        float d;
+        y[i] = dp__gelu_erf1(x[i], &d);
     }
     return DP_OK;
 }
@@ -143,37 +142,15 @@ static int gelu_erf_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, 
     const int64_t n = B * dp_shape_numel(&l->in_shape);
 #pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN / 4)
     for (int64_t i = 0; i < n; i++) {
-        float v = x[i], g;
-        float cdf = dp__normcdf(v, &g);
-        float pdf = GELU_RSQRT2PI * g;
-        dx[i] = dy[i] * (cdf + v * pdf);
+        float d;
+        (void)dp__gelu_erf1(x[i], &d);
+        dx[i] = dy[i] * d;
     }
     return DP_OK;
 }
 
 static const struct dp_layer_ops gelu_erf_ops = {"gelu_erf", gelu_erf_forward, gelu_erf_backward,
                                                  NULL};
-
-/* The exact GELU for a caller that keeps the derivative instead of the input (the transformer
- * block): y = x Phi(x) and, in x's place, d = Phi(x) + x phi(x); backward is then dx = dy d, a
- * stream, where gelu_erf_backward evaluates Phi and exp again.  The expressions are
- * gelu_erf_forward's and gelu_erf_backward's, so the bits are theirs. */
-void dp__gelu_erf_forward_keep(float *y, float *xd, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN / 4)
-    for (int64_t i = 0; i < n; i++) {
-        float v = xd[i], g;
-        float cdf = dp__normcdf(v, &g);
-        float pdf = GELU_RSQRT2PI * g;
-        y[i] = v * cdf;
-        xd[i] = cdf + v * pdf;
-    }
-}
-
-void dp__gelu_erf_backward_kept(float *dx, const float *dy, const float *d, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
-    for (int64_t i = 0; i < n; i++)
-        dx[i] = dy[i] * d[i];
-}
 
 int dp__gelu_erf_make(struct dp_model *m, struct dp_layer **out, const char *name,
                       const struct dp_shape *in) {

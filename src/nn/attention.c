@@ -50,39 +50,60 @@ struct attention_saved {
  * T = 64 that is 3/4 of the full products' work, at T = 256 5/8. */
 #define CAUSAL_BLOCK 32
 
+/* The row work runs in LANES lanes, each a fixed set of columns (j mod LANES), whole vectors
+ * over the row's first n columns rounded up to LANES (masked past n, never past T when T is a
+ * multiple of LANES; past T only in a last short block, also masked): no scalar remainder loop
+ * and no serial chain through the row, which at n <= T = 64 were most of the softmax's time.
+ * The lanes' partial sums meet in a fixed tree, so the result is deterministic. */
+#define LANES 16
+
+/* The sum of the LANES partial sums in s, pairwise (a fixed order). */
+static inline float lanes_sum(float *s) {
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) s[l] += s[l + w];
+    return s[0];
+}
+
 /* Row i of the causal softmax, in place: row[0..n) (n = i + 1) becomes
- * softmax(row[0..n)), row[n..T) becomes 0.  Float sums in a fixed order (the
- * SIMD reduction's), so the result is deterministic. */
+ * softmax(row[0..n)), row[n..T) becomes 0.  The max is exact in any order (a NaN anywhere
+ * makes the whole row NaN through the sum). */
 static void softmax_row(float *row, int64_t n, int64_t T) {
-    float mx = row[0]; /* scalar: a float max does not vectorise without fast-math (NaN) */
-    for (int64_t j = 1; j < n; j++)
-        mx = row[j] > mx ? row[j] : mx;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < n; j++) {
-        row[j] = dp__expf(row[j] - mx);
-        s += row[j];
-    }
-    const float inv = 1.0f / s;
+    float m[LANES], s[LANES];
+    for (int l = 0; l < LANES; l++) m[l] = row[0], s[l] = 0.0f;
+    for (int64_t j = 0; j < n; j += LANES)
 #pragma omp simd
-    for (int64_t j = 0; j < n; j++)
-        row[j] *= inv;
-    for (int64_t j = n; j < T; j++)
-        row[j] = 0.0f;
+        for (int l = 0; l < LANES; l++) {
+            const float v = j + l < n ? row[j + l] : row[0];
+            m[l] = v > m[l] ? v : m[l];
+        }
+    float mx = m[0];
+    for (int l = 1; l < LANES; l++) mx = m[l] > mx ? m[l] : mx;
+    for (int64_t j = 0; j < n; j += LANES)
+#pragma omp simd
+        for (int l = 0; l < LANES; l++)
+            if (j + l < n) {
+                const float e = dp__expf(row[j + l] - mx);
+                row[j + l] = e;
+                s[l] += e;
+            }
+    const float inv = 1.0f / lanes_sum(s);
+#pragma omp simd
+    for (int64_t j = 0; j < T; j++)
+        row[j] = j < n ? row[j] * inv : 0.0f;
 }
 
 /* Its backward, in place on dr = dP's row: dS_j = P_j (dP_j - sum_k P_k dP_k)
  * for j < n, 0 beyond. */
 static void softmax_row_backward(float *dr, const float *pr, int64_t n, int64_t T) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < n; j++)
-        s += pr[j] * dr[j];
+    float s[LANES] = {0};
+    for (int64_t j = 0; j < n; j += LANES)
 #pragma omp simd
-    for (int64_t j = 0; j < n; j++)
-        dr[j] = pr[j] * (dr[j] - s);
-    for (int64_t j = n; j < T; j++)
-        dr[j] = 0.0f;
+        for (int l = 0; l < LANES; l++)
+            if (j + l < n) s[l] += pr[j + l] * dr[j + l];
+    const float dot = lanes_sum(s);
+#pragma omp simd
+    for (int64_t j = 0; j < T; j++)
+        dr[j] = j < n ? pr[j] * (dr[j] - dot) : 0.0f;
 }
 
 /* The heads' products: Hn heads of width dh on qkv (B, T, 3 Ds), Ds = Hn dh, its q, k and v
@@ -165,7 +186,7 @@ static int attn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const 
     if (!tp) rc = dp__kid_forward(ctx, l, p->qkv, sv->qkv, x, B);
     else
         for (int64_t g = 0; g < 3; g++) /* q, k, v: this rank's heads of each */
-            dp__linear_rows_forward(p->qkv, ctx, sv->qkv + g * Ds, 3 * Ds, x, R, g * D + tp->rank * Ds, Ds);
+            dp__linear_rows_forward(p->qkv, ctx, sv->qkv + g * Ds, NULL, 3 * Ds, x, R, g * D + tp->rank * Ds, Ds);
     if (rc) return rc;
     heads_forward(sv->qkv, sv->P, sv->att, B, T, Hn, dh);
     if (!tp) rc = dp__kid_forward(ctx, l, p->proj, y, sv->att, B);
@@ -194,7 +215,7 @@ static int attn_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, cons
         int rc = dp__kid_backward(ctx, l, p->proj, datt, dy, sv->att, NULL, B);
         if (rc) return rc;
     } else {
-        dp__linear_cols_backward(p->proj, ctx, datt, dy, sv->att, R, tp->rank * Ds, Ds);
+        dp__linear_cols_backward(p->proj, ctx, datt, NULL, dy, sv->att, R, tp->rank * Ds, Ds);
         dp__linear_bias_backward(p->proj, ctx, dy, R);
     }
     heads_backward(sv->qkv, sv->P, datt, dqkv, dS, B, T, Hn, dh);

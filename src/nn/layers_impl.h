@@ -185,6 +185,18 @@ __attribute__((always_inline)) static inline float dp__normcdf(float x, float *g
     return x == x ? phi : x;
 }
 
+#define DP__RSQRT2PI 0.39894228040143268f /* 1/sqrt(2 pi) */
+
+/* The exact GELU (torch.nn.GELU()) of v, y = v Phi(v), and its derivative
+ * *d = Phi(v) + v phi(v), phi(v) = exp(-v^2 / 2) / sqrt(2 pi): the gelu_erf layer's
+ * expressions (activation.c), for the layers that apply it themselves. */
+__attribute__((always_inline)) static inline float dp__gelu_erf1(float v, float *d) {
+    float g;
+    const float cdf = dp__normcdf(v, &g);
+    *d = cdf + v * (DP__RSQRT2PI * g);
+    return v * cdf;
+}
+
 /* ---- make without appending ------------------------------------------------- */
 
 int dp__linear_make(struct dp_model *m, struct dp_layer **out, const char *name,
@@ -195,14 +207,21 @@ void dp__linear_init_gpt(struct dp_model *m, const struct dp_layer *l);
 /* A Linear's slices under tensor parallelism (linear.c; struct dp_tp): column-parallel rows
  * [r0, r0 + nr) of its output features, row-parallel columns [c0, c0 + nc) of its input
  * features; the row-parallel bias once, after the all-reduce; the parameters marked. */
-void dp__linear_rows_forward(const struct dp_layer *l, const struct dp_ctx *ctx, float *y, int64_t ldy, const float *x,
-                             int64_t R, int64_t r0, int64_t nr);
+/* The transformer block's MLP (transformer.c) applies the exact GELU in the GEMMs' tiles
+ * (dp__gemm_post): its fc with g (not NULL) writes g = GELU(v), v = x W^T + b, and GELU'(v) in
+ * y's place; its fc_out with mul (not NULL) multiplies dx by mul (that kept GELU', row stride
+ * of dx) as dx is written.  The same bits as the Linear and gelu_erf layers one after the other. */
+int dp__linear_forward_gelu(struct dp_layer *l, struct dp_ctx *ctx, float *y, float *g, const float *x, int64_t B);
+int dp__linear_backward_mul(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *mul, const float *dy,
+                            const float *x, int64_t B);
+void dp__linear_rows_forward(const struct dp_layer *l, const struct dp_ctx *ctx, float *y, float *g, int64_t ldy,
+                             const float *x, int64_t R, int64_t r0, int64_t nr);
 void dp__linear_rows_backward(const struct dp_layer *l, const struct dp_ctx *ctx, float *dx, int accumulate,
                               const float *dy, int64_t ldy, const float *x, int64_t R, int64_t r0, int64_t nr);
 void dp__linear_cols_forward(const struct dp_layer *l, const struct dp_ctx *ctx, float *y, const float *x, int64_t R,
                              int64_t c0, int64_t nc);
-void dp__linear_cols_backward(const struct dp_layer *l, const struct dp_ctx *ctx, float *dx, const float *dy,
-                              const float *x, int64_t R, int64_t c0, int64_t nc);
+void dp__linear_cols_backward(const struct dp_layer *l, const struct dp_ctx *ctx, float *dx, const float *mul,
+                              const float *dy, const float *x, int64_t R, int64_t c0, int64_t nc);
 void dp__linear_bias_forward(const struct dp_layer *l, const struct dp_ctx *ctx, float *y, int64_t R);
 void dp__linear_bias_backward(const struct dp_layer *l, const struct dp_ctx *ctx, const float *dy, int64_t R);
 void dp__linear_set_tp(struct dp_model *m, const struct dp_layer *l, int kind);
@@ -233,6 +252,10 @@ int dp__layer_slice_begin(const struct dp_ctx *ctx, const struct dp_layer *l, in
  * to grad_ready (unless the child, cut in turn, reported its own); else just the child's op. */
 int dp__kid_forward(struct dp_ctx *ctx, const struct dp_layer *parent, struct dp_layer *kid, float *y, const float *x,
                     int64_t B);
+/* The two halves, for a parent that runs its child's pass itself (dp__linear_forward_gelu): the
+ * hook before (phase DP_PHASE_*), and the report after a backward. */
+int dp__kid_begin(struct dp_ctx *ctx, const struct dp_layer *parent, struct dp_layer *kid, int phase);
+void dp__kid_backward_done(struct dp_ctx *ctx, const struct dp_layer *parent, struct dp_layer *kid);
 int dp__kid_backward(struct dp_ctx *ctx, const struct dp_layer *parent, struct dp_layer *kid, float *dx,
                      const float *dy, const float *x, const float *y, int64_t B);
 int dp__gelu_make(struct dp_model *m, struct dp_layer **out, const char *name,
@@ -255,10 +278,6 @@ int dp__resblock_children(const struct dp_layer *l, const struct dp_layer *child
 void dp__layer_apply_stats(const struct dp_layer *l, float *buffers, const double *acc);
 int dp__gelu_erf_make(struct dp_model *m, struct dp_layer **out, const char *name,
                       const struct dp_shape *in);
-/* The exact GELU keeping its derivative: y = gelu(x) (n) and xd, which holds x, overwritten
- * with gelu'(x); then dx = dy gelu'(x) from it.  The gelu_erf layer's bits. */
-void dp__gelu_erf_forward_keep(float *y, float *xd, int64_t n);
-void dp__gelu_erf_backward_kept(float *dx, const float *dy, const float *d, int64_t n);
 /* token embedding `tok_name` (vocab, dim) + position embedding `pos_name`
  * (ctx_len, dim), weights N(0, std^2); input (T) token ids, T <= ctx_len */
 int dp__tokpos_embedding_make(struct dp_model *m, struct dp_layer **out, const char *tok_name,

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/core_impl.h"
 #include "nn/layers_impl.h"
 
 struct linear {
@@ -49,39 +50,95 @@ static void colsum_add(float *db, const float *dy, int64_t R, int64_t N) { colsu
 
 /* ---- forward / backward ------------------------------------------------------ */
 
+/* What each tile of the forward GEMM's y gets right after the GEMM wrote it, while it is in cache
+ * (dp__gemm_post): the bias, then the layer's fused ReLU, or the transformer's exact GELU keeping
+ * its derivative (g = GELU(v), GELU'(v) in v's place).  Elementwise, so the tiles never show in
+ * the bits; the expressions are the ReLU and gelu_erf layers'. */
+struct fwd_post {
+    const float *b; /* the bias from the GEMM's column 0 on (NULL: none) */
+    int relu;
+    float *g; /* the GELU's output at the GEMM's column 0, row stride ldg (NULL: no GELU) */
+    int64_t ldg;
+};
+
+static void fwd_post_tile(void *arg, float *c, int64_t ldc, int64_t i0, int64_t j0, int64_t m, int64_t n) {
+    const struct fwd_post *p = arg;
+    for (int64_t i = 0; i < m; i++) {
+        float *y = c + i * ldc;
+        if (p->b) {
+            const float *b = p->b + j0;
+#pragma omp simd
+            for (int64_t j = 0; j < n; j++)
+                y[j] += b[j];
+        }
+        if (p->relu) {
+#pragma omp simd
+            for (int64_t j = 0; j < n; j++)
+                y[j] = y[j] < 0.0f ? 0.0f : y[j];
+        } else if (p->g) {
+            float *g = p->g + (i0 + i) * p->ldg + j0;
+#pragma omp simd
+            for (int64_t j = 0; j < n; j++) {
+                float d;
+                g[j] = dp__gelu_erf1(y[j], &d);
+                y[j] = d;
+            }
+        }
+    }
+}
+
+/* dx's tiles times the kept GELU' (the transformer's fc_out): dx[i][j] *= mul[i][j]. */
+struct mul_post {
+    const float *mul;
+    int64_t ld;
+};
+
+static void mul_post_tile(void *arg, float *c, int64_t ldc, int64_t i0, int64_t j0, int64_t m, int64_t n) {
+    const struct mul_post *p = arg;
+    for (int64_t i = 0; i < m; i++) {
+        float *dx = c + i * ldc;
+        const float *d = p->mul + (i0 + i) * p->ld + j0;
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++)
+            dx[j] *= d[j];
+    }
+}
+
 /* Forward:  y = x W^T + b                    y (R, OUT), x (R, IN), W (OUT, IN)
  * Backward: dx = dy W                        (overwrite; skipped when dx is NULL)
  *           dW += dy^T x                     (OUT, IN)
  *           db += sum_r dy[r]                (OUT)
  * Each pass is one GEMM over all R rows of the batch (or one per slice of output features:
- * dp_model_set_unit). */
-static int linear_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x,
-                          int64_t B) {
+ * dp_model_set_unit); the bias (and a fused activation) go onto y's tiles as the GEMM writes
+ * them.  With g (dp__linear_forward_gelu): g = GELU(y), and GELU'(y) in y's place. */
+static int linear_forward_g(struct dp_layer *l, struct dp_ctx *ctx, float *y, float *g, const float *x, int64_t B) {
     const struct linear *p = l->priv;
     int64_t R = B * (dp_shape_numel(&l->in_shape) / p->in);
     const float *w = ctx->params + l->param_off; /* (OUT, IN) */
     /* (a sliced layer's bias is read once its first slice has begun: ZeRO-3 gathers it then) */
     int rc = l->slice_rows > 0 ? dp__layer_slice_begin(ctx, l, DP_PHASE_FORWARD, 0, l->slice_rows, p->bias) : DP_OK;
     if (rc) return rc;
-    const float *b = w + p->out * p->in; /* (OUT) */
-    float beta = 0.0f;
-    if (p->bias) {
-        /* Start from the bias rows; the GEMM adds x W^T onto them. */
-#pragma omp parallel for schedule(static) if (R * p->out >= DP__OMP_MIN)
-        for (int64_t r = 0; r < R; r++)
-            memcpy(y + r * p->out, b, sizeof(float) * (size_t)p->out);
-        beta = 1.0f;
-    }
-    if (l->slice_rows > 0) { /* in slices of output features: y[:, r0:r0+nr] (+)= x W[r0:r0+nr]^T */
+    const float *b = p->bias ? w + p->out * p->in : NULL; /* (OUT) */
+    struct fwd_post post = {b, p->relu, g, p->out};
+    const struct dp__gemm_post gp = {fwd_post_tile, &post}, *pp = b || p->relu || g ? &gp : NULL;
+    if (l->slice_rows > 0) { /* in slices of output features: y[:, r0:r0+nr] = x W[r0:r0+nr]^T */
         for (int64_t r0 = 0; r0 < p->out; r0 += l->slice_rows) {
             int64_t nr = p->out - r0 < l->slice_rows ? p->out - r0 : l->slice_rows;
             if (r0 && (rc = dp__layer_slice_begin(ctx, l, DP_PHASE_FORWARD, r0, nr, p->bias))) return rc;
-            dp_gemm(0, 1, R, nr, p->in, 1.0f, x, p->in, w + r0 * p->in, p->in, beta, y + r0, p->out);
+            post.b = b ? b + r0 : NULL, post.g = g ? g + r0 : NULL;
+            dp__gemm_post(0, 1, R, nr, p->in, 1.0f, x, p->in, w + r0 * p->in, p->in, 0.0f, y + r0, p->out, pp);
         }
     } else
-        dp_gemm(0, 1, R, p->out, p->in, 1.0f, x, p->in, w, p->in, beta, y, p->out);
-    if (p->relu) dp__relu(y, y, R * p->out); /* the fused ReLU, right after the GEMM wrote y */
+        dp__gemm_post(0, 1, R, p->out, p->in, 1.0f, x, p->in, w, p->in, 0.0f, y, p->out, pp);
     return DP_OK;
+}
+
+static int linear_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const float *x, int64_t B) {
+    return linear_forward_g(l, ctx, y, NULL, x, B);
+}
+
+int dp__linear_forward_gelu(struct dp_layer *l, struct dp_ctx *ctx, float *y, float *g, const float *x, int64_t B) {
+    return linear_forward_g(l, ctx, y, g, x, B);
 }
 
 /* Backward in slices, from the last rows down (the order the reducer's buckets are ready in):
@@ -89,7 +146,7 @@ static int linear_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, cons
  * dx (+)= dy[:, r0:r0+nr] W[r0:r0+nr], each slice's gradient reported ready as soon as it is
  * written.  dx is so summed over output features one slice at a time, the last first. */
 static int linear_backward_sliced(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *dy, const float *x,
-                                  int64_t R) {
+                                  int64_t R, const struct dp__gemm_post *dx_post) {
     const struct linear *p = l->priv;
     const float *w = ctx->params + l->param_off;
     float *dw = ctx->grads + l->param_off;
@@ -106,16 +163,18 @@ static int linear_backward_sliced(struct dp_layer *l, struct dp_ctx *ctx, float 
         int rc = dp__layer_slice_begin(ctx, l, DP_PHASE_BACKWARD, r0, nr, 0);
         if (rc) return rc;
         dp_gemm(1, 0, nr, p->in, R, 1.0f, dy + r0, p->out, x, p->in, 1.0f, dw + r0 * p->in, p->in);
-        if (dx)
-            dp_gemm(0, 0, R, p->in, nr, 1.0f, dy + r0, p->out, w + r0 * p->in, p->in, j == ns - 1 ? 0.0f : 1.0f, dx,
-                    p->in);
+        if (dx) /* (dx_post once dx is whole, with the last slice) */
+            dp__gemm_post(0, 0, R, p->in, nr, 1.0f, dy + r0, p->out, w + r0 * p->in, p->in, j == ns - 1 ? 0.0f : 1.0f,
+                          dx, p->in, j == 0 ? dx_post : NULL);
         if (ctx->grad_ready) ctx->grad_ready(ctx->grad_ready_arg, l->param_off + r0 * p->in, nr * p->in);
     }
     return DP_OK;
 }
 
-static int linear_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *dy,
-                           const float *x, const float *y, int64_t B) {
+/* Backward, with dx times mul as its tiles are written (dp__linear_backward_mul) when mul is not
+ * NULL. */
+static int linear_backward_m(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *mul, const float *dy,
+                             const float *x, const float *y, int64_t B) {
     const struct linear *p = l->priv;
     int64_t R = B * (dp_shape_numel(&l->in_shape) / p->in);
     const float *w = ctx->params + l->param_off; /* (OUT, IN) */
@@ -127,11 +186,23 @@ static int linear_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, co
         dp__relu_mask(g, dy, y, R * p->out);
         dy = g;
     }
-    if (l->slice_rows > 0) return linear_backward_sliced(l, ctx, dx, dy, x, R);
+    struct mul_post mp = {mul, p->in};
+    const struct dp__gemm_post gp = {mul_post_tile, &mp}, *pp = mul ? &gp : NULL;
+    if (l->slice_rows > 0) return linear_backward_sliced(l, ctx, dx, dy, x, R, pp);
     dp_gemm(1, 0, p->out, p->in, R, 1.0f, dy, p->out, x, p->in, 1.0f, dw, p->in);
     if (p->bias) colsum_add(db, dy, R, p->out);
-    if (dx) dp_gemm(0, 0, R, p->in, p->out, 1.0f, dy, p->out, w, p->in, 0.0f, dx, p->in);
+    if (dx) dp__gemm_post(0, 0, R, p->in, p->out, 1.0f, dy, p->out, w, p->in, 0.0f, dx, p->in, pp);
     return DP_OK;
+}
+
+static int linear_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *dy, const float *x,
+                           const float *y, int64_t B) {
+    return linear_backward_m(l, ctx, dx, NULL, dy, x, y, B);
+}
+
+int dp__linear_backward_mul(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *mul, const float *dy,
+                            const float *x, int64_t B) {
+    return linear_backward_m(l, ctx, dx, mul, dy, x, NULL, B);
 }
 
 static void linear_free(struct dp_layer *l) { dp_free(l->priv); }
@@ -191,18 +262,17 @@ int dp__linear_make(struct dp_model *m, struct dp_layer **out, const char *name,
  *     y = x W[:, c0:c0+nc]^T                            x (R, nc), y (R, OUT): a partial sum
  *     dW[:, c0:c0+nc] += dy^T x,  dx = dy W[:, c0:c0+nc]
  * whose bias is added once, by the caller, after the all-reduce (and its gradient is the
- * full layer's: dp__linear_bias_backward). */
-void dp__linear_rows_forward(const struct dp_layer *l, const struct dp_ctx *ctx, float *y, int64_t ldy, const float *x,
-                             int64_t R, int64_t r0, int64_t nr) {
+ * full layer's: dp__linear_bias_backward).
+ * The transformer's MLP: the column-parallel fc with g (not NULL) also takes the GELU, g = GELU(y)
+ * with y's stride and GELU'(y) in y's place, and the row-parallel fc_out with mul (not NULL)
+ * multiplies dx (R, nc) by mul (R, nc), as dp__linear_forward_gelu and _backward_mul do. */
+void dp__linear_rows_forward(const struct dp_layer *l, const struct dp_ctx *ctx, float *y, float *g, int64_t ldy,
+                             const float *x, int64_t R, int64_t r0, int64_t nr) {
     const struct linear *p = l->priv;
     const float *w = ctx->params + l->param_off + r0 * p->in, *b = ctx->params + l->param_off + p->out * p->in + r0;
-    float beta = 0.0f;
-    if (p->bias) {
-        for (int64_t r = 0; r < R; r++)
-            memcpy(y + r * ldy, b, sizeof(float) * (size_t)nr);
-        beta = 1.0f;
-    }
-    dp_gemm(0, 1, R, nr, p->in, 1.0f, x, p->in, w, p->in, beta, y, ldy);
+    struct fwd_post post = {p->bias ? b : NULL, 0, g, ldy};
+    const struct dp__gemm_post gp = {fwd_post_tile, &post};
+    dp__gemm_post(0, 1, R, nr, p->in, 1.0f, x, p->in, w, p->in, 0.0f, y, ldy, p->bias || g ? &gp : NULL);
 }
 
 void dp__linear_rows_backward(const struct dp_layer *l, const struct dp_ctx *ctx, float *dx, int accumulate,
@@ -221,11 +291,15 @@ void dp__linear_cols_forward(const struct dp_layer *l, const struct dp_ctx *ctx,
     dp_gemm(0, 1, R, p->out, nc, 1.0f, x, nc, ctx->params + l->param_off + c0, p->in, 0.0f, y, p->out);
 }
 
-void dp__linear_cols_backward(const struct dp_layer *l, const struct dp_ctx *ctx, float *dx, const float *dy,
-                              const float *x, int64_t R, int64_t c0, int64_t nc) {
+void dp__linear_cols_backward(const struct dp_layer *l, const struct dp_ctx *ctx, float *dx, const float *mul,
+                              const float *dy, const float *x, int64_t R, int64_t c0, int64_t nc) {
     const struct linear *p = l->priv;
+    struct mul_post mp = {mul, nc};
+    const struct dp__gemm_post gp = {mul_post_tile, &mp};
     dp_gemm(1, 0, p->out, nc, R, 1.0f, dy, p->out, x, nc, 1.0f, ctx->grads + l->param_off + c0, p->in);
-    if (dx) dp_gemm(0, 0, R, nc, p->out, 1.0f, dy, p->out, ctx->params + l->param_off + c0, p->in, 0.0f, dx, nc);
+    if (dx)
+        dp__gemm_post(0, 0, R, nc, p->out, 1.0f, dy, p->out, ctx->params + l->param_off + c0, p->in, 0.0f, dx, nc,
+                      mul ? &gp : NULL);
 }
 
 /* The bias: y (R, OUT) += b; db += sum_r dy (a row-parallel layer's, after the all-reduce). */

@@ -460,26 +460,31 @@ int dp_layer_ranges(const struct dp_layer *l, int64_t *off, int64_t *count, int 
     return n;
 }
 
-int dp__kid_forward(struct dp_ctx *ctx, const struct dp_layer *parent, struct dp_layer *kid, float *y, const float *x,
-                    int64_t B) {
+int dp__kid_begin(struct dp_ctx *ctx, const struct dp_layer *parent, struct dp_layer *kid, int phase) {
     if (parent->parts && ctx->layer_begin && kid->param_count > 0) {
-        int rc = ctx->layer_begin(ctx->layer_begin_arg, DP_PHASE_FORWARD, -1, kid);
+        int rc = ctx->layer_begin(ctx->layer_begin_arg, phase, -1, kid);
         if (rc) return dp_adderr(rc, "%s", kid->name);
     }
-    return kid->ops->forward(kid, ctx, y, x, B);
+    return DP_OK;
+}
+
+void dp__kid_backward_done(struct dp_ctx *ctx, const struct dp_layer *parent, struct dp_layer *kid) {
+    /* (a kid cut in turn reported its own ranges as it wrote them) */
+    if (parent->parts && kid->param_count > 0 && ctx->grad_ready && !kid->slice_rows && !kid->parts)
+        ctx->grad_ready(ctx->grad_ready_arg, kid->param_off, kid->param_count);
+}
+
+int dp__kid_forward(struct dp_ctx *ctx, const struct dp_layer *parent, struct dp_layer *kid, float *y, const float *x,
+                    int64_t B) {
+    int rc = dp__kid_begin(ctx, parent, kid, DP_PHASE_FORWARD);
+    return rc ? rc : kid->ops->forward(kid, ctx, y, x, B);
 }
 
 int dp__kid_backward(struct dp_ctx *ctx, const struct dp_layer *parent, struct dp_layer *kid, float *dx,
                      const float *dy, const float *x, const float *y, int64_t B) {
-    const int own = parent->parts && kid->param_count > 0;
-    if (own && ctx->layer_begin) {
-        int rc = ctx->layer_begin(ctx->layer_begin_arg, DP_PHASE_BACKWARD, -1, kid);
-        if (rc) return dp_adderr(rc, "%s", kid->name);
-    }
-    int rc = kid->ops->backward(kid, ctx, dx, dy, x, y, B);
-    /* (a kid cut in turn reported its own ranges as it wrote them) */
-    if (!rc && own && ctx->grad_ready && !kid->slice_rows && !kid->parts)
-        ctx->grad_ready(ctx->grad_ready_arg, kid->param_off, kid->param_count);
+    int rc = dp__kid_begin(ctx, parent, kid, DP_PHASE_BACKWARD);
+    if (!rc) rc = kid->ops->backward(kid, ctx, dx, dy, x, y, B);
+    if (!rc) dp__kid_backward_done(ctx, parent, kid);
     return rc;
 }
 

@@ -67,10 +67,12 @@ static int block_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const
     for (int64_t i = 0; i < n; i++)
         r[i] = x[i] + a[i];
     if ((rc = dp__kid_forward(ctx, l, p->ln2, sv->h2, sv->r, B))) return rc;
-    if (!tp && (rc = dp__kid_forward(ctx, l, p->fc, sv->f, sv->h2, B))) return rc;
-    if (tp) dp__linear_rows_forward(p->fc, ctx, sv->f, F, sv->h2, R, tp->rank * F, F);
-    /* the act child's GELU, keeping its derivative in f's place: backward needs no Phi again */
-    dp__gelu_erf_forward_keep(sv->g, sv->f, nf);
+    /* fc with the act child's GELU in its GEMM's tiles, keeping the derivative in f's place:
+     * backward needs no Phi again */
+    if (!tp && ((rc = dp__kid_begin(ctx, l, p->fc, DP_PHASE_FORWARD)) ||
+                (rc = dp__linear_forward_gelu(p->fc, ctx, sv->f, sv->g, sv->h2, B))))
+        return rc;
+    if (tp) dp__linear_rows_forward(p->fc, ctx, sv->f, sv->g, F, sv->h2, R, tp->rank * F, F);
     if (!tp) rc = dp__kid_forward(ctx, l, p->fc_out, y, sv->g, B);
     else {
         dp__linear_cols_forward(p->fc_out, ctx, y, sv->g, R, tp->rank * F, F);
@@ -93,19 +95,23 @@ static int block_backward(struct dp_layer *l, struct dp_ctx *ctx, float *dx, con
     const struct dp_tp *tp = ctx->tp;
     const int64_t n = B * dp_shape_numel(&l->in_shape), R = B * l->in_shape.d[0], D = l->in_shape.d[1];
     const int64_t F = tp ? 4 * D / tp->size : 4 * D, nf = R * F;
-    float *g4a = dp__arena_floats(ctx, nf), *g4b = dp__arena_floats(ctx, nf);
+    float *df = dp__arena_floats(ctx, nf);
     float *gn = dp__arena_floats(ctx, n), *dr = dp__arena_floats(ctx, n);
-    if (!g4a || !g4b || !gn || !dr) return DP_ENOMEM;
+    if (!df || !gn || !dr) return DP_ENOMEM;
     int rc = DP_OK;
-    if (!tp && (rc = dp__kid_backward(ctx, l, p->fc_out, g4a, dy, sv->g, NULL, B))) return rc;
-    if (tp) {
-        dp__linear_cols_backward(p->fc_out, ctx, g4a, dy, sv->g, R, tp->rank * F, F);
+    /* fc_out's dx times the kept GELU' in its GEMM's tiles: df = gelu'(f) dg */
+    if (!tp) {
+        if ((rc = dp__kid_begin(ctx, l, p->fc_out, DP_PHASE_BACKWARD)) ||
+            (rc = dp__linear_backward_mul(p->fc_out, ctx, df, sv->f, dy, sv->g, B)))
+            return rc;
+        dp__kid_backward_done(ctx, l, p->fc_out);
+    } else {
+        dp__linear_cols_backward(p->fc_out, ctx, df, sv->f, dy, sv->g, R, tp->rank * F, F);
         dp__linear_bias_backward(p->fc_out, ctx, dy, R);
     }
-    dp__gelu_erf_backward_kept(g4b, g4a, sv->f, nf);
-    if (!tp) rc = dp__kid_backward(ctx, l, p->fc, gn, g4b, sv->h2, NULL, B);
+    if (!tp) rc = dp__kid_backward(ctx, l, p->fc, gn, df, sv->h2, NULL, B);
     else {
-        dp__linear_rows_backward(p->fc, ctx, gn, 0, g4b, F, sv->h2, R, tp->rank * F, F);
+        dp__linear_rows_backward(p->fc, ctx, gn, 0, df, F, sv->h2, R, tp->rank * F, F);
         rc = tp->allreduce(tp->arg, gn, n);
     }
     if (rc || (rc = dp__kid_backward(ctx, l, p->ln2, dr, gn, sv->r, NULL, B))) return rc;
