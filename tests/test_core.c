@@ -186,28 +186,87 @@ TEST(core_peak_flops_measured) {
     free(A), free(B), free(C);
 }
 
+/* The small products' kernel (gemm_small.c): every element is the chain acc = fma(a_ik, b_kj, acc)
+ * over k in order, then alpha acc (beta = 0: C not read, NaNs there stay unread) or
+ * fma(alpha, acc, beta c).  Bit for bit, on shapes with row and column tails of every size
+ * (M = 1..9, N across one, two and three vector widths and between), A plain and transposed,
+ * strides wider than the rows; and dp_gemm routes a small product there. */
+TEST(core_gemm_small_is_one_chain_per_element) {
+    const int64_t Ns[] = {1, 5, 8, 15, 16, 17, 31, 32, 33, 47, 64, 70}, K = 19, ldb = 80, ldc = 75;
+    float *A = malloc(sizeof(float) * 40 * 40), *B = malloc(sizeof(float) * K * ldb);
+    float *C = malloc(sizeof(float) * 10 * ldc), *want = malloc(sizeof(float) * 10 * ldc);
+    fill(A, 40 * 40, 3), fill(B, K * ldb, 4);
+    for (int ta = 0; ta < 2; ta++)
+        for (int64_t M = 1; M <= 9; M++)
+            for (size_t n = 0; n < sizeof Ns / sizeof Ns[0]; n++)
+                for (int beta_on = 0; beta_on < 2; beta_on++) {
+                    const int64_t N = Ns[n], lda = 40;
+                    const float alpha = 0.75f, beta = beta_on ? -1.5f : 0.0f;
+                    fill(C, 10 * ldc, 5);
+                    if (!beta_on)
+                        for (int64_t i = 0; i < M; i++)
+                            for (int64_t j = 0; j < N; j++) C[i * ldc + j] = NAN;
+                    memcpy(want, C, sizeof(float) * 10 * ldc);
+                    for (int64_t i = 0; i < M; i++)
+                        for (int64_t j = 0; j < N; j++) {
+                            float acc = 0.0f;
+                            for (int64_t k = 0; k < K; k++)
+                                acc = fmaf(ta ? A[k * lda + i] : A[i * lda + k], B[k * ldb + j], acc);
+                            float *w = want + i * ldc + j;
+                            *w = beta_on ? fmaf(alpha, acc, beta * *w) : alpha * acc;
+                        }
+                    dp__gemm_small(ta, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+                    ASSERT_TRUE(!memcmp(C, want, sizeof(float) * 10 * ldc)); /* (and nothing past N) */
+                }
+    /* dp_gemm takes it for a small product on a library backend */
+    const enum dp_gemm_backend was = dp_gemm_get_backend();
+    for (int b = DP_GEMM_BLAS; b < DP_GEMM_BACKEND_COUNT; b++) {
+        if (!dp_gemm_backend_available(b)) continue;
+        ASSERT_OK(dp_gemm_set_backend(b));
+        dp__gemm_small(1, 9, 70, K, 1.0f, A, 40, B, ldb, 0.0f, want, ldc);
+        dp_gemm(1, 0, 9, 70, K, 1.0f, A, 40, B, ldb, 0.0f, C, ldc);
+        ASSERT_TRUE(!memcmp(C, want, sizeof(float) * 9 * ldc));
+        /* and B transposed: Bt (N, K) with row stride 23 holds B */
+        float *Bt = malloc(sizeof(float) * 70 * 23);
+        for (int64_t j = 0; j < 70; j++)
+            for (int64_t k = 0; k < K; k++) Bt[j * 23 + k] = B[k * ldb + j];
+        dp_gemm(0, 1, 9, 70, K, 1.0f, A, 40, Bt, 23, 0.0f, C, ldc);
+        dp__gemm_small(0, 9, 70, K, 1.0f, A, 40, B, ldb, 0.0f, want, ldc);
+        ASSERT_TRUE(!memcmp(C, want, sizeof(float) * 9 * ldc));
+        free(Bt);
+    }
+    ASSERT_OK(dp_gemm_set_backend(was));
+    free(A), free(B), free(C), free(want);
+}
+
 /* A oneDNN failure falls back to the reference, correctly, and is recorded
  * once: the note is about the first failure and does not change, the count
  * counts every call.  dnnl_sgemm rejects lda < K (invalid arguments); the
  * reference reads the overlapping rows of A as they are, which is a valid
- * (Toeplitz) matrix, so the result is checked against an oracle. */
+ * (Toeplitz) matrix, so the result is checked against an oracle.  K is large enough that the
+ * products go to the library (DP__GEMM_SMALL multiply-adds and fewer run in our own kernel). */
 TEST(core_gemm_fallback_noted) {
     if (!dp_gemm_backend_available(DP_GEMM_DNNL)) SKIP("oneDNN not built in (libdnnl-dev): no fallback to test");
     ASSERT_OK(dp_gemm_set_backend(DP_GEMM_DNNL));
     ASSERT_TRUE(dp_gemm_fallback_note() == NULL);
     ASSERT_EQ(dp_gemm_fallback_count(), 0);
-    float A[68], B[12], C[6]; /* A: 2 rows of stride 64, or 2 overlapping rows of stride 1 */
-    fill(A, 68, 1), fill(B, 12, 2);
-    const int64_t M = 2, N = 3, K = 4, lda = 1; /* lda < K: dnnl refuses */
-    dp_gemm(0, 0, M, N, K, 1.0f, A, 64, B, N, 0.0f, C, N); /* valid: no note */
+    const int64_t M = 2, N = 3, K = 1 << 15, lda = 1; /* lda < K: dnnl refuses */
+    ASSERT_TRUE(M * N * K > DP__GEMM_SMALL);
+    /* A: 2 rows of stride K, or 2 overlapping rows of stride 1 */
+    float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N)), C[6];
+    fill(A, M * K, 1), fill(B, K * N, 2);
+    dp_gemm(0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N); /* valid: no note */
     ASSERT_TRUE(dp_gemm_fallback_note() == NULL);
     for (int call = 0; call < 3; call++) {
         dp_gemm(0, 0, M, N, K, 1.0f, A, lda, B, N, 0.0f, C, N);
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < N; j++) {
-                double acc = 0;
-                for (int64_t k = 0; k < K; k++) acc += (double)A[i * lda + k] * B[k * N + j];
-                ASSERT_NEAR(C[i * N + j], acc, 1e-5);
+                double acc = 0, mag = 0; /* (a float sum's rounding grows with the terms' magnitudes) */
+                for (int64_t k = 0; k < K; k++) {
+                    acc += (double)A[i * lda + k] * B[k * N + j];
+                    mag += fabs((double)A[i * lda + k] * B[k * N + j]);
+                }
+                ASSERT_NEAR(C[i * N + j], acc, 1e-6 * mag);
             }
         const char *note = dp_gemm_fallback_note();
         ASSERT_TRUE(note != NULL);
@@ -216,9 +275,10 @@ TEST(core_gemm_fallback_noted) {
     }
     /* a later failure of another shape leaves the first note as it was */
     const char *first = dp_gemm_fallback_note();
-    dp_gemm(0, 0, M, N, K, 1.0f, A, 64, B, 2, 0.0f, C, N); /* ldb < N */
+    dp_gemm(0, 0, M, N, K, 1.0f, A, K, B, 2, 0.0f, C, N); /* ldb < N */
     ASSERT_EQ(dp_gemm_fallback_count(), 4);
     ASSERT_TRUE(dp_gemm_fallback_note() == first && strstr(first, "lda=1") && !strstr(first, "ldb=2"));
+    free(A), free(B);
 }
 
 /* dp_rel_diff (ckpt diff and the tests compare by it): a NaN or Inf anywhere

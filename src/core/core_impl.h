@@ -76,4 +76,13 @@ struct dp__gemm_post {
 void dp__gemm_post(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc, const struct dp__gemm_post *post);
 
+/* The small products' GEMM (gemm_small.c): C = alpha op(A) B + beta C, B not transposed, on
+ * this thread, in register blocks; every element one fused multiply-add chain over k in order.
+ * dp_gemm takes it for the products of at most DP__GEMM_SMALL multiply-adds on the library
+ * backends, B transposed first where it is transposed and holds at most DP__GEMM_SMALL_BT floats. */
+#define DP__GEMM_SMALL ((int64_t)1 << 17)
+#define DP__GEMM_SMALL_BT 4096
+void dp__gemm_small(int ta, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
 #endif

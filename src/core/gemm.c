@@ -220,6 +220,16 @@ void dp__gemm_post(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
     if (K <= 0) { /* C = beta C */
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    } else if (backend != DP_GEMM_REF && M * N * K <= DP__GEMM_SMALL && (!tb || K * N <= DP__GEMM_SMALL_BT)) {
+        /* a small product: our own kernel, no library call (its fixed cost is most of the time);
+         * a transposed B first transposed here, on the stack */
+        float bt[DP__GEMM_SMALL_BT];
+        if (tb) {
+            for (int64_t k = 0; k < K; k++)
+                for (int64_t j = 0; j < N; j++) bt[k * N + j] = B[j * ldb + k];
+            B = bt, ldb = N;
+        }
+        dp__gemm_small(ta, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     } else {
         switch (backend) {
 #ifdef DP_WITH_DNNL
