@@ -1,6 +1,6 @@
 /* The GEMM for small products, where a library call's fixed cost is most of its time: the
  * attention's per-head products (T x T x dh at T = 64, dh = 32: 32 x 64 x 32 in causal
- * blocks), which oneDNN's dnnl_sgemm ran at a fifth to a third of the peak.
+ * blocks; docs/results.md has what each costs on dnnl_sgemm and here).
  *
  *     C (M, N) = alpha op(A) (M, K) B (K, N) + beta C        op(A) = A or A^T, B not transposed
  *
