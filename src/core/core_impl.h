@@ -64,8 +64,8 @@ void dp__describe_start(char *out, size_t cap, const uint8_t *buf, size_t len);
 
 /* dp_gemm with a post-op on C: fn(arg, c, ldc, i0, j0, m, n) runs on each tile of C right
  * after the GEMM wrote it, on the thread that wrote it, while the tile is in that core's cache
- * (dp_gemm's tiles, gemm.c; the whole of C on the reference backend).  c is the tile, rows
- * i0..i0+m-1 and columns j0..j0+n-1 of C, row stride ldc.  fn must be elementwise: what it makes
+ * (dp_gemm's tiles, gemm.c; the whole of C for a small product and on the reference backend).
+ * c is the tile, rows i0..i0+m-1 and columns j0..j0+n-1 of C, row stride ldc.  fn must be elementwise: what it makes
  * of an element depends only on the element's value and position, never on the tile, so the
  * result keeps dp_gemm's guarantee (the same bits for any thread count).  fn runs inside the
  * tiles' parallel region: it opens none of its own. */

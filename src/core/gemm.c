@@ -251,7 +251,7 @@ void dp__gemm_post(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
         }
         dp_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
-    if (post) post->fn(post->arg, C, ldc, 0, 0, M, N); /* (the reference's and K = 0's one tile) */
+    if (post) post->fn(post->arg, C, ldc, 0, 0, M, N); /* (one tile: a small product, the reference, K = 0) */
 }
 
 void dp_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
