@@ -1,4 +1,5 @@
-/* The GEMM wrapper: one entry point, three backends.
+/* The GEMM wrapper: one entry point, three backends (and our own kernel for the small
+ * products, gemm_small.c).
  *
  * Measured here (docs/architecture.md §3): oneDNN's dnnl_sgemm reaches ~199 GFLOP/s on
  * one core (AVX-512), Debian's OpenBLAS ~107 GFLOP/s (held to its AVX2

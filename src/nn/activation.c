@@ -28,7 +28,7 @@ static int elementwise_make(struct dp_model *m, struct dp_layer **out,
 void dp__relu(float *y, const float *x, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (parallel : n >= DP__OMP_MIN)
     for (int64_t i = 0; i < n; i++)
-        y[i] = x[i] < 0.0f ? 0.0f : x[i];
+        y[i] = dp__relu1(x[i]);
 }
 
 void dp__relu_mask(float *dx, const float *dy, const float *y, int64_t n) {

@@ -180,12 +180,10 @@ static int bn_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, const fl
             const float *xp = x + (b * C + c) * HW;
             float *yp = y + (b * C + c) * HW;
             const float a = scale[c], s = shift[c];
-            if (relu) { /* (dp__relu's expression) */
+            if (relu) {
 #pragma omp simd
-                for (int64_t j = 0; j < HW; j++) {
-                    const float v = bn_affine(a, xp[j], s);
-                    yp[j] = v < 0.0f ? 0.0f : v;
-                }
+                for (int64_t j = 0; j < HW; j++)
+                    yp[j] = dp__relu1(bn_affine(a, xp[j], s));
             } else {
 #pragma omp simd
                 for (int64_t j = 0; j < HW; j++)

@@ -252,8 +252,8 @@ static void fwd_chunk(const struct conv *p, const float *w, const float *bias, f
     float *ytc = n == 1 ? yb : yt; /* (OC, Nc); one sample: Y' is y's layout */
     im2col(col, x + b0 * d->C * d->H * d->W, n, p);
     dp_gemm(0, 0, OC, Nc, CKK, 1.0f, w, CKK, col, Nc, 0.0f, ytc, Nc);
-    /* The epilogue, on Y' while it is in cache: reorder, bias, the fused ReLU (dp__relu's
-     * expression, so the same bits as the ReLU layer: a NaN stays, -0 stays). */
+    /* The epilogue, on Y' while it is in cache: reorder, bias, the fused ReLU (dp__relu1,
+     * the ReLU layer's expression, so the same bits as the ReLU layer: a NaN stays, -0 stays). */
     const int relu = p->relu;
 #pragma omp parallel for collapse(2) schedule(static) if (OC * Nc >= DP__OMP_MIN)
     for (int64_t bb = 0; bb < n; bb++) {
@@ -265,12 +265,12 @@ static void fwd_chunk(const struct conv *p, const float *w, const float *bias, f
 #pragma omp simd
                 for (int64_t i = 0; i < OHW; i++) {
                     const float v = src[i] + bv;
-                    dst[i] = relu && v < 0.0f ? 0.0f : v;
+                    dst[i] = relu ? dp__relu1(v) : v;
                 }
             } else if (relu) {
 #pragma omp simd
                 for (int64_t i = 0; i < OHW; i++)
-                    dst[i] = dst[i] < 0.0f ? 0.0f : dst[i];
+                    dst[i] = dp__relu1(dst[i]);
             }
         }
     }

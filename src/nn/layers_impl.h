@@ -204,9 +204,6 @@ int dp__linear_make(struct dp_model *m, struct dp_layer **out, const char *name,
 /* Re-initialises a Linear layer made by dp__linear_make as GPT-2 does:
  * weight N(0, 0.02^2), bias 0 (instead of PyTorch's U(+-1/sqrt(IN))). */
 void dp__linear_init_gpt(struct dp_model *m, const struct dp_layer *l);
-/* A Linear's slices under tensor parallelism (linear.c; struct dp_tp): column-parallel rows
- * [r0, r0 + nr) of its output features, row-parallel columns [c0, c0 + nc) of its input
- * features; the row-parallel bias once, after the all-reduce; the parameters marked. */
 /* The transformer block's MLP (transformer.c) applies the exact GELU in the GEMMs' tiles
  * (dp__gemm_post): its fc with g (not NULL) writes g = GELU(v), v = x W^T + b, and GELU'(v) in
  * y's place; its fc_out with mul (not NULL) multiplies dx by mul (that kept GELU', row stride
@@ -214,6 +211,10 @@ void dp__linear_init_gpt(struct dp_model *m, const struct dp_layer *l);
 int dp__linear_forward_gelu(struct dp_layer *l, struct dp_ctx *ctx, float *y, float *g, const float *x, int64_t B);
 int dp__linear_backward_mul(struct dp_layer *l, struct dp_ctx *ctx, float *dx, const float *mul, const float *dy,
                             const float *x, int64_t B);
+/* A Linear's slices under tensor parallelism (linear.c; struct dp_tp): column-parallel rows
+ * [r0, r0 + nr) of its output features, row-parallel columns [c0, c0 + nc) of its input
+ * features; the row-parallel bias once, after the all-reduce; the parameters marked; g and mul
+ * as above, on this rank's share. */
 void dp__linear_rows_forward(const struct dp_layer *l, const struct dp_ctx *ctx, float *y, float *g, int64_t ldy,
                              const float *x, int64_t R, int64_t r0, int64_t nr);
 void dp__linear_rows_backward(const struct dp_layer *l, const struct dp_ctx *ctx, float *dx, int accumulate,
@@ -236,9 +237,12 @@ int dp__global_avgpool_make(struct dp_model *m, struct dp_layer **out, const cha
                             const struct dp_shape *in);
 int dp__relu_make(struct dp_model *m, struct dp_layer **out, const char *name,
                   const struct dp_shape *in);
+/* The ReLU of one value, max(v, 0) (a NaN stays, -0 stays): the expression of the ReLU layer
+ * and of every layer that applies it itself (in an epilogue, a tile's post-op, a block). */
+static inline float dp__relu1(float v) { return v < 0.0f ? 0.0f : v; }
 /* The ReLU layer's two loops, for the layers that apply it themselves (fused, or inside a
- * block), so that their bits are the layer's: y = max(x, 0) (a NaN stays, -0 stays), and
- * dx = dy [y > 0] (y the ReLU's output); either may work in place. */
+ * block), so that their bits are the layer's: y = max(x, 0), and dx = dy [y > 0] (y the ReLU's
+ * output); either may work in place. */
 void dp__relu(float *y, const float *x, int64_t n);
 void dp__relu_mask(float *dx, const float *dy, const float *y, int64_t n);
 /* Before slice [r0, r0 + nr) of a sliced layer (dp_layer.slice_rows) runs in `phase`: the

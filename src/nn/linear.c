@@ -74,7 +74,7 @@ static void fwd_post_tile(void *arg, float *c, int64_t ldc, int64_t i0, int64_t 
         if (p->relu) {
 #pragma omp simd
             for (int64_t j = 0; j < n; j++)
-                y[j] = y[j] < 0.0f ? 0.0f : y[j];
+                y[j] = dp__relu1(y[j]);
         } else if (p->g) {
             float *g = p->g + (i0 + i) * p->ldg + j0;
 #pragma omp simd

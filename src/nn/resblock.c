@@ -75,8 +75,7 @@ static int resblock_forward(struct dp_layer *l, struct dp_ctx *ctx, float *y, co
     }
 #pragma omp parallel for simd schedule(static) if (parallel : M >= DP__OMP_MIN)
     for (int64_t i = 0; i < M; i++) {
-        float v = y[i] + s[i];
-        y[i] = v < 0.0f ? 0.0f : v;
+        y[i] = dp__relu1(y[i] + s[i]);
     }
     ctx->saved[l->id] = sv;
     return DP_OK;
